@@ -1,0 +1,1 @@
+"""pytest hooks of pytest-msprobe (filled in by the core)."""
