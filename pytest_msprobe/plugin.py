@@ -1,1 +1,60 @@
-"""pytest hooks of pytest-msprobe (filled in by the core)."""
+"""pytest hooks of pytest-msprobe: thin; the work is in the modules they call.
+
+Without a dump option every hook returns at once and nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _pytest.pathlib import bestrelpath
+
+from pytest_msprobe import hooks, options
+from pytest_msprobe.state import STATE_KEY, SessionState
+
+MARKERS = (
+    "forward: a forward call of an msprobe dump",
+    "backward: a backward call of an msprobe dump",
+    "api_functional: torch.nn.functional (or mindspore.ops) calls of a dump",
+    "api_torch: torch.* calls of a dump",
+    "api_tensor: Tensor method calls of a dump",
+    "api_npu: torch_npu fused operators of a dump",
+    "api_aten: torch.ops.aten calls of a dump",
+    "api_vf: torch._VF calls of a dump",
+    "api_distributed: communication calls of a dump (always skipped)",
+    "api_mint: mindspore.mint calls of a dump",
+    "api_mintfunctional: mindspore.mint.nn.functional calls of a dump",
+)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hooks)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+    dumps = options.dump_files(config)
+    if not dumps:
+        return
+    config.stash[STATE_KEY] = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        # The user named no paths: run the dump's tests only, not the repository's.
+        config.args[:] = [str(path) for path in dumps]
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    state = parent.config.stash.get(STATE_KEY, None)
+    if state is None or file_path not in state.dumps:
+        return None
+    from pytest_msprobe.nodes import DumpFile
+
+    # Named after its path from the rootdir, even outside it, so that `--lf`, `-k`
+    # and `--deselect` see `<path to dump.json>::<call name>`.
+    nodeid = bestrelpath(parent.config.rootpath, file_path)
+    return DumpFile.from_parent(parent, path=file_path, nodeid=nodeid)

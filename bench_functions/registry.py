@@ -1,0 +1,124 @@
+"""The registry that maps a torch_npu op name (as dumps write it after ``NPU.``) to its
+CPU reference.
+
+The plugin asks ``get(name)`` for every ``NPU.*`` call; users add references for their own
+custom ops with ``register`` (directly, or through the plugin's
+``pytest_msprobe_register_bench_functions(registry)`` hook, which hands them a
+``Registry``) without editing this package.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from typing import Any, Callable, Iterable, Mapping
+
+
+def _section(doc: str, heading: str) -> tuple[str, ...]:
+    """The ``- `` bullet lines under ``heading:`` in a docstring, joined across wrapped
+    lines, until the next blank line."""
+    lines = doc.splitlines()
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        stripped = line.strip()
+        if not inside:
+            inside = stripped.lower().startswith(heading.lower())
+            continue
+        if not stripped:
+            break
+        if stripped.startswith("- "):
+            out.append(stripped[2:])
+        elif out:
+            out[-1] += " " + stripped
+    return tuple(re.sub(r"\s+", " ", item) for item in out)
+
+
+class BenchFunction:
+    """A reference implementation: callable exactly like the NPU op it stands for.
+
+    Attributes:
+        name: the registry name (the torch_npu op name).
+        func: the underlying plain function.
+        doc: its docstring.
+        source: ``module.qualname`` of the implementation.
+        builtin: True for the references shipped in this package.
+        facts: the documented facts the reference follows (its docstring's "Facts:"
+            bullets), for reports and generated scripts.
+        choices: the behaviours it had to choose where the documentation is silent
+            (its docstring's "Choices:" bullets).
+    """
+
+    def __init__(self, name: str, func: Callable[..., Any], *, builtin: bool = False) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a bench function name must be a non-empty string, got {name!r}")
+        if not callable(func):
+            raise TypeError(f"bench function {name!r} must be callable, got {type(func).__name__}")
+        if isinstance(func, BenchFunction):
+            func = func.func
+        functools.update_wrapper(self, func)  # __doc__, __wrapped__ -> inspect.signature works
+        self.name = name
+        self.func = func
+        self.doc = inspect.getdoc(func) or ""
+        module = getattr(func, "__module__", None) or "?"
+        self.source = f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
+        self.builtin = builtin
+        self.facts = _section(self.doc, "Facts")
+        self.choices = _section(self.doc, "Choices")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    @property
+    def signature(self) -> inspect.Signature:
+        return inspect.signature(self.func)
+
+    def __repr__(self) -> str:
+        return f"<BenchFunction {self.name} -> {self.source}>"
+
+
+class Registry:
+    """Name -> ``BenchFunction``. ``get`` of an unknown name is ``None``."""
+
+    def __init__(self, functions: Mapping[str, Callable[..., Any]] | None = None, *, builtin: bool = False) -> None:
+        self._functions: dict[str, BenchFunction] = {}
+        for name, func in (functions or {}).items():
+            self._functions[name] = BenchFunction(name, func, builtin=builtin)
+
+    def register(self, name: str, func: Callable[..., Any], *, replace: bool = False) -> None:
+        """Add the reference ``func`` for the op ``name`` (e.g. ``"npu_my_fused_op"``).
+
+        ``func`` must take the op's exact arguments and return what the op returns. A name
+        already registered raises ``ValueError`` unless ``replace=True``.
+        """
+        if name in self._functions and not replace:
+            raise ValueError(
+                f"a bench function for {name!r} is already registered "
+                f"({self._functions[name].source}); pass replace=True to replace it, e.g. "
+                f"register({name!r}, func, replace=True)"
+            )
+        self._functions[name] = BenchFunction(name, func)
+
+    def get(self, name: str) -> BenchFunction | None:
+        return self._functions.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._functions)
+
+    def copy(self) -> "Registry":
+        new = Registry()
+        new._functions = dict(self._functions)
+        return new
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._functions
+
+    def __len__(self) -> int:
+        return len(self._functions)
+
+    def __iter__(self) -> Iterable[str]:
+        return iter(self.names())
+
+    def __repr__(self) -> str:
+        return f"<Registry of {len(self)} bench functions>"

@@ -1,0 +1,95 @@
+"""Check one dumped call end to end: read its record, decode its inputs, replay it on
+every side and judge it. The pytest item only turns the result into an outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pytest_msprobe.apis import Api, resolve_pytorch
+from pytest_msprobe.devices import Backend
+from pytest_msprobe.dump import CallName, DumpIndex
+from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.replay import Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, replay
+from pytest_msprobe.values import DecodeContext
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a call's check depends on besides its record."""
+
+    backend: Backend
+    device_index: int
+    max_elements: int
+    registry: Any  # pytest_msprobe.standards.Registry
+
+
+@dataclass
+class CallResult:
+    name: CallName
+    verdict: Any  # pytest_msprobe.standards.Verdict
+    device: str
+    origins: list[str]
+
+
+def read_inputs(index: DumpIndex, name: CallName, max_elements: int) -> Inputs:
+    """Decode the inputs of a call (a backward call needs its forward's record)."""
+    ctx = DecodeContext(index.tensor_dir, index.task, name.call, max_elements)
+    entry = index.entry(str(name))
+    if entry is None:
+        raise CallError(f"{name} is not in {index.path}")
+    record = index.read_record(entry)
+    if name.direction == "forward":
+        return decode_forward(record, ctx)
+    forward_entry = index.entry(str(name.sibling("forward")))
+    if forward_entry is None:
+        raise CallSkip(f"{name} has no forward record {name.sibling('forward')} in the dump: its inputs are unknown")
+    return decode_backward(index.read_record(forward_entry), record, ctx)
+
+
+class PytorchReplay:
+    """How a PyTorch call runs: torch functions on the device under test, on the CPU
+    bench at raised precision and, where the device is an accelerator, on the CPU in
+    the device dtype as an independent reference."""
+
+    def resolve(self, name: CallName, backend: Backend) -> Api:
+        return resolve_pytorch(name, backend.find_op if backend.name == "npu" else None)
+
+    def runs(self, api: Api, inputs: Inputs, settings: Settings) -> tuple[Run, Run, Run | None]:
+        import torch
+
+        backend = settings.backend
+        cpu = torch.device("cpu")
+        device = Run(api, api.device_fn, Placement(backend.torch_device(settings.device_index)), backend.synchronize)
+        bench = Run(api, api.bench_fn, Placement(cpu, bench_dtypes(inputs, api.raise_bench)))
+        reference = Run(api, api.bench_fn, Placement(cpu)) if backend.name != "cpu" else None
+        return device, bench, reference
+
+
+def _mindspore_replay() -> Any:
+    from pytest_msprobe.mindspore_replay import MindsporeReplay
+
+    return MindsporeReplay()
+
+
+# framework of a dump -> how its calls are resolved and run (created on first use).
+FRAMEWORKS: dict[str, Callable[[], Any]] = {"pytorch": PytorchReplay, "mindspore": _mindspore_replay}
+
+
+def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
+    """Raises CallSkip, CallError or replay.DeviceFailed; otherwise the verdict."""
+    framework = FRAMEWORKS[index.framework]()
+    api = framework.resolve(name, settings.backend)
+    inputs = read_inputs(index, name, settings.max_elements)
+    try:
+        results = replay(name.direction, api, inputs, *framework.runs(api, inputs, settings), framework=index.framework)
+    finally:
+        settings.backend.free()
+    verdict = judge(settings.registry, name, results)
+    return CallResult(name, verdict, settings.backend.describe(settings.device_index), inputs.origins)
+
+
+def judge(registry: Any, name: CallName, results: Results) -> Any:
+    api_name = name.api_name.rsplit(".", 1)[0] if name.api_type == "Aten" else name.api_name
+    return registry.check(results.bench, results.device, api=api_name, reference=results.reference)
+

@@ -1,0 +1,256 @@
+"""Read msprobe's dump.json without keeping it in memory.
+
+A real dump.json holds hundreds of thousands of calls. Collection needs only the
+call names and a little metadata; a call's full record is read when it runs. So the
+file is scanned once with the C JSON scanner, and each entry is remembered by its
+byte span: a worker later reads just that slice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pytest_msprobe.errors import CallError, DumpError
+
+TENSOR_FOLDER = "dump_tensor_data"
+MODULE_PREFIXES = ("Module.", "Cell.")
+DIRECTIONS = ("forward", "backward")
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class CallName:
+    """`{api_type}.{api_name}.{index}.{direction}`, split from the right because
+    api names may hold dots (`Tensor.__matmul__`, `Aten.add.Tensor`)."""
+
+    api_type: str
+    api_name: str
+    index: int
+    direction: str
+
+    @property
+    def call(self) -> str:
+        """The name without its direction, as msprobe's result CSV spells it."""
+        return f"{self.api_type}.{self.api_name}.{self.index}"
+
+    def __str__(self) -> str:
+        return f"{self.call}.{self.direction}"
+
+    def sibling(self, direction: str) -> "CallName":
+        return CallName(self.api_type, self.api_name, self.index, direction)
+
+
+def parse_call_name(name: str) -> CallName | None:
+    """None for names that are not API calls (Module/Cell entries, odd keys)."""
+    if name.startswith(MODULE_PREFIXES):
+        return None
+    parts = name.split(".")
+    if len(parts) < 4 or parts[-1] not in DIRECTIONS or not parts[-2].isdigit():
+        return None
+    api_type, api_name = parts[0], ".".join(parts[1:-2])
+    if not api_type or not api_name:
+        return None
+    return CallName(api_type, api_name, int(parts[-2]), parts[-1])
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """What collection needs of one call: its name, where its record lies, and its
+    size (elements of its tensors) for scheduling heavy calls first."""
+
+    name: CallName
+    start: int
+    end: int
+    numel: int
+
+
+@dataclass
+class DumpIndex:
+    path: Path
+    task: str
+    level: str
+    framework: str
+    entries: list[IndexEntry]
+    modules: int = 0
+    skipped_names: list[str] = field(default_factory=list)
+
+    @property
+    def tensor_dir(self) -> Path:
+        return self.path.parent / TENSOR_FOLDER
+
+    def entry(self, name: str) -> IndexEntry | None:
+        return self._by_name().get(name)
+
+    def _by_name(self) -> dict[str, IndexEntry]:
+        cache = self.__dict__.get("_by_name_cache")
+        if cache is None:
+            cache = {str(e.name): e for e in self.entries}
+            self.__dict__["_by_name_cache"] = cache
+        return cache
+
+    def read_record(self, entry: IndexEntry) -> dict[str, Any]:
+        """One call's full record, read from its byte span of the file."""
+        with open(self.path, "rb") as handle:
+            handle.seek(entry.start)
+            raw = handle.read(entry.end - entry.start)
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CallError(f"{self.path}: the record of {entry.name} no longer parses ({exc}); was the file changed during the run?") from exc
+        if not isinstance(record, dict):
+            raise CallError(f"{self.path}: the record of {entry.name} is a {type(record).__name__}, not an object")
+        return record
+
+
+def read_index(path: Path) -> DumpIndex:
+    """Scan dump.json once; raise DumpError naming the file and the problem."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DumpError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DumpError(f"{path}: is not UTF-8 text ({exc})") from exc
+    offsets = _ByteOffsets(text, raw)
+    header: dict[str, Any] = {}
+    index = DumpIndex(path=path, task="", level="", framework="", entries=[])
+
+    def visit(key: str, pos: int) -> int:
+        if key == "data":
+            header["data"] = True
+            return _index_data(text, pos, offsets, index)
+        header[key], end = _decode(text, pos, key)
+        return end
+
+    try:
+        _walk_object(text, 0, visit)
+    except _ScanError as exc:
+        raise DumpError(f"{path}: is not a valid dump.json: {exc}") from exc
+    if "data" not in header:
+        raise DumpError(f"{path}: has no \"data\" object; is it msprobe's dump.json?")
+    if not index.entries:
+        raise DumpError(f"{path}: holds no API calls ({index.modules} Module/Cell entries, {len(index.skipped_names)} other keys); "
+                        "dump with level L1 or mix to check API calls")
+    index.task = _header_str(path, header, "task", None)
+    if index.task not in ("tensor", "statistics"):
+        raise DumpError(f"{path}: \"task\" is {header.get('task')!r}; expected \"tensor\" or \"statistics\"")
+    index.level = _header_str(path, header, "level", "L1")
+    index.framework = _header_str(path, header, "framework", "pytorch")
+    if index.framework not in ("pytorch", "mindspore"):
+        raise DumpError(f"{path}: \"framework\" is {index.framework!r}; expected \"pytorch\" or \"mindspore\"")
+    return index
+
+
+def _header_str(path: Path, header: dict, key: str, default: str | None) -> str:
+    value = header.get(key, default)
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, str):
+        raise DumpError(f"{path}: \"{key}\" is {value!r}; expected a string")
+    return value
+
+
+def _index_data(text: str, pos: int, offsets: "_ByteOffsets", index: DumpIndex) -> int:
+    def visit(key: str, value_start: int) -> int:
+        value, value_end = _decode(text, value_start, key)
+        name = parse_call_name(key)
+        if name is not None:
+            index.entries.append(IndexEntry(name, offsets.byte(value_start), offsets.byte(value_end), _numel(value)))
+        elif key.startswith(MODULE_PREFIXES):
+            index.modules += 1
+        else:
+            index.skipped_names.append(key)
+        return value_end
+
+    if not text.startswith("{", _WHITESPACE.match(text, pos).end()):
+        raise _ScanError('"data" is not an object')
+    return _walk_object(text, pos, visit)
+
+
+def _numel(record: Any) -> int:
+    """Elements of every tensor in a record: the cost estimate used to schedule."""
+    total = 0
+    stack = [record]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            shape = value.get("shape")
+            if isinstance(shape, list) and "dtype" in value:
+                total += math.prod(s for s in shape if isinstance(s, int) and s > 0)
+            else:
+                stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return total
+
+
+class _ScanError(Exception):
+    pass
+
+
+def _decode(text: str, pos: int, key: str) -> tuple[Any, int]:
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError as exc:
+        raise _ScanError(f"in the value of {key!r}: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+
+
+def _walk_object(text: str, pos: int, visit: Callable[[str, int], int]) -> int:
+    """Walk the JSON object at `pos`, calling visit(key, value_start) -> value_end for
+    each member, and return the end of the object."""
+    pos = _WHITESPACE.match(text, pos).end()
+    if not text.startswith("{", pos):
+        raise _ScanError(f"expected an object at character {pos}")
+    pos = _WHITESPACE.match(text, pos + 1).end()
+    if text.startswith("}", pos):
+        return pos + 1
+    while True:
+        if not text.startswith('"', pos):
+            raise _ScanError(_unexpected(text, pos, "a key"))
+        try:
+            key, pos = json.decoder.scanstring(text, pos + 1)
+        except json.JSONDecodeError as exc:
+            raise _ScanError(exc.msg) from exc
+        pos = _WHITESPACE.match(text, pos).end()
+        if not text.startswith(":", pos):
+            raise _ScanError(_unexpected(text, pos, f"':' after key {key!r}"))
+        pos = _WHITESPACE.match(text, visit(key, _WHITESPACE.match(text, pos + 1).end())).end()
+        if text.startswith(",", pos):
+            pos = _WHITESPACE.match(text, pos + 1).end()
+        elif text.startswith("}", pos):
+            return pos + 1
+        else:
+            raise _ScanError(_unexpected(text, pos, f"',' or '}}' after the value of {key!r}"))
+
+
+def _unexpected(text: str, pos: int, wanted: str) -> str:
+    if pos >= len(text):
+        return f"the file ends early (truncated?) where {wanted} was expected"
+    return f"expected {wanted} at character {pos}"
+
+
+class _ByteOffsets:
+    """Character offsets -> byte offsets. Free for ASCII files (the usual case)."""
+
+    def __init__(self, text: str, raw: bytes) -> None:
+        self._ascii = len(text) == len(raw)
+        self._text = text
+        self._last_char = 0
+        self._last_byte = 0
+
+    def byte(self, char: int) -> int:
+        if self._ascii:
+            return char
+        if char < self._last_char:
+            self._last_char = self._last_byte = 0
+        self._last_byte += len(self._text[self._last_char:char].encode("utf-8"))
+        self._last_char = char
+        return self._last_byte

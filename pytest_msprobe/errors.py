@@ -1,0 +1,15 @@
+"""The ways a call can fail to be judged, each turned into a pytest outcome."""
+
+
+class DumpError(Exception):
+    """A dump.json that cannot be read: one collection error for that file."""
+
+
+class CallSkip(Exception):
+    """The call cannot be replayed here (unknown API, no kernel, not replayable):
+    the test skips with this reason."""
+
+
+class CallError(Exception):
+    """The call's data is broken or unsafe (missing/corrupt tensor, path outside the
+    dump): the test fails with this reason, the run goes on."""

@@ -1,0 +1,85 @@
+"""The plugin's options: each one a command-line flag and the same setting as an ini
+option, declared once in a table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DEFAULT_MAX_ELEMENTS = 2**28
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the ini name; the flag is --msprobe-<name with dashes>
+    help: str
+    kind: str = "string"  # "string", "bool", "paths"
+    default: Any = None
+
+    @property
+    def flag(self) -> str:
+        return "--msprobe-" + self.name.removeprefix("msprobe_").replace("_", "-")
+
+
+OPTIONS = (
+    Option("msprobe_dump", "dump.json, or a folder searched for dump.json files (repeatable)", "paths", ()),
+    Option("msprobe_device", "device under test: auto (npu, else cuda, else cpu), cpu, cuda or npu", default="auto"),
+    Option("msprobe_out", "folder for result files", default="msprobe-out"),
+    Option("msprobe_strict", "accuracy warnings fail the test too", "bool", False),
+    Option("msprobe_max_elements", f"largest tensor (elements) a call may create; larger calls skip (default {DEFAULT_MAX_ELEMENTS})",
+           default=str(DEFAULT_MAX_ELEMENTS)),
+    Option("msprobe_standards", "a CSV file that routes APIs to standards or overrides thresholds (see README)"),
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("msprobe", "msprobe dump replay (pytest-msprobe)")
+    for option in OPTIONS:
+        if option.kind == "bool":
+            group.addoption(option.flag, action="store_true", default=None, dest=option.name, help=option.help)
+            parser.addini(option.name, option.help, type="bool", default=option.default)
+        elif option.kind == "paths":
+            group.addoption(option.flag, action="append", default=None, dest=option.name, metavar="PATH", help=option.help)
+            parser.addini(option.name, option.help, type="args", default=[])
+        else:
+            group.addoption(option.flag, default=None, dest=option.name, help=option.help)
+            parser.addini(option.name, option.help, default=option.default)
+
+
+def get(config: pytest.Config, name: str) -> Any:
+    """The flag when given, else the ini value (whose default is the option's)."""
+    value = config.getoption(name)
+    return value if value is not None else config.getini(name)
+
+
+def dump_files(config: pytest.Config) -> list[Path]:
+    """Every dump.json the options name, in a stable order; a named path that does not
+    exist or holds no dump.json is a usage error."""
+    found: list[Path] = []
+    base = Path(config.invocation_params.dir)
+    for raw in get(config, "msprobe_dump") or ():
+        path = (base / raw).resolve() if not Path(raw).is_absolute() else Path(raw)
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            inside = sorted(path.rglob("dump.json"))
+            if not inside:
+                raise pytest.UsageError(f"--msprobe-dump {raw}: no dump.json found in this folder")
+            found.extend(inside)
+        else:
+            raise pytest.UsageError(f"--msprobe-dump {raw}: no such file or folder")
+    return list(dict.fromkeys(found))
+
+
+def max_elements(config: pytest.Config) -> int:
+    raw = get(config, "msprobe_max_elements")
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: expected a whole number of elements") from None
+    if value <= 0:
+        raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: must be positive")
+    return value

@@ -1,0 +1,35 @@
+"""Accumulative error: long reductions, whose error grows with the reduction length.
+
+Spec standard 5: the absolute-threshold ratios with `bound(D)` as both rtol and atol and
+small = 1, plus error balance eb = |#(d > b_D) - #(d < b_D)| / N (b_D: the bench rounded
+to D, so correct rounding is no error). Pass iff the three ratios are 0 and eb <= eb_max.
+Fix over msprobe: eb is judged only when its sign imbalance is also statistically
+significant (sign-test z > sr_bias_z): msprobe's fp16 eb_max of 2**-20 otherwise fails a
+correct kernel on a single odd rounding difference in a small tensor.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from .absolute_threshold import absolute_threshold_metrics, threshold_reasons
+from .metrics import Pair, sign_balance_z
+
+NAME = "accumulative_error"
+
+
+def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=None):
+    """Judge a long reduction by bound(D) and error balance."""
+    bound, small = thresholds["bound"], thresholds["accumulative_small"]
+    metrics = absolute_threshold_metrics(pair, bound, small, bound)
+    metrics["eb"] = pair.error_balance()
+    reasons = threshold_reasons(metrics, {"rtol": bound, "atol": bound})
+    z = sign_balance_z(*pair.sign_counts)
+    metrics["eb_z"] = z
+    if metrics["eb"] > thresholds["eb_max"] and z > thresholds["sr_bias_z"]:
+        reasons.append(f"eb {metrics['eb']:.6g} > {thresholds['eb_max']:.6g} with sign-test z "
+                       f"{z:.3g}: a systematic bias")
+    used = {"bound": bound, "small": small, "inf_nan_error_ratio": 0.0, "rel_err_ratio": 0.0,
+            "abs_err_ratio": 0.0, "eb": thresholds["eb_max"], "eb_z": thresholds["sr_bias_z"]}
+    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
+                        pair.offenders(pair.rel_err),
+                        reference.kind if reference is not None else "single-run")

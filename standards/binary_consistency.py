@@ -1,0 +1,42 @@
+"""Binary consistency: exact operations must reproduce the bench bit for bit.
+
+error_rate = #(d != b) / N; pass iff error_rate == 0. For floating outputs the bench is
+first rounded to D (an exact op on raised inputs yields a value representable in D, so
+this only forgives the raise), NaN matches NaN, and -inf matches -inf.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .metrics import Pair
+from .verdict import Offender
+
+NAME = "binary_consistency"
+
+
+def binary_consistency(pair: Pair, thresholds: Mapping[str, float], reference=None):
+    """Judge an exact op: any differing element is an error."""
+    b = pair.b_rounded
+    with np.errstate(invalid="ignore"):
+        differ = (pair.d != b) & ~(np.isnan(pair.d) & np.isnan(b))
+    n_bad = int(np.count_nonzero(differ))
+    rate = n_bad / pair.n if pair.n else 0.0
+    metrics = {"error_rate": rate}
+    reasons = []
+    if n_bad:
+        reasons.append(f"{n_bad} of {pair.n} elements differ from the bench "
+                       f"(error_rate {rate:.6g} > 0); this op must be exact")
+    worst = ()
+    if n_bad:
+        idx = np.flatnonzero(differ)[:5]
+        shape = pair.shape
+        worst = tuple(
+            Offender(
+                tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (),
+                float(pair.d[i]), float(pair.b[i]))
+            for i in idx)
+    return pair.verdict("error" if reasons else "pass", NAME, metrics,
+                        {"error_rate": 0.0}, reasons, worst,
+                        reference.kind if reference is not None else "single-run")

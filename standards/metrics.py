@@ -1,0 +1,266 @@
+"""Shared quantities of all standards, computed once per (bench, device) pair.
+
+Why a `Pair` object: every standard, the legacy metrics and the single-run rule read the
+same masks and errors (both_finite, abs_err, rel_err, ULP error, the bench rounded to D).
+`Pair` computes each lazily, once, vectorised in float64, so judging an output costs a
+few passes over memory whatever the number of metrics.
+
+Definitions follow the spec ("Shared quantities"):
+  both_finite = isfinite(d) & isfinite(b as D);  inf_nan = ~both_finite
+  abs_err = |d - b|;  rel_err = abs_err / (|b| + tiny)
+  tiny = eps of the bench dtype (2**-52 float64, 2**-23 float32), 2**-8 if D is bfloat16
+  small_mask = both_finite & |b| <= small(D);  normal_mask = both_finite & ~small_mask
+Errors are computed on the both_finite elements only (arrays `df`, `bf`); the inf/nan
+elements are judged by agreement (`inf_nan_disagree`): NaN==NaN agrees, infinities of
+the same sign agree, and otherwise both values are clipped to D's finite range and agree
+when their relative error is <= rtol.
+"""
+from __future__ import annotations
+
+import math
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from .dtypes import DtypeInfo
+from .verdict import Offender, Verdict
+
+__all__ = ["Pair", "round_to_dtype", "ulp_of", "sign_balance_z"]
+
+#: clip of signed ULP errors in the bias statistics (keeps cancellation noise bounded)
+BIAS_CLIP_ULP = 64.0
+
+
+def round_to_dtype(values: np.ndarray, info: DtypeInfo) -> np.ndarray:
+    """`values` (float64) rounded to nearest-even in D and returned as float64."""
+    if info.name == "float64":
+        return values
+    if info.name == "float32":
+        with np.errstate(over="ignore"):
+            return values.astype(np.float32).astype(np.float64)
+    if info.name == "float16":
+        with np.errstate(over="ignore"):
+            return values.astype(np.float16).astype(np.float64)
+    rounded = torch.from_numpy(values).to(info.torch_dtype).to(torch.float64).numpy()
+    if info.name.startswith("float8"):
+        # fp8 formats without inf saturate to NaN in torch; overflow is what matters to us
+        over = np.isnan(rounded) & ~np.isnan(values)
+        if over.any():
+            rounded = rounded.copy()
+            rounded[over] = np.copysign(np.inf, values[over])
+    return rounded
+
+
+def ulp_of(abs_values: np.ndarray, info: DtypeInfo) -> np.ndarray:
+    """ULP of D at each |value| (spec): 2**(max(floor(log2|x|), e_min) - m), e_min where x==0."""
+    _, exp = np.frexp(abs_values)          # x = f * 2**exp, f in [0.5, 1): floor(log2 x) = exp-1
+    exp = np.maximum(exp - 1, info.e_min)  # x == 0 gives exp 0 -> -1 -> e_min for every D
+    exp[abs_values == 0] = info.e_min
+    return np.ldexp(1.0, exp - info.mantissa_bits)
+
+
+def sign_balance_z(positive: int, negative: int) -> float:
+    """Sign-test z-score of an imbalance: |p - n| / sqrt(p + n); 0 when nothing differs."""
+    total = positive + negative
+    return abs(positive - negative) / math.sqrt(total) if total else 0.0
+
+
+class Pair:
+    """A bench and a device output, flattened to float64, with lazily shared quantities.
+
+    `device` and `bench` are float64 arrays of the same shape (the device values are
+    exact: every D converts to float64 without rounding). `info` describes D.
+    User standards receive a Pair: read `d`, `b`, `df`, `bf`, `abs_err`, `rel_err` ... and
+    build the result with `pair.verdict(...)`.
+    """
+
+    def __init__(self, bench: np.ndarray, device: np.ndarray, info: DtypeInfo, *,
+                 bench_dtype: str, device_dtype: str, path: str = "") -> None:
+        self.shape = tuple(device.shape)
+        self.d = np.ascontiguousarray(device, dtype=np.float64).reshape(-1)
+        self.b = np.ascontiguousarray(bench, dtype=np.float64).reshape(-1)
+        self.info = info
+        self.bench_dtype = bench_dtype
+        self.device_dtype = device_dtype
+        self.path = path
+        self.n = self.d.size
+        if info.name == "bfloat16":
+            self.tiny = 2.0 ** -8
+        else:
+            self.tiny = 2.0 ** -52 if bench_dtype == "float64" else 2.0 ** -23
+        self._cache: dict = {}
+
+    # ----------------------------------------------------------------- building verdicts
+    def verdict(self, status: str, standard: str, metrics: dict, thresholds: dict,
+                reasons=(), worst=(), reference: str = "single-run") -> Verdict:
+        """A Verdict about this pair (fills path, dtypes and shape)."""
+        return Verdict(status=status, standard=standard, metrics=metrics,
+                       thresholds=dict(thresholds), reasons=tuple(reasons), worst=tuple(worst),
+                       reference=reference, path=self.path, device_dtype=self.device_dtype,
+                       bench_dtype=self.bench_dtype, shape=self.shape)
+
+    def offenders(self, score: np.ndarray, *, on_finite: bool = True, k: int = 5) -> tuple:
+        """The k elements with the largest `score` (> 0), nonfinite disagreements first."""
+        picked: list[int] = [int(i) for i in self.inf_nan_disagree_index[:k]]
+        if len(picked) < k and score.size:
+            m = min(k, score.size)
+            top = np.argpartition(score, -m)[-m:] if m < score.size else np.arange(score.size)
+            top = top[np.argsort(-score[top], kind="stable")]
+            top = top[score[top] > 0]
+            if on_finite and self.finite_index is not None:
+                top = self.finite_index[top]
+            picked.extend(int(i) for i in top[: k - len(picked)])
+        shape = self.shape or ()
+        return tuple(Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (),
+                              float(self.d[i]), float(self.b[i])) for i in picked)
+
+    # ----------------------------------------------------------------- masks
+    @cached_property
+    def b_rounded(self) -> np.ndarray:
+        """The bench rounded to D: the best answer any kernel in D can give."""
+        return round_to_dtype(self.b, self.info)
+
+    @cached_property
+    def both_finite(self) -> np.ndarray:
+        return np.isfinite(self.d) & np.isfinite(self.b_rounded)
+
+    @cached_property
+    def all_finite(self) -> bool:
+        return bool(self.both_finite.all())
+
+    @cached_property
+    def finite_index(self) -> np.ndarray | None:
+        """Flat indices of both_finite elements; None when all are (no copy needed)."""
+        return None if self.all_finite else np.flatnonzero(self.both_finite)
+
+    @cached_property
+    def df(self) -> np.ndarray:
+        return self.d if self.all_finite else self.d[self.both_finite]
+
+    @cached_property
+    def bf(self) -> np.ndarray:
+        return self.b if self.all_finite else self.b[self.both_finite]
+
+    @cached_property
+    def bf_rounded(self) -> np.ndarray:
+        return self.b_rounded if self.all_finite else self.b_rounded[self.both_finite]
+
+    @cached_property
+    def n_finite(self) -> int:
+        return self.df.size
+
+    @cached_property
+    def n_inf_nan(self) -> int:
+        return self.n - self.n_finite
+
+    # ----------------------------------------------------------------- errors
+    @cached_property
+    def diff(self) -> np.ndarray:
+        """Signed d - b over both_finite elements."""
+        return self.df - self.bf
+
+    @cached_property
+    def abs_err(self) -> np.ndarray:
+        return np.abs(self.diff)
+
+    @cached_property
+    def abs_b(self) -> np.ndarray:
+        return np.abs(self.bf)
+
+    @cached_property
+    def rel_err(self) -> np.ndarray:
+        return self.abs_err / (self.abs_b + self.tiny)
+
+    @cached_property
+    def ulp(self) -> np.ndarray:
+        """ULP of D at each finite bench value (spec's ULP definition)."""
+        return ulp_of(self.abs_b, self.info)
+
+    @cached_property
+    def ulp_err(self) -> np.ndarray:
+        return self.abs_err / self.ulp
+
+    def small_mask(self, small: float) -> np.ndarray:
+        """|b| <= small over the finite elements (cached per threshold)."""
+        key = ("small", small)
+        if key not in self._cache:
+            self._cache[key] = self.abs_b <= small
+        return self._cache[key]
+
+    # ----------------------------------------------------------------- inf / nan
+    def inf_nan_agree(self, rtol: float) -> np.ndarray:
+        """For each inf_nan element: do d and b agree? (spec's agreement rule)."""
+        key = ("agree", rtol)
+        if key not in self._cache:
+            if self.n_inf_nan == 0:
+                self._cache[key] = np.zeros(0, dtype=bool)
+            else:
+                mask = ~self.both_finite
+                d, b = self.d[mask], self.b[mask]
+                dn, bn = np.isnan(d), np.isnan(b)
+                lim = self.info.max_finite
+                dc, bc = np.clip(d, -lim, lim), np.clip(b, -lim, lim)
+                with np.errstate(invalid="ignore"):
+                    close = np.abs(dc - bc) / (np.abs(bc) + self.tiny) <= rtol
+                self._cache[key] = (dn & bn) | (~dn & ~bn & close)
+        return self._cache[key]
+
+    @cached_property
+    def inf_nan_disagree_index(self) -> np.ndarray:
+        """Flat indices of inf/nan elements that disagree at D's own rtol."""
+        if self.n_inf_nan == 0:
+            return np.zeros(0, dtype=np.int64)
+        agree = self.inf_nan_agree(self.info.defaults["rtol"])
+        return np.flatnonzero(~self.both_finite)[~agree]
+
+    def inf_nan_error_ratio(self, rtol: float) -> float:
+        if self.n_inf_nan == 0:
+            return 0.0
+        agree = self.inf_nan_agree(rtol)
+        return float((~agree).sum() / agree.size)
+
+    def unexpected_nonfinite_reason(self) -> str | None:
+        """A reason when some inf/NaN of the device (or of the bench) is not matched."""
+        bad = self.inf_nan_disagree_index
+        if bad.size == 0:
+            return None
+        d, b = self.d[bad], self.b[bad]
+        n_dev = int((~np.isfinite(d)).sum())
+        return (f"{bad.size} inf/NaN element(s) disagree with the bench "
+                f"({n_dev} non-finite on the device, {bad.size - n_dev} on the bench side only)"
+                f"; an unexpected NaN/inf is always an error")
+
+    # ----------------------------------------------------------------- cached scalars
+    def cached(self, key, compute):
+        """Memoise a scalar metric shared between standards."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def error_balance(self) -> float:
+        """eb = |#(d > b_D) - #(d < b_D)| / N over the both_finite elements."""
+        def compute():
+            if self.n_finite == 0:
+                return 0.0
+            pos, neg = self.sign_counts
+            return abs(pos - neg) / self.n_finite
+        return self.cached("eb", compute)
+
+    @cached_property
+    def sign_counts(self) -> tuple[int, int]:
+        """(#(d > b_D), #(d < b_D)) over the both_finite elements."""
+        pos = int(np.count_nonzero(self.df > self.bf_rounded))
+        neg = int(np.count_nonzero(self.df < self.bf_rounded))
+        return pos, neg
+
+    def rel_err_share_below(self, limit: float) -> float:
+        """Share of ALL elements with rel_err < limit; agreeing inf/nan count as 0 error."""
+        def compute():
+            if self.n == 0:
+                return 1.0
+            good = int(np.count_nonzero(self.rel_err < limit))
+            if self.n_inf_nan:
+                good += int(self.inf_nan_agree(self.info.defaults["rtol"]).sum())
+            return good / self.n
+        return self.cached(("share", limit), compute)

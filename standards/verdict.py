@@ -1,0 +1,81 @@
+"""The result of judging one output: Verdict and the offending elements it names.
+
+A Verdict is plain data (frozen) so it can be pickled across xdist workers, written to
+CSV rows and compared in tests; `message()` renders the failure text users read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+__all__ = ["Verdict", "Offender", "STATUS_ORDER", "worst_status"]
+
+#: severity used to combine verdicts: a structure is as bad as its worst leaf
+STATUS_ORDER = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
+
+
+class Offender(NamedTuple):
+    """One badly matching element: its index in the output, device and bench values."""
+
+    index: tuple[int, ...]
+    device: float
+    bench: float
+
+
+def worst_status(statuses) -> str:
+    """error > warning > pass > skip; no statuses (or all skip) -> skip."""
+    worst = "skip"
+    for status in statuses:
+        if STATUS_ORDER[status] > STATUS_ORDER[worst]:
+            worst = status
+    return worst
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one output (or a structure of outputs) compares with its bench."""
+
+    status: str
+    standard: str
+    metrics: dict = field(default_factory=dict)
+    thresholds: dict = field(default_factory=dict)
+    reasons: tuple = ()
+    worst: tuple = ()
+    reference: str = "single-run"
+    path: str = ""
+    device_dtype: str = ""
+    bench_dtype: str = ""
+    shape: tuple = ()
+    outputs: tuple = ()
+
+    @property
+    def passed(self) -> bool:
+        """True for pass and warning (a warning is not a failure unless the user is strict)."""
+        return self.status in ("pass", "warning")
+
+    def message(self) -> str:
+        """Readable multi-line text: standard, each metric vs threshold, reasons, worst elements."""
+        where = self.path or "output"
+        lines = [f"{where}: {self.status} by {self.standard} standard "
+                 f"({self.reference}; device {self.device_dtype or '?'}, "
+                 f"bench {self.bench_dtype or '?'}, shape {tuple(self.shape)})"]
+        for reason in self.reasons:
+            lines.append(f"  reason: {reason}")
+        if self.outputs:   # a structure: its leaves carry the numbers
+            for out in self.outputs:
+                if out.status in ("error", "warning"):
+                    lines.append("")
+                    lines.extend("  " + line for line in out.message().splitlines())
+            return "\n".join(lines)
+        for key, value in self.metrics.items():
+            limit = self.thresholds.get(key)
+            suffix = f"  (threshold {limit:.6g})" if limit is not None else ""
+            lines.append(f"  {key} = {value:.6g}{suffix}")
+        extra = [k for k in self.thresholds if k not in self.metrics]
+        if extra:
+            lines.append("  thresholds: " + ", ".join(f"{k}={self.thresholds[k]:.6g}" for k in extra))
+        if self.worst:
+            lines.append("  worst elements (index: device vs bench):")
+            for off in self.worst:
+                lines.append(f"    {list(off.index)}: {off.device!r} vs {off.bench!r}")
+        return "\n".join(lines)
