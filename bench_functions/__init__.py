@@ -1,0 +1,71 @@
+"""CPU references of torch_npu fused operators (installed as ``pytest_msprobe.bench_functions``).
+
+``get(name)`` returns the reference of the torch_npu op ``name`` (as dumps write it after
+``NPU.``) or None; ``register(name, func, replace=False)`` adds a user's own; ``names()``
+lists them. Each reference takes the op's exact arguments and returns what the op returns;
+it works in any floating dtype (see ``_common`` for the dtype policy) on the inputs' device.
+Cases no CPU reference can reproduce raise ``Unsupported`` (a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._common import Unsupported
+from .adam import npu_apply_adam, npu_apply_adam_w
+from .confusion_transpose import npu_confusion_transpose
+from .fusion_attention import npu_fusion_attention, npu_fusion_attention_grad
+from .gelu import fast_gelu, npu_fast_gelu
+from .group_norm_silu import npu_group_norm_silu
+from .layer_norm import npu_layer_norm_eval
+from .linear import npu_linear
+from .matmul_backward import matmul_backward
+from .mish import npu_mish
+from .moe_gating import npu_moe_gating_top_k_softmax
+from .registry import BenchFunction, Registry
+from .rms_norm import npu_rms_norm
+from .rotary import npu_rotary_mul
+from .softmax import npu_scaled_masked_softmax
+from .sort import npu_sort_v2
+from .swiglu import npu_swiglu
+
+BUILTIN: dict[str, Callable[..., Any]] = {
+    "npu_fusion_attention": npu_fusion_attention,
+    "npu_fusion_attention_grad": npu_fusion_attention_grad,
+    "npu_rms_norm": npu_rms_norm,
+    "npu_rotary_mul": npu_rotary_mul,
+    "npu_swiglu": npu_swiglu,
+    "npu_scaled_masked_softmax": npu_scaled_masked_softmax,
+    "fast_gelu": fast_gelu,
+    "npu_fast_gelu": npu_fast_gelu,
+    "npu_linear": npu_linear,
+    "npu_confusion_transpose": npu_confusion_transpose,
+    "npu_layer_norm_eval": npu_layer_norm_eval,
+    "npu_apply_adam": npu_apply_adam,
+    "npu_apply_adam_w": npu_apply_adam_w,
+    "npu_group_norm_silu": npu_group_norm_silu,
+    "npu_mish": npu_mish,
+    "npu_moe_gating_top_k_softmax": npu_moe_gating_top_k_softmax,
+    "npu_sort_v2": npu_sort_v2,
+    "matmul_backward": matmul_backward,
+}
+
+default_registry = Registry(BUILTIN, builtin=True)
+
+
+def get(name: str) -> BenchFunction | None:
+    """The reference of torch_npu op ``name`` in the default registry, or None."""
+    return default_registry.get(name)
+
+
+def register(name: str, func: Callable[..., Any], *, replace: bool = False) -> None:
+    """Register ``func`` as the reference of op ``name`` in the default registry."""
+    default_registry.register(name, func, replace=replace)
+
+
+def names() -> list[str]:
+    """The op names the default registry knows, sorted."""
+    return default_registry.names()
+
+
+__all__ = ["BUILTIN", "BenchFunction", "Registry", "Unsupported", "default_registry", "get", "names", "register"]

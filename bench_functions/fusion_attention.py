@@ -134,25 +134,31 @@ def _row_block(b: int, n1: int, sq: int, skv: int) -> int:
 
 def _scores(q: torch.Tensor, k: torch.Tensor, pse: Optional[torch.Tensor], r0: int, r1: int,
             scale: float, masked: Optional[torch.Tensor]) -> torch.Tensor:
-    """scale * (q k^T + pse) with masked entries at -inf, for query rows [r0, r1)."""
+    """scale * (q k^T + pse) with masked entries at -inf, for query rows [r0, r1).
+
+    Works in place on the fresh score block (never on autograd-tracked tensors: callers run
+    inside the custom Function)."""
     s = torch.matmul(q[..., r0:r1, :], k.transpose(-1, -2))
     if pse is not None:
-        s = s + (pse if pse.shape[-2] == 1 else pse[..., r0:r1, :])
-    s = s * scale
+        s += pse if pse.shape[-2] == 1 else pse[..., r0:r1, :]
+    s *= scale
     if masked is not None:
-        s = s.masked_fill(masked, float("-inf"))
+        s.masked_fill_(masked, float("-inf"))
     return s
 
 
 def _softmax_stats(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(probabilities, row max, row sum of exp(s - max)); rows with no visible key give
-    probabilities 0, max -inf and sum 0."""
+    """(exp(s - row max), row max, row sum of exp(s - max)), overwriting ``s``; rows with
+    no visible key give exp 0, max -inf and sum 0. Probabilities are exp / sum."""
     m = s.amax(dim=-1, keepdim=True)
     m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    e = torch.exp(s - m_safe)
+    e = s.sub_(m_safe).exp_()
     l = e.sum(dim=-1, keepdim=True)
-    p = e / torch.where(l > 0, l, torch.ones_like(l))
-    return p, m, l
+    return e, m, l
+
+
+def _safe(l: torch.Tensor) -> torch.Tensor:
+    return torch.where(l > 0, l, torch.ones_like(l))
 
 
 def _reduce_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -171,8 +177,8 @@ def _attention_forward(q, k, v, pse, scale, rules):
     for r0 in range(0, sq, step):
         r1 = min(sq, r0 + step)
         masked = rules.block(r0, r1, q.device) if rules is not None else None
-        p, m, l = _softmax_stats(_scores(q, k, pse, r0, r1, scale, masked))
-        outs.append(torch.matmul(p, v))
+        e, m, l = _softmax_stats(_scores(q, k, pse, r0, r1, scale, masked))
+        outs.append(torch.matmul(e, v) / _safe(l))  # normalise the small output, not e
         maxes.append(m)
         sums.append(l)
     return torch.cat(outs, dim=-2), torch.cat(maxes, dim=-2), torch.cat(sums, dim=-2)
@@ -189,10 +195,12 @@ def _attention_backward(q, k, v, pse, dout, scale, rules, need_pse_grad):
     for r0 in range(0, sq, step):
         r1 = min(sq, r0 + step)
         masked = rules.block(r0, r1, q.device) if rules is not None else None
-        p, _, _ = _softmax_stats(_scores(q, k, pse, r0, r1, scale, masked))
+        p, _, l = _softmax_stats(_scores(q, k, pse, r0, r1, scale, masked))
+        p /= _safe(l)
         do = dout[..., r0:r1, :]
         dp = torch.matmul(do, v.transpose(-1, -2))
-        ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))  # d loss / d (scaled scores)
+        row = (p * dp).sum(dim=-1, keepdim=True)
+        ds = dp.sub_(row).mul_(p)  # d loss / d (scaled scores) = P * (dP - rowsum(P * dP))
         dq_blocks.append(torch.matmul(ds, k) * scale)
         dk += (torch.matmul(ds.transpose(-1, -2), q[..., r0:r1, :]) * scale).sum(dim=2, keepdim=True)
         dv += torch.matmul(p.transpose(-1, -2), do).sum(dim=2, keepdim=True)

@@ -16,7 +16,7 @@ def npu_layer_norm_eval(input: torch.Tensor, normalized_shape: Union[int, Sequen
     (var is the biased variance), in input's dtype.
 
     Facts:
-    - torch_npu docs: npu_layer_norm_eval(input, normalized_shape, weight=None, bias=None, eps=1e-05) -> Tensor: layer normalisation in inference (eval) mode, as torch.nn.functional.layer_norm.
+    - torch_npu docs: npu_layer_norm_eval(input, normalized_shape, weight=None, bias=None, eps=1e-05) -> Tensor, "the same as torch.nn.functional.layer_norm" (weight = gamma, bias = beta, eps added to the variance).
 
     Choices:
     - Two-pass mean/variance in float32 (float64 for float64 input); backward by autograd.

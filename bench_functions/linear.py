@@ -11,7 +11,7 @@ def npu_linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     """y = input @ weight^T + bias, in the inputs' dtype.
 
     Facts:
-    - torch_npu docs: npu_linear(input, weight, bias=None) -> Tensor, "multiplies matrices" like torch.nn.functional.linear: input (N, in), weight (out, in), bias (out).
+    - torch_npu docs: npu_linear(input, weight, bias=None) -> Tensor with 2-D input and weight, the NPU form of torch.nn.functional.linear: input (N, in), weight (out, in), bias (out).
 
     Choices:
     - Computed in the input dtype (a matmul, like the NPU's cube unit with its own accumulation); backward by autograd.

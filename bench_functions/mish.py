@@ -14,7 +14,7 @@ def npu_mish(self: torch.Tensor) -> torch.Tensor:
     nor loses the small values for very negative x.
 
     Facts:
-    - torch_npu docs: npu_mish(self) -> Tensor computes the Mish activation elementwise (same as torch.nn.functional.mish).
+    - torch_npu docs: npu_mish(self) -> Tensor, elementwise; "planned for deprecation, replace with torch.nn.functional.mish" (i.e. the same function, x * tanh(softplus(x))).
 
     Choices:
     - Backward by autograd.

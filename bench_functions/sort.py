@@ -12,10 +12,11 @@ def npu_sort_v2(self: torch.Tensor, dim: int = -1, descending: bool = False,
     """The values of ``self`` sorted along ``dim`` (no indices).
 
     Facts:
-    - torch_npu docs: npu_sort_v2(self, dim=-1, descending=False, out=None) -> Tensor: sorts along dim and returns only the sorted values, the faster form of torch.sort without indices.
+    - torch_npu docs: npu_sort_v2(self, dim=-1, descending=False, out=None) -> Tensor: sorts along dim (ascending unless descending) and returns the values without indices; "replace with torch.sort".
+    - torch_npu docs: only the last axis (dim=-1) is supported on the NPU.
 
     Choices:
-    - NaN order follows torch.sort (NaN largest); with out given the values are written into it and it is returned.
+    - Any dim is accepted (the NPU limit is not enforced); NaN order follows torch.sort (NaN largest); with out given the values are written into it and it is returned.
     """
     values = torch.sort(self, dim=dim, descending=descending, stable=True).values
     if out is not None:

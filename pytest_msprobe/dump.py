@@ -200,6 +200,8 @@ def _decode(text: str, pos: int, key: str) -> tuple[Any, int]:
     try:
         return _DECODER.raw_decode(text, pos)
     except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unterminated") or exc.pos >= len(text.rstrip()):
+            raise _ScanError(f"the file ends early (truncated?) in the value of {key!r}") from exc
         raise _ScanError(f"in the value of {key!r}: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
 
 

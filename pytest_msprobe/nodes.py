@@ -8,9 +8,14 @@ from typing import Any, Iterator
 import pytest
 
 from pytest_msprobe.dump import CallName, DumpIndex, read_index
-from pytest_msprobe.errors import CallError, CallSkip, DumpError
-from pytest_msprobe.outcome import AccuracyWarning, CallFailed, failure_text, properties
+from pytest_msprobe.errors import DumpError
+from pytest_msprobe.mindspore_tables import require_mindspore
+from pytest_msprobe.outcome import AccuracyWarning, CallFailed, judge_call, properties
+from pytest_msprobe.results import ResultRecord
 from pytest_msprobe.state import session_state
+
+
+RESULT_KEY = pytest.StashKey[ResultRecord]()
 
 
 class DumpFile(pytest.File):
@@ -19,6 +24,8 @@ class DumpFile(pytest.File):
     def collect(self) -> Iterator["CallItem"]:
         try:
             index = read_index(self.path)
+            if index.framework == "mindspore":
+                require_mindspore()
         except DumpError as exc:
             raise self.CollectError(str(exc)) from None
         state = session_state(self.config)
@@ -41,29 +48,17 @@ class CallItem(pytest.Item):
         return session_state(self.config).indexes[self.path]
 
     def runtest(self) -> None:
-        from pytest_msprobe.call import check_call
-        from pytest_msprobe.replay import DeviceFailed
-
         state = session_state(self.config)
-        try:
-            result = check_call(self.index, self.call, state.settings())
-        except CallSkip as exc:
-            self.user_properties.append(("msprobe_status", "skip"))
-            pytest.skip(str(exc))
-        except CallError as exc:
-            self.user_properties.append(("msprobe_status", "error"))
-            raise CallFailed(f"{self.call}: bad input: {exc}") from None
-        except DeviceFailed as exc:
-            self.user_properties.append(("msprobe_status", "error"))
-            raise CallFailed(f"{self.call}: {exc}") from None
-        self.user_properties.extend(properties(result))
-        status = result.verdict.status
-        if status == "skip":
-            pytest.skip(f"{self.call}: " + "; ".join(result.verdict.reasons))
-        if status == "error" or (status == "warning" and state.strict):
-            raise CallFailed(failure_text(result, strict=status == "warning"))
-        if status == "warning":
-            warnings.warn(AccuracyWarning(failure_text(result, strict=False)), stacklevel=1)
+        record = judge_call(self.index, self.call, state.settings())
+        self.stash[RESULT_KEY] = record
+        if record.status != "skip":
+            self.user_properties.extend(properties(record))
+        if record.status == "skip":
+            pytest.skip(record.message)
+        if record.status == "error" or (record.status == "warning" and state.strict):
+            raise CallFailed(record.message + ("\n(a warning fails under --msprobe-strict)" if record.status == "warning" else ""))
+        if record.status == "warning":
+            warnings.warn(AccuracyWarning(record.message), stacklevel=1)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, CallFailed):

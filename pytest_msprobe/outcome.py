@@ -1,8 +1,14 @@
-"""How a judged call reads to a person: the failure text and the test's properties."""
+"""What a checked call amounts to: a ResultRecord whatever happened (judged, skipped,
+broken input, device failure), its failure text, and the test's properties."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from pytest_msprobe.dump import CallName, DumpIndex
+from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.results import ResultRecord, output_results
 
 # Metrics shown in JUnit properties, per standard: the ones its verdict turns on.
 KEY_METRICS = {
@@ -23,26 +29,63 @@ class CallFailed(Exception):
     """A call judged `error` (or a broken call): the message is the whole report."""
 
 
-def failure_text(result: Any, *, strict: bool) -> str:
+def judge_call(index: DumpIndex, name: CallName, settings: Any) -> ResultRecord:
+    """Check one call and describe the result, whatever happened."""
+    from pytest_msprobe.call import check_call
+    from pytest_msprobe.replay import DeviceFailed
+
+    started = time.perf_counter()
+    device = settings.backend.describe(settings.device_index)
+    base = {"dump": str(index.path), "call": str(name), "device": device}
+    try:
+        result = check_call(index, name, settings)
+    except CallSkip as exc:
+        record = ResultRecord(status="skip", standard="", reference="", message=f"{name}: {exc}", **base)
+    except CallError as exc:
+        record = ResultRecord(status="error", standard="", reference="", message=f"{name}: bad input: {exc}", **base)
+    except DeviceFailed as exc:
+        record = ResultRecord(status="error", standard="", reference="", message=f"{name}: {exc}", **base)
+    else:
+        verdict = result.verdict
+        record = ResultRecord(
+            status=verdict.status,
+            standard=verdict.standard,
+            reference=verdict.reference,
+            message=_verdict_text(result),
+            outputs=output_results(verdict),
+            origins=result.origins,
+            **{**base, "device": result.device},
+        )
+    record.duration = time.perf_counter() - started
+    return record
+
+
+def _verdict_text(result: Any) -> str:
     verdict = result.verdict
+    if verdict.status == "skip":
+        return f"{result.name}: " + ("; ".join(verdict.reasons) or "nothing comparable")
     head = f"{result.name}: {verdict.status} by the {verdict.standard} standard on {result.device}"
-    if strict:
-        head += " (a warning fails under --msprobe-strict)"
     lines = [head, verdict.message().rstrip(), "inputs:"]
     lines += [f"  {origin}" for origin in result.origins] or ["  (none)"]
     return "\n".join(lines)
 
 
-def properties(result: Any) -> list[tuple[str, Any]]:
+def properties(record: ResultRecord) -> list[tuple[str, Any]]:
     """Flat (name, value) pairs: pytest's JUnit XML writes each as a <property>."""
-    verdict = result.verdict
     pairs: list[tuple[str, Any]] = [
-        ("msprobe_status", verdict.status),
-        ("msprobe_standard", verdict.standard),
-        ("msprobe_reference", verdict.reference),
-        ("msprobe_device", result.device),
+        ("msprobe_status", record.status),
+        ("msprobe_standard", record.standard),
+        ("msprobe_reference", record.reference),
+        ("msprobe_device", record.device),
     ]
-    for key in KEY_METRICS.get(verdict.standard, ()):
-        if key in verdict.metrics:
-            pairs.append((f"msprobe_{key}", verdict.metrics[key]))
+    worst = _worst_output(record)
+    if worst is not None:
+        for key in KEY_METRICS.get(worst.standard, ()):
+            if key in worst.metrics:
+                pairs.append((f"msprobe_{key}", worst.metrics[key]))
     return pairs
+
+
+def _worst_output(record: ResultRecord) -> Any:
+    order = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
+    return max(record.outputs, key=lambda output: order.get(output.status, 0), default=None)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _pytest.pathlib import bestrelpath
 
-from pytest_msprobe import hooks, options
+from pytest_msprobe import hooks, options, report_plugin
 from pytest_msprobe.state import STATE_KEY, SessionState
 
 MARKERS = (
@@ -42,7 +42,10 @@ def pytest_configure(config: pytest.Config) -> None:
     dumps = options.dump_files(config)
     if not dumps:
         return
-    config.stash[STATE_KEY] = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
+    state = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
+    config.stash[STATE_KEY] = state
+    state.settings()  # a device or option that cannot work stops the run here, once
+    config.pluginmanager.register(report_plugin.ReportPlugin(config), "msprobe-report")
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         # The user named no paths: run the dump's tests only, not the repository's.
         config.args[:] = [str(path) for path in dumps]

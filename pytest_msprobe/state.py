@@ -24,19 +24,26 @@ class SessionState:
     _settings: Any = None
 
     def settings(self) -> Any:
-        """Built on first use, so collection alone never imports torch or a device."""
+        """Built once per process; a problem with the device or the standards file
+        is a usage error that tells the user what to fix."""
         if self._settings is None:
             from pytest_msprobe.call import Settings
-            from pytest_msprobe.devices import backend
+            from pytest_msprobe.devices import DeviceUnavailable, backend
             from pytest_msprobe.standards import Registry
 
             registry = Registry.default()
             standards_file = options.get(self.config, "msprobe_standards")
             if standards_file:
-                registry.load_file(Path(standards_file))
+                try:
+                    registry.load_file(Path(standards_file))
+                except (OSError, ValueError, KeyError) as exc:
+                    raise pytest.UsageError(f"--msprobe-standards {standards_file}: {exc}") from None
             self.config.hook.pytest_msprobe_register_standards(registry=registry)
-            chosen = backend(options.get(self.config, "msprobe_device"))
-            chosen.select(self.device_index)
+            try:
+                chosen = backend(options.get(self.config, "msprobe_device"))
+                chosen.select(self.device_index)
+            except DeviceUnavailable as exc:
+                raise pytest.UsageError(f"--msprobe-device: {exc}") from None
             self._settings = Settings(chosen, self.device_index, options.max_elements(self.config), registry)
         return self._settings
 

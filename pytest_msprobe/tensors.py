@@ -118,7 +118,7 @@ def _load_npy(path: Path, spec: TensorSpec) -> torch.Tensor:
     array = np.load(path, allow_pickle=False)
     if not isinstance(array, np.ndarray):
         raise CallError(f"{path.name} holds a {type(array).__name__}, not an array")
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    tensor = torch.from_numpy(np.require(array, requirements="C"))  # ascontiguousarray would make 0-d arrays 1-d
     if spec.dtype == torch.bfloat16 and tensor.dtype == torch.float32:
         tensor = tensor.to(torch.bfloat16)  # MindSpore saves bfloat16 as float32
     return tensor

@@ -1,0 +1,33 @@
+"""Precision standards of pytest-msprobe: metrics, verdicts and routing, no pytest inside.
+
+    from pytest_msprobe.standards import check
+    verdict = check(bench, device, api="linear")          # single-run rule
+    verdict = check(bench, device, api="linear", reference=cpu_out)   # ratios to a reference
+    assert verdict.status in ("pass", "warning"), verdict.message()
+
+Where things are: one module per standard (binary_consistency, absolute_threshold, ulp,
+thousandth, accumulative_error, benchmark, legacy), the rule used when no reference
+exists in single_run, shared quantities in metrics, per-dtype constants in dtypes,
+API routing and thresholds in registry + tables/*.csv, nested outputs in pairing.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .metrics import Pair
+from .reference import Reference
+from .registry import Registry, shipped_registry
+from .verdict import Offender, Verdict
+
+__all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
+
+
+def check(bench: Any, device: Any, *, api: str, reference: Any = None) -> Verdict:
+    """Judge `device` against its raised-precision `bench` by the standard routed for `api`.
+
+    bench/device: torch tensors, numpy arrays, Python scalars, None, or nested
+    tuples/lists/dicts of them. reference: None (single-run rule), a structure like
+    `device` holding another implementation's outputs on the same inputs, or the
+    metrics of a trusted run (a Verdict, or {path: {metric: value}}).
+    """
+    return shipped_registry().check(bench, device, api=api, reference=reference)

@@ -5,11 +5,15 @@ small = 1, plus error balance eb = |#(d > b_D) - #(d < b_D)| / N (b_D: the bench
 to D, so correct rounding is no error). Pass iff the three ratios are 0 and eb <= eb_max.
 Fix over msprobe: eb is judged only when its sign imbalance is also statistically
 significant (sign-test z > sr_bias_z): msprobe's fp16 eb_max of 2**-20 otherwise fails a
-correct kernel on a single odd rounding difference in a small tensor.
+correct kernel on a single odd rounding difference in a small tensor. And eb is blind to
+a scale bias (errors whose signs follow b's, e.g. every element x(1+30 ulp)), so the same
+balance is also judged relative to sign(b): `scale_eb` = |#outward - #inward| / N.
 """
 from __future__ import annotations
 
 from typing import Mapping
+
+import numpy as np
 
 from .absolute_threshold import absolute_threshold_metrics, threshold_reasons
 from .metrics import Pair, sign_balance_z
@@ -25,11 +29,19 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=No
     reasons = threshold_reasons(metrics, {"rtol": bound, "atol": bound})
     z = sign_balance_z(*pair.sign_counts)
     metrics["eb_z"] = z
-    if metrics["eb"] > thresholds["eb_max"] and z > thresholds["sr_bias_z"]:
-        reasons.append(f"eb {metrics['eb']:.6g} > {thresholds['eb_max']:.6g} with sign-test z "
-                       f"{z:.3g}: a systematic bias")
+    up, down = pair.df > pair.bf_rounded, pair.df < pair.bf_rounded
+    outward = int(np.count_nonzero((up & (pair.bf > 0)) | (down & (pair.bf < 0))))
+    inward = int(np.count_nonzero((down & (pair.bf > 0)) | (up & (pair.bf < 0))))
+    metrics["scale_eb"] = abs(outward - inward) / pair.n_finite if pair.n_finite else 0.0
+    scale_z = sign_balance_z(outward, inward)
+    metrics["scale_eb_z"] = scale_z
+    for key, zz in (("eb", z), ("scale_eb", scale_z)):
+        if metrics[key] > thresholds["eb_max"] and zz > thresholds["sr_bias_z"]:
+            reasons.append(f"{key} {metrics[key]:.6g} > {thresholds['eb_max']:.6g} with "
+                           f"sign-test z {zz:.3g}: a systematic bias")
     used = {"bound": bound, "small": small, "inf_nan_error_ratio": 0.0, "rel_err_ratio": 0.0,
-            "abs_err_ratio": 0.0, "eb": thresholds["eb_max"], "eb_z": thresholds["sr_bias_z"]}
+            "abs_err_ratio": 0.0, "eb": thresholds["eb_max"], "scale_eb": thresholds["eb_max"],
+            "eb_z": thresholds["sr_bias_z"], "scale_eb_z": thresholds["sr_bias_z"]}
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
                         pair.offenders(pair.rel_err),
                         reference.kind if reference is not None else "single-run")

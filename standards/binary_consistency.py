@@ -18,9 +18,13 @@ NAME = "binary_consistency"
 
 def binary_consistency(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge an exact op: any differing element is an error."""
-    b = pair.b_rounded
-    with np.errstate(invalid="ignore"):
-        differ = (pair.d != b) & ~(np.isnan(pair.d) & np.isnan(b))
+    exact = getattr(pair, "exact", None)
+    if exact is not None:            # integer/bool outputs: compare the raw values
+        differ = (exact[0] != exact[1]).reshape(-1)
+    else:
+        b = pair.b_rounded
+        with np.errstate(invalid="ignore"):
+            differ = (pair.d != b) & ~(np.isnan(pair.d) & np.isnan(b))
     n_bad = int(np.count_nonzero(differ))
     rate = n_bad / pair.n if pair.n else 0.0
     metrics = {"error_rate": rate}

@@ -36,7 +36,7 @@ class DtypeInfo:
 
 
 def _defaults(*, small, rtol, small_atol, ulp_threshold, ulp_floor, ulp_prop_max, bound,
-              eb_max, atol_bm, sr_max_scaled_ulp, sr_mean_scaled_ulp, sr_bias_ulp=0.2) -> dict:
+              eb_max, atol_bm, sr_max_scaled_ulp, sr_mean_scaled_ulp, sr_bias_ulp=0.2, sr_scale_floor=2.0 ** -6) -> dict:
     return {
         # absolute threshold (spec 2)
         "rtol": rtol, "small": small, "small_atol": small_atol,
@@ -52,7 +52,7 @@ def _defaults(*, small, rtol, small_atol, ulp_threshold, ulp_floor, ulp_prop_max
         "rmse_ratio": 2.0, "small_value_err_ratio_ratio": 2.0,
         # single-run rule (ours, see single_run.py)
         "sr_max_scaled_ulp": sr_max_scaled_ulp, "sr_mean_scaled_ulp": sr_mean_scaled_ulp,
-        "sr_bias_ulp": sr_bias_ulp, "sr_bias_z": 8.0,
+        "sr_bias_ulp": sr_bias_ulp, "sr_bias_z": 5.0, "sr_scale_floor": sr_scale_floor,
     }
 
 
@@ -76,7 +76,7 @@ DTYPES: dict[str, DtypeInfo] = {
         _defaults(small=2.0 ** -20, rtol=2.0 ** -20, small_atol=2.0 ** -30,
                   ulp_threshold=32.0, ulp_floor=2.0 ** -14, ulp_prop_max=0.05,
                   bound=2.0 ** -11, eb_max=2.0 ** -14, atol_bm=2.0 ** -30,
-                  sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=1.0)),
+                  sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=16.0, sr_scale_floor=1.0)),
     # spec: fp32 small 2**-20, rtol 2**-20, small_atol 2**-30, T=32, floor 2**-14,
     # bound 2**-11, eb_max 2**-14, atol_bm 2**-30
     "float32": DtypeInfo(
@@ -84,7 +84,7 @@ DTYPES: dict[str, DtypeInfo] = {
         _defaults(small=2.0 ** -20, rtol=2.0 ** -20, small_atol=2.0 ** -30,
                   ulp_threshold=32.0, ulp_floor=2.0 ** -14, ulp_prop_max=0.05,
                   bound=2.0 ** -11, eb_max=2.0 ** -14, atol_bm=2.0 ** -30,
-                  sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=1.0)),
+                  sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=16.0, sr_scale_floor=1.0)),
     "float16": DtypeInfo(
         "float16", 10, -14, 65504.0, torch.float16,
         _defaults(small=2.0 ** -10, rtol=2.0 ** -10, small_atol=2.0 ** -16,

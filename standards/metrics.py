@@ -85,6 +85,7 @@ class Pair:
         self.device_dtype = device_dtype
         self.path = path
         self.n = self.d.size
+        self.exact: tuple[np.ndarray, np.ndarray] | None = None   # raw integer/bool values
         if info.name == "bfloat16":
             self.tiny = 2.0 ** -8
         else:

@@ -6,9 +6,10 @@ judge the device against what any correct kernel in D can do, in ULPs of D:
 
 1. Unexpected inf/NaN: an inf/NaN that the bench (rounded to D) does not have, or a
    finite value where the bench overflows/is NaN -> error. Same-sign infinities agree.
-2. Magnitude: `scaled_ulp_err = |d - b| / ulp_D(max(|b|, rms(b)))`: the error in ULPs of
-   D at the element's magnitude, but never finer than the output's RMS scale, because a
-   reduction's error follows the size of its terms, not of a result that cancels to ~0.
+2. Magnitude: `scaled_ulp_err = |d - b| / ulp_D(max(|b|, f * rms(b)))`: the error in ULPs
+   of D at the element's magnitude, but never finer than a fraction f of the output's RMS
+   (f = 2**-6 for fp16/bf16/fp8, 1 for fp32/fp64), because a reduction's error follows the
+   size of its terms, not of a result that cancels to ~0.
    error if `max_scaled_ulp_err > sr_max_scaled_ulp` or `mean_scaled_ulp_err >
    sr_mean_scaled_ulp` (fp16/bf16/fp8: 4 / 1 -- a kernel computing in fp32 and rounding
    once reaches 0.5 / 0.25; fp32/fp64: 4096 / 256 -- no higher accumulator exists, so
@@ -16,16 +17,19 @@ judge the device against what any correct kernel in D can do, in ULPs of D:
    lower precision costs 2**13 ULPs and more).
 3. Bias: signs of `d - b_D` (b_D = bench rounded to D, so correct rounding is no error)
    must balance, both plainly (additive bias) and relative to sign(b) (scale bias, e.g.
-   rounding toward zero). error if the sign test's z-score exceeds `sr_bias_z` (8: a
-   chance imbalance that large has probability < 1e-15) AND the mean signed ULP error
-   (clipped at +-64 ULP so cancellation noise stays bounded) exceeds `sr_bias_ulp`
-   (fp16/bf16/fp8: 0.2 ULP; fp32/fp64: 1 ULP -- a valid fp32 rewrite such as multiplying
-   by a rounded reciprocal shifts every result by up to ~0.7 ULP, so sub-ULP bias in fp32
-   cannot be told from a valid rewrite and is not judged).
+   rounding toward zero). error if the sign test's z-score exceeds `sr_bias_z` (5) AND
+   the mean signed ULP error (own-magnitude ULPs, clipped at +-64 so cancellation noise
+   stays bounded) exceeds `sr_bias_ulp`: fp16/bf16/fp8 0.2 ULP; fp32/fp64 16 ULP. Why so
+   high in fp32: errors of a row share its normalizer (softmax over 4096 elements on the
+   CPU is measured +7..+9 ULP biased per run, z > 100), and a valid reciprocal-multiply
+   shifts every result by up to ~0.7 ULP; so fp32 bias is judged only from 16 ULP up
+   (the planted 30-ULP bias is caught), and rounding toward zero in fp32 is not.
 
-Known limit: an element far below the output's RMS is judged at the RMS scale, so one
-wrong tiny element among large ones can pass in a single run (its relative error is not
-demanded where a reduction could not deliver it either).
+Known limit: an element far below the output's RMS scale is judged at that scale, so
+one wrong tiny element among large ones can pass in a single run (its relative error is
+not demanded where a reduction could not deliver it either). Calibration (tests/
+standards/kernels.py, test_calibration.py): 213 correct CPU kernel outputs and valid
+rewrites in fp32/fp16/bf16 -> 0 errors, 0 warnings; 60 planted faults -> 60 errors.
 """
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ def _rms(values: np.ndarray) -> float:
 def scaled_ulp_err(pair: Pair) -> np.ndarray:
     """|d - b| in ULPs of D at max(|b|, rms(b)), per finite element (cached)."""
     def compute():
-        scale = _rms(pair.bf)
+        scale = _rms(pair.bf) * pair.info.defaults["sr_scale_floor"]
         return pair.abs_err / ulp_of(np.maximum(pair.abs_b, scale), pair.info)
     return pair.cached("scaled_ulp_err", compute)
 
@@ -80,11 +84,12 @@ def single_run_metrics(pair: Pair) -> dict:
     return pair.cached("single_run_metrics", compute)
 
 
-def single_run_reasons(pair: Pair, metrics: dict, thresholds: dict) -> list[str]:
-    """Reasons the single-run rule fails (empty list: pass). Adds its thresholds."""
+def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict) -> list[str]:
+    """Reasons the single-run rule fails (empty list: pass); copies its limits into `used`."""
     reasons: list[str] = []
+    thresholds = used
     for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp", "sr_bias_ulp", "sr_bias_z"):
-        thresholds.setdefault(key, pair.info.defaults[key])
+        used[key] = limits.get(key, pair.info.defaults[key])
     if metrics["max_scaled_ulp_err"] > thresholds["sr_max_scaled_ulp"]:
         reasons.append(f"max_scaled_ulp_err {metrics['max_scaled_ulp_err']:.4g} > "
                        f"{thresholds['sr_max_scaled_ulp']:.4g} ULP of {pair.info.name}")

@@ -1,0 +1,67 @@
+"""The result of one call as plain data: what reports, baselines, resume and scripts
+read. It travels from xdist workers to the controller inside the test report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class OutputResult:
+    """One compared output (forward output or produced gradient)."""
+
+    index: int  # position among the call's compared leaves: `...forward.output.{index}`
+    path: str
+    status: str
+    standard: str
+    reference: str
+    device_dtype: str
+    bench_dtype: str
+    shape: list[int]
+    metrics: dict[str, float]
+    thresholds: dict[str, float]
+    reasons: list[str]
+
+
+@dataclass
+class ResultRecord:
+    dump: str  # the dump.json path as given to pytest (absolute)
+    call: str  # the full call name, direction included
+    status: str  # pass | warning | error | skip
+    standard: str
+    reference: str
+    device: str
+    message: str
+    outputs: list[OutputResult] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
+    duration: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ResultRecord":
+        outputs = [OutputResult(**item) for item in data.get("outputs", [])]
+        return cls(**{**data, "outputs": outputs})
+
+
+def output_results(verdict: Any) -> list[OutputResult]:
+    """The leaves of a Verdict, in the order the standards flattened them."""
+    leaves = verdict.outputs or (verdict,)
+    return [
+        OutputResult(
+            index=position,
+            path=leaf.path,
+            status=leaf.status,
+            standard=leaf.standard,
+            reference=leaf.reference,
+            device_dtype=str(leaf.device_dtype),
+            bench_dtype=str(leaf.bench_dtype),
+            shape=[int(n) for n in leaf.shape],
+            metrics={key: float(value) for key, value in leaf.metrics.items()},
+            thresholds={key: float(value) for key, value in leaf.thresholds.items()},
+            reasons=list(leaf.reasons),
+        )
+        for position, leaf in enumerate(leaves)
+    ]

@@ -1,0 +1,104 @@
+"""Benchmark: everything not judged by another standard; errors compared to a reference.
+
+Spec standard 6. Metrics (over both_finite elements):
+  small_value_err_ratio  share of small elements (|b| <= small(D)) with abs_err > atol_bm(D)
+  rmse                   sqrt(mean(abs_err**2)) over normal elements (no msprobe 1e-4 fudge)
+  max_rel_err, mean_rel_err   over normal elements (0 if none)
+  eb                     error balance (reported, not judged)
+With a reference (another implementation's output, or a baseline's metrics):
+  ratio(x) = |x| / max(|x_ref|, floor) -> error where max_rel_err ratio > 10,
+  mean_rel_err / rmse / small_value_err_ratio ratio > 2 (L1 APIs 5/1.5/1.5, L2 2/1.2/1.2,
+  from the thresholds table). floor = the metric of the bench merely rounded to D (no
+  reference is credited with doing better than perfect rounding); for the small-value
+  share also one element's worth (1 / #small), so a reference with no small-value error
+  doesn't make a single differing element infinitely bad.
+Without a reference: the single-run rule (single_run.py).
+Unexpected inf/NaN (device vs bench) is always an error; so is an inf/NaN metric on one
+side only.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from .metrics import Pair
+from .single_run import scaled_ulp_err, single_run_metrics, single_run_reasons
+
+NAME = "benchmark"
+JUDGED = (("max_rel_err", "max_rel_err_ratio"), ("mean_rel_err", "mean_rel_err_ratio"),
+          ("rmse", "rmse_ratio"), ("small_value_err_ratio", "small_value_err_ratio_ratio"))
+
+
+def benchmark_metrics(pair: Pair, small: float, atol: float) -> dict:
+    """The five benchmark metrics of the spec."""
+    def compute():
+        small_mask = pair.small_mask(small)
+        n_small = int(np.count_nonzero(small_mask))
+        n_normal = pair.n_finite - n_small
+        out = {"small_value_err_ratio": 0.0, "rmse": 0.0, "max_rel_err": 0.0,
+               "mean_rel_err": 0.0, "eb": pair.error_balance()}
+        if n_small:
+            out["small_value_err_ratio"] = float(
+                np.count_nonzero((pair.abs_err > atol) & small_mask) / n_small)
+        if n_normal:
+            if n_small:
+                normal = ~small_mask
+                abs_err, rel_err = pair.abs_err[normal], pair.rel_err[normal]
+            else:
+                abs_err, rel_err = pair.abs_err, pair.rel_err
+            out["rmse"] = float(math.sqrt(float(np.dot(abs_err, abs_err)) / n_normal))
+            out["max_rel_err"] = float(rel_err.max())
+            out["mean_rel_err"] = float(rel_err.mean())
+        return out
+    return pair.cached(("benchmark", small, atol), compute)
+
+
+def _ideal(pair: Pair) -> Pair:
+    """The bench rounded to D, as if it were a device output: perfect rounding."""
+    return pair.cached("ideal_pair", lambda: Pair(
+        pair.b.reshape(pair.shape), pair.b_rounded.reshape(pair.shape), pair.info,
+        bench_dtype=pair.bench_dtype, device_dtype=pair.device_dtype, path=pair.path))
+
+
+def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
+    """Judge by ratios to a reference, or by the single-run rule without one."""
+    small, atol = pair.info.defaults["small"], thresholds["atol_bm"]
+    metrics = dict(benchmark_metrics(pair, small, atol))
+    used: dict = {"small": small, "atol_bm": atol}
+    reasons: list[str] = []
+    nonfinite = pair.unexpected_nonfinite_reason()
+    if nonfinite:
+        reasons.append(nonfinite)
+    kind = "single-run"
+    if reference is not None:
+        ref = reference.metrics_for(lambda p: benchmark_metrics(p, small, atol))
+        if all(key in ref for key, _ in JUDGED):
+            kind = reference.kind
+            ideal = benchmark_metrics(_ideal(pair), small, atol)
+            n_small = int(np.count_nonzero(pair.small_mask(small)))
+            for key, limit_key in JUDGED:
+                dev, refv = metrics[key], ref[key]
+                metrics[f"ref_{key}"] = float(refv)
+                used[limit_key] = thresholds[limit_key]
+                if math.isfinite(dev) != math.isfinite(refv):
+                    reasons.append(f"{key}: device {dev!r} vs reference {refv!r}: "
+                                   f"one side is inf/NaN")
+                    continue
+                floor = max(ideal[key], 1.0 / n_small if key == "small_value_err_ratio"
+                            and n_small else 0.0, 1e-300)
+                ratio = 0.0 if dev == 0 else abs(dev) / max(abs(refv), floor)
+                metrics[f"{limit_key}"] = ratio
+                if ratio > thresholds[limit_key]:
+                    reasons.append(f"{key} {dev:.4g} is {ratio:.4g}x the reference's "
+                                   f"{refv:.4g} (limit {thresholds[limit_key]:g}x)")
+    if kind == "single-run":
+        extra = single_run_metrics(pair)
+        metrics.update(extra)
+        reasons.extend(single_run_reasons(pair, extra, thresholds, used))
+        score = scaled_ulp_err(pair)
+    else:
+        score = pair.rel_err
+    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
+                        pair.offenders(score), kind)

@@ -1,0 +1,164 @@
+"""Pairing nested outputs: walk bench and device together, leaf by leaf.
+
+Like torch.testing's comparison, structures must match exactly: same kind of container
+(sequence vs mapping), same length, same keys; leaves must agree in shape and kind of
+dtype. Any mismatch is reported with its path ("[0]", "[1]['k']") instead of a leaf.
+Leaves are visited depth-first in the device's order (mapping keys in the device's
+insertion order), which is the stable "flatten order" of Verdict.outputs.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from .dtypes import DTYPES, dtype_name, is_float_name
+
+__all__ = ["Leaf", "Mismatch", "pair_leaves", "to_array"]
+
+_SCALARS = (bool, int, float, complex, np.generic)
+
+
+@dataclass
+class Leaf:
+    """A comparable pair: float64 (or exact integer) arrays and the original dtypes."""
+
+    path: str
+    bench: np.ndarray
+    device: np.ndarray
+    bench_dtype: str
+    device_dtype: str
+
+
+@dataclass
+class Mismatch:
+    """A place where bench and device cannot be paired; status is "error" or "skip"."""
+
+    path: str
+    status: str
+    reason: str
+    device_dtype: str = ""
+    bench_dtype: str = ""
+    shape: tuple = ()
+
+
+def _is_leaf(x: Any) -> bool:
+    return isinstance(x, (torch.Tensor, np.ndarray) + _SCALARS)
+
+
+def to_array(x: Any) -> tuple[np.ndarray, str]:
+    """(values, dtype name): floats become float64 (exact), ints/bools stay exact.
+
+    Complex values are compared as their real and imaginary parts (a trailing axis of 2).
+    """
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        name = dtype_name(t.dtype)
+        if t.is_complex():
+            return torch.view_as_real(t.resolve_conj()).to(torch.float64).numpy(), name
+        if t.is_floating_point():
+            return t.to(torch.float64).numpy(), name
+        return t.resolve_neg().numpy(), name
+    if isinstance(x, bool):
+        return np.asarray(x, dtype=np.bool_), "bool"
+    if isinstance(x, int):
+        return np.asarray(x, dtype=np.int64), "int64"
+    if isinstance(x, float):
+        return np.asarray(x, dtype=np.float64), "float64"
+    if isinstance(x, complex):
+        return np.asarray([x.real, x.imag], dtype=np.float64), "complex128"
+    a = np.asarray(x)
+    name = a.dtype.name
+    if a.dtype.kind == "c":
+        return np.stack([a.real, a.imag], axis=-1).astype(np.float64), name
+    if a.dtype.kind == "f":
+        return a.astype(np.float64, copy=False), name
+    return a, name
+
+
+def _kind(name: str) -> str:
+    if name == "bool":
+        return "bool"
+    if name.startswith("complex"):
+        return "complex"
+    if is_float_name(name):
+        return "float"
+    return "integer"
+
+
+def _bits(name: str) -> int:
+    name = {"complex64": "float32", "complex128": "float64", "complex32": "float16"}.get(name, name)
+    return DTYPES[name].mantissa_bits if name in DTYPES else 0
+
+
+def _leaf(path: str, bench: Any, device: Any) -> Leaf | Mismatch:
+    b, bname = to_array(bench)
+    d, dname = to_array(device)
+    where = path or "output"
+    if _kind(bname) != _kind(dname):
+        return Mismatch(path, "error", f"{where}: dtype mismatch: device {dname}, bench {bname}",
+                        dname, bname, tuple(d.shape))
+    if _kind(dname) in ("float", "complex") and _bits(bname) < _bits(dname):
+        return Mismatch(path, "error", f"{where}: bench dtype {bname} is narrower than the "
+                        f"device's {dname}", dname, bname, tuple(d.shape))
+    if b.shape != d.shape:
+        return Mismatch(path, "error", f"{where}: shape mismatch: device {tuple(d.shape)}, "
+                        f"bench {tuple(b.shape)}", dname, bname, tuple(d.shape))
+    return Leaf(path, b, d, bname, dname)
+
+
+def pair_leaves(bench: Any, device: Any, path: str = "") -> Iterator[Leaf | Mismatch]:
+    """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order."""
+    where = path or "output"
+    if bench is None and device is None:
+        yield Mismatch(path, "skip", f"{where}: None on both sides")
+        return
+    if bench is None or device is None:
+        side = "bench" if bench is None else "device"
+        yield Mismatch(path, "error", f"{where}: None on the {side} side only")
+        return
+    if _is_leaf(device) and _is_leaf(bench):
+        yield _leaf(path, bench, device)
+        return
+    if isinstance(device, Mapping) and isinstance(bench, Mapping):
+        dkeys, bkeys = list(device.keys()), set(bench.keys())
+        if set(dkeys) != bkeys:
+            missing = sorted(map(repr, bkeys - set(dkeys)))
+            extra = sorted(map(repr, set(dkeys) - bkeys))
+            yield Mismatch(path, "error", f"{where}: keys differ: missing on the device "
+                           f"{missing}, extra on the device {extra}")
+            return
+        for key in dkeys:
+            yield from pair_leaves(bench[key], device[key], f"{path}[{key!r}]")
+        return
+    if (isinstance(device, Sequence) and isinstance(bench, Sequence)
+            and not isinstance(device, (str, bytes)) and not isinstance(bench, (str, bytes))):
+        if len(device) != len(bench):
+            yield Mismatch(path, "error", f"{where}: length mismatch: device {len(device)}, "
+                           f"bench {len(bench)}")
+            return
+        for i, (b, d) in enumerate(zip(bench, device)):
+            yield from pair_leaves(b, d, f"{path}[{i}]")
+        return
+    if _is_leaf(device) or _is_leaf(bench) or isinstance(device, (Mapping, Sequence)) \
+            or isinstance(bench, (Mapping, Sequence)):
+        if not (isinstance(device, (str, bytes)) and isinstance(bench, (str, bytes))):
+            yield Mismatch(path, "error", f"{where}: structure mismatch: device "
+                           f"{type(device).__name__}, bench {type(bench).__name__}")
+            return
+    # not numeric (str, dtype, device, slice, ...): equality or nothing
+    try:
+        equal = bool(device == bench)
+    except Exception:                                    # noqa: BLE001 - any odd __eq__
+        equal = False
+    if equal:
+        yield Mismatch(path, "skip", f"{where}: non-numeric output "
+                       f"{type(device).__name__} {device!r}, equal on both sides")
+    else:
+        yield Mismatch(path, "error", f"{where}: non-numeric output differs: device "
+                       f"{device!r}, bench {bench!r}")

@@ -1,0 +1,269 @@
+"""Routing: which standard judges an API's output, with which thresholds.
+
+Tables (CSV, shipped in standards/tables/, users add their own with `load_file`):
+  api_standards.csv   `api,standard`                 API name -> standard name
+  thresholds.csv      `api,dtype,threshold,value`    per-API, per-dtype threshold
+                                                     (dtype "*" = every dtype)
+A user file may hold either header, or all five columns `api,standard,dtype,threshold,
+value` (a row routes when `standard` is filled and sets a threshold when `threshold` is).
+Rules: bool/integer outputs -> binary_consistency always; an API not in the table ->
+benchmark. Thresholds: dtype defaults (dtypes.py) < `*` rows < rows of the exact dtype,
+later files overriding earlier ones.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import threading
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .absolute_threshold import absolute_threshold
+from .accumulative_error import accumulative_error
+from .benchmark import benchmark
+from .binary_consistency import binary_consistency
+from .dtypes import dtype_info, dtype_name, is_float_name
+from .legacy import legacy, legacy_metrics
+from .metrics import Pair
+from .pairing import Leaf, Mismatch, pair_leaves
+from .reference import Reference
+from .thousandth import thousandth
+from .ulp import ulp
+from .verdict import Verdict, worst_status
+
+__all__ = ["Registry", "StandardFunc"]
+
+StandardFunc = Callable[[Pair, Mapping, "Reference | None"], Verdict]
+
+SHIPPED_STANDARDS: dict[str, StandardFunc] = {
+    "binary_consistency": binary_consistency,
+    "absolute_threshold": absolute_threshold,
+    "ulp": ulp,
+    "thousandth": thousandth,
+    "accumulative_error": accumulative_error,
+    "benchmark": benchmark,
+    "legacy": legacy,
+}
+FALLBACK = "benchmark"
+_default_lock = threading.Lock()
+_default: "Registry | None" = None
+
+
+def _read_rows(path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        return [{(k or "").strip(): (v or "").strip() for k, v in row.items()}
+                for row in csv.DictReader(fh) if any((v or "").strip() for v in row.values())]
+
+
+class Registry:
+    """API -> standard routing, per-API per-dtype thresholds, and the standards themselves."""
+
+    def __init__(self) -> None:
+        self.standards: dict[str, StandardFunc] = dict(SHIPPED_STANDARDS)
+        self.routes: dict[str, str] = {}
+        self.overrides: dict[tuple[str, str], dict[str, float]] = {}
+        self._threshold_cache: dict[tuple[str, str], dict[str, float]] = {}
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def default(cls) -> "Registry":
+        """A fresh copy of the shipped tables (parsed once), safe for the caller to mutate."""
+        return copy.deepcopy(_shipped())
+
+    def __deepcopy__(self, memo) -> "Registry":
+        new = Registry.__new__(Registry)
+        new.standards = dict(self.standards)
+        new.routes = dict(self.routes)
+        new.overrides = {k: dict(v) for k, v in self.overrides.items()}
+        new._threshold_cache = {}
+        return new
+
+    def load_file(self, path: str | Path) -> None:
+        """Add a user's table: routing rows and/or threshold rows (see module docstring)."""
+        for row in _read_rows(path):
+            api = row.get("api", "")
+            if not api:
+                raise ValueError(f"{path}: a row without an api: {row}")
+            if row.get("standard"):
+                self.set_api_standard(api, row["standard"])
+            if row.get("threshold"):
+                if not row.get("value"):
+                    raise ValueError(f"{path}: threshold {row['threshold']!r} of {api} has no value")
+                self.set_threshold(api, row.get("dtype") or "*", row["threshold"],
+                                   float(row["value"]))
+
+    # ----------------------------------------------------------------- mutation
+    def register_standard(self, name: str, func: StandardFunc) -> None:
+        """Add (or replace) a standard: func(pair, thresholds, reference) -> Verdict."""
+        if not callable(func):
+            raise TypeError(f"standard {name!r} must be callable")
+        self.standards[name] = func
+
+    def set_api_standard(self, api: str, standard: str) -> None:
+        """Route `api` to `standard` (which must be registered by the time it is used)."""
+        self.routes[api] = standard
+
+    def set_threshold(self, api: str, dtype: Any, name: str, value: float) -> None:
+        """Override one threshold for `api` in `dtype` ("*" for every dtype)."""
+        key = (api, "*" if dtype == "*" else dtype_name(dtype))
+        self.overrides.setdefault(key, {})[name] = float(value)
+        self._threshold_cache.clear()
+
+    # ----------------------------------------------------------------- lookup
+    def standard_for(self, api: str, dtype: Any) -> str:
+        """Name of the standard judging `api` outputs of `dtype`."""
+        name = dtype_name(dtype)
+        if not is_float_name(name):
+            return "binary_consistency"
+        return self.routes.get(api, FALLBACK)
+
+    def thresholds_for(self, api: str, dtype: Any) -> dict[str, float]:
+        """Dtype defaults overlaid with the table's `*` rows, then exact-dtype rows."""
+        name = dtype_name(dtype)
+        key = (api, name)
+        cached = self._threshold_cache.get(key)
+        if cached is None:
+            cached = dict(dtype_info(name).defaults) if is_float_name(name) else {}
+            cached.update(self.overrides.get((api, "*"), {}))
+            cached.update(self.overrides.get((api, name), {}))
+            self._threshold_cache[key] = cached
+        return cached
+
+    # ----------------------------------------------------------------- judging
+    def check(self, bench: Any, device: Any, *, api: str, reference: Any = None) -> Verdict:
+        """Judge a (possibly nested) device output against its bench. See package docs."""
+        baseline, ref_leaves, ref_problem = _parse_reference(bench, reference)
+        verdicts = []
+        for item in pair_leaves(bench, device):
+            if isinstance(item, Mismatch):
+                verdicts.append(Verdict(status=item.status, standard="structure",
+                                        reasons=(item.reason,), path=item.path,
+                                        device_dtype=item.device_dtype,
+                                        bench_dtype=item.bench_dtype, shape=item.shape))
+                continue
+            ref = None
+            if ref_problem is not None:
+                verdicts.append(Verdict(status="error", standard="structure",
+                                        reasons=(ref_problem,), path=item.path,
+                                        reference="reference",
+                                        device_dtype=item.device_dtype,
+                                        bench_dtype=item.bench_dtype,
+                                        shape=tuple(item.device.shape)))
+                continue
+            if baseline is not None:
+                if item.path in baseline:
+                    ref = Reference("baseline", metrics=baseline[item.path])
+            elif ref_leaves is not None:
+                ref_leaf = ref_leaves.get(item.path)
+                if ref_leaf is not None:
+                    ref = ref_leaf
+            verdicts.append(self._judge_leaf(item, api, ref))
+        if len(verdicts) == 1 and not verdicts[0].path:
+            return verdicts[0]
+        return _combine(verdicts)
+
+    def _judge_leaf(self, leaf: Leaf, api: str, ref: Any) -> Verdict:
+        name = self.standard_for(api, leaf.device_dtype)
+        func = self.standards.get(name)
+        if func is None:
+            raise KeyError(f"API {api!r} is routed to unknown standard {name!r}")
+        floating = is_float_name(leaf.device_dtype)
+        info = dtype_info(leaf.device_dtype if floating else "float64")
+        pair = _make_pair(leaf, info)
+        reference = None
+        if isinstance(ref, Reference):
+            reference = ref
+        elif isinstance(ref, Leaf):
+            if ref.device.shape != leaf.device.shape:
+                return Verdict(status="error", standard=name, path=leaf.path,
+                               reasons=(f"{leaf.path or 'output'}: reference shape "
+                                        f"{tuple(ref.device.shape)} differs from the device's "
+                                        f"{tuple(leaf.device.shape)}",),
+                               reference="reference", device_dtype=leaf.device_dtype,
+                               bench_dtype=leaf.bench_dtype, shape=tuple(leaf.device.shape))
+            ref_info = dtype_info(ref.device_dtype) if is_float_name(ref.device_dtype) else info
+            reference = Reference("reference", pair=_make_pair(
+                Leaf(leaf.path, leaf.bench, ref.device, leaf.bench_dtype, ref.device_dtype),
+                ref_info))
+        with np.errstate(all="ignore"):
+            verdict = func(pair, self.thresholds_for(api, leaf.device_dtype), reference)
+            if floating and pair.n:
+                extra = {k: v for k, v in legacy_metrics(pair).items() if k not in verdict.metrics}
+                if extra:
+                    verdict = dataclasses.replace(verdict, metrics={**verdict.metrics, **extra})
+        return verdict
+
+
+def _make_pair(leaf: Leaf, info) -> Pair:
+    floating = is_float_name(leaf.device_dtype)
+    if floating:
+        pair = Pair(leaf.bench, leaf.device, info, bench_dtype=leaf.bench_dtype,
+                    device_dtype=leaf.device_dtype, path=leaf.path)
+    else:
+        pair = Pair(leaf.bench.astype(np.float64), leaf.device.astype(np.float64), info,
+                    bench_dtype=leaf.bench_dtype, device_dtype=leaf.device_dtype, path=leaf.path)
+        pair.exact = (leaf.bench, leaf.device)
+    return pair
+
+
+def _looks_like_baseline(reference: Any) -> bool:
+    return (isinstance(reference, Mapping) and len(reference) > 0 and all(
+        isinstance(k, str) and isinstance(v, Mapping)
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
+        for k, v in reference.items()))
+
+
+def _parse_reference(bench: Any, reference: Any):
+    """-> (baseline {path: metrics} | None, reference leaves {path: Leaf} | None, problem)."""
+    if reference is None:
+        return None, None, None
+    if isinstance(reference, Verdict):
+        leaves = reference.outputs or (reference,)
+        return {v.path: dict(v.metrics) for v in leaves}, None, None
+    if _looks_like_baseline(reference):
+        return {k: dict(v) for k, v in reference.items()}, None, None
+    leaves: dict = {}
+    for item in pair_leaves(bench, reference):
+        if isinstance(item, Mismatch):
+            if item.status == "error":
+                return None, None, "reference output does not match the bench: " + item.reason
+            continue
+        leaves[item.path] = item
+    return None, leaves, None
+
+
+def _combine(verdicts: list[Verdict]) -> Verdict:
+    status = worst_status(v.status for v in verdicts)
+    worst = next((v for v in verdicts if v.status == status), verdicts[0]) if verdicts else None
+    if worst is None:
+        return Verdict(status="skip", standard="structure", reasons=("empty structure",))
+    reasons = tuple(r if r.startswith(v.path or "\0") else f"{v.path or 'output'}: {r}"
+                    for v in verdicts if v.status == status for r in v.reasons)
+    return Verdict(status=status, standard=worst.standard, metrics=dict(worst.metrics),
+                   thresholds=dict(worst.thresholds), reasons=reasons, worst=worst.worst,
+                   reference=worst.reference, path="", device_dtype=worst.device_dtype,
+                   bench_dtype=worst.bench_dtype, shape=worst.shape, outputs=tuple(verdicts))
+
+
+def _shipped() -> Registry:
+    global _default
+    with _default_lock:
+        if _default is None:
+            reg = Registry()
+            tables = resources.files(__package__) / "tables"
+            with resources.as_file(tables / "api_standards.csv") as p:
+                reg.load_file(p)
+            with resources.as_file(tables / "thresholds.csv") as p:
+                reg.load_file(p)
+            _default = reg
+        return _default
+
+
+def shipped_registry() -> Registry:
+    """The shared read-only default registry used by `check` (do not mutate)."""
+    return _shipped()

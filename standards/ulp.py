@@ -1,0 +1,85 @@
+"""ULP error: matrix products are judged in units in the last place of D.
+
+Spec standard 3. ulp_err = |d - b| * 2**(m - e), e = max(floor(log2|b|), e_min);
+  max_ulp_err, mean_ulp_err, ulp_err_proportion = share of ulp_err > T(D)
+  (T = 32 for fp32, 1 for fp16/bf16), over the both_finite elements.
+Single run (no reference): msprobe's own rule -- fp32 passes iff mean_ulp_err < 64 or
+  ulp_err_proportion < 0.05; fp16/bf16 iff ulp_err_proportion < 0.001 -- plus the
+  single-run rule's unexpected-inf/NaN and systematic-bias checks (see single_run.py):
+  msprobe's rule alone lets every element be 30 ULP too large in fp32.
+With a reference: passes as above, or where ulp_err_proportion / max(ref, floor(D)) < 1
+  (floor fp16 2**-11, bf16 2**-8, fp32 2**-14). Unexpected inf/NaN is always an error.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .metrics import Pair
+from .single_run import single_run_metrics, single_run_reasons
+
+NAME = "ulp"
+
+
+def ulp_metrics(pair: Pair, threshold: float) -> dict:
+    """max / mean ULP error and the share above `threshold`, over finite elements."""
+    if pair.n_finite == 0:
+        return {"max_ulp_err": 0.0, "mean_ulp_err": 0.0, "ulp_err_proportion": 0.0}
+    err = pair.ulp_err
+    return {"max_ulp_err": float(err.max()), "mean_ulp_err": float(err.mean()),
+            "ulp_err_proportion": float(np.count_nonzero(err > threshold) / err.size)}
+
+
+def _absolute_pass(metrics: dict, thresholds: Mapping[str, float], is_fp32_like: bool) -> bool:
+    if is_fp32_like:
+        return (metrics["mean_ulp_err"] < thresholds["ulp_mean_max"]
+                or metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"])
+    return metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
+
+
+def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
+    """Judge a matrix product by its ULP error."""
+    used = {k: thresholds[k] for k in ("ulp_threshold", "ulp_prop_max", "ulp_floor")}
+    fp32_like = pair.info.mantissa_bits >= 23
+    if fp32_like:
+        used["ulp_mean_max"] = thresholds["ulp_mean_max"]
+    metrics = ulp_metrics(pair, used["ulp_threshold"])
+    reasons: list[str] = []
+    nonfinite = pair.unexpected_nonfinite_reason()
+    if nonfinite:
+        reasons.append(nonfinite)
+    ok = _absolute_pass(metrics, used, fp32_like)
+    kind = "single-run"
+    if reference is not None:
+        kind = reference.kind
+        ref = reference.metrics_for(lambda p: ulp_metrics(p, used["ulp_threshold"]))
+        if "ulp_err_proportion" in ref:
+            ratio = metrics["ulp_err_proportion"] / max(abs(ref["ulp_err_proportion"]),
+                                                         used["ulp_floor"])
+            metrics["ref_ulp_err_proportion"] = float(ref["ulp_err_proportion"])
+            metrics["ulp_err_proportion_ratio"] = ratio
+            used["ulp_err_proportion_ratio"] = 1.0
+            ok = ok or ratio < 1.0
+        else:
+            reasons.append("reference lacks ulp_err_proportion; judged by the single-run rule")
+            kind = "single-run"
+    if not ok:
+        rule = (f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} "
+                f"and " if fp32_like else "")
+        reasons.append(f"{rule}ulp_err_proportion {metrics['ulp_err_proportion']:.4g} >= "
+                       f"{used['ulp_prop_max']:.4g} (share of elements over "
+                       f"{used['ulp_threshold']:g} ULP)"
+                       + (f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1"
+                          if "ulp_err_proportion_ratio" in metrics else ""))
+    if kind == "single-run":
+        extra = single_run_metrics(pair)
+        metrics.update({k: extra[k] for k in ("bias_ulp", "bias_z", "scale_bias_ulp",
+                                               "scale_bias_z")})
+        bias_only = dict(extra, max_scaled_ulp_err=0.0, mean_scaled_ulp_err=0.0)
+        reasons.extend(single_run_reasons(pair, bias_only, thresholds, used))
+        for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp"):
+            used.pop(key, None)
+    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
+                        pair.offenders(pair.ulp_err) if pair.n_finite or pair.n_inf_nan else (),
+                        kind)

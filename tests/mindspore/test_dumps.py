@@ -1,0 +1,125 @@
+"""MindSpore dumps through the plugin, as a user runs them: the shipped dumps pass,
+a planted fault fails exactly its calls, and every skip says why."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from pytest_msprobe.mindspore_tables import INSTALL_HINT
+
+try:
+    import mindspore
+except ImportError:
+    mindspore = None
+
+needs_mindspore = pytest.mark.skipif(mindspore is None, reason=f"MindSpore is not installed: {INSTALL_HINT}")
+
+SHIPPED = ["mindspore_small_tensor_fp32", "mindspore_small_statistics_fp32"]
+
+
+def _tensor(shape: list[int], dtype: str = "Float32", **stats: Any) -> dict[str, Any]:
+    return {"type": "mindspore.Tensor", "dtype": dtype, "shape": shape, "Max": 1.0, "Min": -1.0, "Mean": 0.0, "Norm": 1.0, **stats}
+
+
+def _forward(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"input_args": list(args), "input_kwargs": kwargs, "output": []}
+
+
+@needs_mindspore
+@pytest.mark.parametrize("dump", SHIPPED)
+def test_shipped_dump_passes_on_the_cpu(dump: str, copy_dump: Callable[[str], Path], run_dump: Callable[..., Any]) -> None:
+    result = run_dump(copy_dump(dump), "--msprobe-device=cpu")
+    assert result.collection_errors == []
+    assert len(result.calls) == 12
+    assert {name: call.text for name, call in result.calls.items() if call.outcome != "passed"} == {}
+    assert {name: call.warnings for name, call in result.calls.items() if call.warnings} == {}
+    assert result.ret == 0
+
+
+@needs_mindspore
+@pytest.mark.parametrize("dump", SHIPPED)
+def test_planted_fault_fails_exactly_its_calls(dump: str, copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    exp = mindspore.mint.exp
+    monkeypatch.setattr(mindspore.mint, "exp", lambda input: exp(input) * 1.001)
+    result = run_dump(copy_dump(dump), "--msprobe-device=cpu")
+    failed = result.by_outcome("failed")
+    assert sorted(failed) == ["Mint.exp.0.backward", "Mint.exp.0.forward"]
+    assert all("error by" in call.text for call in failed.values())
+    assert len(result.by_outcome("passed")) == 10
+
+
+@needs_mindspore
+def test_device_raising_is_the_calls_error(copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A genuinely wrong MindSpore call is an error, not a missing-kernel skip."""
+
+    def broken(input: Any) -> Any:
+        raise RuntimeError("For 'Exp', the input is not what the kernel expects")
+
+    monkeypatch.setattr(mindspore.mint, "exp", broken)
+    result = run_dump(copy_dump(SHIPPED[0]), "--msprobe-device=cpu", "-k", "exp and forward")
+    assert list(result.calls) == ["Mint.exp.0.forward"]
+    assert result.calls["Mint.exp.0.forward"].outcome == "failed"
+    assert "the device raised RuntimeError: For 'Exp'" in result.calls["Mint.exp.0.forward"].text
+
+
+@needs_mindspore
+def test_every_skip_says_why(write_dump: Callable[..., Path], run_dump: Callable[..., Any]) -> None:
+    dump = write_dump(
+        {
+            "MintFunctional.gelu.0.forward": _forward(_tensor([3, 4])),
+            "Mint.not_an_api.0.forward": _forward(_tensor([3, 4])),
+            "MintFunctional.dropout.0.forward": _forward(_tensor([3, 4]), p={"type": "float", "value": 0.1}),
+            "Primitive.MatMul.0.forward": _forward(_tensor([3, 4]), _tensor([4, 2])),
+            "Nope.exp.0.forward": _forward(_tensor([3, 4])),
+            "Mint.exp.0.forward": _forward(_tensor([3, 4])),
+        },
+        framework="mindspore",
+    )
+    result = run_dump(dump, "--msprobe-device=cpu")
+    reasons = {name: call.text for name, call in result.by_outcome("skipped").items()}
+    assert set(reasons) == set(result.calls) - {"Mint.exp.0.forward"}
+    assert "has no GeluExt kernel on CPU" in reasons["MintFunctional.gelu.0.forward"]
+    assert "Mint.not_an_api is not in the MindSpore->torch table" in reasons["Mint.not_an_api.0.forward"]
+    assert "draws random numbers" in reasons["MintFunctional.dropout.0.forward"]
+    assert "cannot be rebuilt" in reasons["Primitive.MatMul.0.forward"]
+    assert "api type 'Nope' is not known to MindSpore dumps" in reasons["Nope.exp.0.forward"]
+    assert result.calls["Mint.exp.0.forward"].outcome == "passed"
+
+
+def test_without_mindspore_the_dump_is_one_collection_error(
+    copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "mindspore", None)  # what find_spec sees when it is absent
+    result = run_dump(copy_dump(SHIPPED[0]))
+    assert result.calls == {}
+    assert len(result.collection_errors) == 1
+    assert f"MindSpore is not installed: {INSTALL_HINT}" in result.collection_errors[0]
+
+
+@needs_mindspore
+def test_numpy_2_is_refused_with_the_install_line(copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.1.0" if name == "numpy" else real_version(name))
+    result = run_dump(copy_dump(SHIPPED[0]))
+    assert len(result.collection_errors) == 1
+    assert "numpy 2.1.0" in result.collection_errors[0] and INSTALL_HINT in result.collection_errors[0]
+
+
+def test_pytorch_dumps_never_import_mindspore(write_dump: Callable[..., Path], tmp_path: Path) -> None:
+    tensor = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [3, 4], "Max": 1.0, "Min": -1.0, "Mean": 0.0, "Norm": 1.0}
+    dump = write_dump({"Torch.exp.0.forward": {"input_args": [tensor], "input_kwargs": {}, "output": []}})
+    script = (
+        "import sys, pytest\n"
+        f"code = pytest.main([{str(dump)!r}, '--msprobe-dump={dump}', '-q', '-p', 'no:cacheprovider', '--msprobe-out={tmp_path / 'out'}'])\n"
+        "assert code == 0, code\n"
+        "print('mindspore imported:', 'mindspore' in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "mindspore imported: False" in run.stdout, run.stdout + run.stderr

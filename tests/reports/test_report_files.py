@@ -1,0 +1,162 @@
+"""The files and outcomes a run leaves: msprobe's two CSVs (columns filled as msprobe
+fills them per standard), the metrics file, JUnit properties, the summary, exit codes."""
+
+from __future__ import annotations
+
+import csv
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Any
+
+import pandas
+import pytest
+
+from pytest_msprobe.report_csv import DETAILS_HEADER, METRIC_COLUMNS, RESULT_HEADER
+from pytest_msprobe.report_writer import RunFiles
+
+LEGACY = {"cosine", "max_abs_err", "rel_err_hundredth", "rel_err_thousandth", "rel_err_ten_thousandth"}
+# msprobe fills, per standard, the legacy columns (float outputs) and its own; the rest a space.
+FILLED = {
+    "binary_consistency": {"error_rate"},
+    "absolute_threshold": {"inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio"},
+    "ulp": {"max_ulp_err", "mean_ulp_err", "ulp_err_proportion"},
+    "thousandth": {"rel_err_thousandth"},
+    "accumulative_error": {"inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio", "eb"},
+    "benchmark": {"small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err", "eb"},
+}
+COLUMN_OF = dict(METRIC_COLUMNS)
+PLANTED_REASON = '=HYPERLINK("http://evil","x") 精度异常 ' + "long " * 20_000
+
+
+class Planted:
+    """Routes linear to a standard that always errors and silu to one that always
+    warns, with hostile reasons: a check that must fail, and text that must be tamed."""
+
+    def pytest_msprobe_register_standards(self, registry: Any) -> None:
+        def planted(status: str) -> Any:
+            def judge(pair: Any, thresholds: Any, reference: Any = None) -> Any:
+                return pair.verdict(status, f"planted_{status}", {"cosine": -0.5}, {}, [PLANTED_REASON, "+second\nline"])
+            return judge
+
+        for status, api in (("error", "linear"), ("warning", "silu")):
+            registry.register_standard(f"planted_{status}", planted(status))
+            registry.set_api_standard(api, f"planted_{status}")
+
+
+def run(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()) -> tuple[Any, RunFiles]:
+    result = pytester.inline_run(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
+                                 "--msprobe-out=out", *args, plugins=list(plugins))
+    files = RunFiles.latest(pytester.path / "out")
+    assert files is not None
+    return result, files
+
+
+def read_csv(path: Path) -> list[list[str]]:
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf"), "msprobe's CSVs start with a byte-order mark"
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        return list(csv.reader(handle))
+
+
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """One run of the fp32 tensor dump, shared by the tests that only read its files."""
+    pytester = pytest.Pytester(request, tmp_path_factory, monkeypatch=pytest.MonkeyPatch())
+    dump = Path(__file__).parents[1] / "dumps" / "torch_mlpcnn_tensor_fp32" / "dump.json"
+    junit = pytester.path / "junit.xml"
+    result, files = run(pytester, dump, f"--junitxml={junit}", plugins=(Planted(),))
+    return {"result": result, "files": files, "junit": junit}
+
+
+def test_details_csv_has_msprobes_columns_filled_as_msprobe_fills_them(fp32_run) -> None:
+    rows = read_csv(fp32_run["files"].details)
+    assert tuple(rows[0]) == DETAILS_HEADER
+    frame = pandas.read_csv(fp32_run["files"].details, encoding="utf-8-sig", keep_default_na=False, dtype=str)
+    assert len(frame) > 40
+    standards = dict(zip(*pandas.read_json(fp32_run["files"].metrics, lines=True)[["name", "standard"]].T.values))
+    seen = set()
+    for _, row in frame.iterrows():
+        standard = standards[row["API Name"]]
+        seen.add(standard)
+        assert row["API Name"].split(".")[-2] == "output" and row["API Name"].split(".")[-3] in ("forward", "backward")
+        assert row["DEVICE Dtype"].startswith("torch.") and row["Bench Dtype"].startswith("torch.")
+        assert row["Shape"].startswith("(")
+        assert row["Status"] in ("pass", "warning", "error", "SKIP")
+        expected = FILLED.get(standard, set()) | (LEGACY if "float" in row["DEVICE Dtype"] else set())
+        for key, column in METRIC_COLUMNS:
+            if key in expected and not standard.startswith("planted"):
+                float(row[column])  # a number, printed with 14 decimals
+                assert row[column] in ("nan", "inf", "-inf") or len(row[column].split(".")[1]) == 14, (row["API Name"], column)
+            elif not standard.startswith("planted"):
+                assert row[column] == " ", (row["API Name"], column, standard)
+    assert set(FILLED) <= seen | {"accumulative_error"}, seen  # every standard but one appears in this dump
+
+
+def test_result_csv_has_one_row_per_call_and_a_space_where_no_backward(fp32_run) -> None:
+    rows = read_csv(fp32_run["files"].result)
+    assert tuple(rows[0]) == RESULT_HEADER
+    by_name = {row[0]: row for row in rows[1:]}
+    assert len(by_name) == len(rows) - 1
+    assert by_name["Functional.linear.0"][1:3] == ["error", "error"]  # planted
+    assert by_name["Functional.silu.0"][1] == "warning"
+    assert by_name["Torch.argmax.0"][2] == " "  # an integer output has no backward
+    assert all(row[1] in ("pass", "warning", "error", "SKIP", " ") for row in rows[1:])
+
+
+def test_hostile_text_is_neutralised_kept_on_one_line_and_cut(fp32_run) -> None:
+    rows = read_csv(fp32_run["files"].details) + read_csv(fp32_run["files"].result)
+    planted = [row[-1] for row in rows if row[0].startswith("Functional.linear.0")]
+    assert planted
+    for message in planted:
+        assert not message.startswith(("=", "+", "-", "@")) and "\n" not in message
+        assert len(message) < 32_767  # Excel's cell limit
+    details = [row for row in rows if row[0] == "Functional.linear.0.forward.output.0"][0]
+    assert details[-1].startswith("'=HYPERLINK") and "精度异常" in details[-1] and "more characters" in details[-1]
+    assert details[DETAILS_HEADER.index(COLUMN_OF["cosine"])] == "-0.50000000000000"  # a number is never quoted
+
+
+def test_metrics_file_is_one_pandas_read_with_every_metric(fp32_run) -> None:
+    frame = pandas.read_json(fp32_run["files"].metrics, lines=True)
+    details = read_csv(fp32_run["files"].details)
+    assert len(frame) == len(details) - 1
+    assert {"call", "direction", "name", "status", "standard", "cosine", "max_ulp_err", "error_rate"} <= set(frame.columns)
+    ulp = frame[frame.standard == "ulp"]
+    assert ulp.max_ulp_err.notna().all() and ulp.error_rate.isna().all()
+
+
+def test_junit_properties_carry_status_standard_and_key_metrics(fp32_run) -> None:
+    tree = ElementTree.parse(fp32_run["junit"])
+    cases = {case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")} for case in tree.iter("testcase")}
+    linear = cases["Functional.linear.0.forward"]
+    assert linear["msprobe_status"] == "error" and linear["msprobe_standard"] == "planted_error"
+    matmul = cases["Tensor.__matmul__.0.forward"]
+    assert matmul["msprobe_standard"] == "ulp" and {"msprobe_max_ulp_err", "msprobe_ulp_err_proportion"} <= set(matmul)
+
+
+def test_an_error_fails_the_run_and_a_warning_only_under_strict(pytester: pytest.Pytester, write_dump) -> None:
+    from synthetic import many_calls
+
+    dump = write_dump(many_calls(2))  # Torch.add.0 and Functional.silu.1 (forward, backward)
+    result, _ = run(pytester, dump, plugins=(Planted(),))
+    assert result.ret == pytest.ExitCode.OK
+    result, _ = run(pytester, dump, "--msprobe-strict", plugins=(Planted(),))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_summary_counts_names_the_worst_and_the_files(fp32_run, pytester: pytest.Pytester, write_dump) -> None:
+    from synthetic import many_calls
+
+    dump = write_dump(many_calls(8))
+    result = pytester.runpytest_inprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
+                                          "--msprobe-out=out", "--msprobe-white-list=add,silu", plugins=[Planted()])
+    result.stdout.fnmatch_lines([
+        "*msprobe summary*",
+        "6 tests: 2 pass, 4 warning",
+        "6 run here in * s (* calls/s)",
+        "by standard:",
+        "*planted_warning*warning 4",
+        "by api type:",
+        "worst calls:",
+        "  Functional.silu.*: *'=HYPERLINK*",
+        "results: *accuracy_checking_result_*.csv",
+    ])
+    assert "PASSED" not in result.stdout.str()

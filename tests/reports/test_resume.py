@@ -1,0 +1,123 @@
+"""A run killed with SIGKILL at any point resumes to the files a clean run writes, and
+the result files of several runs merge into one set."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_msprobe.merge import main as merge_main
+from pytest_msprobe.report_writer import ResultFilesError, RunFiles, read_journal
+from synthetic import many_calls
+
+CALLS = 120  # 150 tests: a lone run takes a few seconds after startup
+
+
+def write(folder: Path, data: dict) -> Path:
+    (folder / "dump_tensor_data").mkdir(parents=True, exist_ok=True)
+    dump = folder / "dump.json"
+    dump.write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch", "data": data}))
+    return dump
+
+
+def pytest_command(dump: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", f"--msprobe-dump={dump}", "--msprobe-device=cpu", f"--msprobe-out={out}",
+            "-q", "-p", "no:cacheprovider", *extra]
+
+
+def run(dump: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(pytest_command(dump, out, *extra), cwd=dump.parent, capture_output=True, text=True, timeout=120)
+
+
+def kill_midway(dump: Path, out: Path, *extra: str, rows: int = 20) -> None:
+    """Start a run and SIGKILL it (workers included) once its details file has rows."""
+    process = subprocess.Popen(pytest_command(dump, out, *extra), cwd=dump.parent, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            details = list(out.glob("accuracy_checking_details_*.csv"))
+            if details and details[0].read_bytes().count(b"\n") > rows:
+                break
+            time.sleep(0.01)
+        assert process.poll() is None, "the run ended before it could be killed: make the dump larger"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def files_by_call(out: Path) -> dict[str, object]:
+    """Every file of the newest run, as {row name: row}, timestamps excluded; asserts
+    each name occurs once."""
+    files = RunFiles.latest(out)
+    assert files is not None
+    tables: dict[str, object] = {}
+    for label, path in (("result", files.result), ("details", files.details)):
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            rows = list(csv.reader(handle))
+        names = [row[0] for row in rows[1:]]
+        assert len(names) == len(set(names)), f"{label}: a call appears twice"
+        tables[label] = {row[0]: row for row in rows[1:]}
+    metrics = [json.loads(line) for line in files.metrics.read_text().splitlines()]
+    tables["metrics"] = {row["name"]: {k: v for k, v in row.items() if k != "duration"} for row in metrics}
+    assert len(tables["metrics"]) == len(metrics)
+    journal = read_journal(files.journal)
+    tables["journal"] = {entry.record.call: (entry.record.status, len(entry.record.outputs)) for entry in journal}
+    return tables
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    folder = tmp_path_factory.mktemp("clean")
+    dump = write(folder / "dump", many_calls(CALLS))
+    result = run(dump, folder / "out", "--msprobe-resume")  # nothing to resume from: runs every call
+    assert result.returncode == 0 and "150 passed" in result.stdout, result.stdout[-3000:]
+    return dump, files_by_call(folder / "out")
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["lone", "xdist"])
+def test_a_killed_run_resumes_to_the_clean_runs_files(clean, tmp_path: Path, workers: tuple[str, ...]) -> None:
+    dump, expected = clean
+    out = tmp_path / "out"
+    kill_midway(dump, out, *workers)
+    killed = read_journal(RunFiles.latest(out).journal)
+    assert 0 < len(killed) < len(expected["journal"])
+    resumed = run(dump, out, "--msprobe-resume", *workers)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"deselected {len(killed)} calls that already in" in resumed.stdout or workers
+    assert files_by_call(out) == expected
+    assert len(list(out.glob("msprobe_records_*.jsonl"))) == 1  # resumed into the same files
+
+
+def test_a_torn_last_line_is_dropped_and_other_damage_named(tmp_path: Path) -> None:
+    journal = tmp_path / "msprobe_records_1.jsonl"
+    line = json.dumps({"dump": "d", "call": "Torch.add.0.forward", "status": "pass", "standard": "", "reference": "",
+                       "device": "cpu", "message": ""})
+    journal.write_text(line + "\n" + line[:25])
+    assert [entry.record.call for entry in read_journal(journal)] == ["Torch.add.0.forward"]
+    journal.write_text(line[:25] + "\n" + line + "\n")
+    with pytest.raises(ResultFilesError, match="line 1 is not a result record"):
+        read_journal(journal)
+
+
+def test_merge_joins_shards_and_keeps_the_last_record_of_a_repeat(tmp_path: Path, capsys) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, calls in ((first, ["Torch.add.0.forward", "Torch.add.1.forward"]), (second, ["Torch.add.1.forward"])):
+        folder.mkdir()
+        records = [{"dump": "d", "call": call, "status": "error" if folder == second else "pass", "standard": "",
+                    "reference": "", "device": "cpu", "message": ""} for call in calls]
+        (folder / "msprobe_records_20250101000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert merge_main(["-o", str(tmp_path / "merged"), str(first), str(second)]) == 0
+    assert "1 tests found in several sources" in capsys.readouterr().out
+    merged = files_by_call(tmp_path / "merged")
+    assert merged["journal"] == {"Torch.add.0.forward": ("pass", 0), "Torch.add.1.forward": ("error", 0)}
+    assert merged["result"]["Torch.add.1"][1:3] == ["error", " "]
+    assert merge_main(["-o", str(tmp_path / "x"), str(tmp_path / "nothing-here")]) == 2

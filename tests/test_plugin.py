@@ -1,0 +1,156 @@
+"""The plugin as users run it: collection, node ids, markers, selection, options."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+
+STATS = "torch_mlpcnn_statistics_bf16"
+
+
+@pytest.fixture
+def local(pytester: pytest.Pytester, dumps: Path):
+    """A shipped dump copied into the pytester folder (so that the repository's own
+    conftest.py is not picked up as a nested one); returns its folder's name."""
+
+    def copy(name: str, to: str | None = None) -> str:
+        shutil.copytree(dumps / name, pytester.path / (to or name))
+        return to or name
+
+    return copy
+
+
+def test_silent_without_a_dump_option(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_ok():\n    assert True\n")
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(passed=1)
+
+
+def test_plugin_import_costs_nothing() -> None:
+    code = "import sys, pytest_msprobe.plugin; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_disabled_with_p_no(pytester: pytest.Pytester, local) -> None:
+    pytester.makepyfile("def test_ok():\n    pass\n")
+    pytester.runpytest("-p", "no:msprobe", "-q").assert_outcomes(passed=1)
+    result = pytester.runpytest("-p", "no:msprobe", f"--msprobe-dump={local(STATS)}")
+    result.stderr.fnmatch_lines(["*unrecognized arguments: --msprobe-dump*"])
+
+
+def test_node_ids_are_path_and_call_name(pytester: pytest.Pytester, local) -> None:
+    local(STATS, "step0/rank3")
+    result = pytester.runpytest("--msprobe-dump=step0", "--co", "-q")
+    assert "step0/rank3/dump.json::Functional.linear.0.forward" in result.stdout.lines
+    assert "step0/rank3/dump.json::Functional.linear.0.backward" in result.stdout.lines
+    result.stdout.fnmatch_lines(["49 tests collected*"])
+
+
+def test_a_folder_of_ranks_gives_one_suite_per_dump(pytester: pytest.Pytester, local) -> None:
+    for rank in ("rank0", "rank1"):
+        local("npu_rope_statistics_fp16", f"step0/{rank}")
+    result = pytester.runpytest("--msprobe-dump=step0", "--co", "-q")
+    assert "step0/rank0/dump.json::Torch.cat.8.forward" in result.stdout.lines
+    assert "step0/rank1/dump.json::Torch.cat.8.forward" in result.stdout.lines
+    result.stdout.fnmatch_lines(["6 tests collected*"])
+
+
+def test_module_entries_are_not_collected(pytester: pytest.Pytester, local) -> None:
+    result = pytester.runpytest(f"--msprobe-dump={local('torch_mlpcnn_mix_tensor_fp16')}", "--co", "-q")
+    result.stdout.fnmatch_lines(["49 tests collected*"])
+    assert not any("::Module." in line for line in result.stdout.lines)
+
+
+def test_markers_and_keywords_select_calls(pytester: pytest.Pytester, local) -> None:
+    dump = f"--msprobe-dump={local(STATS)}"
+    result = pytester.runpytest(dump, "--co", "-q", "-m", "backward and api_functional", "--strict-markers")
+    result.stdout.fnmatch_lines(["9/49 tests collected*"])
+    result = pytester.runpytest(dump, "--co", "-q", "-k", "linear and forward")
+    result.stdout.fnmatch_lines(["3/49 tests collected*"])
+
+
+def test_dump_tests_only_unless_paths_are_named(pytester: pytest.Pytester, local) -> None:
+    pytester.makepyfile(test_own="def test_own():\n    pass\n")
+    dump = f"--msprobe-dump={local('npu_rope_statistics_fp16', 'rope')}"
+    only_dump = pytester.runpytest(dump, "--co", "-q")
+    only_dump.stdout.fnmatch_lines(["3 tests collected*"])
+    both = pytester.runpytest(dump, "--co", "-q", "test_own.py", "rope/dump.json")
+    both.stdout.fnmatch_lines(["4 tests collected*"])
+
+
+def test_ini_options_work_like_flags(pytester: pytest.Pytester, local) -> None:
+    pytester.makeini(f"[pytest]\nmsprobe_dump = {local('npu_rope_statistics_fp16')}\nmsprobe_device = cpu\n")
+    pytester.runpytest("-q").assert_outcomes(passed=3)
+
+
+def test_unknown_device_is_a_usage_error(pytester: pytest.Pytester, local) -> None:
+    result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}", "--msprobe-device=tpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown device 'tpu': choose auto, cpu, cuda or npu*"])
+
+
+def test_missing_dump_path_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--msprobe-dump=nowhere/dump.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--msprobe-dump nowhere/dump.json: no such file or folder*"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_without_a_gpu_says_why(pytester: pytest.Pytester, local) -> None:
+    result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}", "--msprobe-device=cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*no cuda device is available*"])
+
+
+def test_last_failed_reruns_only_the_failed_call(pytester: pytest.Pytester, local) -> None:
+    local("npu_rope_statistics_fp16", "rope")
+    pytester.makeconftest(
+        "import torch\n"
+        "original = torch.cat\n"
+        "def biased(tensors, *args, **kwargs):\n"
+        "    out = original(tensors, *args, **kwargs)\n"
+        "    return out * 1.01 if out.dtype == torch.float16 else out\n"
+        "torch.cat = biased\n"
+    )
+    first = pytester.runpytest("--msprobe-dump=rope", "--msprobe-device=cpu", "-q")
+    first.assert_outcomes(passed=2, failed=1)
+    again = pytester.runpytest("--msprobe-dump=rope", "--msprobe-device=cpu", "-q", "--lf")
+    again.assert_outcomes(failed=1)
+    again.stdout.fnmatch_lines(["*rope/dump.json::Torch.cat.8.forward*"])
+
+
+def junit_properties(path: Path) -> dict[str, dict[str, str]]:
+    tree = ET.parse(path)
+    return {
+        case.get("name"): {prop.get("name"): prop.get("value") for prop in case.iter("property")}
+        for case in tree.iter("testcase")
+    }
+
+
+def test_junit_carries_status_standard_and_metrics(pytester: pytest.Pytester, local) -> None:
+    pytester.runpytest(f"--msprobe-dump={local(STATS)}", "--msprobe-device=cpu", "-q", "--junitxml=out.xml", "-k", "linear.0.forward or topk")
+    props = junit_properties(pytester.path / "out.xml")
+    linear = props["Functional.linear.0.forward"]
+    assert linear["msprobe_status"] == "pass" and linear["msprobe_standard"] == "ulp"
+    assert float(linear["msprobe_ulp_err_proportion"]) >= 0.0
+    assert props["Torch.topk.0.forward"]["msprobe_standard"] == "binary_consistency"
+
+
+def test_statistics_verdicts_do_not_depend_on_order_or_workers(pytester: pytest.Pytester, local) -> None:
+    dump = f"--msprobe-dump={local(STATS)}"
+    runs = {}
+    for label, extra in {"first": ["-p", "no:xdist"], "again": ["-p", "no:xdist"], "n2": ["-n", "2"]}.items():
+        pytester.runpytest(dump, "--msprobe-device=cpu", "-q", f"--junitxml={label}.xml", *extra)
+        runs[label] = junit_properties(pytester.path / f"{label}.xml")
+    pytester.runpytest(dump, "--msprobe-device=cpu", "-q", "--junitxml=one.xml", "-k", "Functional.layer_norm.0.backward")
+    one = junit_properties(pytester.path / "one.xml")
+    assert len(runs["first"]) == 49
+    assert runs["first"] == runs["again"] == runs["n2"]
+    assert one["Functional.layer_norm.0.backward"] == runs["first"]["Functional.layer_norm.0.backward"]

@@ -1,0 +1,81 @@
+"""The real msprobe dumps, replayed as users run them: the CPU is a correct device, so
+every call that can run is judged pass with no warning; a fault planted in one API
+fails exactly that API's calls, on every device this machine has."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from pytest_msprobe.devices import DeviceUnavailable, backend
+
+TORCH_DUMPS = ["torch_mlpcnn_tensor_fp32", "torch_mlpcnn_statistics_bf16", "torch_mlpcnn_mix_tensor_fp16", "npu_rope_statistics_fp16"]
+
+
+def _device_param(name: str) -> object:
+    try:
+        backend(name)
+    except DeviceUnavailable as exc:
+        return pytest.param(name, marks=pytest.mark.skip(reason=f"{name}: {exc}"))
+    return name
+
+
+DEVICES = [_device_param(name) for name in ("cpu", "cuda", "npu")]
+
+
+def api_calls(dump: Path) -> list[str]:
+    data = json.loads(dump.read_text())["data"]
+    return [name for name in data if not name.startswith(("Module.", "Cell."))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", TORCH_DUMPS)
+def test_correct_device_passes_every_call_without_warning(name: str, device: str, copy_dump, run_dump) -> None:
+    dump = copy_dump(name)
+    result = run_dump(dump, f"--msprobe-device={device}")
+    assert result.collection_errors == []
+    assert sorted(result.calls) == sorted(api_calls(dump))
+    failed = {call: outcome.text for call, outcome in result.calls.items() if outcome.outcome == "failed"}
+    assert failed == {}
+    warned = {call: outcome.warnings for call, outcome in result.calls.items() if outcome.warnings}
+    assert warned == {}
+    for call, outcome in result.by_outcome("skipped").items():
+        assert call in outcome.text and len(outcome.text) > len(call) + 10, outcome.text
+
+
+def scaled_in(dtype: torch.dtype, factor: float) -> Callable[[Callable], Callable]:
+    """Wrap an API so it returns numbers `factor` too large in the dump's dtype only:
+    the bench (raised precision) still gets the true function."""
+
+    def wrap(function: Callable) -> Callable:
+        def faulty(*args, **kwargs):
+            out = function(*args, **kwargs)
+            return out * factor if isinstance(out, torch.Tensor) and out.dtype == dtype else out
+
+        return faulty
+
+    return wrap
+
+
+FAULTS = [
+    ("torch_mlpcnn_tensor_fp32", torch.nn.functional, "linear", torch.float32, "Functional.linear."),
+    ("torch_mlpcnn_statistics_bf16", torch, "exp", torch.bfloat16, "Torch.exp."),
+    ("torch_mlpcnn_mix_tensor_fp16", torch.nn.functional, "silu", torch.float16, "Functional.silu."),
+    ("npu_rope_statistics_fp16", torch, "cat", torch.float16, "Torch.cat."),
+]
+
+
+@pytest.mark.parametrize(("name", "owner", "api", "dtype", "prefix"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_planted_fault_fails_exactly_that_api(name, owner, api, dtype, prefix, copy_dump, run_dump, monkeypatch) -> None:
+    dump = copy_dump(name)
+    monkeypatch.setattr(owner, api, scaled_in(dtype, 1 + 2**-5)(getattr(owner, api)))
+    result = run_dump(dump, "--msprobe-device=cpu")
+    failed = set(result.by_outcome("failed"))
+    expected = {call for call in api_calls(dump) if call.startswith(prefix)}
+    assert expected and failed == expected
+    for call in failed:
+        assert "error by the" in result.calls[call].text
