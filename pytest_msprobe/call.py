@@ -22,6 +22,8 @@ class Settings:
     device_index: int
     max_elements: int
     registry: Any  # pytest_msprobe.standards.Registry
+    offline: bool = False  # the dumped outputs are the device result
+    baseline: Any = None  # pytest_msprobe.baseline.Baseline: recorded metrics to judge against
 
 
 @dataclass
@@ -81,15 +83,49 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     framework = FRAMEWORKS[index.framework]()
     api = framework.resolve(name, settings.backend)
     inputs = read_inputs(index, name, settings.max_elements)
+    device, bench, reference = framework.runs(api, inputs, settings)
+    label = settings.backend.describe(settings.device_index)
+    if settings.offline:
+        device, reference, label = offline_runs(index, name, api, settings)
     try:
-        results = replay(name.direction, api, inputs, *framework.runs(api, inputs, settings), framework=index.framework)
+        results = replay(name.direction, api, inputs, device, bench, reference, framework=index.framework)
     finally:
         settings.backend.free()
-    verdict = judge(settings.registry, name, results)
-    return CallResult(name, verdict, settings.backend.describe(settings.device_index), inputs.origins)
+    if settings.offline:
+        results = align_offline(results)
+    recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
+    verdict = judge(settings.registry, name, results, recorded)
+    return CallResult(name, verdict, label, inputs.origins)
 
 
-def judge(registry: Any, name: CallName, results: Results) -> Any:
+def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings) -> tuple[Any, Run, str]:
+    """The dump's own outputs as the device, the CPU in the device dtype as reference."""
+    import torch
+
+    from pytest_msprobe.offline import DEVICE_LABEL, DumpedRun
+
+    in_dump_dtype = Run(api, api.bench_fn, Placement(torch.device("cpu")))
+    return DumpedRun(index, name, settings.max_elements, in_dump_dtype), in_dump_dtype, DEVICE_LABEL
+
+
+def align_offline(results: Results) -> Results:
+    """Leave out of the comparison what the dump could not pair (a gradient without a
+    matching dumped one); give a single dumped output the bench's tuple shape."""
+    device, bench = results.device, results.bench
+    if isinstance(bench, tuple) and not isinstance(device, tuple):
+        device = (device,)
+    if isinstance(bench, tuple) and isinstance(device, tuple) and len(bench) == len(device):
+        bench = tuple(None if d is None else b for b, d in zip(bench, device))
+        if isinstance(results.reference, tuple) and len(results.reference) == len(device):
+            results.reference = tuple(None if d is None else r for r, d in zip(results.reference, device))
+    results.device, results.bench = device, bench
+    return results
+
+
+def judge(registry: Any, name: CallName, results: Results, recorded: Any = None) -> Any:
+    """The verdict against the bench; against recorded baseline metrics when given,
+    else against the reference run where there is one."""
     api_name = name.api_name.rsplit(".", 1)[0] if name.api_type == "Aten" else name.api_name
-    return registry.check(results.bench, results.device, api=api_name, reference=results.reference)
+    reference = recorded if recorded is not None else results.reference
+    return registry.check(results.bench, results.device, api=api_name, reference=reference)
 

@@ -80,6 +80,7 @@ class DumpIndex:
     entries: list[IndexEntry]
     modules: int = 0
     skipped_names: list[str] = field(default_factory=list)
+    key: str = ""  # the dump's name in test ids (its path from the rootdir): stable across machines
 
     @property
     def tensor_dir(self) -> Path:

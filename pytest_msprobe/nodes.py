@@ -10,6 +10,7 @@ import pytest
 from pytest_msprobe.dump import CallName, DumpIndex, read_index
 from pytest_msprobe.errors import DumpError
 from pytest_msprobe.mindspore_tables import require_mindspore
+from pytest_msprobe.offline import require_tensor_task
 from pytest_msprobe.outcome import AccuracyWarning, CallFailed, judge_call, properties
 from pytest_msprobe.results import ResultRecord
 from pytest_msprobe.state import session_state
@@ -26,9 +27,12 @@ class DumpFile(pytest.File):
             index = read_index(self.path)
             if index.framework == "mindspore":
                 require_mindspore()
+            state = session_state(self.config)
+            if state.settings().offline:
+                require_tensor_task(index)
         except DumpError as exc:
             raise self.CollectError(str(exc)) from None
-        state = session_state(self.config)
+        index.key = self.nodeid
         state.indexes[self.path] = index
         state.module_entries += index.modules
         state.unparsed_names.extend(index.skipped_names)

@@ -32,12 +32,19 @@ OPTIONS = (
     Option("msprobe_max_elements", f"largest tensor (elements) a call may create; larger calls skip (default {DEFAULT_MAX_ELEMENTS})",
            default=str(DEFAULT_MAX_ELEMENTS)),
     Option("msprobe_standards", "a CSV file that routes APIs to standards or overrides thresholds (see README)"),
+    Option("msprobe_offline", "tensor dumps: the dumped outputs are the device result; only the bench runs here", "bool", False),
+    Option("msprobe_baseline_save", "record every call's metrics, and the environment, as a baseline in this folder"),
+    Option("msprobe_baseline", "judge every call against the baseline recorded in this folder; report regressions"),
+    Option("msprobe_baseline_update", "with --msprobe-baseline: rewrite the baseline records of the calls that ran", "bool", False),
+    Option("msprobe_reference_csv", "an msprobe accuracy_checking_details CSV (run_ut on another device) used as each call's reference"),
     Option("msprobe_resume", "skip calls whose results are already in --msprobe-out's newest run, append the rest to its files", "bool", False),
     Option("msprobe_config", "msprobe's config.json: its acc_check (run_ut) white_list, black_list and error_data_path apply"),
     Option("msprobe_white_list", "check only these APIs, comma separated (linear,conv2d or Functional.linear)"),
     Option("msprobe_black_list", "never check these APIs, comma separated"),
     Option("msprobe_dedup", "check one call per API and argument signature (dtypes, shapes, non-tensor arguments)", "bool", False),
     Option("msprobe_save_failed", "folder for the inputs and outputs of failed calls (.pt for torch.load(weights_only=True) + call.json)"),
+    Option("msprobe_scripts", "folder for a standalone script (DIR/<call name>.py) reproducing every failed call"),
+    Option("msprobe_scripts_all", "write a script for every selected call, not only the failed ones (needs --msprobe-scripts)", "bool", False),
 )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _pytest.pathlib import bestrelpath
 
-from pytest_msprobe import hooks, options, report_plugin
+from pytest_msprobe import hooks, options
 from pytest_msprobe.state import STATE_KEY, SessionState
 
 MARKERS = (
@@ -25,6 +25,8 @@ MARKERS = (
     "api_distributed: communication calls of a dump (always skipped)",
     "api_mint: mindspore.mint calls of a dump",
     "api_mintfunctional: mindspore.mint.nn.functional calls of a dump",
+    "api_primitive: MindSpore Primitive entries of a dump (always skipped)",
+    "api_jit: MindSpore Jit entries of a dump (always skipped)",
 )
 
 
@@ -45,7 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
     state = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
     config.stash[STATE_KEY] = state
     state.settings()  # a device or option that cannot work stops the run here, once
+    from pytest_msprobe import baseline_plugin, report_plugin  # only when a dump is given
+
     config.pluginmanager.register(report_plugin.ReportPlugin(config), "msprobe-report")
+    config.pluginmanager.register(baseline_plugin.BaselinePlugin(config), "msprobe-baseline")
+    config.pluginmanager.import_plugin("pytest_msprobe.scripts_plugin")
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         # The user named no paths: run the dump's tests only, not the repository's.
         config.args[:] = [str(path) for path in dumps]

@@ -104,15 +104,15 @@ def to_cpu(value: Any) -> Any:
 # --- running --------------------------------------------------------------------
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     tree_map(lambda item: found.append(item) if isinstance(item, torch.Tensor) else None, value)
     return found
 
 
-def _flat_outputs(value: Any) -> list[Any]:
+def flat_outputs(value: Any) -> list[Any]:
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-        return [item for part in value for item in _flat_outputs(part)]
+        return [item for part in value for item in flat_outputs(part)]
     return [value]
 
 
@@ -134,7 +134,7 @@ class Run:
 
     def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
         args, kwargs = tree_map(self.placement, inputs.args), tree_map(self.placement, inputs.kwargs)
-        leaves = [t for t in _tensors((args, kwargs))]
+        leaves = [t for t in tensors_in((args, kwargs))]
         wanted = [t for t, flag in zip(leaves, needs_grad) if flag]
         for tensor in wanted:
             tensor.requires_grad_(True)
@@ -143,7 +143,7 @@ class Run:
             args, kwargs = tree_map(_clone_tensor, args), tree_map(_clone_tensor, kwargs)
         with torch.enable_grad():
             output = self.function(*args, **kwargs)
-            outputs, grads = _pair_gradients(_flat_outputs(output), inputs.grads or [], self.placement)
+            outputs, grads = _pair_gradients(flat_outputs(output), inputs.grads or [], self.placement)
             if not outputs:
                 raise CallSkip("no output of the forward call carries a gradient to backpropagate")
             torch.autograd.backward(outputs, grads)

@@ -22,11 +22,13 @@ from typing import Any, Generator
 import pytest
 
 from pytest_msprobe import filters, options
-from pytest_msprobe.nodes import RESULT_KEY, CallItem
 from pytest_msprobe.report_summary import Summary
 from pytest_msprobe.report_writer import Entry, ResultFilesError, ResultWriter, RunFiles, read_journal, record_key
 from pytest_msprobe.results import ResultRecord
 from pytest_msprobe.state import session_state
+
+# pytest_msprobe.nodes is imported where it is used, as plugin.py does: the node classes
+# are then those of the session that collected the items.
 
 REPORT_ATTRIBUTE = "msprobe_record"
 REPRESENTS_PROPERTY = "msprobe_represents"
@@ -89,6 +91,8 @@ class ReportPlugin:
     # --- collection: lists, dedup, resume -------------------------------------------
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        from pytest_msprobe.nodes import CallItem
+
         reasons = {item: filters.list_reason(item.call, self.options.white_list, self.options.black_list)
                    for item in items if isinstance(item, CallItem)}
         if self.options.dedup:
@@ -127,6 +131,8 @@ class ReportPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        from pytest_msprobe.nodes import RESULT_KEY, CallItem
+
         report = yield
         if call.when == "call" and isinstance(item, CallItem):
             record = item.stash.get(RESULT_KEY, None) or _crashed(item, call, report.outcome)
@@ -145,7 +151,7 @@ class ReportPlugin:
         self.writer.add(entry)
         self.summary.add(entry.record, entry.represents)
 
-    def _save_failed(self, item: CallItem, record: ResultRecord, report: pytest.TestReport) -> None:
+    def _save_failed(self, item: Any, record: ResultRecord, report: pytest.TestReport) -> None:
         """Failing to save is reported on the test, never a new failure of it."""
         from pytest_msprobe.failed_data import save_failed_call
 
@@ -175,7 +181,7 @@ class ReportPlugin:
             terminalreporter.write_line(line)
 
 
-def _crashed(item: CallItem, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:
+def _crashed(item: Any, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:
     """The record of a test whose check raised instead of returning one."""
     excinfo = call.excinfo
     cause = f"{excinfo.type.__name__}: {excinfo.value}" if excinfo else "no result was recorded"

@@ -16,6 +16,7 @@ from pytest_msprobe.results import ResultRecord
 STATUSES = ("pass", "warning", "error", "skip")
 SEVERITY = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
 WORST_SHOWN = 10
+LINE_CUT = 200  # a reason can be long; the summary shows its start, the files the rest
 
 
 def badness(record: ResultRecord) -> tuple[int, float, str]:
@@ -28,11 +29,11 @@ def badness(record: ResultRecord) -> tuple[int, float, str]:
 
 def failing_metric(record: ResultRecord) -> str:
     """The first reason of the first output with the call's status, else the message's
-    first line (a call that failed before any comparison)."""
-    for output in record.outputs:
-        if output.status == record.status and output.reasons:
-            return f"{output.path or 'output'}: {output.reasons[0]}"
-    return record.message.splitlines()[0] if record.message else ""
+    first line (a call that failed before any comparison), cut to one short line."""
+    text = next((f"{output.path or 'output'}: {output.reasons[0]}" for output in record.outputs
+                 if output.status == record.status and output.reasons), record.message)
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= LINE_CUT else line[:LINE_CUT] + " ..."
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Summary:
         ran = total - self.resumed
         elapsed = time.monotonic() - self.started
         rate = ran / elapsed if elapsed > 0 else 0.0
-        head = f"{total} tests: " + ", ".join(f"{self.by_status[s]} {s}" for s in STATUSES if self.by_status[s])
+        head = f"{total} tests" + "".join(f", {self.by_status[s]} {s}" for s in STATUSES if self.by_status[s])
         pace = f"{ran} run here in {elapsed:.1f} s ({rate:.1f} calls/s)"
         if self.resumed:
             pace += f", {self.resumed} from the resumed run"

@@ -24,28 +24,74 @@ class SessionState:
     _settings: Any = None
 
     def settings(self) -> Any:
-        """Built once per process; a problem with the device or the standards file
-        is a usage error that tells the user what to fix."""
+        """Built once per process; a problem with the device or an option's file is a
+        usage error that tells the user what to fix."""
         if self._settings is None:
             from pytest_msprobe.call import Settings
-            from pytest_msprobe.devices import DeviceUnavailable, backend
-            from pytest_msprobe.standards import Registry
 
-            registry = Registry.default()
-            standards_file = options.get(self.config, "msprobe_standards")
-            if standards_file:
-                try:
-                    registry.load_file(Path(standards_file))
-                except (OSError, ValueError, KeyError) as exc:
-                    raise pytest.UsageError(f"--msprobe-standards {standards_file}: {exc}") from None
-            self.config.hook.pytest_msprobe_register_standards(registry=registry)
-            try:
-                chosen = backend(options.get(self.config, "msprobe_device"))
-                chosen.select(self.device_index)
-            except DeviceUnavailable as exc:
-                raise pytest.UsageError(f"--msprobe-device: {exc}") from None
-            self._settings = Settings(chosen, self.device_index, options.max_elements(self.config), registry)
+            _register_bench_functions(self.config)
+            self._settings = Settings(
+                backend=_backend(self.config, self.device_index),
+                device_index=self.device_index,
+                max_elements=options.max_elements(self.config),
+                registry=_registry(self.config),
+                offline=bool(options.get(self.config, "msprobe_offline")),
+                baseline=_recorded_metrics(self.config),
+            )
         return self._settings
+
+
+def _backend(config: pytest.Config, device_index: int) -> Any:
+    from pytest_msprobe.devices import DeviceUnavailable, backend
+
+    try:
+        chosen = backend(options.get(config, "msprobe_device"))
+        chosen.select(device_index)
+    except DeviceUnavailable as exc:
+        raise pytest.UsageError(f"--msprobe-device: {exc}") from None
+    return chosen
+
+
+def _registry(config: pytest.Config) -> Any:
+    """The shipped standards tables, the user's file over them, then conftest hooks."""
+    from pytest_msprobe.standards import Registry
+
+    registry = Registry.default()
+    standards_file = options.get(config, "msprobe_standards")
+    if standards_file:
+        try:
+            registry.load_file(Path(config.invocation_params.dir) / standards_file)
+        except (OSError, ValueError, KeyError) as exc:
+            raise pytest.UsageError(f"--msprobe-standards {standards_file}: {exc}") from None
+    config.hook.pytest_msprobe_register_standards(registry=registry)
+    return registry
+
+
+def _register_bench_functions(config: pytest.Config) -> None:
+    """Conftest hooks add references for custom operators before any call resolves."""
+    from pytest_msprobe import bench_functions
+
+    config.hook.pytest_msprobe_register_bench_functions(registry=bench_functions.default_registry)
+
+
+def _recorded_metrics(config: pytest.Config) -> Any:
+    """A baseline folder and/or an msprobe details CSV: metrics to judge against."""
+    from pytest_msprobe.baseline import Baseline, BaselineError, read_msprobe_details
+
+    base = Path(config.invocation_params.dir)
+    folder, imported = options.get(config, "msprobe_baseline"), options.get(config, "msprobe_reference_csv")
+    if not folder and not imported:
+        return None
+    try:
+        recorded = read_msprobe_details(base / imported) if imported else Baseline()
+        if folder and (base / folder).exists():
+            recorded.calls.update(Baseline.read(base / folder).calls)
+        elif folder and not options.get(config, "msprobe_baseline_update"):
+            raise BaselineError(f"{base / folder}: no baseline there; record one with --msprobe-baseline-save "
+                                "or create it with --msprobe-baseline-update")
+    except BaselineError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return recorded
 
 
 STATE_KEY = pytest.StashKey[SessionState]()

@@ -6,6 +6,16 @@ For add/sub/mul/div/... (spec standard 2). Three shares must all be zero:
   abs_err_ratio        small elements with abs_err > small_atol
 rtol/small/small_atol come from the dtype defaults, overridden per API and dtype by the
 thresholds table (msprobe ships such a table but never reads it; we do).
+
+Single run (no reference; the plugin's device = CPU case): the rule above holds a result
+to ONE rounding, but the gradient of an elementwise API chains several (rsqrt's grad
+-0.5 * g * y**3 rounds four times in D: a correct fp16 CPU grad is measured 1.9 ULP off,
+rel_err 0.00102 > 2**-10), and a grad such as div's -g*a/b**2 cancels to tiny values
+next to large ones. So, without a reference, an element the spec would count is forgiven
+when |d - b| <= sr_abs_ulp * eps(D) * max(|b|, sr_scale_floor * rms(b)) (4 ULP at the
+element's magnitude, never finer than 2**-6 of the output's RMS; real forward and
+backward CPU kernels measured <= 2.6); `scaled_err_ratio` is the share of elements
+beyond both, and must be 0. A 30-ULP bias or one element 25% off is still an error.
 """
 from __future__ import annotations
 
@@ -14,6 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from .metrics import Pair
+from .single_run import output_rms
 
 NAME = "absolute_threshold"
 
@@ -32,12 +43,17 @@ def absolute_threshold_metrics(pair: Pair, rtol: float, small: float, atol: floa
     }
 
 
-def threshold_reasons(metrics: dict, limits: dict) -> list[str]:
-    """Reasons for every ratio above zero."""
+def threshold_reasons(metrics: dict, limits: dict, judged=None) -> list[str]:
+    """Reasons for every judged ratio above zero (default: the spec's three)."""
     reasons = []
-    for key, what in (("inf_nan_error_ratio", "inf/nan elements disagree"),
-                      ("rel_err_ratio", f"normal elements have rel_err > {limits['rtol']:.3g}"),
-                      ("abs_err_ratio", f"small elements have abs_err > {limits['atol']:.3g}")):
+    whats = {"inf_nan_error_ratio": "inf/nan elements disagree",
+             "rel_err_ratio": f"normal elements have rel_err > {limits['rtol']:.3g}",
+             "abs_err_ratio": f"small elements have abs_err > {limits['atol']:.3g}",
+             "scaled_err_ratio": f"elements are beyond the spec's tolerance and "
+                                 f"{limits.get('ulps', 0):g} ULP at max(|b|, "
+                                 f"{limits.get('floor', 0):.3g} x rms(b))"}
+    for key in judged or ("inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio"):
+        what = whats[key]
         if metrics[key] > 0:
             reasons.append(f"{key} {metrics[key]:.6g} > 0: {what}")
     return reasons
@@ -47,10 +63,21 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=No
     """Judge elementwise arithmetic against D's rounding tolerance."""
     rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
     metrics = absolute_threshold_metrics(pair, rtol, small, atol)
-    reasons = threshold_reasons(metrics, {"rtol": rtol, "atol": atol})
-    score = np.where(pair.small_mask(small), pair.abs_err / atol, pair.rel_err / rtol)
+    small_mask = pair.small_mask(small)
+    score = np.where(small_mask, pair.abs_err / atol, pair.rel_err / rtol)
     used = {"rtol": rtol, "small": small, "small_atol": atol, "inf_nan_error_ratio": 0.0,
             "rel_err_ratio": 0.0, "abs_err_ratio": 0.0}
+    limits = {"rtol": rtol, "atol": atol}
+    judged = None
+    if reference is None and pair.n_finite:
+        ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
+        allowed = np.maximum(pair.abs_b, floor * output_rms(pair)) * (ulps * pair.info.eps)
+        beyond = (score > 1) & (pair.abs_err > allowed)
+        metrics["scaled_err_ratio"] = float(np.count_nonzero(beyond) / pair.n_finite)
+        used.update(scaled_err_ratio=0.0, sr_abs_ulp=ulps, sr_scale_floor=floor)
+        limits.update(ulps=ulps, floor=floor)
+        judged = ("inf_nan_error_ratio", "scaled_err_ratio")
+    reasons = threshold_reasons(metrics, limits, judged)
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
                         pair.offenders(score),
                         reference.kind if reference is not None else "single-run")

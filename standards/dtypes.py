@@ -36,7 +36,8 @@ class DtypeInfo:
 
 
 def _defaults(*, small, rtol, small_atol, ulp_threshold, ulp_floor, ulp_prop_max, bound,
-              eb_max, atol_bm, sr_max_scaled_ulp, sr_mean_scaled_ulp, sr_bias_ulp=0.2, sr_scale_floor=2.0 ** -6) -> dict:
+              eb_max, atol_bm, sr_max_scaled_ulp, sr_mean_scaled_ulp, sr_bias_ulp=0.2,
+              sr_thousandth_ulp=4.0) -> dict:
     return {
         # absolute threshold (spec 2)
         "rtol": rtol, "small": small, "small_atol": small_atol,
@@ -52,7 +53,11 @@ def _defaults(*, small, rtol, small_atol, ulp_threshold, ulp_floor, ulp_prop_max
         "rmse_ratio": 2.0, "small_value_err_ratio_ratio": 2.0,
         # single-run rule (ours, see single_run.py)
         "sr_max_scaled_ulp": sr_max_scaled_ulp, "sr_mean_scaled_ulp": sr_mean_scaled_ulp,
-        "sr_bias_ulp": sr_bias_ulp, "sr_bias_z": 5.0, "sr_scale_floor": sr_scale_floor,
+        "sr_bias_ulp": sr_bias_ulp, "sr_bias_z": 5.0, "sr_scale_floor": 2.0 ** -6,
+        "sr_max_top_ulp": sr_max_scaled_ulp, "sr_top_quantile": 0.9,
+        # single-run allowances of the thousandth and absolute-threshold standards: ULPs of
+        # D at max(|b|, scale) that a correct composite (gradient) kernel may carry
+        "sr_thousandth_ulp": sr_thousandth_ulp, "sr_abs_ulp": 4.0,
     }
 
 
@@ -66,7 +71,7 @@ def _fp8(name: str, m: int, e_min: int) -> DtypeInfo | None:
         _defaults(small=2.0 ** e_min, rtol=2.0 ** -m, small_atol=2.0 ** (e_min - m),
                   ulp_threshold=1.0, ulp_floor=2.0 ** -m, ulp_prop_max=0.001,
                   bound=2.0 ** -(m - 1), eb_max=2.0 ** -m, atol_bm=2.0 ** (e_min - m),
-                  sr_max_scaled_ulp=4.0, sr_mean_scaled_ulp=1.0),
+                  sr_max_scaled_ulp=8.0, sr_mean_scaled_ulp=1.0),
     )
 
 
@@ -76,7 +81,8 @@ DTYPES: dict[str, DtypeInfo] = {
         _defaults(small=2.0 ** -20, rtol=2.0 ** -20, small_atol=2.0 ** -30,
                   ulp_threshold=32.0, ulp_floor=2.0 ** -14, ulp_prop_max=0.05,
                   bound=2.0 ** -11, eb_max=2.0 ** -14, atol_bm=2.0 ** -30,
-                  sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=16.0, sr_scale_floor=1.0)),
+                  sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=16.0,
+                  sr_thousandth_ulp=64.0)),
     # spec: fp32 small 2**-20, rtol 2**-20, small_atol 2**-30, T=32, floor 2**-14,
     # bound 2**-11, eb_max 2**-14, atol_bm 2**-30
     "float32": DtypeInfo(
@@ -84,19 +90,20 @@ DTYPES: dict[str, DtypeInfo] = {
         _defaults(small=2.0 ** -20, rtol=2.0 ** -20, small_atol=2.0 ** -30,
                   ulp_threshold=32.0, ulp_floor=2.0 ** -14, ulp_prop_max=0.05,
                   bound=2.0 ** -11, eb_max=2.0 ** -14, atol_bm=2.0 ** -30,
-                  sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=16.0, sr_scale_floor=1.0)),
+                  sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=16.0,
+                  sr_thousandth_ulp=64.0)),
     "float16": DtypeInfo(
         "float16", 10, -14, 65504.0, torch.float16,
         _defaults(small=2.0 ** -10, rtol=2.0 ** -10, small_atol=2.0 ** -16,
                   ulp_threshold=1.0, ulp_floor=2.0 ** -11, ulp_prop_max=0.001,
                   bound=2.0 ** -8, eb_max=2.0 ** -20, atol_bm=1e-16,
-                  sr_max_scaled_ulp=4.0, sr_mean_scaled_ulp=1.0)),
+                  sr_max_scaled_ulp=8.0, sr_mean_scaled_ulp=1.0)),
     "bfloat16": DtypeInfo(
         "bfloat16", 7, -126, float(torch.finfo(torch.bfloat16).max), torch.bfloat16,
         _defaults(small=2.0 ** -10, rtol=2.0 ** -8, small_atol=2.0 ** -16,
                   ulp_threshold=1.0, ulp_floor=2.0 ** -8, ulp_prop_max=0.001,
                   bound=2.0 ** -7, eb_max=2.0 ** -7, atol_bm=1e-16,
-                  sr_max_scaled_ulp=4.0, sr_mean_scaled_ulp=1.0)),
+                  sr_max_scaled_ulp=8.0, sr_mean_scaled_ulp=1.0)),
 }
 for _name, _m, _emin in (("float8_e4m3fn", 3, -6), ("float8_e5m2", 2, -14),
                          ("float8_e4m3fnuz", 3, -7), ("float8_e5m2fnuz", 2, -15)):

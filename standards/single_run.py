@@ -6,38 +6,55 @@ judge the device against what any correct kernel in D can do, in ULPs of D:
 
 1. Unexpected inf/NaN: an inf/NaN that the bench (rounded to D) does not have, or a
    finite value where the bench overflows/is NaN -> error. Same-sign infinities agree.
-2. Magnitude: `scaled_ulp_err = |d - b| / ulp_D(max(|b|, f * rms(b)))`: the error in ULPs
-   of D at the element's magnitude, but never finer than a fraction f of the output's RMS
-   (f = 2**-6 for fp16/bf16/fp8, 1 for fp32/fp64), because a reduction's error follows the
-   size of its terms, not of a result that cancels to ~0.
-   error if `max_scaled_ulp_err > sr_max_scaled_ulp` or `mean_scaled_ulp_err >
-   sr_mean_scaled_ulp` (fp16/bf16/fp8: 4 / 1 -- a kernel computing in fp32 and rounding
-   once reaches 0.5 / 0.25; fp32/fp64: 4096 / 256 -- no higher accumulator exists, so
-   long reductions legitimately reach tens of ULPs, while an input or accumulator in a
-   lower precision costs 2**13 ULPs and more).
+2. Magnitude, judged at two scales, because outputs of composite kernels (every gradient:
+   autograd chains several kernels that each round to D, and softmax / layer_norm /
+   conv / embedding grads end in a cancellation or an accumulation in D) carry a few
+   ULPs of the output's SCALE, not of each element, wherever an element cancels to ~0:
+   a. `scaled_ulp_err = |d - b| / ulp_D(max(|b|, rms(b)))`, the error in ULPs of D at the
+      element's magnitude but never finer than the output's RMS. error if its max >
+      `sr_max_scaled_ulp` or its mean > `sr_mean_scaled_ulp * (1 + 2/sqrt(n))` (the mean
+      of n errors of unit spread gets two standard errors: a bias grad of 8 elements is
+      not failed on a noisy mean). fp16/bf16/fp8: 8 / 1 -- real CPU gradients measured
+      up to 5.4 / 0.75 (forward kernels 1.0 / 0.4), while an accumulator in D over 2048
+      terms costs a mean of 1.4-2.2 and inputs rounded to a lower precision 14+ max.
+      fp32/fp64: 4096 / 256 -- no higher accumulator exists, long fp32 reductions reach
+      tens of ULPs, an input or accumulator in a lower precision costs 2**13 and more.
+   b. `max_top_ulp_err`: the largest `1 - sr_top_quantile` (10%) of elements by |b| are
+      not products of cancellation, so they are judged in ULPs of their OWN magnitude
+      (floored at `sr_scale_floor` (2**-6) x rms for outputs that are mostly zeros, like
+      an embedding grad): error above `sr_max_top_ulp` (fp16/bf16/fp8 8: real gradients
+      measured up to 4.3, forward kernels 1.0; fp32 4096). This catches one wrong element
+      that is large by rank yet far below the RMS of a heavy-tailed output (exp). For
+      n > 2**20 the quantile is estimated on an evenly strided sample of 2**20 elements.
 3. Bias: signs of `d - b_D` (b_D = bench rounded to D, so correct rounding is no error)
    must balance, both plainly (additive bias) and relative to sign(b) (scale bias, e.g.
    rounding toward zero). error if the sign test's z-score exceeds `sr_bias_z` (5) AND
-   the mean signed ULP error (own-magnitude ULPs, clipped at +-64 so cancellation noise
-   stays bounded) exceeds `sr_bias_ulp`: fp16/bf16/fp8 0.2 ULP; fp32/fp64 16 ULP. Why so
+   the mean signed ULP error (own-magnitude ULPs, clipped at +-64, over the upper half of
+   the elements by |b|: cancellation products share their row's rounded terms, so they
+   add a correlated error of many own ULPs -- a correct bf16 softmax grad over 1024
+   columns measured 0.23 ULP with z 19.6 over all elements) exceeds `sr_bias_ulp`: fp16/bf16/fp8 0.2 ULP; fp32/fp64 16 ULP. Why so
    high in fp32: errors of a row share its normalizer (softmax over 4096 elements on the
    CPU is measured +7..+9 ULP biased per run, z > 100), and a valid reciprocal-multiply
    shifts every result by up to ~0.7 ULP; so fp32 bias is judged only from 16 ULP up
    (the planted 30-ULP bias is caught), and rounding toward zero in fp32 is not.
 
-Known limit: an element far below the output's RMS scale is judged at that scale, so
-one wrong tiny element among large ones can pass in a single run (its relative error is
-not demanded where a reduction could not deliver it either). Calibration (tests/
-standards/kernels.py, test_calibration.py): 213 correct CPU kernel outputs and valid
-rewrites in fp32/fp16/bf16 -> 0 errors, 0 warnings; 60 planted faults -> 60 errors.
+Known limits: a wrong element below the top decile AND far below the output's RMS is
+judged at the RMS scale, so it can pass a single run (a cancellation could not deliver
+its relative error either); noise of up to ~8 ULP at the RMS scale in fp16/bf16 passes
+(a correct gradient does as much). Calibration (tests/standards/kernels.py,
+test_calibration.py): correct CPU forward kernels, valid fp32 rewrites and autograd
+BACKWARD kernels in fp32/fp16/bf16 -> 0 errors, 0 warnings; planted faults -> all errors
+(counts in test_calibration.py).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from .metrics import BIAS_CLIP_ULP, Pair, sign_balance_z, ulp_of
 
-__all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err"]
+__all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
 
 
 def _rms(values: np.ndarray) -> float:
@@ -51,22 +68,53 @@ def _rms(values: np.ndarray) -> float:
     return peak * float(np.sqrt(np.mean(np.square(values / peak))))
 
 
+#: the quantile of |b| is estimated on at most this many evenly strided elements
+QUANTILE_SAMPLE = 2 ** 20
+
+
+def output_rms(pair: Pair) -> float:
+    """RMS of the finite bench values: the output's scale (cached)."""
+    return pair.cached("rms", lambda: _rms(pair.bf))
+
+
 def scaled_ulp_err(pair: Pair) -> np.ndarray:
     """|d - b| in ULPs of D at max(|b|, rms(b)), per finite element (cached)."""
+    return pair.cached("scaled_ulp_err", lambda: pair.abs_err / ulp_of(
+        np.maximum(pair.abs_b, output_rms(pair)), pair.info))
+
+
+def abs_b_quantile(pair: Pair, quantile: float) -> float:
+    """A quantile of |b| over the finite elements (strided sample beyond QUANTILE_SAMPLE)."""
     def compute():
-        scale = _rms(pair.bf) * pair.info.defaults["sr_scale_floor"]
-        return pair.abs_err / ulp_of(np.maximum(pair.abs_b, scale), pair.info)
-    return pair.cached("scaled_ulp_err", compute)
+        step = max(1, pair.abs_b.size // QUANTILE_SAMPLE)
+        return float(np.quantile(pair.abs_b[::step], quantile, method="lower"))
+    return pair.cached(("abs_b_quantile", quantile), compute)
+
+
+def max_top_ulp_err(pair: Pair, quantile: float, floor: float) -> float:
+    """Max own-magnitude ULP error over the elements with |b| >= quantile of |b|."""
+    def compute():
+        abs_b = pair.abs_b
+        top = abs_b >= abs_b_quantile(pair, quantile)
+        scale = np.maximum(abs_b[top], floor * output_rms(pair))
+        return float((pair.abs_err[top] / ulp_of(scale, pair.info)).max())
+    return pair.cached(("top_ulp", quantile, floor), compute)
 
 
 def single_run_metrics(pair: Pair) -> dict:
     """Our own metrics of the single-run rule (names distinct from the spec's)."""
     def compute():
         if pair.n_finite == 0:
-            return {"max_scaled_ulp_err": 0.0, "mean_scaled_ulp_err": 0.0, "bias_ulp": 0.0,
-                    "bias_z": 0.0, "scale_bias_ulp": 0.0, "scale_bias_z": 0.0}
+            return {"max_scaled_ulp_err": 0.0, "mean_scaled_ulp_err": 0.0,
+                    "max_top_ulp_err": 0.0, "bias_ulp": 0.0, "bias_z": 0.0,
+                    "scale_bias_ulp": 0.0, "scale_bias_z": 0.0}
+        defaults = pair.info.defaults
         scaled = scaled_ulp_err(pair)
-        signed = np.clip(pair.diff / pair.ulp, -BIAS_CLIP_ULP, BIAS_CLIP_ULP)
+        # the bias SIZE is measured on the upper half by |b|: cancellation products share
+        # their row's rounded terms (softmax grad y*(g - sum(g*y))), so they add a
+        # correlated error of many own-magnitude ULPs
+        upper = pair.abs_b >= abs_b_quantile(pair, 0.5)
+        signed = np.clip(pair.diff[upper] / pair.ulp[upper], -BIAS_CLIP_ULP, BIAS_CLIP_ULP)
         sign_b = np.sign(pair.bf)
         pos, neg = pair.sign_counts
         up = pair.df > pair.bf_rounded
@@ -76,9 +124,11 @@ def single_run_metrics(pair: Pair) -> dict:
         return {
             "max_scaled_ulp_err": float(scaled.max()),
             "mean_scaled_ulp_err": float(scaled.mean()),
+            "max_top_ulp_err": max_top_ulp_err(pair, defaults["sr_top_quantile"],
+                                               defaults["sr_scale_floor"]),
             "bias_ulp": float(signed.mean()),
             "bias_z": sign_balance_z(pos, neg),
-            "scale_bias_ulp": float((signed * sign_b).mean()),
+            "scale_bias_ulp": float((signed * sign_b[upper]).mean()),
             "scale_bias_z": sign_balance_z(outward, inward),
         }
     return pair.cached("single_run_metrics", compute)
@@ -88,14 +138,18 @@ def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict) -> list[st
     """Reasons the single-run rule fails (empty list: pass); copies its limits into `used`."""
     reasons: list[str] = []
     thresholds = used
-    for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp", "sr_bias_ulp", "sr_bias_z"):
+    for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp", "sr_max_top_ulp", "sr_bias_ulp",
+                "sr_bias_z"):
         used[key] = limits.get(key, pair.info.defaults[key])
-    if metrics["max_scaled_ulp_err"] > thresholds["sr_max_scaled_ulp"]:
-        reasons.append(f"max_scaled_ulp_err {metrics['max_scaled_ulp_err']:.4g} > "
-                       f"{thresholds['sr_max_scaled_ulp']:.4g} ULP of {pair.info.name}")
-    if metrics["mean_scaled_ulp_err"] > thresholds["sr_mean_scaled_ulp"]:
-        reasons.append(f"mean_scaled_ulp_err {metrics['mean_scaled_ulp_err']:.4g} > "
-                       f"{thresholds['sr_mean_scaled_ulp']:.4g} ULP of {pair.info.name}")
+    mean_limit = thresholds["sr_mean_scaled_ulp"] * (1 + 2 / math.sqrt(max(pair.n_finite, 1)))
+    for key, limit, what in (
+            ("max_scaled_ulp_err", thresholds["sr_max_scaled_ulp"], "at max(|b|, rms(b))"),
+            ("mean_scaled_ulp_err", mean_limit, "at max(|b|, rms(b)), mean"),
+            ("max_top_ulp_err", thresholds["sr_max_top_ulp"], "of their own magnitude in the "
+                                                               "largest 10% of elements")):
+        if metrics[key] > limit:
+            reasons.append(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} "
+                           f"({what})")
     for name, what in (("bias", "additive"), ("scale_bias", "scale (toward/away from zero)")):
         z, mean = metrics[f"{name}_z"], metrics[f"{name}_ulp"]
         if z > thresholds["sr_bias_z"] and abs(mean) > thresholds["sr_bias_ulp"]:

@@ -1,11 +1,16 @@
 """Thousandth (双千): convolutions must have 99.9% of elements within 0.1% relative error.
 
 rel_err_thousandth = share of elements with rel_err < 0.001; pass iff >= 0.999.
-Fix over msprobe: in bfloat16 (and fp8) rounding to D alone costs up to 2**-9 = 0.002
-relative, so a correctly rounded conv fails the spec's rule. Where D cannot represent
-0.1%, an element also counts as within the thousandth when its error beyond the bench's
-own rounding to D is below 0.1% (`rel_err_thousandth_beyond_rounding`); the verdict
-passes if either share reaches the threshold. Unexpected inf/NaN is always an error.
+Fix over msprobe, for the single run (no reference; the plugin's device = CPU case):
+a correct low-precision conv, and every conv GRADIENT (weight/input grads are long
+reductions whose elements often cancel to ~0), cannot meet 0.1% everywhere -- in
+bfloat16 rounding to D alone costs up to 2**-9 = 0.2%, and an fp32 weight grad of
+2.1e-7 next to elements of 1e-4 is measured 0.18% off on the CPU. So an element also
+counts as within when |d - b| < sr_thousandth_ulp * eps(D) * max(|b|, rms(b)), i.e. a few
+ULPs of D at the output's scale (`scaled_thousandth`; fp16/bf16/fp8 4 ULP, real CPU conv
+forward and backward measured <= 2.2; fp32 64 ULP = 7.6e-6 of the RMS, measured <= 6.1,
+still 130x finer than 0.1%). The verdict passes if either share reaches the threshold.
+Unexpected inf/NaN is always an error.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from .metrics import Pair
+from .single_run import output_rms
 
 NAME = "thousandth"
 
@@ -23,21 +29,26 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
     limit = thresholds["thousandth_min"]
     share = pair.rel_err_share_below(0.001)
     metrics = {"rel_err_thousandth": share}
+    used = {"rel_err_thousandth": limit}
     reasons = []
     nonfinite = pair.unexpected_nonfinite_reason()
     if nonfinite:
         reasons.append(nonfinite)
     judged = share
-    if pair.info.eps > 0.001 and pair.n:
-        beyond = np.abs(pair.df - pair.bf_rounded) / (pair.abs_b + pair.tiny)
-        good = int(np.count_nonzero(beyond < 0.001))
+    if reference is None and pair.n:
+        ulps = thresholds["sr_thousandth_ulp"]
+        allowed = np.maximum(pair.abs_b, output_rms(pair)) * (ulps * pair.info.eps)
+        good = int(np.count_nonzero((pair.abs_err < allowed) | (pair.rel_err < 0.001)))
         if pair.n_inf_nan:
             good += int(pair.inf_nan_agree(pair.info.defaults["rtol"]).sum())
-        metrics["rel_err_thousandth_beyond_rounding"] = good / pair.n
-        judged = max(share, good / pair.n)
+        metrics["scaled_thousandth"] = judged = max(share, good / pair.n)
+        used.update(scaled_thousandth=limit, sr_thousandth_ulp=ulps)
     if judged < limit:
         reasons.append(f"rel_err_thousandth {share:.6g} < {limit:.6g}: "
-                       f"more than {1 - limit:.3%} of elements are off by 0.1% or more")
-    return pair.verdict("error" if reasons else "pass", NAME, metrics,
-                        {"rel_err_thousandth": limit}, reasons, pair.offenders(pair.rel_err),
+                       f"more than {1 - limit:.3%} of elements are off by 0.1% or more"
+                       + (f" (and {metrics['scaled_thousandth']:.6g} within "
+                          f"{used['sr_thousandth_ulp']:g} ULP at the output's scale)"
+                          if "scaled_thousandth" in metrics else ""))
+    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
+                        pair.offenders(pair.rel_err),
                         reference.kind if reference is not None else "single-run")

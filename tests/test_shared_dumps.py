@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
+from faults import scaled_in
 
 from pytest_msprobe.devices import DeviceUnavailable, backend
 
@@ -45,20 +45,6 @@ def test_correct_device_passes_every_call_without_warning(name: str, device: str
     assert warned == {}
     for call, outcome in result.by_outcome("skipped").items():
         assert call in outcome.text and len(outcome.text) > len(call) + 10, outcome.text
-
-
-def scaled_in(dtype: torch.dtype, factor: float) -> Callable[[Callable], Callable]:
-    """Wrap an API so it returns numbers `factor` too large in the dump's dtype only:
-    the bench (raised precision) still gets the true function."""
-
-    def wrap(function: Callable) -> Callable:
-        def faulty(*args, **kwargs):
-            out = function(*args, **kwargs)
-            return out * factor if isinstance(out, torch.Tensor) and out.dtype == dtype else out
-
-        return faulty
-
-    return wrap
 
 
 FAULTS = [

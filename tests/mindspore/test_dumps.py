@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import torch  # noqa: F401  (loaded before the inline runs, which unload what they import)
 
 from pytest_msprobe.mindspore_tables import INSTALL_HINT
 

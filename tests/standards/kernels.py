@@ -196,3 +196,63 @@ def faults(seed=0):
             bad[i] = bad[i] * 1.25
             out.append((f"onewrong-{api}-{dn}", api, bench, bad.reshape(dev.shape)))
     return out
+
+
+# ----------------------------------------------------------------------- backward kernels
+# Gradients are composites: autograd chains several kernels, each rounding to D, and
+# often ends in a cancellation (softmax: y*(g - sum(g*y)); layer_norm: g - mean(g) -
+# xhat*mean(g*xhat)). These are what the plugin compares for every *.backward call.
+BACKWARD = {
+    "conv1d": [(F.conv1d, lambda g: (rn(g, 4, 16, 10), rn(g, 8, 16, 3), rn(g, 8)))],
+    "conv2d": [(F.conv2d, lambda g: (rn(g, 2, 8, 12, 12), rn(g, 8, 8, 3, 3)))],
+    "softmax": [(lambda x: F.softmax(x, -1), lambda g: (rn(g, 4, 5, 5, scale=2),)),
+                (lambda x: F.softmax(x, -1), lambda g: (rn(g, 8, 1024, scale=3),))],
+    "log_softmax": [(lambda x: F.log_softmax(x, -1), lambda g: (rn(g, 16, 512, scale=3),))],
+    "layer_norm": [(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+                    lambda g: (rn(g, 4, 5, 8), rn(g, 8), rn(g, 8))),
+                   (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+                    lambda g: (rn(g, 32, 256, scale=10) + 5, rn(g, 256), rn(g, 256)))],
+    "rsqrt": [(torch.rsqrt, lambda g: (pos(g, 4, 1, lo=1.0, hi=50.0),)),
+              (torch.rsqrt, lambda g: (pos(g, 4096, lo=1e-2, hi=1e3),))],
+    "embedding": [(lambda i, w: F.embedding(i, w), lambda g: (torch.randint(0, 50, (4, 64), generator=g),
+                                                             rn(g, 50, 16)))],
+    "linear": [(F.linear, lambda g: (rn(g, 64, 256), rn(g, 32, 256), rn(g, 32)))],
+    "matmul": [(torch.matmul, lambda g: (rn(g, 8, 64, 128), rn(g, 128, 32)))],
+    "silu": [(F.silu, lambda g: (rn(g, 4096, scale=4),))],
+    "gelu": [(F.gelu, lambda g: (rn(g, 4096, scale=3),))],
+    "cross_entropy": [(_ce, lambda g: (rn(g, 32, 100, scale=3),
+                                       torch.randint(0, 100, (32,), generator=g)))],
+    "mean": [(lambda x: torch.mean(x, -1), lambda g: (rn(g, 64, 512),))],
+    "cumsum": [(lambda x: torch.cumsum(x, -1), lambda g: (rn(g, 8, 1024),))],
+    "where": [(lambda c, a, b: torch.where(c, a * b, a),
+               lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)))],
+    "mul": [(torch.mul, lambda g: (rn(g, 4096, scale=10), rn(g, 4096)))],
+    "div": [(torch.div, lambda g: (rn(g, 4096), pos(g, 4096)))],
+}
+
+
+def grad_pair(fn, inputs, grad_seed, dtype):
+    """(bench grads, device grads) of fn's float inputs for one random grad_output.
+
+    The device differentiates in `dtype` with grad_output in `dtype`; the bench runs
+    autograd on the same values raised, as the plugin replays a backward call.
+    """
+    def grads(xs):
+        xs = tuple(t.detach().requires_grad_(True) if t.is_floating_point() else t for t in xs)
+        out = fn(*xs)
+        g = torch.randn(out.shape, generator=_g(grad_seed)).to(out.dtype)
+        if g_dtype[0] is not None:
+            g = g.to(g_dtype[0]).to(out.dtype)
+        return torch.autograd.grad(out, [t for t in xs if t.is_floating_point()], g)
+    g_dtype = [dtype]               # grad_output is a D tensor on both sides
+    dev_in = cast(inputs, dtype)
+    return grads(cast(dev_in, RAISE[dtype])), grads(dev_in)
+
+
+def backward_cases(seeds=(0, 1)):
+    for api, entries in BACKWARD.items():
+        for k, (fn, make) in enumerate(entries):
+            for dtype in DTYPES:
+                for seed in seeds:
+                    bench, device = grad_pair(fn, make(_g(seed * 100 + k + 50)), seed + 7, dtype)
+                    yield f"{api}[{k}].backward-{str(dtype)[6:]}-s{seed}", api, bench, device

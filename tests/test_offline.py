@@ -1,0 +1,67 @@
+"""--msprobe-offline: the dumped outputs are the device result. Perturbing one dumped
+output file fails exactly that call; the untouched dump passes with no warning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+TENSOR_DUMP = "torch_mlpcnn_tensor_fp32"
+
+
+def perturb(dump: Path, file_name: str, change: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    path = dump.parent / "dump_tensor_data" / file_name
+    original = torch.load(path, weights_only=True)
+    torch.save(change(original.clone()).to(original.dtype), path)
+
+
+def nan_at_one_element(tensor: torch.Tensor) -> torch.Tensor:
+    tensor.view(-1)[3] = float("nan")
+    return tensor
+
+
+PERTURBATIONS = {
+    "nan": nan_at_one_element,
+    "bias": lambda t: t * (1 + 2**-10),
+    "rounded_to_bfloat16": lambda t: t.to(torch.bfloat16).to(t.dtype),
+}
+
+
+def test_untouched_dump_passes_offline_without_warning(copy_dump, run_dump) -> None:
+    result = run_dump(copy_dump(TENSOR_DUMP), "--msprobe-offline")
+    assert result.by_outcome("failed") == {}
+    assert not any(outcome.warnings for outcome in result.calls.values())
+    assert len(result.by_outcome("passed")) >= 40
+    for call, outcome in result.by_outcome("skipped").items():
+        assert call.endswith(".backward") and "autograd node" in outcome.text
+    assert result.calls["Torch.exp.0.forward"].properties["msprobe_device"].startswith("dump (offline")
+
+
+PERTURBED = ["Torch.exp.0.forward.output.0.pt", "Functional.linear.2.forward.output.0.pt", "Torch.exp.0.backward.output.0.pt"]
+
+
+@pytest.mark.parametrize("kind", PERTURBATIONS)
+def test_perturbed_outputs_fail_exactly_their_calls(kind: str, copy_dump, run_dump) -> None:
+    dump = copy_dump(TENSOR_DUMP)
+    for output_file in PERTURBED:
+        perturb(dump, output_file, PERTURBATIONS[kind])
+    result = run_dump(dump, "--msprobe-offline")
+    calls = {output_file.split(".output.")[0] for output_file in PERTURBED}
+    assert set(result.by_outcome("failed")) == calls
+    for call in calls:
+        assert "error by the" in result.calls[call].text
+
+
+def test_statistics_dump_cannot_be_checked_offline(copy_dump, run_dump) -> None:
+    result = run_dump(copy_dump("torch_mlpcnn_statistics_bf16"), "--msprobe-offline")
+    assert len(result.collection_errors) == 1
+    assert "is a statistics dump" in result.collection_errors[0]
+    assert "run without --msprobe-offline" in result.collection_errors[0]
+
+
+def test_offline_judges_against_the_cpu_reference(copy_dump, run_dump) -> None:
+    result = run_dump(copy_dump(TENSOR_DUMP), "--msprobe-offline", "-k", "linear.2.forward or softmax.0.forward")
+    assert {outcome.properties["msprobe_reference"] for outcome in result.calls.values()} == {"reference"}
