@@ -101,7 +101,7 @@ class ReportPlugin:
             for item, reason in reasons.items():
                 count = represents.get((item.path, str(item.call)))
                 if reason is None and count is None:
-                    reasons[item] = "repeat a kept call's signature (--msprobe-dedup)"
+                    reasons[item] = "same signature as a kept call (--msprobe-dedup)"
                 elif count is not None:
                     item.user_properties.append((REPRESENTS_PROPERTY, count))
         journal = self.resumed_from.journal.name if self.resumed_from else ""
@@ -117,7 +117,7 @@ class ReportPlugin:
         self.selected = len(items)
 
     def pytest_report_collectionfinish(self) -> list[str]:
-        return [f"msprobe: deselected {count} calls that {reason}" for reason, count in sorted(self.left_out.items())]
+        return [f"msprobe: deselected {count} calls: {reason}" for reason, count in sorted(self.left_out.items())]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:

@@ -129,7 +129,8 @@ def call_api(*args, **kwargs):
     return $expression(*args, **kwargs)''')
 
 RESOLVED_CALL = Template('''\
-# $call_comment is resolved as the test resolves it: $how.
+# $call_comment is resolved as the test resolves it:
+$how
 # Set call_api to a function of (*args, **kwargs) to run that on both sides instead.
 call_api = None''')
 
