@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Iterator
 
 import pytest
 
-from pytest_msprobe.dump import CallName, DumpIndex, read_index
+from pytest_msprobe.dump import CallName, DumpIndex
 from pytest_msprobe.errors import DumpError
+from pytest_msprobe.index_cache import cache_folder, load_index
 from pytest_msprobe.mindspore_tables import require_mindspore
 from pytest_msprobe.offline import require_tensor_task
 from pytest_msprobe.outcome import AccuracyWarning, CallFailed, judge_call, properties
@@ -19,12 +21,19 @@ from pytest_msprobe.state import session_state
 RESULT_KEY = pytest.StashKey[ResultRecord]()
 
 
+@functools.cache
+def _mark(name: str) -> pytest.MarkDecorator:
+    """One decorator per marker name: `pytest.mark.<name>` costs as much as the rest of
+    an item's creation, and a dump has hundreds of thousands of items."""
+    return getattr(pytest.mark, name)
+
+
 class DumpFile(pytest.File):
     """One dump.json: read once into an index of call names, records left on disk."""
 
     def collect(self) -> Iterator["CallItem"]:
         try:
-            index = read_index(self.path)
+            index = load_index(self.path, cache_folder(self.config))
             if index.framework == "mindspore":
                 require_mindspore()
             state = session_state(self.config)
@@ -44,8 +53,8 @@ class CallItem(pytest.Item):
     def __init__(self, *, call: CallName, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.call = call
-        self.add_marker(call.direction)
-        self.add_marker("api_" + call.api_type.lower())
+        self.add_marker(_mark(call.direction))
+        self.add_marker(_mark("api_" + call.api_type.lower()))
 
     @property
     def index(self) -> DumpIndex:
