@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from pytest_msprobe.outcome import KEY_METRICS
 from pytest_msprobe.results import ResultRecord
 
 FORMAT = "pytest-msprobe-baseline"
@@ -32,15 +33,6 @@ FILE_NAME = "msprobe-baseline.jsonl"
 STATUS_RANK = {"skip": -1, "pass": 0, "warning": 1, "error": 2}
 IMPROVED_BELOW = 0.5  # every judged metric at most half the baseline's: an improvement
 
-# Metrics a baseline keeps per output: the ones each standard's verdict turns on.
-KEPT_METRICS = {
-    "binary_consistency": ("error_rate",),
-    "absolute_threshold": ("inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio"),
-    "ulp": ("max_ulp_err", "mean_ulp_err", "ulp_err_proportion"),
-    "thousandth": ("rel_err_thousandth",),
-    "accumulative_error": ("inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio", "eb"),
-    "benchmark": ("small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err", "eb"),
-}
 # Metrics where larger is better (a share of good elements): compared inverted.
 HIGHER_IS_BETTER = {"rel_err_thousandth"}
 
@@ -65,7 +57,7 @@ class CallMetrics:
     def of(cls, record: ResultRecord) -> "CallMetrics":
         outputs = {}
         for output in record.outputs:
-            kept = KEPT_METRICS.get(output.standard, ())
+            kept = KEY_METRICS.get(output.standard, ())  # the metrics its verdict turns on
             outputs[output.path] = {key: _short(output.metrics[key]) for key in kept if key in output.metrics}
         return cls(record.status, record.standard, outputs)
 

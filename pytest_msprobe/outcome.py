@@ -10,7 +10,7 @@ from pytest_msprobe.dump import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.results import ResultRecord, output_results
 
-# Metrics shown in JUnit properties, per standard: the ones its verdict turns on.
+# The metrics each standard's verdict turns on: shown in JUnit properties, kept in baselines.
 KEY_METRICS = {
     "binary_consistency": ("error_rate",),
     "absolute_threshold": ("inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio"),

@@ -14,6 +14,7 @@ exactly once, and its reports show only the work done now.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from pytest_msprobe.state import session_state
 # are then those of the session that collected the items.
 
 REPORT_ATTRIBUTE = "msprobe_record"
+PROGRESS_EVERY = 30.0  # seconds between progress lines in a long run
 REPRESENTS_PROPERTY = "msprobe_represents"
 # A test that ended without a ResultRecord (its check raised unexpectedly): the
 # status its record gets, by the report's outcome.
@@ -82,6 +84,7 @@ class ReportPlugin:
         self.left_out: Counter[str] = Counter()
         self.selected: int | None = None
         self.summary = Summary()
+        self.last_progress = time.monotonic()
         self.writer: ResultWriter | None = None
         if not hasattr(config, "workerinput"):  # an xdist worker only runs tests
             self.writer = ResultWriter(self.resumed_from or RunFiles.new(self.options.out), previous)
@@ -150,6 +153,17 @@ class ReportPlugin:
         entry = Entry(ResultRecord.from_dict(data), dict(report.user_properties).get(REPRESENTS_PROPERTY, 1))
         self.writer.add(entry)
         self.summary.add(entry.record, entry.represents)
+        self._show_progress()
+
+    def _show_progress(self) -> None:
+        """Every PROGRESS_EVERY seconds, one line of progress (never per call)."""
+        now = time.monotonic()
+        if now - self.last_progress < PROGRESS_EVERY:
+            return
+        self.last_progress = now
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and self.config.get_verbosity() >= 0:
+            reporter.write_line(self.summary.progress(self.selected))
 
     def _save_failed(self, item: Any, record: ResultRecord, report: pytest.TestReport) -> None:
         """Failing to save is reported on the test, never a new failure of it."""

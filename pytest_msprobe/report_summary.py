@@ -59,6 +59,18 @@ class Summary:
             else:
                 heapq.heappushpop(self.worst, item)
 
+    def progress(self, selected: int | None) -> str:
+        """One line for a person watching a long run: done, pace, time left."""
+        ran = sum(self.by_status.values()) - self.resumed
+        elapsed = time.monotonic() - self.started
+        rate = ran / elapsed if elapsed > 0 else 0.0
+        line = f"msprobe: {ran}{f'/{selected}' if selected else ''} calls in {elapsed:.0f} s ({rate:.1f} calls/s)"
+        if selected and rate > 0 and ran < selected:
+            line += f", about {(selected - ran) / rate:.0f} s left"
+        if self.by_status["error"]:
+            line += f", {self.by_status['error']} errors so far"
+        return line
+
     def lines(self, *, selected: int | None, files: list[Path]) -> list[str]:
         """The summary text. selected: tests this session was to run (None if unknown),
         giving the pace and, after an interruption, the time left."""

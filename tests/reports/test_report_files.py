@@ -151,3 +151,18 @@ def test_summary_counts_names_the_worst_and_the_files(fp32_run, pytester: pytest
     assert "PASSED" not in result.stdout.str()
     worst = result.outlines[result.outlines.index("worst calls:") + 1:][:4]
     assert all(len(line) < 400 for line in worst), worst
+
+
+def test_progress_line_tells_done_pace_and_time_left() -> None:
+    from pytest_msprobe.report_summary import Summary
+    from pytest_msprobe.results import ResultRecord
+
+    summary = Summary()
+    summary.started -= 10.0
+    for number in range(20):
+        status = "error" if number == 3 else "pass"
+        summary.add(ResultRecord(dump="d", call=f"Torch.exp.{number}.forward", status=status, standard="benchmark",
+                                 reference="single-run", device="cpu", message=""))
+    line = summary.progress(100)
+    assert line.startswith("msprobe: 20/100 calls in 10 s (2.0 calls/s)")
+    assert "about 40 s left" in line and "1 errors so far" in line
