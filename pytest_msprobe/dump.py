@@ -194,7 +194,7 @@ def _numel(record: Any) -> int:
 
 
 class _ScanError(Exception):
-    pass
+    """Where the JSON stops making sense; read_index names the file around it."""
 
 
 def _decode(text: str, pos: int, key: str) -> tuple[Any, int]:

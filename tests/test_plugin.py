@@ -27,7 +27,7 @@ def local(pytester: pytest.Pytester, dumps: Path):
 
 
 def test_silent_without_a_dump_option(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile("def test_ok():\n    assert True\n")
+    pytester.makepyfile("def test_ok():\n    assert 1 + 1 == 2\n")
     result = pytester.runpytest("-q")
     result.assert_outcomes(passed=1)
 
@@ -111,6 +111,7 @@ def test_cuda_without_a_gpu_says_why(pytester: pytest.Pytester, local) -> None:
 
 def test_last_failed_reruns_only_the_failed_call(pytester: pytest.Pytester, local) -> None:
     local("npu_rope_statistics_fp16", "rope")
+    # A conftest that breaks torch.cat for good: run in subprocesses so it cannot leak.
     pytester.makeconftest(
         "import torch\n"
         "original = torch.cat\n"
@@ -119,9 +120,9 @@ def test_last_failed_reruns_only_the_failed_call(pytester: pytest.Pytester, loca
         "    return out * 1.01 if out.dtype == torch.float16 else out\n"
         "torch.cat = biased\n"
     )
-    first = pytester.runpytest("--msprobe-dump=rope", "--msprobe-device=cpu", "-q")
+    first = pytester.runpytest_subprocess("--msprobe-dump=rope", "--msprobe-device=cpu", "-q")
     first.assert_outcomes(passed=2, failed=1)
-    again = pytester.runpytest("--msprobe-dump=rope", "--msprobe-device=cpu", "-q", "--lf")
+    again = pytester.runpytest_subprocess("--msprobe-dump=rope", "--msprobe-device=cpu", "-q", "--lf")
     again.assert_outcomes(failed=1)
     again.stdout.fnmatch_lines(["*rope/dump.json::Torch.cat.8.forward*"])
 
