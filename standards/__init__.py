@@ -8,7 +8,8 @@
 Where things are: one module per standard (binary_consistency, absolute_threshold, ulp,
 thousandth, accumulative_error, benchmark, legacy), the rule used when no reference
 exists in single_run, shared quantities in metrics, per-dtype constants in dtypes,
-API routing and thresholds in registry + tables/*.csv, nested outputs in pairing.
+API routing and thresholds in registry + tables/*.csv, nested outputs in pairing, the
+fused chunked pass that judges large outputs quickly in fast.py.
 """
 from __future__ import annotations
 

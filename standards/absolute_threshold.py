@@ -24,6 +24,7 @@ from typing import Mapping
 
 import numpy as np
 
+from . import fast
 from .metrics import Pair
 from .single_run import output_rms
 
@@ -63,6 +64,10 @@ def threshold_reasons(metrics: dict, limits: dict, judged=None) -> list[str]:
 def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge elementwise arithmetic against D's rounding tolerance."""
     rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
+    if fast.fast_ok(pair, reference):
+        verdict = _fast(pair, thresholds, rtol, small, atol)
+        if verdict is not None:
+            return verdict
     metrics = absolute_threshold_metrics(pair, rtol, small, atol)
     small_mask = pair.small_mask(small)
     score = np.where(small_mask, pair.abs_err / atol, pair.rel_err / rtol)
@@ -82,3 +87,34 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=No
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
                         pair.offenders(score),
                         reference.kind if reference is not None else "single-run")
+
+
+def fast_threshold_metrics(pair: Pair, res: dict) -> dict:
+    """absolute_threshold_metrics from a fused pass's (n_small, rel_bad, abs_bad)."""
+    n_small, rel_bad, abs_bad = res["thr"]
+    n_normal = pair.n - n_small
+    return {"inf_nan_error_ratio": 0.0,
+            "rel_err_ratio": rel_bad / n_normal if n_normal else 0.0,
+            "abs_err_ratio": abs_bad / n_small if n_small else 0.0}
+
+
+def _fast(pair: Pair, thresholds, rtol, small, atol):
+    """Single run, large and all finite: one fused pass (fast.py)."""
+    rms = fast.rms_or_none(pair)
+    if rms is None:
+        return None
+    ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
+    res = fast.run(pair, thr=(rtol, small, atol),
+                   abs_scaled=(floor * rms, ulps * pair.info.eps), offend="score")
+    if res is None:
+        return None
+    metrics = fast_threshold_metrics(pair, res)
+    metrics["scaled_err_ratio"] = float(res["abs_scaled"] / pair.n)
+    used = {"rtol": rtol, "small": small, "small_atol": atol, "inf_nan_error_ratio": 0.0,
+            "rel_err_ratio": 0.0, "abs_err_ratio": 0.0, "scaled_err_ratio": 0.0,
+            "sr_abs_ulp": ulps, "sr_scale_floor": floor}
+    reasons = threshold_reasons(metrics, {"rtol": rtol, "atol": atol, "ulps": ulps,
+                                          "floor": floor},
+                                ("inf_nan_error_ratio", "scaled_err_ratio"))
+    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
+                        fast.offenders(pair, res["offenders"]), "single-run")

@@ -15,7 +15,9 @@ from typing import Mapping
 
 import numpy as np
 
-from .absolute_threshold import absolute_threshold_metrics, threshold_reasons
+from . import fast
+from .absolute_threshold import (absolute_threshold_metrics, fast_threshold_metrics,
+                                 threshold_reasons)
 from .metrics import Pair, sign_balance_z
 
 NAME = "accumulative_error"
@@ -24,14 +26,23 @@ NAME = "accumulative_error"
 def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge a long reduction by bound(D) and error balance."""
     bound, small = thresholds["bound"], thresholds["accumulative_small"]
-    metrics = absolute_threshold_metrics(pair, bound, small, bound)
+    res = None
+    if fast.fast_ok(pair, reference):      # one fused pass (fast.py); None: plain path
+        res = fast.run(pair, thr=(bound, small, bound), signs=True, offend="rel")
+    if res is not None:
+        metrics = fast_threshold_metrics(pair, res)
+        pos, neg, outward, inward = res["signs"]
+        pair.__dict__.setdefault("sign_counts", (pos, neg))
+    else:
+        metrics = absolute_threshold_metrics(pair, bound, small, bound)
     metrics["eb"] = pair.error_balance()
     reasons = threshold_reasons(metrics, {"rtol": bound, "atol": bound})
     z = sign_balance_z(*pair.sign_counts)
     metrics["eb_z"] = z
-    up, down = pair.df > pair.bf_rounded, pair.df < pair.bf_rounded
-    outward = int(np.count_nonzero((up & (pair.bf > 0)) | (down & (pair.bf < 0))))
-    inward = int(np.count_nonzero((down & (pair.bf > 0)) | (up & (pair.bf < 0))))
+    if res is None:
+        up, down = pair.df > pair.bf_rounded, pair.df < pair.bf_rounded
+        outward = int(np.count_nonzero((up & (pair.bf > 0)) | (down & (pair.bf < 0))))
+        inward = int(np.count_nonzero((down & (pair.bf > 0)) | (up & (pair.bf < 0))))
     metrics["scale_eb"] = abs(outward - inward) / pair.n_finite if pair.n_finite else 0.0
     scale_z = sign_balance_z(outward, inward)
     metrics["scale_eb_z"] = scale_z
@@ -43,5 +54,6 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=No
             "abs_err_ratio": 0.0, "eb": thresholds["eb_max"], "scale_eb": thresholds["eb_max"],
             "eb_z": thresholds["sr_bias_z"], "scale_eb_z": thresholds["sr_bias_z"]}
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        pair.offenders(pair.rel_err),
+                        pair.offenders(pair.rel_err) if res is None
+                        else fast.offenders(pair, res["offenders"]),
                         reference.kind if reference is not None else "single-run")

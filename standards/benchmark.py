@@ -24,7 +24,9 @@ from typing import Mapping
 import numpy as np
 
 from .metrics import Pair
-from .single_run import scaled_ulp_err, single_run_metrics, single_run_reasons
+from . import fast
+from .single_run import (fast_single_run, scaled_ulp_err, single_run_metrics,
+                         single_run_reasons)
 
 NAME = "benchmark"
 JUDGED = (("max_rel_err", "max_rel_err_ratio"), ("mean_rel_err", "mean_rel_err_ratio"),
@@ -65,6 +67,10 @@ def _ideal(pair: Pair) -> Pair:
 def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge by ratios to a reference, or by the single-run rule without one."""
     small, atol = pair.info.defaults["small"], thresholds["atol_bm"]
+    if fast.fast_ok(pair, reference):
+        verdict = _fast(pair, thresholds, small, atol)
+        if verdict is not None:
+            return verdict
     metrics = dict(benchmark_metrics(pair, small, atol))
     used: dict = {"small": small, "atol_bm": atol}
     reasons: list[str] = []
@@ -102,3 +108,23 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
         score = pair.rel_err
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
                         pair.offenders(score), kind)
+
+
+def _fast(pair: Pair, thresholds, small, atol):
+    """Single run, large and all finite: one fused pass (fast.py)."""
+    sr = fast_single_run(pair, {"bm": (small, atol), "offend": "scaled"}, scaled=True)
+    if sr is None:
+        return None
+    res, extra = sr
+    n_small, small_bad, sq_sum, rel_max, rel_sum = res["bm"]
+    n_normal = pair.n - n_small
+    metrics = {"small_value_err_ratio": float(small_bad / n_small) if n_small else 0.0,
+               "rmse": float(math.sqrt(sq_sum / n_normal)) if n_normal else 0.0,
+               "max_rel_err": float(rel_max) if n_normal else 0.0,
+               "mean_rel_err": float(rel_sum / n_normal) if n_normal else 0.0,
+               "eb": pair.error_balance()}
+    metrics.update(extra)
+    used: dict = {"small": small, "atol_bm": atol}
+    reasons = single_run_reasons(pair, extra, thresholds, used)
+    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
+                        fast.offenders(pair, res["offenders"]), "single-run")

@@ -24,7 +24,8 @@ _SCALARS = (bool, int, float, complex, np.generic)
 
 @dataclass
 class Leaf:
-    """A comparable pair: float64 (or exact integer) arrays and the original dtypes."""
+    """A comparable pair: values (real floats as given, torch or numpy; integers as
+    numpy) and the original dtypes."""
 
     path: str
     bench: np.ndarray
@@ -50,7 +51,9 @@ def _is_leaf(x: Any) -> bool:
 
 
 def to_array(x: Any) -> tuple[np.ndarray, str]:
-    """(values, dtype name): floats become float64 (exact), ints/bools stay exact.
+    """(values, dtype name): real floats are returned as they are (a torch tensor or a
+    numpy array, converted to float64 only when a standard reads them), ints/bools as
+    exact numpy arrays.
 
     Complex values are compared as their real and imaginary parts (a trailing axis of 2).
     """
@@ -62,7 +65,7 @@ def to_array(x: Any) -> tuple[np.ndarray, str]:
         if t.is_complex():
             return torch.view_as_real(t.resolve_conj()).to(torch.float64).numpy(), name
         if t.is_floating_point():
-            return t.to(torch.float64).numpy(), name
+            return t, name          # kept as is: converted lazily (metrics.Pair / fast)
         return t.resolve_neg().numpy(), name
     if isinstance(x, bool):
         return np.asarray(x, dtype=np.bool_), "bool"
@@ -77,7 +80,7 @@ def to_array(x: Any) -> tuple[np.ndarray, str]:
     if a.dtype.kind == "c":
         return np.stack([a.real, a.imag], axis=-1).astype(np.float64), name
     if a.dtype.kind == "f":
-        return a.astype(np.float64, copy=False), name
+        return a, name
     return a, name
 
 

@@ -175,6 +175,7 @@ class Registry:
         floating = is_float_name(leaf.device_dtype)
         info = dtype_info(leaf.device_dtype if floating else "float64")
         pair = _make_pair(leaf, info)
+        pair.want_legacy = floating       # lets a fused pass compute the legacy sums too
         reference = None
         if isinstance(ref, Reference):
             reference = ref

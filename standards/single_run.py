@@ -52,6 +52,7 @@ import math
 
 import numpy as np
 
+from . import fast
 from .metrics import BIAS_CLIP_ULP, Pair, sign_balance_z, ulp_of
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
@@ -157,3 +158,35 @@ def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict) -> list[st
                            f"(|.| > {thresholds['sr_bias_ulp']:.3g}) with sign-test z "
                            f"{z:.3g} > {thresholds['sr_bias_z']:.3g}")
     return reasons
+
+
+def fast_single_run(pair: Pair, spec: dict, scaled: bool):
+    """The single-run metrics in one fused pass (fast.py), with the standard's own `spec`.
+
+    -> (pass results, single_run_metrics-like dict) or None (take the plain path). With
+    scaled=False the two scaled-ULP metrics are not computed (reported as 0).
+    """
+    rms = fast.rms_or_none(pair)
+    if rms is None:
+        return None
+    defaults = pair.info.defaults
+    q_half, q_top = fast.abs_b_quantiles(pair, (0.5, defaults["sr_top_quantile"]))
+    spec = dict(spec, signs=True, bias_q=q_half,
+                top=(q_top, defaults["sr_scale_floor"] * rms))
+    if scaled:
+        spec["scaled_rms"] = rms
+    res = fast.run(pair, **spec)
+    if res is None:
+        return None
+    pos, neg, outward, inward = res["signs"]
+    pair.__dict__.setdefault("sign_counts", (pos, neg))
+    n_upper, signed_sum, scale_sum = res["bias"]
+    return res, {
+        "max_scaled_ulp_err": float(res["scaled"][0]) if scaled else 0.0,
+        "mean_scaled_ulp_err": res["scaled"][1] / pair.n if scaled else 0.0,
+        "max_top_ulp_err": float(res["top"]),
+        "bias_ulp": signed_sum / n_upper,
+        "bias_z": sign_balance_z(pos, neg),
+        "scale_bias_ulp": scale_sum / n_upper,
+        "scale_bias_z": sign_balance_z(outward, inward),
+    }

@@ -19,6 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
+from . import fast
 from .metrics import Pair
 from .single_run import output_rms
 
@@ -28,6 +29,10 @@ NAME = "thousandth"
 def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge a convolution by the share of elements within 0.1%."""
     limit = thresholds["thousandth_min"]
+    if fast.fast_ok(pair, reference):
+        verdict = _fast(pair, thresholds, limit)
+        if verdict is not None:
+            return verdict
     share = pair.rel_err_share_below(0.001)
     metrics = {"rel_err_thousandth": share}
     used = {"rel_err_thousandth": limit}
@@ -44,12 +49,34 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
             good += int(pair.inf_nan_agree(pair.info.defaults["rtol"]).sum())
         metrics["scaled_thousandth"] = judged = max(share, good / pair.n)
         used.update(scaled_thousandth=limit, sr_thousandth_ulp=ulps)
+    return _finish(pair, metrics, used, reasons, judged, share, limit,
+                   pair.offenders(pair.rel_err),
+                   reference.kind if reference is not None else "single-run")
+
+
+def _fast(pair: Pair, thresholds, limit):
+    """Single run, large and all finite: one fused pass (fast.py)."""
+    rms = fast.rms_or_none(pair)
+    if rms is None:
+        return None
+    ulps = thresholds["sr_thousandth_ulp"]
+    res = fast.run(pair, rel_lt=(0.001,), th_scaled=(rms, ulps * pair.info.eps), offend="rel")
+    if res is None:
+        return None
+    share = res["rel_lt"][0.001] / pair.n
+    judged = max(share, res["th_scaled"] / pair.n)
+    metrics = {"rel_err_thousandth": share, "scaled_thousandth": judged}
+    used = {"rel_err_thousandth": limit, "scaled_thousandth": limit, "sr_thousandth_ulp": ulps}
+    return _finish(pair, metrics, used, [], judged, share, limit,
+                   fast.offenders(pair, res["offenders"]), "single-run")
+
+
+def _finish(pair, metrics, used, reasons, judged, share, limit, worst, kind):
     if judged < limit:
         reasons.append(f"rel_err_thousandth {share:.6g} < {limit:.6g}: "
                        f"more than {1 - limit:.3%} of elements are off by 0.1% or more"
                        + (f" (and {metrics['scaled_thousandth']:.6g} within "
                           f"{used['sr_thousandth_ulp']:g} ULP at the output's scale)"
                           if "scaled_thousandth" in metrics else ""))
-    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        pair.offenders(pair.rel_err),
-                        reference.kind if reference is not None else "single-run")
+    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons, worst,
+                        kind)

@@ -17,7 +17,8 @@ from typing import Mapping
 import numpy as np
 
 from .metrics import Pair
-from .single_run import single_run_metrics, single_run_reasons
+from .single_run import fast_single_run, single_run_metrics, single_run_reasons
+from . import fast
 
 NAME = "ulp"
 
@@ -44,7 +45,16 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
     fp32_like = pair.info.mantissa_bits >= 23
     if fp32_like:
         used["ulp_mean_max"] = thresholds["ulp_mean_max"]
-    metrics = ulp_metrics(pair, used["ulp_threshold"])
+    sr = None
+    if fast.fast_ok(pair, reference):      # one fused pass (fast.py); None: plain path
+        sr = fast_single_run(pair, {"ulp_t": used["ulp_threshold"], "offend": "ulp"},
+                             scaled=False)
+    if sr is not None:
+        u = sr[0]["ulp"]
+        metrics = {"max_ulp_err": float(u[0]), "mean_ulp_err": u[1] / pair.n,
+                   "ulp_err_proportion": float(u[2] / pair.n)}
+    else:
+        metrics = ulp_metrics(pair, used["ulp_threshold"])
     reasons: list[str] = []
     nonfinite = pair.unexpected_nonfinite_reason()
     if nonfinite:
@@ -73,7 +83,7 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
                        + (f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1"
                           if "ulp_err_proportion_ratio" in metrics else ""))
     if kind == "single-run":
-        extra = single_run_metrics(pair)
+        extra = sr[1] if sr is not None else single_run_metrics(pair)
         metrics.update({k: extra[k] for k in ("bias_ulp", "bias_z", "scale_bias_ulp",
                                                "scale_bias_z")})
         bias_only = dict(extra, max_scaled_ulp_err=0.0, mean_scaled_ulp_err=0.0)
@@ -81,5 +91,6 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
         for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp"):
             used.pop(key, None)
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
+                        fast.offenders(pair, sr[0]["offenders"]) if sr is not None else
                         pair.offenders(pair.ulp_err) if pair.n_finite or pair.n_inf_nan else (),
                         kind)
