@@ -14,7 +14,7 @@ With a reference (another implementation's output, or a baseline's metrics):
   doesn't make a single differing element infinitely bad.
 Without a reference: the single-run rule (single_run.py).
 Unexpected inf/NaN (device vs bench) is always an error; so is an inf/NaN metric on one
-side only.
+side only. The worst elements are named only in a verdict that is not a pass.
 """
 from __future__ import annotations
 
@@ -103,16 +103,17 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
         extra = single_run_metrics(pair)
         metrics.update(extra)
         reasons.extend(single_run_reasons(pair, extra, thresholds, used))
-        score = scaled_ulp_err(pair)
+        score = scaled_ulp_err(pair) if reasons else None
     else:
         score = pair.rel_err
-    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        pair.offenders(score), kind)
+    status = "error" if reasons else "pass"
+    return pair.verdict(status, NAME, metrics, used, reasons,
+                        pair.offenders(score) if status != "pass" else (), kind)
 
 
 def _fast(pair: Pair, thresholds, small, atol):
     """Single run, large and all finite: one fused pass (fast.py)."""
-    sr = fast_single_run(pair, {"bm": (small, atol), "offend": "scaled"}, scaled=True)
+    sr = fast_single_run(pair, {"bm": (small, atol)}, scaled=True)
     if sr is None:
         return None
     res, extra = sr
@@ -126,5 +127,7 @@ def _fast(pair: Pair, thresholds, small, atol):
     metrics.update(extra)
     used: dict = {"small": small, "atol_bm": atol}
     reasons = single_run_reasons(pair, extra, thresholds, used)
-    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        fast.offenders(pair, res["offenders"]), "single-run")
+    status = "error" if reasons else "pass"
+    worst = (fast.worst(pair, "scaled", scaled_rms=fast.rms_or_none(pair))
+             if status != "pass" else ())
+    return pair.verdict(status, NAME, metrics, used, reasons, worst, "single-run")

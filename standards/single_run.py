@@ -25,7 +25,9 @@ judge the device against what any correct kernel in D can do, in ULPs of D:
       an embedding grad): error above `sr_max_top_ulp` (fp16/bf16/fp8 8: real gradients
       measured up to 4.3, forward kernels 1.0; fp32 4096). This catches one wrong element
       that is large by rank yet far below the RMS of a heavy-tailed output (exp). For
-      n > 2**20 the quantile is estimated on an evenly strided sample of 2**20 elements.
+      n > QUANTILE_SAMPLE the quantiles of |b| (this one and the median of 3.) are the
+      exact quantiles of an evenly strided, deterministic sample of QUANTILE_SAMPLE
+      elements (every (n // QUANTILE_SAMPLE)-th), on both the plain and the fused path.
 3. Bias: signs of `d - b_D` (b_D = bench rounded to D, so correct rounding is no error)
    must balance, both plainly (additive bias) and relative to sign(b) (scale bias, e.g.
    rounding toward zero). error if the sign test's z-score exceeds `sr_bias_z` (5) AND
@@ -70,7 +72,7 @@ def _rms(values: np.ndarray) -> float:
 
 
 #: the quantile of |b| is estimated on at most this many evenly strided elements
-QUANTILE_SAMPLE = 2 ** 20
+QUANTILE_SAMPLE = 2 ** 16
 
 
 def output_rms(pair: Pair) -> float:
@@ -160,19 +162,26 @@ def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict) -> list[st
     return reasons
 
 
-def fast_single_run(pair: Pair, spec: dict, scaled: bool):
+def fast_single_run(pair: Pair, spec: dict, scaled: bool, top: bool = True):
     """The single-run metrics in one fused pass (fast.py), with the standard's own `spec`.
 
     -> (pass results, single_run_metrics-like dict) or None (take the plain path). With
-    scaled=False the two scaled-ULP metrics are not computed (reported as 0).
+    scaled=False the two scaled-ULP metrics are not computed (reported as 0); with
+    top=False neither is `max_top_ulp_err` (None: the caller bounds it, see ulp.py), and
+    neither the RMS nor the top quantile is needed.
     """
-    rms = fast.rms_or_none(pair)
-    if rms is None:
-        return None
     defaults = pair.info.defaults
-    q_half, q_top = fast.abs_b_quantiles(pair, (0.5, defaults["sr_top_quantile"]))
-    spec = dict(spec, signs=True, bias_q=q_half,
-                top=(q_top, defaults["sr_scale_floor"] * rms))
+    rms = None
+    if scaled or top:
+        rms = fast.rms_or_none(pair)
+        if rms is None:
+            return None
+    if top:
+        q_half, q_top = fast.abs_b_quantiles(pair, (0.5, defaults["sr_top_quantile"]))
+        spec = dict(spec, top=(q_top, defaults["sr_scale_floor"] * rms))
+    else:
+        (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
+    spec = dict(spec, signs=True, bias_q=q_half)
     if scaled:
         spec["scaled_rms"] = rms
     res = fast.run(pair, **spec)
@@ -184,9 +193,20 @@ def fast_single_run(pair: Pair, spec: dict, scaled: bool):
     return res, {
         "max_scaled_ulp_err": float(res["scaled"][0]) if scaled else 0.0,
         "mean_scaled_ulp_err": res["scaled"][1] / pair.n if scaled else 0.0,
-        "max_top_ulp_err": float(res["top"]),
+        "max_top_ulp_err": float(res["top"]) if top else None,
         "bias_ulp": signed_sum / n_upper,
         "bias_z": sign_balance_z(pos, neg),
         "scale_bias_ulp": scale_sum / n_upper,
         "scale_bias_z": sign_balance_z(outward, inward),
     }
+
+
+def fast_max_top_ulp_err(pair: Pair) -> float | None:
+    """max_top_ulp_err by a fused pass of its own (fast.py); None: take the plain path."""
+    defaults = pair.info.defaults
+    rms = fast.rms_or_none(pair)
+    if rms is None:
+        return None
+    (q_top,) = fast.abs_b_quantiles(pair, (defaults["sr_top_quantile"],))
+    res = fast.run(pair, top=(q_top, defaults["sr_scale_floor"] * rms))
+    return float(res["top"]) if res is not None else None

@@ -73,6 +73,19 @@ def test_large_outputs_same_verdicts_and_worst(monkeypatch, dtype):
     for api in APIS:
         plain, fused = _judge_both(monkeypatch, b, d, api)
         _same(plain, fused)
+        if api != "relu" and fused.status != "pass":
+            assert fused.worst and fused.worst[0] == plain.worst[0], api
+        if fused.status == "pass" and api in ("matmul", "conv2d", "exp"):
+            # ulp, thousandth and benchmark name them only for a failure message
+            assert fused.worst == plain.worst == (), api
+    bad = d.clone()
+    k = bad[::10].numel()                             # every standard fails: worst named
+    bad[::10] = (bad[::10].double() * torch.linspace(1.1, 1.3, k, dtype=torch.float64)
+                 ).to(dtype)                          # distinct errors: no ties in the top 5
+    for api in APIS:
+        plain, fused = _judge_both(monkeypatch, b, bad, api)
+        _same(plain, fused)
+        assert fused.status == "error", api
         if api != "relu":
             assert fused.worst and fused.worst[0] == plain.worst[0], api
     assert calls                                      # the fused pass did run
