@@ -5,9 +5,11 @@ of both sides, the bench rounded to D, and a dozen full-size temporaries (abs_er
 rel_err, masks, ULPs), each a pass over memory that also pays first-touch page faults.
 Here every quantity a standard needs is computed in ONE pass over cache-sized chunks
 (CHUNK elements, a few reused float64 buffers per thread that stay in L2), in two
-threads (numpy releases the GIL inside ufuncs), and only sums, counts, maxima and the
-five worst elements leave the chunk loop. No float64 copy of the device output, no
-boolean-index copies, no full sort.
+threads (numpy releases the GIL inside ufuncs), and only sums, counts and maxima leave
+the chunk loop. The five worst elements are found by a second pass (`worst`) only for a
+verdict that is not a pass, where a message shows them; likewise the extra checks a
+verdict needs only past a limit (ulp's top-decile check, thousandth's scaled share).
+No float64 copy of the device output, no boolean-index copies, no full sort.
 
 Exactness: every per-element quantity is computed by the same float64 formula as in
 metrics.Pair (d - b, |b| + tiny, the ULP of D from the exponent bits, comparisons of d
