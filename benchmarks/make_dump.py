@@ -45,7 +45,7 @@ LLM_MIX: list[tuple[ApiKind, int]] = [
     (ApiKind("Torch", "matmul", lambda t, h: [[t, h], [h, t]], lambda t, h: [t, t]), 6),
     (ApiKind("Functional", "softmax", lambda t, h: [[t, t], _int(-1)], lambda t, h: [t, t]), 6),
     (ApiKind("Functional", "silu", lambda t, h: [[t, h]], lambda t, h: [t, h]), 6),
-    (ApiKind("Functional", "layer_norm", lambda t, h: [[t, h], [h]], lambda t, h: [t, h]), 8),
+    (ApiKind("Functional", "layer_norm", lambda t, h: [[t, h], {"type": "torch.Size", "value": [h]}, [h]], lambda t, h: [t, h]), 8),
     (ApiKind("Tensor", "add", lambda t, h: [[t, h], [t, h]], lambda t, h: [t, h]), 20),
     (ApiKind("Tensor", "mul", lambda t, h: [[t, h], [t, h]], lambda t, h: [t, h]), 16),
     (ApiKind("Torch", "cat", lambda t, h: [[[t, h], [t, h]], _int(0)], lambda t, h: [2 * t, h], backward=False), 8),

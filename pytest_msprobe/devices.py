@@ -91,7 +91,8 @@ class Backend:
         return None
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
-        return isinstance(exc, MemoryError)
+        """Python's MemoryError, or torch's CPU allocator giving up (a RuntimeError)."""
+        return isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
 
 
 class AcceleratorBackend(Backend):

@@ -14,16 +14,19 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
 
 from pytest_msprobe import options
-from pytest_msprobe.dump import DumpIndex, IndexEntry, parse_call_name, read_index
+from pytest_msprobe.dump import DIRECTIONS, CallName, DumpIndex, IndexEntry, read_index
+from pytest_msprobe.errors import DumpError
 
 CACHE_FOLDER = ".msprobe-index"
-FORMAT = 1  # bump when the arrays or the header change meaning
+FORMAT = 2  # bump when the arrays or the header change meaning
 
 
 def cache_folder(config: pytest.Config) -> Path:
@@ -40,9 +43,11 @@ def dump_key(dump: Path) -> dict[str, object]:
     """What identifies a dump's content: size and mtime (cheap) and its SHA-256 (so a
     file rewritten within the mtime's resolution is not mistaken for the old one)."""
     stat = dump.stat()
+    digest = hashlib.sha256()  # hashlib.file_digest needs Python 3.11
     with open(dump, "rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest.hexdigest()}
 
 
 def load_index(dump: Path, folder: Path) -> DumpIndex:
@@ -60,44 +65,68 @@ def load_index(dump: Path, folder: Path) -> DumpIndex:
     return index
 
 
+def ensure_cached(dump: Path, folder: Path) -> None:
+    """Parse and cache the dump unless its cache is current; the xdist controller calls
+    this before starting workers, so that they all load the cache instead of each
+    parsing the dump. A broken dump is left to collection, which reports it."""
+    try:
+        key = dump_key(dump)
+        with np.load(cache_file(folder, dump), allow_pickle=False) as arrays:
+            if _current_header(arrays, key) is not None:
+                return
+    except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile):
+        pass
+    try:
+        load_index(dump, folder)
+    except DumpError:
+        pass
+
+
 def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
     """None when there is no usable cache (missing, stale, another format, damaged)."""
     try:
         with np.load(path, allow_pickle=False) as arrays:
-            header = json.loads(arrays["header"].tobytes().decode("utf-8"))
-            if header.get("format") != FORMAT or header.get("key") != key:
+            header = _current_header(arrays, key)
+            if header is None:
                 return None
-            blob = arrays["names"].tobytes().decode("utf-8")
-            name_ends, starts, ends, numels = (arrays[name].tolist() for name in ("name_ends", "starts", "ends", "numel"))
-    except (OSError, ValueError, KeyError, UnicodeDecodeError):
+            columns = [arrays[name].tolist() for name in ("api", "call_index", "backward", "starts", "ends", "numel")]
+        # Each (api_type, api_name) is one pair of strings shared by all its calls.
+        apis = [(str(api_type), str(api_name)) for api_type, api_name in header["apis"]]
+        entries = [IndexEntry(CallName(*apis[api], call_index, DIRECTIONS[backward]), start, end, numel)
+                   for api, call_index, backward, start, end, numel in zip(*columns)]
+    except (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError, zipfile.BadZipFile):
         return None
-    entries = []
-    begin = 0
-    for name_end, start, end, numel in zip(name_ends, starts, ends, numels):
-        name = parse_call_name(blob[begin:name_end])
-        if name is None:  # the cache was not written by this code: parse the dump instead
-            return None
-        entries.append(IndexEntry(name, start, end, numel))
-        begin = name_end
     return DumpIndex(path=dump, task=header["task"], level=header["level"], framework=header["framework"],
                      entries=entries, modules=header["modules"], skipped_names=header["skipped_names"])
+
+
+def _current_header(arrays: Any, key: dict[str, object]) -> dict[str, Any] | None:
+    """The cache's header if it was written by this format for this very dump."""
+    header = json.loads(arrays["header"].tobytes().decode("utf-8"))
+    return header if header.get("format") == FORMAT and header.get("key") == key else None
 
 
 def _write(path: Path, index: DumpIndex, key: dict[str, object]) -> None:
     """Written to a temporary file and renamed, so that workers collecting at the same
     time see the old cache, none, or the whole new one. A folder that cannot be written
     only costs the next collection a parse."""
-    names = [str(entry.name) for entry in index.entries]
+    apis: dict[tuple[str, str], int] = {}
+    api_ids = [apis.setdefault((entry.name.api_type, entry.name.api_name), len(apis)) for entry in index.entries]
     header = {"format": FORMAT, "key": key, "dump": str(index.path), "task": index.task, "level": index.level,
-              "framework": index.framework, "modules": index.modules, "skipped_names": index.skipped_names}
-    name_ends = np.cumsum([len(name) for name in names], dtype=np.int64)
+              "framework": index.framework, "modules": index.modules, "skipped_names": index.skipped_names,
+              "apis": list(apis)}
+
+    def column(values: list[int] | Iterator[int], dtype: type) -> np.ndarray:
+        return np.fromiter(values, dtype=dtype, count=len(index.entries))
+
     arrays = {
         "header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
-        "names": np.frombuffer("".join(names).encode("utf-8"), dtype=np.uint8),
-        "name_ends": name_ends,  # in characters of the joined names
-        "starts": np.fromiter((entry.start for entry in index.entries), dtype=np.int64, count=len(names)),
-        "ends": np.fromiter((entry.end for entry in index.entries), dtype=np.int64, count=len(names)),
-        "numel": np.fromiter((entry.numel for entry in index.entries), dtype=np.int64, count=len(names)),
+        "api": column(api_ids, np.int64),
+        "call_index": column((entry.name.index for entry in index.entries), np.int64),
+        "backward": column((entry.name.direction == "backward" for entry in index.entries), np.int8),
+        "starts": column((entry.start for entry in index.entries), np.int64),
+        "ends": column((entry.end for entry in index.entries), np.int64),
+        "numel": column((entry.numel for entry in index.entries), np.int64),
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,12 @@ OPTIONS = (
     Option("msprobe_save_failed", "folder for the inputs and outputs of failed calls (.pt for torch.load(weights_only=True) + call.json)"),
     Option("msprobe_scripts", "folder for a standalone script (DIR/<call name>.py) reproducing every failed call"),
     Option("msprobe_scripts_all", "write a script for every selected call, not only the failed ones (needs --msprobe-scripts)", "bool", False),
+    Option("msprobe_devices", "device ids the xdist workers are spread over round robin, e.g. 0,1,2,3 (they index into "
+           "CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES when those are set); default: every visible device"),
+    Option("msprobe_shard", "run a deterministic 1/N of the calls: I/N with I in 1..N (a CI matrix or several hosts; "
+           "join their results with msprobe-merge)"),
+    Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
+           "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
 
 

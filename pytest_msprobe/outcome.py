@@ -32,6 +32,7 @@ class CallFailed(Exception):
 def judge_call(index: DumpIndex, name: CallName, settings: Any) -> ResultRecord:
     """Check one call and describe the result, whatever happened."""
     from pytest_msprobe.call import check_call
+    from pytest_msprobe.isolation import is_out_of_memory, out_of_memory_text
     from pytest_msprobe.replay import DeviceFailed
 
     started = time.perf_counter()
@@ -44,7 +45,8 @@ def judge_call(index: DumpIndex, name: CallName, settings: Any) -> ResultRecord:
     except CallError as exc:
         record = ResultRecord(status="error", standard="", reference="", message=f"{name}: bad input: {exc}", **base)
     except DeviceFailed as exc:
-        record = ResultRecord(status="error", standard="", reference="", message=f"{name}: {exc}", **base)
+        message = out_of_memory_text(index, name, exc, device) if is_out_of_memory(exc, settings.backend) else f"{name}: {exc}"
+        record = ResultRecord(status="error", standard="", reference="", message=message, **base)
     else:
         verdict = result.verdict
         record = ResultRecord(

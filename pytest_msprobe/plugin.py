@@ -52,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(report_plugin.ReportPlugin(config), "msprobe-report")
     config.pluginmanager.register(baseline_plugin.BaselinePlugin(config), "msprobe-baseline")
     config.pluginmanager.import_plugin("pytest_msprobe.scripts_plugin")
+    config.pluginmanager.import_plugin("pytest_msprobe.scale_plugin")
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         # The user named no paths: run the dump's tests only, not the repository's.
         config.args[:] = [str(path) for path in dumps]

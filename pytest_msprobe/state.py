@@ -30,8 +30,9 @@ class SessionState:
             from pytest_msprobe.call import Settings
 
             _register_bench_functions(self.config)
+            backend, self.device_index = _backend(self.config)
             self._settings = Settings(
-                backend=_backend(self.config, self.device_index),
+                backend=backend,
                 device_index=self.device_index,
                 max_elements=options.max_elements(self.config),
                 registry=_registry(self.config),
@@ -41,15 +42,18 @@ class SessionState:
         return self._settings
 
 
-def _backend(config: pytest.Config, device_index: int) -> Any:
+def _backend(config: pytest.Config) -> tuple[Any, int]:
+    """The backend, with this process's device (its xdist worker's share) selected."""
     from pytest_msprobe.devices import DeviceUnavailable, backend
+    from pytest_msprobe.workers import place_worker
 
     try:
         chosen = backend(options.get(config, "msprobe_device"))
+        device_index = place_worker(config, chosen)
         chosen.select(device_index)
     except DeviceUnavailable as exc:
         raise pytest.UsageError(f"--msprobe-device: {exc}") from None
-    return chosen
+    return chosen, device_index
 
 
 def _registry(config: pytest.Config) -> Any:

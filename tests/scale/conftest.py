@@ -1,0 +1,38 @@
+"""Fixtures of the scale tests: synthetic dumps from benchmarks/make_dump.py, and the
+records a run left in its out folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch  # noqa: F401 - imported before pytester's in-process runs, which must not import it a second time
+
+from pytest_msprobe.merge import journal_of
+from pytest_msprobe.report_writer import read_journal
+
+MAKE_DUMP = Path(__file__).parents[2] / "benchmarks" / "make_dump.py"
+
+
+@pytest.fixture(scope="session")
+def make_dump() -> Callable[..., Path]:
+    """benchmarks/make_dump.make_dump (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("make_dump", MAKE_DUMP)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.make_dump
+
+
+@pytest.fixture
+def records() -> Callable[[Path], dict[str, Any]]:
+    """call name -> ResultRecord of the newest run in an out folder."""
+
+    def read(out: Path) -> dict[str, Any]:
+        return {entry.record.call: entry.record for entry in read_journal(journal_of(out))}
+
+    return read
