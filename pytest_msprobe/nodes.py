@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -80,3 +81,18 @@ class CallItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, str(self.call)
+
+
+def dump_lines(config: pytest.Config, dumps: list[Path]) -> Iterator[str]:
+    """What each dump held besides the collected calls: Module/Cell entries (whole
+    modules, outside an API-level check) and keys that are not call names."""
+    from _pytest.pathlib import bestrelpath
+
+    for dump in dumps:
+        try:
+            index = load_index(dump, cache_folder(config))
+        except DumpError:
+            continue  # its collection error already says why
+        left_out = f", {index.modules} Module/Cell entries not collected (whole modules, not API calls)" if index.modules else ""
+        odd = f", {len(index.skipped_names)} keys that are not call names ignored" if index.skipped_names else ""
+        yield f"msprobe: {bestrelpath(config.rootpath, dump)}: {len(index.entries)} API calls{left_out}{odd}"

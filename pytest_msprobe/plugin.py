@@ -68,3 +68,13 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     # and `--deselect` see `<path to dump.json>::<call name>`.
     nodeid = bestrelpath(parent.config.rootpath, file_path)
     return DumpFile.from_parent(parent, path=file_path, nodeid=nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    state = config.stash.get(STATE_KEY, None)
+    if state is None or hasattr(config, "workerinput"):
+        return
+    from pytest_msprobe.nodes import dump_lines
+
+    for line in dump_lines(config, state.dumps):
+        terminalreporter.write_line(line)

@@ -66,6 +66,7 @@ def test_module_entries_are_not_collected(pytester: pytest.Pytester, local) -> N
     result = pytester.runpytest(f"--msprobe-dump={local('torch_mlpcnn_mix_tensor_fp16')}", "--co", "-q")
     result.stdout.fnmatch_lines(["49 tests collected*"])
     assert not any("::Module." in line for line in result.stdout.lines)
+    result.stdout.fnmatch_lines(["msprobe: torch_mlpcnn_mix_tensor_fp16/dump.json: 49 API calls, 18 Module/Cell entries not collected*"])
 
 
 def test_markers_and_keywords_select_calls(pytester: pytest.Pytester, local) -> None:
