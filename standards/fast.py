@@ -70,6 +70,15 @@ def _get_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+def _in_halves(work, n: int) -> list:
+    """work(lo, hi) over [0, n): in two threads, chunk-aligned halves, when n is large."""
+    if n >= 4 * CHUNK and _threads() > 1:
+        step = -(-n // 2 // CHUNK) * CHUNK
+        pool = _get_pool()
+        return [f.result() for f in [pool.submit(work, lo, min(lo + step, n)) for lo in range(0, n, step)]]
+    return [work(0, n)]
+
+
 def _raw(x) -> np.ndarray:
     """A flat numpy view (no copy where possible) in a numpy dtype holding x exactly."""
     if isinstance(x, torch.Tensor):
@@ -549,13 +558,7 @@ def thousandth_count(pair, limit: float = 0.001) -> int | None:
                 count += k
             return count, amax, babs
 
-    if n >= 4 * CHUNK and _threads() > 1:
-        step = -(-n // 2 // CHUNK) * CHUNK
-        pool = _get_pool()
-        parts = [f.result() for f in [pool.submit(work, lo, min(lo + step, n))
-                                      for lo in range(0, n, step)]]
-    else:
-        parts = [work(0, n)]
+    parts = _in_halves(work, n)
     amax = max(p[1] for p in parts)
     if not math.isfinite(amax) or (bmax is not None and not max(p[2] for p in parts) <= bmax):
         pair._cache["fast_nonfinite"] = True
@@ -660,11 +663,5 @@ def binary_scan(pair, k: int = 5) -> tuple[int, list]:
             return count, first
 
     n = d.size
-    if n >= 4 * CHUNK and _threads() > 1:
-        step = -(-n // 2 // CHUNK) * CHUNK
-        pool = _get_pool()
-        parts = [f.result() for f in [pool.submit(work, lo, min(lo + step, n))
-                                      for lo in range(0, n, step)]]
-    else:
-        parts = [work(0, n)]
+    parts = _in_halves(work, n)
     return sum(c for c, _ in parts), [i for _, f in parts for i in f][:k]
