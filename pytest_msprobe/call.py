@@ -22,6 +22,7 @@ class Settings:
     device_index: int
     max_elements: int
     registry: Any  # pytest_msprobe.standards.Registry
+    device_request: str = "auto"  # --msprobe-device as given (MindSpore picks its own target on auto)
     offline: bool = False  # the dumped outputs are the device result
     baseline: Any = None  # pytest_msprobe.baseline.Baseline: recorded metrics to judge against
 

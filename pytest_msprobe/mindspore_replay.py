@@ -3,7 +3,8 @@ torch twin from `api_tables/mindspore.toml` on the raised-precision CPU bench.
 
 The device under test of a MindSpore dump is MindSpore itself, so `--msprobe-device`
 picks MindSpore's device target: cpu -> "CPU", npu -> "Ascend", cuda -> "GPU"; auto
-follows the plugin's choice (an NPU where torch_npu works, else the CPU). Calls run in
+follows the plugin's choice (an NPU where torch_npu works), else takes Ascend when
+MindSpore sees one, else the CPU. Calls run in
 PyNative mode, op by op, as msprobe's L1 dumps record them. Inputs arrive as torch CPU
 tensors and cross to MindSpore through numpy (bfloat16 through float32, since numpy
 has no bfloat16); outputs and gradients come back the same way.
@@ -72,7 +73,11 @@ def configure(target: str, device_id: int) -> Any:
     return mindspore
 
 
-def device_target(backend: Backend) -> str:
+def device_target(backend: Backend, request: str = "auto") -> str:
+    """MindSpore's own device target: on `auto`, an Ascend MindSpore sees is used even
+    where torch_npu is absent (a MindSpore-only Ascend machine), else the backend's."""
+    if request == "auto" and backend.name == "cpu" and import_mindspore().hal.is_available("Ascend"):
+        return "Ascend"
     return TARGETS[backend.name]
 
 
@@ -279,7 +284,7 @@ class MindsporeReplay:
         return Api(label, function, bench, in_place=False, raise_bench=True)
 
     def runs(self, api: Api, inputs: Inputs, settings: Any) -> tuple[Any, Any, Any]:
-        target = device_target(settings.backend)
+        target = device_target(settings.backend, settings.device_request)
         configure(target, settings.device_index)
         device = MindsporeRun(api.device_fn, target, {})
         if not isinstance(api.bench_fn, TorchTwin):

@@ -36,6 +36,7 @@ class SessionState:
                 device_index=self.device_index,
                 max_elements=options.max_elements(self.config),
                 registry=_registry(self.config),
+                device_request=options.get(self.config, "msprobe_device"),
                 offline=bool(options.get(self.config, "msprobe_offline")),
                 baseline=_recorded_metrics(self.config),
             )

@@ -124,3 +124,15 @@ def test_pytorch_dumps_never_import_mindspore(write_dump: Callable[..., Path], t
     )
     run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert "mindspore imported: False" in run.stdout, run.stdout + run.stderr
+
+
+def test_auto_takes_mindspores_own_device_target() -> None:
+    """On `auto` MindSpore's target is its own finding (Ascend where it sees one), not
+    only what torch_npu reports; here MindSpore sees no Ascend, so the CPU."""
+    mindspore = pytest.importorskip("mindspore")
+    from pytest_msprobe.devices import Backend
+    from pytest_msprobe.mindspore_replay import device_target
+
+    expected = "Ascend" if mindspore.hal.is_available("Ascend") else "CPU"
+    assert device_target(Backend(), "auto") == expected
+    assert device_target(Backend(), "cpu") == "CPU"

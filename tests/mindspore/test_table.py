@@ -108,7 +108,10 @@ def _flat(value: Any) -> list[Any]:
 
 
 def _settings() -> Any:
-    return type("Settings", (), {"backend": Backend(), "device_index": 0})()
+    from pytest_msprobe.call import Settings
+    from pytest_msprobe.standards import Registry
+
+    return Settings(backend=Backend(), device_index=0, max_elements=1 << 24, registry=Registry.default(), device_request="cpu")
 
 
 def _judge(api: str, bench: Any, device: Any) -> None:
