@@ -10,6 +10,7 @@ it can never run code, whoever wrote it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -69,17 +70,13 @@ def ensure_cached(dump: Path, folder: Path) -> None:
     """Parse and cache the dump unless its cache is current; the xdist controller calls
     this before starting workers, so that they all load the cache instead of each
     parsing the dump. A broken dump is left to collection, which reports it."""
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile):  # no usable cache
         key = dump_key(dump)
         with np.load(cache_file(folder, dump), allow_pickle=False) as arrays:
             if _current_header(arrays, key) is not None:
                 return
-    except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile):
-        pass
-    try:
+    with contextlib.suppress(DumpError):  # each worker's collection reports it
         load_index(dump, folder)
-    except DumpError:
-        pass
 
 
 def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
