@@ -16,6 +16,16 @@ msprobe, then the next round) so that all three see the same machine load:
 Target: alone >= 5x faster than msprobe on every standard (reported with the full-check
 factor too). Also: the per-call cost of `check` on a tiny (3-element) output, the
 plugin's common case. If the msprobe venv is absent, msprobe is skipped.
+
+With a reference (second table; `--reference-only` runs just it): the benchmark and ulp
+standards judged by ratios to (a) a baseline's recorded metrics {path: {metric: value}}
+and (b) a reference output (another implementation's float32 output on the same inputs,
+whose metrics are computed against the same bench), best of --repeat, interleaved with
+msprobe's class for the standard (which computes one device's metrics: (a) is the
+like-for-like comparison; (b) computes the metrics of two outputs). Columns:
+  alone    the pair built and the standard called with a `Reference` (as above)
+  full     `Registry.check(..., reference=...)`: plus the legacy metrics
+  plain    `full` with the fused path switched off (fast.FAST_MIN_N raised): metrics.Pair
 """
 from __future__ import annotations
 
@@ -30,9 +40,10 @@ import time
 import numpy as np
 import torch
 
-from pytest_msprobe.standards import Registry
+from pytest_msprobe.standards import Registry, fast
 from pytest_msprobe.standards.dtypes import dtype_info
 from pytest_msprobe.standards.pairing import pair_leaves
+from pytest_msprobe.standards.reference import Reference
 from pytest_msprobe.standards.registry import _make_pair
 
 # api routed to each standard in the shipped tables
@@ -76,6 +87,70 @@ def _alone(reg: Registry, name: str, api: str, bench: torch.Tensor, device: torc
     return reg.standards[name](pair, reg.thresholds_for(api, leaf.device_dtype), None)
 
 
+def _alone_ref(reg: Registry, name: str, api: str, bench, device, reference):
+    """The standard by itself with a reference: a baseline's metrics or an output."""
+    leaf = next(pair_leaves(bench, device))
+    pair = _make_pair(leaf, dtype_info(leaf.device_dtype))
+    if isinstance(reference, dict):
+        ref = Reference("baseline", metrics=reference[""])
+    else:
+        rleaf = next(pair_leaves(bench, reference))
+        ref = Reference("reference", pair=_make_pair(rleaf, dtype_info(rleaf.device_dtype)))
+    return reg.standards[name](pair, reg.thresholds_for(api, leaf.device_dtype), ref)
+
+
+def _plain_check(reg: Registry, bench, device, api, reference):
+    """`check` with the fused path off: the plain path (metrics.Pair)."""
+    saved = fast.FAST_MIN_N
+    fast.FAST_MIN_N = 1 << 62
+    try:
+        return reg.check(bench, device, api=api, reference=reference)
+    finally:
+        fast.FAST_MIN_N = saved
+
+
+REF_STANDARDS = ("benchmark", "ulp")
+
+
+def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:
+    """Benchmark and ulp with (a) a baseline's metrics, (b) a reference output."""
+    refs = {}
+    for name in REF_STANDARDS:
+        base = {"": dict(reg.check(bench_t, ref_t, api=APIS[name]).metrics)}
+        refs[name] = {"a": base, "b": ref_t}
+    cols = ("a alone", "a full", "a plain", "b alone", "b full", "b plain", "msprobe")
+    times = {name: {c: [] for c in cols} for name in REF_STANDARDS}
+    statuses: dict = {}
+    load_before = os.getloadavg()
+    for _ in range(args.repeat):
+        for name in REF_STANDARDS:
+            api = APIS[name]
+            for k in ("a", "b"):
+                r = refs[name][k]
+                times[name][f"{k} alone"].append(_timed(lambda: statuses.__setitem__(
+                    (name, k), _alone_ref(reg, name, api, bench_t, device_t, r).status)))
+                times[name][f"{k} full"].append(_timed(
+                    lambda: reg.check(bench_t, device_t, api=api, reference=r)))
+                times[name][f"{k} plain"].append(_timed(
+                    lambda: _plain_check(reg, bench_t, device_t, api, r)))
+            if theirs is not None:
+                times[name]["msprobe"].append(theirs(name))
+    load_after = os.getloadavg()
+    print()
+    print(f"with a reference: (a) a baseline's metrics, (b) a reference float32 output; "
+          f"best of {args.repeat} (interleaved)")
+    print(f"load average (1/5/15 min) before {', '.join(f'{x:.2f}' for x in load_before)}"
+          f"; after {', '.join(f'{x:.2f}' for x in load_after)}")
+    print(f"{'standard':12s} {'verdict a/b':>11s} " + " ".join(f"{c:>8s}" for c in cols)
+          + f" {'a alone x':>9s} {'a full x':>8s} {'b full x':>8s}")
+    for name in REF_STANDARDS:
+        t = {c: min(v) if v else float("nan") for c, v in times[name].items()}
+        st = f"{statuses[(name, 'a')]}/{statuses[(name, 'b')]}"
+        m = t["msprobe"]
+        print(f"{name:12s} {st:>11s} " + " ".join(f"{t[c]:8.4f}" for c in cols)
+              + f" {m / t['a alone']:8.1f}x {m / t['a full']:7.1f}x {m / t['b full']:7.1f}x")
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -101,11 +176,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--msprobe-python", default=os.environ.get(
         "MSPROBE_PYTHON", "/tmp/msprobe-venv/bin/python"))
+    ap.add_argument("--reference-only", action="store_true",
+                    help="only the with-a-reference table (benchmark and ulp)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     bench = rng.standard_normal(args.n) * 10.0
     device = (bench * (1 + rng.standard_normal(args.n) * 2 ** -24)).astype(np.float32)
+    # another implementation's output: the same kind of rounding noise
+    ref = (bench * (1 + rng.standard_normal(args.n) * 2 ** -24)).astype(np.float32)
     bench_t, device_t = torch.from_numpy(bench), torch.from_numpy(device)
+    ref_t = torch.from_numpy(ref)
     reg = Registry.default()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,9 +208,12 @@ def main() -> None:
             proc.stdin.flush()
             return json.loads(proc.stdout.readline())[name]
 
+        if args.reference_only:
+            _reference_table(args, reg, bench_t, device_t, ref_t,
+                             theirs if proc is not None else None)
         times = {name: {"alone": [], "full": [], "msprobe": []} for name in APIS}
         statuses = {}
-        for _ in range(args.repeat):
+        for _ in range(0 if args.reference_only else args.repeat):
             for name, api in APIS.items():
                 assert reg.standard_for(api, torch.float32) == name
                 times[name]["alone"].append(_timed(
@@ -140,11 +223,16 @@ def main() -> None:
                                                                     api=api)))
                 if proc is not None:
                     times[name]["msprobe"].append(theirs(name))
+        if not args.reference_only:
+            _reference_table(args, reg, bench_t, device_t, ref_t,
+                             theirs if proc is not None else None)
         if proc is not None:
             proc.stdin.write("\n")
             proc.stdin.close()
             proc.wait()
     load_after = os.getloadavg()
+    if args.reference_only:
+        return
     tiny = _tiny_cost(reg)
     print(f"n = {args.n} float32 elements vs float64 bench, best of {args.repeat} "
           f"(interleaved), {os.cpu_count()} CPUs, torch {torch.__version__}, "

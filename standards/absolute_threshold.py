@@ -64,8 +64,9 @@ def threshold_reasons(metrics: dict, limits: dict, judged=None) -> list[str]:
 def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge elementwise arithmetic against D's rounding tolerance."""
     rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
-    if fast.fast_ok(pair, reference):
-        verdict = _fast(pair, thresholds, rtol, small, atol)
+    if fast.fast_ok(pair):       # a reference changes only the verdict's kind here
+        verdict = _fast(pair, thresholds, rtol, small, atol,
+                        reference.kind if reference is not None else "single-run")
         if verdict is not None:
             return verdict
     metrics = absolute_threshold_metrics(pair, rtol, small, atol)
@@ -98,8 +99,8 @@ def fast_threshold_metrics(pair: Pair, res: dict) -> dict:
             "abs_err_ratio": abs_bad / n_small if n_small else 0.0}
 
 
-def _fast(pair: Pair, thresholds, rtol, small, atol):
-    """Single run, large and all finite: one fused pass (fast.py)."""
+def _fast(pair: Pair, thresholds, rtol, small, atol, kind="single-run"):
+    """Large and all finite: one fused pass (fast.py)."""
     rms = fast.rms_or_none(pair)
     if rms is None:
         return None
@@ -117,4 +118,4 @@ def _fast(pair: Pair, thresholds, rtol, small, atol):
                                           "floor": floor},
                                 ("inf_nan_error_ratio", "scaled_err_ratio"))
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        fast.offenders(pair, res["offenders"]), "single-run")
+                        fast.offenders(pair, res["offenders"]), kind)

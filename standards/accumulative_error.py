@@ -27,7 +27,7 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=No
     """Judge a long reduction by bound(D) and error balance."""
     bound, small = thresholds["bound"], thresholds["accumulative_small"]
     res = None
-    if fast.fast_ok(pair, reference):      # one fused pass (fast.py); None: plain path
+    if fast.fast_ok(pair):                 # one fused pass (fast.py); None: plain path
         res = fast.run(pair, thr=(bound, small, bound), signs=True, offend="rel")
     if res is not None:
         metrics = fast_threshold_metrics(pair, res)

@@ -67,8 +67,9 @@ def _ideal(pair: Pair) -> Pair:
 def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge by ratios to a reference, or by the single-run rule without one."""
     small, atol = pair.info.defaults["small"], thresholds["atol_bm"]
-    if fast.fast_ok(pair, reference):
-        verdict = _fast(pair, thresholds, small, atol)
+    if fast.fast_ok(pair):
+        verdict = (_fast(pair, thresholds, small, atol) if reference is None
+                   else _fast_ref(pair, thresholds, small, atol, reference))
         if verdict is not None:
             return verdict
     metrics = dict(benchmark_metrics(pair, small, atol))
@@ -84,21 +85,7 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
             kind = reference.kind
             ideal = benchmark_metrics(_ideal(pair), small, atol)
             n_small = int(np.count_nonzero(pair.small_mask(small)))
-            for key, limit_key in JUDGED:
-                dev, refv = metrics[key], ref[key]
-                metrics[f"ref_{key}"] = float(refv)
-                used[limit_key] = thresholds[limit_key]
-                if math.isfinite(dev) != math.isfinite(refv):
-                    reasons.append(f"{key}: device {dev!r} vs reference {refv!r}: "
-                                   f"one side is inf/NaN")
-                    continue
-                floor = max(ideal[key], 1.0 / n_small if key == "small_value_err_ratio"
-                            and n_small else 0.0, 1e-300)
-                ratio = 0.0 if dev == 0 else abs(dev) / max(abs(refv), floor)
-                metrics[f"{limit_key}"] = ratio
-                if ratio > thresholds[limit_key]:
-                    reasons.append(f"{key} {dev:.4g} is {ratio:.4g}x the reference's "
-                                   f"{refv:.4g} (limit {thresholds[limit_key]:g}x)")
+            _judge_ratios(metrics, ref, ideal, n_small, thresholds, used, reasons)
     if kind == "single-run":
         extra = single_run_metrics(pair)
         metrics.update(extra)
@@ -109,6 +96,67 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
     status = "error" if reasons else "pass"
     return pair.verdict(status, NAME, metrics, used, reasons,
                         pair.offenders(score) if status != "pass" else (), kind)
+
+
+def _judge_ratios(metrics: dict, ref: Mapping, ideal: Mapping, n_small: int, thresholds,
+                  used: dict, reasons: list) -> None:
+    """The reference rule: each judged metric's ratio to the reference's (both paths)."""
+    for key, limit_key in JUDGED:
+        dev, refv = metrics[key], ref[key]
+        metrics[f"ref_{key}"] = float(refv)
+        used[limit_key] = thresholds[limit_key]
+        if math.isfinite(dev) != math.isfinite(refv):
+            reasons.append(f"{key}: device {dev!r} vs reference {refv!r}: "
+                           f"one side is inf/NaN")
+            continue
+        floor = max(ideal[key], 1.0 / n_small if key == "small_value_err_ratio"
+                    and n_small else 0.0, 1e-300)
+        ratio = 0.0 if dev == 0 else abs(dev) / max(abs(refv), floor)
+        metrics[f"{limit_key}"] = ratio
+        if ratio > thresholds[limit_key]:
+            reasons.append(f"{key} {dev:.4g} is {ratio:.4g}x the reference's "
+                           f"{refv:.4g} (limit {thresholds[limit_key]:g}x)")
+
+
+def _bm_from_sums(n: int, n_small: int, small_bad, sq_sum, rel_max, rel_sum) -> dict:
+    """The four judged benchmark metrics from a fused pass's counts and sums."""
+    n_normal = n - n_small
+    return {"small_value_err_ratio": float(small_bad / n_small) if n_small else 0.0,
+            "rmse": float(math.sqrt(sq_sum / n_normal)) if n_normal else 0.0,
+            "max_rel_err": float(rel_max) if n_normal else 0.0,
+            "mean_rel_err": float(rel_sum / n_normal) if n_normal else 0.0}
+
+
+def _ref_metrics(p: Pair, small, atol) -> dict:
+    """A reference output's benchmark metrics: fused where it may be, else plain."""
+    if fast.fast_ok(p):
+        res = fast.run(p, bm=(small, atol))
+        if res is not None:
+            return _bm_from_sums(p.n, *res["bm"])
+    return benchmark_metrics(p, small, atol)
+
+
+def _fast_ref(pair: Pair, thresholds, small, atol, reference):
+    """With a reference, large and all finite: the device's metrics, and those of the bench
+    rounded to D (the floors), from one fused pass; a reference output's from a second
+    (fast.py). The judgement is the plain path's (`_judge_ratios`)."""
+    if reference.pair is None and not all(k in (reference.metrics or {}) for k, _ in JUDGED):
+        return _fast(pair, thresholds, small, atol)     # judged by the single-run rule
+    res = fast.run(pair, bm=(small, atol), bm_ideal=True, signs="eb")
+    if res is None:
+        return None
+    pair.__dict__.setdefault("sign_counts", tuple(res["signs"][:2]))
+    n_small = res["bm"][0]
+    metrics = _bm_from_sums(pair.n, *res["bm"])
+    metrics["eb"] = pair.error_balance()
+    ideal = _bm_from_sums(pair.n, n_small, *res["bm_ideal"])
+    ref = reference.metrics_for(lambda p: _ref_metrics(p, small, atol))
+    used: dict = {"small": small, "atol_bm": atol}
+    reasons: list[str] = []
+    _judge_ratios(metrics, ref, ideal, n_small, thresholds, used, reasons)
+    status = "error" if reasons else "pass"
+    worst = fast.worst(pair, "rel") if status != "pass" else ()
+    return pair.verdict(status, NAME, metrics, used, reasons, worst, reference.kind)
 
 
 def _fast(pair: Pair, thresholds, small, atol):

@@ -31,8 +31,9 @@ NAME = "thousandth"
 def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge a convolution by the share of elements within 0.1%."""
     limit = thresholds["thousandth_min"]
-    if fast.fast_ok(pair, reference):
-        verdict = _fast(pair, thresholds, limit)
+    if fast.fast_ok(pair):       # a reference changes only the verdict's kind here
+        verdict = _fast(pair, thresholds, limit,
+                        reference.kind if reference is not None else "single-run")
         if verdict is not None:
             return verdict
     share = pair.rel_err_share_below(0.001)
@@ -57,8 +58,8 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
                    reference.kind if reference is not None else "single-run")
 
 
-def _fast(pair: Pair, thresholds, limit):
-    """Single run, large and all finite: a float32 pre-test, else one fused pass (fast.py)."""
+def _fast(pair: Pair, thresholds, limit, kind="single-run"):
+    """Large and all finite: a float32 pre-test, else one fused pass (fast.py)."""
     count = fast.thousandth_count(pair, 0.001)
     if count is None:
         if pair._cache.get("fast_nonfinite"):
@@ -79,7 +80,7 @@ def _fast(pair: Pair, thresholds, limit):
         metrics["scaled_thousandth"] = judged = max(share, res["th_scaled"] / pair.n)
     used = {"rel_err_thousandth": limit, "scaled_thousandth": limit, "sr_thousandth_ulp": ulps}
     return _finish(pair, metrics, used, [], judged, share, limit,
-                   lambda: fast.worst(pair, "rel"), "single-run")
+                   lambda: fast.worst(pair, "rel"), kind)
 
 
 def _finish(pair, metrics, used, reasons, judged, share, limit, worst, kind):

@@ -124,3 +124,82 @@ def test_kth_values_exact():
     assert fast._kth_values(x, ks) == [np.sort(x)[k] for k in ks]
     sorted_x = np.sort(x)                             # adversarial order for the subsample
     assert fast._kth_values(sorted_x, ks) == [sorted_x[k] for k in ks]
+
+
+# ------------------------------------------------------------------ with a reference
+def _judge_both_ref(monkeypatch, bench, device, api, reference):
+    monkeypatch.setattr(fast, "FAST_MIN_N", 1 << 62)
+    plain = check(bench, device, api=api, reference=reference)
+    monkeypatch.setattr(fast, "FAST_MIN_N", 0)
+    fused = check(bench, device, api=api, reference=reference)
+    return plain, fused
+
+
+def _same_ref(plain, fused):
+    _same(plain, fused)
+    for a, c in zip(plain.outputs or (plain,), fused.outputs or (fused,)):
+        assert a.reference == c.reference, a.path
+        assert a.reasons == c.reasons, (a.path, a.reasons, c.reasons)
+
+
+def _noisy(b, dtype, ulps, seed):
+    """b rounded to dtype, then moved by up to `ulps` ULP-ish relative noise (in dtype)."""
+    g = torch.Generator().manual_seed(seed)
+    eps = torch.finfo(dtype).eps
+    noise = (torch.rand(b.numel(), generator=g, dtype=torch.float64) - 0.5) * (2 * ulps * eps)
+    return (b * (1 + noise)).to(dtype)
+
+
+REF_APIS = ("exp", "matmul")                          # benchmark, ulp
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_outputs_and_baseline_same_verdicts(monkeypatch, dtype):
+    n = 4 * fast.CHUNK + 1234                         # two threads and a partial chunk
+    b, _ = _synthetic(dtype, n, seed=2)
+    ref = _noisy(b, dtype, 2.0, seed=3)               # another implementation
+    good = _noisy(b, dtype, 1.0, seed=4)              # better than the reference
+    # far worse: fails every ratio (fp32 ULP: also msprobe's mean < 64 ULP rule)
+    bad = _noisy(b, dtype, 400.0 if dtype == torch.float32 else 40.0, seed=5)
+    calls = []
+    real_run = fast.run
+    monkeypatch.setattr(fast, "run", lambda *a, **k: calls.append(k) or real_run(*a, **k))
+    for api in APIS:
+        monkeypatch.setattr(fast, "FAST_MIN_N", 1 << 62)
+        base = {"": dict(check(b, ref, api=api).metrics)}   # a baseline's recorded metrics
+        for reference, kind in ((ref, "reference"), (base, "baseline")):
+            statuses = []
+            for device in (good, bad):
+                plain, fused = _judge_both_ref(monkeypatch, b, device, api, reference)
+                _same_ref(plain, fused)
+                assert fused.reference == kind, (api, kind)
+                if fused.status != "pass":
+                    assert fused.worst and fused.worst[0] == plain.worst[0], (api, kind)
+                statuses.append(fused.status)
+            if api in REF_APIS:
+                assert statuses == ["pass", "error"], (api, kind, statuses)
+    assert any("bm_ideal" in k for k in calls) and any("ulp_t" in k for k in calls)
+    # a baseline lacking the judged metrics: the single-run rule, both ways
+    for api in REF_APIS:
+        plain, fused = _judge_both_ref(monkeypatch, b, bad, api, {"": {"eb": 0.0}})
+        _same_ref(plain, fused)
+
+
+def test_reference_structure_and_nonfinite_fall_back(monkeypatch):
+    n = 3 * fast.CHUNK + 7
+    b, _ = _synthetic(torch.float32, n, seed=6)
+    ref = _noisy(b, torch.float32, 2.0, seed=7)
+    dev = _noisy(b, torch.float32, 3.0, seed=8)
+    for api in REF_APIS:                              # a structure of outputs
+        bench = {"a": b, "b": [b * 2]}
+        plain, fused = _judge_both_ref(monkeypatch, bench, {"a": dev, "b": [dev * 2]}, api,
+                                       {"a": ref, "b": [ref * 2]})
+        _same_ref(plain, fused)
+    nan_ref = ref.clone()
+    nan_ref[17] = float("nan")                        # the reference's pass declines
+    inf_dev = dev.clone()
+    inf_dev[3] = float("inf")                         # the device's pass declines
+    for api in REF_APIS:
+        for device, reference in ((dev, nan_ref), (inf_dev, ref), (inf_dev, nan_ref)):
+            plain, fused = _judge_both_ref(monkeypatch, b, device, api, reference)
+            _same_ref(plain, fused)
