@@ -61,7 +61,8 @@ def bench_collection(work: Path, calls: int, repeats: int) -> dict[str, Any]:
     tiny = work / "tiny" / "dump.json"
     if not tiny.exists():
         make_dump(tiny.parent, 2)
-    first, cached, workers, empty, bare = [], [], [], [], []
+    floor = write_floor_items(work / "floor-items", calls)
+    first, cached, workers, empty, bare, floor_main, floor_workers = [], [], [], [], [], [], []
     for _ in range(repeats):
         shutil.rmtree(work / "out", ignore_errors=True)  # no cache: the first collection parses
         first.append(pytest_run(work, f"--msprobe-dump={dump}", "--msprobe-out=out", "--co", "-qq")[1][0])
@@ -73,6 +74,9 @@ def bench_collection(work: Path, calls: int, repeats: int) -> dict[str, Any]:
         empty.extend(line for line in lines if line["worker"].startswith("gw"))
         _, lines, _ = pytest_run(work, "-n", "2", "-k", "no_such_call", str(work / "no_tests_here"))
         bare.extend(line for line in lines if line["worker"].startswith("gw"))
+        floor_main.append(pytest_run(floor, "-p", "no:msprobe", "--co", "-qq")[1][0])
+        _, lines, _ = pytest_run(floor, "-p", "no:msprobe", "-n", "2", "-k", "no_such_call")
+        floor_workers.extend(line for line in lines if line["worker"].startswith("gw"))
     size_mb = dump.stat().st_size / 2**20
     return {
         "dump": f"{calls} calls, {size_mb:.0f} MiB",
@@ -80,10 +84,43 @@ def bench_collection(work: Path, calls: int, repeats: int) -> dict[str, Any]:
         "first_collection_s": min(line["collect_s"] for line in first),
         "cached_collection_s": min(line["collect_s"] for line in cached),
         "worker_collection_s": [round(line["collect_s"], 2) for line in workers],
+        "worker_items_built_s": [round(line["items_built_s"], 2) for line in workers],
         "worker_rss_mb": [round(line["rss_collected_mb"]) for line in workers],
         "worker_rss_one_call_dump_mb": [round(line["rss_collected_mb"]) for line in empty],
         "worker_rss_no_dump_mb": [round(line["rss_collected_mb"]) for line in bare],
+        "pytest_floor_collection_s": min(line["collect_s"] for line in floor_main),
+        "pytest_floor_worker_collection_s": [round(line["collect_s"], 2) for line in floor_workers],
+        "pytest_floor_worker_rss_mb": [round(line["rss_collected_mb"]) for line in floor_workers],
     }
+
+
+FLOOR_CONFTEST = """import pytest
+
+
+class Bare(pytest.Item):
+    def runtest(self):
+        pass
+
+
+class Calls(pytest.File):
+    def collect(self):
+        for number in range(int(self.path.read_text())):
+            yield Bare.from_parent(self, name=f"Functional.linear.{number}.forward")
+
+
+def pytest_collect_file(file_path, parent):
+    if file_path.name == "calls.txt":
+        return Calls.from_parent(parent, path=file_path)
+"""
+
+
+def write_floor_items(folder: Path, calls: int) -> Path:
+    """pytest's own cost of `calls` items: a conftest yielding that many bare items
+    (no plugin, no index, no markers), the floor under any one-item-per-call plugin."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "conftest.py").write_text(FLOOR_CONFTEST)
+    (folder / "calls.txt").write_text(str(calls))
+    return folder
 
 
 def bench_overhead(work: Path, calls: int, repeats: int) -> dict[str, Any]:

@@ -30,6 +30,12 @@ def pytest_collection(session: pytest.Session) -> None:
     _marks["collect_start"] = time.perf_counter()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems() -> None:
+    """The items exist; selection (-k, our shards and ordering) comes next."""
+    _marks["items_built"] = time.perf_counter()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     _marks["collected"] = time.perf_counter()
@@ -47,10 +53,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not path:
         return
     now = time.perf_counter()
-    start, collected = _marks.get("collect_start"), _marks.get("collected")
+    start, collected, built = _marks.get("collect_start"), _marks.get("collected"), _marks.get("items_built")
     line = {
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
         "collect_s": collected - start if start and collected else None,
+        "items_built_s": built - start if start and built else None,
         "rss_collected_mb": _marks.get("rss_collected_mb"),
         "items": _marks.get("items"),
         "run_s": now - collected if collected else None,

@@ -74,7 +74,7 @@ class BaselinePlugin:
         gone = []
         for key, path in self._dumps():
             try:
-                present = {str(entry.name) for entry in read_index(path).entries}
+                present = set(read_index(path).names)
             except DumpError:
                 continue
             gone += [f"{key}::{call}" for (dump, call) in recorded.calls if dump == key and call not in present]

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from pytest_msprobe.errors import CallError, DumpError
 
 TENSOR_FOLDER = "dump_tensor_data"
@@ -25,7 +27,7 @@ _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallName:
     """`{api_type}.{api_name}.{index}.{direction}`, split from the right because
     api names may hold dots (`Tensor.__matmul__`, `Aten.add.Tensor`)."""
@@ -60,7 +62,7 @@ def parse_call_name(name: str) -> CallName | None:
     return CallName(api_type, api_name, int(parts[-2]), parts[-1])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IndexEntry:
     """What collection needs of one call: its name, where its record lies, and its
     size (elements of its tensors) for scheduling heavy calls first."""
@@ -71,29 +73,58 @@ class IndexEntry:
     numel: int
 
 
-@dataclass
+@dataclass(eq=False)
 class DumpIndex:
+    """A dump's calls as columns, in dump order: a name and a few numbers each. One
+    object per call would cost each xdist worker about 50 MB more for 200,000 calls;
+    IndexEntry/CallName objects are made for the calls that are asked for."""
+
     path: Path
     task: str
     level: str
     framework: str
-    entries: list[IndexEntry]
+    names: list[str]  # `{api_type}.{api_name}.{index}.{direction}` of each call
+    apis: list[tuple[str, str]]  # the distinct (api_type, api_name) pairs
+    api: np.ndarray  # int32: each call's pair, as a position in `apis`
+    number: np.ndarray  # int64: each call's index, the number in its name
+    backward: np.ndarray  # bool: each call's direction
+    start: np.ndarray  # int64: each record's byte span in the file
+    end: np.ndarray
+    numel: np.ndarray  # int64: elements of each record's tensors (the cost estimate)
     modules: int = 0
     skipped_names: list[str] = field(default_factory=list)
     key: str = ""  # the dump's name in test ids (its path from the rootdir): stable across machines
+
+    def __len__(self) -> int:
+        return len(self.names)
 
     @property
     def tensor_dir(self) -> Path:
         return self.path.parent / TENSOR_FOLDER
 
-    def entry(self, name: str) -> IndexEntry | None:
-        return self._by_name().get(name)
+    def call_at(self, position: int) -> CallName:
+        api_type, api_name = self.apis[self.api[position]]
+        return CallName(api_type, api_name, int(self.number[position]), DIRECTIONS[int(self.backward[position])])
 
-    def _by_name(self) -> dict[str, IndexEntry]:
-        cache = self.__dict__.get("_by_name_cache")
+    def entry_at(self, position: int) -> IndexEntry:
+        return IndexEntry(self.call_at(position), int(self.start[position]), int(self.end[position]),
+                          int(self.numel[position]))
+
+    @property
+    def entries(self) -> list[IndexEntry]:
+        return [self.entry_at(position) for position in range(len(self))]
+
+    def entry(self, name: str) -> IndexEntry | None:
+        position = self._positions().get(name)
+        return None if position is None else self.entry_at(position)
+
+    def _positions(self) -> dict[str, int]:
+        """Name -> position, made on the first lookup by name (a backward call finding
+        its forward), not while collecting."""
+        cache = self.__dict__.get("_positions_cache")
         if cache is None:
-            cache = {str(e.name): e for e in self.entries}
-            self.__dict__["_by_name_cache"] = cache
+            cache = {name: position for position, name in enumerate(self.names)}
+            self.__dict__["_positions_cache"] = cache
         return cache
 
     def read_record(self, entry: IndexEntry) -> dict[str, Any]:
@@ -122,12 +153,12 @@ def read_index(path: Path) -> DumpIndex:
         raise DumpError(f"{path}: is not UTF-8 text ({exc})") from exc
     offsets = _ByteOffsets(text, raw)
     header: dict[str, Any] = {}
-    index = DumpIndex(path=path, task="", level="", framework="", entries=[])
+    calls = _Calls()
 
     def visit(key: str, pos: int) -> int:
         if key == "data":
             header["data"] = True
-            return _index_data(text, pos, offsets, index)
+            return _index_data(text, pos, offsets, calls)
         header[key], end = _decode(text, pos, key)
         return end
 
@@ -137,17 +168,16 @@ def read_index(path: Path) -> DumpIndex:
         raise DumpError(f"{path}: is not a valid dump.json: {exc}") from exc
     if "data" not in header:
         raise DumpError(f"{path}: has no \"data\" object; is it msprobe's dump.json?")
-    if not index.entries:
-        raise DumpError(f"{path}: holds no API calls ({index.modules} Module/Cell entries, {len(index.skipped_names)} other keys); "
+    if not calls.names:
+        raise DumpError(f"{path}: holds no API calls ({calls.modules} Module/Cell entries, {len(calls.skipped_names)} other keys); "
                         "dump with level L1 or mix to check API calls")
-    index.task = _header_str(path, header, "task", None)
-    if index.task not in ("tensor", "statistics"):
+    task = _header_str(path, header, "task", None)
+    if task not in ("tensor", "statistics"):
         raise DumpError(f"{path}: \"task\" is {header.get('task')!r}; expected \"tensor\" or \"statistics\"")
-    index.level = _header_str(path, header, "level", "L1")
-    index.framework = _header_str(path, header, "framework", "pytorch")
-    if index.framework not in ("pytorch", "mindspore"):
-        raise DumpError(f"{path}: \"framework\" is {index.framework!r}; expected \"pytorch\" or \"mindspore\"")
-    return index
+    framework = _header_str(path, header, "framework", "pytorch")
+    if framework not in ("pytorch", "mindspore"):
+        raise DumpError(f"{path}: \"framework\" is {framework!r}; expected \"pytorch\" or \"mindspore\"")
+    return calls.index(path, task, _header_str(path, header, "level", "L1"), framework)
 
 
 def _header_str(path: Path, header: dict, key: str, default: str | None) -> str:
@@ -159,16 +189,41 @@ def _header_str(path: Path, header: dict, key: str, default: str | None) -> str:
     return value
 
 
-def _index_data(text: str, pos: int, offsets: "_ByteOffsets", index: DumpIndex) -> int:
+class _Calls:
+    """The columns of a DumpIndex, as the scan finds its calls."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.apis: dict[tuple[str, str], int] = {}
+        self.columns: tuple[list[int], ...] = ([], [], [], [], [], [])  # api, number, backward, start, end, numel
+        self.modules = 0
+        self.skipped_names: list[str] = []
+
+    def add(self, name: CallName, start: int, end: int, numel: int) -> None:
+        self.names.append(str(name))
+        api = self.apis.setdefault((name.api_type, name.api_name), len(self.apis))
+        for column, value in zip(self.columns, (api, name.index, name.direction == "backward", start, end, numel)):
+            column.append(value)
+
+    def index(self, path: Path, task: str, level: str, framework: str) -> DumpIndex:
+        api, number, backward, start, end, numel = self.columns
+        return DumpIndex(path=path, task=task, level=level, framework=framework, names=self.names, apis=list(self.apis),
+                         api=np.array(api, dtype=np.int32), number=np.array(number, dtype=np.int64),
+                         backward=np.array(backward, dtype=bool), start=np.array(start, dtype=np.int64),
+                         end=np.array(end, dtype=np.int64), numel=np.array(numel, dtype=np.int64),
+                         modules=self.modules, skipped_names=self.skipped_names)
+
+
+def _index_data(text: str, pos: int, offsets: "_ByteOffsets", calls: _Calls) -> int:
     def visit(key: str, value_start: int) -> int:
         value, value_end = _decode(text, value_start, key)
         name = parse_call_name(key)
         if name is not None:
-            index.entries.append(IndexEntry(name, offsets.byte(value_start), offsets.byte(value_end), _numel(value)))
+            calls.add(name, offsets.byte(value_start), offsets.byte(value_end), _numel(value))
         elif key.startswith(MODULE_PREFIXES):
-            index.modules += 1
+            calls.modules += 1
         else:
-            index.skipped_names.append(key)
+            calls.skipped_names.append(key)
         return value_end
 
     if not text.startswith("{", _WHITESPACE.match(text, pos).end()):

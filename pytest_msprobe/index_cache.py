@@ -17,17 +17,19 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pytest_msprobe import options
-from pytest_msprobe.dump import DIRECTIONS, CallName, DumpIndex, IndexEntry, read_index
+from pytest_msprobe.dump import DIRECTIONS, DumpIndex, read_index
 from pytest_msprobe.errors import DumpError
 
 CACHE_FOLDER = ".msprobe-index"
-FORMAT = 2  # bump when the arrays or the header change meaning
+FORMAT = 3  # bump when the arrays or the header change meaning
+# DumpIndex's columns and their types: a cache holds them as they are.
+COLUMNS = {"api": np.int32, "number": np.int64, "backward": np.bool_, "start": np.int64, "end": np.int64, "numel": np.int64}
 
 
 def cache_folder(config: pytest.Config) -> Path:
@@ -86,15 +88,19 @@ def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
             header = _current_header(arrays, key)
             if header is None:
                 return None
-            columns = [arrays[name].tolist() for name in ("api", "call_index", "backward", "starts", "ends", "numel")]
-        # Each (api_type, api_name) is one pair of strings shared by all its calls.
+            columns = {name: arrays[name] for name in COLUMNS}
         apis = [(str(api_type), str(api_name)) for api_type, api_name in header["apis"]]
-        entries = [IndexEntry(CallName(*apis[api], call_index, DIRECTIONS[backward]), start, end, numel)
-                   for api, call_index, backward, start, end, numel in zip(*columns)]
+        if len({len(column) for column in columns.values()}) != 1 or (columns["api"] < 0).any():
+            return None  # damaged: a short column, or an api that is not in the header
+        prefixes = [f"{api_type}.{api_name}." for api_type, api_name in apis]
+        suffixes = tuple(f".{direction}" for direction in DIRECTIONS)
+        names = [f"{prefixes[api]}{number}{suffixes[backward]}" for api, number, backward
+                 in zip(columns["api"].tolist(), columns["number"].tolist(), columns["backward"].tolist())]
     except (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError, zipfile.BadZipFile):
         return None
     return DumpIndex(path=dump, task=header["task"], level=header["level"], framework=header["framework"],
-                     entries=entries, modules=header["modules"], skipped_names=header["skipped_names"])
+                     names=names, apis=apis, modules=header["modules"], skipped_names=header["skipped_names"],
+                     **{name: column.astype(dtype, copy=False) for (name, column), dtype in zip(columns.items(), COLUMNS.values())})
 
 
 def _current_header(arrays: Any, key: dict[str, object]) -> dict[str, Any] | None:
@@ -107,24 +113,11 @@ def _write(path: Path, index: DumpIndex, key: dict[str, object]) -> None:
     """Written to a temporary file and renamed, so that workers collecting at the same
     time see the old cache, none, or the whole new one. A folder that cannot be written
     only costs the next collection a parse."""
-    apis: dict[tuple[str, str], int] = {}
-    api_ids = [apis.setdefault((entry.name.api_type, entry.name.api_name), len(apis)) for entry in index.entries]
     header = {"format": FORMAT, "key": key, "dump": str(index.path), "task": index.task, "level": index.level,
               "framework": index.framework, "modules": index.modules, "skipped_names": index.skipped_names,
-              "apis": list(apis)}
-
-    def column(values: list[int] | Iterator[int], dtype: type) -> np.ndarray:
-        return np.fromiter(values, dtype=dtype, count=len(index.entries))
-
-    arrays = {
-        "header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
-        "api": column(api_ids, np.int64),
-        "call_index": column((entry.name.index for entry in index.entries), np.int64),
-        "backward": column((entry.name.direction == "backward" for entry in index.entries), np.int8),
-        "starts": column((entry.start for entry in index.entries), np.int64),
-        "ends": column((entry.end for entry in index.entries), np.int64),
-        "numel": column((entry.numel for entry in index.entries), np.int64),
-    }
+              "apis": index.apis}
+    arrays = {"header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
+              **{name: getattr(index, name) for name in COLUMNS}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from pytest_msprobe.dump import CallName, DumpIndex
+from pytest_msprobe.dump import DIRECTIONS, CallName, DumpIndex
 from pytest_msprobe.errors import DumpError
 from pytest_msprobe.index_cache import cache_folder, load_index
 from pytest_msprobe.mindspore_tables import require_mindspore
@@ -46,20 +46,30 @@ class DumpFile(pytest.File):
         state.indexes[self.path] = index
         state.module_entries += index.modules
         state.unparsed_names.extend(index.skipped_names)
-        for entry in index.entries:
-            yield CallItem.from_parent(self, name=str(entry.name), call=entry.name)
+        api_types = [api_type.lower() for api_type, _ in index.apis]
+        for position, (name, api, backward) in enumerate(zip(index.names, index.api.tolist(), index.backward.tolist())):
+            yield CallItem.from_parent(self, name=name, index=index, position=position,
+                                       markers=(DIRECTIONS[backward], "api_" + api_types[api]))
 
 
 class CallItem(pytest.Item):
-    def __init__(self, *, call: CallName, **kwargs: Any) -> None:
+    """One dumped call: its dump's index and its position there (scheduling reads its
+    size from the index columns; no lookup by name while collecting)."""
+
+    def __init__(self, *, index: DumpIndex, position: int, markers: tuple[str, ...], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.call = call
-        self.add_marker(_mark(call.direction))
-        self.add_marker(_mark("api_" + call.api_type.lower()))
+        self.index = index
+        self.position = position
+        for marker in markers:
+            self.add_marker(_mark(marker))
 
     @property
-    def index(self) -> DumpIndex:
-        return session_state(self.config).indexes[self.path]
+    def call(self) -> CallName:
+        return self.index.call_at(self.position)
+
+    @property
+    def numel(self) -> int:
+        return int(self.index.numel[self.position])
 
     def runtest(self) -> None:
         state = session_state(self.config)
@@ -95,4 +105,4 @@ def dump_lines(config: pytest.Config, dumps: list[Path]) -> Iterator[str]:
             continue  # its collection error already says why
         left_out = f", {index.modules} Module/Cell entries not collected (whole modules, not API calls)" if index.modules else ""
         odd = f", {len(index.skipped_names)} keys that are not call names ignored" if index.skipped_names else ""
-        yield f"msprobe: {bestrelpath(config.rootpath, dump)}: {len(index.entries)} API calls{left_out}{odd}"
+        yield f"msprobe: {bestrelpath(config.rootpath, dump)}: {len(index)} API calls{left_out}{odd}"

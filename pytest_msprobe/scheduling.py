@@ -26,8 +26,7 @@ CALL_OVERHEAD_ELEMENTS = 100_000
 
 
 def weight(item: Any) -> int:
-    entry = item.index.entry(str(item.call))
-    return (entry.numel if entry is not None else 0) + CALL_OVERHEAD_ELEMENTS
+    return item.numel + CALL_OVERHEAD_ELEMENTS
 
 
 def heavy_first(items: Sequence[Any]) -> list[Any]:

@@ -108,7 +108,7 @@ def script_file_name(name: CallName) -> str:
 
 def _known_call(index: DumpIndex, call_name: str) -> CallName:
     if index.entry(call_name) is None:
-        names = [str(entry.name) for entry in index.entries]
+        names = index.names
         close = difflib.get_close_matches(call_name, names, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else f" (it has {len(names)} calls, e.g. {names[0]})"
         raise ScriptError(f"{call_name!r} is not a call of {index.path}{hint}")

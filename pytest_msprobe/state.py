@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_msprobe import options
-from pytest_msprobe.dump import DumpIndex
+
+if TYPE_CHECKING:  # the index (numpy) is imported only when a dump is collected
+    from pytest_msprobe.dump import DumpIndex
 
 
 @dataclass

@@ -12,8 +12,7 @@ from pytest_msprobe import scheduling
 
 
 def fake_item(name: str, numel: int) -> SimpleNamespace:
-    entry = SimpleNamespace(numel=numel)
-    return SimpleNamespace(call=name, index=SimpleNamespace(entry=lambda key, entry=entry: entry))
+    return SimpleNamespace(call=name, numel=numel)
 
 
 def test_heavy_calls_go_first_and_ties_keep_the_dump_order() -> None:
