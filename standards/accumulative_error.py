@@ -31,8 +31,8 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=No
         res = fast.run(pair, thr=(bound, small, bound), signs=True, offend="rel")
     if res is not None:
         metrics = fast_threshold_metrics(pair, res)
-        pos, neg, outward, inward = res["signs"]
-        pair.__dict__.setdefault("sign_counts", (pos, neg))
+        fast.keep_sign_counts(pair, res)
+        outward, inward = res["signs"][2:]
     else:
         metrics = absolute_threshold_metrics(pair, bound, small, bound)
     metrics["eb"] = pair.error_balance()

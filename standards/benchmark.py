@@ -145,7 +145,7 @@ def _fast_ref(pair: Pair, thresholds, small, atol, reference):
     res = fast.run(pair, bm=(small, atol), bm_ideal=True, signs="eb")
     if res is None:
         return None
-    pair.__dict__.setdefault("sign_counts", tuple(res["signs"][:2]))
+    fast.keep_sign_counts(pair, res)
     n_small = res["bm"][0]
     metrics = _bm_from_sums(pair.n, *res["bm"])
     metrics["eb"] = pair.error_balance()
@@ -161,17 +161,13 @@ def _fast_ref(pair: Pair, thresholds, small, atol, reference):
 
 def _fast(pair: Pair, thresholds, small, atol):
     """Single run, large and all finite: one fused pass (fast.py)."""
-    sr = fast_single_run(pair, {"bm": (small, atol)}, scaled=True)
+    sr = fast_single_run(pair, {"bm": (small, atol), "signs": "eb"}, scaled=True)
     if sr is None:
         return None
     res, extra = sr
-    n_small, small_bad, sq_sum, rel_max, rel_sum = res["bm"]
-    n_normal = pair.n - n_small
-    metrics = {"small_value_err_ratio": float(small_bad / n_small) if n_small else 0.0,
-               "rmse": float(math.sqrt(sq_sum / n_normal)) if n_normal else 0.0,
-               "max_rel_err": float(rel_max) if n_normal else 0.0,
-               "mean_rel_err": float(rel_sum / n_normal) if n_normal else 0.0,
-               "eb": pair.error_balance()}
+    fast.keep_sign_counts(pair, res)
+    metrics = _bm_from_sums(pair.n, *res["bm"])
+    metrics["eb"] = pair.error_balance()
     metrics.update(extra)
     used: dict = {"small": small, "atol_bm": atol}
     reasons = single_run_reasons(pair, extra, thresholds, used)

@@ -4,9 +4,12 @@ Why: judging a 2**24-element output the plain way (metrics.Pair) makes float64 c
 of both sides, the bench rounded to D, and a dozen full-size temporaries (abs_err,
 rel_err, masks, ULPs), each a pass over memory that also pays first-touch page faults.
 Here every quantity a standard needs is computed in ONE pass over cache-sized chunks
-(CHUNK elements, a few reused float64 buffers per thread that stay in L2), in two
-threads (numpy releases the GIL inside ufuncs), and only sums, counts and maxima leave
-the chunk loop. The five worst elements are found by a second pass (`worst`) only for a
+(CHUNK elements, a few float64 buffers per thread, reused by every chunk), in two
+threads (numpy releases the GIL inside ufuncs; no BLAS call inside: its own threads
+contend with ours, see `_dot`), and only sums, counts and maxima leave the chunk loop.
+The single-run rule's statistical sums are taken on its sampled chunks only
+(single_run.py, 4.), and its RMS is guessed and checked in the same pass
+(`run_with_rms`). The five worst elements are found by a second pass (`worst`) only for a
 verdict that is not a pass, where a message shows them; likewise the extra checks a
 verdict needs only past a limit (ulp's top-decile check, thousandth's scaled share).
 No float64 copy of the device output, no boolean-index copies, no full sort.
@@ -42,12 +45,13 @@ __all__ = ["FAST_MIN_N", "CHUNK", "run", "raw_views", "fast_ok"]
 
 #: outputs smaller than this take the plain path (tests lower it to exercise this one)
 FAST_MIN_N = 1 << 16
-#: elements per chunk (measured: 2**16 beats 2**14-2**15 and 2**18 on this 2-core EPYC)
+#: elements per chunk (measured on this 2-core EPYC, two threads: 2**16 and 2**17 within
+#: +-10% of each other, 2**15 1.5x and 2**14 3x slower -- each ufunc call re-takes the GIL)
 CHUNK = 1 << 16
 _EXP_MASK = np.int64(0x7FF0000000000000)
-#: signed ULP errors are clipped here in the bias statistics (metrics.BIAS_CLIP_ULP)
-BIAS_CLIP = 64.0
 _FAST_DTYPES = ("float64", "float32", "float16", "bfloat16")
+#: clip of signed ULP errors in the bias statistics (keeps cancellation noise bounded)
+BIAS_CLIP = 64.0
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -76,11 +80,14 @@ def _get_pool() -> ThreadPoolExecutor:
 
 
 def _in_halves(work, n: int) -> list:
-    """work(lo, hi) over [0, n): in two threads, chunk-aligned halves, when n is large."""
+    """work(lo, hi) over [0, n): in two threads, chunk-aligned halves, when n is large.
+    (Measured: 16 smaller tasks, to balance a core shared with another process, were
+    5-15% slower than halves on every standard.)"""
     if n >= 4 * CHUNK and _threads() > 1:
         step = -(-n // 2 // CHUNK) * CHUNK
         pool = _get_pool()
-        return [f.result() for f in [pool.submit(work, lo, min(lo + step, n)) for lo in range(0, n, step)]]
+        return [f.result() for f in [pool.submit(work, lo, min(lo + step, n))
+                                     for lo in range(0, n, step)]]
     return [work(0, n)]
 
 
@@ -122,13 +129,18 @@ class _Spec:
         self.ulp_t = None                # T: max/sum/count(> T) of own-ULP error
         self.signs = False               # pos, neg, outward, inward vs bench rounded to D
                                          # ("eb": pos, neg only; outward, inward stay 0)
-        self.bias_q = None               # |b| quantile value: bias over |b| >= it
         self.scaled_rms = None           # rms: scaled ULP error at max(|b|, rms)
         self.top = None                  # (q, floor*rms): max own-ULP error over |b| >= q
         self.th_scaled = None            # allowed factor (ulps*eps) with rms: thousandth
         self.abs_scaled = None           # (floor*rms, ulps*eps) for absolute threshold
         self.legacy = False              # cosine sums and max_abs_err
         self.offend = None               # "rel" | "score" | "scaled" | "ulp"
+        self.sample = 1                  # sums of statistics over every sample-th chunk
+        self.bias = None                 # q: BiasSums over the sampled chunks
+        self.sumsq = False               # sum of b**2 (run_with_rms)
+        self.top_seen = [0.0]            # the largest top error any thread has found: a
+                                         # chunk whose max is below cannot change it
+        self.offend_seen = [0.0]         # _Top's bound, shared by the threads
         for k, v in kw.items():
             setattr(self, k, v)
 
@@ -150,33 +162,102 @@ def _ulp_scalar(x: float, info) -> float:
     return float(ulp_of(np.array([abs(float(x))]), info)[0])
 
 
-def _ulp_into(abs_vals: np.ndarray, out: np.ndarray, ibuf: np.ndarray, info) -> np.ndarray:
-    """ULP of D at |values| (same as metrics.ulp_of): exponent bits, floored at e_min."""
-    np.bitwise_and(abs_vals.view(np.int64), _EXP_MASK, out=ibuf)
-    np.multiply(ibuf.view(np.float64), 2.0 ** -info.mantissa_bits, out=out)
-    np.maximum(out, 2.0 ** (info.e_min - info.mantissa_bits), out=out)
+def _pow2_into(abs_vals: np.ndarray, out: np.ndarray, clamp: float) -> np.ndarray:
+    """max(2**floor(log2|x|), clamp) from the exponent bits of float64 x (sign ignored).
+
+    With clamp = 2**e_min this is the ULP of D times 2**m (metrics.ulp_of: a subnormal x
+    gives 0, clamped to 2**e_min); with a larger clamp 2**k, the same at max(|x|, 2**k), as
+    the ULP is monotone (the single-run rule's coarser scales). Errors are divided by it,
+    i.e. measured in units of 2**-m ULP, and their maxima and sums scaled by 2**m once:
+    (a / 2**e) * 2**m is a / 2**(e - m) exactly (power-of-two scalings), unless a quotient
+    is subnormal (an error below ~2**-1000 ULP, which moves no maximum and no sum). One
+    ufunc fewer per ULP computation than 2**(e - m) itself.
+    """
+    bits = out.view(np.int64)
+    np.bitwise_and(abs_vals.view(np.int64), _EXP_MASK, out=bits)
+    np.maximum(out, clamp, out=out)
     return out
 
 
-class _Top:
-    """The k largest positive scores seen and their flat indices."""
+class BiasSums:
+    """The single-run rule's bias counts and sums over the sampled blocks of elements
+    (single_run.py: which blocks, and `bias_statistics`, which turns them into metrics).
+    Both paths `add` the same blocks, with their own arrays: d and b_D (the bench rounded
+    to D) in D's dtype or float64, b in its own, d - b and |b| in float64.
 
-    def __init__(self, k=5):
+    sums = [#(d > b_D), #(d < b_D), #outward (d - b_D has the sign of b), #inward,
+            #upper (|b| >= q), sum of the clipped signed own-ULP errors over the upper
+            elements, the same times sign(b)]
+    """
+
+    def __init__(self, info, q: float, size: int) -> None:
+        self.info, self.q = info, q
+        self.unit = 2.0 ** info.mantissa_bits             # ULPs per 2**e (_pow2_into)
+        self.clamp = 2.0 ** info.e_min
+        cap = min(CHUNK, size)                            # the largest block
+        self.signed, self.w, self.tmp = (np.empty(cap) for _ in range(3))
+        self.masks = [np.empty(cap, bool) for _ in range(5)]
+        self.sums = [0, 0, 0, 0, 0, 0.0, 0.0]
+
+    def add(self, d, b_d, b, diff, abs_b) -> None:
+        """One block (at most CHUNK elements, all finite)."""
+        m = d.size
+        signed, w, prod = self.signed[:m], self.w[:m], self.tmp[:m]
+        up, down, pos, neg, tmp = (x[:m] for x in self.masks)
+        count, s = np.count_nonzero, self.sums
+        np.greater(d, b_d, out=up)
+        np.less(d, b_d, out=down)
+        np.greater(b, 0, out=pos)
+        np.less(b, 0, out=neg)
+        s[0] += int(count(up))
+        s[1] += int(count(down))
+        for i, (x, y) in ((2, (up, pos)), (2, (down, neg)), (3, (down, pos)), (3, (up, neg))):
+            s[i] += int(count(np.logical_and(x, y, out=tmp)))
+        np.divide(diff, _pow2_into(abs_b, w, self.clamp), out=signed)   # exact
+        np.minimum(signed, BIAS_CLIP / self.unit, out=signed)
+        np.maximum(signed, -BIAS_CLIP / self.unit, out=signed)
+        upper = np.greater_equal(abs_b, self.q, out=up)
+        s[4] += int(count(upper))
+        for i, sign, mask in ((5, 1, upper), (6, 1, np.logical_and(upper, pos, out=down)),
+                              (6, -1, np.logical_and(upper, neg, out=tmp))):
+            np.copyto(w, mask)                            # masked sums as dot products
+            s[i] += sign * self.unit * _dot(signed, w, prod)
+
+
+def _dot(a: np.ndarray, b: np.ndarray, tmp: np.ndarray) -> float:
+    """sum(a * b) by numpy's own loops, not np.dot: that calls the BLAS, whose threads
+    contend with the pool's (measured: the two-thread pass 2.5x slower than one thread,
+    with OpenBLAS)."""
+    np.multiply(a, b, out=tmp)
+    return float(tmp.sum())
+
+
+class _Top:
+    """The k largest positive scores seen and their flat indices.
+
+    `shared` ([x]), shared by the threads of one pass: the k-th largest score any of them
+    has kept, so a score below it can be in no thread's answer (a thread starting afresh
+    would otherwise keep, and partition, nearly every element of its first chunks)."""
+
+    def __init__(self, k=5, shared=None):
         self.k = k
         self.items: list[tuple[float, int]] = []
+        self.shared = shared if shared is not None else [0.0]
 
     def thr(self) -> float:
         return self.items[-1][0] if len(self.items) >= self.k else 0.0
 
     def update(self, score: np.ndarray, offset: int) -> None:
-        thr = self.thr()
-        if score.size == 0 or not score.max() > thr:
+        thr, floor = self.thr(), self.shared[0]
+        if score.size == 0 or not (score.max() > thr and score.max() >= floor):
             return
-        idx = np.flatnonzero(score > thr)
+        idx = np.flatnonzero(score > thr if floor <= thr else score >= floor)
         if idx.size > 4 * self.k:
             part = np.argpartition(score[idx], -self.k)[-self.k:]
             idx = idx[part]
         self.merge([(float(score[i]), int(i) + offset) for i in idx])
+        if len(self.items) >= self.k:
+            self.shared[0] = max(self.shared[0], self.items[-1][0])
 
     def merge(self, items) -> None:
         self.items = sorted(self.items + list(items), key=lambda t: (-t[0], t[1]))[: self.k]
@@ -190,11 +271,8 @@ def _work(d: np.ndarray, b: np.ndarray, lo: int, hi: int, info, tiny: float, spe
 def _work_inner(d, b, lo, hi, info, tiny, spec):
     C = CHUNK
     f8 = np.float64
-    diff, ae, ab, rel, t1, t2, t3 = (np.empty(C, f8) for _ in range(7))
-    t4 = np.empty(C if spec.bias_q is not None and spec.bias_q <= 0 else 0, f8)
-    ib = np.empty(C, np.int64)
-    ddt = d.dtype if info.name != "bfloat16" else np.float32
-    bdbuf = np.empty(C, ddt)
+    diff, ae, ab, rel, t1, t2, t3, t4, sq = (np.empty(C, f8) for _ in range(9))
+    bdbuf = np.empty(C, d.dtype if info.name != "bfloat16" else np.float32)
     m1, m2, m3, m4 = (np.empty(C, bool) for _ in range(4))
     r: dict = {"fin": 0.0, "max_ab": 0.0}
     lt = {x: 0 for x in spec.rel_lt}
@@ -208,10 +286,8 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
         r["ulp"] = [0.0, 0.0, 0]
     if spec.signs:
         r["signs"] = [0, 0, 0, 0]
-    if spec.bias_q is not None:
-        r["bias"] = [0, 0.0, 0.0]
     if spec.scaled_rms is not None:
-        r["scaled"] = [0.0, 0.0]
+        r["scaled"] = [0.0, 0.0, 0]        # max; sum and count over the sampled chunks
     if spec.top is not None:
         r["top"] = 0.0
     if spec.th_scaled is not None:
@@ -220,38 +296,44 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
         r["abs_scaled"] = 0
     if spec.legacy:
         r["legacy"] = [0.0, 0.0, 0.0, 0.0]
-    top = _Top()
+    if spec.sumsq:
+        r["sumsq"] = 0.0
+    top = _Top(shared=spec.offend_seen)
     need_rel = bool(spec.rel_lt) or spec.thr is not None or spec.bm is not None \
         or spec.th_scaled is not None or spec.abs_scaled is not None or spec.offend == "rel"
-    # over |b| >= q >= floor*rms the top check's scale is |b| itself: reuse the own-ULP error
-    top_shared = spec.top is not None and spec.top[1] <= spec.top[0]
-    need_own_ulp = (spec.ulp_t is not None or spec.bias_q is not None or top_shared
-                    or spec.offend == "ulp")
-    # the own-ULP error replaces |d - b| where nothing else reads it
-    need_ae = (need_rel or spec.legacy or not need_own_ulp or spec.scaled_rms is not None
-               or (spec.top is not None and not top_shared))
-    # ulp(max(|b|, rms)) = max(ulp(|b|), ulp(rms)): the scaled error is min(own, |d-b|/ulp(rms))
-    inv_u_rms = None
-    if spec.scaled_rms is not None and need_own_ulp:
-        inv_u_rms = 1.0 / float(_ulp_scalar(spec.scaled_rms, info))
-    # positive/negative halves of the upper half by |b| (q > 0: no zero is in it)
-    bias_split = spec.bias_q is not None and spec.bias_q > 0
-    int_ulp = info.name != "float64"     # ULP bits by integer arithmetic (normal in float64)
-    ulp_shift = np.int64(info.mantissa_bits << 52)
+    need_own_ulp = spec.ulp_t is not None or spec.offend == "ulp"
+    unit = 2.0 ** info.mantissa_bits               # ULP errors are computed in 1/unit ULP
     ulp_floor = 2.0 ** (info.e_min - info.mantissa_bits)
+    # ulp(max(|b|, y)) = max(ulp(|b|), ulp(y)): the scaled error and the top check's are
+    # |d - b| over the own ULP floored at ulp(rms), resp. ulp(floor*rms)
+    scaled_floor = top_src = None
+    if spec.scaled_rms is not None:
+        scaled_floor = max(ulp_floor, _ulp_scalar(spec.scaled_rms, info))
+    if spec.top is not None:
+        top_floor = max(ulp_floor, _ulp_scalar(spec.top[1], info))
+        u_q = _ulp_scalar(spec.top[0], info)     # over |b| >= q every own ULP is >= u_q
+        # where the floors are <= u_q the top check's error IS the scaled (own) error there
+        top_src = ("scaled" if scaled_floor is not None and max(scaled_floor, top_floor) <= u_q
+                   else "own" if need_own_ulp and top_floor <= u_q else "separate")
+    need_ae = (need_rel or spec.legacy or scaled_floor is not None or top_src == "separate"
+               or not need_own_ulp)
+    bias = BiasSums(info, spec.bias, hi - lo) if spec.bias is not None else None
     for o in range(lo, hi, C):
         dc, bc = d[o:o + C], b[o:o + C]
         m = dc.size
         if m != C:
-            diff, ae, ab, rel, t1, t2, t3, t4, ib, bdbuf, m1, m2, m3, m4 = (
-                x[:m] for x in (diff, ae, ab, rel, t1, t2, t3, t4, ib, bdbuf, m1, m2, m3, m4))
+            diff, ae, ab, rel, t1, t2, t3, t4, sq, bdbuf, m1, m2, m3, m4 = (
+                x[:m] for x in (diff, ae, ab, rel, t1, t2, t3, t4, sq, bdbuf, m1, m2, m3, m4))
         bd = None                                         # the bench rounded to D
+        sampled = (o // C) % spec.sample == 0
         np.subtract(dc, bc, out=diff, dtype=f8)
         np.abs(bc, out=ab, dtype=f8)
         r["max_ab"] = max(r["max_ab"], float(ab.max()))
+        if spec.sumsq:
+            r["sumsq"] += _dot(ab, ab, sq)
         if need_ae:
             np.abs(diff, out=ae)
-            if not need_own_ulp:
+            if not need_own_ulp and scaled_floor is None:   # else their maxima check it
                 r["fin"] += float(ae.sum())
         if need_rel:
             np.add(ab, tiny, out=t1)
@@ -263,10 +345,9 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
             lg = r["legacy"]
             d8 = t2
             np.copyto(d8, dc, casting="safe")
-            lg[0] += float(np.dot(d8, d8))
-            lg[1] += float(np.dot(bc, bc)) if bc.dtype == f8 else float(np.dot(ab, ab))
-            lg[2] += float(np.dot(d8, bc)) if bc.dtype == f8 else float(
-                np.dot(d8, bc.astype(f8)))
+            lg[0] += _dot(d8, d8, sq)
+            lg[1] += _dot(ab, ab, sq)
+            lg[2] += _dot(d8, bc, sq)
             lg[3] = max(lg[3], float(ae.max()))
         small_n = 0
         if spec.thr is not None:
@@ -302,8 +383,10 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
         if spec.bm is not None:
             small, atol = spec.bm
             bm = r["bm"]
-            np.less_equal(ab, small, out=m1)
-            ns = int(np.count_nonzero(m1))
+            ns = 0
+            if float(ab.min()) <= small:                   # a reduction, cheaper than
+                np.less_equal(ab, small, out=m1)           # a mask and its count
+                ns = int(np.count_nonzero(m1))
             bm[0] += ns
             if ns:
                 np.greater(ae, atol, out=m2)
@@ -311,12 +394,12 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
                 np.logical_not(m1, out=m1)                 # normal mask
                 if ns < m:          # masked sums by multiplying with the 0/1 mask
                     np.multiply(ae, m1, out=t1)
-                    bm[2] += float(np.dot(t1, t1))
+                    bm[2] += _dot(t1, t1, sq)
                     np.multiply(rel, m1, out=t1)
                     bm[3] = max(bm[3], float(t1.max()))
                     bm[4] += float(t1.sum())
             else:
-                bm[2] += float(np.dot(ae, ae))
+                bm[2] += _dot(ae, ae, sq)
                 bm[3] = max(bm[3], float(rel.max()))
                 bm[4] += float(rel.sum())
             if spec.bm_ideal:       # benchmark.py's `_ideal`: d = the bench rounded to D
@@ -335,12 +418,12 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
                     if ns < m:
                         np.logical_not(m3, out=m3)         # normal mask
                         np.multiply(ia, m3, out=ia)
-                        bi[1] += float(np.dot(ia, ia))
+                        bi[1] += _dot(ia, ia, sq)
                         np.multiply(ir, m3, out=ir)
                         bi[2] = max(bi[2], float(ir.max()))
                         bi[3] += float(ir.sum())
                 else:
-                    bi[1] += float(np.dot(ia, ia))
+                    bi[1] += _dot(ia, ia, sq)
                     bi[2] = max(bi[2], float(ir.max()))
                     bi[3] += float(ir.sum())
         if spec.th_scaled is not None:
@@ -351,81 +434,46 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
             np.less(rel, 0.001, out=m2)
             np.logical_or(m1, m2, out=m1)
             r["th_scaled"] += int(np.count_nonzero(m1))
-        cmax = None
+        cmax = smax = 0.0              # divisions by powers of two are exact
         if need_own_ulp:
-            if int_ulp:     # 2**(e - m) from the exponent bits, floored at 2**(e_min - m)
-                np.bitwise_and(ab.view(np.int64), _EXP_MASK, out=ib)
-                np.subtract(ib, ulp_shift, out=ib)
-                ulp = ib.view(f8)
-                np.maximum(ulp, ulp_floor, out=ulp)  # negative/-inf patterns -> the floor
-            else:
-                ulp = _ulp_into(ab, t1, ib, info)
-            signed = t2
-            np.divide(diff, ulp, out=signed)              # exact: ulp is a power of two
-            err = t3
-            np.abs(signed, out=err)
+            err = t2
+            np.divide(diff, _pow2_into(ab, t1, ulp_floor * unit), out=err)
+            np.abs(err, out=err)
             cmax = float(err.max())
-            if spec.ulp_t is None:
-                r["fin"] += cmax
-        if spec.ulp_t is not None:
-            u = r["ulp"]
-            u[0] = max(u[0], cmax)
-            esum = float(err.sum())
-            r["fin"] += esum
-            u[1] += esum
-            np.greater(err, spec.ulp_t, out=m1)
-            u[2] += int(np.count_nonzero(m1))
-        if spec.offend == "ulp":
-            top.update(err, o)
-        if top_shared and cmax > r["top"]:                # else no top element can beat it
-            np.greater_equal(ab, spec.top[0], out=m2)
-            np.multiply(err, m2, out=rel if not need_rel else t1)   # errors are >= 0
-            r["top"] = max(r["top"], float((rel if not need_rel else t1).max()))
-        if spec.bias_q is not None:
-            q = spec.bias_q
-            if cmax > BIAS_CLIP:
-                np.minimum(signed, BIAS_CLIP, out=signed)
-                np.maximum(signed, -BIAS_CLIP, out=signed)
-            bi = r["bias"]
-            if bias_split:          # sums over b >= q and b <= -q: sign(b) is +-1 there
-                np.greater_equal(bc, q, out=m1)
-                np.less_equal(bc, -q, out=m2)
-                npos, nneg = int(np.count_nonzero(m1)), int(np.count_nonzero(m2))
-                sp = sn = 0.0
-                if npos:
-                    np.multiply(signed, m1, out=ae if not need_ae else t1)
-                    sp = float((ae if not need_ae else t1).sum())
-                if nneg:
-                    np.multiply(signed, m2, out=ae if not need_ae else t1)
-                    sn = float((ae if not need_ae else t1).sum())
-                bi[0] += npos + nneg
-                bi[1] += sp + sn
-                bi[2] += sp - sn
-            else:
-                np.greater_equal(ab, q, out=m1)
-                nu = int(np.count_nonzero(m1))
-                if nu:
-                    sb = ae if not need_ae else t1
-                    np.multiply(signed, m1, out=sb)        # zero outside the upper half
-                    bi[0] += nu
-                    bi[1] += float(sb.sum())
-                    np.sign(bc, out=t4)
-                    bi[2] += float(np.dot(sb, t4))
-        if spec.scaled_rms is not None:
-            if inv_u_rms is not None:
-                tmp = t1 if need_rel else rel
-                np.multiply(ae, inv_u_rms, out=tmp)       # exact: a power of two
-                np.minimum(tmp, err, out=tmp)
-            else:
-                tmp = rel if not need_rel else t2
-                np.maximum(ab, spec.scaled_rms, out=tmp)
-                u = _ulp_into(tmp, t1, ib, info)
-                np.divide(ae, u, out=tmp)
-            sc = r["scaled"]
-            sc[0] = max(sc[0], float(tmp.max()))
-            sc[1] += float(tmp.sum())
+            r["fin"] += cmax
+            if spec.ulp_t is not None:
+                u = r["ulp"]
+                u[0] = max(u[0], cmax)
+                u[1] += float(err.sum())
+                np.greater(err, spec.ulp_t / unit, out=m1)
+                u[2] += int(np.count_nonzero(m1))
+            if spec.offend == "ulp":
+                top.update(err, o)
+        if scaled_floor is not None:
+            sc = t3
+            np.divide(ae, _pow2_into(ab, t1, scaled_floor * unit), out=sc)
+            smax = float(sc.max())
+            if not need_own_ulp:
+                r["fin"] += smax
+            scs = r["scaled"]
+            scs[0] = max(scs[0], smax)
+            if sampled:
+                scs[1] += float(sc.sum())
+                scs[2] += m
             if spec.offend == "scaled":
-                top.update(tmp, o)
+                top.update(sc, o)
+        if top_src is not None:
+            if top_src == "separate":
+                src = t4
+                np.divide(ae, _pow2_into(ab, t1, top_floor * unit), out=src)
+                src_max = float(src.max())
+            else:
+                src, src_max = (t3, smax) if top_src == "scaled" else (t2, cmax)
+            if src_max > max(r["top"], spec.top_seen[0]):  # else no top element beats it
+                np.greater_equal(ab, spec.top[0], out=m1)
+                np.multiply(src, m1, out=t4)              # errors are >= 0
+                r["top"] = max(r["top"], float(t4.max()))
+                spec.top_seen[0] = max(spec.top_seen[0], r["top"])
         if spec.signs:
             if bd is None:
                 bd = _bench_in_d(bc, info, bdbuf)
@@ -451,19 +499,22 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
                 down_neg = int(np.count_nonzero(m4))
             s[2] += up_pos + down_neg
             s[3] += down_pos + up_neg
-        if spec.top is not None and not top_shared:
-            q, floor_rms = spec.top
-            np.greater_equal(ab, q, out=m1)
-            if m1.any():
-                np.maximum(ab, floor_rms, out=t2)
-                u = _ulp_into(t2, t1, ib, info)
-                np.divide(ae, u, out=t2)
-                np.multiply(t2, m1, out=t2)                 # errors are >= 0
-                r["top"] = max(r["top"], float(t2.max()))
+        if bias is not None and sampled:
+            if bd is None:
+                bd = _bench_in_d(bc, info, bdbuf)
+            bias.add(dc, bd, bc, diff, ab)
         if spec.offend == "rel":
             top.update(rel, o)
     r["rel_lt"] = lt
     r["offenders"] = top.items
+    if bias is not None:
+        r["bias"] = bias.sums
+    for key in ("ulp", "scaled"):                         # max and sum back to ULPs
+        if key in r:
+            r[key][0] *= unit
+            r[key][1] *= unit
+    if "top" in r:
+        r["top"] *= unit
     return r
 
 
@@ -487,11 +538,11 @@ def _merge(parts: list[dict]) -> dict:
             out["ulp"] = [max(a[0], b[0]), a[1] + b[1], a[2] + b[2]]
         if "scaled" in out:
             a, b = out["scaled"], p["scaled"]
-            out["scaled"] = [max(a[0], b[0]), a[1] + b[1]]
+            out["scaled"] = [max(a[0], b[0]), a[1] + b[1], a[2] + b[2]]
         for key in ("top",):
             if key in out:
                 out[key] = max(out[key], p[key])
-        for key in ("th_scaled", "abs_scaled"):
+        for key in ("th_scaled", "abs_scaled", "sumsq"):
             if key in out:
                 out[key] += p[key]
         if "legacy" in out:
@@ -516,16 +567,7 @@ def run(pair, **kw) -> dict | None:
         spec.rel_lt = tuple(sorted(set(spec.rel_lt) | {0.01, 0.001, 0.0001}))
     d, b = raw_views(pair)
     n = d.size
-    nthreads = _threads() if n >= 4 * CHUNK else 1
-    if nthreads > 1:
-        step = -(-n // nthreads // CHUNK) * CHUNK
-        bounds = [(lo, min(lo + step, n)) for lo in range(0, n, step)]
-        pool = _get_pool()
-        futures = [pool.submit(_work, d, b, lo, hi, pair.info, pair.tiny, spec)
-                   for lo, hi in bounds]
-        res = _merge([f.result() for f in futures])
-    else:
-        res = _work(d, b, 0, n, pair.info, pair.tiny, spec)
+    res = _merge(_in_halves(lambda lo, hi: _work(d, b, lo, hi, pair.info, pair.tiny, spec), n))
     if not (math.isfinite(res["fin"]) and res["max_ab"] <= pair.info.max_finite):
         pair._cache["fast_nonfinite"] = True
         return None
@@ -533,6 +575,11 @@ def run(pair, **kw) -> dict | None:
     if spec.legacy:
         pair._cache["fast_legacy"] = res
     return res
+
+
+def keep_sign_counts(pair, res: dict) -> None:
+    """Give a pass's (#(d > b_D), #(d < b_D)) to the pair: its error balance reads them."""
+    pair.__dict__.setdefault("sign_counts", tuple(res["signs"][:2]))
 
 
 def worst(pair, offend: str, **kw) -> tuple:
@@ -630,12 +677,61 @@ def rms_or_none(pair) -> float | None:
     return float(math.sqrt(s / n))
 
 
+def run_with_rms(pair, spec: dict, scaled: bool, top: tuple | None = None) -> dict | None:
+    """run(pair, **spec) with the single-run rule's scales of the bench's RMS: scaled_rms
+    = rms if `scaled`, top = (q, f * rms) for top = (q, f). The pass reads them only
+    through ULPs of D (`_work_inner`), so any RMS in the same binades gives the same result.
+
+    So rather than a pass over the whole bench first (bench_sumsq: a read of it from
+    memory), the RMS is guessed from the quantile sample, the exact sum of squares is
+    computed in the pass itself, and the pass is repeated with the exact RMS only where
+    the guess's ULPs differ from it (an RMS within the guess's error of a power of two).
+    """
+    def with_rms(rms: float) -> dict:
+        out = dict(spec, scaled_rms=rms) if scaled else dict(spec)
+        if top is not None:
+            out["top"] = (top[0], top[1] * rms)
+        return out
+
+    known = "fast_sumsq" in pair._cache
+    guess = rms_or_none(pair) if known else _sample_rms(pair)
+    if guess is None:
+        return None
+    res = run(pair, sumsq=not known, **with_rms(guess))
+    if res is None or known:
+        return res
+    pair._cache["fast_sumsq"] = res["sumsq"]
+    rms = rms_or_none(pair)
+    if rms is None:
+        return None
+    factors = ([1.0] if scaled else []) + ([top[1]] if top is not None else [])
+    if all(_ulp_scalar(f * guess, pair.info) == _ulp_scalar(f * rms, pair.info)
+           for f in factors):
+        return res
+    return run(pair, **with_rms(rms))
+
+
+def _sample_rms(pair) -> float:
+    """RMS of the quantile sample of |b|: a guess at the bench's (1.0 if it overflows)."""
+    with np.errstate(all="ignore"):
+        rms = float(np.sqrt(np.mean(np.square(_abs_b_sample(pair)))))
+    return rms if math.isfinite(rms) and rms > 0 else 1.0
+
+
+def _abs_b_sample(pair) -> np.ndarray:
+    """|b| at every (n // QUANTILE_SAMPLE)-th element in float64: the plain path's
+    quantile sample (cached)."""
+    def compute():
+        from .single_run import QUANTILE_SAMPLE
+        _, b = raw_views(pair)
+        step = max(1, b.size // QUANTILE_SAMPLE)
+        return np.abs(b[::step]).astype(np.float64, copy=False)
+    return pair.cached("fast_abs_b_sample", compute)
+
+
 def abs_b_quantiles(pair, qs) -> list[float]:
     """Quantiles ('lower') of |b| on the strided sample the plain path uses (all finite)."""
-    from .single_run import QUANTILE_SAMPLE
-    _, b = raw_views(pair)
-    step = max(1, b.size // QUANTILE_SAMPLE)
-    sample = np.abs(b[::step]).astype(np.float64, copy=False)
+    sample = _abs_b_sample(pair)
     n = sample.size
     # numpy's 'lower' quantile is the order statistic floor((n - 1) * q)
     ks = [int(np.floor((n - 1) * np.float64(q))) for q in qs]

@@ -31,9 +31,6 @@ from .verdict import Offender, Verdict
 
 __all__ = ["Pair", "round_to_dtype", "ulp_of", "sign_balance_z"]
 
-#: clip of signed ULP errors in the bias statistics (keeps cancellation noise bounded)
-BIAS_CLIP_ULP = 64.0
-
 
 def round_to_dtype(values: np.ndarray, info: DtypeInfo) -> np.ndarray:
     """`values` (float64) rounded to nearest-even in D and returned as float64."""
