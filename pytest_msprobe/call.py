@@ -3,6 +3,7 @@ every side and judge it. The pytest item only turns the result into an outcome."
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -10,7 +11,8 @@ from pytest_msprobe.apis import Api, resolve_pytorch
 from pytest_msprobe.devices import Backend
 from pytest_msprobe.dump import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.replay import Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, replay
+from pytest_msprobe.replay import (Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, needs_grad,
+                                   replay, saved_in_device_dtype)
 from pytest_msprobe.values import DecodeContext
 
 
@@ -95,8 +97,34 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     if settings.offline:
         results = align_offline(results)
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
-    verdict = judge(settings.registry, name, results, recorded)
+    verdict = verdict_for(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
     return CallResult(name, verdict, label, inputs.origins)
+
+
+def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None) -> Any:
+    """judge(); and a backward call judged error by the single-run rule is judged again
+    against the bench that saves its forward results in the device dtype."""
+    verdict = judge(registry, name, results, recorded)
+    if verdict.status == "error" and name.direction == "backward" and recorded is None and results.reference is None:
+        verdict = _against_saved_in_device_dtype(registry, name, results, bench, framework) or verdict
+    return verdict
+
+
+def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str) -> Any:
+    """The verdict against replay.saved_in_device_dtype's bench if it is not an error
+    there, else None (the error against the plain bench stands)."""
+    inputs = results.inputs
+    saved_in_d = saved_in_device_dtype(bench, inputs) if isinstance(bench, Run) else None
+    if saved_in_d is None:
+        return None
+    try:
+        grads = saved_in_d.backward(inputs, needs_grad(inputs, framework))
+    except Exception:  # noqa: BLE001 - the plain bench's error stands
+        return None
+    verdict = judge(registry, name, dataclasses.replace(results, bench=grads))
+    if verdict.status == "error":
+        return None
+    return dataclasses.replace(verdict, reference=f"{verdict.reference}, forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")
 
 
 def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings) -> tuple[Any, Run, str]:

@@ -7,8 +7,9 @@ every run, each run gets its own copies, and nothing is kept after the call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+import contextlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -124,6 +125,7 @@ class Run:
     function: Callable[..., Any]
     placement: Placement
     synchronize: Callable[[], None] = lambda: None
+    saved_in: tuple[torch.dtype, torch.dtype] | None = None  # (raised, D): see saved_in_device_dtype
 
     def forward(self, inputs: Inputs) -> Any:
         args, kwargs = tree_map(self.placement, inputs.args), tree_map(self.placement, inputs.kwargs)
@@ -141,7 +143,7 @@ class Run:
         if self.api.in_place:
             # An in-place op may not modify a leaf that requires grad: give it copies.
             args, kwargs = tree_map(_clone_tensor, args), tree_map(_clone_tensor, kwargs)
-        with torch.enable_grad():
+        with torch.enable_grad(), _saved_rounded(self.saved_in):
             output = self.function(*args, **kwargs)
             outputs, grads = _pair_gradients(flat_outputs(output), inputs.grads or [], self.placement)
             if not outputs:
@@ -149,6 +151,33 @@ class Run:
             torch.autograd.backward(outputs, grads)
         self.synchronize()
         return tuple(None if t.grad is None else t.grad.detach().cpu() for t in wanted)
+
+
+def saved_in_device_dtype(bench: Run, inputs: Inputs) -> Run | None:
+    """The bench as a device in D must run a backward: what autograd saves for it (a
+    softmax's output, a norm's statistics) rounded to D, the rest in raised precision.
+
+    A correct D kernel cannot do better: its backward reads the forward's results as
+    D stored them. Where the gradient cancels far below the scale of its terms (softmax's
+    y * (g - sum(g * y)) for a near-constant g), that rounding alone costs tens of ULPs
+    at the gradient's scale, against the plain bench; against this one the CPU's own
+    float16/bfloat16 softmax gradient is within 0.5 ULP. None unless every floating
+    input has one dtype D that the bench raises."""
+    floats = {leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.dtype.is_floating_point}
+    device_dtype = floats.pop() if len(floats) == 1 else None
+    raised = bench.placement.dtypes.get(device_dtype) if device_dtype is not None else None
+    return replace(bench, saved_in=(raised, device_dtype)) if raised is not None else None
+
+
+@contextlib.contextmanager
+def _saved_rounded(saved_in: tuple[torch.dtype, torch.dtype] | None) -> Iterator[None]:
+    if saved_in is None:
+        yield
+        return
+    raised, device_dtype = saved_in
+    rounded = lambda t: t.to(device_dtype).to(raised) if t.dtype == raised else t  # noqa: E731
+    with torch.autograd.graph.saved_tensors_hooks(rounded, lambda t: t):
+        yield
 
 
 def _clone_tensor(value: Any) -> Any:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_msprobe.call import FRAMEWORKS, Settings, judge
+from pytest_msprobe.call import FRAMEWORKS, Settings, verdict_for
 from pytest_msprobe.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.dump import DIRECTIONS, parse_call_name
 from pytest_msprobe.errors import CallError, CallSkip
@@ -151,11 +151,12 @@ def _check(call: ScriptCall, name: str, chosen: Backend, registry: Registry, arg
     for leaf in inputs.leaves:
         print(f"  {leaf.path:<28} {str(leaf.tensor.dtype).removeprefix('torch.'):<9} {list(leaf.tensor.shape)}  {leaf.origin}")
     settings = Settings(chosen, 0, call.max_elements, registry)
+    device, bench, reference = framework.runs(api, inputs, settings)
     try:
-        results = replay(args.direction, api, inputs, *framework.runs(api, inputs, settings), framework=call.framework)
+        results = replay(args.direction, api, inputs, device, bench, reference, framework=call.framework)
     finally:
         chosen.free()
-    return judge(registry, call_name, results)
+    return verdict_for(registry, call_name, results, bench=bench, framework=call.framework)
 
 
 def _said(outcome: Outcome) -> Outcome:

@@ -86,7 +86,7 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=No
         judged = ("inf_nan_error_ratio", "scaled_err_ratio")
     reasons = threshold_reasons(metrics, limits, judged)
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        pair.offenders(score),
+                        pair.offenders(score) if reasons else (),  # shown only for a failure
                         reference.kind if reference is not None else "single-run")
 
 
@@ -118,4 +118,4 @@ def _fast(pair: Pair, thresholds, rtol, small, atol, kind="single-run"):
                                           "floor": floor},
                                 ("inf_nan_error_ratio", "scaled_err_ratio"))
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        fast.offenders(pair, res["offenders"]), kind)
+                        fast.offenders(pair, res["offenders"]) if reasons else (), kind)

@@ -53,7 +53,7 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=No
     used = {"bound": bound, "small": small, "inf_nan_error_ratio": 0.0, "rel_err_ratio": 0.0,
             "abs_err_ratio": 0.0, "eb": thresholds["eb_max"], "scale_eb": thresholds["eb_max"],
             "eb_z": thresholds["sr_bias_z"], "scale_eb_z": thresholds["sr_bias_z"]}
-    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        pair.offenders(pair.rel_err) if res is None
-                        else fast.offenders(pair, res["offenders"]),
+    worst = () if not reasons else (  # shown only for a failure
+        pair.offenders(pair.rel_err) if res is None else fast.offenders(pair, res["offenders"]))
+    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons, worst,
                         reference.kind if reference is not None else "single-run")

@@ -40,7 +40,7 @@ class Verdict:
     metrics: dict = field(default_factory=dict)
     thresholds: dict = field(default_factory=dict)
     reasons: tuple = ()
-    worst: tuple = ()
+    worst: tuple = ()  # Offenders, for a verdict that is not a pass: only failures show them
     reference: str = "single-run"
     path: str = ""
     device_dtype: str = ""
