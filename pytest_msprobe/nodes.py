@@ -63,7 +63,7 @@ class CallItem(pytest.Item):
         for marker in markers:
             self.add_marker(_mark(marker))
 
-    @property
+    @functools.cached_property
     def call(self) -> CallName:
         return self.index.call_at(self.position)
 
