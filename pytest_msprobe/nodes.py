@@ -63,8 +63,8 @@ class CallItem(pytest.Item):
         for marker in markers:
             self.add_marker(_mark(marker))
 
-    @functools.cached_property
-    def call(self) -> CallName:
+    @property
+    def call(self) -> CallName:  # not cached: 200,000 items would keep 200,000 CallNames
         return self.index.call_at(self.position)
 
     @property

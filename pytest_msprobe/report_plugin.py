@@ -96,6 +96,9 @@ class ReportPlugin:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         from pytest_msprobe.nodes import CallItem
 
+        self.selected = len(items)
+        if not (self.options.white_list or self.options.black_list or self.options.dedup or self.done):
+            return  # nothing to leave out: no pass over (maybe 200,000) items
         reasons = {item: filters.list_reason(item.call, self.options.white_list, self.options.black_list)
                    for item in items if isinstance(item, CallItem)}
         if self.options.dedup:
@@ -109,7 +112,7 @@ class ReportPlugin:
                     item.user_properties.append((REPRESENTS_PROPERTY, count))
         journal = self.resumed_from.journal.name if self.resumed_from else ""
         for item, reason in reasons.items():
-            if reason is None and (str(item.path), str(item.call)) in self.done:
+            if reason is None and (str(item.path), item.name) in self.done:
                 reasons[item] = f"already in {journal} (--msprobe-resume)"
         dropped = [item for item, reason in reasons.items() if reason]
         self.left_out = Counter(reason for reason in reasons.values() if reason)
