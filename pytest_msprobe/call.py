@@ -102,15 +102,17 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
 
 
 def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None) -> Any:
-    """judge(); and a backward call judged error by the single-run rule is judged again
-    against the bench that saves its forward results in the device dtype."""
+    """judge(); and a backward call judged error without a reference run (by the single-run
+    rule, or against a baseline whose metrics may come from the same re-judgement) is
+    judged again against the bench that saves its forward results in the device dtype."""
     verdict = judge(registry, name, results, recorded)
-    if verdict.status == "error" and name.direction == "backward" and recorded is None and results.reference is None:
-        verdict = _against_saved_in_device_dtype(registry, name, results, bench, framework) or verdict
+    if verdict.status == "error" and name.direction == "backward" and results.reference is None:
+        verdict = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded) or verdict
     return verdict
 
 
-def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str) -> Any:
+def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str,
+                                  recorded: Any) -> Any:
     """The verdict against replay.saved_in_device_dtype's bench if it is not an error
     there, else None (the error against the plain bench stands)."""
     inputs = results.inputs
@@ -121,7 +123,7 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
         grads = saved_in_d.backward(inputs, needs_grad(inputs, framework))
     except Exception:  # noqa: BLE001 - the plain bench's error stands
         return None
-    verdict = judge(registry, name, dataclasses.replace(results, bench=grads))
+    verdict = judge(registry, name, dataclasses.replace(results, bench=grads), recorded)
     if verdict.status == "error":
         return None
     return dataclasses.replace(verdict, reference=f"{verdict.reference}, forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")

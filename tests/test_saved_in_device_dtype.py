@@ -62,3 +62,16 @@ def test_a_planted_fault_still_fails(dtype: torch.dtype, tmp_path: Path, run_dum
     faulty = next(call for call, call_dtype in DTYPES.items() if call_dtype == dtype)
     assert sorted(result.by_outcome("failed")) == [f"{faulty}.backward", f"{faulty}.forward"]
     assert "error by the" in result.calls[f"{faulty}.backward"].text
+
+
+def test_a_baseline_of_these_calls_judges_the_rerun_alike(tmp_path: Path, run_dump) -> None:
+    """The baseline holds the metrics against the saved-in-D bench; the rerun is judged
+    again against that bench too, so an unchanged kernel is no regression."""
+    dump = softmax_dump(tmp_path / "dump")
+    saved = run_dump(dump, "--msprobe-device=cpu", f"--msprobe-baseline-save={tmp_path / 'baseline'}")
+    assert not saved.by_outcome("failed")
+    rerun = run_dump(dump, "--msprobe-device=cpu", f"--msprobe-baseline={tmp_path / 'baseline'}")
+    assert sorted(rerun.by_outcome("passed")) == sorted(saved.by_outcome("passed"))
+    for call, dtype in DTYPES.items():
+        spelled = str(dtype).removeprefix("torch.")
+        assert rerun.calls[f"{call}.backward"].properties["msprobe_reference"] == f"baseline, forward results saved in {spelled}"
