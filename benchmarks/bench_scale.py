@@ -98,8 +98,10 @@ FLOOR_CONFTEST = """import pytest
 
 
 class Bare(pytest.Item):
+    """An item that tests nothing: only its collection is measured."""
+
     def runtest(self):
-        pass
+        return None
 
 
 class Calls(pytest.File):

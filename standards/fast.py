@@ -224,6 +224,23 @@ class BiasSums:
             s[i] += sign * self.unit * _dot(signed, w, prod)
 
 
+def _add_normal_sums(acc: list, at: int, err: np.ndarray, rel: np.ndarray, normal: np.ndarray | None,
+                     none_normal: bool, scratch: np.ndarray, tmp: np.ndarray) -> None:
+    """The benchmark standard's sums over a chunk's normal elements (|b| > small), added
+    to acc[at:at + 3]: sum of err**2, max and sum of rel. `normal` is the 0/1 mask, None
+    when every element is normal; masked sums multiply by it (into `scratch`, which may
+    be err itself), cheaper than selecting."""
+    if none_normal:
+        return
+    if normal is not None:
+        err = np.multiply(err, normal, out=scratch)
+    acc[at] += _dot(err, err, tmp)
+    if normal is not None:
+        rel = np.multiply(rel, normal, out=scratch)
+    acc[at + 1] = max(acc[at + 1], float(rel.max()))
+    acc[at + 2] += float(rel.sum())
+
+
 def _dot(a: np.ndarray, b: np.ndarray, tmp: np.ndarray) -> float:
     """sum(a * b) by numpy's own loops, not np.dot: that calls the BLAS, whose threads
     contend with the pool's (measured: the two-thread pass 2.5x slower than one thread,
@@ -392,16 +409,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
                 np.greater(ae, atol, out=m2)
                 bm[1] += int(np.count_nonzero(m2 & m1))
                 np.logical_not(m1, out=m1)                 # normal mask
-                if ns < m:          # masked sums by multiplying with the 0/1 mask
-                    np.multiply(ae, m1, out=t1)
-                    bm[2] += _dot(t1, t1, sq)
-                    np.multiply(rel, m1, out=t1)
-                    bm[3] = max(bm[3], float(t1.max()))
-                    bm[4] += float(t1.sum())
-            else:
-                bm[2] += _dot(ae, ae, sq)
-                bm[3] = max(bm[3], float(rel.max()))
-                bm[4] += float(rel.sum())
+            _add_normal_sums(bm, 2, ae, rel, m1 if ns else None, ns == m, t1, sq)
             if spec.bm_ideal:       # benchmark.py's `_ideal`: d = the bench rounded to D
                 bd = _bench_in_d(bc, info, bdbuf)
                 ia, ir = t2, t3
@@ -415,17 +423,8 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
                     np.greater(ia, atol, out=m4)
                     np.logical_and(m3, m4, out=m4)
                     bi[0] += int(np.count_nonzero(m4))
-                    if ns < m:
-                        np.logical_not(m3, out=m3)         # normal mask
-                        np.multiply(ia, m3, out=ia)
-                        bi[1] += _dot(ia, ia, sq)
-                        np.multiply(ir, m3, out=ir)
-                        bi[2] = max(bi[2], float(ir.max()))
-                        bi[3] += float(ir.sum())
-                else:
-                    bi[1] += _dot(ia, ia, sq)
-                    bi[2] = max(bi[2], float(ir.max()))
-                    bi[3] += float(ir.sum())
+                    np.logical_not(m3, out=m3)             # normal mask
+                _add_normal_sums(bi, 1, ia, ir, m3 if ns else None, ns == m, ia, sq)
         if spec.th_scaled is not None:
             rms, fac = spec.th_scaled
             np.maximum(ab, rms, out=t1)
