@@ -23,6 +23,7 @@ def test_a_dump_is_parsed_once(make_dump, tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(index_cache, "read_index", _refuse_to_parse)
     again = index_cache.load_index(dump, tmp_path / "cache")
     assert again.entries == first.entries == read_index(dump).entries
+    assert again.names == first.names == read_index(dump).names == [str(entry.name) for entry in again.entries]
     assert (again.task, again.level, again.framework, again.modules) == (first.task, first.level, first.framework, first.modules)
     record = again.read_record(again.entries[-1])  # byte spans still point at the records
     assert "input" in record or "input_args" in record
