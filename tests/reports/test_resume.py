@@ -121,3 +121,19 @@ def test_merge_joins_shards_and_keeps_the_last_record_of_a_repeat(tmp_path: Path
     assert merged["journal"] == {"Torch.add.0.forward": ("pass", 0), "Torch.add.1.forward": ("error", 0)}
     assert merged["result"]["Torch.add.1"][1:3] == ["error", " "]
     assert merge_main(["-o", str(tmp_path / "x"), str(tmp_path / "nothing-here")]) == 2
+
+
+def test_each_record_is_in_the_journal_on_disk_when_added(tmp_path: Path) -> None:
+    """What resume trusts: a record whose add() returned survives a SIGKILL (the journal
+    is flushed per record; the details and metrics files may lag up to a second)."""
+    from pytest_msprobe.report_writer import Entry, ResultWriter
+    from pytest_msprobe.results import ResultRecord
+
+    writer = ResultWriter(RunFiles.new(tmp_path))
+    for number in range(3):
+        writer.add(Entry(ResultRecord(dump="dump.json", call=f"Torch.add.{number}.forward", status="pass",
+                                      standard="absolute_threshold", reference="single-run", device="cpu",
+                                      message="pass"), 1))
+        on_disk = read_journal(writer.files.journal)  # another handle: sees only what was flushed
+        assert [entry.record.call for entry in on_disk] == [f"Torch.add.{n}.forward" for n in range(number + 1)]
+    writer.close()
