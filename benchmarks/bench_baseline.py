@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_msprobe.baseline import FILE_NAME, Baseline, CallMetrics
-from pytest_msprobe.outcome import KEY_METRICS
+from pytest_msprobe.judge.baseline import Baseline, CallMetrics, FILE_NAME
+from pytest_msprobe.judge.outcome import KEY_METRICS
 
 APIS = [("Functional.linear", "ulp"), ("Tensor.__add__", "absolute_threshold"), ("Functional.softmax", "benchmark"),
         ("Torch.topk", "binary_consistency"), ("Functional.conv2d", "thousandth"), ("Torch.cumsum", "accumulative_error")]

@@ -1,0 +1,25 @@
+"""pytest-msprobe: every API call of an msprobe dump becomes a pytest test.
+
+A call's path, one subpackage per stage; a module imports only from its own stage,
+the stages before it, and the shared `errors` (tests/test_layout.py checks this):
+
+    dump/      reading the dump: the streaming index and records, values, tensors,
+               the index cache, which calls a run takes (lists, dedup)
+    run/       running a call: API tables, devices, replay on device/bench/reference,
+               MindSpore, isolation of hangs, OOMs and crashes
+    judge/     judging a call: the check end to end, its reference (offline dumped
+               outputs, a recorded baseline) and the ResultRecord it amounts to
+    results/   results on disk: the writer, msprobe's CSVs, summary, merge, failed data
+    scripts/   standalone scripts that reproduce one call
+    plugin/    the pytest layer: options, session state, collection items, and one
+               module of hooks per concern (reports, baselines, scale, scripts,
+               workers, scheduling); the only stage that imports pytest
+
+The precision standards (`pytest_msprobe.standards`, from the repository's
+`standards/`) and the CPU references of NPU fused ops (`pytest_msprobe.bench_functions`)
+are libraries beside the stages: any stage may use them, they use none.
+"""
+
+from pytest_msprobe import _moved
+
+_moved.install()

@@ -48,6 +48,9 @@ FAST_MIN_N = 1 << 16
 #: elements per chunk (measured on this 2-core EPYC, two threads: 2**16 and 2**17 within
 #: +-10% of each other, 2**15 1.5x and 2**14 3x slower -- each ufunc call re-takes the GIL)
 CHUNK = 1 << 16
+#: the quantile of |b| is estimated on at most this many evenly strided elements
+#: (both paths: single_run.py reads it here)
+QUANTILE_SAMPLE = 2 ** 16
 _EXP_MASK = np.int64(0x7FF0000000000000)
 _FAST_DTYPES = ("float64", "float32", "float16", "bfloat16")
 #: clip of signed ULP errors in the bias statistics (keeps cancellation noise bounded)
@@ -721,7 +724,6 @@ def _abs_b_sample(pair) -> np.ndarray:
     """|b| at every (n // QUANTILE_SAMPLE)-th element in float64: the plain path's
     quantile sample (cached)."""
     def compute():
-        from .single_run import QUANTILE_SAMPLE
         _, b = raw_views(pair)
         step = max(1, b.size // QUANTILE_SAMPLE)
         return np.abs(b[::step]).astype(np.float64, copy=False)

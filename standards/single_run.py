@@ -70,7 +70,7 @@ softmax output y rounded to D, which costs tens of ULPs at the output's scale; w
 g = 0.5 + U(0, 1) it is 0/100 and 2/100, and 0/100 for a zero-mean g (measured on the
 CPU; tests/standards/test_calibration.py keeps it as a strict xfail). The plugin does not
 report these: it judges a single-run backward error again against a bench whose autograd
-saves the forward results in D (pytest_msprobe/replay.py, saved_in_device_dtype), where
+saves the forward results in D (pytest_msprobe/run/replay.py, saved_in_device_dtype), where
 the same gradients are within 0.5 ULP (tests/test_saved_in_device_dtype.py); with an
 accelerator, its CPU reference in D carries the same rounding and is judged by ratios.
 Calibration (tests/standards/kernels.py,
@@ -85,6 +85,7 @@ import math
 import numpy as np
 
 from . import fast
+from .fast import QUANTILE_SAMPLE
 from .metrics import Pair, sign_balance_z, ulp_of
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
@@ -101,8 +102,6 @@ def _rms(values: np.ndarray) -> float:
     return peak * float(np.sqrt(np.mean(np.square(values / peak))))
 
 
-#: the quantile of |b| is estimated on at most this many evenly strided elements
-QUANTILE_SAMPLE = 2 ** 16
 #: the statistical aggregates are computed on a sample of at least this many elements
 #: (fewer than twice as many; rule 4.)
 STAT_SAMPLE = 2 ** 20

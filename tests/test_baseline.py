@@ -10,7 +10,7 @@ import pytest
 import torch
 from faults import scaled_in
 
-from pytest_msprobe.baseline import FILE_NAME, Baseline, CallMetrics, compare, read_msprobe_details
+from pytest_msprobe.judge.baseline import Baseline, CallMetrics, FILE_NAME, compare, read_msprobe_details
 
 STATS = "torch_mlpcnn_statistics_bf16"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_msprobe.dump import CallName, parse_call_name, read_index
+from pytest_msprobe.dump.index import CallName, parse_call_name, read_index
 from pytest_msprobe.errors import CallError, DumpError
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from faults import scaled_in
 
-from pytest_msprobe.devices import DeviceUnavailable, backend
+from pytest_msprobe.run.devices import DeviceUnavailable, backend
 
 TORCH_DUMPS = ["torch_mlpcnn_tensor_fp32", "torch_mlpcnn_statistics_bf16", "torch_mlpcnn_mix_tensor_fp16", "npu_rope_statistics_fp16"]
 

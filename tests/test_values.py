@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from pytest_msprobe.dump.tensors import generate_tensor, seed_for, tensor_spec
+from pytest_msprobe.dump.values import DecodeContext, RecordedDevice, decode
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.tensors import generate_tensor, seed_for, tensor_spec
-from pytest_msprobe.values import DecodeContext, RecordedDevice, decode
 
 
 def ctx(tmp_path: Path, task: str = "statistics") -> DecodeContext:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 import torch  # noqa: F401  (loaded before the inline runs, which unload what they import)
 
-from pytest_msprobe.mindspore_tables import INSTALL_HINT
+from pytest_msprobe.run.mindspore.tables import INSTALL_HINT
 
 try:
     import mindspore
@@ -130,8 +130,8 @@ def test_auto_takes_mindspores_own_device_target() -> None:
     """On `auto` MindSpore's target is its own finding (Ascend where it sees one), not
     only what torch_npu reports; here MindSpore sees no Ascend, so the CPU."""
     mindspore = pytest.importorskip("mindspore")
-    from pytest_msprobe.devices import Backend
-    from pytest_msprobe.mindspore_replay import device_target
+    from pytest_msprobe.run.devices import Backend
+    from pytest_msprobe.run.mindspore.replay import device_target
 
     expected = "Ascend" if mindspore.hal.is_available("Ascend") else "CPU"
     assert device_target(Backend(), "auto") == expected

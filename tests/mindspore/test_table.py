@@ -11,12 +11,12 @@ import torch
 
 mindspore = pytest.importorskip("mindspore")
 
-from pytest_msprobe.devices import Backend  # noqa: E402
-from pytest_msprobe.dump import CallName  # noqa: E402
+from pytest_msprobe.run.devices import Backend  # noqa: E402
+from pytest_msprobe.dump.index import CallName  # noqa: E402
 from pytest_msprobe.errors import CallSkip  # noqa: E402
-from pytest_msprobe.mindspore_replay import MindsporeReplay  # noqa: E402
-from pytest_msprobe.mindspore_tables import mindspore_table  # noqa: E402
-from pytest_msprobe.replay import Inputs, tree_map  # noqa: E402
+from pytest_msprobe.run.mindspore.replay import MindsporeReplay  # noqa: E402
+from pytest_msprobe.run.mindspore.tables import mindspore_table  # noqa: E402
+from pytest_msprobe.run.replay import Inputs, tree_map  # noqa: E402
 from pytest_msprobe.standards import check  # noqa: E402
 
 GENERATOR = torch.Generator().manual_seed(0)
@@ -108,7 +108,7 @@ def _flat(value: Any) -> list[Any]:
 
 
 def _settings() -> Any:
-    from pytest_msprobe.call import Settings
+    from pytest_msprobe.judge.call import Settings
     from pytest_msprobe.standards import Registry
 
     return Settings(backend=Backend(), device_index=0, max_elements=1 << 24, registry=Registry.default(), device_request="cpu")

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pytest_msprobe.mindspore_tables import mindspore_table, parse_table
+from pytest_msprobe.run.mindspore.tables import mindspore_table, parse_table
 
 
 def _table(entry: dict[str, Any]) -> dict[str, Any]:

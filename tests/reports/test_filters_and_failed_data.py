@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from planted import Planted
-from pytest_msprobe.filters import AccCheckConfig, FilterConfigError, read_config
-from pytest_msprobe.report_csv import MAX_CELL, metric_text, neutralise
+from pytest_msprobe.dump.filters import AccCheckConfig, FilterConfigError, read_config
+from pytest_msprobe.results.msprobe_csv import MAX_CELL, metric_text, neutralise
 from synthetic import many_calls, tensor
 
 

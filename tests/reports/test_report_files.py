@@ -16,8 +16,8 @@ import pytest
 import torch  # noqa: F401 - imported before any in-process run: pytester's runs then never unload it
 
 from planted import Planted
-from pytest_msprobe.report_csv import DETAILS_HEADER, METRIC_COLUMNS, RESULT_HEADER
-from pytest_msprobe.report_writer import RunFiles
+from pytest_msprobe.results.msprobe_csv import DETAILS_HEADER, METRIC_COLUMNS, RESULT_HEADER
+from pytest_msprobe.results.writer import RunFiles
 from synthetic import many_calls
 
 LEGACY = {"cosine", "max_abs_err", "rel_err_hundredth", "rel_err_thousandth", "rel_err_ten_thousandth"}
@@ -154,8 +154,8 @@ def test_summary_counts_names_the_worst_and_the_files(fp32_run, pytester: pytest
 
 
 def test_progress_line_tells_done_pace_and_time_left() -> None:
-    from pytest_msprobe.report_summary import Summary
-    from pytest_msprobe.results import ResultRecord
+    from pytest_msprobe.judge.record import ResultRecord
+    from pytest_msprobe.results.summary import Summary
 
     summary = Summary()
     summary.started -= 10.0

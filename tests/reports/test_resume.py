@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_msprobe.merge import main as merge_main
-from pytest_msprobe.report_writer import ResultFilesError, RunFiles, read_journal
+from pytest_msprobe.results.merge import main as merge_main
+from pytest_msprobe.results.writer import ResultFilesError, RunFiles, read_journal
 from synthetic import many_calls
 
 CALLS = 120  # 150 tests: a lone run takes a few seconds after startup
@@ -126,8 +126,8 @@ def test_merge_joins_shards_and_keeps_the_last_record_of_a_repeat(tmp_path: Path
 def test_each_record_is_in_the_journal_on_disk_when_added(tmp_path: Path) -> None:
     """What resume trusts: a record whose add() returned survives a SIGKILL (the journal
     is flushed per record; the details and metrics files may lag up to a second)."""
-    from pytest_msprobe.report_writer import Entry, ResultWriter
-    from pytest_msprobe.results import ResultRecord
+    from pytest_msprobe.judge.record import ResultRecord
+    from pytest_msprobe.results.writer import Entry, ResultWriter
 
     writer = ResultWriter(RunFiles.new(tmp_path))
     for number in range(3):

@@ -11,8 +11,8 @@ from typing import Any, Callable
 import pytest
 import torch  # noqa: F401 - imported before pytester's in-process runs, which must not import it a second time
 
-from pytest_msprobe.merge import journal_of
-from pytest_msprobe.report_writer import read_journal
+from pytest_msprobe.results.merge import journal_of
+from pytest_msprobe.results.writer import read_journal
 
 MAKE_DUMP = Path(__file__).parents[2] / "benchmarks" / "make_dump.py"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_msprobe import index_cache
-from pytest_msprobe.dump import read_index
+from pytest_msprobe.dump import cache as index_cache
+from pytest_msprobe.dump.index import read_index
 
 
 def _refuse_to_parse(path: Path) -> None:

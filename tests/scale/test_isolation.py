@@ -41,7 +41,7 @@ def planted_exp(x, *args, **kwargs):
 
 torch.exp = planted_exp
 
-from pytest_msprobe import values
+from pytest_msprobe.dump import values
 
 _generate = values.generate_tensor
 

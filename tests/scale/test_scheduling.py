@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_msprobe import scheduling
+from pytest_msprobe.plugin import scheduling
 
 
 def fake_item(name: str, numel: int) -> SimpleNamespace:

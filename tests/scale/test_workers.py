@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_msprobe import workers
+from pytest_msprobe.plugin import workers
 
 
 @dataclass

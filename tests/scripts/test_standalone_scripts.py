@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_msprobe.dump import read_index
-from pytest_msprobe.scripts import main as msprobe_script
-from pytest_msprobe.scripts import script_file_name, write_script
+from pytest_msprobe.dump.index import read_index
+from pytest_msprobe.scripts.writer import main as msprobe_script, script_file_name, write_script
 
 HERE = Path(__file__).parent
 DUMPS = HERE.parent / "dumps"

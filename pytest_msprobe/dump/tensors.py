@@ -1,0 +1,233 @@
+"""Tensors of a call: read safely from the dump, or generated from its statistics.
+
+Everything here distrusts the dump: file names are confined to the dump's own
+`dump_tensor_data/`, `.pt` files are loaded with `weights_only=True` (they are
+pickles), `.npy` files without pickle, and shapes are checked against a size limit
+before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pytest_msprobe.errors import CallError, CallSkip
+
+# Every dtype spelling a dump may use, PyTorch's and MindSpore's, mapped to torch.
+DTYPES: dict[str, torch.dtype] = {
+    **{f"torch.{name}": getattr(torch, name) for name in (
+        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+        "uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
+    ) if hasattr(torch, name)},
+    "torch.double": torch.float64, "torch.float": torch.float32, "torch.half": torch.float16,
+    "torch.long": torch.int64, "torch.int": torch.int32,
+    "Float64": torch.float64, "Float32": torch.float32, "Float16": torch.float16,
+    "BFloat16": torch.bfloat16, "Int64": torch.int64, "Int32": torch.int32, "Int16": torch.int16,
+    "Int8": torch.int8, "UInt8": torch.uint8, "Bool": torch.bool,
+    "Complex64": torch.complex64, "Complex128": torch.complex128,
+}
+
+TENSOR_SUFFIXES = (".pt", ".npy")
+
+
+def torch_dtype(spelling: Any) -> torch.dtype:
+    dtype = DTYPES.get(spelling) if isinstance(spelling, str) else None
+    if dtype is None:
+        raise CallSkip(f"unknown dtype {spelling!r}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A recorded tensor: what it must look like, and where its data may be."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stats: dict[str, Any]
+    data_name: str
+    requires_grad: bool
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def tensor_spec(value: dict[str, Any], where: str) -> TensorSpec:
+    shape = value.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise CallError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+    data_name = value.get("data_name") or ""
+    if not isinstance(data_name, str):
+        raise CallError(f"{where}: data_name {data_name!r} is not a string")
+    stats = {key: value.get(key) for key in ("Max", "Min", "Mean", "Norm")}
+    return TensorSpec(torch_dtype(value.get("dtype")), tuple(shape), stats, data_name, bool(value.get("requires_grad", False)))
+
+
+def check_size(spec: TensorSpec, where: str, max_elements: int) -> None:
+    if spec.numel > max_elements:
+        raise CallSkip(
+            f"{where}: shape {list(spec.shape)} has {spec.numel:,} elements, above the limit of "
+            f"{max_elements:,} (raise it with --msprobe-max-elements)"
+        )
+
+
+def resolve_data_file(tensor_dir: Path, data_name: str, where: str) -> Path:
+    """The file a data_name names, refused unless it lies inside dump_tensor_data/."""
+    if not data_name.endswith(TENSOR_SUFFIXES) or "\x00" in data_name:
+        raise CallError(f"{where}: data_name {data_name!r} is not a .pt or .npy file name")
+    root = tensor_dir.resolve()
+    path = (tensor_dir / data_name).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise CallError(f"{where}: data_name {data_name!r} points outside {tensor_dir}; refused")
+    if not path.is_file():
+        raise CallError(f"{where}: tensor file {data_name!r} is missing from {tensor_dir}")
+    return path
+
+
+def load_tensor(tensor_dir: Path, spec: TensorSpec, where: str) -> torch.Tensor:
+    path = resolve_data_file(tensor_dir, spec.data_name, where)
+    try:
+        loaded = _LOADERS[path.suffix](path, spec)
+    except CallError:
+        raise
+    except Exception as exc:  # a corrupt or hostile file: name it, never crash the run
+        raise CallError(f"{where}: cannot load {spec.data_name!r}: {type(exc).__name__}: {_first_line(exc)}") from exc
+    if tuple(loaded.shape) != spec.shape:
+        raise CallError(f"{where}: {spec.data_name!r} holds shape {list(loaded.shape)}, the dump says {list(spec.shape)}")
+    if loaded.dtype != spec.dtype:
+        raise CallError(f"{where}: {spec.data_name!r} holds {loaded.dtype}, the dump says {spec.dtype}")
+    return loaded
+
+
+def _load_pt(path: Path, spec: TensorSpec) -> torch.Tensor:
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(loaded, torch.Tensor):
+        raise CallError(f"{path.name} holds a {type(loaded).__name__}, not a tensor")
+    return loaded.detach()
+
+
+def _load_npy(path: Path, spec: TensorSpec) -> torch.Tensor:
+    array = np.load(path, allow_pickle=False)
+    if not isinstance(array, np.ndarray):
+        raise CallError(f"{path.name} holds a {type(array).__name__}, not an array")
+    tensor = torch.from_numpy(np.require(array, requirements="C"))  # ascontiguousarray would make 0-d arrays 1-d
+    if spec.dtype == torch.bfloat16 and tensor.dtype == torch.float32:
+        tensor = tensor.to(torch.bfloat16)  # MindSpore saves bfloat16 as float32
+    return tensor
+
+
+_LOADERS = {".pt": _load_pt, ".npy": _load_npy}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+# --- generation from statistics -------------------------------------------------
+
+
+def seed_for(*parts: str) -> int:
+    """A seed that depends only on the names given, so a generated input is the same
+    whatever order, worker or selection the call runs in."""
+    digest = hashlib.blake2b("\x1f".join(parts).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def generate_tensor(spec: TensorSpec, seed: int, where: str) -> torch.Tensor:
+    """A tensor of the recorded dtype and shape whose Max/Min are exact and whose
+    mean follows the recorded Mean; NaN/inf statistics put NaN/inf in place."""
+    generator = np.random.default_rng(seed)
+    if spec.numel == 0:
+        return torch.empty(spec.shape, dtype=spec.dtype)
+    maker = _GENERATORS.get(_dtype_kind(spec.dtype))
+    if maker is None:
+        raise CallSkip(f"{where}: cannot generate {spec.dtype} tensors from statistics")
+    array = maker(spec, generator, where)
+    return torch.from_numpy(array.reshape(spec.shape)).to(spec.dtype)
+
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "int"
+
+
+def _number(stats: dict[str, Any], key: str, where: str) -> float | None:
+    value = stats.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)):
+        raise CallError(f"{where}: statistic {key}={value!r} is not a number")
+    return float(value)
+
+
+def _generate_float(spec: TensorSpec, generator: np.random.Generator, where: str) -> np.ndarray:
+    high, low = _number(spec.stats, "Max", where), _number(spec.stats, "Min", where)
+    mean = _number(spec.stats, "Mean", where)
+    specials = [v for v in (high, low) if v is not None and not math.isfinite(v)]
+    high = high if high is not None and math.isfinite(high) else None
+    low = low if low is not None and math.isfinite(low) else None
+    if high is None and low is None:
+        high, low = 1.0, -1.0
+    elif high is None or low is None:
+        high = low = high if high is not None else low
+    if low > high:
+        raise CallError(f"{where}: statistics Min={low} > Max={high}")
+    finfo = torch.finfo(spec.dtype)
+    low, high = max(low, finfo.min), min(high, finfo.max)
+    unit = generator.random(spec.numel)
+    if mean is not None and math.isfinite(mean) and low < mean < high:
+        # u**k has mean 1/(k+1): shape the spread so the expected mean is the recorded one.
+        share = (mean - low) / (high - low)
+        unit = unit ** (1.0 / share - 1.0)
+    values = low + (high - low) * unit
+    positions = generator.permutation(spec.numel)
+    values[positions[0]] = high
+    if spec.numel > 1:
+        values[positions[1]] = low
+    for slot, special in zip(positions[2:], specials):
+        values[slot] = special
+    if specials and spec.numel <= 2:
+        values[positions[0]] = specials[0]
+    return values
+
+
+def _generate_int(spec: TensorSpec, generator: np.random.Generator, where: str) -> np.ndarray:
+    info = torch.iinfo(spec.dtype)
+    high, low = _number(spec.stats, "Max", where), _number(spec.stats, "Min", where)
+    high = info.max if high is None or not math.isfinite(high) else int(high)
+    low = info.min if low is None or not math.isfinite(low) else int(low)
+    if low > high:
+        raise CallError(f"{where}: statistics Min={low} > Max={high}")
+    values = generator.integers(low, high, size=spec.numel, endpoint=True, dtype=np.int64)
+    positions = generator.permutation(spec.numel)
+    values[positions[0]] = high
+    if spec.numel > 1:
+        values[positions[1]] = low
+    return values
+
+
+def _generate_bool(spec: TensorSpec, generator: np.random.Generator, where: str) -> np.ndarray:
+    high, low = spec.stats.get("Max"), spec.stats.get("Min")
+    if high is not None and high == low:
+        return np.full(spec.numel, bool(high))
+    values = generator.random(spec.numel) < 0.5
+    positions = generator.permutation(spec.numel)
+    values[positions[0]] = True
+    if spec.numel > 1:
+        values[positions[1]] = False
+    return values
+
+
+_GENERATORS = {"float": _generate_float, "int": _generate_int, "bool": _generate_bool}

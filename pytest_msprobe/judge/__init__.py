@@ -1,0 +1,7 @@
+"""Judging a call: the check end to end (`call`: read, replay, judge with the
+standards), the references a call may be judged against besides the bench (`offline`:
+the dump's own outputs as the device result; `baseline`: a recorded run's metrics),
+the result as plain data (`record`) and what any outcome amounts to (`outcome`).
+
+May import: `dump`, `run`, `errors`, `standards`. Never pytest, never a later stage.
+"""

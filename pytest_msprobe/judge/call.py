@@ -1,0 +1,162 @@
+"""Check one dumped call end to end: read its record, decode its inputs, replay it on
+every side and judge it. The pytest item only turns the result into an outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.run.apis import Api, resolve_pytorch
+from pytest_msprobe.run.devices import Backend
+from pytest_msprobe.run.replay import (Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, needs_grad,
+                                   replay, saved_in_device_dtype)
+from pytest_msprobe.dump.values import DecodeContext
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a call's check depends on besides its record."""
+
+    backend: Backend
+    device_index: int
+    max_elements: int
+    registry: Any  # pytest_msprobe.standards.Registry
+    device_request: str = "auto"  # --msprobe-device as given (MindSpore picks its own target on auto)
+    offline: bool = False  # the dumped outputs are the device result
+    baseline: Any = None  # pytest_msprobe.judge.baseline.Baseline: recorded metrics to judge against
+
+
+@dataclass
+class CallResult:
+    name: CallName
+    verdict: Any  # pytest_msprobe.standards.Verdict
+    device: str
+    origins: list[str]
+
+
+def read_inputs(index: DumpIndex, name: CallName, max_elements: int) -> Inputs:
+    """Decode the inputs of a call (a backward call needs its forward's record)."""
+    ctx = DecodeContext(index.tensor_dir, index.task, name.call, max_elements)
+    entry = index.entry(str(name))
+    if entry is None:
+        raise CallError(f"{name} is not in {index.path}")
+    record = index.read_record(entry)
+    if name.direction == "forward":
+        return decode_forward(record, ctx)
+    forward_entry = index.entry(str(name.sibling("forward")))
+    if forward_entry is None:
+        raise CallSkip(f"{name} has no forward record {name.sibling('forward')} in the dump: its inputs are unknown")
+    return decode_backward(index.read_record(forward_entry), record, ctx)
+
+
+class PytorchReplay:
+    """How a PyTorch call runs: torch functions on the device under test, on the CPU
+    bench at raised precision and, where the device is an accelerator, on the CPU in
+    the device dtype as an independent reference."""
+
+    def resolve(self, name: CallName, backend: Backend) -> Api:
+        return resolve_pytorch(name, backend.find_op if backend.name == "npu" else None)
+
+    def runs(self, api: Api, inputs: Inputs, settings: Settings) -> tuple[Run, Run, Run | None]:
+        import torch
+
+        backend = settings.backend
+        cpu = torch.device("cpu")
+        device = Run(api, api.device_fn, Placement(backend.torch_device(settings.device_index)), backend.synchronize)
+        bench = Run(api, api.bench_fn, Placement(cpu, bench_dtypes(inputs, api.raise_bench)))
+        reference = Run(api, api.bench_fn, Placement(cpu)) if backend.name != "cpu" else None
+        return device, bench, reference
+
+
+def _mindspore_replay() -> Any:
+    from pytest_msprobe.run.mindspore.replay import MindsporeReplay
+
+    return MindsporeReplay()
+
+
+# framework of a dump -> how its calls are resolved and run (created on first use).
+FRAMEWORKS: dict[str, Callable[[], Any]] = {"pytorch": PytorchReplay, "mindspore": _mindspore_replay}
+
+
+def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
+    """Raises CallSkip, CallError or replay.DeviceFailed; otherwise the verdict."""
+    framework = FRAMEWORKS[index.framework]()
+    api = framework.resolve(name, settings.backend)
+    inputs = read_inputs(index, name, settings.max_elements)
+    device, bench, reference = framework.runs(api, inputs, settings)
+    label = settings.backend.describe(settings.device_index)
+    if settings.offline:
+        device, reference, label = offline_runs(index, name, api, settings)
+    try:
+        results = replay(name.direction, api, inputs, device, bench, reference, framework=index.framework)
+    finally:
+        settings.backend.free()
+    if settings.offline:
+        results = align_offline(results)
+    recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
+    verdict = verdict_for(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
+    return CallResult(name, verdict, label, inputs.origins)
+
+
+def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None) -> Any:
+    """judge(); and a backward call judged error without a reference run (by the single-run
+    rule, or against a baseline whose metrics may come from the same re-judgement) is
+    judged again against the bench that saves its forward results in the device dtype."""
+    verdict = judge(registry, name, results, recorded)
+    if verdict.status == "error" and name.direction == "backward" and results.reference is None:
+        verdict = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded) or verdict
+    return verdict
+
+
+def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str,
+                                  recorded: Any) -> Any:
+    """The verdict against replay.saved_in_device_dtype's bench if it is not an error
+    there, else None (the error against the plain bench stands)."""
+    inputs = results.inputs
+    saved_in_d = saved_in_device_dtype(bench, inputs) if isinstance(bench, Run) else None
+    if saved_in_d is None:
+        return None
+    try:
+        grads = saved_in_d.backward(inputs, needs_grad(inputs, framework))
+    except Exception:  # noqa: BLE001 - the plain bench's error stands
+        return None
+    verdict = judge(registry, name, dataclasses.replace(results, bench=grads), recorded)
+    if verdict.status == "error":
+        return None
+    return dataclasses.replace(verdict, reference=f"{verdict.reference}, forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")
+
+
+def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings) -> tuple[Any, Run, str]:
+    """The dump's own outputs as the device, the CPU in the device dtype as reference."""
+    import torch
+
+    from pytest_msprobe.judge.offline import DEVICE_LABEL, DumpedRun
+
+    in_dump_dtype = Run(api, api.bench_fn, Placement(torch.device("cpu")))
+    return DumpedRun(index, name, settings.max_elements, in_dump_dtype), in_dump_dtype, DEVICE_LABEL
+
+
+def align_offline(results: Results) -> Results:
+    """Leave out of the comparison what the dump could not pair (a gradient without a
+    matching dumped one); give a single dumped output the bench's tuple shape."""
+    device, bench = results.device, results.bench
+    if isinstance(bench, tuple) and not isinstance(device, tuple):
+        device = (device,)
+    if isinstance(bench, tuple) and isinstance(device, tuple) and len(bench) == len(device):
+        bench = tuple(None if d is None else b for b, d in zip(bench, device))
+        if isinstance(results.reference, tuple) and len(results.reference) == len(device):
+            results.reference = tuple(None if d is None else r for r, d in zip(results.reference, device))
+    results.device, results.bench = device, bench
+    return results
+
+
+def judge(registry: Any, name: CallName, results: Results, recorded: Any = None) -> Any:
+    """The verdict against the bench; against recorded baseline metrics when given,
+    else against the reference run where there is one."""
+    api_name = name.api_name.rsplit(".", 1)[0] if name.api_type == "Aten" else name.api_name
+    reference = recorded if recorded is not None else results.reference
+    return registry.check(results.bench, results.device, api=api_name, reference=reference)
+

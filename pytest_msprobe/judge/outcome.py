@@ -1,0 +1,103 @@
+"""What a checked call amounts to: a ResultRecord whatever happened (judged, skipped,
+broken input, device failure), its failure text, and the test's properties."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.judge.record import ResultRecord, output_results
+from pytest_msprobe.run import isolation
+
+# The metrics each standard's verdict turns on: shown in JUnit properties, kept in baselines.
+KEY_METRICS = {
+    "binary_consistency": ("error_rate",),
+    "absolute_threshold": ("inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio"),
+    "ulp": ("max_ulp_err", "mean_ulp_err", "ulp_err_proportion"),
+    "thousandth": ("rel_err_thousandth",),
+    "accumulative_error": ("inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio", "eb"),
+    "benchmark": ("small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err", "eb"),
+}
+
+
+class AccuracyWarning(UserWarning):
+    """A call judged `warning`: passes, unless --msprobe-strict."""
+
+
+class CallFailed(Exception):
+    """A call judged `error` (or a broken call): the message is the whole report."""
+
+
+def judge_call(index: DumpIndex, name: CallName, settings: Any) -> ResultRecord:
+    """Check one call and describe the result, whatever happened."""
+    from pytest_msprobe.judge.call import check_call
+    from pytest_msprobe.run.replay import DeviceFailed
+
+    started = time.perf_counter()
+    device = settings.backend.describe(settings.device_index)
+    base = {"dump": str(index.path), "call": str(name), "device": device}
+    try:
+        result = check_call(index, name, settings)
+    except CallSkip as exc:
+        record = ResultRecord(status="skip", standard="", reference="", message=f"{name}: {exc}", **base)
+    except CallError as exc:
+        record = ResultRecord(status="error", standard="", reference="", message=f"{name}: bad input: {exc}", **base)
+    except DeviceFailed as exc:
+        message = isolation.out_of_memory_text(index, name, exc, device) if isolation.is_out_of_memory(exc, settings.backend) else f"{name}: {exc}"
+        record = ResultRecord(status="error", standard="", reference="", message=message, **base)
+    else:
+        verdict = result.verdict
+        record = ResultRecord(
+            status=verdict.status,
+            standard=verdict.standard,
+            reference=verdict.reference,
+            message=_verdict_text(result),
+            outputs=output_results(verdict),
+            origins=result.origins,
+            **{**base, "device": result.device},
+        )
+    record.duration = time.perf_counter() - started
+    return record
+
+
+def _verdict_text(result: Any) -> str:
+    verdict = result.verdict
+    if verdict.status == "skip":
+        return f"{result.name}: " + ("; ".join(verdict.reasons) or "nothing comparable")
+    head = f"{result.name}: {verdict.status} by the {verdict.standard} standard on {result.device}"
+    if verdict.status == "pass":  # its metrics are in the record's outputs; the text is read for failures
+        return head
+    lines = [head, verdict.message().rstrip(), "inputs:"]
+    lines += [f"  {origin}" for origin in result.origins] or ["  (none)"]
+    return "\n".join(lines)
+
+
+def properties(record: ResultRecord) -> list[tuple[str, Any]]:
+    """Flat (name, value) pairs: pytest's JUnit XML writes each as a <property>."""
+    pairs: list[tuple[str, Any]] = [
+        ("msprobe_status", record.status),
+        ("msprobe_standard", record.standard),
+        ("msprobe_reference", record.reference),
+        ("msprobe_device", record.device),
+    ]
+    worst = _worst_output(record)
+    if worst is not None:
+        for key in KEY_METRICS.get(worst.standard, ()):
+            if key in worst.metrics:
+                pairs.append((f"msprobe_{key}", worst.metrics[key]))
+    return pairs
+
+
+def _worst_output(record: ResultRecord) -> Any:
+    order = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
+    return max(record.outputs, key=lambda output: order.get(output.status, 0), default=None)
+
+
+def crash_record(dump: str, call: str, device: str, worker: str, timeout: float) -> ResultRecord:
+    """The error record of a call whose process died while running it."""
+    hang = f", or it hung in a kernel past the hard deadline ({isolation.HARD_DEADLINE_FACTOR} x --msprobe-timeout={timeout:g} s)" if timeout > 0 else ""
+    return ResultRecord(dump=dump, call=call, status="error", standard="", reference="", device=device,
+                        message=(f"{call}: the process replaying it (xdist worker {worker}) died: a crash such as a segfault or "
+                                 f"abort{hang}. The run went on in a new worker. Rerun this call alone (-n 0 -k) to see its output."))

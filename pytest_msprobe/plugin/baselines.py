@@ -1,0 +1,99 @@
+"""The hooks of baselines: thin, over pytest_msprobe.judge.baseline.
+
+Every call's check already receives its recorded metrics as the reference (see
+state.py); here the controller (or the lone process) keeps each call's metrics as
+results arrive, writes the baseline at the end, and reports what changed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pytest.pathlib import bestrelpath
+
+from pytest_msprobe.dump.index import read_index
+from pytest_msprobe.errors import DumpError
+from pytest_msprobe.judge.baseline import Baseline, CallMetrics, Change, compare, environment
+from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin.state import session_state
+
+REPORT_ATTRIBUTE = "msprobe_record"
+SHOWN_REGRESSIONS = 20
+
+
+class BaselinePlugin:
+    def __init__(self, config: pytest.Config) -> None:
+        base = Path(config.invocation_params.dir)
+        self.config = config
+        self.save_to = _folder(base, options.get(config, "msprobe_baseline_save"))
+        self.judged_by = _folder(base, options.get(config, "msprobe_baseline"))
+        self.update = bool(options.get(config, "msprobe_baseline_update"))
+        self.current: dict[tuple[str, str], CallMetrics] = {}
+
+    @pytest.hookimpl(tryfirst=True)  # before the report writer takes the record off the report
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, REPORT_ATTRIBUTE, None)
+        if report.when != "call" or data is None or hasattr(self.config, "workerinput"):
+            return
+        record = ResultRecord.from_dict(data)
+        dump_key = report.nodeid.rsplit("::", 1)[0]
+        self.current[(dump_key, record.call)] = CallMetrics.of(record)
+
+    def pytest_sessionfinish(self) -> None:
+        if hasattr(self.config, "workerinput"):
+            return
+        env = environment(self._dumps(), session_state(self.config).settings().backend.describe(0))
+        if self.save_to is not None:
+            Baseline(env, dict(self.current)).write(self.save_to)
+        if self.judged_by is not None and self.update:
+            recorded = Baseline.read(self.judged_by) if (self.judged_by / "msprobe-baseline.jsonl").exists() else Baseline()
+            recorded.environment = env
+            recorded.calls.update(self.current)
+            recorded.write(self.judged_by)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        recorded = session_state(self.config).settings().baseline
+        if recorded is None or hasattr(self.config, "workerinput"):
+            return
+        changes = [compare(metrics, recorded.get(dump, call), call) for (dump, call), metrics in sorted(self.current.items())]
+        vanished = self._vanished(recorded)
+        terminalreporter.section("msprobe baseline")
+        for line in summary_lines(changes, vanished, self.update):
+            terminalreporter.write_line(line)
+
+    def _dumps(self) -> list[tuple[str, Path]]:
+        rootpath = self.config.rootpath
+        return [(bestrelpath(rootpath, path), path) for path in session_state(self.config).dumps]
+
+    def _vanished(self, recorded: Baseline) -> list[str]:
+        """Calls the baseline has for a dump of this run that the dump no longer holds."""
+        gone = []
+        for key, path in self._dumps():
+            try:
+                present = set(read_index(path).names)
+            except DumpError:
+                continue
+            gone += [f"{key}::{call}" for (dump, call) in recorded.calls if dump == key and call not in present]
+        return sorted(gone)
+
+
+def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> list[str]:
+    counts = Counter(change.kind for change in changes)
+    lines = [", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new")) +
+             f", {len(vanished)} vanished" + (" (baseline updated with this run)" if updated else "")]
+    regressions = sorted((c for c in changes if c.kind == "regression"), key=lambda c: -(c.ratio or 0.0))
+    for change in regressions[:SHOWN_REGRESSIONS]:
+        growth = f", {change.metric} {change.ratio:.3g}x the baseline" if change.ratio is not None else ""
+        lines.append(f"  regression {change.call}: {change.was} -> {change.now}{growth}")
+    if len(regressions) > SHOWN_REGRESSIONS:
+        lines.append(f"  ... and {len(regressions) - SHOWN_REGRESSIONS} more regressions")
+    lines += [f"  vanished {name}" for name in vanished[:SHOWN_REGRESSIONS]]
+    return lines
+
+
+def _folder(base: Path, value: Any) -> Path | None:
+    return base / value if value else None

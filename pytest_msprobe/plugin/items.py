@@ -1,0 +1,109 @@
+"""The pytest nodes: a dump.json is a File, each dumped call an Item."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from pytest_msprobe.dump.cache import load_index
+from pytest_msprobe.dump.index import CallName, DIRECTIONS, DumpIndex
+from pytest_msprobe.errors import DumpError
+from pytest_msprobe.judge.offline import require_tensor_task
+from pytest_msprobe.plugin import options
+from pytest_msprobe.judge.outcome import AccuracyWarning, CallFailed, judge_call, properties
+from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.plugin.state import session_state
+from pytest_msprobe.run.mindspore.tables import require_mindspore
+
+
+RESULT_KEY = pytest.StashKey[ResultRecord]()
+
+
+@functools.cache
+def _mark(name: str) -> pytest.MarkDecorator:
+    """One decorator per marker name: `pytest.mark.<name>` costs as much as the rest of
+    an item's creation, and a dump has hundreds of thousands of items."""
+    return getattr(pytest.mark, name)
+
+
+class DumpFile(pytest.File):
+    """One dump.json: read once into an index of call names, records left on disk."""
+
+    def collect(self) -> Iterator["CallItem"]:
+        try:
+            index = load_index(self.path, options.cache_folder(self.config))
+            if index.framework == "mindspore":
+                require_mindspore()
+            state = session_state(self.config)
+            if state.settings().offline:
+                require_tensor_task(index)
+        except DumpError as exc:
+            raise self.CollectError(str(exc)) from None
+        index.key = self.nodeid
+        state.indexes[self.path] = index
+        state.module_entries += index.modules
+        state.unparsed_names.extend(index.skipped_names)
+        api_types = [api_type.lower() for api_type, _ in index.apis]
+        for position, (name, api, backward) in enumerate(zip(index.names, index.api.tolist(), index.backward.tolist())):
+            yield CallItem.from_parent(self, name=name, index=index, position=position,
+                                       markers=(DIRECTIONS[backward], "api_" + api_types[api]))
+
+
+class CallItem(pytest.Item):
+    """One dumped call: its dump's index and its position there (scheduling reads its
+    size from the index columns; no lookup by name while collecting)."""
+
+    def __init__(self, *, index: DumpIndex, position: int, markers: tuple[str, ...], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.index = index
+        self.position = position
+        for marker in markers:
+            self.add_marker(_mark(marker))
+
+    @property
+    def call(self) -> CallName:  # not cached: 200,000 items would keep 200,000 CallNames
+        return self.index.call_at(self.position)
+
+    @property
+    def numel(self) -> int:
+        return int(self.index.numel[self.position])
+
+    def runtest(self) -> None:
+        state = session_state(self.config)
+        record = judge_call(self.index, self.call, state.settings())
+        self.stash[RESULT_KEY] = record
+        if record.status != "skip":
+            self.user_properties.extend(properties(record))
+        if record.status == "skip":
+            pytest.skip(record.message)
+        if record.status == "error" or (record.status == "warning" and state.strict):
+            raise CallFailed(record.message + ("\n(a warning fails under --msprobe-strict)" if record.status == "warning" else ""))
+        if record.status == "warning":
+            warnings.warn(AccuracyWarning(record.message), stacklevel=1)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CallFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, str(self.call)
+
+
+def dump_lines(config: pytest.Config, dumps: list[Path]) -> Iterator[str]:
+    """What each dump held besides the collected calls: Module/Cell entries (whole
+    modules, outside an API-level check) and keys that are not call names."""
+    from _pytest.pathlib import bestrelpath
+
+    for dump in dumps:
+        try:
+            index = load_index(dump, options.cache_folder(config))
+        except DumpError:
+            continue  # its collection error already says why
+        left_out = f", {index.modules} Module/Cell entries not collected (whole modules, not API calls)" if index.modules else ""
+        odd = f", {len(index.skipped_names)} keys that are not call names ignored" if index.skipped_names else ""
+        yield f"msprobe: {bestrelpath(config.rootpath, dump)}: {len(index)} API calls{left_out}{odd}"

@@ -1,0 +1,110 @@
+"""The plugin's options: each one a command-line flag and the same setting as an ini
+option, declared once in a table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the ini name; the flag is --msprobe-<name with dashes>
+    help: str
+    kind: str = "string"  # "string", "bool", "paths"
+    default: Any = None
+
+    @property
+    def flag(self) -> str:
+        return "--msprobe-" + self.name.removeprefix("msprobe_").replace("_", "-")
+
+
+OPTIONS = (
+    Option("msprobe_dump", "dump.json, or a folder searched for dump.json files (repeatable)", "paths", ()),
+    Option("msprobe_device", "device under test: auto (npu, else cuda, else cpu), cpu, cuda or npu", default="auto"),
+    Option("msprobe_out", "folder for result files", default="msprobe-out"),
+    Option("msprobe_strict", "accuracy warnings fail the test too", "bool", False),
+    Option("msprobe_max_elements", f"largest tensor (elements) a call may create; larger calls skip (default {DEFAULT_MAX_ELEMENTS})",
+           default=str(DEFAULT_MAX_ELEMENTS)),
+    Option("msprobe_standards", "a CSV file that routes APIs to standards or overrides thresholds (see README)"),
+    Option("msprobe_offline", "tensor dumps: the dumped outputs are the device result; only the bench runs here", "bool", False),
+    Option("msprobe_baseline_save", "record every call's metrics, and the environment, as a baseline in this folder"),
+    Option("msprobe_baseline", "judge every call against the baseline recorded in this folder; report regressions"),
+    Option("msprobe_baseline_update", "with --msprobe-baseline: rewrite the baseline records of the calls that ran", "bool", False),
+    Option("msprobe_reference_csv", "an msprobe accuracy_checking_details CSV (run_ut on another device) used as each call's reference"),
+    Option("msprobe_resume", "skip calls whose results are already in --msprobe-out's newest run, append the rest to its files", "bool", False),
+    Option("msprobe_config", "msprobe's config.json: its acc_check (run_ut) white_list, black_list and error_data_path apply"),
+    Option("msprobe_white_list", "check only these APIs, comma separated (linear,conv2d or Functional.linear)"),
+    Option("msprobe_black_list", "never check these APIs, comma separated"),
+    Option("msprobe_dedup", "check one call per API and argument signature (dtypes, shapes, non-tensor arguments)", "bool", False),
+    Option("msprobe_save_failed", "folder for the inputs and outputs of failed calls (.pt for torch.load(weights_only=True) + call.json)"),
+    Option("msprobe_scripts", "folder for a standalone script (DIR/<call name>.py) reproducing every failed call"),
+    Option("msprobe_scripts_all", "write a script for every selected call, not only the failed ones (needs --msprobe-scripts)", "bool", False),
+    Option("msprobe_devices", "device ids the xdist workers are spread over round robin, e.g. 0,1,2,3 (they index into "
+           "CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES when those are set); default: every visible device"),
+    Option("msprobe_shard", "run a deterministic 1/N of the calls: I/N with I in 1..N (a CI matrix or several hosts; "
+           "join their results with msprobe-merge)"),
+    Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
+           "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("msprobe", "msprobe dump replay (pytest-msprobe)")
+    for option in OPTIONS:
+        if option.kind == "bool":
+            group.addoption(option.flag, action="store_true", default=None, dest=option.name, help=option.help)
+            parser.addini(option.name, option.help, type="bool", default=option.default)
+        elif option.kind == "paths":
+            group.addoption(option.flag, action="append", default=None, dest=option.name, metavar="PATH", help=option.help)
+            parser.addini(option.name, option.help, type="args", default=[])
+        else:
+            group.addoption(option.flag, default=None, dest=option.name, help=option.help)
+            parser.addini(option.name, option.help, default=option.default)
+
+
+def get(config: pytest.Config, name: str) -> Any:
+    """The flag when given, else the ini value (whose default is the option's)."""
+    value = config.getoption(name)
+    return value if value is not None else config.getini(name)
+
+
+def dump_files(config: pytest.Config) -> list[Path]:
+    """Every dump.json the options name, in a stable order; a named path that does not
+    exist or holds no dump.json is a usage error."""
+    found: list[Path] = []
+    base = Path(config.invocation_params.dir)
+    for raw in get(config, "msprobe_dump") or ():
+        path = (base / raw).resolve() if not Path(raw).is_absolute() else Path(raw)
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            inside = sorted(path.rglob("dump.json"))
+            if not inside:
+                raise pytest.UsageError(f"--msprobe-dump {raw}: no dump.json found in this folder")
+            found.extend(inside)
+        else:
+            raise pytest.UsageError(f"--msprobe-dump {raw}: no such file or folder")
+    return list(dict.fromkeys(found))
+
+
+def max_elements(config: pytest.Config) -> int:
+    raw = get(config, "msprobe_max_elements")
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: expected a whole number of elements") from None
+    if value <= 0:
+        raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: must be positive")
+    return value
+
+
+def cache_folder(config: pytest.Config) -> Path:
+    """Where the dumps' index caches live: inside --msprobe-out, from the invocation folder."""
+    from pytest_msprobe.dump.cache import CACHE_FOLDER
+
+    return Path(config.invocation_params.dir) / get(config, "msprobe_out") / CACHE_FOLDER

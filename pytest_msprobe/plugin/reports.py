@@ -1,0 +1,207 @@
+"""The hooks of the results layer: thin, over report_writer, report_summary, filters
+and failed_data.
+
+Where results go: the process that runs a test attaches its ResultRecord to the
+call-phase report (`report.msprobe_record`, a plain dict). pytest's default report
+serialization copies a report's attributes, so under xdist it reaches the controller
+intact. The controller (or the lone process without xdist) is the single writer.
+
+Calls left out by the lists, by dedup or because --msprobe-resume found their results
+are deselected at collection (pytest counts them as "deselected"; the reasons are
+printed after collection), not skipped: a resumed run's files then hold each call
+exactly once, and its reports show only the work done now.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generator
+
+import pytest
+
+from pytest_msprobe.dump import filters
+from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin.state import session_state
+from pytest_msprobe.results.summary import Summary
+from pytest_msprobe.results.writer import Entry, ResultFilesError, ResultWriter, RunFiles, read_journal, record_key
+
+# pytest_msprobe.plugin.items is imported where it is used, as plugin/__init__.py does: the node classes
+# are then those of the session that collected the items.
+
+REPORT_ATTRIBUTE = "msprobe_record"
+PROGRESS_EVERY = 30.0  # seconds between progress lines in a long run
+REPRESENTS_PROPERTY = "msprobe_represents"
+# A test that ended without a ResultRecord (its check raised unexpectedly): the
+# status its record gets, by the report's outcome.
+STATUS_OF_OUTCOME = {"failed": "error", "skipped": "skip", "passed": "error"}
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    out: Path
+    resume: bool
+    strict: bool
+    white_list: tuple[str, ...]
+    black_list: tuple[str, ...]
+    dedup: bool
+    save_failed: Path | None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> "ReportOptions":
+        """The options, falling back to --msprobe-config's acc_check/run_ut section for
+        the lists and the failed-data folder."""
+        base = Path(config.invocation_params.dir)
+        config_file = options.get(config, "msprobe_config")
+        try:
+            msprobe = filters.read_config(base / config_file) if config_file else filters.AccCheckConfig()
+        except filters.FilterConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        save_failed = options.get(config, "msprobe_save_failed") or msprobe.error_data_path
+        return cls(
+            out=base / options.get(config, "msprobe_out"),
+            resume=bool(options.get(config, "msprobe_resume")),
+            strict=bool(options.get(config, "msprobe_strict")),
+            white_list=filters.split_names(options.get(config, "msprobe_white_list")) or msprobe.white_list,
+            black_list=filters.split_names(options.get(config, "msprobe_black_list")) or msprobe.black_list,
+            dedup=bool(options.get(config, "msprobe_dedup")),
+            save_failed=base / save_failed if save_failed else None,
+        )
+
+
+class ReportPlugin:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.options = ReportOptions.from_config(config)
+        self.resumed_from = RunFiles.latest(self.options.out) if self.options.resume and self.options.out.is_dir() else None
+        try:
+            previous = read_journal(self.resumed_from.journal) if self.resumed_from else []
+        except ResultFilesError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        self.done = {record_key(entry.record) for entry in previous}
+        self.left_out: Counter[str] = Counter()
+        self.selected: int | None = None
+        self.summary = Summary()
+        self.last_progress = time.monotonic()
+        self.writer: ResultWriter | None = None
+        if not hasattr(config, "workerinput"):  # an xdist worker only runs tests
+            self.writer = ResultWriter(self.resumed_from or RunFiles.new(self.options.out), previous)
+            for entry in previous:
+                self.summary.add(entry.record, entry.represents, resumed=True)
+
+    # --- collection: lists, dedup, resume -------------------------------------------
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        from pytest_msprobe.plugin.items import CallItem
+
+        self.selected = len(items)
+        if not (self.options.white_list or self.options.black_list or self.options.dedup or self.done):
+            return  # nothing to leave out: no pass over (maybe 200,000) items
+        reasons = {item: filters.list_reason(item.call, self.options.white_list, self.options.black_list)
+                   for item in items if isinstance(item, CallItem)}
+        if self.options.dedup:
+            represents = filters.dedup(((item.path, item.call) for item, reason in reasons.items() if reason is None),
+                                       self._signature)
+            for item, reason in reasons.items():
+                count = represents.get((item.path, str(item.call)))
+                if reason is None and count is None:
+                    reasons[item] = "same signature as a kept call (--msprobe-dedup)"
+                elif count is not None:
+                    item.user_properties.append((REPRESENTS_PROPERTY, count))
+        journal = self.resumed_from.journal.name if self.resumed_from else ""
+        for item, reason in reasons.items():
+            if reason is None and (str(item.path), item.name) in self.done:
+                reasons[item] = f"already in {journal} (--msprobe-resume)"
+        dropped = [item for item, reason in reasons.items() if reason]
+        self.left_out = Counter(reason for reason in reasons.values() if reason)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            dropped_set = set(dropped)
+            items[:] = [item for item in items if item not in dropped_set]
+        self.selected = len(items)
+
+    def pytest_report_collectionfinish(self) -> list[str]:
+        return [f"msprobe: deselected {count} calls: {reason}" for reason, count in sorted(self.left_out.items())]
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.selected = len(ids)
+
+    def _signature(self, dump: Path, name: Any) -> str:
+        index = session_state(self.config).indexes[dump]
+        return filters.signature(index.read_record(index.entry(str(name))))
+
+    # --- results: made where the test runs, written by the single writer -----------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        from pytest_msprobe.plugin.items import CallItem, RESULT_KEY
+
+        report = yield
+        if call.when == "call" and isinstance(item, CallItem):
+            record = item.stash.get(RESULT_KEY, None) or _crashed(item, call, report.outcome)
+            if self.options.save_failed and (record.status == "error" or (record.status == "warning" and self.options.strict)):
+                self._save_failed(item, record, report)
+            setattr(report, REPORT_ATTRIBUTE, record.to_dict())
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.writer is None or report.when != "call":
+            return
+        data = report.__dict__.pop(REPORT_ATTRIBUTE, None)  # the controller keeps no records in memory
+        if data is None:
+            return
+        entry = Entry(ResultRecord.from_dict(data), dict(report.user_properties).get(REPRESENTS_PROPERTY, 1))
+        self.writer.add(entry)
+        self.summary.add(entry.record, entry.represents)
+        self._show_progress()
+
+    def _show_progress(self) -> None:
+        """Every PROGRESS_EVERY seconds, one line of progress (never per call)."""
+        now = time.monotonic()
+        if now - self.last_progress < PROGRESS_EVERY:
+            return
+        self.last_progress = now
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and self.config.get_verbosity() >= 0:
+            reporter.write_line(self.summary.progress(self.selected))
+
+    def _save_failed(self, item: Any, record: ResultRecord, report: pytest.TestReport) -> None:
+        """Failing to save is reported on the test, never a new failure of it."""
+        from pytest_msprobe.results.failed_data import save_failed_call
+
+        assert self.options.save_failed is not None
+        try:
+            folder = save_failed_call(self.options.save_failed, item.index, item.call, session_state(item.config).settings(), record)
+        except Exception as exc:  # noqa: BLE001 - any failure here must not change the test's outcome
+            report.sections.append(("msprobe failed data", f"could not save {item.call}: {type(exc).__name__}: {exc}"))
+        else:
+            report.sections.append(("msprobe failed data", f"saved to {folder}"))
+
+    # --- the end -------------------------------------------------------------------
+
+    def pytest_sessionfinish(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.writer is None:
+            return
+        files = self.writer.files
+        paths = [files.result, files.details, files.metrics, files.journal]
+        if self.options.save_failed and self.options.save_failed.is_dir():
+            paths.append(self.options.save_failed)
+        terminalreporter.section("msprobe summary")
+        for line in self.summary.lines(selected=self.selected, files=paths):
+            terminalreporter.write_line(line)
+
+
+def _crashed(item: Any, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:
+    """The record of a test whose check raised instead of returning one."""
+    excinfo = call.excinfo
+    cause = f"{excinfo.type.__name__}: {excinfo.value}" if excinfo else "no result was recorded"
+    return ResultRecord(dump=str(item.path), call=str(item.call), status=STATUS_OF_OUTCOME[outcome], standard="",
+                        reference="", device="", message=f"{item.call}: the check raised {cause}")

@@ -1,0 +1,141 @@
+"""Hooks of the scale-out layer: thin, over workers, scheduling, dump.cache and
+isolation. Registered by plugin/__init__.py only when a dump is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generator
+
+import pytest
+from _pytest.pathlib import bestrelpath
+
+from pytest_msprobe.dump.cache import ensure_cached
+from pytest_msprobe.plugin import options, scheduling, workers
+from pytest_msprobe.plugin.state import session_state
+from pytest_msprobe.run import isolation
+
+
+@dataclass(frozen=True)
+class ScaleOptions:
+    shard: tuple[int, int] | None
+    timeout: float
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> "ScaleOptions":
+        raw = options.get(config, "msprobe_timeout")
+        try:
+            timeout = float(raw or 0)
+        except ValueError:
+            raise pytest.UsageError(f"--msprobe-timeout {raw!r}: expected seconds, e.g. 300 (0: no limit)") from None
+        if timeout < 0:
+            raise pytest.UsageError(f"--msprobe-timeout {raw!r}: must be 0 (no limit) or more")
+        return cls(scheduling.parse_shard(options.get(config, "msprobe_shard")), timeout)
+
+
+SCALE_KEY = pytest.StashKey[ScaleOptions]()
+SHARD_DROPPED_KEY = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[SCALE_KEY] = ScaleOptions.from_config(config)
+    if not hasattr(config, "workerinput"):
+        workers.prefer_worksteal(config)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [workers.layout(config, session_state(config).settings().backend)]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The xdist controller parses each dump once, before its workers start (xdist's
+    own sessionstart, trylast), so that they collect from the index cache."""
+    if session.config.pluginmanager.has_plugin("dsession"):
+        for dump in session_state(session.config).dumps:
+            ensure_cached(dump, options.cache_folder(session.config))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After every other selection: this shard's calls, then (in xdist workers) the
+    order that keeps the devices busy."""
+    from pytest_msprobe.plugin.items import CallItem
+
+    calls = [item for item in items if isinstance(item, CallItem)]
+    others = [item for item in items if not isinstance(item, CallItem)]
+    shard = config.stash[SCALE_KEY].shard
+    if shard is not None:
+        part, total = shard
+        mine = [scheduling.shard_of(str(item.call), total) == part for item in calls]
+        dropped = [item for item, keep in zip(calls, mine) if not keep]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            calls = [item for item, keep in zip(calls, mine) if keep]
+        config.stash[SHARD_DROPPED_KEY] = len(dropped)
+    dist = getattr(config.option, "dist", "no")
+    if workers.worker_number(config) is not None and dist == "worksteal":
+        calls = scheduling.worksteal_blocks(calls, workers.worker_count(config))
+    elif workers.worker_number(config) is not None and dist == "load":
+        calls = scheduling.heavy_first(calls)
+    items[:] = others + calls
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    shard = config.stash[SCALE_KEY].shard
+    if shard is None:
+        return []
+    return [f"msprobe: shard {shard[0]}/{shard[1]}: deselected {config.stash.get(SHARD_DROPPED_KEY, 0)} calls of the other shards"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    """A call past its timeout, or out of memory outside the device run (decoding its
+    inputs, the bench), errors with its own record; the run goes on."""
+    from pytest_msprobe.judge import outcome
+    from pytest_msprobe.judge.record import ResultRecord
+    from pytest_msprobe.plugin.items import CallItem, RESULT_KEY
+
+    if not isinstance(item, CallItem):
+        return (yield)
+    settings = session_state(item.config).settings()
+    try:
+        with isolation.deadline(item.config.stash[SCALE_KEY].timeout):
+            return (yield)
+    except outcome.CallFailed:
+        raise
+    except isolation.CallTimeout as exc:
+        device = settings.backend.describe(settings.device_index)
+        message = f"{item.call}: {exc}; the call was stopped and the run went on"
+    except Exception as exc:
+        if not isolation.is_out_of_memory(exc, settings.backend):
+            raise
+        device = settings.backend.describe(settings.device_index)
+        message = isolation.out_of_memory_text(item.index, item.call, exc, device)
+    isolation.release_memory(settings.backend)
+    item.stash[RESULT_KEY] = ResultRecord(dump=str(item.path), call=str(item.call), status="error", standard="",
+                                          reference="", device=device, message=message)
+    raise outcome.CallFailed(message)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+    """xdist reports a call whose worker died with when="???" and no record; give it
+    the call's error record, so that the result files hold it like any other."""
+    from pytest_msprobe.judge import outcome
+    from pytest_msprobe.plugin.reports import REPORT_ATTRIBUTE
+
+    config = report.node.config  # type: ignore[attr-defined]  # the crashed WorkerController
+    state = session_state(config)
+    relpath, _, call = crashitem.partition("::")
+    dumps = {bestrelpath(config.rootpath, dump): dump for dump in state.dumps}
+    if relpath not in dumps:
+        return
+    worker = report.node.gateway.id  # type: ignore[attr-defined]
+    backend = state.settings().backend
+    device = backend.describe(workers.device_of(workers.device_ids(config, backend), workers.number_of(worker)))
+    record = outcome.crash_record(str(dumps[relpath]), call, device, worker, config.stash[SCALE_KEY].timeout)
+    report.when = "call"  # type: ignore[assignment]  # the call phase is where it died
+    report.location = (relpath, None, call)  # headlines name the call, not the file
+    report.longrepr = record.message
+    report.user_properties.append(("msprobe_device", device))
+    setattr(report, REPORT_ATTRIBUTE, record.to_dict())

@@ -1,0 +1,62 @@
+"""--msprobe-scripts: while the run goes on, write the standalone script of every failed
+call (of every selected call with --msprobe-scripts-all), where the test ran (an xdist
+worker holds the dump index). plugin/__init__.py registers this module when a dump is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generator
+
+import pytest
+
+from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin.items import CallItem, RESULT_KEY
+from pytest_msprobe.plugin.state import session_state
+from pytest_msprobe.scripts.writer import write_script
+
+
+@dataclass(frozen=True)
+class ScriptOptions:
+    folder: Path
+    every: bool
+    standards_csv: str | None  # scripts judge with the run's --msprobe-standards file too
+    note: str  # what of the run a script cannot reproduce, said in its header
+
+
+SCRIPTS_KEY = pytest.StashKey["ScriptOptions | None"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    folder = options.get(config, "msprobe_scripts")
+    every = bool(options.get(config, "msprobe_scripts_all"))
+    if not folder:
+        if every:
+            raise pytest.UsageError("--msprobe-scripts-all needs --msprobe-scripts=DIR, the folder to write the scripts in")
+        config.stash[SCRIPTS_KEY] = None
+        return
+    standards = options.get(config, "msprobe_standards")
+    settings = session_state(config).settings()
+    modes = [flag for flag, used in (("--msprobe-offline", settings.offline), ("--msprobe-baseline", settings.baseline is not None)) if used]
+    note = f" (the run used {' and '.join(modes)}; the script replays on the device and judges against the bench)" if modes else ""
+    config.stash[SCRIPTS_KEY] = ScriptOptions(Path(config.invocation_params.dir) / folder, every,
+                                              Path(standards).read_text("utf-8") if standards else None, note)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    chosen = item.config.stash.get(SCRIPTS_KEY, None)
+    if chosen is None or call.when != "call" or not isinstance(item, CallItem) or not (chosen.every or report.failed):
+        return report
+    record = item.stash.get(RESULT_KEY, None)
+    judged = (record.message.splitlines()[0] if record is not None else f"the check raised ({report.outcome})") + chosen.note
+    try:
+        path = write_script(item.index, item.call, chosen.folder, max_elements=session_state(item.config).settings().max_elements,
+                            standards_csv=chosen.standards_csv, judged=judged)
+    except Exception as exc:  # noqa: BLE001 - a script that cannot be written must not change the test's outcome
+        report.sections.append(("msprobe script", f"could not write the script of {item.call}: {type(exc).__name__}: {exc}"))
+    else:
+        report.sections.append(("msprobe script", f"reproduce it alone: python {path}"))
+    return report

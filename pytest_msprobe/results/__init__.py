@@ -1,0 +1,12 @@
+"""Results on disk: the writer of a run's files (`writer`: journal, details, metrics),
+msprobe's CSV formats (`msprobe_csv`), the terminal summary (`summary`), merging the
+files of several runs (`merge`, the msprobe-merge command) and saving a failed call's
+data (`failed_data`).
+
+May import: `dump`, `run`, `judge`, `errors`, `standards`. Never pytest, never `scripts`
+or `plugin`.
+"""
+
+from pytest_msprobe._moved import old_attributes
+
+__getattr__ = old_attributes(__name__)  # pytest_msprobe.results was the module judge.record

@@ -1,0 +1,101 @@
+"""The terminal summary a person reads first: how many calls did what, by status,
+standard and API type; the worst calls with the metric that failed them; the pace of
+the run; where the files are. Built from ResultRecords as they arrive, in constant
+memory (counters and a bounded list of the worst)."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_msprobe.judge.record import ResultRecord
+
+STATUSES = ("pass", "warning", "error", "skip")
+SEVERITY = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
+WORST_SHOWN = 10
+LINE_CUT = 200  # a reason can be long; the summary shows its start, the files the rest
+
+
+def badness(record: ResultRecord) -> tuple[int, float, str]:
+    """Worst first: errors before warnings, then the larger share of failing outputs,
+    then the name (for a stable order)."""
+    failing = sum(1 for output in record.outputs if output.status == record.status)
+    share = failing / len(record.outputs) if record.outputs else 1.0
+    return SEVERITY.get(record.status, 0), share, record.call
+
+
+def failing_metric(record: ResultRecord) -> str:
+    """The first reason of the first output with the call's status, else the message's
+    first line (a call that failed before any comparison), cut to one short line."""
+    text = next((f"{output.path or 'output'}: {output.reasons[0]}" for output in record.outputs
+                 if output.status == record.status and output.reasons), record.message)
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= LINE_CUT else line[:LINE_CUT] + " ..."
+
+
+@dataclass
+class Summary:
+    by_status: Counter[str] = field(default_factory=Counter)
+    by_standard: dict[str, Counter[str]] = field(default_factory=dict)
+    by_api_type: dict[str, Counter[str]] = field(default_factory=dict)
+    worst: list[tuple[tuple[int, float, str], str, str]] = field(default_factory=list)
+    resumed: int = 0
+    represented: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, record: ResultRecord, represents: int = 1, *, resumed: bool = False) -> None:
+        self.by_status[record.status] += 1
+        self.by_standard.setdefault(record.standard or "(none)", Counter())[record.status] += 1
+        self.by_api_type.setdefault(record.call.split(".", 1)[0], Counter())[record.status] += 1
+        self.represented += represents
+        self.resumed += resumed
+        if record.status in ("error", "warning"):
+            item = (badness(record), record.call, failing_metric(record))
+            if len(self.worst) < WORST_SHOWN:
+                heapq.heappush(self.worst, item)
+            else:
+                heapq.heappushpop(self.worst, item)
+
+    def progress(self, selected: int | None) -> str:
+        """One line for a person watching a long run: done, pace, time left."""
+        ran = sum(self.by_status.values()) - self.resumed
+        elapsed = time.monotonic() - self.started
+        rate = ran / elapsed if elapsed > 0 else 0.0
+        line = f"msprobe: {ran}{f'/{selected}' if selected else ''} calls in {elapsed:.0f} s ({rate:.1f} calls/s)"
+        if selected and rate > 0 and ran < selected:
+            line += f", about {(selected - ran) / rate:.0f} s left"
+        if self.by_status["error"]:
+            line += f", {self.by_status['error']} errors so far"
+        return line
+
+    def lines(self, *, selected: int | None, files: list[Path]) -> list[str]:
+        """The summary text. selected: tests this session was to run (None if unknown),
+        giving the pace and, after an interruption, the time left."""
+        total = sum(self.by_status.values())
+        ran = total - self.resumed
+        elapsed = time.monotonic() - self.started
+        rate = ran / elapsed if elapsed > 0 else 0.0
+        head = f"{total} tests" + "".join(f", {self.by_status[s]} {s}" for s in STATUSES if self.by_status[s])
+        pace = f"{ran} run here in {elapsed:.1f} s ({rate:.1f} calls/s)"
+        if self.resumed:
+            pace += f", {self.resumed} from the resumed run"
+        if selected is not None and ran < selected and rate > 0:
+            pace += f"; {selected - ran} not run, about {(selected - ran) / rate:.0f} s more (rerun with --msprobe-resume)"
+        lines = [head, pace]
+        if self.represented > total:
+            lines.append(f"dedup: these tests stand for {self.represented} dumped calls")
+        lines += _table("by standard", self.by_standard) + _table("by api type", self.by_api_type)
+        if self.worst:
+            lines.append("worst calls:")
+            lines += [f"  {call}: {metric}" for _, call, metric in sorted(self.worst, reverse=True)]
+        lines += [f"results: {path}" for path in files]
+        return lines
+
+
+def _table(title: str, counts: dict[str, Counter[str]]) -> list[str]:
+    rows = [f"  {name:<22} " + "  ".join(f"{s} {counter[s]}" for s in STATUSES if counter[s])
+            for name, counter in sorted(counts.items())]
+    return [f"{title}:", *rows] if rows else []

@@ -1,0 +1,221 @@
+"""The one writer of a run's result files, and the resume state read back from them.
+
+A run's files share a timestamp, as msprobe names them:
+
+    msprobe_records_{ts}.jsonl             the journal: one ResultRecord per test, the truth
+    accuracy_checking_details_{ts}.csv     one row per compared output (msprobe's columns)
+    accuracy_checking_metrics_{ts}.jsonl   one flat object per output, every metric (pandas.read_json(lines=True))
+    accuracy_checking_result_{ts}.csv      one row per call, both directions (msprobe's columns)
+
+Every arriving record is appended to the first three, the journal last and flushed at
+once: a record is "done" once its journal line is complete. The details and metrics
+files are flushed at most every FLUSH_EVERY seconds (two more flushes per call cost
+about 45 us, 2% of a tiny call's time in the harness). A run killed at any point (SIGKILL
+included) leaves at worst a torn last line, rows whose journal line is missing, or the
+last second's rows unwritten; resume rewrites the files from the journal, then appends. The
+result CSV needs both directions of a call, which arrive as two tests: it is written
+from the per-call statuses when the session ends (a killed run has none until resumed).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from pytest_msprobe.results.msprobe_csv import (DETAILS_HEADER, DETAILS_PREFIX, ENCODING, RESULT_HEADER, RESULT_PREFIX,
+                                       details_rows, output_name, result_row)
+from pytest_msprobe.judge.record import ResultRecord
+
+JOURNAL_PREFIX = "msprobe_records_"
+METRICS_PREFIX = "accuracy_checking_metrics_"
+
+
+class ResultFilesError(Exception):
+    """Result files that cannot be read back: the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The paths of one run's files in a folder."""
+
+    folder: Path
+    stamp: str
+
+    @property
+    def journal(self) -> Path:
+        return self.folder / f"{JOURNAL_PREFIX}{self.stamp}.jsonl"
+
+    @property
+    def details(self) -> Path:
+        return self.folder / f"{DETAILS_PREFIX}{self.stamp}.csv"
+
+    @property
+    def metrics(self) -> Path:
+        return self.folder / f"{METRICS_PREFIX}{self.stamp}.jsonl"
+
+    @property
+    def result(self) -> Path:
+        return self.folder / f"{RESULT_PREFIX}{self.stamp}.csv"
+
+    @classmethod
+    def new(cls, folder: Path) -> "RunFiles":
+        """A fresh timestamp (msprobe's %Y%m%d%H%M%S), suffixed if that second is taken."""
+        stamp = time.strftime("%Y%m%d%H%M%S")
+        files, suffix = cls(folder, stamp), 1
+        while files.journal.exists() or files.details.exists():
+            files, suffix = cls(folder, f"{stamp}_{suffix}"), suffix + 1
+        return files
+
+    @classmethod
+    def latest(cls, folder: Path) -> "RunFiles | None":
+        """The newest run in a folder (by its journal's timestamp), None if there is none."""
+        stamps = sorted(path.name[len(JOURNAL_PREFIX):-len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl"))
+        return cls(folder, stamps[-1]) if stamps else None
+
+
+def record_key(record: ResultRecord) -> tuple[str, str]:
+    """What identifies a test across runs: its dump and its call name (with direction)."""
+    return record.dump, record.call
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A journal line: the record, and how many dumped calls its test stands for
+    (more than 1 where --msprobe-dedup dropped calls with the same signature)."""
+
+    record: ResultRecord
+    represents: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps({**self.record.to_dict(), "represents": self.represents})
+
+    @classmethod
+    def from_json(cls, line: bytes | str) -> "Entry":
+        data = json.loads(line)
+        represents = data.pop("represents", 1)
+        return cls(ResultRecord.from_dict(data), represents)
+
+
+def read_journal(path: Path) -> list[Entry]:
+    """Every complete entry of a journal, the last of each key winning. A torn last
+    line (a run killed mid-write) is dropped; damage anywhere else is an error."""
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as exc:
+        raise ResultFilesError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    entries: dict[tuple[str, str], Entry] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = Entry.from_json(line)
+        except (ValueError, TypeError, AttributeError) as exc:
+            if number == len(lines):  # no newline after it: torn by a kill
+                continue
+            raise ResultFilesError(f"{path}: line {number} is not a result record ({exc}); the file was edited or "
+                                   "damaged: delete that line, or run without --msprobe-resume to start over") from exc
+        entries[record_key(entry.record)] = entry
+    return list(entries.values())
+
+
+def metrics_rows(entry: Entry) -> list[dict]:
+    """Flat objects, one per compared output, with every metric and threshold as its own
+    column: pandas.read_json(path, lines=True) gives one DataFrame of the whole run."""
+    record = entry.record
+    call, _, direction = record.call.rpartition(".")
+    base = {"dump": record.dump, "call": call, "direction": direction, "device": record.device,
+            "represents": entry.represents, "duration": record.duration}
+    return [
+        {**base, "name": output_name(record.call, output), "output": output.index, "path": output.path,
+         "status": output.status, "standard": output.standard, "reference": output.reference,
+         "device_dtype": output.device_dtype, "bench_dtype": output.bench_dtype, "shape": output.shape,
+         **output.metrics, **{f"threshold_{key}": value for key, value in output.thresholds.items()}}
+        for output in record.outputs
+    ]
+
+
+@dataclass
+class CallStatus:
+    """What the result CSV needs of a call: each direction's status and message."""
+
+    status: dict[str, str] = field(default_factory=dict)
+    message: dict[str, str] = field(default_factory=dict)
+
+
+FLUSH_EVERY = 1.0  # seconds between flushes of the details and metrics files
+
+
+class ResultWriter:
+    """Appends each record to the run's files as it arrives (the journal flushed per
+    record, the others every FLUSH_EVERY seconds)."""
+
+    def __init__(self, files: RunFiles, previous: Iterable[Entry] = ()) -> None:
+        self.files = files
+        self.calls: dict[tuple[str, str], CallStatus] = {}
+        files.folder.mkdir(parents=True, exist_ok=True)
+        previous = list(previous)
+        self._rewrite(previous)
+        self._journal = open(files.journal, "a", encoding="utf-8", newline="\n")
+        self._details_file = open(files.details, "a", encoding="utf-8", newline="")
+        self._details = csv.writer(self._details_file)
+        self._metrics = open(files.metrics, "a", encoding="utf-8", newline="\n")
+        self._flushed = time.monotonic()
+        for entry in previous:
+            self._remember(entry.record)
+
+    def add(self, entry: Entry) -> None:
+        record = entry.record
+        self._details.writerows(details_rows(record))
+        self._metrics.write("".join(json.dumps(row) + "\n" for row in metrics_rows(entry)))
+        now = time.monotonic()
+        if now - self._flushed >= FLUSH_EVERY:
+            self._details_file.flush()
+            self._metrics.flush()
+            self._flushed = now
+        self._journal.write(entry.to_json() + "\n")
+        self._journal.flush()
+        self._remember(record)
+
+    def close(self) -> None:
+        """Write the result CSV from every call's statuses and close the files."""
+        for handle in (self._journal, self._details_file, self._metrics):
+            handle.close()
+        rows = [result_row(call, status.status.get("forward"), status.status.get("backward"),
+                           (status.message.get("forward", ""), status.message.get("backward", "")))
+                for (_, call), status in self.calls.items()]
+        _replace(self.files.result, _csv_text(RESULT_HEADER, rows), ENCODING)
+
+    def _remember(self, record: ResultRecord) -> None:
+        call, _, direction = record.call.rpartition(".")
+        status = self.calls.setdefault((record.dump, call), CallStatus())
+        status.status[direction] = record.status
+        status.message[direction] = "" if record.status == "pass" else record.message
+
+    def _rewrite(self, entries: list[Entry]) -> None:
+        """Start the files afresh from these entries: headers, then their rows."""
+        _replace(self.files.details,
+                 _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]), ENCODING)
+        _replace(self.files.metrics, "".join(json.dumps(row) + "\n" for entry in entries for row in metrics_rows(entry)))
+        _replace(self.files.journal, "".join(entry.to_json() + "\n" for entry in entries))
+
+
+def _csv_text(header: Iterable[str], rows: Iterable[list[str]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _replace(path: Path, text: str, encoding: str = "utf-8") -> None:
+    """Write a whole file atomically: readers see the old file or the new, never half."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding=encoding, newline="") as handle:
+        handle.write(text)
+    os.replace(partial, path)

@@ -1,0 +1,140 @@
+"""Which function a dumped call name stands for, per api type: explicit tables only.
+
+dump.json is untrusted, so a name is looked up in `api_tables/pytorch.toml` (pure
+tensor operations) before anything is fetched from torch; nothing is ever evaluated.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pytest_msprobe.dump.index import CallName
+from pytest_msprobe.errors import CallSkip
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Api:
+    """The functions one call runs: on the device under test and on the bench."""
+
+    name: str
+    device_fn: Callable[..., Any]
+    bench_fn: Callable[..., Any]
+    in_place: bool
+    raise_bench: bool  # False where the bench must keep the device dtype (type_as)
+
+
+@functools.cache
+def pytorch_table() -> dict[str, frozenset[str]]:
+    text = importlib.resources.files("pytest_msprobe.run").joinpath("api_tables/pytorch.toml").read_text("utf-8")
+    return {section: frozenset(body["names"]) for section, body in tomllib.loads(text).items()}
+
+
+def is_in_place(api_name: str) -> bool:
+    if api_name.startswith("__") and api_name.endswith("__"):
+        return api_name.startswith("__i") and api_name not in ("__invert__", "__index__", "__int__")
+    return api_name.endswith("_") and not api_name.startswith("_")
+
+
+def _namespace(module_path: str) -> Callable[[], Any]:
+    def load() -> Any:
+        return importlib.import_module(module_path)
+
+    return load
+
+
+def _torch_attr(section: str, owner: Callable[[], Any]) -> Callable[[str], Callable[..., Any]]:
+    def resolve(api_name: str) -> Callable[..., Any]:
+        if api_name not in pytorch_table()[section]:
+            raise CallSkip(f"{section}.{api_name} is not in the replay table of {section} APIs")
+        function = getattr(owner(), api_name, None)
+        if not callable(function):
+            raise CallSkip(f"{section}.{api_name} does not exist in this torch version")
+        return function
+
+    return resolve
+
+
+def _tensor_owner() -> Any:
+    import torch
+
+    return torch.Tensor
+
+
+def _vf_owner() -> Any:
+    import torch
+
+    return torch._VF
+
+
+def _aten(api_name: str) -> Callable[..., Any]:
+    """`Aten.add.Tensor` names an overload; torch.ops.aten holds only operators."""
+    import torch
+
+    parts = api_name.split(".")
+    if len(parts) > 2 or not all(_IDENTIFIER.match(p) for p in parts):
+        raise CallSkip(f"Aten.{api_name} is not an aten operator name")
+    try:
+        op = getattr(torch.ops.aten, parts[0])
+        return getattr(op, parts[1]) if len(parts) == 2 else op
+    except (AttributeError, RuntimeError):
+        raise CallSkip(f"Aten.{api_name} does not exist in this torch version") from None
+
+
+def _distributed(api_name: str) -> Callable[..., Any]:
+    raise CallSkip(f"Distributed.{api_name} is communication between processes: it cannot be replayed in one")
+
+
+# api type of a PyTorch dump -> how its names resolve to a torch function.
+PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Any]]] = {
+    "Functional": _torch_attr("Functional", _namespace("torch.nn.functional")),
+    "Torch": _torch_attr("Torch", _namespace("torch")),
+    "Tensor": _torch_attr("Tensor", _tensor_owner),
+    "VF": _torch_attr("VF", _vf_owner),
+    "Aten": _aten,
+    "Distributed": _distributed,
+}
+
+
+def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Any] | None] | None) -> Api:
+    """The device and bench functions of a PyTorch call.
+
+    `npu_ops` finds a torch_npu operator on the device under test (None when the
+    device is not an NPU): NPU calls then run there and on the bench_functions
+    reference; elsewhere the reference stands in on the device too.
+    """
+    api_name = name.api_name
+    if api_name in pytorch_table()["random"]:
+        raise CallSkip(f"{name.api_type}.{api_name} draws random numbers the dump does not record: its output cannot be compared element by element")
+    raise_bench = api_name not in pytorch_table()["not_raised"]
+    if name.api_type == "NPU":
+        return _resolve_npu(api_name, npu_ops, raise_bench)
+    resolver = PYTORCH_RESOLVERS.get(name.api_type)
+    if resolver is None:
+        raise CallSkip(f"api type {name.api_type!r} is not known to PyTorch dumps ({', '.join(sorted([*PYTORCH_RESOLVERS, 'NPU']))})")
+    function = resolver(api_name)
+    return Api(f"{name.api_type}.{api_name}", function, function, is_in_place(api_name), raise_bench)
+
+
+def _resolve_npu(api_name: str, npu_ops: Callable[[str], Callable[..., Any] | None] | None, raise_bench: bool) -> Api:
+    from pytest_msprobe import bench_functions
+
+    if not _IDENTIFIER.match(api_name):
+        raise CallSkip(f"NPU.{api_name} is not an operator name")
+    reference = bench_functions.get(api_name)
+    device_op = npu_ops(api_name) if npu_ops is not None else None
+    if reference is None:
+        raise CallSkip(
+            f"NPU.{api_name} has no CPU reference in bench_functions; register one with "
+            "pytest_msprobe.bench_functions.register(name, function) or the "
+            "pytest_msprobe_register_bench_functions hook"
+        )
+    if npu_ops is not None and device_op is None:
+        raise CallSkip(f"NPU.{api_name} does not exist in this torch_npu")
+    return Api(f"NPU.{api_name}", device_op or reference, reference, is_in_place(api_name), raise_bench)

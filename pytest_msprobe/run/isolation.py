@@ -1,0 +1,118 @@
+"""Faults of one call stay that call's: a hang, a device out of memory, a crash.
+
+- Timeout: SIGALRM raises CallTimeout in the call's Python code when --msprobe-timeout
+  passes. A call stuck inside a C kernel never returns to Python, so a second, hard
+  deadline (faulthandler's watchdog thread, at twice the timeout) dumps the stacks and
+  ends the process: under xdist the controller reports that call as crashed and starts
+  a new worker for the rest.
+- Out of memory: the call errors with the sizes of its tensors and the failed
+  allocation, the memory is released, and the next call starts clean.
+- Crash (segfault, abort, the hard deadline): the controller makes the call's error
+  record from xdist's crash report (judge.outcome.crash_record, plugin.scale).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import gc
+import math
+import signal
+import sys
+import threading
+from typing import Any, Iterator
+
+from pytest_msprobe.dump.index import CallName, DumpIndex
+
+HARD_DEADLINE_FACTOR = 2
+
+
+class CallTimeout(BaseException):
+    """Raised in the call's own code at its deadline. A BaseException, so that the
+    replay's `except Exception` (a device failing is a finding) does not absorb it and
+    run the bench for a call whose time is up."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Bound the block to `seconds` (0: no bound). Needs SIGALRM and the main thread;
+    without them (Windows, a test run from a thread) the call is unbounded."""
+    if seconds <= 0 or not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise CallTimeout(f"still running after --msprobe-timeout={seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    faulthandler.dump_traceback_later(seconds * HARD_DEADLINE_FACTOR, exit=True, file=sys.__stderr__)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def is_out_of_memory(exc: BaseException, backend: Any) -> bool:
+    """The device (or the host, for the CPU backend) ran out of memory, directly or as
+    the cause the replay wrapped (replay.DeviceFailed)."""
+    cause = getattr(exc, "cause", None)
+    return backend.is_out_of_memory(exc) or (cause is not None and backend.is_out_of_memory(cause))
+
+
+def out_of_memory_text(index: DumpIndex, name: CallName, exc: BaseException, device: str) -> str:
+    """What failed, how big the call is, and what the user can do about it."""
+    cause = getattr(exc, "cause", None) or exc
+    failure = (str(cause).strip().splitlines() or [""])[0][:300]
+    sizes = tensor_sizes(index, name)
+    total = sum(size for _, size in sizes)
+    largest = "; ".join(f"{where} {_size(size)}" for where, size in sizes[:4])
+    return (f"{name}: out of memory on {device}: {type(cause).__name__}: {failure}\n"
+            f"the call's tensors take {_size(total)} (largest: {largest or 'none recorded'}); the memory was released "
+            "and the run went on. Run this call alone or on a device with more free memory (fewer workers per device: "
+            "--msprobe-devices), or skip calls this large with a lower --msprobe-max-elements.")
+
+
+def tensor_sizes(index: DumpIndex, name: CallName) -> list[tuple[str, int]]:
+    """(`path dtype shape`, bytes) of every tensor the call's records name, largest
+    first; a backward call's forward inputs included. Empty when the records cannot be
+    read (the size is decoration of an error that already happened)."""
+    from pytest_msprobe.dump.tensors import torch_dtype
+
+    sizes: list[tuple[str, int]] = []
+    for direction in dict.fromkeys((name.direction, "forward")):
+        entry = index.entry(str(name.sibling(direction)))
+        try:
+            record = index.read_record(entry) if entry is not None else {}
+        except Exception:  # noqa: BLE001 - see the docstring
+            continue
+        stack: list[tuple[str, Any]] = [(direction, record)]
+        while stack:
+            path, value = stack.pop()
+            if isinstance(value, dict) and isinstance(value.get("shape"), list) and "dtype" in value:
+                shape = [int(n) for n in value["shape"] if isinstance(n, int)]
+                try:
+                    itemsize = torch_dtype(value["dtype"]).itemsize
+                except Exception:  # noqa: BLE001 - an unknown dtype counts one byte per element
+                    itemsize = 1
+                sizes.append((f"{path} {value['dtype']} {shape}", math.prod(shape) * itemsize))
+            elif isinstance(value, dict):
+                stack.extend((f"{path}.{key}", item) for key, item in value.items())
+            elif isinstance(value, list):
+                stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return sorted(sizes, key=lambda pair: -pair[1])
+
+
+def release_memory(backend: Any) -> None:
+    """After a failed call: drop what its frames held, then the device's cache."""
+    gc.collect()
+    backend.free()
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    exponent = min(int(math.log(size, 1024)), 3)
+    return f"{size / 1024**exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"

@@ -1,0 +1,268 @@
+"""Replay one dumped call: forward or backward, on the device under test, on the
+raised-precision CPU bench, and on a reference where an independent one exists.
+
+A call is a pure function of (record, seed, device): inputs are decoded fresh for
+every run, each run gets its own copies, and nothing is kept after the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+import torch
+
+from pytest_msprobe.dump.index import CallName
+from pytest_msprobe.dump.values import DecodeContext, RecordedDevice, TensorLeaf, decode
+from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.run.apis import Api
+
+# The bench's raised precision (spec "Bench"); integers and bools are never raised.
+RAISED = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
+MIXED_RAISED = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+@dataclass
+class Inputs:
+    """A call's decoded arguments (CPU tensors in the dump's dtypes)."""
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+    leaves: list[TensorLeaf]
+    grads: list[Any] | None = None  # backward: the incoming gradient per forward output
+
+    @property
+    def origins(self) -> list[str]:
+        return [f"{leaf.path}: {leaf.origin}" for leaf in self.leaves]
+
+
+def decode_forward(record: dict[str, Any], ctx: DecodeContext) -> Inputs:
+    args = record.get("input_args", [])
+    kwargs = record.get("input_kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise CallError(f"{ctx.call}: input_args must be a list and input_kwargs an object")
+    decoded_args = [decode(value, ctx, f"input_args[{i}]") for i, value in enumerate(args)]
+    decoded_kwargs = {key: decode(value, ctx, f"input_kwargs[{key!r}]") for key, value in kwargs.items()}
+    return Inputs(decoded_args, decoded_kwargs, ctx.leaves)
+
+
+def decode_backward(forward: dict[str, Any], backward: dict[str, Any], ctx: DecodeContext) -> Inputs:
+    inputs = decode_forward(forward, ctx)
+    grads = backward.get("input")
+    if not isinstance(grads, list):
+        raise CallError(f"{ctx.call}: the backward record's \"input\" (incoming gradients) is not a list")
+    inputs.grads = [decode(value, ctx, f"backward.input[{i}]") for i, value in enumerate(grads)]
+    inputs.leaves = ctx.leaves
+    return inputs
+
+
+# --- placement ------------------------------------------------------------------
+
+
+def bench_dtypes(inputs: Inputs, raise_bench: bool) -> dict[torch.dtype, torch.dtype]:
+    """dtype -> bench dtype. Mixed floating inputs all go to float32, so the bench
+    keeps the device's promotion between them."""
+    if not raise_bench:
+        return {}
+    floats = {leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.dtype.is_floating_point}
+    return dict(MIXED_RAISED) if len(floats - {torch.float64}) > 1 else dict(RAISED)
+
+
+def tree_map(function: Callable[[Any], Any], value: Any) -> Any:
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        mapped = [tree_map(function, item) for item in value]
+        return mapped if isinstance(value, list) else tuple(mapped)
+    if isinstance(value, dict):
+        return {key: tree_map(function, item) for key, item in value.items()}
+    return function(value)
+
+
+@dataclass
+class Placement:
+    """Where and in which dtypes one run happens."""
+
+    device: torch.device
+    dtypes: dict[torch.dtype, torch.dtype] = field(default_factory=dict)
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(device=self.device, dtype=self.dtypes.get(value.dtype, value.dtype), copy=True)
+        if isinstance(value, RecordedDevice):
+            return self.device
+        return value
+
+
+def to_cpu(value: Any) -> Any:
+    """Outputs detached on the CPU; torch's named tuples become plain tuples."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, tuple) and not isinstance(value, torch.Size):
+        return tuple(to_cpu(item) for item in value)
+    return tree_map(lambda item: item.detach().cpu() if isinstance(item, torch.Tensor) else item, value)
+
+
+# --- running --------------------------------------------------------------------
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    tree_map(lambda item: found.append(item) if isinstance(item, torch.Tensor) else None, value)
+    return found
+
+
+def flat_outputs(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return [item for part in value for item in flat_outputs(part)]
+    return [value]
+
+
+@dataclass
+class Run:
+    """One run of a call (device, bench or reference)."""
+
+    api: Api
+    function: Callable[..., Any]
+    placement: Placement
+    synchronize: Callable[[], None] = lambda: None
+    saved_in: tuple[torch.dtype, torch.dtype] | None = None  # (raised, D): see saved_in_device_dtype
+
+    def forward(self, inputs: Inputs) -> Any:
+        args, kwargs = tree_map(self.placement, inputs.args), tree_map(self.placement, inputs.kwargs)
+        with torch.no_grad():
+            output = self.function(*args, **kwargs)
+        self.synchronize()
+        return to_cpu(output)
+
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
+        args, kwargs = tree_map(self.placement, inputs.args), tree_map(self.placement, inputs.kwargs)
+        leaves = [t for t in tensors_in((args, kwargs))]
+        wanted = [t for t, flag in zip(leaves, needs_grad) if flag]
+        for tensor in wanted:
+            tensor.requires_grad_(True)
+        if self.api.in_place:
+            # An in-place op may not modify a leaf that requires grad: give it copies.
+            args, kwargs = tree_map(_clone_tensor, args), tree_map(_clone_tensor, kwargs)
+        with torch.enable_grad(), _saved_rounded(self.saved_in):
+            output = self.function(*args, **kwargs)
+            outputs, grads = _pair_gradients(flat_outputs(output), inputs.grads or [], self.placement)
+            if not outputs:
+                raise CallSkip("no output of the forward call carries a gradient to backpropagate")
+            torch.autograd.backward(outputs, grads)
+        self.synchronize()
+        return tuple(None if t.grad is None else t.grad.detach().cpu() for t in wanted)
+
+
+def saved_in_device_dtype(bench: Run, inputs: Inputs) -> Run | None:
+    """The bench as a device in D must run a backward: what autograd saves for it (a
+    softmax's output, a norm's statistics) rounded to D, the rest in raised precision.
+
+    A correct D kernel cannot do better: its backward reads the forward's results as
+    D stored them. Where the gradient cancels far below the scale of its terms (softmax's
+    y * (g - sum(g * y)) for a near-constant g), that rounding alone costs tens of ULPs
+    at the gradient's scale, against the plain bench; against this one the CPU's own
+    float16/bfloat16 softmax gradient is within 0.5 ULP. None unless every floating
+    input has one dtype D that the bench raises."""
+    floats = {leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.dtype.is_floating_point}
+    device_dtype = floats.pop() if len(floats) == 1 else None
+    raised = bench.placement.dtypes.get(device_dtype) if device_dtype is not None else None
+    return replace(bench, saved_in=(raised, device_dtype)) if raised is not None else None
+
+
+@contextlib.contextmanager
+def _saved_rounded(saved_in: tuple[torch.dtype, torch.dtype] | None) -> Iterator[None]:
+    if saved_in is None:
+        yield
+        return
+    raised, device_dtype = saved_in
+    rounded = lambda t: t.to(device_dtype).to(raised) if t.dtype == raised else t  # noqa: E731
+    with torch.autograd.graph.saved_tensors_hooks(rounded, lambda t: t):
+        yield
+
+
+def _clone_tensor(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _pair_gradients(outputs: list[Any], grads: list[Any], placement: Placement) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    if len(grads) != len(outputs):
+        raise CallSkip(f"the dump has {len(grads)} incoming gradients for {len(outputs)} forward outputs; cannot pair them")
+    paired_outputs, paired_grads = [], []
+    for position, (output, grad) in enumerate(zip(outputs, grads)):
+        if grad is None or not isinstance(output, torch.Tensor) or not output.requires_grad:
+            continue
+        if tuple(grad.shape) != tuple(output.shape):
+            raise CallSkip(f"incoming gradient {position} has shape {list(grad.shape)}, the output has {list(output.shape)}")
+        paired_outputs.append(output)
+        paired_grads.append(grad.to(device=output.device, dtype=output.dtype))
+    return paired_outputs, paired_grads
+
+
+def needs_grad(inputs: Inputs, framework: str) -> list[bool]:
+    """Which input tensors get gradients: floating ones that required grad when dumped
+    (MindSpore dumps do not record it: every floating input)."""
+    flags = []
+    for leaf in inputs.leaves:
+        if leaf.path.startswith("backward."):
+            continue
+        floating = leaf.tensor.dtype.is_floating_point or leaf.tensor.dtype.is_complex
+        flags.append(floating and (leaf.spec.requires_grad or framework == "mindspore"))
+    return flags
+
+
+@dataclass
+class Results:
+    """The outputs of the runs of one call, on the CPU."""
+
+    device: Any
+    bench: Any
+    reference: Any | None
+    inputs: Inputs
+
+
+def replay(direction: str, api: Api, inputs: Inputs, device: Run, bench: Run, reference: Run | None, framework: str) -> Results:
+    """Run the call on every side. The bench raising is a skip (no verdict possible);
+    then the device raising is the call's error."""
+    if direction == "forward":
+        step: Callable[[Run], Any] = lambda run: run.forward(inputs)
+    else:
+        flags = needs_grad(inputs, framework)
+        if not any(flags):
+            raise CallSkip("no floating input required grad when dumped: nothing to backpropagate to")
+        step = lambda run: run.backward(inputs, flags)
+    device_error: BaseException | None = None
+    try:
+        device_out = step(device)
+    except CallSkip:
+        raise
+    except Exception as exc:  # the device failing is the finding, reported after the bench
+        device_error, device_out = exc, None
+    try:
+        bench_out = step(bench)
+    except CallSkip:
+        raise
+    except Exception as exc:
+        raise CallSkip(f"the bench cannot run this call: {type(exc).__name__}: {_first_line(exc)}") from exc
+    if device_error is not None:
+        raise DeviceFailed(device_error)
+    reference_out = None
+    if reference is not None:
+        try:
+            reference_out = step(reference)
+        except Exception:  # no reference: the standards fall back to their single-run rule
+            reference_out = None
+    return Results(device_out, bench_out, reference_out, inputs)
+
+
+class DeviceFailed(Exception):
+    """The device under test raised where the bench did not."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"the device raised {type(cause).__name__}: {_first_line(cause)}")
+        self.cause = cause
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:500] if lines else ""
+

@@ -1,0 +1,172 @@
+"""The package layout follows a call's path, and the imports keep to it: a stage imports
+only from itself and the stages before it, only the pytest layer imports pytest, the
+standards and bench_functions libraries import no stage, and no module cycle exists.
+
+Read from the source with `ast` (imports inside functions included), so the rule holds
+for lazy imports too. Each rule is also shown to fail on a planted violation.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where each importable package lives in the repository (the installed names).
+PACKAGE_DIRS = {
+    "pytest_msprobe": ROOT / "pytest_msprobe",
+    "pytest_msprobe.standards": ROOT / "standards",
+    "pytest_msprobe.bench_functions": ROOT / "bench_functions",
+}
+# The stages in the order a call passes them; `base` is what every stage shares.
+STAGES = ("base", "dump", "run", "judge", "results", "scripts", "plugin")
+LIBRARIES = ("standards", "bench_functions")
+PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "xdist")
+
+
+def modules(package_dirs: dict[str, Path]) -> dict[str, Path]:
+    """Every module's dotted name -> its file."""
+    found = {}
+    for package, folder in package_dirs.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules `name` imports (at any depth of its code): `from P import m` counts
+    as importing the module P.m where that is a module, else P."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return found
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != "pytest_msprobe" or len(parts) == 1:
+        return "outside" if parts[0] != "pytest_msprobe" else "base"
+    return parts[1] if parts[1] in STAGES + LIBRARIES else "base"
+
+
+def violations(package_dirs: dict[str, Path]) -> list[str]:
+    found = modules(package_dirs)
+    graph = {name: imports(name, path, set(found)) for name, path in found.items()}
+    problems = []
+    for name, targets in sorted(graph.items()):
+        stage = stage_of(name)
+        for target in sorted(targets):
+            if target.split(".")[0] in PYTEST_MODULES and stage != "plugin":
+                problems.append(f"{name} imports {target}: only the pytest layer (plugin/) imports pytest")
+            target_stage = stage_of(target)
+            if target_stage == "outside":
+                continue
+            if stage in LIBRARIES and target_stage != stage:
+                problems.append(f"{name} imports {target}: the {stage} library imports no stage of the plugin")
+            elif stage in STAGES and target_stage in STAGES and STAGES.index(target_stage) > STAGES.index(stage):
+                problems.append(f"{name} imports {target}: {stage}/ comes before {target_stage}/ in a call's path")
+    problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
+    return problems
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in graph:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_imports_follow_a_calls_path():
+    assert violations(PACKAGE_DIRS) == []
+
+
+def test_every_subpackage_says_what_it_owns_and_may_import():
+    for folder in [PACKAGE_DIRS["pytest_msprobe"], *sorted(p for p in PACKAGE_DIRS["pytest_msprobe"].rglob("*") if p.is_dir() and (p / "__init__.py").exists())]:
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text("utf-8"))) or ""
+        assert len(doc) > 100, f"{folder}/__init__.py needs a docstring saying what the subpackage owns"
+        if folder != PACKAGE_DIRS["pytest_msprobe"]:
+            assert "May import" in doc, f"{folder}/__init__.py: say what the subpackage may import"
+
+
+def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
+    for relative, text in files.items():
+        path = tmp_path / "pytest_msprobe" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return {"pytest_msprobe": tmp_path / "pytest_msprobe"}
+
+
+@pytest.mark.parametrize("files,expected", [
+    ({"dump/index.py": "from pytest_msprobe.run import replay\n", "run/replay.py": ""}, "dump/ comes before run/"),
+    ({"run/replay.py": "def f():\n    from pytest_msprobe.results.writer import x\n", "results/writer.py": ""}, "run/ comes before results/"),
+    ({"judge/call.py": "import pytest\n"}, "only the pytest layer"),
+    ({"standards/fast.py": "from pytest_msprobe.dump import index\n", "dump/index.py": ""}, "library imports no stage"),
+    ({"standards/fast.py": "from .single_run import X\n", "standards/single_run.py": "from . import fast\n"}, "import cycle"),
+], ids=["reading-imports-running", "lazy-running-imports-results", "pytest-outside-plugin", "library-imports-stage", "cycle"])
+def test_a_planted_violation_is_found(tmp_path, files, expected):
+    found = violations(_plant(tmp_path, {"__init__.py": "", **files}))
+    assert any(expected in problem for problem in found), found
+
+
+@pytest.mark.parametrize("old,new,name", [
+    ("pytest_msprobe.outcome", "pytest_msprobe.judge.outcome", "AccuracyWarning"),
+    ("pytest_msprobe.report_writer", "pytest_msprobe.results.writer", "ResultWriter"),
+    ("pytest_msprobe.options", "pytest_msprobe.plugin.options", "OPTIONS"),
+    ("pytest_msprobe.dump", "pytest_msprobe.dump.index", "read_index"),
+    ("pytest_msprobe.results", "pytest_msprobe.judge.record", "ResultRecord"),
+    ("pytest_msprobe.scripts", "pytest_msprobe.scripts.writer", "write_script"),
+])
+def test_old_import_paths_still_work_and_name_the_new_place(old, new, name):
+    with pytest.warns(DeprecationWarning, match=f"moved to {new}"):
+        value = getattr(importlib.import_module(old), name)
+    assert value is getattr(importlib.import_module(new), name)
+
+
+def test_new_import_paths_warn_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from pytest_msprobe.dump import values  # a submodule, not an old attribute
+        from pytest_msprobe.judge.outcome import AccuracyWarning  # noqa: F401
+    assert values.__name__ == "pytest_msprobe.dump.values"
