@@ -23,12 +23,17 @@ from .verdict import Offender, Verdict
 __all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
 
 
-def check(bench: Any, device: Any, *, api: str, reference: Any = None) -> Verdict:
+def check(bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None) -> Verdict:
     """Judge `device` against its raised-precision `bench` by the standard routed for `api`.
 
     bench/device: torch tensors, numpy arrays, Python scalars, None, or nested
     tuples/lists/dicts of them. reference: None (single-run rule), a structure like
     `device` holding another implementation's outputs on the same inputs, or the
     metrics of a trusted run (a Verdict, or {path: {metric: value}}).
+    terms: None, or a structure like `bench` holding each element's conditioning: the
+    magnitude of the terms that made it (for a sum, the sum of the terms' absolute
+    values). Where an element cancels far below its terms, a correct kernel's error is
+    bounded by the terms, not by the element: the standards then judge it at that scale
+    (see metrics.Pair.terms).
     """
-    return shipped_registry().check(bench, device, api=api, reference=reference)
+    return shipped_registry().check(bench, device, api=api, reference=reference, terms=terms)

@@ -26,7 +26,8 @@ import numpy as np
 
 from . import fast
 from .metrics import Pair
-from .single_run import output_rms
+from .bias import judge_bias, sample_step, statistics
+from .single_run import tolerance_scale
 
 NAME = "absolute_threshold"
 
@@ -65,8 +66,7 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=No
     """Judge elementwise arithmetic against D's rounding tolerance."""
     rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
     if fast.fast_ok(pair):       # a reference changes only the verdict's kind here
-        verdict = _fast(pair, thresholds, rtol, small, atol,
-                        reference.kind if reference is not None else "single-run")
+        verdict = _fast(pair, thresholds, rtol, small, atol, reference)
         if verdict is not None:
             return verdict
     metrics = absolute_threshold_metrics(pair, rtol, small, atol)
@@ -78,13 +78,16 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=No
     judged = None
     if pair.n_finite:
         ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
-        allowed = np.maximum(pair.abs_b, floor * output_rms(pair)) * (ulps * pair.info.eps)
+        allowed = tolerance_scale(pair, floor) * (ulps * pair.info.eps)
         beyond = (score > 1) & (pair.abs_err > allowed)
         metrics["scaled_err_ratio"] = float(np.count_nonzero(beyond) / pair.n_finite)
         used.update(scaled_err_ratio=0.0, sr_abs_ulp=ulps, sr_scale_floor=floor)
         limits.update(ulps=ulps, floor=floor)
         judged = ("inf_nan_error_ratio", "scaled_err_ratio")
     reasons = threshold_reasons(metrics, limits, judged)
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "at_bias_ulp")
+    metrics.update(bias)
+    reasons += bias_failed
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
                         pair.offenders(score) if reasons else (),  # shown only for a failure
                         reference.kind if reference is not None else "single-run")
@@ -99,14 +102,15 @@ def fast_threshold_metrics(pair: Pair, res: dict) -> dict:
             "abs_err_ratio": abs_bad / n_small if n_small else 0.0}
 
 
-def _fast(pair: Pair, thresholds, rtol, small, atol, kind="single-run"):
+def _fast(pair: Pair, thresholds, rtol, small, atol, reference=None):
     """Large and all finite: one fused pass (fast.py)."""
     rms = fast.rms_or_none(pair)
     if rms is None:
         return None
     ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
-    res = fast.run(pair, thr=(rtol, small, atol),
-                   abs_scaled=(floor * rms, ulps * pair.info.eps), offend="score")
+    (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
+    res = fast.run(pair, thr=(rtol, small, atol), abs_scaled=(floor * rms, ulps * pair.info.eps),
+                   offend="score", sample=sample_step(pair.n), bias=q_half)
     if res is None:
         return None
     metrics = fast_threshold_metrics(pair, res)
@@ -117,5 +121,9 @@ def _fast(pair: Pair, thresholds, rtol, small, atol, kind="single-run"):
     reasons = threshold_reasons(metrics, {"rtol": rtol, "atol": atol, "ulps": ulps,
                                           "floor": floor},
                                 ("inf_nan_error_ratio", "scaled_err_ratio"))
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "at_bias_ulp", statistics(res["bias"]))
+    metrics.update(bias)
+    reasons += bias_failed
     return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        fast.offenders(pair, res["offenders"]) if reasons else (), kind)
+                        fast.offenders(pair, res["offenders"]) if reasons else (),
+                        reference.kind if reference is not None else "single-run")

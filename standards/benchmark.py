@@ -11,7 +11,18 @@ With a reference (another implementation's output, or a baseline's metrics):
   from the thresholds table). floor = the metric of the bench merely rounded to D (no
   reference is credited with doing better than perfect rounding); for the small-value
   share also one element's worth (1 / #small), so a reference with no small-value error
-  doesn't make a single differing element infinitely bad.
+  doesn't make a single differing element infinitely bad. Where a ratio is over its
+  limit, the floor is raised to the noise of a correct kernel: the metric of an output
+  off by `bm_noise_ulp` (2) ULPs of D at each element's tolerance scale (single_run.
+  tolerance_scale: max(|b|, sr_scale_floor (2**-6) x rms(b)), the terms' magnitude where
+  measured). A systematic shift of a few ULPs is left to the paired bias test (bias.py). Why: two
+  correct kernels differ by reduction order alone (threads, hardware); measured on the
+  offline checks of real 12-block transformer dumps (the dump written by a 2-thread
+  CPU, the reference by a 1-thread one), 14-21 of 24 layer_norm backward calls per
+  dtype had a ratio over its limit between errors of 0.4-1.4 ULP (mean_rel_err 1.6e-7
+  vs 1.3e-7 in float32, 1.26x > 1.2x), an error of 1.2x noise. A planted 1+2**-5
+  scale or a 30-ULP bias is far above that floor. Not against a baseline: its metrics
+  come from the same kernel on the same inputs, so a rerun has no reduction-order noise.
 Without a reference: the single-run rule (single_run.py).
 Unexpected inf/NaN (device vs bench) is always an error; so is an inf/NaN metric on one
 side only. The worst elements are named only in a verdict that is not a pass.
@@ -23,10 +34,11 @@ from typing import Mapping
 
 import numpy as np
 
-from .metrics import Pair
 from . import fast
+from .bias import judge_bias
+from .metrics import Pair
 from .single_run import (fast_single_run, scaled_ulp_err, single_run_metrics,
-                         single_run_reasons)
+                         single_run_reasons, tolerance_scale)
 
 NAME = "benchmark"
 JUDGED = (("max_rel_err", "max_rel_err_ratio"), ("mean_rel_err", "mean_rel_err_ratio"),
@@ -85,7 +97,10 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
             kind = reference.kind
             ideal = benchmark_metrics(_ideal(pair), small, atol)
             n_small = int(np.count_nonzero(pair.small_mask(small)))
-            _judge_ratios(metrics, ref, ideal, n_small, thresholds, used, reasons)
+            _judge_ratios(pair, metrics, ref, ideal, n_small, thresholds, used, reasons, reference.kind)
+            bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
+            metrics.update(bias)
+            reasons.extend(bias_failed)
     if kind == "single-run":
         extra = single_run_metrics(pair)
         metrics.update(extra)
@@ -98,9 +113,38 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
                         pair.offenders(score) if status != "pass" else (), kind)
 
 
-def _judge_ratios(metrics: dict, ref: Mapping, ideal: Mapping, n_small: int, thresholds,
-                  used: dict, reasons: list) -> None:
-    """The reference rule: each judged metric's ratio to the reference's (both paths)."""
+def noise_metrics(pair: Pair, small: float, ulps: float, floor: float) -> dict:
+    """The judged metrics of an output off by `ulps` ULPs of D at each element's
+    tolerance scale: what a correct kernel's rounding alone may reach."""
+    normal = ~pair.small_mask(small)
+    err = (ulps * pair.info.eps) * tolerance_scale(pair, floor)[normal]
+    if err.size == 0:
+        return {"rmse": 0.0, "max_rel_err": 0.0, "mean_rel_err": 0.0}
+    rel = err / (pair.abs_b[normal] + pair.tiny)
+    return {"rmse": float(np.sqrt(np.mean(np.square(err)))), "max_rel_err": float(rel.max()),
+            "mean_rel_err": float(rel.mean())}
+
+
+def _judge_ratios(pair: Pair, metrics: dict, ref: Mapping, ideal: Mapping, n_small: int, thresholds,
+                  used: dict, reasons: list, kind: str) -> None:
+    """The reference rule (both paths): each judged metric's ratio to the reference's,
+    floored by perfect rounding and, where that fails against another run, by a correct
+    kernel's noise (a baseline's metrics come from the same kernel on the same inputs:
+    no such noise)."""
+    found: list[str] = []
+    _ratio_reasons(metrics, ref, ideal, n_small, thresholds, used, found)
+    if found and kind == "reference":
+        ulps = thresholds.get("bm_noise_ulp", pair.info.defaults["bm_noise_ulp"])
+        noise = noise_metrics(pair, pair.info.defaults["small"], ulps, thresholds["sr_scale_floor"])
+        floors = {key: max(ideal[key], noise.get(key, 0.0)) for key, _ in JUDGED}
+        used["bm_noise_ulp"] = ulps
+        found = []
+        _ratio_reasons(metrics, ref, floors, n_small, thresholds, used, found)
+    reasons.extend(found)
+
+
+def _ratio_reasons(metrics: dict, ref: Mapping, ideal: Mapping, n_small: int, thresholds,
+                   used: dict, reasons: list) -> None:
     for key, limit_key in JUDGED:
         dev, refv = metrics[key], ref[key]
         metrics[f"ref_{key}"] = float(refv)
@@ -153,7 +197,10 @@ def _fast_ref(pair: Pair, thresholds, small, atol, reference):
     ref = reference.metrics_for(lambda p: _ref_metrics(p, small, atol))
     used: dict = {"small": small, "atol_bm": atol}
     reasons: list[str] = []
-    _judge_ratios(metrics, ref, ideal, n_small, thresholds, used, reasons)
+    _judge_ratios(pair, metrics, ref, ideal, n_small, thresholds, used, reasons, reference.kind)
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
+    metrics.update(bias)
+    reasons.extend(bias_failed)
     status = "error" if reasons else "pass"
     worst = fast.worst(pair, "rel") if status != "pass" else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, reference.kind)

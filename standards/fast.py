@@ -113,8 +113,10 @@ def raw_views(pair):
 
 def fast_ok(pair, reference=None) -> bool:
     """May this pair take the fused path? The shipped standards ask without their
-    reference (all have a fused reference mode); passing one keeps the old answer, no."""
-    if reference is not None or pair.exact is not None or pair.n < FAST_MIN_N:
+    reference (all have a fused reference mode); passing one keeps the old answer, no.
+    A pair with terms (a conditioned re-judgement, only of calls the cheap rule failed)
+    takes the plain path."""
+    if reference is not None or pair.exact is not None or pair.n < FAST_MIN_N or pair.terms_src is not None:
         return False
     if pair.info.name not in _FAST_DTYPES or pair.device_src is None:
         return False

@@ -98,6 +98,7 @@ class Pair:
         self.n = math.prod(self.shape)
         self.exact: tuple[np.ndarray, np.ndarray] | None = None   # raw integer/bool values
         self.want_legacy = False     # set by the registry: fuse legacy sums into the pass
+        self.terms_src = None        # set by the registry: each element's terms' magnitude
         if info.name == "bfloat16":
             self.tiny = 2.0 ** -8
         else:
@@ -201,6 +202,21 @@ class Pair:
     @cached_property
     def rel_err(self) -> np.ndarray:
         return self.abs_err / (self.abs_b + self.tiny)
+
+    @cached_property
+    def terms(self) -> np.ndarray | None:
+        """Per finite element, the magnitude of the terms that made it, or None.
+
+        A correct kernel's error in an element is bounded by what it combined: the sum
+        sum(x_k) of terms rounded in D is off by up to a few ULPs of sum(|x_k|), however
+        far the sum cancels below that (a bias gradient of 1e-11 from terms of 1e-3). The
+        caller measures it (the plugin evaluates a multilinear op on |inputs|); never
+        below |b|, and NaN/inf terms count as |b|."""
+        if self.terms_src is None:
+            return None
+        terms = np.abs(_flat64(self.terms_src))
+        terms = terms if self.all_finite else terms[self.both_finite]
+        return np.fmax(np.where(np.isfinite(terms), terms, 0.0), self.abs_b)
 
     @cached_property
     def ulp(self) -> np.ndarray:

@@ -85,8 +85,8 @@ import math
 import numpy as np
 
 from . import fast
-from .fast import QUANTILE_SAMPLE
-from .metrics import Pair, sign_balance_z, ulp_of
+from .bias import STAT_SAMPLE, abs_b_quantile, bias_reasons, sample_blocks, sample_step, statistics
+from .metrics import Pair, ulp_of
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
 
@@ -102,58 +102,31 @@ def _rms(values: np.ndarray) -> float:
     return peak * float(np.sqrt(np.mean(np.square(values / peak))))
 
 
-#: the statistical aggregates are computed on a sample of at least this many elements
-#: (fewer than twice as many; rule 4.)
-STAT_SAMPLE = 2 ** 20
-
-
 def output_rms(pair: Pair) -> float:
     """RMS of the finite bench values: the output's scale (cached)."""
     return pair.cached("rms", lambda: _rms(pair.bf))
 
 
+def tolerance_scale(pair: Pair, floor: float = 1.0) -> np.ndarray:
+    """The magnitude each finite element's rounding is judged at: max(|b|, floor x rms(b)),
+    and the element's terms' magnitude where the caller measured it (Pair.terms): an
+    element that cancelled below its terms carries their rounding, not its own."""
+    scale = np.maximum(pair.abs_b, floor * output_rms(pair))
+    return scale if pair.terms is None else np.maximum(scale, pair.terms)
+
+
 def scaled_ulp_err(pair: Pair) -> np.ndarray:
-    """|d - b| in ULPs of D at max(|b|, rms(b)), per finite element (cached)."""
-    return pair.cached("scaled_ulp_err", lambda: pair.abs_err / ulp_of(
-        np.maximum(pair.abs_b, output_rms(pair)), pair.info))
-
-
-def abs_b_quantile(pair: Pair, quantile: float) -> float:
-    """A quantile of |b| over the finite elements (strided sample beyond QUANTILE_SAMPLE)."""
-    def compute():
-        step = max(1, pair.abs_b.size // QUANTILE_SAMPLE)
-        return float(np.quantile(pair.abs_b[::step], quantile, method="lower"))
-    return pair.cached(("abs_b_quantile", quantile), compute)
+    """|d - b| in ULPs of D at tolerance_scale, per finite element (cached)."""
+    return pair.cached("scaled_ulp_err", lambda: pair.abs_err / ulp_of(tolerance_scale(pair), pair.info))
 
 
 def max_top_ulp_err(pair: Pair, quantile: float, floor: float) -> float:
     """Max own-magnitude ULP error over the elements with |b| >= quantile of |b|."""
     def compute():
-        abs_b = pair.abs_b
-        top = abs_b >= abs_b_quantile(pair, quantile)
-        scale = np.maximum(abs_b[top], floor * output_rms(pair))
+        top = pair.abs_b >= abs_b_quantile(pair, quantile)
+        scale = tolerance_scale(pair, floor)[top]
         return float((pair.abs_err[top] / ulp_of(scale, pair.info)).max())
     return pair.cached(("top_ulp", quantile, floor), compute)
-
-
-def sample_step(n: int) -> int:
-    """Of n finite elements' blocks of fast.CHUNK, every this-many-th is in the sample."""
-    return max(1, n // STAT_SAMPLE)
-
-
-def _sample_blocks(n: int) -> list[slice]:
-    """The statistical sample of n finite elements, as the fused pass takes it."""
-    return [slice(lo, min(lo + fast.CHUNK, n))
-            for lo in range(0, n, fast.CHUNK * sample_step(n))]
-
-
-def bias_statistics(sums) -> dict:
-    """Rule 3's metrics from fast.BiasSums' totals over the bias sample (both paths)."""
-    pos, neg, outward, inward, n_upper, signed_sum, scale_sum = sums
-    n_upper = max(n_upper, 1)
-    return {"bias_ulp": signed_sum / n_upper, "bias_z": sign_balance_z(pos, neg),
-            "scale_bias_ulp": scale_sum / n_upper,
-            "scale_bias_z": sign_balance_z(outward, inward)}
 
 
 def single_run_metrics(pair: Pair) -> dict:
@@ -165,7 +138,7 @@ def single_run_metrics(pair: Pair) -> dict:
                     "scale_bias_ulp": 0.0, "scale_bias_z": 0.0}
         defaults = pair.info.defaults
         scaled = scaled_ulp_err(pair)
-        blocks = _sample_blocks(pair.n_finite)
+        blocks = sample_blocks(pair.n_finite)
         sums = fast.BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
         for part in blocks:
             sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part],
@@ -176,7 +149,7 @@ def single_run_metrics(pair: Pair) -> dict:
             / sum(part.stop - part.start for part in blocks),
             "max_top_ulp_err": max_top_ulp_err(pair, defaults["sr_top_quantile"],
                                                defaults["sr_scale_floor"]),
-            **bias_statistics(sums.sums),
+            **statistics(sums.sums),
         }
     return pair.cached("single_run_metrics", compute)
 
@@ -197,12 +170,7 @@ def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict) -> list[st
         if metrics[key] > limit:
             reasons.append(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} "
                            f"({what})")
-    for name, what in (("bias", "additive"), ("scale_bias", "scale (toward/away from zero)")):
-        z, mean = metrics[f"{name}_z"], metrics[f"{name}_ulp"]
-        if z > thresholds["sr_bias_z"] and abs(mean) > thresholds["sr_bias_ulp"]:
-            reasons.append(f"systematic {what} bias: {name}_ulp {mean:+.3g} ULP "
-                           f"(|.| > {thresholds['sr_bias_ulp']:.3g}) with sign-test z "
-                           f"{z:.3g} > {thresholds['sr_bias_z']:.3g}")
+    reasons.extend(bias_reasons(metrics, thresholds["sr_bias_z"], thresholds["sr_bias_ulp"]))
     return reasons
 
 
@@ -230,7 +198,7 @@ def fast_single_run(pair: Pair, spec: dict, scaled: bool, top: bool = True):
         "max_scaled_ulp_err": float(res["scaled"][0]) if scaled else 0.0,
         "mean_scaled_ulp_err": res["scaled"][1] / res["scaled"][2] if scaled else 0.0,
         "max_top_ulp_err": float(res["top"]) if top else None,
-        **bias_statistics(res["bias"]),
+        **statistics(res["bias"]),
     }
 
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from . import fast
 from .metrics import Pair
-from .single_run import output_rms
+from .bias import judge_bias, sample_step, statistics
+from .single_run import tolerance_scale
 
 NAME = "thousandth"
 
@@ -32,8 +33,7 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge a convolution by the share of elements within 0.1%."""
     limit = thresholds["thousandth_min"]
     if fast.fast_ok(pair):       # a reference changes only the verdict's kind here
-        verdict = _fast(pair, thresholds, limit,
-                        reference.kind if reference is not None else "single-run")
+        verdict = _fast(pair, thresholds, limit, reference)
         if verdict is not None:
             return verdict
     share = pair.rel_err_share_below(0.001)
@@ -48,17 +48,17 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
         ulps = thresholds["sr_thousandth_ulp"]
         used.update(scaled_thousandth=limit, sr_thousandth_ulp=ulps)
         if share < limit:           # the scaled share only matters (and is reported) then
-            allowed = np.maximum(pair.abs_b, output_rms(pair)) * (ulps * pair.info.eps)
+            allowed = tolerance_scale(pair) * (ulps * pair.info.eps)
             good = int(np.count_nonzero((pair.abs_err < allowed) | (pair.rel_err < 0.001)))
             if pair.n_inf_nan:
                 good += int(pair.inf_nan_agree(pair.info.defaults["rtol"]).sum())
             metrics["scaled_thousandth"] = judged = max(share, good / pair.n)
-    return _finish(pair, metrics, used, reasons, judged, share, limit,
-                   lambda: pair.offenders(pair.rel_err),
-                   reference.kind if reference is not None else "single-run")
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
+    return _finish(pair, {**metrics, **bias}, used, reasons + bias_failed, judged, share, limit,
+                   lambda: pair.offenders(pair.rel_err), reference)
 
 
-def _fast(pair: Pair, thresholds, limit, kind="single-run"):
+def _fast(pair: Pair, thresholds, limit, reference=None):
     """Large and all finite: a float32 pre-test, else one fused pass (fast.py)."""
     count = fast.thousandth_count(pair, 0.001)
     if count is None:
@@ -79,11 +79,19 @@ def _fast(pair: Pair, thresholds, limit, kind="single-run"):
             return None
         metrics["scaled_thousandth"] = judged = max(share, res["th_scaled"] / pair.n)
     used = {"rel_err_thousandth": limit, "scaled_thousandth": limit, "sr_thousandth_ulp": ulps}
-    return _finish(pair, metrics, used, [], judged, share, limit,
-                   lambda: fast.worst(pair, "rel"), kind)
+    computed = None
+    if reference is None:           # the bias sums of the sample, from a fused pass
+        (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
+        res = fast.run(pair, sample=sample_step(pair.n), bias=q_half)
+        if res is None:
+            return None
+        computed = statistics(res["bias"])
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", computed)
+    return _finish(pair, {**metrics, **bias}, used, bias_failed, judged, share, limit,
+                   lambda: fast.worst(pair, "rel"), reference)
 
 
-def _finish(pair, metrics, used, reasons, judged, share, limit, worst, kind):
+def _finish(pair, metrics, used, reasons, judged, share, limit, worst, reference):
     """The verdict; `worst` (a callable) is evaluated only for a verdict that is not a pass."""
     if judged < limit:
         reasons.append(f"rel_err_thousandth {share:.6g} < {limit:.6g}: "
@@ -92,5 +100,5 @@ def _finish(pair, metrics, used, reasons, judged, share, limit, worst, kind):
                           f"{used['sr_thousandth_ulp']:g} ULP at the output's scale)"
                           if "scaled_thousandth" in metrics else ""))
     status = "error" if reasons else "pass"
-    return pair.verdict(status, NAME, metrics, used, reasons,
-                        worst() if status != "pass" else (), kind)
+    return pair.verdict(status, NAME, metrics, used, reasons, worst() if status != "pass" else (),
+                        reference.kind if reference is not None else "single-run")

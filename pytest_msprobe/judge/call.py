@@ -11,6 +11,7 @@ from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
+from pytest_msprobe.run.terms import term_magnitudes
 from pytest_msprobe.run.replay import (Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, needs_grad,
                                    replay, saved_in_device_dtype)
 from pytest_msprobe.dump.values import DecodeContext
@@ -102,17 +103,41 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
 
 
 def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None) -> Any:
-    """judge(); and a backward call judged error without a reference run (by the single-run
-    rule, or against a baseline whose metrics may come from the same re-judgement) is
-    judged again against the bench that saves its forward results in the device dtype."""
+    """judge(); a call judged error whose outputs are sums of products is judged again
+    with each element's terms' magnitude (run/terms.py: one more bench evaluation, only
+    here); and a backward call still judged error without a reference run (by the
+    single-run rule, or against a baseline whose metrics may come from the same
+    re-judgement) is judged again against the bench that saves its forward results in
+    the device dtype."""
     verdict = judge(registry, name, results, recorded)
-    if verdict.status == "error" and name.direction == "backward" and results.reference is None:
-        verdict = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded) or verdict
+    if verdict.status != "error":
+        return verdict
+    terms = _aligned(term_magnitudes(name, bench, results.inputs, framework), results.bench)
+    if terms is not None:
+        conditioned = judge(registry, name, results, recorded, terms)
+        if conditioned.status != "error":
+            return _relabelled(conditioned, "conditioned on the terms' magnitudes")
+    if name.direction == "backward" and results.reference is None:
+        verdict = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded, terms) or verdict
     return verdict
 
 
+def _aligned(terms: Any, bench: Any) -> Any:
+    """The terms with the bench's structure: None where offline alignment left a
+    gradient out of the comparison."""
+    if isinstance(terms, tuple) and isinstance(bench, tuple) and len(terms) == len(bench):
+        return tuple(None if b is None else t for t, b in zip(terms, bench))
+    return terms
+
+
+def _relabelled(verdict: Any, how: str) -> Any:
+    """The verdict, its reference (and its outputs') saying how it was reached."""
+    outputs = tuple(_relabelled(output, how) for output in verdict.outputs)
+    return dataclasses.replace(verdict, reference=f"{verdict.reference}, {how}", outputs=outputs)
+
+
 def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str,
-                                  recorded: Any) -> Any:
+                                  recorded: Any, terms: Any = None) -> Any:
     """The verdict against replay.saved_in_device_dtype's bench if it is not an error
     there, else None (the error against the plain bench stands)."""
     inputs = results.inputs
@@ -123,10 +148,10 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
         grads = saved_in_d.backward(inputs, needs_grad(inputs, framework))
     except Exception:  # noqa: BLE001 - the plain bench's error stands
         return None
-    verdict = judge(registry, name, dataclasses.replace(results, bench=grads), recorded)
+    verdict = judge(registry, name, dataclasses.replace(results, bench=grads), recorded, terms)
     if verdict.status == "error":
         return None
-    return dataclasses.replace(verdict, reference=f"{verdict.reference}, forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")
+    return _relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")
 
 
 def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings) -> tuple[Any, Run, str]:
@@ -153,10 +178,11 @@ def align_offline(results: Results) -> Results:
     return results
 
 
-def judge(registry: Any, name: CallName, results: Results, recorded: Any = None) -> Any:
+def judge(registry: Any, name: CallName, results: Results, recorded: Any = None, terms: Any = None) -> Any:
     """The verdict against the bench; against recorded baseline metrics when given,
-    else against the reference run where there is one."""
+    else against the reference run where there is one; conditioned on the elements'
+    terms' magnitudes when given."""
     api_name = name.api_name.rsplit(".", 1)[0] if name.api_type == "Aten" else name.api_name
     reference = recorded if recorded is not None else results.reference
-    return registry.check(results.bench, results.device, api=api_name, reference=reference)
+    return registry.check(results.bench, results.device, api=api_name, reference=reference, terms=terms)
 

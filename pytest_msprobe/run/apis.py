@@ -31,9 +31,20 @@ class Api:
 
 
 @functools.cache
+def _pytorch_toml() -> dict[str, Any]:
+    return tomllib.loads(importlib.resources.files("pytest_msprobe.run").joinpath("api_tables/pytorch.toml").read_text("utf-8"))
+
+
+@functools.cache
 def pytorch_table() -> dict[str, frozenset[str]]:
-    text = importlib.resources.files("pytest_msprobe.run").joinpath("api_tables/pytorch.toml").read_text("utf-8")
-    return {section: frozenset(body["names"]) for section, body in tomllib.loads(text).items()}
+    return {section: frozenset(body["names"]) for section, body in _pytorch_toml().items() if "names" in body}
+
+
+@functools.cache
+def terms_table() -> dict[str, frozenset[str]]:
+    """direction -> the APIs whose terms' magnitudes run/terms.py can measure."""
+    terms = _pytorch_toml()["terms"]
+    return {"forward": frozenset(terms["forward"]), "backward": frozenset(terms["forward"]) | frozenset(terms["backward"])}
 
 
 def is_in_place(api_name: str) -> bool:

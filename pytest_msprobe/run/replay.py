@@ -126,16 +126,24 @@ class Run:
     placement: Placement
     synchronize: Callable[[], None] = lambda: None
     saved_in: tuple[torch.dtype, torch.dtype] | None = None  # (raised, D): see saved_in_device_dtype
+    absolute: bool = False  # every floating value, incoming gradients too, as its |.|: see run/terms.py
+
+    def place(self, value: Any) -> Any:
+        placed = tree_map(self.placement, value)
+        return tree_map(_absolute, placed) if self.absolute else placed
+
+    def _incoming(self, grads: list[Any]) -> list[Any]:
+        return tree_map(_absolute, grads) if self.absolute else grads
 
     def forward(self, inputs: Inputs) -> Any:
-        args, kwargs = tree_map(self.placement, inputs.args), tree_map(self.placement, inputs.kwargs)
+        args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
         with torch.no_grad():
             output = self.function(*args, **kwargs)
         self.synchronize()
         return to_cpu(output)
 
     def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
-        args, kwargs = tree_map(self.placement, inputs.args), tree_map(self.placement, inputs.kwargs)
+        args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
         leaves = [t for t in tensors_in((args, kwargs))]
         wanted = [t for t, flag in zip(leaves, needs_grad) if flag]
         for tensor in wanted:
@@ -145,7 +153,7 @@ class Run:
             args, kwargs = tree_map(_clone_tensor, args), tree_map(_clone_tensor, kwargs)
         with torch.enable_grad(), _saved_rounded(self.saved_in):
             output = self.function(*args, **kwargs)
-            outputs, grads = _pair_gradients(flat_outputs(output), inputs.grads or [], self.placement)
+            outputs, grads = _pair_gradients(flat_outputs(output), self._incoming(inputs.grads or []), self.placement)
             if not outputs:
                 raise CallSkip("no output of the forward call carries a gradient to backpropagate")
             torch.autograd.backward(outputs, grads)
@@ -178,6 +186,12 @@ def _saved_rounded(saved_in: tuple[torch.dtype, torch.dtype] | None) -> Iterator
     rounded = lambda t: t.to(device_dtype).to(raised) if t.dtype == raised else t  # noqa: E731
     with torch.autograd.graph.saved_tensors_hooks(rounded, lambda t: t):
         yield
+
+
+def _absolute(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.abs()
+    return abs(value) if isinstance(value, float) else value
 
 
 def _clone_tensor(value: Any) -> Any:

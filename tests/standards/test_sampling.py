@@ -39,7 +39,7 @@ def _bench(seed=0):
 
 
 def test_sample_is_a_strict_subset():
-    blocks = single_run._sample_blocks(N)
+    blocks = single_run.sample_blocks(N)
     sampled = sum(s.stop - s.start for s in blocks)
     assert single_run.sample_step(N) == 2
     assert single_run.STAT_SAMPLE <= sampled < N
@@ -74,7 +74,7 @@ def test_correct_output_passes_and_bias_faults_fail(monkeypatch, dtype, api):
 def test_rms_guess_in_another_binade_repeats_the_pass(monkeypatch):
     bench = torch.randn(N, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     # large elements between the quantile sample's: the sample's RMS is ~1, the output's ~8
-    step = N // single_run.QUANTILE_SAMPLE
+    step = N // fast.QUANTILE_SAMPLE
     bench[step // 2::step] = 200.0
     device = bench.to(torch.float32)
     passes = []

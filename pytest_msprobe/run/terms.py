@@ -1,0 +1,142 @@
+"""Each output element's conditioning: the magnitude of the terms that made it.
+
+A correct kernel's error in an element is bounded by what it combined, not by the
+element: a bias gradient sum(g) of 1e-11 made of upstream gradients of 1e-3 carries
+their rounding, millions of ULPs of its own magnitude. For the APIs of the `[terms]`
+table (api_tables/pytorch.toml: matrix products, convolutions, sums, and the gradients
+of broadcasting arithmetic, copies and gathers), every output element is a sum of
+products of floating arguments, so the same API evaluated in the bench's precision on
+absolute values (|x|, |w|, |alpha|, |incoming gradient|) gives sum(|terms|) exactly:
+one more bench evaluation, run only for calls whose cheap verdict is an error
+(judge/call.py). The affine parameters of the normalisations (layer_norm, rms_norm,
+group_norm, batch_norm) get theirs from a per-API formula instead (NORM_TERMS): their
+weight gradient sum(g * x_hat) and bias gradient sum(g) over the batch cancel like any
+sum, while the input gradient is no sum of products and keeps the output-scale rule.
+Other APIs get no terms and keep the standards' output-scale rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from pytest_msprobe.dump.index import CallName
+from pytest_msprobe.run.apis import terms_table
+from pytest_msprobe.run.replay import Inputs, Run, needs_grad, tensors_in, tree_map
+
+
+def _api(name: CallName) -> str:
+    return name.api_name.rsplit(".", 1)[0] if name.api_type == "Aten" else name.api_name
+
+
+def has_terms(name: CallName) -> bool:
+    """Whether the call's outputs (forward) or gradients (backward) are sums of products."""
+    return _api(name) in terms_table()[name.direction]
+
+
+def _argument(args: list[Any], kwargs: dict[str, Any], position: int, name: str, default: Any = None) -> Any:
+    return args[position] if len(args) > position else kwargs.get(name, default)
+
+
+def _normalized(x: torch.Tensor, dims: tuple[int, ...], eps: float, centred: bool = True) -> torch.Tensor:
+    if centred:
+        x = x - x.mean(dim=dims, keepdim=True)
+    return x * torch.rsqrt(x.square().mean(dim=dims, keepdim=True) + eps)
+
+
+def _affine_terms(x_hat: torch.Tensor, g: torch.Tensor, channel_dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum |g| |x_hat| and sum |g| over every dimension but the parameters' own."""
+    summed = tuple(d for d in range(g.dim()) if d not in channel_dims)
+    weight = (g.abs() * x_hat.abs()).sum(dim=summed) if summed else g.abs() * x_hat.abs()
+    bias = g.abs().sum(dim=summed) if summed else g.abs()
+    return weight, bias
+
+
+def _layer_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    x = args[0]
+    dims = tuple(range(x.dim() - len(_argument(args, kwargs, 1, "normalized_shape")), x.dim()))
+    weight, bias = _affine_terms(_normalized(x, dims, _argument(args, kwargs, 4, "eps", 1e-5)), g, dims)
+    return {"weight": weight.reshape(x.shape[dims[0]:]), "bias": bias.reshape(x.shape[dims[0]:])}
+
+
+def _rms_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    x = args[0]
+    dims = tuple(range(x.dim() - len(_argument(args, kwargs, 1, "normalized_shape")), x.dim()))
+    eps = _argument(args, kwargs, 3, "eps") or torch.finfo(x.dtype).eps
+    weight, _ = _affine_terms(_normalized(x, dims, eps, centred=False), g, dims)
+    return {"weight": weight.reshape(x.shape[dims[0]:])}
+
+
+def _group_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    x = args[0]
+    groups = _argument(args, kwargs, 1, "num_groups")
+    grouped = x.reshape(x.shape[0], groups, -1)
+    x_hat = _normalized(grouped, (2,), _argument(args, kwargs, 4, "eps", 1e-5)).reshape(x.shape)
+    weight, bias = _affine_terms(x_hat, g, (1,))
+    return {"weight": weight, "bias": bias}
+
+
+def _batch_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    x = args[0]
+    dims = tuple(d for d in range(x.dim()) if d != 1)
+    eps = _argument(args, kwargs, 7, "eps", 1e-5)
+    if _argument(args, kwargs, 5, "training", False):
+        x_hat = _normalized(x, dims, eps)
+    else:
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        mean, var = (_argument(args, kwargs, i, key) for i, key in ((1, "running_mean"), (2, "running_var")))
+        x_hat = (x - mean.reshape(shape)) * torch.rsqrt(var.reshape(shape) + eps)
+    weight, bias = _affine_terms(x_hat, g, (1,))
+    return {"weight": weight, "bias": bias}
+
+
+# api -> (its parameters' argument names, in order, and a formula for their terms from
+# the bench-precision arguments and the incoming gradient)
+NORM_TERMS = {
+    "layer_norm": (("input", "normalized_shape", "weight", "bias"), _layer_norm),
+    "rms_norm": (("input", "normalized_shape", "weight"), _rms_norm),
+    "group_norm": (("input", "num_groups", "weight", "bias"), _group_norm),
+    "batch_norm": (("input", "running_mean", "running_var", "weight", "bias"), _batch_norm),
+}
+
+
+def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) -> Any | None:
+    """The bench's outputs (or gradients) evaluated on absolute values, as absolute
+    values: each element's sum(|terms|). None where the API is not in the table or
+    the absolute evaluation fails (the verdict then stands without it)."""
+    if not isinstance(bench, Run):
+        return None
+    if name.direction == "backward" and _api(name) in NORM_TERMS:
+        return _norm_terms(name, bench, inputs, framework)
+    if not has_terms(name):
+        return None
+    absolute = dataclasses.replace(bench, absolute=True)
+    try:
+        if name.direction == "forward":
+            result = absolute.forward(inputs)
+        else:
+            result = absolute.backward(inputs, needs_grad(inputs, framework))
+    except Exception:  # noqa: BLE001 - no terms: judged without them
+        return None
+    return tree_map(lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result)
+
+
+def _norm_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Any, ...] | None:
+    """The gradients' terms of a normalisation: its weight's and bias's from NORM_TERMS,
+    None for the input's (and any tensor the formula does not name)."""
+    names, formula = NORM_TERMS[_api(name)]
+    args, kwargs = bench.place(inputs.args), bench.place(inputs.kwargs)
+    grads = inputs.grads or []
+    if len(grads) != 1 or grads[0] is None or not isinstance(args[0], torch.Tensor):
+        return None
+    try:
+        with torch.no_grad():
+            found = formula(args, kwargs, bench.place(grads[0]))
+    except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
+        return None
+    by_tensor = {id(_argument(args, kwargs, position, key)): found.get(key) for position, key in enumerate(names)}
+    leaves = [by_tensor.get(id(tensor)) for tensor in tensors_in((args, kwargs))]
+    return tuple(terms for terms, flag in zip(leaves, needs_grad(inputs, framework)) if flag)
+

@@ -1,0 +1,144 @@
+"""Rounding bias: the error-balance test every floating standard applies.
+
+A kernel that rounds in one direction (truncation in a float32 -> bfloat16 conversion,
+an accumulator rounded toward zero) keeps every element within a ULP, so no magnitude
+criterion sees it, yet it shifts every result the same way and training drifts. Its
+signature is in the signs: the errors of correct rounding to nearest balance, a biased
+kernel's do not. Two tests, each on the signed difference of the device from what it is
+compared with, measured in ULPs of D at the element's own magnitude (clipped at
++-BIAS_CLIP, over the upper half of the elements by |b|: a cancelled element carries its
+terms' rounding, correlated along its row) and, for the sign test, counted over all of
+the sample:
+  additive  `bias_ulp`, `bias_z`: d above vs below;
+  scale     `scale_bias_ulp`, `scale_bias_z`: d away from vs toward zero (relative to
+            sign(b)) -- rounding toward zero, a scale factor off by a few ULPs.
+A test fails when its sign test's z-score exceeds `sr_bias_z` (5) AND its mean exceeds
+the standard's limit: an imbalance that is both certain and large enough to matter.
+
+What the device is compared with, by mode:
+- without a reference, the bench rounded to D (b_D): correct rounding is then no error
+  at all. Used by the single-run rule (single_run.py, limits `sr_bias_ulp`: fp16/bf16 0.2
+  ULP, fp32 16 ULP, where a long reduction's shared normaliser biases correct kernels by
+  up to +-9 ULP) and by the absolute-threshold standard with `at_bias_ulp`: its APIs are
+  correctly rounded elementwise arithmetic, where a correct kernel's errors are
+  independent per element and have no excuse for a bias -- fp16/bf16/fp8 0.2 ULP, so
+  truncation (-0.5 ULP) is an error; fp32/fp64 1 ULP, because there a shared constant
+  is itself rounded to D: `x * 0.1` multiplies by float32(0.1), 1.5e-8 above 0.1, which
+  shifts every correct result by +0.125..+0.25 ULP (measured: scale_bias_ulp +0.23, z 5.1
+  on the example dump's Tensor.__mul__), a division by a shared reciprocal by up to 0.7
+  ULP; so single-run fp32 sees a bias of 1 ULP and more, not truncation. The thousandth
+  standard (convolutions) uses `sr_bias_ulp`.
+- with a reference run on the same inputs (an accelerator's CPU reference in D, or the
+  offline check), the reference itself (`ref_bias_ulp`, `ref_bias_z` ... paired: d - r):
+  both carry the same accumulation, so only a difference in rounding remains, and the
+  limit is `ref_bias_ulp` (0.25 ULP in every dtype). This is how a float32 dot product
+  rounded toward zero (-0.5 ULP per element) is caught, which the single-run limit of 16
+  ULP cannot see.
+- against a baseline's recorded metrics: no element values exist, so the magnitude
+  ratios judge (reference.py); the bias test is not applied.
+
+Sampling as the single-run rule's (single_run.py rule 4): at least 2**20 elements in
+blocks, so a bias test costs a bounded pass whatever the output's size.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import fast
+from .fast import QUANTILE_SAMPLE, BiasSums
+from .metrics import Pair, sign_balance_z
+
+__all__ = ["bias_metrics", "bias_reasons", "paired_bias_metrics", "statistics", "sample_blocks", "STAT_SAMPLE"]
+
+_KEYS = ("bias_ulp", "bias_z", "scale_bias_ulp", "scale_bias_z")
+#: the statistics are computed on a sample of at least this many elements (fewer than
+#: twice as many; single_run.py rule 4 says why that loses nothing)
+STAT_SAMPLE = 2 ** 20
+
+
+def sample_step(n: int) -> int:
+    """Of n finite elements' blocks of fast.CHUNK, every this-many-th is in the sample."""
+    return max(1, n // STAT_SAMPLE)
+
+
+def sample_blocks(n: int) -> list[slice]:
+    """The statistical sample of n finite elements, as the fused pass takes it."""
+    return [slice(lo, min(lo + fast.CHUNK, n)) for lo in range(0, n, fast.CHUNK * sample_step(n))]
+
+
+def statistics(sums, prefix: str = "") -> dict:
+    """The four bias metrics from fast.BiasSums' totals (both paths of every standard)."""
+    pos, neg, outward, inward, n_upper, signed_sum, scale_sum = sums
+    n_upper = max(n_upper, 1)
+    return {f"{prefix}bias_ulp": signed_sum / n_upper, f"{prefix}bias_z": sign_balance_z(pos, neg),
+            f"{prefix}scale_bias_ulp": scale_sum / n_upper,
+            f"{prefix}scale_bias_z": sign_balance_z(outward, inward)}
+
+
+def abs_b_quantile(pair: Pair, quantile: float) -> float:
+    """A quantile of |b| over the finite elements (strided sample beyond QUANTILE_SAMPLE)."""
+    def compute():
+        step = max(1, pair.abs_b.size // QUANTILE_SAMPLE)
+        return float(np.quantile(pair.abs_b[::step], quantile, method="lower"))
+    return pair.cached(("abs_b_quantile", quantile), compute)
+
+
+def bias_metrics(pair: Pair) -> dict:
+    """The bias of d against b_D over the sample (the same numbers as the single-run
+    rule's, which computes them in its own pass)."""
+    def compute():
+        if pair.n_finite == 0:
+            return dict.fromkeys(_KEYS, 0.0)
+        blocks = sample_blocks(pair.n_finite)
+        sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
+        for part in blocks:
+            sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part], pair.abs_b[part])
+        return statistics(sums.sums)
+    return pair.cached("bias_metrics", compute)
+
+
+def paired_bias_metrics(pair: Pair, reference: Pair) -> dict:
+    """The bias of d against a reference run r on the same inputs (`ref_` keys): the
+    sign tests count d - r, the means are of (d - r) in ULPs of D at |b|."""
+    d, r, b = pair.d, reference.d, pair.b
+    both = np.isfinite(d) & np.isfinite(r) & np.isfinite(b)
+    if not both.all():
+        d, r, b = d[both], r[both], b[both]
+    if d.size == 0:
+        return {f"ref_{key}": 0.0 for key in _KEYS}
+    abs_b = np.abs(b)
+    sums = BiasSums(pair.info, float(np.quantile(abs_b[::max(1, abs_b.size // QUANTILE_SAMPLE)], 0.5, method="lower")), d.size)
+    for part in sample_blocks(d.size):
+        sums.add(d[part], r[part], b[part], d[part] - r[part], abs_b[part])
+    return statistics(sums.sums, "ref_")
+
+
+def bias_reasons(metrics: dict, z_limit: float, ulp_limit: float, prefix: str = "",
+                 against: str = "the bench rounded to D") -> list[str]:
+    """A reason per failed test: z-score AND mean over their limits."""
+    reasons = []
+    for name, what in (("bias", "additive"), ("scale_bias", "scale (toward/away from zero)")):
+        z, mean = metrics[f"{prefix}{name}_z"], metrics[f"{prefix}{name}_ulp"]
+        if z > z_limit and abs(mean) > ulp_limit:
+            reasons.append(f"systematic {what} bias against {against}: {prefix}{name}_ulp {mean:+.3g} ULP "
+                           f"(|.| > {ulp_limit:.3g}) with sign-test z {z:.3g} > {z_limit:.3g}")
+    return reasons
+
+
+
+def judge_bias(pair: Pair, reference, thresholds, used: dict, limit_key: str,
+               computed: dict | None = None) -> tuple[dict, list[str]]:
+    """A standard's bias test: against the reference run where there is one (paired,
+    `ref_bias_ulp`), against b_D with the standard's own limit `limit_key` without one,
+    not at all against a baseline's metrics. `computed`: the single-run metrics a fused
+    pass already has. -> (metrics to report, reasons)."""
+    z_limit = thresholds["sr_bias_z"]
+    if reference is not None:
+        if reference.pair is None:
+            return {}, []
+        metrics = paired_bias_metrics(pair, reference.pair)
+        used.update(ref_bias_ulp=thresholds["ref_bias_ulp"], sr_bias_z=z_limit)
+        return metrics, bias_reasons(metrics, z_limit, thresholds["ref_bias_ulp"], "ref_", "the reference run")
+    metrics = computed if computed is not None else bias_metrics(pair)
+    used.update({limit_key: thresholds[limit_key], "sr_bias_z": z_limit})
+    return metrics, bias_reasons(metrics, z_limit, thresholds[limit_key])

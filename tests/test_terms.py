@@ -1,0 +1,77 @@
+"""Each element's terms' magnitude (run/terms.py): the bench on absolute values for sums
+of products, per-API formulas for the normalisations' parameters, nothing elsewhere."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pytest_msprobe.dump.index import CallName
+from pytest_msprobe.dump.values import TensorLeaf
+from pytest_msprobe.run.apis import Api
+from pytest_msprobe.run.replay import RAISED, Inputs, Placement, Run
+from pytest_msprobe.run.terms import term_magnitudes
+
+
+class _Spec:
+    requires_grad = True
+
+
+def _inputs(args, kwargs=None, grads=None) -> Inputs:
+    leaves = [TensorLeaf(f"input_args[{i}]", _Spec(), arg, "test") for i, arg in enumerate(args)
+              if isinstance(arg, torch.Tensor)]
+    return Inputs(list(args), dict(kwargs or {}), leaves, grads)
+
+
+def _bench(function) -> Run:
+    api = Api("f", function, function, in_place=False, raise_bench=True)
+    return Run(api, function, Placement(torch.device("cpu"), dict(RAISED)))
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_linear_forward_terms_are_the_sums_of_absolute_products():
+    x, w, b = (torch.randn(*shape, generator=_generator(i)) for i, shape in enumerate([(4, 8), (3, 8), (3,)]))
+    terms = term_magnitudes(CallName("Functional", "linear", 0, "forward"), _bench(F.linear), _inputs([x, w, b]), "pytorch")
+    expected = x.double().abs() @ w.double().abs().T + b.double().abs()
+    assert terms.dtype == torch.float64 and torch.allclose(terms, expected, rtol=1e-12)
+
+
+def test_linear_backward_terms_are_the_gradients_on_absolute_values():
+    x, w, b = (torch.randn(*shape, generator=_generator(i)) for i, shape in enumerate([(16, 8), (3, 8), (3,)]))
+    g = torch.randn(16, 3, generator=_generator(9))
+    terms = term_magnitudes(CallName("Functional", "linear", 0, "backward"), _bench(F.linear), _inputs([x, w, b], grads=[g]), "pytorch")
+    grad_x, grad_w, grad_b = terms
+    assert torch.allclose(grad_x, g.double().abs() @ w.double().abs())
+    assert torch.allclose(grad_w, g.double().abs().T @ x.double().abs())
+    assert torch.allclose(grad_b, g.double().abs().sum(0))
+    # the bias gradient cancels: its terms are far above its value
+    assert (grad_b > 5 * (g.double().sum(0)).abs()).any()
+
+
+def test_sub_forward_has_no_terms_but_its_backward_does():
+    """sub is no sum of products with nonnegative coefficients (|a| - |b| would be wrong),
+    its broadcast gradient -sum(g) is."""
+    a, b = torch.randn(4, 3, generator=_generator(1)), torch.randn(3, generator=_generator(2))
+    g = torch.randn(4, 3, generator=_generator(3))
+    assert term_magnitudes(CallName("Torch", "sub", 0, "forward"), _bench(torch.sub), _inputs([a, b]), "pytorch") is None
+    _, grad_b = term_magnitudes(CallName("Torch", "sub", 0, "backward"), _bench(torch.sub), _inputs([a, b], grads=[g]), "pytorch")
+    assert torch.allclose(grad_b, g.double().abs().sum(0))
+
+
+def test_layer_norm_parameters_get_their_terms_the_input_none():
+    x = torch.randn(2, 5, 16, generator=_generator(4))
+    w, b = torch.randn(16, generator=_generator(5)), torch.randn(16, generator=_generator(6))
+    g = torch.randn(2, 5, 16, generator=_generator(7))
+    call = CallName("Functional", "layer_norm", 0, "backward")
+    grad_x, grad_w, grad_b = term_magnitudes(call, _bench(F.layer_norm), _inputs([x, [16], w, b, 1e-5], grads=[g]), "pytorch")
+    x_hat = F.layer_norm(x.double(), [16], eps=1e-5)
+    assert grad_x is None
+    assert torch.allclose(grad_w, (g.double().abs() * x_hat.abs()).sum(dim=(0, 1)))
+    assert torch.allclose(grad_b, g.double().abs().sum(dim=(0, 1)))
+
+
+def test_an_api_outside_the_tables_has_no_terms():
+    x = torch.randn(4, 8, generator=_generator(8))
+    assert term_magnitudes(CallName("Functional", "gelu", 0, "forward"), _bench(F.gelu), _inputs([x]), "pytorch") is None
