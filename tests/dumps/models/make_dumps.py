@@ -1,0 +1,519 @@
+"""Make real msprobe L1 dumps of one training step (forward + loss.backward()) of small
+real models on the CPU: the calibration dumps under tests/dumps/models/.
+
+Run with torch and mindstudio-probe installed (never torch_npu):
+    python make_dumps.py MODEL DTYPE OUTDIR [--task tensor|statistics] [--fault NAME]
+    python make_dumps.py --fault NAME --fault-dump OUTDIR   the fault table's model and dtype
+    python make_dumps.py --all [--root DIR]      every shipped dump (and shipped fault dump)
+    python make_dumps.py --list                  models, shipped dumps, the fault table
+MODEL: transformer12 transformer1 convbn gru lstm embedattn; DTYPE: float32 bfloat16 float16.
+
+The dump is rewritten to the portable layout: OUTDIR/dump.json, OUTDIR/dump_tensor_data/*.pt,
+OUTDIR/construct.json, with dump_data_dir set to a foreign path (a dump is always read on
+another machine) and stack.json dropped (it names files of the machine that made it).
+Seeds are fixed and torch runs with one thread while dumping (a reduction split over
+several threads rounds differently): rerunning the maker writes the same files on any
+machine. One dump per process (msprobe's debugger wraps the APIs once per process); --all
+and --fault-dump start subprocesses.
+
+--fault NAME plants one of the faulty kernels of tests/model_faults.py WHILE dumping: the
+torch API is patched before msprobe wraps it, so the dumped outputs carry the fault (the
+plugin's offline mode reads them as the device result). After dumping, every dumped call
+of that API is replayed here with the correct kernel on its dumped inputs, and the maker
+fails (exit status 1) unless the dumped result of at least one call differs from the
+correct one in the fault's direction, or unless the fault dump holds exactly the calls of
+the clean dump of the same model; it prints, per call, how many elements differ and the
+error of the dumped and of the correct result against the exact (float64) one, in ULPs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # tests/, for model_faults
+import model_faults  # noqa: E402
+
+SEED = 1234
+FOREIGN_DIR = "/home/user/msprobe_dump/step0/rank0/dump_tensor_data"
+
+# --- models ---------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: attention by matmul/softmax, MLP with gelu."""
+
+    def __init__(s, dim: int, heads: int, mlp: int) -> None:
+        super().__init__()
+        s.heads = heads
+        s.ln1, s.qkv, s.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        s.ln2, s.fc1, s.fc2 = nn.LayerNorm(dim), nn.Linear(dim, mlp), nn.Linear(mlp, dim)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        dh = d // s.heads
+        q, k, v = s.qkv(s.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.reshape(b, n, s.heads, dh).transpose(1, 2) for t in (q, k, v))
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
+        attn = F.softmax(scores, dim=-1)
+        o = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, d)
+        x = x + s.proj(o)
+        return x + s.fc2(F.gelu(s.fc1(s.ln2(x))))
+
+
+class Transformer(nn.Module):
+    def __init__(s, blocks: int, vocab: int = 64, dim: int = 32, heads: int = 4, mlp: int = 64, seq: int = 8) -> None:
+        super().__init__()
+        s.emb = nn.Embedding(vocab, dim)
+        s.pos = nn.Parameter(torch.randn(seq, dim) * 0.1)
+        s.blocks = nn.ModuleList(Block(dim, heads, mlp) for _ in range(blocks))
+        s.ln_f, s.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+
+    def forward(s, ids: torch.Tensor) -> torch.Tensor:
+        x = s.emb(ids) + s.pos
+        for block in s.blocks:
+            x = block(x)
+        return s.head(s.ln_f(x))
+
+
+class ConvBN(nn.Module):
+    """conv2d (with bias) -> batch_norm -> relu, twice, then max pooling and a linear
+    classifier. The conv biases' gradients are mathematically zero: batch norm removes
+    the per-channel mean, so a bias before it changes nothing."""
+
+    def __init__(s) -> None:
+        super().__init__()
+        s.conv1, s.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        s.conv2, s.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        s.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(s.bn1(s.conv1(x)))
+        x = F.relu(s.bn2(s.conv2(x)))
+        x = F.max_pool2d(x, 2)
+        return s.fc(torch.flatten(x, 1))
+
+
+class Recurrent(nn.Module):
+    """A 2-layer GRU or LSTM (batch first) and a classifier of the last step.
+
+    nn.GRU/nn.LSTM reach the kernel through torch._VF, which msprobe 26.2 does not wrap
+    here (a dump of nn.GRU holds only the calls around it), so the forward calls the same
+    op as torch.gru / torch.lstm, with the module's own weights and arguments: those
+    msprobe dumps as Torch.gru / Torch.lstm."""
+
+    def __init__(s, cell: type[nn.Module]) -> None:
+        super().__init__()
+        s.rnn = cell(8, 16, num_layers=2, batch_first=True)
+        s.fc = nn.Linear(16, 5)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        r = s.rnn
+        h0 = torch.zeros(r.num_layers, x.shape[0], r.hidden_size, dtype=x.dtype)
+        if isinstance(r, nn.LSTM):
+            out = torch.lstm(x, (h0, h0.clone()), r._flat_weights, r.bias, r.num_layers, r.dropout, r.training, r.bidirectional, r.batch_first)[0]
+        else:
+            out = torch.gru(x, h0, r._flat_weights, r.bias, r.num_layers, r.dropout, r.training, r.bidirectional, r.batch_first)[0]
+        return s.fc(out[:, -1])
+
+
+class EmbedAttn(nn.Module):
+    """A large-vocabulary embedding and one causal self-attention (masked_fill of the
+    future positions with -inf, softmax), a residual and a small classifier per token."""
+
+    def __init__(s, vocab: int = 5000, dim: int = 16, classes: int = 10) -> None:
+        super().__init__()
+        s.emb = nn.Embedding(vocab, dim)
+        s.q, s.k, s.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        s.head = nn.Linear(dim, classes)
+
+    def forward(s, ids: torch.Tensor) -> torch.Tensor:
+        x = s.emb(ids)
+        n = ids.shape[1]
+        scores = s.q(x) @ s.k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        attn = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        return s.head(x + attn @ s.v(x))
+
+
+def _token_ids(vocab: int, batch: int, seq: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq))
+
+
+def _repeated_token_ids() -> torch.Tensor:
+    """Text-like ids: a frequent token (every third position) and a word used twice."""
+    ids = torch.randint(0, 5000, (2, 12))
+    ids[:, ::3] = 17
+    ids[1, 7] = ids[0, 4]
+    return ids
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    build: Callable[[], nn.Module]
+    inputs: Callable[[], torch.Tensor]
+    labels: Callable[[torch.Tensor], torch.Tensor]  # from the logits' shape
+    apis: str  # what the dump holds, for --list
+
+
+def _per_token_labels(classes: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda logits: torch.randint(0, classes, logits.shape[:-1])
+
+
+MODELS: dict[str, ModelSpec] = {
+    "transformer12": ModelSpec(lambda: Transformer(12), lambda: _token_ids(64, 1, 8), _per_token_labels(64),
+                               "embedding, add, 12 x (layer_norm, linear, matmul, mul, softmax, gelu, add), cross_entropy (msprobe 26.2 dumps no split/reshape/transpose)"),
+    "transformer1": ModelSpec(lambda: Transformer(1), lambda: _token_ids(64, 1, 8), _per_token_labels(64),
+                              "transformer12 with 1 block (the fault dumps: small)"),
+    "convbn": ModelSpec(ConvBN, lambda: torch.randn(4, 3, 8, 8), _per_token_labels(10),
+                        "conv2d, batch_norm, relu, max_pool2d, flatten, linear, cross_entropy"),
+    "gru": ModelSpec(lambda: Recurrent(nn.GRU), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "GRU (2 layers), linear"),
+    "lstm": ModelSpec(lambda: Recurrent(nn.LSTM), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "LSTM (2 layers), linear"),
+    "embedattn": ModelSpec(EmbedAttn, _repeated_token_ids, _per_token_labels(10),
+                           "embedding 5000 x 16 with repeated ids, linear, matmul, masked_fill(-inf, causal), softmax"),
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+# The shipped dumps: folder -> (model, dtype, task).
+SHIPPED = {
+    "transformer12_tensor_fp32": ("transformer12", "float32", "tensor"),
+    "transformer12_tensor_bf16": ("transformer12", "bfloat16", "tensor"),
+    "transformer12_tensor_fp16": ("transformer12", "float16", "tensor"),
+    "transformer12_statistics_bf16": ("transformer12", "bfloat16", "statistics"),
+    "convbn_tensor_fp32": ("convbn", "float32", "tensor"),
+    "gru_tensor_fp32": ("gru", "float32", "tensor"),
+    "lstm_tensor_fp32": ("lstm", "float32", "tensor"),
+    "embedattn_tensor_fp32": ("embedattn", "float32", "tensor"),
+    "embedattn_tensor_bf16": ("embedattn", "bfloat16", "tensor"),
+}
+
+# The fault table: fault -> (model, dtype, citation). The kernels are in tests/model_faults.py.
+# Two backward faults were tried and left out: layer_norm backward reading mean/rstd rounded
+# to float16/bfloat16 (pytorch/pytorch#140259) is what torch's CPU kernel itself does (its
+# native_layer_norm returns them in the input dtype), and a bfloat16 layer_norm weight
+# gradient summed row by row in bfloat16 (karpathy/llm.c#476) is, over 8 rows, no less
+# accurate than the CPU kernel's own.
+FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
+    "bf16_truncation": ("transformer1", "bfloat16",
+                        "tenstorrent/tt-metal#19882 'Replace truncating fp32->bf16 with tie-to-even rounding rule'"),
+    "fp32_dot_toward_zero": ("transformer1", "float32",
+                             "Xilinx/mlir-aie#2983 'AIECoreToStandard: set conv_even rounding mode for bf16 matmul' (directed rounding of a matmul)"),
+    "fp16_gemm_fp16_accumulation": ("transformer1", "float16",
+                                    "pytorch/pytorch#123157 'Add support for CUBLAS_COMPUTE_16F for gemm operations in cudaBLAS'"),
+    "tf32_conv": ("convbn", "float32", "pytorch/pytorch#107514 'conv2d wrong results on 3090/3090ti' (cudnn.allow_tf32 default)"),
+    "gelu_tanh_approximation": ("transformer1", "float32",
+                                "uxlfoundation/oneDNN#1122 'precision difference between Mkldnn Gelu and Gelu's erf algorithm'"),
+    "softmax_low_precision_sum": ("transformer1", "bfloat16", "apache/mxnet#14072 'Fp16 support for softmax' (reduction done in fp16)"),
+    "softmax_backward_half_accumulator": ("transformer1", "float16",
+                                          "ROCm/MIOpen#3427 'Softmax log backward : Increase precision of fp16's accumulator to fp32'"),
+    "embedding_backward_lost_duplicates": ("embedattn", "float32",
+                                           "pytorch/pytorch#187687 'fix: aten embed bwd thread sync before proceeding to next batch'"),
+}
+
+# --- dumping --------------------------------------------------------------------
+
+
+def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tensor", fault: str | None = None) -> dict[str, Any]:
+    """Dump one training step; returns the rewritten dump.json."""
+    dtype = DTYPES[dtype_name]
+    original = None
+    if fault is not None:
+        spec = model_faults.FAULTS[fault]
+        original = getattr(spec.owner, spec.attr)
+        setattr(spec.owner, spec.attr, spec.wrap(original))  # before msprobe wraps the API
+    try:
+        from msprobe.pytorch import PrecisionDebugger, seed_all  # imported after the patch
+
+        seed_all(SEED)
+        raw = tempfile.mkdtemp()
+        cfg = {"task": task, "dump_path": raw, "rank": [], "step": [], "level": "L1",
+               "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+               "tensor": {"scope": [], "list": [], "data_mode": ["all"], "file_format": "pt"}}
+        cfg_path = os.path.join(raw, "config.json")
+        with open(cfg_path, "w") as handle:
+            json.dump(cfg, handle)
+        spec_model = MODELS[model_name]
+        model = spec_model.build().to(dtype)
+        x = spec_model.inputs()
+        if x.is_floating_point():
+            x = x.to(dtype)
+        debugger = PrecisionDebugger(config_path=cfg_path)
+        debugger.start()
+        logits = model(x)
+        labels = spec_model.labels(logits)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        debugger.stop()
+        debugger.step()
+    finally:
+        if fault is not None:
+            spec = model_faults.FAULTS[fault]
+            setattr(spec.owner, spec.attr, original)
+    src = glob.glob(os.path.join(raw, "step0", "*", "dump.json"))[0]
+    srcdir = os.path.dirname(src)
+    if outdir.exists():
+        shutil.rmtree(outdir)
+    outdir.mkdir(parents=True)
+    with open(src) as handle:
+        dump = json.load(handle)
+    dump["dump_data_dir"] = FOREIGN_DIR if task == "tensor" else None
+    with open(outdir / "dump.json", "w") as handle:
+        json.dump(dump, handle, indent=1)
+    if os.path.isdir(os.path.join(srcdir, "dump_tensor_data")):
+        shutil.copytree(os.path.join(srcdir, "dump_tensor_data"), outdir / "dump_tensor_data")
+    shutil.copy(os.path.join(srcdir, "construct.json"), outdir)
+    shutil.rmtree(raw)
+    size = sum(path.stat().st_size for path in outdir.rglob("*") if path.is_file())
+    print(f"{outdir}: {model_name} {dtype_name} {task}{' fault ' + fault if fault else ''}: "
+          f"{len(dump['data'])} entries, {size / 1e6:.2f} MB", flush=True)
+    return dump
+
+
+# --- checking that a fault is in its dump ---------------------------------------
+
+
+def decode(value: Any, tensor_dir: Path) -> Any:
+    """A dump.json value -> the Python value (enough for the APIs of the fault table)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [decode(item, tensor_dir) for item in value]
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("type")
+    if kind is None:
+        return {key: decode(item, tensor_dir) for key, item in value.items()}
+    if kind == "torch.Tensor":
+        tensor = torch.load(tensor_dir / value["data_name"], weights_only=True)
+        return tensor.requires_grad_(True) if value.get("requires_grad") and tensor.is_floating_point() else tensor
+    if kind in ("int", "float", "bool", "str"):
+        return value["value"]
+    if kind == "slice":
+        return slice(*value["value"])
+    if kind == "ellipsis":
+        return Ellipsis
+    if kind == "torch.Size":
+        return torch.Size(value["value"])
+    if kind == "torch.dtype":
+        return getattr(torch, value["value"].split(".")[-1])
+    if kind == "torch.device":
+        return torch.device("cpu")
+    raise ValueError(f"cannot decode a value of type {kind!r}")
+
+
+def _mantissa(dtype: torch.dtype) -> int:
+    return {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7, torch.float64: 52}[dtype]
+
+
+def _ulp_errors(value: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """|value - exact| in units of the last place of `exact` rounded to value's dtype
+    (finite elements only)."""
+    dtype = value.dtype
+    exact = exact.detach().double()
+    value = value.detach().double()
+    tiny = torch.finfo(dtype).tiny
+    exponent = torch.floor(torch.log2(exact.to(dtype).double().abs().clamp_min(tiny)))
+    ulp = torch.exp2(exponent - _mantissa(dtype))
+    finite = torch.isfinite(exact) & torch.isfinite(value)
+    return ((value - exact).abs() / ulp)[finite]
+
+
+def _describe(errors: torch.Tensor) -> str:
+    if errors.numel() == 0:
+        return "-"
+    return f"max {float(errors.max()):.3g} / mean {float(errors.mean()):.3g} ulp"
+
+
+def _compare(correct: list[Any], dumped: list[Any], exact: list[Any]) -> list[str]:
+    """Per output: how the dumped tensor differs from the correct kernel's, and both
+    against the exact (float64) result, in ULPs of the output's dtype."""
+    notes = []
+    for position, (good, seen, true) in enumerate(zip(correct, dumped, exact)):
+        if not isinstance(good, torch.Tensor) or not isinstance(seen, torch.Tensor):
+            continue
+        good, seen = good.detach(), seen.detach()
+        if good.shape != seen.shape:
+            notes.append(f"output {position}: shape {list(seen.shape)} vs {list(good.shape)}")
+            continue
+        differ = ~((good == seen) | (torch.isnan(good) & torch.isnan(seen)))
+        count = int(differ.sum())
+        if count:
+            signed = (seen.double() - true.double()) * torch.sign(true.double())
+            toward_zero = float((signed[differ] < 0).double().mean())
+            notes.append(f"output {position} {tuple(seen.shape)} {str(seen.dtype).replace('torch.', '')}: "
+                         f"{count}/{seen.numel()} elements differ from the correct kernel; vs exact: dumped "
+                         f"{_describe(_ulp_errors(seen, true))}, correct kernel {_describe(_ulp_errors(good, true))}; "
+                         f"{toward_zero:.0%} of the differing elements are below the exact magnitude")
+    return notes
+
+
+def _raised(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().double().requires_grad_(value.requires_grad)
+    if isinstance(value, list):
+        return [_raised(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _raised(item) for key, item in value.items()}
+    return value
+
+
+def _run_forward(function: Callable, record: dict[str, Any], tensor_dir: Path, exact: bool = False) -> list[Any]:
+    args = decode(record.get("input_args", []), tensor_dir)
+    kwargs = decode(record.get("input_kwargs", {}), tensor_dir)
+    if exact:
+        args, kwargs = _raised(args), _raised(kwargs)
+    with torch.no_grad():
+        output = function(*args, **kwargs)
+    return list(output) if isinstance(output, (tuple, list)) else [output]
+
+
+def _run_backward(function: Callable, forward: dict[str, Any], backward: dict[str, Any], tensor_dir: Path, exact: bool = False) -> list[Any]:
+    """The gradients msprobe records: those the autograd node producing the call's
+    (first) output passes to its inputs, given the dumped incoming gradients."""
+    args = decode(forward.get("input_args", []), tensor_dir)
+    kwargs = decode(forward.get("input_kwargs", {}), tensor_dir)
+    grads_in = decode(backward.get("input", []), tensor_dir)
+    if exact:
+        args, kwargs = _raised(args), _raised(kwargs)
+    captured: list[Any] = []
+    with torch.enable_grad():
+        output = function(*args, **kwargs)
+        outputs = list(output) if isinstance(output, (tuple, list)) else [output]
+        first = next(t for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+        first.grad_fn.register_hook(lambda grad_inputs, grad_outputs: captured.append(list(grad_inputs)))
+        pairs = [(o, g) for o, g in zip(outputs, grads_in) if isinstance(o, torch.Tensor) and o.requires_grad and isinstance(g, torch.Tensor)]
+        torch.autograd.backward([o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs])
+    return captured[0]
+
+
+def verify_fault(outdir: Path, fault: str, clean: dict[str, Any] | None = None) -> list[tuple[str, list[str]]]:
+    """Replay every dumped call of the faulty API with the correct kernel on its dumped
+    inputs; fail unless, in the fault's direction, at least one call's dumped result
+    differs. With the clean dump's data: fail unless both hold the same calls."""
+    spec = model_faults.FAULTS[fault]
+    function = getattr(spec.owner, spec.attr)
+    with open(outdir / "dump.json") as handle:
+        data = json.load(handle)["data"]
+    if clean is not None and list(clean) != list(data):
+        extra, missing = sorted(set(data) - set(clean)), sorted(set(clean) - set(data))
+        raise SystemExit(f"THE FAULT DUMP HOLDS OTHER CALLS than the clean dump: extra {extra[:10]}, missing {missing[:10]}")
+    tensor_dir = outdir / "dump_tensor_data"
+    findings = []
+    for name, record in data.items():
+        if not name.startswith(spec.call_prefix):
+            continue
+        dumped = decode(record.get("output", []), tensor_dir)
+        if name.endswith(".forward"):
+            correct = _run_forward(function, record, tensor_dir)
+            exact = _run_forward(function, record, tensor_dir, exact=True)
+        else:
+            forward = data.get(name.rsplit(".", 1)[0] + ".forward")
+            if forward is None:
+                continue
+            correct = _run_backward(function, forward, record, tensor_dir)
+            exact = _run_backward(function, forward, record, tensor_dir, exact=True)
+        findings.append((name, _compare(correct, dumped, exact)))
+    wanted = [d for d in ("forward", "backward") if d in spec.direction]
+    hits = [name for name, notes in findings if notes and name.endswith(tuple(wanted))]
+    for name, notes in findings:
+        print(f"  {name}: {'; '.join(notes) if notes else 'identical to the correct kernel'}")
+    if not hits:
+        raise SystemExit(f"FAULT NOT IN THE DUMP: no {'/'.join(wanted)} call of {spec.call_prefix}* in {outdir} "
+                         f"differs from the correct kernel")
+    print(f"{fault}: in the dump ({len(hits)} {'/'.join(wanted)} calls of {spec.call_prefix}* differ from the correct kernel)")
+    return findings
+
+
+def _in_subprocess(*args: str) -> None:
+    """msprobe's debugger is a process-wide singleton that wraps the APIs once: one dump
+    per process."""
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], check=True)
+
+
+def make_fault_dump(fault: str, outdir: Path, model: str | None = None, dtype: str | None = None) -> None:
+    """The fault dump (in this process), checked: the fault is in it, and it holds the
+    calls of the clean dump of the same model (made in a subprocess)."""
+    model = model or FAULT_DUMPS[fault][0]
+    dtype = dtype or FAULT_DUMPS[fault][1]
+    with tempfile.TemporaryDirectory() as scratch:
+        _in_subprocess(model, dtype, str(Path(scratch) / "clean"))
+        with open(Path(scratch) / "clean" / "dump.json") as handle:
+            clean = json.load(handle)["data"]
+    make_dump(model, dtype, outdir, "tensor", fault)
+    verify_fault(outdir, fault, clean)
+
+
+# --- command line ---------------------------------------------------------------
+
+
+def make_all(root: Path) -> None:
+    for folder, (model, dtype, task) in SHIPPED.items():
+        _in_subprocess(model, dtype, str(root / folder), "--task", task)
+    for fault in FAULT_DUMPS:
+        _in_subprocess("--fault", fault, "--fault-dump", str(root / "faults" / fault))
+
+
+def list_everything() -> None:
+    print("models:")
+    for name, spec in MODELS.items():
+        print(f"  {name}: {spec.apis}")
+    print("shipped dumps (under tests/dumps/models/):")
+    for folder, (model, dtype, task) in SHIPPED.items():
+        print(f"  {folder}: {model} {dtype} {task}")
+    print("faults (tests/model_faults.py; dumps under tests/dumps/models/faults/<fault>/):")
+    for fault, (model, dtype, citation) in FAULT_DUMPS.items():
+        spec = model_faults.FAULTS[fault]
+        print(f"  {fault}: {spec.call_prefix}* {'/'.join(SHORT[str(d).replace('torch.', '')] for d in spec.dtypes)} "
+              f"{spec.direction}; dumped on {model} {dtype}; {citation}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", choices=sorted(MODELS))
+    parser.add_argument("dtype", nargs="?", choices=sorted(DTYPES))
+    parser.add_argument("outdir", nargs="?", type=Path)
+    parser.add_argument("--task", default="tensor", choices=["tensor", "statistics"])
+    parser.add_argument("--fault", choices=sorted(model_faults.FAULTS))
+    parser.add_argument("--fault-dump", type=Path, metavar="OUTDIR",
+                        help="with --fault: dump the fault table's model and dtype for this fault into OUTDIR")
+    parser.add_argument("--all", action="store_true", help="regenerate every shipped dump under --root")
+    parser.add_argument("--root", type=Path, default=HERE)
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.list:
+        list_everything()
+    elif args.all:
+        make_all(args.root)
+    elif args.fault and args.fault_dump:
+        make_fault_dump(args.fault, args.fault_dump)
+    else:
+        if args.model is None or args.dtype is None or args.outdir is None:
+            parser.error("MODEL DTYPE OUTDIR are required (or --all / --list)")
+        if args.fault and args.task != "tensor":
+            parser.error("a fault dump must be a tensor dump (its outputs are the device result)")
+        if args.fault:
+            make_fault_dump(args.fault, args.outdir, args.model, args.dtype)
+        else:
+            make_dump(args.model, args.dtype, args.outdir, args.task)
+
+
+if __name__ == "__main__":
+    main()
