@@ -37,7 +37,7 @@ class DtypeInfo:
 
 def _defaults(*, small, rtol, small_atol, ulp_threshold, ulp_floor, ulp_prop_max, bound,
               eb_max, atol_bm, sr_max_scaled_ulp, sr_mean_scaled_ulp, sr_bias_ulp=0.2,
-              sr_thousandth_ulp=4.0, at_bias_ulp=0.2) -> dict:
+              sr_thousandth_ulp=4.0, at_bias_ulp=0.2, ulp_bias_ulp=0.2) -> dict:
     return {
         # absolute threshold (spec 2)
         "rtol": rtol, "small": small, "small_atol": small_atol,
@@ -63,7 +63,7 @@ def _defaults(*, small, rtol, small_atol, ulp_threshold, ulp_floor, ulp_prop_max
         "sr_thousandth_ulp": sr_thousandth_ulp, "sr_abs_ulp": 4.0,
         # bias tests (bias.py): correctly rounded elementwise APIs against b_D, and any
         # standard against a reference run on the same inputs, in ULPs of D
-        "at_bias_ulp": at_bias_ulp, "ref_bias_ulp": 0.25,
+        "at_bias_ulp": at_bias_ulp, "ref_bias_ulp": 0.25, "ulp_bias_ulp": ulp_bias_ulp,
     }
 
 
@@ -88,7 +88,7 @@ _WIDE_DEFAULTS = _defaults(small=2.0 ** -20, rtol=2.0 ** -20, small_atol=2.0 ** 
                            ulp_threshold=32.0, ulp_floor=2.0 ** -14, ulp_prop_max=0.05,
                            bound=2.0 ** -11, eb_max=2.0 ** -14, atol_bm=2.0 ** -30,
                            sr_max_scaled_ulp=4096.0, sr_mean_scaled_ulp=256.0, sr_bias_ulp=16.0,
-                           sr_thousandth_ulp=64.0, at_bias_ulp=1.0)
+                           sr_thousandth_ulp=64.0, at_bias_ulp=1.0, ulp_bias_ulp=0.25)
 
 DTYPES: dict[str, DtypeInfo] = {
     "float64": DtypeInfo("float64", 52, -1022, float(np.finfo(np.float64).max), torch.float64, dict(_WIDE_DEFAULTS)),

@@ -40,7 +40,8 @@ judge the device against what any correct kernel in D can do, in ULPs of D:
    its normalizer (softmax over 4096 elements on the CPU is measured +7..+9 ULP biased
    per run, z > 100), and a valid reciprocal-multiply shifts every result by up to ~0.7
    ULP; so fp32 bias is judged only from 16 ULP up (the planted 30-ULP bias is caught),
-   and rounding toward zero in fp32 is not.
+   and rounding toward zero in fp32 is not -- except by the ULP standard, whose matrix
+   products have no shared normaliser (its own limit, bias.py), and with a reference.
 4. Sampling. The statistical aggregates -- the bias statistics of 3. (both sign tests and
    both mean signed ULP errors) and the mean of 2a. -- are computed on a deterministic
    sample of at least STAT_SAMPLE (2**20) elements: every `sample_step(n)`-th block of

@@ -1,0 +1,78 @@
+"""Calibration on real models: msprobe dumps of one training step (forward AND backward)
+of a 12-block transformer (float32, bfloat16, float16, and a bfloat16 statistics dump), a
+convnet with batch norm, a GRU, an LSTM, and a large-vocabulary embedding with masked
+attention (tests/dumps/models/make_dumps.py made them; its fault table cites the real
+defects the faults model).
+
+- The CPU is a correct device: every call passes with no warning, single-run and
+  offline (the dumped outputs judged against the CPU reference in the dump's dtype).
+- A planted fault (tests/model_faults.py) fails the faulty API's calls and nothing else:
+  single-run, patched into the device run; offline, in a dump whose outputs the faulty
+  kernel wrote while msprobe dumped (the maker checked the fault is in the dumped outputs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from model_faults import FAULTS
+
+MODELS = Path(__file__).parent / "dumps" / "models"
+TENSOR_DUMPS = ["transformer12_tensor_fp32", "transformer12_tensor_bf16", "transformer12_tensor_fp16",
+                "convbn_tensor_fp32", "gru_tensor_fp32", "lstm_tensor_fp32", "embedattn_tensor_fp32",
+                "embedattn_tensor_bf16"]
+STATISTICS_DUMPS = ["transformer12_statistics_bf16"]
+MODES = {"single-run": (), "offline": ("--msprobe-offline",)}
+RUNS = [(name, "single-run") for name in TENSOR_DUMPS + STATISTICS_DUMPS] + [(name, "offline") for name in TENSOR_DUMPS]
+
+
+def _calls(dump: Path) -> list[str]:
+    return [name for name in json.loads(dump.read_text())["data"] if not name.startswith(("Module.", "Cell."))]
+
+
+@pytest.mark.parametrize(("name", "mode"), RUNS, ids=[f"{name}-{mode}" for name, mode in RUNS])
+def test_correct_cpu_passes_every_call_of_a_real_model(name, mode, copy_dump, run_dump):
+    dump = copy_dump(f"models/{name}")
+    result = run_dump(dump, "--msprobe-device=cpu", *MODES[mode])
+    assert result.collection_errors == []
+    assert sorted(result.calls) == sorted(_calls(dump))
+    assert {call: outcome.text for call, outcome in result.calls.items() if outcome.outcome == "failed"} == {}
+    assert {call: outcome.warnings for call, outcome in result.calls.items() if outcome.warnings} == {}
+    judged = [call for call, outcome in result.calls.items() if outcome.outcome == "passed"]
+    assert any(call.endswith(".backward") for call in judged) and any(call.endswith(".forward") for call in judged)
+
+
+def _faulty_calls(fault, calls: list[str], judged: set[str]) -> set[str]:
+    """The calls the fault makes wrong: the API's, in the directions it affects."""
+    directions = tuple(fault.direction.split("+"))
+    if fault.direction == "forward" and fault.name.startswith("softmax_low_precision"):
+        directions = ("forward", "backward")  # its backward reads the stored (wrong) output
+    return {call for call in calls if call.startswith(fault.call_prefix) and call.endswith(directions) and call in judged}
+
+
+# Below the floor of what separates a correct kernel from these faults on these dumps'
+# 8-element softmax rows (measured, make_dumps.py): the faulty backward's errors reach 8-17
+# float16 ULPs where the correct kernel's reach 3.3, on elements the single-run rule judges
+# at the output's RMS scale (limit 8 ULP), and the offline ratios are 1.11-1.15x (limit 2x).
+# Their forward calls are errors; the backward calls listed here are not.
+BELOW_FLOOR = {"softmax_low_precision_sum", "softmax_backward_half_accumulator"}
+FAULT_RUNS = [pytest.param(name, mode, marks=pytest.mark.xfail(strict=True, reason="below the measured floor: see BELOW_FLOOR"))
+              if name in BELOW_FLOOR else (name, mode) for name in sorted(FAULTS) for mode in MODES]
+
+
+@pytest.mark.parametrize(("fault_name", "mode"), FAULT_RUNS)
+def test_planted_fault_fails_exactly_the_faulty_calls(fault_name, mode, copy_dump, run_dump, monkeypatch):
+    fault = FAULTS[fault_name]
+    dump = copy_dump(f"models/faults/{fault_name}")
+    if mode == "single-run":
+        fault.patch(monkeypatch)
+    result = run_dump(dump, "--msprobe-device=cpu", *MODES[mode])
+    failed = set(result.by_outcome("failed"))
+    judged = failed | set(result.by_outcome("passed"))
+    expected = _faulty_calls(fault, _calls(dump), judged)
+    assert expected, f"no judged call of {fault.call_prefix} in the fault's direction"
+    assert failed - {call for call in failed if call.startswith(fault.call_prefix)} == set(), "a clean API failed"
+    assert expected <= failed, f"missed: {sorted(expected - failed)}"
