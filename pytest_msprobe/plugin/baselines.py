@@ -27,10 +27,9 @@ SHOWN_REGRESSIONS = 20
 
 class BaselinePlugin:
     def __init__(self, config: pytest.Config) -> None:
-        base = Path(config.invocation_params.dir)
         self.config = config
-        self.save_to = _folder(base, options.get(config, "msprobe_baseline_save"))
-        self.judged_by = _folder(base, options.get(config, "msprobe_baseline"))
+        self.save_to = options.path(config, "msprobe_baseline_save")
+        self.judged_by = options.path(config, "msprobe_baseline")
         self.update = bool(options.get(config, "msprobe_baseline_update"))
         self.current: dict[tuple[str, str], CallMetrics] = {}
 
@@ -94,6 +93,3 @@ def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> 
     lines += [f"  vanished {name}" for name in vanished[:SHOWN_REGRESSIONS]]
     return lines
 
-
-def _folder(base: Path, value: Any) -> Path | None:
-    return base / value if value else None

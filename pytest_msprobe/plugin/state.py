@@ -64,10 +64,10 @@ def _registry(config: pytest.Config) -> Any:
     from pytest_msprobe.standards import Registry
 
     registry = Registry.default()
-    standards_file = options.get(config, "msprobe_standards")
+    standards_file = options.path(config, "msprobe_standards")
     if standards_file:
         try:
-            registry.load_file(Path(config.invocation_params.dir) / standards_file)
+            registry.load_file(standards_file)
         except (OSError, ValueError, KeyError) as exc:
             raise pytest.UsageError(f"--msprobe-standards {standards_file}: {exc}") from None
     config.hook.pytest_msprobe_register_standards(registry=registry)
@@ -85,16 +85,15 @@ def _recorded_metrics(config: pytest.Config) -> Any:
     """A baseline folder and/or an msprobe details CSV: metrics to judge against."""
     from pytest_msprobe.judge.baseline import Baseline, BaselineError, read_msprobe_details
 
-    base = Path(config.invocation_params.dir)
-    folder, imported = options.get(config, "msprobe_baseline"), options.get(config, "msprobe_reference_csv")
+    folder, imported = options.path(config, "msprobe_baseline"), options.path(config, "msprobe_reference_csv")
     if not folder and not imported:
         return None
     try:
-        recorded = read_msprobe_details(base / imported) if imported else Baseline()
-        if folder and (base / folder).exists():
-            recorded.calls.update(Baseline.read(base / folder).calls)
+        recorded = read_msprobe_details(imported) if imported else Baseline()
+        if folder and folder.exists():
+            recorded.calls.update(Baseline.read(folder).calls)
         elif folder and not options.get(config, "msprobe_baseline_update"):
-            raise BaselineError(f"{base / folder}: no baseline there; record one with --msprobe-baseline-save "
+            raise BaselineError(f"{folder}: no baseline there; record one with --msprobe-baseline-save "
                                 "or create it with --msprobe-baseline-update")
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
