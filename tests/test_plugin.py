@@ -91,6 +91,28 @@ def test_ini_options_work_like_flags(pytester: pytest.Pytester, local) -> None:
     pytester.runpytest("-q").assert_outcomes(passed=3)
 
 
+def test_ini_paths_are_relative_to_the_ini_file(pytester: pytest.Pytester, local, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pytest` in a subfolder of the project finds the dump and writes the results
+    where the ini file says, as pytest's own path options do."""
+    pytester.makeini(f"[pytest]\nmsprobe_dump = {local('npu_rope_statistics_fp16', 'step0')}\nmsprobe_device = cpu\n"
+                     "msprobe_out = results\n")
+    monkeypatch.chdir(pytester.mkdir("sub"))
+    pytester.runpytest("-q", "-p", "no:cacheprovider").assert_outcomes(passed=3)
+    assert list((pytester.path / "results").glob("msprobe_records_*.jsonl"))
+    assert not (pytester.path / "sub" / "results").exists()
+
+
+def test_a_dump_inside_the_repository_runs_from_any_folder(tmp_path: Path) -> None:
+    """Naming a dump of this repository from elsewhere makes pytest load the
+    repository's conftest.py as a nested one: that must not stop the user's run."""
+    example = Path(__file__).parents[1] / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
+    done = subprocess.run([sys.executable, "-m", "pytest", f"--msprobe-dump={example}", "--msprobe-device=cpu", "-q",
+                           "-p", "no:cacheprovider", "-k", "linear.0.forward"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1 passed" in done.stdout
+
+
 def test_unknown_device_is_a_usage_error(pytester: pytest.Pytester, local) -> None:
     result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}", "--msprobe-device=tpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
