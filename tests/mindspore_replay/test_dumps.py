@@ -11,7 +11,8 @@ from typing import Any, Callable
 import pytest
 import torch  # noqa: F401  (loaded before the inline runs, which unload what they import)
 
-from pytest_msprobe.run.mindspore.tables import INSTALL_HINT
+from pytest_msprobe.errors import DumpError
+from pytest_msprobe.run.mindspore.tables import INSTALL_HINT, require_mindspore
 
 try:
     import mindspore
@@ -100,6 +101,16 @@ def test_without_mindspore_the_dump_is_one_collection_error(
     assert result.calls == {}
     assert len(result.collection_errors) == 1
     assert f"MindSpore is not installed: {INSTALL_HINT}" in result.collection_errors[0]
+
+
+def test_a_folder_named_mindspore_is_not_mindspore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `mindspore/` folder on the path (dumps beside `python -m pytest`) imports as a
+    namespace package: that is not MindSpore installed."""
+    (tmp_path / "mindspore").mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)
+    with pytest.raises(DumpError, match="MindSpore is not installed"):
+        require_mindspore()
 
 
 @needs_mindspore
