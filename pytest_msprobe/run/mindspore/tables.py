@@ -2,7 +2,7 @@
 
 Kept apart from `replay` because collection uses it: it imports neither
 torch nor MindSpore, so a PyTorch user pays nothing and a MindSpore dump without
-MindSpore installed is one clear collection error, not one failure per call.
+MindSpore installed is one clear failure for the dump, not one per call.
 """
 
 from __future__ import annotations
