@@ -53,6 +53,15 @@ def test_node_ids_are_path_and_call_name(pytester: pytest.Pytester, local) -> No
     result.stdout.fnmatch_lines(["49 tests collected*"])
 
 
+def test_verbose_shows_the_node_id_that_deselect_takes(pytester: pytest.Pytester, local) -> None:
+    dump = f"--msprobe-dump={local('npu_rope_statistics_fp16', 'rope')}"
+    shown = pytester.runpytest(dump, "--msprobe-device=cpu", "-v", "-p", "no:cacheprovider")
+    shown.stdout.fnmatch_lines(["rope/dump.json::Torch.cat.8.forward PASSED*"])
+    assert "::Torch::cat::" not in shown.stdout.str()
+    left = pytester.runpytest(dump, "--msprobe-device=cpu", "-q", "-p", "no:cacheprovider", "--deselect", "rope/dump.json::Torch.cat.8.forward")
+    left.assert_outcomes(passed=2, deselected=1)
+
+
 def test_a_folder_of_ranks_gives_one_suite_per_dump(pytester: pytest.Pytester, local) -> None:
     for rank in ("rank0", "rank1"):
         local("npu_rope_statistics_fp16", f"step0/{rank}")

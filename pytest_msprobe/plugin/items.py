@@ -105,7 +105,15 @@ class CallItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, str(self.call)
+        return self.path, None, headline(self.nodeid, str(self.call))
+
+
+def headline(nodeid: str, call: str) -> str:
+    """What names a call's report (a failure's headline): the call, then its dump.
+
+    Never a suffix of the node id: where it is, `-v` prints the node id with that suffix's
+    dots turned into `::` (as for Python's `Class.method`), an id `--deselect` ignores."""
+    return f"{call} ({nodeid.split('::', 1)[0]})"
 
 
 class UncheckedDump(pytest.Item):
