@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -132,6 +133,20 @@ def test_missing_dump_path_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--msprobe-dump=nowhere/dump.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--msprobe-dump nowhere/dump.json: no such file or folder*"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="checks the message where torch_npu is not installed")
+def test_npu_without_torch_npu_says_it_is_not_installed(pytester: pytest.Pytester, local) -> None:
+    result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}", "--msprobe-device=npu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--msprobe-device: torch_npu is not installed. Install pytest-msprobe?npu? (torch_npu)*"])
+    assert "is installed but" not in result.stderr.str()
+
+
+def test_baseline_update_without_a_baseline_is_a_usage_error(pytester: pytest.Pytester, local) -> None:
+    result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}", "--msprobe-baseline-update")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--msprobe-baseline-update needs --msprobe-baseline=DIR*"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

@@ -31,6 +31,9 @@ class BaselinePlugin:
         self.save_to = options.path(config, "msprobe_baseline_save")
         self.judged_by = options.path(config, "msprobe_baseline")
         self.update = bool(options.get(config, "msprobe_baseline_update"))
+        if self.update and self.judged_by is None:
+            raise pytest.UsageError("--msprobe-baseline-update needs --msprobe-baseline=DIR, the baseline to update "
+                                    "(to record a new baseline of every call, use --msprobe-baseline-save=DIR)")
         self.current: dict[tuple[str, str], CallMetrics] = {}
 
     @pytest.hookimpl(tryfirst=True)  # before the report writer takes the record off the report
