@@ -129,6 +129,28 @@ def test_unknown_device_is_a_usage_error(pytester: pytest.Pytester, local) -> No
     result.stderr.fnmatch_lines(["*unknown device 'tpu': choose auto, cpu, cuda or npu*"])
 
 
+@pytest.mark.parametrize("rows, says", [
+    ("api,standard\nlinear,nosuch\n", "API 'linear' is routed to standard 'nosuch', which is not registered"),
+    ("api,dtype,threshold,value\nlinear,*,rmse_ratoi,2\n", "threshold 'rmse_ratoi' of 'linear' is read by no standard (did you mean 'rmse_ratio'?)"),
+    ("api,dtype,threshold,value\nlinear,float128,rtol,2\n", "threshold of 'linear' for dtype 'float128': not a floating dtype"),
+], ids=["unknown_standard", "unknown_threshold", "unknown_dtype"])
+def test_a_standards_file_is_checked_at_start_up(pytester: pytest.Pytester, local, rows: str, says: str) -> None:
+    pytester.makefile(".csv", standards=rows)
+    result = pytester.runpytest(f"--msprobe-dump={local(STATS)}", "--msprobe-device=cpu", "--msprobe-standards=standards.csv",
+                                "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert says in result.stderr.str()
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_standard_of_ones_own_may_read_thresholds_of_its_own(pytester: pytest.Pytester, local) -> None:
+    pytester.makeconftest("def pytest_msprobe_register_standards(registry):\n"
+                          "    registry.register_standard('mine', lambda pair, thresholds, reference=None: None)\n")
+    pytester.makefile(".csv", standards="api,standard,dtype,threshold,value\nlinear,mine,*,my_limit,2\n")
+    result = pytester.runpytest(f"--msprobe-dump={local(STATS)}", "--msprobe-standards=standards.csv", "--co", "-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stderr.str()
+
+
 def test_missing_dump_path_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--msprobe-dump=nowhere/dump.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

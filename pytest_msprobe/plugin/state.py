@@ -60,7 +60,9 @@ def _backend(config: pytest.Config) -> tuple[Any, int]:
 
 
 def _registry(config: pytest.Config) -> Any:
-    """The shipped standards tables, the user's file over them, then conftest hooks."""
+    """The shipped standards tables, the user's file over them, then conftest hooks;
+    checked before any call is judged (judge.routing)."""
+    from pytest_msprobe.judge.routing import routing_problems
     from pytest_msprobe.standards import Registry
 
     registry = Registry.default()
@@ -71,6 +73,10 @@ def _registry(config: pytest.Config) -> Any:
         except (OSError, ValueError, KeyError) as exc:
             raise pytest.UsageError(f"--msprobe-standards {standards_file}: {exc}") from None
     config.hook.pytest_msprobe_register_standards(registry=registry)
+    problems = routing_problems(registry)
+    if problems:
+        source = f"--msprobe-standards {standards_file}" if standards_file else "pytest_msprobe_register_standards"
+        raise pytest.UsageError(f"{source}: the standards cannot judge as routed:\n  " + "\n  ".join(problems))
     return registry
 
 
