@@ -47,6 +47,11 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+class Harmless:
+    """A pickled object of a class torch does not allowlist: its refusal message (in
+    torch 2.6+) carries terminal escapes and advice to load the file unsafely."""
+
+
 @dataclass
 class Case:
     name: str
@@ -127,6 +132,8 @@ CASES = [
     Case("not_a_tensor_file", dump(broken(value=call(tensor([2, 3], data_name="notes.txt")))), "failed", "is not a .pt or .npy file name"),
     Case("pickle_payload", dump(broken(value=call(tensor([2, 3], data_name="evil.pt"))),
                                 files={"evil.pt": lambda p, r: p.write_bytes(pickle.dumps(Payload(r / "PWNED")))}), "failed", "cannot load 'evil.pt'"),
+    Case("pickled_object", dump(broken(value=call(tensor([2, 3], data_name="obj.pt"))), files={"obj.pt": save_tensor(Harmless())}),
+         "failed", "cannot load 'obj.pt': it is not a plain tensor file"),
     Case("npy_object_array", dump(broken(value=call(tensor([2, 3], data_name="obj.npy"))),
                                   files={"obj.npy": lambda p, r: np.save(p, np.array([Payload(r / "PWNED")] * 6, dtype=object).reshape(2, 3), allow_pickle=True)}),
          "failed", "cannot load 'obj.npy'"),
@@ -163,6 +170,7 @@ def test_broken_dump_is_reported_not_crashed(case: Case, tmp_path: Path, run_dum
     (outcome,) = broken_calls.values()
     assert outcome.outcome == case.expect, outcome.text
     assert case.says in outcome.text
+    assert "\x1b" not in outcome.text and "weights_only` set to `False" not in outcome.text  # never advise loading unsafely
     assert result.calls[HEALTHY].outcome == "passed", result.calls[HEALTHY].text
 
 
