@@ -98,6 +98,8 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
         results = align_offline(results)
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
     verdict = verdict_for(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
+    if recorded is not None:
+        verdict = settings.baseline.labelled(verdict, index.key, str(name))
     return CallResult(name, verdict, label, inputs.origins)
 
 
