@@ -33,6 +33,14 @@ def test_silent_without_a_dump_option(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
 
 
+def test_help_states_the_defaults(pytester: pytest.Pytester) -> None:
+    text = " ".join(pytester.runpytest("--help").stdout.str().split())
+    for flag, default in (("--msprobe-device=MSPROBE_DEVICE", "auto"), ("--msprobe-out=PATH", "msprobe-out"),
+                          ("--msprobe-timeout=MSPROBE_TIMEOUT", "300"), ("--msprobe-max-elements=MSPROBE_MAX_ELEMENTS", "268435456")):
+        described = text.split(flag, 1)[1].split(" --", 1)[0]
+        assert f"(default: {default})" in described, (flag, described)
+
+
 def test_plugin_import_costs_nothing() -> None:
     code = "import sys, pytest_msprobe.plugin; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
