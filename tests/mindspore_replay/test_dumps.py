@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy
 import pytest
 import torch  # noqa: F401  (loaded before the inline runs, which unload what they import)
 
@@ -53,6 +54,23 @@ def test_planted_fault_fails_exactly_its_calls(dump: str, copy_dump: Callable[[s
     assert sorted(failed) == ["Mint.exp.0.backward", "Mint.exp.0.forward"]
     assert all("error by" in call.text for call in failed.values())
     assert len(result.by_outcome("passed")) == 10
+
+
+@needs_mindspore
+def test_offline_judges_as_online_against_mindspores_own_cpu_kernel(copy_dump: Callable[[str], Path], run_dump: Callable[..., Any]) -> None:
+    """The dumped outputs are MindSpore's: offline, the reference is MindSpore's CPU
+    kernel, not the torch twin (whose exp and softmax round differently: 4 calls erred
+    offline that pass online, with the same device metrics); a perturbed output still
+    fails exactly its call."""
+    dump = copy_dump(SHIPPED[0])
+    online = run_dump(dump, "--msprobe-device=cpu")
+    offline = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
+    judged = {name: call.outcome for name, call in offline.calls.items() if call.outcome != "skipped"}
+    assert len(judged) == 11 and judged == {name: online.calls[name].outcome for name in judged}
+    assert {call.properties["msprobe_reference"] for call in offline.calls.values() if call.outcome == "passed"} >= {"reference"}
+    output = dump.parent / "dump_tensor_data" / "Mint.exp.0.forward.output.0.npy"
+    numpy.save(output, numpy.load(output) * numpy.float32(1 + 2**-10))
+    assert sorted(run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline").by_outcome("failed")) == ["Mint.exp.0.forward"]
 
 
 @needs_mindspore
