@@ -221,6 +221,19 @@ def test_junit_carries_status_standard_and_metrics(pytester: pytest.Pytester, lo
     assert props["Torch.topk.0.forward"]["msprobe_standard"] == "binary_consistency"
 
 
+def test_offline_verdicts_and_metrics_do_not_depend_on_workers(pytester: pytest.Pytester, local) -> None:
+    """Offline the bench and the reference run on the CPU, whose kernels round by their
+    thread count: every process must use the same count (it was all cores without
+    xdist, a share of them in each xdist worker)."""
+    dump = f"--msprobe-dump={local('torch_mlpcnn_tensor_fp32')}"
+    runs = {}
+    for label, extra in {"lone": ["-p", "no:xdist"], "n2": ["-n", "2"]}.items():
+        pytester.runpytest(dump, "--msprobe-offline", "-q", "-p", "no:cacheprovider", f"--junitxml={label}.xml", *extra)
+        runs[label] = junit_properties(pytester.path / f"{label}.xml")
+    assert len(runs["lone"]) == 49
+    assert runs["lone"] == runs["n2"]
+
+
 def test_statistics_verdicts_do_not_depend_on_order_or_workers(pytester: pytest.Pytester, local) -> None:
     dump = f"--msprobe-dump={local(STATS)}"
     runs = {}
