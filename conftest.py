@@ -1,5 +1,13 @@
-"""The repository's own test setup: pytester, the shipped dumps, and a runner that
-replays a dump through the plugin as a user would and returns each call's outcome."""
+"""The repository's own test setup: the shipped dumps, and a runner that replays a dump
+through the plugin as a user would and returns each call's outcome.
+
+pytest also loads this file when a user, from any folder, names a dump inside the
+repository (`--msprobe-dump=<repo>/examples/.../dump.json`): it is then the conftest of
+a folder being collected, not the rootdir's. So it defines fixtures only; pytester,
+which the fixtures need, is enabled by pyproject.toml's `-p pytester` for the
+repository's own runs (`pytest_plugins` here would stop the user's run: pytest refuses
+it in a conftest that is not the rootdir's).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-
-pytest_plugins = ["pytester"]
 
 DUMPS = Path(__file__).parent / "tests" / "dumps"
 

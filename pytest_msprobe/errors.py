@@ -2,7 +2,8 @@
 
 
 class DumpError(Exception):
-    """A dump.json that cannot be read: one collection error for that file."""
+    """A dump.json that cannot be checked: one failing test for that file, the rest of
+    the run goes on."""
 
 
 class CallSkip(Exception):

@@ -1,12 +1,14 @@
-"""A corpus of broken dumps: each gives one clear collection error or a per-call skip
-or error naming the problem; nothing crashes, no code runs, no file outside the dump
-is read, and the healthy calls of the same dump still run."""
+"""A corpus of broken dumps: each gives one clear failure for the dump or a per-call
+skip or error naming the problem; nothing crashes, no code runs, no file outside the
+dump is read, the healthy calls of the same dump still run, and a dump that cannot be
+read at all fails alone while the other dumps of the run are checked."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,11 +47,16 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+class Harmless:
+    """A pickled object of a class torch does not allowlist: its refusal message (in
+    torch 2.6+) carries terminal escapes and advice to load the file unsafely."""
+
+
 @dataclass
 class Case:
     name: str
     build: Callable[[Path], Path]  # writes the dump under the folder, returns dump.json
-    expect: str  # "collection", "failed" or "skipped": for the broken call
+    expect: str  # "dump" (the whole dump fails as one test), "failed" or "skipped": for the broken call
     says: str  # a piece of the message that names the problem
 
 
@@ -97,17 +104,17 @@ def secret_outside(path: Path, root: Path) -> None:
 
 
 CASES = [
-    Case("truncated_json", lambda r: raw(json.dumps({"task": "tensor", "data": healthy()})[:-20])(r), "collection", "ends early"),
-    Case("invalid_json", raw("{\"task\": \"tensor\", \"data\": {oops}}"), "collection", "not a valid dump.json"),
-    Case("empty_file", raw(""), "collection", "expected an object"),
-    Case("top_level_array", raw("[1, 2]"), "collection", "expected an object"),
-    Case("no_data", raw(json.dumps({"task": "tensor"})), "collection", "no \"data\" object"),
-    Case("data_not_object", raw(json.dumps({"task": "tensor", "data": [1]})), "collection", "\"data\" is not an object"),
-    Case("task_missing", raw(json.dumps({"data": healthy()})), "collection", "\"task\""),
-    Case("task_unknown", raw(json.dumps({"task": "everything", "data": healthy()})), "collection", "expected \"tensor\" or \"statistics\""),
-    Case("framework_unknown", raw(json.dumps({"task": "statistics", "framework": "jax", "data": healthy()})), "collection", "\"framework\""),
-    Case("not_utf8", raw(b"{\"task\": \"\xff\xfe\"}"), "collection", "not UTF-8"),
-    Case("empty_dump", raw(json.dumps({"task": "statistics", "data": {"Module.fc.Linear.forward.0": {}}})), "collection", "holds no API calls"),
+    Case("truncated_json", lambda r: raw(json.dumps({"task": "tensor", "data": healthy()})[:-20])(r), "dump", "ends early"),
+    Case("invalid_json", raw("{\"task\": \"tensor\", \"data\": {oops}}"), "dump", "not a valid dump.json"),
+    Case("empty_file", raw(""), "dump", "expected an object"),
+    Case("top_level_array", raw("[1, 2]"), "dump", "expected an object"),
+    Case("no_data", raw(json.dumps({"task": "tensor"})), "dump", "no \"data\" object"),
+    Case("data_not_object", raw(json.dumps({"task": "tensor", "data": [1]})), "dump", "\"data\" is not an object"),
+    Case("task_missing", raw(json.dumps({"data": healthy()})), "dump", "\"task\""),
+    Case("task_unknown", raw(json.dumps({"task": "everything", "data": healthy()})), "dump", "expected \"tensor\" or \"statistics\""),
+    Case("framework_unknown", raw(json.dumps({"task": "statistics", "framework": "jax", "data": healthy()})), "dump", "\"framework\""),
+    Case("not_utf8", raw(b"{\"task\": \"\xff\xfe\"}"), "dump", "not UTF-8"),
+    Case("empty_dump", raw(json.dumps({"task": "statistics", "data": {"Module.fc.Linear.forward.0": {}}})), "dump", "holds no API calls"),
     Case("record_not_object", dump(broken(value=[1, 2])), "failed", "not an object"),
     Case("args_not_list", dump(broken(value={"input_args": {"a": 1}, "input_kwargs": {}})), "failed", "input_args must be a list"),
     Case("shape_not_list", dump(broken(value=call(tensor("2x3", data_name="good.pt")))), "failed", "is not a list of non-negative integers"),
@@ -125,6 +132,8 @@ CASES = [
     Case("not_a_tensor_file", dump(broken(value=call(tensor([2, 3], data_name="notes.txt")))), "failed", "is not a .pt or .npy file name"),
     Case("pickle_payload", dump(broken(value=call(tensor([2, 3], data_name="evil.pt"))),
                                 files={"evil.pt": lambda p, r: p.write_bytes(pickle.dumps(Payload(r / "PWNED")))}), "failed", "cannot load 'evil.pt'"),
+    Case("pickled_object", dump(broken(value=call(tensor([2, 3], data_name="obj.pt"))), files={"obj.pt": save_tensor(Harmless())}),
+         "failed", "cannot load 'obj.pt': it is not a plain tensor file"),
     Case("npy_object_array", dump(broken(value=call(tensor([2, 3], data_name="obj.npy"))),
                                   files={"obj.npy": lambda p, r: np.save(p, np.array([Payload(r / "PWNED")] * 6, dtype=object).reshape(2, 3), allow_pickle=True)}),
          "failed", "cannot load 'obj.npy'"),
@@ -148,17 +157,43 @@ def test_broken_dump_is_reported_not_crashed(case: Case, tmp_path: Path, run_dum
     dump_json = case.build(tmp_path / "dump")
     result = run_dump(dump_json)
     assert not (tmp_path / "dump" / "PWNED").exists(), "a pickle payload was executed"
-    if case.expect == "collection":
-        assert len(result.collection_errors) == 1, result.collection_errors
-        assert case.says in result.collection_errors[0]
-        assert str(dump_json.name) in result.collection_errors[0]
-        return
     assert result.collection_errors == []
+    if case.expect == "dump":
+        assert list(result.calls) == ["collection"], result.calls
+        assert result.calls["collection"].outcome == "failed"
+        assert case.says in result.calls["collection"].text
+        assert str(dump_json.parent) in result.calls["collection"].text
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        return
     broken_calls = {name: outcome for name, outcome in result.calls.items() if name != HEALTHY}
     assert len(broken_calls) == 1, result.calls
     (outcome,) = broken_calls.values()
     assert outcome.outcome == case.expect, outcome.text
     assert case.says in outcome.text
+    assert "\x1b" not in outcome.text and "weights_only` set to `False" not in outcome.text  # never advise loading unsafely
     assert result.calls[HEALTHY].outcome == "passed", result.calls[HEALTHY].text
 
 
+
+
+def test_a_dump_that_cannot_be_checked_fails_alone_and_the_others_run(tmp_path: Path, copy_dump, pytester: pytest.Pytester,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A truncated dump and a MindSpore dump without MindSpore, beside a good dump, with
+    no --continue-on-collection-errors: each bad dump is one failed test, the good dump's
+    calls all run, and the exit status says something failed."""
+    truncated = raw(json.dumps({"task": "tensor", "data": healthy()})[:-20])(tmp_path / "truncated")
+    monkeypatch.setitem(sys.modules, "mindspore", None)  # what find_spec sees when it is absent
+    result = pytester.inline_run(f"--msprobe-dump={truncated}", f"--msprobe-dump={copy_dump('mindspore_small_statistics_fp32')}",
+                                 f"--msprobe-dump={copy_dump('npu_rope_statistics_fp16')}", "--msprobe-device=cpu",
+                                 "-p", "no:cacheprovider")
+    assert result.getfailedcollections() == []
+    outcomes = {report.nodeid.split("/")[-2] + "::" + report.nodeid.rsplit("::", 1)[-1]: report
+                for report in result.getreports("pytest_runtest_logreport") if report.when == "call"}
+    failed = {name: report.longreprtext for name, report in outcomes.items() if report.failed}
+    assert set(failed) == {"truncated::collection", "mindspore_small_statistics_fp32::collection"}
+    assert "ends early" in failed["truncated::collection"]
+    assert "MindSpore is not installed" in failed["mindspore_small_statistics_fp32::collection"]
+    assert sorted(name for name, report in outcomes.items() if report.passed) == [
+        "npu_rope_statistics_fp16::Tensor.__mul__.7.forward", "npu_rope_statistics_fp16::Torch.cat.8.forward",
+        "npu_rope_statistics_fp16::Torch.chunk.4.forward"]
+    assert result.ret == pytest.ExitCode.TESTS_FAILED

@@ -4,6 +4,7 @@ and the rerun fails exactly that API's calls, named as regressions with the rati
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,5 +96,40 @@ def test_msprobe_details_csv_becomes_the_reference(copy_dump, run_dump, tmp_path
     linear = imported.get("", "Functional.linear.0.forward")
     assert linear is not None and "max_ulp_err" in linear.outputs[""]
     result = run_dump(dump, f"--msprobe-reference-csv={details}", "-k", "linear.0.forward or softmax.0.forward")
-    assert {o.properties["msprobe_reference"] for o in result.calls.values()} == {"baseline"}
+    assert {o.properties["msprobe_reference"] for o in result.calls.values()} == {"reference CSV"}
     assert result.by_outcome("failed") == {}
+
+
+def test_the_baseline_finds_its_dump_from_another_folder_and_place(clean_baseline, run_dump, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Saved in one folder, used from another with the dump copied elsewhere: the calls
+    are found by the dump's identity, not by their path from the rootdir."""
+    dump, folder = clean_baseline
+    moved = tmp_path / "elsewhere" / "step0"
+    shutil.copytree(dump.parent, moved)
+    monkeypatch.chdir(moved.parent)
+    capsys.readouterr()
+    result = run_dump(moved / "dump.json", f"--msprobe-baseline={folder}")
+    summary = capsys.readouterr().out
+    assert "0 regression, 0 improvement, 49 unchanged, 0 new, 0 vanished" in summary
+    assert "WARNING" not in summary and result.ret == 0
+
+
+def test_a_baseline_of_other_dumps_is_said_loudly(copy_dump, run_dump, tmp_path: Path, capsys) -> None:
+    other = tmp_path / "other-baseline"
+    run_dump(copy_dump("npu_rope_statistics_fp16"), f"--msprobe-baseline-save={other}")
+    capsys.readouterr()
+    run_dump(copy_dump(STATS), f"--msprobe-baseline={other}")
+    summary = capsys.readouterr().out
+    assert "WARNING: the baseline has a record of none of the 49 calls that ran" in summary
+    assert f"--msprobe-baseline {other} has no record of the dump" in summary  # the warnings summary
+
+
+def test_a_changed_dump_is_compared_by_its_path_and_said_to_have_changed(clean_baseline, run_dump, capsys) -> None:
+    dump, folder = clean_baseline
+    dump.write_text(dump.read_text() + "\n")
+    capsys.readouterr()
+    run_dump(dump, f"--msprobe-baseline={folder}")
+    summary = capsys.readouterr().out
+    assert "49 unchanged, 0 new" in summary
+    assert "is not the one the baseline was recorded with" in summary

@@ -26,6 +26,7 @@ PACKAGE_DIRS = {
 STAGES = ("base", "dump", "run", "judge", "results", "scripts", "plugin")
 LIBRARIES = ("standards", "bench_functions")
 PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "xdist")
+OPTIONAL_PACKAGES = {"mindspore", "torch_npu"}  # the extras: maybe not installed here
 
 
 def modules(package_dirs: dict[str, Path]) -> dict[str, Path]:
@@ -56,6 +57,17 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             for alias in node.names:
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
     return found
+
+
+def test_no_test_folder_shadows_a_package() -> None:
+    """pytest puts tests/ on sys.path (rootdir-less test modules there), where a folder
+    without __init__.py imports as a namespace package: tests/mindspore made
+    `pytest.importorskip("mindspore")` succeed without MindSpore under xdist."""
+    import importlib.metadata
+
+    packages = set(importlib.metadata.packages_distributions()) | OPTIONAL_PACKAGES
+    folders = {path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and not (path / "__init__.py").exists()}
+    assert folders & packages == set()
 
 
 def stage_of(module: str) -> str:

@@ -57,9 +57,9 @@ def test_perturbed_outputs_fail_exactly_their_calls(kind: str, copy_dump, run_du
 
 def test_statistics_dump_cannot_be_checked_offline(copy_dump, run_dump) -> None:
     result = run_dump(copy_dump("torch_mlpcnn_statistics_bf16"), "--msprobe-offline")
-    assert len(result.collection_errors) == 1
-    assert "is a statistics dump" in result.collection_errors[0]
-    assert "run without --msprobe-offline" in result.collection_errors[0]
+    assert list(result.calls) == ["collection"] and result.calls["collection"].outcome == "failed"
+    assert "is a statistics dump" in result.calls["collection"].text
+    assert "run without --msprobe-offline" in result.calls["collection"].text
 
 
 def test_offline_judges_against_the_cpu_reference(copy_dump, run_dump) -> None:

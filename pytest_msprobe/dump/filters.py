@@ -92,9 +92,12 @@ def signature(record: Any) -> str:
 
 
 def dedup(calls: Iterable[tuple[Hashable, CallName]], read_signature: Callable[[Hashable, CallName], str]) -> dict[tuple[Hashable, str], int]:
-    """Keep the first call of each (dump, API, signature): kept test (dump, test name) ->
-    how many calls it stands for, itself included. A call's backward goes with its
-    forward (the signature is the forward's): both are kept or both dropped."""
+    """Keep the first test of each (dump, API, direction, signature): kept test (dump,
+    test name) -> how many tests it stands for, itself included, so that the counts
+    add up to the tests given. A backward test's signature is its call's forward's (the
+    arguments it differentiates), so a call's two directions are kept or dropped
+    together, except where the call kept for a forward has no backward: then the first
+    backward of that signature is kept on its own (every dumped direction is checked)."""
     by_call: dict[tuple[Hashable, str], list[CallName]] = {}
     for dump, name in calls:
         by_call.setdefault((dump, name.call), []).append(name)
@@ -102,7 +105,7 @@ def dedup(calls: Iterable[tuple[Hashable, CallName]], read_signature: Callable[[
     counts: Counter[tuple[Hashable, str]] = Counter()
     for (dump, call), names in by_call.items():
         first = min(names, key=lambda name: name.direction != "forward")
-        group = (dump, first.api_type, first.api_name, first.direction, read_signature(dump, first))
-        counts[keepers.setdefault(group, (dump, call))] += 1
-    return {(dump, str(name)): counts[(dump, call)] for (dump, call), names in by_call.items()
-            if (dump, call) in counts for name in names}
+        signature = read_signature(dump, first)
+        for name in names:
+            counts[keepers.setdefault((dump, name.api_type, name.api_name, name.direction, signature), (dump, str(name)))] += 1
+    return dict(counts)

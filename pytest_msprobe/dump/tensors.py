@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ def load_tensor(tensor_dir: Path, spec: TensorSpec, where: str) -> torch.Tensor:
     except CallError:
         raise
     except Exception as exc:  # a corrupt or hostile file: name it, never crash the run
-        raise CallError(f"{where}: cannot load {spec.data_name!r}: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise CallError(f"{where}: cannot load {spec.data_name!r}: {load_failure(exc)}") from exc
     if tuple(loaded.shape) != spec.shape:
         raise CallError(f"{where}: {spec.data_name!r} holds shape {list(loaded.shape)}, the dump says {list(spec.shape)}")
     if loaded.dtype != spec.dtype:
@@ -125,9 +126,26 @@ def _load_npy(path: Path, spec: TensorSpec) -> torch.Tensor:
 _LOADERS = {".pt": _load_pt, ".npy": _load_npy}
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""
+# Lines of torch.load's message when weights_only=True refuses a file that advise loading
+# it unsafely (weights_only=False, allowlisting its globals) or filing an issue: a file of
+# an untrusted dump is never loaded that way, so the advice is never relayed.
+TORCH_ADVICE = ("weights_only", "trust the source", "trusted source", "file an issue", "documentation of torch.load")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+REFUSED = "it is not a plain tensor file (corrupt, or a pickle of something else) and is never loaded unsafely"
+
+
+def load_failure(exc: BaseException) -> str:
+    """Why a tensor file did not load, in one line without terminal escapes: torch's
+    own reason where weights_only=True refused the file, without its advice."""
+    lines = [line.strip() for line in ANSI_ESCAPE.sub("", str(exc)).splitlines()]
+    if not any("Weights only load failed" in line for line in lines):
+        first = next((line for line in lines if line), "")
+        return f"{type(exc).__name__}: {first[:300]}"
+    kept = [line.removeprefix("WeightsUnpickler error:").strip() for line in lines
+            if line and not any(advice in line for advice in TORCH_ADVICE)]
+    reason = next((line for line in kept if line), "the unpickler refused it")
+    reason = reason.split(". Please use", 1)[0].removesuffix(".")  # the allowlisting advice
+    return f"{REFUSED} ({reason[:300]})"
 
 
 # --- generation from statistics -------------------------------------------------

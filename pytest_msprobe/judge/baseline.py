@@ -7,6 +7,13 @@ two baselines reads call by call. A run with `--msprobe-baseline` hands each cal
 recorded metrics to the standards as its reference (benchmark and ULP judge ratios to
 them), then compares statuses and metrics to name regressions and improvements.
 
+A baseline names each dump by its path from the rootdir of the run that recorded it,
+and records each dump's identity (size, SHA-256) in its environment. A later run finds
+its dumps in the baseline by identity, wherever it runs from and wherever the dump now
+lies; a dump whose content changed is found by its path (and said to have changed); a
+dump the baseline has no record of is said so, loudly, rather than judged "new" call by
+call in silence.
+
 msprobe's own `accuracy_checking_details_*.csv` (from run_ut on another device) is
 read into the same shape, so existing results become a one-run reference.
 """
@@ -14,6 +21,8 @@ read into the same shape, so existing results become a one-run reference.
 from __future__ import annotations
 
 import csv
+import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +39,8 @@ from pytest_msprobe.judge.record import ResultRecord
 FORMAT = "pytest-msprobe-baseline"
 VERSION = 1
 FILE_NAME = "msprobe-baseline.jsonl"
+BASELINE_LABEL = "baseline"  # the standards' name of a reference of recorded metrics
+IMPORTED_LABEL = "reference CSV"  # what a verdict against an msprobe details CSV is called instead
 STATUS_RANK = {"skip": -1, "pass": 0, "warning": 1, "error": 2}
 IMPROVED_BELOW = 0.5  # every judged metric at most half the baseline's: an improvement
 
@@ -67,21 +78,78 @@ def _short(value: float) -> float:
     return float(f"{value:.6g}")
 
 
+@dataclass(frozen=True)
+class DumpMatch:
+    """Which recorded dump one dump of a run is."""
+
+    key: str  # the dump's key in this run (its path from this run's rootdir)
+    recorded_as: str | None  # its key in the baseline; None: the baseline has no record of it
+    changed: bool = False  # found by its path, but its content is not the recorded dump's
+
+    def note(self, source: str) -> str | None:
+        """What the user must be told about this match, None when nothing."""
+        if self.recorded_as is None:
+            return (f"{source} has no record of the dump {self.key}: its calls are all judged as new. "
+                    "Was the baseline recorded with another dump? Record one of this dump with --msprobe-baseline-save")
+        if self.changed:
+            return (f"{source}: the dump {self.key} is not the one the baseline was recorded with (its SHA-256 differs): "
+                    "its calls are compared with the records of the dump that lay there")
+        return None
+
+
 @dataclass
 class Baseline:
     """Recorded metrics by (dump key, call name); `dump` is None for calls imported
-    from an msprobe CSV, which names no dump."""
+    from an msprobe CSV, which names no dump. `aliases` maps the keys of this run's
+    dumps to the keys the baseline knows them by (see match_dumps)."""
 
     environment: dict[str, Any] = field(default_factory=dict)
     calls: dict[tuple[str | None, str], CallMetrics] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def recorded_key(self, dump: str) -> str:
+        """The baseline's key of a dump of this run."""
+        return self.aliases.get(dump, dump)
 
     def get(self, dump: str, call: str) -> CallMetrics | None:
-        return self.calls.get((dump, call)) or self.calls.get((None, call))
+        return self.calls.get((self.recorded_key(dump), call)) or self.calls.get((None, call))
 
     def reference_for(self, dump: str, call: str) -> dict[str, dict[str, float]] | None:
         """The standards' `reference=` for this call, or None for a call it lacks."""
         found = self.get(dump, call)
         return found.outputs if found is not None and found.outputs else None
+
+    def labelled(self, verdict: Any, dump: str, call: str) -> Any:
+        """The call's verdict with its reference named for what it is: the standards
+        call any recorded metrics "baseline", also an msprobe details CSV's row."""
+        if (self.recorded_key(dump), call) in self.calls:
+            return verdict
+        return _relabelled(verdict, IMPORTED_LABEL)
+
+    def match_dumps(self, dumps: Iterable[tuple[str, Path]]) -> list[DumpMatch]:
+        """Find each (key, path) dump of this run among the recorded dumps and remember
+        the key it is recorded under: the recorded dump of the same content, the same
+        key preferred (copies of one dump); else the same key (a dump made again);
+        else none. A baseline that names no dumps (an older one) matches by key."""
+        recorded: dict[str, Any] = self.environment.get("dumps") or {}
+        by_digest: dict[str, list[str]] = {}
+        for key, identity in recorded.items():
+            by_digest.setdefault(str(identity.get("sha256")), []).append(key)
+        matches = []
+        for key, path in dumps:
+            same_content = by_digest.get(dump_identity(path)["sha256"], []) if recorded else []
+            if key in same_content or (not recorded and any(dump == key for dump, _ in self.calls)):
+                match = DumpMatch(key, key)
+            elif same_content:
+                match = DumpMatch(key, max(same_content, key=lambda other: _common_tail(other, key)))
+            elif key in recorded:
+                match = DumpMatch(key, key, changed=True)
+            else:
+                match = DumpMatch(key, None)
+            if match.recorded_as is not None:
+                self.aliases[key] = match.recorded_as
+            matches.append(match)
+        return matches
 
     def update(self, records: Iterable[tuple[str, ResultRecord]]) -> None:
         for dump, record in records:
@@ -121,6 +189,25 @@ class Baseline:
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise BaselineError(f"{path}:{number}: not a baseline line ({exc})") from None
         return baseline
+
+
+def _common_tail(first: str, second: str) -> int:
+    """How many trailing path parts two keys share (rank1/dump.json ~ step0/rank1/dump.json)."""
+    count = 0
+    for a, b in zip(reversed(Path(first).parts), reversed(Path(second).parts)):
+        if a != b:
+            break
+        count += 1
+    return count
+
+
+def _relabelled(verdict: Any, label: str) -> Any:
+    """The verdict, and each of its outputs, with a "baseline" reference called `label`
+    ("baseline, forward results saved in ..." keeps its tail)."""
+    reference = verdict.reference
+    if reference == BASELINE_LABEL or reference.startswith(BASELINE_LABEL + ","):
+        reference = label + reference[len(BASELINE_LABEL):]
+    return dataclasses.replace(verdict, reference=reference, outputs=tuple(_relabelled(output, label) for output in verdict.outputs))
 
 
 def _order(item: tuple[tuple[str | None, str], CallMetrics]) -> tuple[str, str]:
@@ -191,7 +278,7 @@ def environment(dumps: Iterable[tuple[str, Path]], device: str) -> dict[str, Any
         "versions": {name: version for name, version in versions.items() if version},
         "cann": _cann_version(),
         "device": device,
-        "dumps": {key: _identity(path) for key, path in dumps},
+        "dumps": {key: dump_identity(path) for key, path in dumps},
     }
 
 
@@ -213,12 +300,20 @@ def _cann_version() -> str | None:
     return home
 
 
-def _identity(path: Path) -> dict[str, Any]:
+def dump_identity(path: Path) -> dict[str, Any]:
+    """What identifies a dump wherever it lies: its size and SHA-256 (read once per
+    process while the file is unchanged)."""
+    stat = path.stat()
+    return dict(_identity(path, stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _identity(path: Path, size: int, mtime_ns: int) -> dict[str, Any]:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+    return {"size": size, "sha256": digest.hexdigest()}
 
 
 # --- msprobe's details CSV as a reference ---------------------------------------------

@@ -71,6 +71,12 @@ class PytorchReplay:
         reference = Run(api, api.bench_fn, Placement(cpu)) if backend.name != "cpu" else None
         return device, bench, reference
 
+    def reference_in_dump_dtype(self, api: Api, settings: Settings) -> Run:
+        """Offline, the reference: torch's CPU kernel in the dump's dtypes."""
+        import torch
+
+        return Run(api, api.bench_fn, Placement(torch.device("cpu")))
+
 
 def _mindspore_replay() -> Any:
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
@@ -90,7 +96,7 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     device, bench, reference = framework.runs(api, inputs, settings)
     label = settings.backend.describe(settings.device_index)
     if settings.offline:
-        device, reference, label = offline_runs(index, name, api, settings)
+        device, reference, label = offline_runs(index, name, api, settings, framework)
     try:
         results = replay(name.direction, api, inputs, device, bench, reference, framework=index.framework)
     finally:
@@ -99,6 +105,8 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
         results = align_offline(results)
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
     verdict = verdict_for(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
+    if recorded is not None:
+        verdict = settings.baseline.labelled(verdict, index.key, str(name))
     return CallResult(name, verdict, label, inputs.origins)
 
 
@@ -154,14 +162,17 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
     return _relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")
 
 
-def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings) -> tuple[Any, Run, str]:
-    """The dump's own outputs as the device, the CPU in the device dtype as reference."""
+def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Any) -> tuple[Any, Any, str]:
+    """The dump's own outputs as the device; as the reference, the dump's framework on
+    the CPU in the dump's dtypes (a MindSpore kernel is held to MindSpore's CPU kernel,
+    not to torch's, as online). Which inputs a dumped gradient belongs to is read from
+    torch's autograd graph of the call (offline.node_edges)."""
     import torch
 
     from pytest_msprobe.judge.offline import DEVICE_LABEL, DumpedRun
 
-    in_dump_dtype = Run(api, api.bench_fn, Placement(torch.device("cpu")))
-    return DumpedRun(index, name, settings.max_elements, in_dump_dtype), in_dump_dtype, DEVICE_LABEL
+    graph_run = Run(api, api.bench_fn, Placement(torch.device("cpu")))
+    return DumpedRun(index, name, settings.max_elements, graph_run), framework.reference_in_dump_dtype(api, settings), DEVICE_LABEL
 
 
 def align_offline(results: Results) -> Results:

@@ -1,8 +1,9 @@
 """The hooks of baselines: thin, over pytest_msprobe.judge.baseline.
 
 Every call's check already receives its recorded metrics as the reference (see
-state.py); here the controller (or the lone process) keeps each call's metrics as
-results arrive, writes the baseline at the end, and reports what changed.
+state.py, which also matches the baseline's dumps with this run's); here the controller
+(or the lone process) keeps each call's metrics as results arrive, writes the baseline
+at the end, and reports what changed, loudly when the baseline matched no call at all.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.dump.index import read_index
 from pytest_msprobe.errors import DumpError
-from pytest_msprobe.judge.baseline import Baseline, CallMetrics, Change, compare, environment
+from pytest_msprobe.judge.baseline import FILE_NAME, Baseline, CallMetrics, Change, compare, environment
 from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
@@ -27,11 +28,13 @@ SHOWN_REGRESSIONS = 20
 
 class BaselinePlugin:
     def __init__(self, config: pytest.Config) -> None:
-        base = Path(config.invocation_params.dir)
         self.config = config
-        self.save_to = _folder(base, options.get(config, "msprobe_baseline_save"))
-        self.judged_by = _folder(base, options.get(config, "msprobe_baseline"))
+        self.save_to = options.path(config, "msprobe_baseline_save")
+        self.judged_by = options.path(config, "msprobe_baseline")
         self.update = bool(options.get(config, "msprobe_baseline_update"))
+        if self.update and self.judged_by is None:
+            raise pytest.UsageError("--msprobe-baseline-update needs --msprobe-baseline=DIR, the baseline to update "
+                                    "(to record a new baseline of every call, use --msprobe-baseline-save=DIR)")
         self.current: dict[tuple[str, str], CallMetrics] = {}
 
     @pytest.hookimpl(tryfirst=True)  # before the report writer takes the record off the report
@@ -46,13 +49,17 @@ class BaselinePlugin:
     def pytest_sessionfinish(self) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        env = environment(self._dumps(), session_state(self.config).settings().backend.describe(0))
+        settings = session_state(self.config).settings()
+        device = settings.backend.describe(0)
         if self.save_to is not None:
-            Baseline(env, dict(self.current)).write(self.save_to)
+            Baseline(environment(self._dumps(), device), dict(self.current)).write(self.save_to)
         if self.judged_by is not None and self.update:
-            recorded = Baseline.read(self.judged_by) if (self.judged_by / "msprobe-baseline.jsonl").exists() else Baseline()
-            recorded.environment = env
-            recorded.calls.update(self.current)
+            # The records keep the keys the baseline knows this run's dumps by.
+            key = settings.baseline.recorded_key if settings.baseline is not None else str
+            recorded = Baseline.read(self.judged_by) if (self.judged_by / FILE_NAME).exists() else Baseline()
+            env = environment([(key(dump), path) for dump, path in self._dumps()], device)
+            recorded.environment = {**env, "dumps": {**recorded.environment.get("dumps", {}), **env["dumps"]}}
+            recorded.calls.update({(key(dump), call): metrics for (dump, call), metrics in self.current.items()})
             recorded.write(self.judged_by)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -63,7 +70,7 @@ class BaselinePlugin:
         vanished = self._vanished(recorded)
         terminalreporter.section("msprobe baseline")
         for line in summary_lines(changes, vanished, self.update):
-            terminalreporter.write_line(line)
+            terminalreporter.write_line(line, yellow=line.startswith("WARNING"), bold=line.startswith("WARNING"))
 
     def _dumps(self) -> list[tuple[str, Path]]:
         rootpath = self.config.rootpath
@@ -77,14 +84,19 @@ class BaselinePlugin:
                 present = set(read_index(path).names)
             except DumpError:
                 continue
-            gone += [f"{key}::{call}" for (dump, call) in recorded.calls if dump == key and call not in present]
+            gone += [f"{key}::{call}" for (dump, call) in recorded.calls
+                     if dump == recorded.recorded_key(key) and call not in present]
         return sorted(gone)
 
 
 def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> list[str]:
     counts = Counter(change.kind for change in changes)
-    lines = [", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new")) +
-             f", {len(vanished)} vanished" + (" (baseline updated with this run)" if updated else "")]
+    lines = []
+    if changes and counts["new"] == len(changes) and not updated:
+        lines.append(f"WARNING: the baseline has a record of none of the {len(changes)} calls that ran: nothing was "
+                     "compared (see the warnings: it was recorded with other dumps?)")
+    lines += [", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new")) +
+              f", {len(vanished)} vanished" + (" (baseline updated with this run)" if updated else "")]
     regressions = sorted((c for c in changes if c.kind == "regression"), key=lambda c: -(c.ratio or 0.0))
     for change in regressions[:SHOWN_REGRESSIONS]:
         growth = f", {change.metric} {change.ratio:.3g}x the baseline" if change.ratio is not None else ""
@@ -94,6 +106,3 @@ def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> 
     lines += [f"  vanished {name}" for name in vanished[:SHOWN_REGRESSIONS]]
     return lines
 
-
-def _folder(base: Path, value: Any) -> Path | None:
-    return base / value if value else None

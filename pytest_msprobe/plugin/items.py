@@ -1,4 +1,9 @@
-"""The pytest nodes: a dump.json is a File, each dumped call an Item."""
+"""The pytest nodes: a dump.json is a File, each dumped call an Item, and a dump that
+cannot be checked one failing Item of its own.
+
+A dump that cannot be checked (unreadable, MindSpore's without MindSpore, a statistics
+dump under --msprobe-offline) is not a collection error: pytest stops a run at the first
+collection error, and one broken rank must not keep every other dump from running."""
 
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from pytest_msprobe.run.mindspore.tables import require_mindspore
 
 
 RESULT_KEY = pytest.StashKey[ResultRecord]()
+#: the name of the one test a dump that cannot be checked gets: `<dump.json>::collection`
+UNCHECKED_NAME = "collection"
 
 
 @functools.cache
@@ -30,19 +37,26 @@ def _mark(name: str) -> pytest.MarkDecorator:
     return getattr(pytest.mark, name)
 
 
+def open_dump(config: pytest.Config, path: Path) -> DumpIndex:
+    """The dump's index, or DumpError saying why this run cannot check the dump."""
+    index = load_index(path, options.cache_folder(config))
+    if index.framework == "mindspore":
+        require_mindspore()
+    if session_state(config).settings().offline:
+        require_tensor_task(index)
+    return index
+
+
 class DumpFile(pytest.File):
     """One dump.json: read once into an index of call names, records left on disk."""
 
-    def collect(self) -> Iterator["CallItem"]:
+    def collect(self) -> Iterator[pytest.Item]:
+        state = session_state(self.config)
         try:
-            index = load_index(self.path, options.cache_folder(self.config))
-            if index.framework == "mindspore":
-                require_mindspore()
-            state = session_state(self.config)
-            if state.settings().offline:
-                require_tensor_task(index)
+            index = open_dump(self.config, self.path)
         except DumpError as exc:
-            raise self.CollectError(str(exc)) from None
+            yield UncheckedDump.from_parent(self, name=UNCHECKED_NAME, problem=str(exc))
+            return
         index.key = self.nodeid
         state.indexes[self.path] = index
         state.module_entries += index.modules
@@ -91,7 +105,33 @@ class CallItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, str(self.call)
+        return self.path, None, headline(self.nodeid, str(self.call))
+
+
+def headline(nodeid: str, call: str) -> str:
+    """What names a call's report (a failure's headline): the call, then its dump.
+
+    Never a suffix of the node id: where it is, `-v` prints the node id with that suffix's
+    dots turned into `::` (as for Python's `Class.method`), an id `--deselect` ignores."""
+    return f"{call} ({nodeid.split('::', 1)[0]})"
+
+
+class UncheckedDump(pytest.Item):
+    """The one test of a dump this run cannot check: it fails with the reason, and the
+    other dumps of the run go on."""
+
+    def __init__(self, *, problem: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.problem = problem
+
+    def runtest(self) -> None:
+        raise CallFailed(f"{self.problem}\n(no call of this dump was checked; the other dumps of the run were)")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        return str(excinfo.value)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{self.path.name}: not checked"
 
 
 def dump_lines(config: pytest.Config, dumps: list[Path]) -> Iterator[str]:
@@ -101,9 +141,10 @@ def dump_lines(config: pytest.Config, dumps: list[Path]) -> Iterator[str]:
 
     for dump in dumps:
         try:
-            index = load_index(dump, options.cache_folder(config))
-        except DumpError:
-            continue  # its collection error already says why
+            index = open_dump(config, dump)
+        except DumpError as exc:
+            yield f"msprobe: {bestrelpath(config.rootpath, dump)}: not checked: {str(exc).splitlines()[0]}"
+            continue
         left_out = f", {index.modules} Module/Cell entries not collected (whole modules, not API calls)" if index.modules else ""
         odd = f", {len(index.skipped_names)} keys that are not call names ignored" if index.skipped_names else ""
         yield f"msprobe: {bestrelpath(config.rootpath, dump)}: {len(index)} API calls{left_out}{odd}"

@@ -1,5 +1,10 @@
 """The plugin's options: each one a command-line flag and the same setting as an ini
-option, declared once in a table."""
+option, declared once in a table.
+
+A relative path means what pytest makes it mean where it was written: on the command
+line, relative to the current folder; in an ini file (or `-o`), relative to that ini
+file's folder, as pytest's own `paths` options are. So `msprobe_dump = step0` in a
+project's pytest.ini works from any subfolder of the project."""
 
 from __future__ import annotations
 
@@ -15,8 +20,13 @@ from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 class Option:
     name: str  # the ini name; the flag is --msprobe-<name with dashes>
     help: str
-    kind: str = "string"  # "string", "bool", "paths"
+    kind: str = "string"  # "string", "bool", "path" (one file or folder), "paths" (repeatable)
     default: Any = None
+
+    @property
+    def described(self) -> str:
+        """The help text, with the default where there is one to state."""
+        return self.help if self.default in (None, False, ()) else f"{self.help} (default: {self.default})"
 
     @property
     def flag(self) -> str:
@@ -26,23 +36,22 @@ class Option:
 OPTIONS = (
     Option("msprobe_dump", "dump.json, or a folder searched for dump.json files (repeatable)", "paths", ()),
     Option("msprobe_device", "device under test: auto (npu, else cuda, else cpu), cpu, cuda or npu", default="auto"),
-    Option("msprobe_out", "folder for result files", default="msprobe-out"),
+    Option("msprobe_out", "folder for result files", "path", default="msprobe-out"),
     Option("msprobe_strict", "accuracy warnings fail the test too", "bool", False),
-    Option("msprobe_max_elements", f"largest tensor (elements) a call may create; larger calls skip (default {DEFAULT_MAX_ELEMENTS})",
-           default=str(DEFAULT_MAX_ELEMENTS)),
-    Option("msprobe_standards", "a CSV file that routes APIs to standards or overrides thresholds (see README)"),
+    Option("msprobe_max_elements", "largest tensor (elements) a call may create; larger calls skip", default=str(DEFAULT_MAX_ELEMENTS)),
+    Option("msprobe_standards", "a CSV file that routes APIs to standards or overrides thresholds (see README)", "path"),
     Option("msprobe_offline", "tensor dumps: the dumped outputs are the device result; only the bench runs here", "bool", False),
-    Option("msprobe_baseline_save", "record every call's metrics, and the environment, as a baseline in this folder"),
-    Option("msprobe_baseline", "judge every call against the baseline recorded in this folder; report regressions"),
+    Option("msprobe_baseline_save", "record every call's metrics, and the environment, as a baseline in this folder", "path"),
+    Option("msprobe_baseline", "judge every call against the baseline recorded in this folder; report regressions", "path"),
     Option("msprobe_baseline_update", "with --msprobe-baseline: rewrite the baseline records of the calls that ran", "bool", False),
-    Option("msprobe_reference_csv", "an msprobe accuracy_checking_details CSV (run_ut on another device) used as each call's reference"),
+    Option("msprobe_reference_csv", "an msprobe accuracy_checking_details CSV (run_ut on another device) used as each call's reference", "path"),
     Option("msprobe_resume", "skip calls whose results are already in --msprobe-out's newest run, append the rest to its files", "bool", False),
-    Option("msprobe_config", "msprobe's config.json: its acc_check (run_ut) white_list, black_list and error_data_path apply"),
+    Option("msprobe_config", "msprobe's config.json: its acc_check (run_ut) white_list, black_list and error_data_path apply", "path"),
     Option("msprobe_white_list", "check only these APIs, comma separated (linear,conv2d or Functional.linear)"),
     Option("msprobe_black_list", "never check these APIs, comma separated"),
     Option("msprobe_dedup", "check one call per API and argument signature (dtypes, shapes, non-tensor arguments)", "bool", False),
-    Option("msprobe_save_failed", "folder for the inputs and outputs of failed calls (.pt for torch.load(weights_only=True) + call.json)"),
-    Option("msprobe_scripts", "folder for a standalone script (DIR/<call name>.py) reproducing every failed call"),
+    Option("msprobe_save_failed", "folder for the inputs and outputs of failed calls (.pt for torch.load(weights_only=True) + call.json)", "path"),
+    Option("msprobe_scripts", "folder for a standalone script (DIR/<call name>.py) reproducing every failed call", "path"),
     Option("msprobe_scripts_all", "write a script for every selected call, not only the failed ones (needs --msprobe-scripts)", "bool", False),
     Option("msprobe_devices", "device ids the xdist workers are spread over round robin, e.g. 0,1,2,3 (they index into "
            "CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES when those are set); default: every visible device"),
@@ -51,6 +60,8 @@ OPTIONS = (
     Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
            "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
+
+OPTION_DEFAULTS = {option.name: option.default for option in OPTIONS}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -61,10 +72,14 @@ def add_options(parser: pytest.Parser) -> None:
             parser.addini(option.name, option.help, type="bool", default=option.default)
         elif option.kind == "paths":
             group.addoption(option.flag, action="append", default=None, dest=option.name, metavar="PATH", help=option.help)
-            parser.addini(option.name, option.help, type="args", default=[])
+            parser.addini(option.name, option.help, type="paths", default=[])
+        elif option.kind == "path":
+            # No ini default: a value read back from the ini came from a file (or -o), and is relative to it.
+            group.addoption(option.flag, default=None, dest=option.name, metavar="PATH", help=option.described)
+            parser.addini(option.name, option.described, default=None)
         else:
-            group.addoption(option.flag, default=None, dest=option.name, help=option.help)
-            parser.addini(option.name, option.help, default=option.default)
+            group.addoption(option.flag, default=None, dest=option.name, help=option.described)
+            parser.addini(option.name, option.described, default=option.default)
 
 
 def get(config: pytest.Config, name: str) -> Any:
@@ -73,13 +88,34 @@ def get(config: pytest.Config, name: str) -> Any:
     return value if value is not None else config.getini(name)
 
 
+def path(config: pytest.Config, name: str) -> Path | None:
+    """A path option, absolute: the flag relative to the current folder, the ini value
+    relative to the ini file's folder, else the option's default (relative to the
+    current folder); None where the option is not set and has no default."""
+    given = config.getoption(name)
+    if given is not None:
+        return Path(config.invocation_params.dir) / given
+    written = config.getini(name)
+    if written:
+        return ini_folder(config) / written
+    default = OPTION_DEFAULTS[name]
+    return Path(config.invocation_params.dir) / default if default else None
+
+
+def ini_folder(config: pytest.Config) -> Path:
+    """What an ini value's relative path is relative to (pytest's rule for `paths`)."""
+    return config.inipath.parent if config.inipath is not None else Path(config.invocation_params.dir)
+
+
 def dump_files(config: pytest.Config) -> list[Path]:
     """Every dump.json the options name, in a stable order; a named path that does not
     exist or holds no dump.json is a usage error."""
     found: list[Path] = []
     base = Path(config.invocation_params.dir)
-    for raw in get(config, "msprobe_dump") or ():
-        path = (base / raw).resolve() if not Path(raw).is_absolute() else Path(raw)
+    given = config.getoption("msprobe_dump")
+    # ini paths arrive absolute (pytest resolves `paths` against the ini file's folder)
+    for raw in given if given is not None else config.getini("msprobe_dump"):
+        path = Path(raw) if Path(raw).is_absolute() else (base / raw).resolve()
         if path.is_file():
             found.append(path)
         elif path.is_dir():
@@ -88,7 +124,8 @@ def dump_files(config: pytest.Config) -> list[Path]:
                 raise pytest.UsageError(f"--msprobe-dump {raw}: no dump.json found in this folder")
             found.extend(inside)
         else:
-            raise pytest.UsageError(f"--msprobe-dump {raw}: no such file or folder")
+            where = "" if given is not None else f" (msprobe_dump in {config.inipath}, relative to its folder)"
+            raise pytest.UsageError(f"--msprobe-dump {raw}: no such file or folder{where}")
     return list(dict.fromkeys(found))
 
 
@@ -103,8 +140,15 @@ def max_elements(config: pytest.Config) -> int:
     return value
 
 
+def out_folder(config: pytest.Config) -> Path:
+    """--msprobe-out, absolute."""
+    folder = path(config, "msprobe_out")
+    assert folder is not None  # it has a default
+    return folder
+
+
 def cache_folder(config: pytest.Config) -> Path:
-    """Where the dumps' index caches live: inside --msprobe-out, from the invocation folder."""
+    """Where the dumps' index caches live: inside --msprobe-out."""
     from pytest_msprobe.dump.cache import CACHE_FOLDER
 
-    return Path(config.invocation_params.dir) / get(config, "msprobe_out") / CACHE_FOLDER
+    return out_folder(config) / CACHE_FOLDER

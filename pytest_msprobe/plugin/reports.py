@@ -9,7 +9,12 @@ intact. The controller (or the lone process without xdist) is the single writer.
 Calls left out by the lists, by dedup or because --msprobe-resume found their results
 are deselected at collection (pytest counts them as "deselected"; the reasons are
 printed after collection), not skipped: a resumed run's files then hold each call
-exactly once, and its reports show only the work done now.
+exactly once, and its reports show only the work done now. The exit status of a
+resumed run is that of the whole result set: errors of the run it resumed fail it too.
+
+The writer holds --msprobe-out locked for the run (results.writer.OutFolderLock) and
+starts a run's files with its first result: a run that checks nothing (--collect-only,
+everything deselected) leaves no files, so it is never "the newest run" to resume.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.results.summary import Summary
-from pytest_msprobe.results.writer import Entry, ResultFilesError, ResultWriter, RunFiles, read_journal, record_key
+from pytest_msprobe.results.writer import (Entry, OutFolderLock, ResultFilesError, ResultWriter, RunFiles, read_journal,
+                                           record_key)
 
 # pytest_msprobe.plugin.items is imported where it is used, as plugin/__init__.py does: the node classes
 # are then those of the session that collected the items.
@@ -54,21 +60,22 @@ class ReportOptions:
     def from_config(cls, config: pytest.Config) -> "ReportOptions":
         """The options, falling back to --msprobe-config's acc_check/run_ut section for
         the lists and the failed-data folder."""
-        base = Path(config.invocation_params.dir)
-        config_file = options.get(config, "msprobe_config")
+        config_file = options.path(config, "msprobe_config")
         try:
-            msprobe = filters.read_config(base / config_file) if config_file else filters.AccCheckConfig()
+            msprobe = filters.read_config(config_file) if config_file else filters.AccCheckConfig()
         except filters.FilterConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
-        save_failed = options.get(config, "msprobe_save_failed") or msprobe.error_data_path
+        save_failed = options.path(config, "msprobe_save_failed")
+        if save_failed is None and msprobe.error_data_path:
+            save_failed = Path(config.invocation_params.dir) / msprobe.error_data_path
         return cls(
-            out=base / options.get(config, "msprobe_out"),
+            out=options.out_folder(config),
             resume=bool(options.get(config, "msprobe_resume")),
             strict=bool(options.get(config, "msprobe_strict")),
             white_list=filters.split_names(options.get(config, "msprobe_white_list")) or msprobe.white_list,
             black_list=filters.split_names(options.get(config, "msprobe_black_list")) or msprobe.black_list,
             dedup=bool(options.get(config, "msprobe_dedup")),
-            save_failed=base / save_failed if save_failed else None,
+            save_failed=save_failed,
         )
 
 
@@ -76,28 +83,40 @@ class ReportPlugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.options = ReportOptions.from_config(config)
-        self.resumed_from = RunFiles.latest(self.options.out) if self.options.resume and self.options.out.is_dir() else None
+        # The single writer: the controller (or the lone process), unless nothing runs.
+        self.writes = not hasattr(config, "workerinput") and not config.option.collectonly
+        self.lock = OutFolderLock(self.options.out)
         try:
-            previous = read_journal(self.resumed_from.journal) if self.resumed_from else []
+            if self.writes:
+                self.lock.acquire()
+                config.add_cleanup(self.lock.release)
+            self.resumed_from = RunFiles.latest(self.options.out) if self.options.resume and self.options.out.is_dir() else None
+            self.previous = read_journal(self.resumed_from.journal) if self.resumed_from else []
         except ResultFilesError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        self.done = {record_key(entry.record) for entry in previous}
+            raise pytest.UsageError(f"--msprobe-out: {exc}") from None
+        self.done = {record_key(entry.record) for entry in self.previous}
         self.left_out: Counter[str] = Counter()
         self.selected: int | None = None
         self.summary = Summary()
         self.last_progress = time.monotonic()
         self.writer: ResultWriter | None = None
-        if not hasattr(config, "workerinput"):  # an xdist worker only runs tests
-            self.writer = ResultWriter(self.resumed_from or RunFiles.new(self.options.out), previous)
-            for entry in previous:
+        if self.writes:
+            for entry in self.previous:
                 self.summary.add(entry.record, entry.represents, resumed=True)
+
+    def _writer(self) -> ResultWriter:
+        """The run's files, started with the first result (a resumed run's: rewritten
+        from its journal)."""
+        if self.writer is None:
+            self.writer = ResultWriter(self.resumed_from or RunFiles.new(self.options.out), self.previous)
+            self.previous = []
+        return self.writer
 
     # --- collection: lists, dedup, resume -------------------------------------------
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         from pytest_msprobe.plugin.items import CallItem
 
-        self.selected = len(items)
         if not (self.options.white_list or self.options.black_list or self.options.dedup or self.done):
             return  # nothing to leave out: no pass over (maybe 200,000) items
         reasons = {item: filters.list_reason(item.call, self.options.white_list, self.options.black_list)
@@ -121,7 +140,10 @@ class ReportPlugin:
             config.hook.pytest_deselected(items=dropped)
             dropped_set = set(dropped)
             items[:] = [item for item in items if item not in dropped_set]
-        self.selected = len(items)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """What this session is to run, after every selection (-k, -m, shards)."""
+        self.selected = len(session.items)
 
     def pytest_report_collectionfinish(self) -> list[str]:
         return [f"msprobe: deselected {count} calls: {reason}" for reason, count in sorted(self.left_out.items())]
@@ -149,13 +171,13 @@ class ReportPlugin:
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self.writer is None or report.when != "call":
+        if not self.writes or report.when != "call":
             return
         data = report.__dict__.pop(REPORT_ATTRIBUTE, None)  # the controller keeps no records in memory
         if data is None:
             return
         entry = Entry(ResultRecord.from_dict(data), dict(report.user_properties).get(REPRESENTS_PROPERTY, 1))
-        self.writer.add(entry)
+        self._writer().add(entry)
         self.summary.add(entry.record, entry.represents)
         self._show_progress()
 
@@ -183,20 +205,38 @@ class ReportPlugin:
 
     # --- the end -------------------------------------------------------------------
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.writes:
+            return
+        if self.resumed_from is not None:
+            self._writer()  # nothing ran: the resumed run's files are still completed (the result CSV)
         if self.writer is not None:
             self.writer.close()
+        session.exitstatus = result_set_status(session.exitstatus, self.summary, self.options.strict)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.writer is None:
+        if not self.writes:
             return
-        files = self.writer.files
-        paths = [files.result, files.details, files.metrics, files.journal]
+        paths = []
+        if self.writer is not None:
+            files = self.writer.files
+            paths = [files.result, files.details, files.metrics, files.journal]
         if self.options.save_failed and self.options.save_failed.is_dir():
             paths.append(self.options.save_failed)
         terminalreporter.section("msprobe summary")
-        for line in self.summary.lines(selected=self.selected, files=paths):
+        for line in self.summary.lines(selected=self.selected, files=paths, strict=self.options.strict):
             terminalreporter.write_line(line)
+
+
+def result_set_status(status: int, summary: Summary, strict: bool) -> int:
+    """The exit status of the whole result set: with --msprobe-resume the calls of the
+    resumed run count as if they had run now. Their errors fail a run whose own calls
+    passed; a run with nothing left to do (pytest's "no tests collected") passes or
+    fails by them. Anything else pytest decided (an interruption, a usage error) stands."""
+    if not summary.resumed or status not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        return status
+    failing = summary.by_status["error"] + (summary.by_status["warning"] if strict else 0)
+    return pytest.ExitCode.TESTS_FAILED if failing else pytest.ExitCode.OK
 
 
 def _crashed(item: Any, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:

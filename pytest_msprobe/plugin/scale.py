@@ -122,6 +122,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     """xdist reports a call whose worker died with when="???" and no record; give it
     the call's error record, so that the result files hold it like any other."""
     from pytest_msprobe.judge import outcome
+    from pytest_msprobe.plugin.items import headline
     from pytest_msprobe.plugin.reports import REPORT_ATTRIBUTE
 
     config = report.node.config  # type: ignore[attr-defined]  # the crashed WorkerController
@@ -135,7 +136,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     device = backend.describe(workers.device_of(workers.device_ids(config, backend), workers.number_of(worker)))
     record = outcome.crash_record(str(dumps[relpath]), call, device, worker, config.stash[SCALE_KEY].timeout)
     report.when = "call"  # type: ignore[assignment]  # the call phase is where it died
-    report.location = (relpath, None, call)  # headlines name the call, not the file
+    report.location = (relpath, None, headline(crashitem, call))  # as the item names itself
     report.longrepr = record.message
     report.user_properties.append(("msprobe_device", device))
     setattr(report, REPORT_ATTRIBUTE, record.to_dict())

@@ -29,19 +29,18 @@ SCRIPTS_KEY = pytest.StashKey["ScriptOptions | None"]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    folder = options.get(config, "msprobe_scripts")
+    folder = options.path(config, "msprobe_scripts")
     every = bool(options.get(config, "msprobe_scripts_all"))
     if not folder:
         if every:
             raise pytest.UsageError("--msprobe-scripts-all needs --msprobe-scripts=DIR, the folder to write the scripts in")
         config.stash[SCRIPTS_KEY] = None
         return
-    standards = options.get(config, "msprobe_standards")
+    standards = options.path(config, "msprobe_standards")
     settings = session_state(config).settings()
     modes = [flag for flag, used in (("--msprobe-offline", settings.offline), ("--msprobe-baseline", settings.baseline is not None)) if used]
     note = f" (the run used {' and '.join(modes)}; the script replays on the device and judges against the bench)" if modes else ""
-    config.stash[SCRIPTS_KEY] = ScriptOptions(Path(config.invocation_params.dir) / folder, every,
-                                              Path(standards).read_text("utf-8") if standards else None, note)
+    config.stash[SCRIPTS_KEY] = ScriptOptions(folder, every, standards.read_text("utf-8") if standards else None, note)
 
 
 @pytest.hookimpl(wrapper=True)

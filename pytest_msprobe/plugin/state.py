@@ -40,7 +40,7 @@ class SessionState:
                 registry=_registry(self.config),
                 device_request=options.get(self.config, "msprobe_device"),
                 offline=bool(options.get(self.config, "msprobe_offline")),
-                baseline=_recorded_metrics(self.config),
+                baseline=_recorded_metrics(self.config, self.dumps),
             )
         return self._settings
 
@@ -60,17 +60,23 @@ def _backend(config: pytest.Config) -> tuple[Any, int]:
 
 
 def _registry(config: pytest.Config) -> Any:
-    """The shipped standards tables, the user's file over them, then conftest hooks."""
+    """The shipped standards tables, the user's file over them, then conftest hooks;
+    checked before any call is judged (judge.routing)."""
+    from pytest_msprobe.judge.routing import routing_problems
     from pytest_msprobe.standards import Registry
 
     registry = Registry.default()
-    standards_file = options.get(config, "msprobe_standards")
+    standards_file = options.path(config, "msprobe_standards")
     if standards_file:
         try:
-            registry.load_file(Path(config.invocation_params.dir) / standards_file)
+            registry.load_file(standards_file)
         except (OSError, ValueError, KeyError) as exc:
             raise pytest.UsageError(f"--msprobe-standards {standards_file}: {exc}") from None
     config.hook.pytest_msprobe_register_standards(registry=registry)
+    problems = routing_problems(registry)
+    if problems:
+        source = f"--msprobe-standards {standards_file}" if standards_file else "pytest_msprobe_register_standards"
+        raise pytest.UsageError(f"{source}: the standards cannot judge as routed:\n  " + "\n  ".join(problems))
     return registry
 
 
@@ -81,23 +87,34 @@ def _register_bench_functions(config: pytest.Config) -> None:
     config.hook.pytest_msprobe_register_bench_functions(registry=bench_functions.default_registry)
 
 
-def _recorded_metrics(config: pytest.Config) -> Any:
-    """A baseline folder and/or an msprobe details CSV: metrics to judge against."""
+def _recorded_metrics(config: pytest.Config, dumps: list[Path]) -> Any:
+    """A baseline folder and/or an msprobe details CSV: metrics to judge against. The
+    baseline's dumps are matched with this run's by identity; the controller warns
+    about a dump the baseline does not know (judge.baseline.DumpMatch)."""
+    from _pytest.pathlib import bestrelpath
+
     from pytest_msprobe.judge.baseline import Baseline, BaselineError, read_msprobe_details
 
-    base = Path(config.invocation_params.dir)
-    folder, imported = options.get(config, "msprobe_baseline"), options.get(config, "msprobe_reference_csv")
+    folder, imported = options.path(config, "msprobe_baseline"), options.path(config, "msprobe_reference_csv")
     if not folder and not imported:
         return None
+    updating = bool(options.get(config, "msprobe_baseline_update"))
     try:
-        recorded = read_msprobe_details(base / imported) if imported else Baseline()
-        if folder and (base / folder).exists():
-            recorded.calls.update(Baseline.read(base / folder).calls)
-        elif folder and not options.get(config, "msprobe_baseline_update"):
-            raise BaselineError(f"{base / folder}: no baseline there; record one with --msprobe-baseline-save "
+        recorded = Baseline.read(folder) if folder and folder.exists() else Baseline()
+        if folder and not folder.exists() and not updating:
+            raise BaselineError(f"{folder}: no baseline there; record one with --msprobe-baseline-save "
                                 "or create it with --msprobe-baseline-update")
+        if imported:
+            recorded.calls.update(read_msprobe_details(imported).calls)  # keyed (None, call): after the baseline's own
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if folder and folder.exists():
+        matches = recorded.match_dumps([(bestrelpath(config.rootpath, dump), dump) for dump in dumps])
+        if not hasattr(config, "workerinput"):
+            for match in matches:
+                note = match.note(f"--msprobe-baseline {folder}")
+                if note and not (updating and match.recorded_as is None):  # updating adds the dumps it lacks
+                    config.issue_config_time_warning(pytest.PytestWarning(note), stacklevel=2)
     return recorded
 
 

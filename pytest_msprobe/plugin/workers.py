@@ -3,9 +3,10 @@ it may use, and which distribution mode a run gets when the user only said `-n`.
 
 A worker's device is chosen before any tensor exists (SessionState.settings() asks
 here first), from the ids of --msprobe-devices or every visible device, round robin
-over the workers. The ids are the backend's own indexes: they count within what the
-caller left visible (CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES), so a worker
-can never reach a device the caller excluded.
+over the workers; its CPU thread count is the same in every process (replay_threads).
+The ids are the backend's own indexes: they count within what the caller left visible
+(CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES), so a worker can never reach a
+device the caller excluded.
 """
 
 from __future__ import annotations
@@ -68,42 +69,37 @@ def device_of(ids: list[int], number: int | None) -> int:
 
 
 def place_worker(config: pytest.Config, backend: Any) -> int:
-    """This process's device index, and its torch threads, set before torch starts
-    its pools (see replay_threads)."""
-    threads = replay_threads(replays_on_cpu(config, backend), worker_count(config) if worker_number(config) is not None else None)
-    if threads is not None:
-        import torch
+    """This process's device index, and its torch and BLAS threads, set before torch
+    starts its pools (see replay_threads)."""
+    import torch
 
-        previous_torch, previous_blas = torch.get_num_threads(), set_blas_threads(threads)
-        torch.set_num_threads(threads)
-        # The counts are the process's, not the session's: a session run inside another
-        # (pytester, an IDE) gives them back when it ends, even if its configure failed.
-        config.add_cleanup(lambda: torch.set_num_threads(previous_torch))
-        if previous_blas is not None:
-            config.add_cleanup(lambda: set_blas_threads(previous_blas))
-    return device_of(device_ids(config, backend), worker_number(config))
-
-
-def replays_on_cpu(config: pytest.Config, backend: Any) -> bool:
-    """Whether the device under test is torch's CPU kernels (with --msprobe-offline it
-    is the dump itself, whatever the backend)."""
-    return backend.name == "cpu" and not options.get(config, "msprobe_offline")
+    ids = device_ids(config, backend)
+    threads = replay_threads(backend.name == "cpu", len(ids))
+    previous_torch, previous_blas = torch.get_num_threads(), set_blas_threads(threads)
+    torch.set_num_threads(threads)
+    # The counts are the process's, not the session's: a session run inside another
+    # (pytester, an IDE) gives them back when it ends, even if its configure failed.
+    config.add_cleanup(lambda: torch.set_num_threads(previous_torch))
+    if previous_blas is not None:
+        config.add_cleanup(lambda: set_blas_threads(previous_blas))
+    return device_of(ids, worker_number(config))
 
 
-def replay_threads(cpu_device: bool, workers: int | None) -> int | None:
-    """torch's (and BLAS's) thread count for a process replaying calls (None: leave
-    the defaults).
+def replay_threads(cpu_only: bool, devices: int) -> int:
+    """torch's (and BLAS's) thread count in every process of a run, with or without
+    xdist, whatever -n.
 
-    When the device under test is torch's CPU kernels, their results depend on the
-    thread count (a reduction split over 2 threads rounds differently from one over
-    1): every process replays with one thread, so results do not depend on -n, and -n
-    workers spread over the cores (one thread is also the faster choice for a dump's
-    mostly small tensors). On an accelerator, or offline, only the bench and reference
-    run on the CPU: xdist workers share the cores so that they do not oversubscribe
-    them, and a run without xdist keeps the defaults."""
-    if cpu_device:
-        return 1
-    return thread_share(workers) if workers is not None else None
+    CPU kernels' results depend on the thread count (a reduction split over 2 threads
+    rounds differently from one over 1), and every run computes on the CPU: the bench,
+    and, on an accelerator or offline, the reference in the device dtype whose errors
+    the standards' ratios are taken against. A count that followed -n (the cores' share
+    of each xdist worker, all cores without xdist) made offline verdicts depend on -n.
+    Where the CPU is all there is (it is the device, or the run is offline there) the
+    count is one: the -n workers are the parallelism, one thread is also the faster
+    choice for a dump's mostly small tensors, and results then depend on no machine's
+    core count either. On an accelerator it is the cores' share of one device of those
+    in use, so that a worker per device does not oversubscribe the cores."""
+    return 1 if cpu_only else thread_share(devices)
 
 
 # (get, set) C functions of a BLAS library's thread count (what threadpoolctl calls).
@@ -143,11 +139,11 @@ def set_blas_threads(threads: int) -> int | None:
     return previous
 
 
-def thread_share(workers: int) -> int:
-    """Each of `workers` processes gets an equal share of this machine's cores, so that
-    -n workers do not oversubscribe them."""
+def thread_share(shares: int) -> int:
+    """This machine's cores (those this process may use) split into `shares` equal
+    shares, at least one core each."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // workers)
+    return max(1, cores // shares)
 
 
 def prefer_worksteal(config: pytest.Config) -> None:
@@ -167,5 +163,5 @@ def layout(config: pytest.Config, backend: Any) -> str:
         return f"msprobe: replaying on {backend.describe(ids[0])}"
     pairs = ", ".join(f"gw{k}->{backend.describe(device_of(ids, k))}" for k in range(min(workers, 8)))
     more = ", ..." if workers > 8 else ""
-    threads = f"; {replay_threads(replays_on_cpu(config, backend), workers)} CPU thread(s) each"
+    threads = f"; {replay_threads(backend.name == 'cpu', len(ids))} CPU thread(s) each"
     return f"msprobe: {workers} workers, dist={config.option.dist}: {pairs}{more}{threads}"

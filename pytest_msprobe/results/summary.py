@@ -16,6 +16,7 @@ from pytest_msprobe.judge.record import ResultRecord
 STATUSES = ("pass", "warning", "error", "skip")
 SEVERITY = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
 WORST_SHOWN = 10
+MOST_REPEATED_SHOWN = 10  # with --msprobe-dedup: the tests that stand for the most dumped calls
 LINE_CUT = 200  # a reason can be long; the summary shows its start, the files the rest
 
 
@@ -43,7 +44,9 @@ class Summary:
     by_api_type: dict[str, Counter[str]] = field(default_factory=dict)
     worst: list[tuple[tuple[int, float, str], str, str]] = field(default_factory=list)
     resumed: int = 0
+    resumed_status: Counter[str] = field(default_factory=Counter)
     represented: int = 0
+    most_repeated: list[tuple[int, str]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
     def add(self, record: ResultRecord, represents: int = 1, *, resumed: bool = False) -> None:
@@ -52,6 +55,14 @@ class Summary:
         self.by_api_type.setdefault(record.call.split(".", 1)[0], Counter())[record.status] += 1
         self.represented += represents
         self.resumed += resumed
+        if resumed:
+            self.resumed_status[record.status] += 1
+        if represents > 1:
+            item = (represents, record.call)
+            if len(self.most_repeated) < MOST_REPEATED_SHOWN:
+                heapq.heappush(self.most_repeated, item)
+            else:
+                heapq.heappushpop(self.most_repeated, item)
         if record.status in ("error", "warning"):
             item = (badness(record), record.call, failing_metric(record))
             if len(self.worst) < WORST_SHOWN:
@@ -71,9 +82,10 @@ class Summary:
             line += f", {self.by_status['error']} errors so far"
         return line
 
-    def lines(self, *, selected: int | None, files: list[Path]) -> list[str]:
-        """The summary text. selected: tests this session was to run (None if unknown),
-        giving the pace and, after an interruption, the time left."""
+    def lines(self, *, selected: int | None, files: list[Path], strict: bool = False) -> list[str]:
+        """The summary text. selected: tests this session was to run after every
+        selection (None if unknown), giving the pace and, after an interruption, the
+        time left; files: the result files (none: no call ran, nothing was written)."""
         total = sum(self.by_status.values())
         ran = total - self.resumed
         elapsed = time.monotonic() - self.started
@@ -85,13 +97,18 @@ class Summary:
         if selected is not None and ran < selected and rate > 0:
             pace += f"; {selected - ran} not run, about {(selected - ran) / rate:.0f} s more (rerun with --msprobe-resume)"
         lines = [head, pace]
+        failing = self.resumed_status["error"] + (self.resumed_status["warning"] if strict else 0)
+        if failing:
+            lines.append(f"{failing} of the calls from the resumed run failed: they count in the exit status")
         if self.represented > total:
-            lines.append(f"dedup: these tests stand for {self.represented} dumped calls")
+            lines.append(f"dedup: these {total} tests stand for {self.represented} dumped tests (a call's forward and "
+                         "backward count apart); the most repeated:")
+            lines += [f"  {call}: {count}" for count, call in sorted(self.most_repeated, reverse=True)]
         lines += _table("by standard", self.by_standard) + _table("by api type", self.by_api_type)
         if self.worst:
             lines.append("worst calls:")
             lines += [f"  {call}: {metric}" for _, call, metric in sorted(self.worst, reverse=True)]
-        lines += [f"results: {path}" for path in files]
+        lines += [f"results: {path}" for path in files] or ["results: none written (no call ran)"]
         return lines
 
 

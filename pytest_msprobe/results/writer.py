@@ -15,6 +15,11 @@ included) leaves at worst a torn last line, rows whose journal line is missing, 
 last second's rows unwritten; resume rewrites the files from the journal, then appends. The
 result CSV needs both directions of a call, which arrive as two tests: it is written
 from the per-call statuses when the session ends (a killed run has none until resumed).
+
+One run writes into a folder at a time (OutFolderLock): two runs appending to one
+folder at once would each start a run there, and "the newest run" that resume and
+msprobe-merge read would be one of them, silently. A run's timestamp is reserved by
+creating its journal exclusively, so two runs can never share files either.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from pytest_msprobe.results.msprobe_csv import (DETAILS_HEADER, DETAILS_PREFIX, ENCODING, RESULT_HEADER, RESULT_PREFIX,
                                        details_rows, output_name, result_row)
@@ -65,18 +70,71 @@ class RunFiles:
 
     @classmethod
     def new(cls, folder: Path) -> "RunFiles":
-        """A fresh timestamp (msprobe's %Y%m%d%H%M%S), suffixed if that second is taken."""
+        """A fresh timestamp (msprobe's %Y%m%d%H%M%S), suffixed if that second is taken;
+        reserved by creating its (empty) journal, which fails if another run did first."""
+        folder.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d%H%M%S")
         files, suffix = cls(folder, stamp), 1
-        while files.journal.exists() or files.details.exists():
+        while True:
+            try:
+                if not files.details.exists():
+                    os.close(os.open(files.journal, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    return files
+            except FileExistsError:
+                pass
             files, suffix = cls(folder, f"{stamp}_{suffix}"), suffix + 1
-        return files
+
+    @classmethod
+    def all(cls, folder: Path) -> list["RunFiles"]:
+        """Every run in a folder, oldest first (by the timestamps of their journals)."""
+        stamps = sorted(path.name[len(JOURNAL_PREFIX):-len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl"))
+        return [cls(folder, stamp) for stamp in stamps]
 
     @classmethod
     def latest(cls, folder: Path) -> "RunFiles | None":
         """The newest run in a folder (by its journal's timestamp), None if there is none."""
-        stamps = sorted(path.name[len(JOURNAL_PREFIX):-len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl"))
-        return cls(folder, stamps[-1]) if stamps else None
+        runs = cls.all(folder)
+        return runs[-1] if runs else None
+
+
+LOCK_FILE = ".msprobe-lock"
+
+
+class OutFolderLock:
+    """An exclusive lock on a result folder for one run (POSIX advisory locks: released
+    by the system when the process ends, however it ends, so a killed run never leaves
+    its folder locked). Where the platform has no fcntl the folder is not locked."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / LOCK_FILE
+        self._handle: Any = None
+
+    def acquire(self) -> None:
+        """Lock the folder, or raise ResultFilesError naming the run that holds it."""
+        try:
+            import fcntl
+        except ImportError:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise ResultFilesError(f"{self.path.parent} is in use by another run ({holder}); give each run that goes on at the "
+                                   "same time its own --msprobe-out, and join their results with msprobe-merge") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the file releases its lock
+            self._handle = None
 
 
 def record_key(record: ResultRecord) -> tuple[str, str]:

@@ -41,21 +41,26 @@ class Accelerator:
     name: str
     package: str | None  # imported first: it registers the torch module
     visible_env: str
-    install_hint: str
+    install_hint: str  # what to do when the package (or the backend) is not installed
+    broken_hint: str = ""  # what to do when the package is installed but fails to import
 
     def module(self) -> Any:
         torch = import_torch()
         if self.package:
             try:
                 importlib.import_module(self.package)
+            except ModuleNotFoundError as exc:
+                if exc.name != self.package:  # the package is there; something it needs is not
+                    raise DeviceUnavailable(f"{self.package} cannot be imported: {exc}. {self.broken_hint}") from exc
+                raise DeviceUnavailable(f"{self.package} is not installed. {self.install_hint}") from exc
             except Exception as exc:
-                raise DeviceUnavailable(f"{self.package} cannot be imported: {type(exc).__name__}: {exc}. {self.install_hint}") from exc
+                raise DeviceUnavailable(f"{self.package} cannot be imported: {type(exc).__name__}: {exc}. {self.broken_hint}") from exc
         return getattr(torch, self.name)
 
 
 ACCELERATORS = {
     "npu": Accelerator("npu", "torch_npu", "ASCEND_RT_VISIBLE_DEVICES",
-                       "Install pytest-msprobe[npu] with CANN set up (source set_env.sh). " + AUTOLOAD_HINT),
+                       "Install pytest-msprobe[npu] (torch_npu) with Ascend's CANN set up (source set_env.sh).", AUTOLOAD_HINT),
     "cuda": Accelerator("cuda", None, "CUDA_VISIBLE_DEVICES", "Install a CUDA build of torch."),
 }
 

@@ -64,6 +64,20 @@ def test_dedup_keeps_one_call_per_signature_and_says_how_many_it_stands_for(pyte
     assert represents["Torch.add.9.forward"] == 1
 
 
+def test_dedup_counts_add_up_to_the_dumped_tests_and_every_direction_is_checked(pytester: pytest.Pytester, write_dump) -> None:
+    """A silu call without a backward comes first: it stands for the forwards, and the
+    first silu backward is kept for the backwards (was: every silu backward dropped, and
+    the summary's total off)."""
+    data = {"Functional.silu.99.forward": {"input_args": [tensor([2, 3])], "input_kwargs": {}, "output": [tensor([2, 3])]},
+            **many_calls(8)}  # 11 tests
+    result = pytester.runpytest_inprocess(f"--msprobe-dump={write_dump(data)}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
+                                          "--msprobe-out=out", "--msprobe-dedup", "-rA")
+    result.assert_outcomes(passed=5, deselected=6)
+    result.stdout.fnmatch_lines(["dedup: these 5 tests stand for 11 dumped tests*the most repeated:",
+                                 "  Functional.silu.99.forward: 3",
+                                 "*PASSED*Functional.silu.1.backward*"])
+
+
 def test_failed_calls_are_saved_as_safe_tensors_and_a_call_description(pytester: pytest.Pytester, write_dump) -> None:
     dump = write_dump(many_calls(2))
     names, _ = selected(pytester, dump, "--msprobe-save-failed=failed", "--msprobe-strict", plugins=(Planted(),))

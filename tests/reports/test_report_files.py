@@ -116,6 +116,15 @@ def test_metrics_file_is_one_pandas_read_with_every_metric(fp32_run) -> None:
     assert ulp.max_ulp_err.notna().all() and ulp.error_rate.isna().all()
 
 
+def test_details_csv_reads_into_pandas_with_numbers_as_the_readme_says(fp32_run) -> None:
+    """msprobe's " " for an unfilled metric makes every metric column text to a plain
+    read_csv; the README gives the call that reads them as numbers."""
+    documented = 'pandas.read_csv(path, encoding="utf-8-sig", na_values=" ")'
+    assert documented in (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    frame = pandas.read_csv(fp32_run["files"].details, encoding="utf-8-sig", na_values=" ")  # that line
+    assert all(frame[column].dtype == "float64" for _, column in METRIC_COLUMNS), frame.dtypes
+
+
 def test_junit_properties_carry_status_standard_and_key_metrics(fp32_run) -> None:
     tree = ElementTree.parse(fp32_run["junit"])
     cases = {case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")} for case in tree.iter("testcase")}
@@ -151,6 +160,21 @@ def test_summary_counts_names_the_worst_and_the_files(fp32_run, pytester: pytest
     assert "PASSED" not in result.stdout.str()
     worst = result.outlines[result.outlines.index("worst calls:") + 1:][:4]
     assert all(len(line) < 400 for line in worst), worst
+
+
+def test_deselected_calls_are_not_called_left_to_run(pytester: pytest.Pytester, write_dump) -> None:
+    dump = write_dump(many_calls(8))  # 10 tests
+    result = pytester.runpytest_inprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
+                                          "--msprobe-out=out", "-k", "add")
+    result.stdout.fnmatch_lines(["2 tests, 2 pass", "2 run here in * s (* calls/s)"])
+    assert "not run" not in result.stdout.str()
+
+
+def test_a_run_that_checks_nothing_says_so_and_writes_nothing(pytester: pytest.Pytester, write_dump) -> None:
+    result = pytester.runpytest_inprocess(f"--msprobe-dump={write_dump(many_calls(2))}", "--msprobe-device=cpu", "-p",
+                                          "no:cacheprovider", "--msprobe-out=out", "-k", "nothing_matches")
+    result.stdout.fnmatch_lines(["results: none written (no call ran)"])
+    assert not list((pytester.path / "out").glob("accuracy_checking_*"))
 
 
 def test_progress_line_tells_done_pace_and_time_left() -> None:

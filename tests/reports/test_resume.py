@@ -1,5 +1,7 @@
-"""A run killed with SIGKILL at any point resumes to the files a clean run writes, and
-the result files of several runs merge into one set."""
+"""A run killed with SIGKILL at any point resumes to the files a clean run writes; a
+resumed run's exit status is its whole result set's; runs that check nothing leave no
+files to resume from; two runs never write into one folder at once; and the result
+files of several runs merge into one set, saying what was read."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401 - imported before the in-process runs: pytester's runs then never unload it
 
 from pytest_msprobe.results.merge import main as merge_main
 from pytest_msprobe.results.writer import ResultFilesError, RunFiles, read_journal
@@ -108,6 +111,67 @@ def test_a_torn_last_line_is_dropped_and_other_damage_named(tmp_path: Path) -> N
         read_journal(journal)
 
 
+class AddErrs:
+    """A plugin (passed to in-process runs) under which every Torch.add call errors."""
+
+    def pytest_msprobe_register_standards(self, registry) -> None:
+        registry.register_standard("always_error", lambda pair, thresholds, reference=None:
+                                   pair.verdict("error", "always_error", {}, {}, ["planted error"]))
+        registry.set_api_standard("add", "always_error")
+
+
+def inline(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()) -> pytest.HookRecorder:
+    return pytester.inline_run(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-out=out", "-p", "no:cacheprovider",
+                               *args, plugins=list(plugins))
+
+
+def test_a_run_that_checks_nothing_leaves_nothing_to_resume_from(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    dump = write(tmp_path / "dump", many_calls(8))  # 10 tests, 2 of them Torch.add
+    assert inline(pytester, dump, "-k", "add").ret == 0
+    assert inline(pytester, dump, "--collect-only").ret == 0
+    assert inline(pytester, dump, "-k", "nothing_matches").ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert len(list((pytester.path / "out").glob("msprobe_records_*.jsonl"))) == 1  # neither started a run of its own
+    resumed = inline(pytester, dump, "--msprobe-resume")
+    assert len(resumed.getreports("pytest_runtest_logreport")) == 3 * 8  # the 8 calls left, three phases each
+    assert len(read_journal(RunFiles.latest(pytester.path / "out").journal)) == 10
+
+
+def test_a_resumed_runs_exit_status_is_its_whole_result_sets(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    dump = write(tmp_path / "dump", many_calls(8))
+    assert inline(pytester, dump, "-k", "add", plugins=(AddErrs(),)).ret == pytest.ExitCode.TESTS_FAILED
+    rest = inline(pytester, dump, "--msprobe-resume")
+    assert [r.outcome for r in rest.getreports("pytest_runtest_logreport") if r.when == "call"] == ["passed"] * 8
+    assert rest.ret == pytest.ExitCode.TESTS_FAILED  # the 2 errors of the resumed run are in the result set
+    assert inline(pytester, dump, "--msprobe-resume").ret == pytest.ExitCode.TESTS_FAILED  # nothing left to run
+    clean = write(tmp_path / "clean", many_calls(8))
+    assert inline(pytester, clean, "--msprobe-out=clean-out").ret == 0
+    assert inline(pytester, clean, "--msprobe-out=clean-out", "--msprobe-resume").ret == pytest.ExitCode.OK  # was 5
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path: Path) -> None:
+    """Two shards started into one --msprobe-out: the second is refused while the first
+    runs (each call of which is slowed down, so that it surely is), and the first run's
+    files are whole (two runs appending there at once left merge one run's records)."""
+    dump = write(tmp_path / "slow", many_calls(CALLS))
+    (dump.parent / "conftest.py").write_text("import time\n\ndef pytest_runtest_setup(item):\n    time.sleep(0.1)\n")
+    out = tmp_path / "out"
+    first = subprocess.Popen(pytest_command(dump, out), cwd=dump.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not list(out.glob("accuracy_checking_details_*.csv")) and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.01)
+        second = run(dump, out, "--msprobe-shard=2/2")
+        assert first.poll() is None, "the first run ended before the second was refused: slow its calls down more"
+        assert second.returncode == pytest.ExitCode.USAGE_ERROR, second.stdout[-2000:]
+        assert "is in use by another run (pid" in second.stderr and "its own --msprobe-out" in second.stderr
+    finally:
+        output, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, output[-3000:]
+    files = files_by_call(out)  # the first run's files, whole: every call once
+    assert len(files["journal"]) == 150 and {status for status, _ in files["journal"].values()} == {"pass"}
+    assert len(list(out.glob("msprobe_records_*.jsonl"))) == 1
+
+
 def test_merge_joins_shards_and_keeps_the_last_record_of_a_repeat(tmp_path: Path, capsys) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
     for folder, calls in ((first, ["Torch.add.0.forward", "Torch.add.1.forward"]), (second, ["Torch.add.1.forward"])):
@@ -115,8 +179,14 @@ def test_merge_joins_shards_and_keeps_the_last_record_of_a_repeat(tmp_path: Path
         records = [{"dump": "d", "call": call, "status": "error" if folder == second else "pass", "standard": "",
                     "reference": "", "device": "cpu", "message": ""} for call in calls]
         (folder / "msprobe_records_20250101000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (first / "msprobe_records_20240101000000.jsonl").write_text("")  # an older run in the same folder
     assert merge_main(["-o", str(tmp_path / "merged"), str(first), str(second)]) == 0
-    assert "1 tests found in several sources" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "1 tests found in several sources" in said
+    assert f"read 2 records from {first / 'msprobe_records_20250101000000.jsonl'} (the newest of 2 runs in {first}; " \
+           "not read: msprobe_records_20240101000000.jsonl" in said
+    assert f"read 1 records from {second / 'msprobe_records_20250101000000.jsonl'}\n" in said
+    assert "wrote 2 records to" in said
     merged = files_by_call(tmp_path / "merged")
     assert merged["journal"] == {"Torch.add.0.forward": ("pass", 0), "Torch.add.1.forward": ("error", 0)}
     assert merged["result"]["Torch.add.1"][1:3] == ["error", " "]

@@ -49,8 +49,8 @@ def test_workers_go_round_robin_over_the_ids() -> None:
 def test_workers_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert [workers.thread_share(n) for n in (1, 2, 8, 32)] == [16, 8, 2, 1]
-    assert [workers.replay_threads(False, n) for n in (None, 8)] == [None, 2]  # only the bench on the CPU
-    assert [workers.replay_threads(True, n) for n in (None, 8)] == [1, 1]  # results must not depend on -n
+    assert [workers.replay_threads(False, n) for n in (1, 8)] == [16, 2]  # a share per device in use, whatever -n
+    assert [workers.replay_threads(True, n) for n in (1, 8)] == [1, 1]  # the CPU only: one thread in every process
 
 
 def _dump(pytester: pytest.Pytester) -> str:

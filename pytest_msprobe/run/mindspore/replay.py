@@ -284,8 +284,9 @@ class MindsporeReplay:
         return Api(label, function, bench, in_place=False, raise_bench=True)
 
     def runs(self, api: Api, inputs: Inputs, settings: Any) -> tuple[Any, Any, Any]:
-        target = device_target(settings.backend, settings.device_request)
-        configure(target, settings.device_index)
+        # Offline the device is the dump: MindSpore runs here only as bench or reference, on the CPU.
+        target = "CPU" if settings.offline else device_target(settings.backend, settings.device_request)
+        configure(target, 0 if settings.offline else settings.device_index)
         device = MindsporeRun(api.device_fn, target, {})
         if not isinstance(api.bench_fn, TorchTwin):
             return device, MindsporeRun(api.bench_fn, target, GOLDEN), None
@@ -293,3 +294,9 @@ class MindsporeReplay:
         bench = Run(api, api.bench_fn, Placement(cpu, bench_dtypes(inputs, api.raise_bench)))
         reference = Run(api, api.bench_fn, Placement(cpu)) if target != "CPU" else None
         return device, bench, reference
+
+    def reference_in_dump_dtype(self, api: Api, settings: Any) -> MindsporeRun:
+        """Offline, the reference: MindSpore's own CPU kernel in the dump's dtypes (its
+        torch twin would hold a MindSpore kernel to torch's rounding)."""
+        configure("CPU", 0)
+        return MindsporeRun(api.device_fn, "CPU", {})

@@ -2,7 +2,7 @@
 
 Kept apart from `replay` because collection uses it: it imports neither
 torch nor MindSpore, so a PyTorch user pays nothing and a MindSpore dump without
-MindSpore installed is one clear collection error, not one failure per call.
+MindSpore installed is one clear failure for the dump, not one per call.
 """
 
 from __future__ import annotations
@@ -76,8 +76,11 @@ def _twin(where: str, entry: dict[str, Any]) -> TwinSpec:
 
 def require_mindspore() -> None:
     """Raise DumpError, telling what to install, when a MindSpore dump cannot be replayed
-    here. Looks at installed metadata only: nothing is imported."""
-    if importlib.util.find_spec("mindspore") is None:
+    here. Looks at installed metadata only: nothing is imported. A folder named
+    `mindspore` on the path (a dump folder beside `python -m pytest`) is a namespace
+    package to Python, not MindSpore."""
+    spec = importlib.util.find_spec("mindspore")
+    if spec is None or spec.origin is None:
         raise DumpError(f"this is a MindSpore dump and MindSpore is not installed: {INSTALL_HINT}")
     numpy_version = importlib.metadata.version("numpy")
     if int(numpy_version.split(".")[0]) >= 2:

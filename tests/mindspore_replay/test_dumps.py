@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy
 import pytest
 import torch  # noqa: F401  (loaded before the inline runs, which unload what they import)
 
-from pytest_msprobe.run.mindspore.tables import INSTALL_HINT
+from pytest_msprobe.errors import DumpError
+from pytest_msprobe.run.mindspore.tables import INSTALL_HINT, require_mindspore
 
 try:
     import mindspore
@@ -55,6 +57,23 @@ def test_planted_fault_fails_exactly_its_calls(dump: str, copy_dump: Callable[[s
 
 
 @needs_mindspore
+def test_offline_judges_as_online_against_mindspores_own_cpu_kernel(copy_dump: Callable[[str], Path], run_dump: Callable[..., Any]) -> None:
+    """The dumped outputs are MindSpore's: offline, the reference is MindSpore's CPU
+    kernel, not the torch twin (whose exp and softmax round differently: 4 calls erred
+    offline that pass online, with the same device metrics); a perturbed output still
+    fails exactly its call."""
+    dump = copy_dump(SHIPPED[0])
+    online = run_dump(dump, "--msprobe-device=cpu")
+    offline = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
+    judged = {name: call.outcome for name, call in offline.calls.items() if call.outcome != "skipped"}
+    assert len(judged) == 11 and judged == {name: online.calls[name].outcome for name in judged}
+    assert {call.properties["msprobe_reference"] for call in offline.calls.values() if call.outcome == "passed"} >= {"reference"}
+    output = dump.parent / "dump_tensor_data" / "Mint.exp.0.forward.output.0.npy"
+    numpy.save(output, numpy.load(output) * numpy.float32(1 + 2**-10))
+    assert sorted(run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline").by_outcome("failed")) == ["Mint.exp.0.forward"]
+
+
+@needs_mindspore
 def test_device_raising_is_the_calls_error(copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """A genuinely wrong MindSpore call is an error, not a missing-kernel skip."""
 
@@ -92,14 +111,23 @@ def test_every_skip_says_why(write_dump: Callable[..., Path], run_dump: Callable
     assert result.calls["Mint.exp.0.forward"].outcome == "passed"
 
 
-def test_without_mindspore_the_dump_is_one_collection_error(
+def test_without_mindspore_the_dump_is_one_failed_test(
     copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "mindspore", None)  # what find_spec sees when it is absent
     result = run_dump(copy_dump(SHIPPED[0]))
-    assert result.calls == {}
-    assert len(result.collection_errors) == 1
-    assert f"MindSpore is not installed: {INSTALL_HINT}" in result.collection_errors[0]
+    assert list(result.calls) == ["collection"] and result.calls["collection"].outcome == "failed"
+    assert f"MindSpore is not installed: {INSTALL_HINT}" in result.calls["collection"].text
+
+
+def test_a_folder_named_mindspore_is_not_mindspore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `mindspore/` folder on the path (dumps beside `python -m pytest`) imports as a
+    namespace package: that is not MindSpore installed."""
+    (tmp_path / "mindspore").mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)
+    with pytest.raises(DumpError, match="MindSpore is not installed"):
+        require_mindspore()
 
 
 @needs_mindspore
@@ -109,8 +137,8 @@ def test_numpy_2_is_refused_with_the_install_line(copy_dump: Callable[[str], Pat
     real_version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.1.0" if name == "numpy" else real_version(name))
     result = run_dump(copy_dump(SHIPPED[0]))
-    assert len(result.collection_errors) == 1
-    assert "numpy 2.1.0" in result.collection_errors[0] and INSTALL_HINT in result.collection_errors[0]
+    assert list(result.calls) == ["collection"]
+    assert "numpy 2.1.0" in result.calls["collection"].text and INSTALL_HINT in result.calls["collection"].text
 
 
 def test_pytorch_dumps_never_import_mindspore(write_dump: Callable[..., Path], tmp_path: Path) -> None:
