@@ -54,14 +54,18 @@ def _faulty_calls(fault, calls: list[str], judged: set[str]) -> set[str]:
 
 
 # Below the floor of what separates a correct kernel from these faults on these dumps'
-# 8-element softmax rows (measured, make_dumps.py): the half-accumulator backward's errors
-# reach 8-17 float16 ULPs where the correct kernel's reach 3.3, on elements the single-run
-# rule judges at the output's RMS scale (limit 8 ULP); offline ratios 1.11-1.15x (limit 2x).
-# fault -> the direction whose calls are not errors (the softmax_low_precision_sum forward
-# calls are; the backward-only fault is not found at all).
-BELOW_FLOOR = {"softmax_low_precision_sum": "backward", "softmax_backward_half_accumulator": "backward"}
+# 8-element softmax rows (measured, make_dumps.py), in both modes:
+# - the half-accumulator backward's errors reach 8-17 float16 ULPs where the correct
+#   kernel's reach 3.3, on elements the single-run rule judges at the output's RMS scale
+#   (limit 8 ULP); offline its ratios are 1.11-1.15x (limit 2x);
+# - the low-precision sum moves the forward by up to 2.3 bfloat16 ULPs (mean 0.49 against
+#   the correct kernel's 0.25): single-run limits are 8 / 1 ULP at the RMS scale, and
+#   offline its mean_rel_err ratio was 2.14x against 2x before the reference noise floor
+#   (standards/benchmark.py), which the offline checks of correct layer_norm gradients
+#   need (ratios up to 3.7x between two correct summation orders).
+BELOW_FLOOR = {"softmax_low_precision_sum", "softmax_backward_half_accumulator"}
 FAULT_RUNS = [pytest.param(name, mode, marks=pytest.mark.xfail(strict=True, reason="below the measured floor: see BELOW_FLOOR"))
-              if FAULTS[name].direction == BELOW_FLOOR.get(name) else (name, mode) for name in sorted(FAULTS) for mode in MODES]
+              if name in BELOW_FLOOR else (name, mode) for name in sorted(FAULTS) for mode in MODES]
 
 
 @pytest.mark.parametrize(("fault_name", "mode"), FAULT_RUNS)
