@@ -1,7 +1,8 @@
 """Judging a call: the check end to end (`call`: read, replay, judge with the
 standards), the references a call may be judged against besides the bench (`offline`:
 the dump's own outputs as the device result; `baseline`: a recorded run's metrics),
-the result as plain data (`record`) and what any outcome amounts to (`outcome`).
+the result as plain data (`record`), what any outcome amounts to (`outcome`), and the
+element samples an HTML report plots (`samples`).
 
 May import: `dump`, `run`, `errors`, `standards`. Never pytest, never a later stage.
 """

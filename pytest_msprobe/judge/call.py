@@ -27,6 +27,9 @@ class Settings:
     device_request: str = "auto"  # --msprobe-device as given (MindSpore picks its own target on auto)
     offline: bool = False  # the dumped outputs are the device result
     baseline: Any = None  # pytest_msprobe.judge.baseline.Baseline: recorded metrics to judge against
+    # verdict statuses whose outputs keep a sample of elements for the HTML report
+    # (judge/samples.py); empty: none is taken and nothing is computed
+    sample_statuses: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -35,6 +38,7 @@ class CallResult:
     verdict: Any  # pytest_msprobe.standards.Verdict
     device: str
     origins: list[str]
+    samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def read_inputs(index: DumpIndex, name: CallName, max_elements: int) -> Inputs:
@@ -97,24 +101,41 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     if settings.offline:
         results = align_offline(results)
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
-    verdict = verdict_for(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
-    return CallResult(name, verdict, label, inputs.origins)
+    verdict, judged = judged_results(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
+    samples: list[dict[str, Any]] = []
+    if settings.sample_statuses:  # only for the HTML report: no cost without it
+        from pytest_msprobe.judge.samples import element_samples
+
+        try:
+            samples = element_samples(judged.bench, judged.device, verdict, settings.sample_statuses)
+        except Exception as exc:  # noqa: BLE001 - the report says so; the verdict stands
+            samples = [{"error": f"no element sample: {type(exc).__name__}: {exc}"}]
+    return CallResult(name, verdict, label, inputs.origins, samples)
 
 
 def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None) -> Any:
     """judge(); and a backward call judged error without a reference run (by the single-run
     rule, or against a baseline whose metrics may come from the same re-judgement) is
     judged again against the bench that saves its forward results in the device dtype."""
+    return judged_results(registry, name, results, bench=bench, framework=framework, recorded=recorded)[0]
+
+
+def judged_results(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str,
+                   recorded: Any = None) -> tuple[Any, Results]:
+    """verdict_for's verdict, and the results it was reached on (their bench is the
+    re-judgement's where that verdict stands): what the report's element samples show."""
     verdict = judge(registry, name, results, recorded)
     if verdict.status == "error" and name.direction == "backward" and results.reference is None:
-        verdict = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded) or verdict
-    return verdict
+        again = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded)
+        if again is not None:
+            return again
+    return verdict, results
 
 
 def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str,
-                                  recorded: Any) -> Any:
-    """The verdict against replay.saved_in_device_dtype's bench if it is not an error
-    there, else None (the error against the plain bench stands)."""
+                                  recorded: Any) -> tuple[Any, Results] | None:
+    """The verdict against replay.saved_in_device_dtype's bench, with those results, if
+    it is not an error there, else None (the error against the plain bench stands)."""
     inputs = results.inputs
     saved_in_d = saved_in_device_dtype(bench, inputs) if isinstance(bench, Run) else None
     if saved_in_d is None:
@@ -123,10 +144,12 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
         grads = saved_in_d.backward(inputs, needs_grad(inputs, framework))
     except Exception:  # noqa: BLE001 - the plain bench's error stands
         return None
-    verdict = judge(registry, name, dataclasses.replace(results, bench=grads), recorded)
+    again = dataclasses.replace(results, bench=grads)
+    verdict = judge(registry, name, again, recorded)
     if verdict.status == "error":
         return None
-    return dataclasses.replace(verdict, reference=f"{verdict.reference}, forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")
+    saved = str(saved_in_d.saved_in[1]).removeprefix("torch.")
+    return dataclasses.replace(verdict, reference=f"{verdict.reference}, forward results saved in {saved}"), again
 
 
 def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings) -> tuple[Any, Run, str]:

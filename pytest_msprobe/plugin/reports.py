@@ -27,7 +27,8 @@ from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.results.summary import Summary
-from pytest_msprobe.results.writer import Entry, ResultFilesError, ResultWriter, RunFiles, read_journal, record_key
+from pytest_msprobe.results.writer import (Entry, ResultFilesError, ResultWriter, RunFiles, read_journal, read_sessions, record_key,
+                                           write_sessions)
 
 # pytest_msprobe.plugin.items is imported where it is used, as plugin/__init__.py does: the node classes
 # are then those of the session that collected the items.
@@ -85,6 +86,7 @@ class ReportPlugin:
         self.left_out: Counter[str] = Counter()
         self.selected: int | None = None
         self.summary = Summary()
+        self.started_at = time.strftime("%Y-%m-%d %H:%M:%S%z")
         self.last_progress = time.monotonic()
         self.writer: ResultWriter | None = None
         if not hasattr(config, "workerinput"):  # an xdist worker only runs tests
@@ -186,6 +188,7 @@ class ReportPlugin:
     def pytest_sessionfinish(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            record_session(self.writer.files, self.config, self.started_at, time.monotonic() - self.summary.started)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.writer is None:
@@ -197,6 +200,17 @@ class ReportPlugin:
         terminalreporter.section("msprobe summary")
         for line in self.summary.lines(selected=self.selected, files=paths):
             terminalreporter.write_line(line)
+
+
+def record_session(files: RunFiles, config: pytest.Config, started: str, duration: float) -> None:
+    """Add this session to the run file: when, how long, the command, the environment
+    (versions, CANN, device), which a report of these results shows."""
+    from pytest_msprobe.judge.baseline import environment
+
+    device = session_state(config).settings().backend.describe(0)
+    session = {"started": started, "duration": round(duration, 3), "command": ["pytest", *config.invocation_params.args],
+               "environment": environment((), device)}
+    write_sessions(files, [*read_sessions(files), session])
 
 
 def _crashed(item: Any, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:
