@@ -28,6 +28,9 @@ class Settings:
     device_request: str = "auto"  # --msprobe-device as given (MindSpore picks its own target on auto)
     offline: bool = False  # the dumped outputs are the device result
     baseline: Any = None  # pytest_msprobe.judge.baseline.Baseline: recorded metrics to judge against
+    # verdict statuses whose outputs keep a sample of elements for the HTML report
+    # (judge/samples.py); empty: none is taken and nothing is computed
+    sample_statuses: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -36,6 +39,7 @@ class CallResult:
     verdict: Any  # pytest_msprobe.standards.Verdict
     device: str
     origins: list[str]
+    samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def read_inputs(index: DumpIndex, name: CallName, max_elements: int) -> Inputs:
@@ -104,30 +108,47 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     if settings.offline:
         results = align_offline(results)
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
-    verdict = verdict_for(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
+    verdict, judged = judged_results(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
     if recorded is not None:
         verdict = settings.baseline.labelled(verdict, index.key, str(name))
-    return CallResult(name, verdict, label, inputs.origins)
+    samples: list[dict[str, Any]] = []
+    if settings.sample_statuses:  # only for the HTML report: no cost without it
+        from pytest_msprobe.judge.samples import element_samples
+
+        try:
+            samples = element_samples(judged.bench, judged.device, verdict, settings.sample_statuses)
+        except Exception as exc:  # noqa: BLE001 - the report says so; the verdict stands
+            samples = [{"error": f"no element sample: {type(exc).__name__}: {exc}"}]
+    return CallResult(name, verdict, label, inputs.origins, samples)
 
 
 def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None) -> Any:
+    """judged_results' verdict."""
+    return judged_results(registry, name, results, bench=bench, framework=framework, recorded=recorded)[0]
+
+
+def judged_results(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str,
+                   recorded: Any = None) -> tuple[Any, Results]:
     """judge(); a call judged error whose outputs are sums of products is judged again
     with each element's terms' magnitude (run/terms.py: one more bench evaluation, only
     here); and a backward call still judged error without a reference run (by the
     single-run rule, or against a baseline whose metrics may come from the same
     re-judgement) is judged again against the bench that saves its forward results in
-    the device dtype."""
+    the device dtype. -> the verdict, and the results it was reached on (their bench is
+    the re-judgement's where that verdict stands): what the report's samples show."""
     verdict = judge(registry, name, results, recorded)
     if verdict.status != "error":
-        return verdict
+        return verdict, results
     terms = _aligned(term_magnitudes(name, bench, results.inputs, framework), results.bench)
     if terms is not None:
         conditioned = judge(registry, name, results, recorded, terms)
         if conditioned.status != "error":
-            return _relabelled(conditioned, "conditioned on the terms' magnitudes")
+            return _relabelled(conditioned, "conditioned on the terms' magnitudes"), results
     if name.direction == "backward" and results.reference is None:
-        verdict = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded, terms) or verdict
-    return verdict
+        again = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded, terms)
+        if again is not None:
+            return again
+    return verdict, results
 
 
 def _aligned(terms: Any, bench: Any) -> Any:
@@ -145,9 +166,9 @@ def _relabelled(verdict: Any, how: str) -> Any:
 
 
 def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str,
-                                  recorded: Any, terms: Any = None) -> Any:
-    """The verdict against replay.saved_in_device_dtype's bench if it is not an error
-    there, else None (the error against the plain bench stands)."""
+                                  recorded: Any, terms: Any = None) -> tuple[Any, Results] | None:
+    """The verdict against replay.saved_in_device_dtype's bench, with those results, if
+    it is not an error there, else None (the error against the plain bench stands)."""
     inputs = results.inputs
     saved_in_d = saved_in_device_dtype(bench, inputs) if isinstance(bench, Run) else None
     if saved_in_d is None:
@@ -156,10 +177,11 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
         grads = saved_in_d.backward(inputs, needs_grad(inputs, framework))
     except Exception:  # noqa: BLE001 - the plain bench's error stands
         return None
-    verdict = judge(registry, name, dataclasses.replace(results, bench=grads), recorded, terms)
+    again = dataclasses.replace(results, bench=grads)
+    verdict = judge(registry, name, again, recorded, terms)
     if verdict.status == "error":
         return None
-    return _relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")
+    return _relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}"), again
 
 
 def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Any) -> tuple[Any, Any, str]:

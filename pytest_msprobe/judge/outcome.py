@@ -56,6 +56,7 @@ def judge_call(index: DumpIndex, name: CallName, settings: Any) -> ResultRecord:
             message=_verdict_text(result),
             outputs=output_results(verdict),
             origins=result.origins,
+            samples=result.samples,
             **{**base, "device": result.device},
         )
     record.duration = time.perf_counter() - started

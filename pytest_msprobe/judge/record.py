@@ -36,10 +36,16 @@ class ResultRecord:
     outputs: list[OutputResult] = field(default_factory=list)
     origins: list[str] = field(default_factory=list)
     duration: float = 0.0
+    # Elements of some outputs for the HTML report's plots (judge/samples.py); empty,
+    # and absent from to_dict, unless --msprobe-html asked for them.
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the report (dataclasses.asdict deep-copies: 5x slower here)."""
-        return {**vars(self), "outputs": [dict(vars(output)) for output in self.outputs], "origins": list(self.origins)}
+        data = {**vars(self), "outputs": [dict(vars(output)) for output in self.outputs], "origins": list(self.origins)}
+        if not self.samples:
+            del data["samples"]  # the journal of a run without a report stays as it was
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ResultRecord":

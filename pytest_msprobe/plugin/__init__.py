@@ -2,8 +2,8 @@
 terminal summary), thin; the work is in the stages they call. Beside them: `options`
 (the flags and ini options, one table), `state` (the session's settings), `items`
 (the dump file and call items), `hookspecs` (hooks users implement), and one module of
-hooks per concern: `reports`, `baselines`, `scale` (isolation, sharding, ordering),
-`scripts`, `workers` and `scheduling` (xdist).
+hooks per concern: `reports`, `baselines`, `html` (the HTML report), `scale` (isolation,
+sharding, ordering), `scripts`, `workers` and `scheduling` (xdist).
 
 May import every stage. The only subpackage that imports pytest. Without a dump option
 every hook returns at once and nothing heavy is imported.
@@ -55,7 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
     state.settings()  # a device or option that cannot work stops the run here, once
     from pytest_msprobe.plugin import baselines, reports  # only when a dump is given
 
-    config.pluginmanager.register(reports.ReportPlugin(config), "msprobe-report")
+    report_plugin = reports.ReportPlugin(config)
+    config.pluginmanager.register(report_plugin, "msprobe-report")
+    if state.settings().sample_statuses:  # --msprobe-html
+        from pytest_msprobe.plugin import html
+
+        config.pluginmanager.register(html.HtmlPlugin(config, report_plugin), "msprobe-html")
     config.pluginmanager.register(baselines.BaselinePlugin(config), "msprobe-baseline")
     config.pluginmanager.import_plugin("pytest_msprobe.plugin.scripts")
     config.pluginmanager.import_plugin("pytest_msprobe.plugin.scale")

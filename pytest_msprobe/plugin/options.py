@@ -53,6 +53,10 @@ OPTIONS = (
     Option("msprobe_save_failed", "folder for the inputs and outputs of failed calls (.pt for torch.load(weights_only=True) + call.json)", "path"),
     Option("msprobe_scripts", "folder for a standalone script (DIR/<call name>.py) reproducing every failed call", "path"),
     Option("msprobe_scripts_all", "write a script for every selected call, not only the failed ones (needs --msprobe-scripts)", "bool", False),
+    Option("msprobe_html", "write a self-contained HTML report of the run to this file: counts, environment, a sortable "
+           "table of every call, and plots of each failing or warning call's elements"),
+    Option("msprobe_html_all", "the HTML report plots every call's outputs, not only failing and warning ones (needs "
+           "--msprobe-html)", "bool", False),
     Option("msprobe_devices", "device ids the xdist workers are spread over round robin, e.g. 0,1,2,3 (they index into "
            "CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES when those are set); default: every visible device"),
     Option("msprobe_shard", "run a deterministic 1/N of the calls: I/N with I in 1..N (a CI matrix or several hosts; "
@@ -152,3 +156,16 @@ def cache_folder(config: pytest.Config) -> Path:
     from pytest_msprobe.dump.cache import CACHE_FOLDER
 
     return out_folder(config) / CACHE_FOLDER
+
+
+SAMPLED_FAILING = frozenset({"error", "warning"})
+SAMPLED_EVERY = frozenset({"error", "warning", "pass"})
+
+
+def sample_statuses(config: pytest.Config) -> frozenset[str]:
+    """The verdict statuses whose outputs keep an element sample for the HTML report
+    (judge/samples.py): none without --msprobe-html, so a run without it costs nothing."""
+    wanted, every = get(config, "msprobe_html"), bool(get(config, "msprobe_html_all"))
+    if every and not wanted:
+        raise pytest.UsageError("--msprobe-html-all needs --msprobe-html=FILE, the report to write")
+    return (SAMPLED_EVERY if every else SAMPLED_FAILING) if wanted else frozenset()

@@ -33,7 +33,7 @@ from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.results.summary import Summary
 from pytest_msprobe.results.writer import (Entry, OutFolderLock, ResultFilesError, ResultWriter, RunFiles, read_journal,
-                                           record_key)
+                                           read_sessions, record_key, write_sessions)
 
 # pytest_msprobe.plugin.items is imported where it is used, as plugin/__init__.py does: the node classes
 # are then those of the session that collected the items.
@@ -98,6 +98,7 @@ class ReportPlugin:
         self.left_out: Counter[str] = Counter()
         self.selected: int | None = None
         self.summary = Summary()
+        self.started_at = time.strftime("%Y-%m-%d %H:%M:%S%z")
         self.last_progress = time.monotonic()
         self.writer: ResultWriter | None = None
         if self.writes:
@@ -212,6 +213,7 @@ class ReportPlugin:
             self._writer()  # nothing ran: the resumed run's files are still completed (the result CSV)
         if self.writer is not None:
             self.writer.close()
+            record_session(self.writer.files, self.config, self.started_at, time.monotonic() - self.summary.started)
         session.exitstatus = result_set_status(session.exitstatus, self.summary, self.options.strict)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -237,6 +239,17 @@ def result_set_status(status: int, summary: Summary, strict: bool) -> int:
         return status
     failing = summary.by_status["error"] + (summary.by_status["warning"] if strict else 0)
     return pytest.ExitCode.TESTS_FAILED if failing else pytest.ExitCode.OK
+
+
+def record_session(files: RunFiles, config: pytest.Config, started: str, duration: float) -> None:
+    """Add this session to the run file: when, how long, the command, the environment
+    (versions, CANN, device), which a report of these results shows."""
+    from pytest_msprobe.judge.baseline import environment
+
+    device = session_state(config).settings().backend.describe(0)
+    session = {"started": started, "duration": round(duration, 3), "command": ["pytest", *config.invocation_params.args],
+               "environment": environment((), device)}
+    write_sessions(files, [*read_sessions(files), session])
 
 
 def _crashed(item: Any, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:

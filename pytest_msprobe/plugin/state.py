@@ -41,6 +41,7 @@ class SessionState:
                 device_request=options.get(self.config, "msprobe_device"),
                 offline=bool(options.get(self.config, "msprobe_offline")),
                 baseline=_recorded_metrics(self.config, self.dumps),
+                sample_statuses=options.sample_statuses(self.config),
             )
         return self._settings
 

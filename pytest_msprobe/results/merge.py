@@ -1,11 +1,15 @@
 """Merge the result files of several runs (shards, ranks, reruns) into one set:
 
-    msprobe-merge -o merged/ shard0-out/ shard1-out/ rank1-out/msprobe_records_20250101120000.jsonl
+    msprobe-merge -o merged/ shard0-out/ shard1-out/ rank1-out/msprobe_records_20250101120000.jsonl [--html report.html]
 
 Each source is a --msprobe-out folder (its newest run is taken; the older runs there are
 named as not read) or a journal file. The journals are the truth: a test present in
 several sources keeps the record of the last source named, so a rerun named after the
 first run replaces its results. It prints what it read from each source.
+
+The HTML report of result folders, merged the same way in memory (html.py):
+
+    msprobe-report msprobe-out/ [more sources] -o report.html [--scripts DIR] [--baseline DIR ...]
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from pytest_msprobe.results.writer import Entry, JOURNAL_PREFIX, ResultFilesError, ResultWriter, RunFiles, read_journal, record_key
+from pytest_msprobe.results.writer import (Entry, JOURNAL_PREFIX, ResultFilesError, ResultWriter, RunFiles, read_journal, read_sessions,
+                                           record_key, write_sessions)
 
 
 def journal_of(source: Path) -> Path:
@@ -47,10 +52,21 @@ class SourceRead:
         return text
 
 
-def merge_runs(sources: Sequence[Path], target: Path) -> tuple[RunFiles, int, list[SourceRead]]:
-    """Write one run's files into `target` from the sources' journals; returns the
-    files, how many tests appeared in more than one source, and what was read."""
+@dataclass(frozen=True)
+class Merged:
+    """The sources' journal entries (the last source's record of a test kept), how many
+    tests appeared in more than one source, the sources' sessions (their run files), and
+    what was read of each source."""
+
+    entries: list[Entry]
+    repeated: int
+    sessions: list[dict]
+    read: list[SourceRead]
+
+
+def merged_entries(sources: Sequence[Path]) -> Merged:
     merged: dict[tuple[str, str], Entry] = {}
+    sessions: list[dict] = []
     repeated = 0
     read: list[SourceRead] = []
     for source in sources:
@@ -62,26 +78,66 @@ def merge_runs(sources: Sequence[Path], target: Path) -> tuple[RunFiles, int, li
             key = record_key(entry.record)
             repeated += key in merged
             merged[key] = entry
+        sessions += read_sessions(RunFiles.of_journal(journal))
+    return Merged(list(merged.values()), repeated, sessions, read)
+
+
+def merge_runs(sources: Sequence[Path], target: Path) -> tuple[RunFiles, Merged]:
+    """Write one run's files into `target` from the sources' journals."""
+    merged = merged_entries(sources)
     files = RunFiles.new(target)
-    ResultWriter(files, merged.values()).close()
-    return files, repeated, read
+    ResultWriter(files, merged.entries).close()
+    if merged.sessions:
+        write_sessions(files, merged.sessions)
+    return files, merged
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="msprobe-merge", description=__doc__.split("\n\n")[0])
     parser.add_argument("sources", nargs="+", type=Path, help="--msprobe-out folders or msprobe_records_*.jsonl files")
     parser.add_argument("-o", "--out", type=Path, required=True, help="folder for the merged files")
+    parser.add_argument("--html", type=Path, help="also write the HTML report of the merged results to this file")
     args = parser.parse_args(argv)
     try:
-        files, repeated, read = merge_runs(args.sources, args.out)
+        files, merged = merge_runs(args.sources, args.out)
     except ResultFilesError as exc:
         print(f"msprobe-merge: {exc}", file=sys.stderr)
         return 2
-    for source in read:
+    for source in merged.read:
         print(f"msprobe-merge: {source.line()}")
-    note = f" ({repeated} tests found in several sources: the last source's record kept)" if repeated else ""
-    total = sum(source.records for source in read) - repeated
+    note = f" ({merged.repeated} tests found in several sources: the last source's record kept)" if merged.repeated else ""
+    total = sum(source.records for source in merged.read) - merged.repeated
     print(f"msprobe-merge: wrote {total} records to {files.result}, {files.details}, {files.metrics}, {files.journal}{note}")
+    if args.html is not None:
+        from pytest_msprobe.results.html import ReportContext, write_report
+
+        report = write_report(merged.entries, args.html, ReportContext(sessions=tuple(read_sessions(files))))
+        print(f"msprobe-merge: wrote {report}")
+    return 0
+
+
+def report_main(argv: Sequence[str] | None = None) -> int:
+    """msprobe-report: the HTML report of result folders, rebuilt from their journals."""
+    from pytest_msprobe.judge.baseline import BaselineError
+    from pytest_msprobe.results.html import ReportContext, read_baselines, write_report
+
+    parser = argparse.ArgumentParser(prog="msprobe-report", description="Write the HTML report of result folders "
+                                     "(--msprobe-out folders or msprobe_records_*.jsonl journals; several are merged).")
+    parser.add_argument("sources", nargs="+", type=Path, help="--msprobe-out folders or msprobe_records_*.jsonl files")
+    parser.add_argument("-o", "--out", type=Path, default=Path("msprobe-report.html"), help="the HTML file to write")
+    parser.add_argument("--scripts", type=Path, help="the run's --msprobe-scripts folder: its scripts are the reproduce commands")
+    parser.add_argument("--baseline", type=Path, action="append", default=[],
+                        help="a --msprobe-baseline-save folder (repeatable: the trend runs over all, the newest is compared with)")
+    parser.add_argument("--title", default="pytest-msprobe report")
+    args = parser.parse_args(argv)
+    try:
+        merged = merged_entries(args.sources)
+        baselines = read_baselines(args.baseline)
+    except (ResultFilesError, BaselineError) as exc:
+        print(f"msprobe-report: {exc}", file=sys.stderr)
+        return 2
+    path = write_report(merged.entries, args.out, ReportContext(args.title, tuple(merged.sessions), args.scripts, baselines))
+    print(f"msprobe-report: wrote {path}")
     return 0
 
 

@@ -6,6 +6,8 @@ A run's files share a timestamp, as msprobe names them:
     accuracy_checking_details_{ts}.csv     one row per compared output (msprobe's columns)
     accuracy_checking_metrics_{ts}.jsonl   one flat object per output, every metric (pandas.read_json(lines=True))
     accuracy_checking_result_{ts}.csv      one row per call, both directions (msprobe's columns)
+    msprobe_run_{ts}.json                  the sessions that wrote them: when, how long, the command
+                                           and the environment (what a report rebuilt later shows)
 
 Every arriving record is appended to the first three, the journal last and flushed at
 once: a record is "done" once its journal line is complete. The details and metrics
@@ -39,6 +41,7 @@ from pytest_msprobe.judge.record import ResultRecord
 
 JOURNAL_PREFIX = "msprobe_records_"
 METRICS_PREFIX = "accuracy_checking_metrics_"
+RUN_PREFIX = "msprobe_run_"
 
 
 class ResultFilesError(Exception):
@@ -67,6 +70,15 @@ class RunFiles:
     @property
     def result(self) -> Path:
         return self.folder / f"{RESULT_PREFIX}{self.stamp}.csv"
+
+    @property
+    def run(self) -> Path:
+        return self.folder / f"{RUN_PREFIX}{self.stamp}.json"
+
+    @classmethod
+    def of_journal(cls, journal: Path) -> "RunFiles":
+        """The run a journal belongs to (its timestamp names the other files)."""
+        return cls(journal.parent, journal.name[len(JOURNAL_PREFIX):-len(".jsonl")])
 
     @classmethod
     def new(cls, folder: Path) -> "RunFiles":
@@ -180,6 +192,20 @@ def read_journal(path: Path) -> list[Entry]:
                                    "damaged: delete that line, or run without --msprobe-resume to start over") from exc
         entries[record_key(entry.record)] = entry
     return list(entries.values())
+
+
+def read_sessions(files: RunFiles) -> list[dict]:
+    """The sessions recorded for a run, oldest first; none for a run that has no (or a
+    damaged) run file: it only adds to a report, it is never needed to read results."""
+    try:
+        sessions = json.loads(files.run.read_text("utf-8")).get("sessions", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [session for session in sessions if isinstance(session, dict)] if isinstance(sessions, list) else []
+
+
+def write_sessions(files: RunFiles, sessions: list[dict]) -> None:
+    _replace(files.run, json.dumps({"sessions": sessions}, indent=1) + "\n")
 
 
 def metrics_rows(entry: Entry) -> list[dict]:

@@ -1,0 +1,65 @@
+"""--msprobe-html=FILE: the hooks of the HTML report (pytest_msprobe/results/html.py).
+
+Where the test runs, the check keeps a sample of elements of each failing or warning
+output (of every output with --msprobe-html-all: Settings.sample_statuses, from
+options.sample_statuses), which travels in the ResultRecord to the single writer's journal like the
+rest of the record. When the session ends, after the result files are closed, the
+controller (or the lone process) writes the report from that journal, and the terminal
+summary names it. Without the option no sample is taken and this plugin is not
+registered: the run costs what it did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pytest.pathlib import bestrelpath
+
+from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin.state import session_state
+
+TITLE_DUMPS = 3
+
+
+class HtmlPlugin:
+    def __init__(self, config: pytest.Config, reports: Any) -> None:
+        self.config = config
+        self.reports = reports  # plugin.reports.ReportPlugin: its writer holds the run's files
+        base = Path(config.invocation_params.dir)
+        self.target = base / options.get(config, "msprobe_html")
+        scripts = options.get(config, "msprobe_scripts")
+        self.scripts = base / scripts if scripts else None
+        self.baseline_folder = options.get(config, "msprobe_baseline") or options.get(config, "msprobe_reference_csv")
+        self.written: Path | None = None
+        self.problem = ""
+
+    @pytest.hookimpl(trylast=True)  # after the report plugin closed the result files and recorded the session
+    def pytest_sessionfinish(self) -> None:
+        from pytest_msprobe.results.html import ReportContext, write_report
+        from pytest_msprobe.results.writer import ResultFilesError, read_journal, read_sessions
+
+        writer = self.reports.writer
+        if writer is None:  # an xdist worker: the controller writes the report
+            return
+        recorded = session_state(self.config).settings().baseline
+        baselines = ((str(self.baseline_folder), recorded),) if recorded is not None else ()
+        context = ReportContext(self._title(), tuple(read_sessions(writer.files)), self.scripts, baselines)
+        try:
+            self.written = write_report(read_journal(writer.files.journal), self.target, context)
+        except (OSError, ResultFilesError) as exc:  # the results are on disk; the report can be rebuilt from them
+            self.problem = f"{type(exc).__name__}: {exc}"
+
+    @pytest.hookimpl(trylast=True)  # after the msprobe summary
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.written is not None:
+            terminalreporter.write_line(f"msprobe html report: {self.written}")
+        elif self.problem:
+            terminalreporter.write_line(f"msprobe html report: not written ({self.problem}); rebuild it with "
+                                        f"msprobe-report {self.reports.writer.files.folder} -o {self.target}", red=True)
+
+    def _title(self) -> str:
+        dumps = [bestrelpath(self.config.rootpath, path) for path in session_state(self.config).dumps]
+        more = f" and {len(dumps) - TITLE_DUMPS} more" if len(dumps) > TITLE_DUMPS else ""
+        return "pytest-msprobe: " + ", ".join(dumps[:TITLE_DUMPS]) + more
