@@ -247,6 +247,50 @@ def embedding_backward_lost_duplicates(original: Callable) -> Callable:
     return faulty_embedding
 
 
+class _MaxPoolBackwardAllTies(torch.autograd.Function):
+    """max_pool2d whose backward gives a window's gradient to every element equal to the
+    window's maximum (each tied maximum gets all of it) instead of to the one the native
+    kernel picks (the first): windows read as columns (im2col), the mask `column == max`
+    times the gradient summed back into place (col2im)."""
+
+    @staticmethod
+    def forward(ctx, input, packed):
+        kernel, stride, padding, dilation, original = packed
+        output = original(input, kernel, stride, padding, dilation)
+        ctx.save_for_backward(input, output)
+        ctx.geometry = kernel, dilation, padding, stride
+        return output
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        kernel, dilation, padding, stride = ctx.geometry
+        n, c, h, w = x.shape
+        cols = aten.reshape(aten.im2col(x, kernel, dilation, padding, stride), [n, c, kernel[0] * kernel[1], -1])
+        tied = aten.eq.Tensor(cols, aten.reshape(y, [n, c, 1, -1]))  # the fault: every tie, not the first
+        routed = aten.mul.Tensor(tied, aten.reshape(grad, [n, c, 1, -1]))
+        dx = aten.col2im(aten.reshape(routed, [n, c * kernel[0] * kernel[1], -1]), [h, w], kernel, dilation, padding, stride)
+        return dx, None
+
+
+def maxpool_backward_all_ties(original: Callable) -> Callable:
+    """float32 max_pool2d whose backward routes the gradient to all the tied maxima of a
+    window (a window of zeros after relu: to all its elements); the forward is correct."""
+
+    def pair(value):
+        return tuple(value) * (2 // len(value)) if isinstance(value, (tuple, list)) else (value, value)
+
+    def faulty_max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        plain = input.dim() == 4 and not ceil_mode and not return_indices
+        if input.dtype != torch.float32 or not plain or not (torch.is_grad_enabled() and input.requires_grad):
+            return original(input, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=return_indices)
+        kernel = pair(kernel_size)
+        stride = kernel if stride is None or (isinstance(stride, (tuple, list)) and not stride) else pair(stride)
+        return _MaxPoolBackwardAllTies.apply(input, (kernel, stride, pair(padding), pair(dilation), original))
+
+    return faulty_max_pool2d
+
+
 # --- the table ------------------------------------------------------------------
 
 
@@ -303,5 +347,9 @@ FAULTS: dict[str, ModelFault] = {
                    embedding_backward_lost_duplicates,
                    "pytorch/pytorch#187687 'fix: aten embed bwd thread sync before proceeding to next batch' (cf. tenstorrent/tt-metal#6232)",
                    "the rows of repeated tokens (2 of 5000, 32 of 80000 elements) lose all but one contribution: wrong by up to 100%+; the rest exact"),
+        ModelFault("maxpool_backward_all_ties", torch.nn.functional, "max_pool2d", "Functional.max_pool2d.", (torch.float32,), "backward",
+                   maxpool_backward_all_ties,
+                   "Theano/Theano#5248 'Backpropagation on max-pooling' (the gradient goes to all inputs equal to the max, unlike cuDNN; cf. apache/mxnet#18563)",
+                   "the 39 of 512 windows of zeros (after relu) pass their gradient to all 4 elements: 117 of 2048 gradient elements are the window's gradient (up to 0.028, mean 0.0095) instead of 0, relative L2 error 0.46; the rest exact"),
     ]
 }

@@ -225,6 +225,8 @@ FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
                                           "ROCm/MIOpen#3427 'Softmax log backward : Increase precision of fp16's accumulator to fp32'"),
     "embedding_backward_lost_duplicates": ("embedattn", "float32",
                                            "pytorch/pytorch#187687 'fix: aten embed bwd thread sync before proceeding to next batch'"),
+    "maxpool_backward_all_ties": ("convbn", "float32",
+                                  "Theano/Theano#5248 'Backpropagation on max-pooling' (gradient to all inputs equal to the max, unlike cuDNN)"),
 }
 
 # --- dumping --------------------------------------------------------------------
