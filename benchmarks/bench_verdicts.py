@@ -1,6 +1,6 @@
 """Cost of the conditioned verdicts and bias tests (issue 13) against the code before them.
 
-Usage: python benchmarks/bench_verdicts.py --before REV --dump DIR/dump.json [--repeat 3]
+Usage: python benchmarks/bench_verdicts.py --before REV --dump DIR/dump.json [--repeat 3] [--offline] [--skip-output]
 
 REV is checked out into a temporary git worktree and imported from there (its own
 standards and plugin, with this venv's torch), so both sides run on the same machine in
@@ -64,10 +64,10 @@ def _env(tree: Path | None) -> dict[str, str]:
     return env
 
 
-def _dump_seconds(tree: Path | None, dump: Path, out: Path) -> tuple[float, int]:
+def _dump_seconds(tree: Path | None, dump: Path, out: Path, extra: list[str]) -> tuple[float, int]:
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--msprobe-dump={dump}",
                              "--msprobe-device=cpu", f"--msprobe-out={out}", "--rootdir", str(dump.parent),
-                             "-c", os.devnull], cwd=dump.parent, env=_env(tree), capture_output=True, text=True)
+                             "-c", os.devnull, *extra], cwd=dump.parent, env=_env(tree), capture_output=True, text=True)
     match = re.search(r"(\d+) run here in ([0-9.]+) s", result.stdout)
     if match is None:
         raise RuntimeError(result.stdout[-2000:] + result.stderr[-2000:])
@@ -86,6 +86,9 @@ def main() -> None:
     parser.add_argument("--dump", type=Path, required=True)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--n", type=int, default=2 ** 24)
+    parser.add_argument("--offline", dest="plugin_args", action="store_const", const=["--msprobe-offline"], default=[],
+                        help="the dump's own outputs as the device (--msprobe-offline)")
+    parser.add_argument("--skip-output", action="store_true", help="only the dump")
     args = parser.parse_args()
     tree = _tree(args.before)
     try:
@@ -93,13 +96,15 @@ def main() -> None:
             dump = {"before": [], "after": []}
             for _ in range(args.repeat):
                 for side, where in (("before", tree), ("after", None)):
-                    dump[side].append(_dump_seconds(where, args.dump.resolve(), Path(out) / side))
+                    dump[side].append(_dump_seconds(where, args.dump.resolve(), Path(out) / side, args.plugin_args))
             calls = dump["after"][0][1]
             print(f"dump {args.dump} ({calls} calls), test phase, best of {args.repeat}:")
             best = {side: min(seconds for seconds, _ in runs) for side, runs in dump.items()}
             for side in ("before", "after"):
                 print(f"  {side:7s} {best[side]:.2f} s  {1000 * best[side] / calls:.2f} ms per call")
             print(f"  after / before: {best['after'] / best['before']:.3f}")
+        if args.skip_output:
+            return
         outputs = {"before": [], "after": []}
         for _ in range(args.repeat):
             for side, where in (("before", tree), ("after", None)):
