@@ -65,3 +65,17 @@ def test_planted_fault_fails_exactly_that_api(name, owner, api, dtype, prefix, c
     assert expected and failed == expected
     for call in failed:
         assert "error by the" in result.calls[call].text
+
+
+def test_a_statistics_calls_verdict_does_not_depend_on_its_index(write_dump, run_dump) -> None:
+    """Generated inputs differ per index (their seed is the call's name), the verdict on a
+    correct kernel must not: 200 copies of the bfloat16 Tensor.__mul__.1 (its backward is
+    a broadcast product summed over the batch, which cancels) were 19 errors before the
+    conditioned verdicts (scaled_err_ratio 0.25 > 0)."""
+    from conftest import DUMPS
+
+    data = json.loads((DUMPS / "torch_mlpcnn_statistics_bf16" / "dump.json").read_text())["data"]
+    copies = {f"Tensor.__mul__.{1000 + k}.{direction}": data[f"Tensor.__mul__.1.{direction}"]
+              for k in range(200) for direction in ("forward", "backward")}
+    result = run_dump(write_dump(copies), "--msprobe-device=cpu")
+    assert len(result.by_outcome("passed")) == 400, {call: o.text for call, o in result.calls.items() if o.outcome != "passed"}
