@@ -81,3 +81,25 @@ def test_planted_fault_fails_exactly_the_faulty_calls(fault_name, mode, copy_dum
     assert expected, f"no judged call of {fault.call_prefix} in the fault's direction"
     assert failed - {call for call in failed if call.startswith(fault.call_prefix)} == set(), "a clean API failed"
     assert expected <= failed, f"missed: {sorted(expected - failed)}"
+
+
+@pytest.mark.parametrize("name", ["gru_tensor_fp32", "lstm_tensor_fp32"])
+def test_a_recurrent_layers_backward_is_judged_though_msprobe_dropped_h_n(name, copy_dump, run_dump):
+    """msprobe records one incoming gradient for torch.gru's two outputs (the output
+    sequence's; h_n got none): paired by shape, the backward is judged, not skipped."""
+    call = f"Torch.{name.split('_')[0]}.0.backward"
+    result = run_dump(copy_dump(f"models/{name}"), "--msprobe-device=cpu", "-k", call)
+    assert result.calls[call].outcome == "passed", result.calls[call].text
+
+
+def test_gradients_pair_by_shape_only_where_the_choice_is_unique():
+    import torch
+
+    from pytest_msprobe.errors import CallSkip
+    from pytest_msprobe.run.replay import _grads_by_shape
+
+    sequence, state, grad = torch.zeros(2, 6, 16), torch.zeros(2, 2, 16), torch.ones(2, 6, 16)
+    assert _grads_by_shape([sequence, state], [grad])[0] is grad
+    assert _grads_by_shape([sequence, state], [grad])[1] is None
+    with pytest.raises(CallSkip, match="cannot pair them by shape"):
+        _grads_by_shape([sequence, torch.zeros(2, 6, 16)], [grad])  # two outputs of its shape

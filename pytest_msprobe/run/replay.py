@@ -200,7 +200,7 @@ def _clone_tensor(value: Any) -> Any:
 
 def _pair_gradients(outputs: list[Any], grads: list[Any], placement: Placement) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     if len(grads) != len(outputs):
-        raise CallSkip(f"the dump has {len(grads)} incoming gradients for {len(outputs)} forward outputs; cannot pair them")
+        grads = _grads_by_shape(outputs, grads)
     paired_outputs, paired_grads = [], []
     for position, (output, grad) in enumerate(zip(outputs, grads)):
         if grad is None or not isinstance(output, torch.Tensor) or not output.requires_grad:
@@ -210,6 +210,24 @@ def _pair_gradients(outputs: list[Any], grads: list[Any], placement: Placement) 
         paired_outputs.append(output)
         paired_grads.append(grad.to(device=output.device, dtype=output.dtype))
     return paired_outputs, paired_grads
+
+
+def _grads_by_shape(outputs: list[Any], grads: list[Any]) -> list[Any]:
+    """msprobe leaves out the gradients of outputs that got none (a GRU's h_n when only
+    its output sequence is used): fewer gradients than outputs are given, in order, to the
+    outputs of their shapes, where that choice is unique; the other outputs get None."""
+    shapes = [tuple(output.shape) if isinstance(output, torch.Tensor) else None for output in outputs]
+    paired: list[Any] = [None] * len(outputs)
+    start = 0
+    for grad in grads:
+        if grad is None:
+            continue
+        matches = [i for i in range(start, len(outputs)) if shapes[i] == tuple(grad.shape)]
+        if len(grads) > len(outputs) or len(matches) != 1:
+            raise CallSkip(f"the dump has {len(grads)} incoming gradients for {len(outputs)} forward outputs; cannot pair "
+                           "them by shape")
+        paired[matches[0]], start = grad, matches[0] + 1
+    return paired
 
 
 def needs_grad(inputs: Inputs, framework: str) -> list[bool]:
