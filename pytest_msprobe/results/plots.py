@@ -41,7 +41,7 @@ HEATMAP_LEVELS = 10
 TICKS = 4  # labelled ticks an axis has at most: each costs ~0.7 ms to lay out
 PER_PROCESS = 16  # figures a rendering process must have at least: one takes ~1 s to start
 MAX_PROCESSES = 8
-MIN_CPUS = 4  # with fewer, the processes would compete with the run's own for CPU
+MIN_CPUS = 2  # the report is drawn when the run's tests are done: every CPU is free for it
 DECIMALS = re.compile(r"(\d\.\d)\d+")
 
 
