@@ -92,8 +92,18 @@ def _mindspore_replay() -> Any:
 FRAMEWORKS: dict[str, Callable[[], Any]] = {"pytorch": PytorchReplay, "mindspore": _mindspore_replay}
 
 
-def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
-    """Raises CallSkip, CallError or replay.DeviceFailed; otherwise the verdict."""
+@dataclass
+class Replayed:
+    """A call run on every side, as its test judges it."""
+
+    results: Results
+    bench: Any  # the bench Run (its re-judgements run it again)
+    label: str  # what the device was
+
+
+def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replayed:
+    """Decode the call and run it on the device (offline: the dump's outputs), the bench
+    and the reference. Raises CallSkip, CallError or replay.DeviceFailed."""
     framework = FRAMEWORKS[index.framework]()
     api = framework.resolve(name, settings.backend)
     inputs = read_inputs(index, name, settings.max_elements)
@@ -105,8 +115,13 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
         results = replay(name.direction, api, inputs, device, bench, reference, framework=index.framework)
     finally:
         settings.backend.free()
-    if settings.offline:
-        results = align_offline(results)
+    return Replayed(align_offline(results) if settings.offline else results, bench, label)
+
+
+def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
+    """Raises CallSkip, CallError or replay.DeviceFailed; otherwise the verdict."""
+    replayed = replay_call(index, name, settings)
+    results, bench, label, inputs = replayed.results, replayed.bench, replayed.label, replayed.results.inputs
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
     verdict, judged = judged_results(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
     if recorded is not None:

@@ -54,22 +54,17 @@ def save_failed_call(folder: Path, index: DumpIndex, name: CallName, settings: A
     again still gets its call.json, with the reason its tensors are missing."""
     import torch
 
-    from pytest_msprobe.judge.call import FRAMEWORKS, read_inputs
-    from pytest_msprobe.run.replay import DeviceFailed, replay
+    from pytest_msprobe.judge.call import replay_call
+    from pytest_msprobe.run.replay import DeviceFailed
 
     target = folder / str(name)
     target.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, dict[str, Any]] = {}
     missing = ""
     try:
-        framework = FRAMEWORKS[index.framework]()
-        api = framework.resolve(name, settings.backend)
-        inputs = read_inputs(index, name, settings.max_elements)
+        results = replay_call(index, name, settings).results  # offline: the dump's outputs are the device's
+        inputs = results.inputs
         tensors["inputs"] = flat_tensors({"input_args": inputs.args, "input_kwargs": inputs.kwargs, "grads": inputs.grads or []})
-        try:
-            results = replay(name.direction, api, inputs, *framework.runs(api, inputs, settings), framework=index.framework)
-        finally:
-            settings.backend.free()
         sides = {"device": results.device, "bench": results.bench, "reference": results.reference}
         tensors.update({side: flat_tensors(value, "output") for side, value in sides.items() if value is not None})
     except (CallSkip, CallError, DeviceFailed) as exc:

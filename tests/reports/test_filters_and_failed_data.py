@@ -111,3 +111,13 @@ def test_metrics_print_with_14_decimals_and_a_space_when_absent() -> None:
     assert metric_text(1 / 3) == "0.33333333333333"
     assert metric_text(-0.5) == "-0.50000000000000"
     assert (metric_text(None), metric_text(float("nan")), metric_text(float("-inf"))) == (" ", "nan", "-inf")
+
+
+def test_offline_failed_data_saves_the_dumped_outputs_that_were_judged(copy_dump, run_dump, tmp_path: Path) -> None:
+    """Offline, the device is the dump: device.pt must hold the dumped (faulty) outputs,
+    not a CPU replay of the call (which is what it held before)."""
+    dump = copy_dump("models/faults/tf32_conv")
+    run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", f"--msprobe-save-failed={tmp_path / 'failed'}")
+    saved = torch.load(tmp_path / "failed" / "Functional.conv2d.0.forward" / "device.pt", weights_only=True)
+    dumped = torch.load(dump.parent / "dump_tensor_data" / "Functional.conv2d.0.forward.output.0.pt", weights_only=True)
+    assert torch.equal(saved["output"], dumped)
