@@ -155,11 +155,13 @@ def single_run_metrics(pair: Pair) -> dict:
     return pair.cached("single_run_metrics", compute)
 
 
-def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict) -> list[str]:
-    """Reasons the single-run rule fails (empty list: pass); copies its limits into `used`."""
+def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict,
+                       bias_limit: str = "sr_bias_ulp") -> list[str]:
+    """Reasons the single-run rule fails (empty list: pass); copies its limits into `used`.
+    `bias_limit`: the threshold that bounds the bias means (a standard's own, bias.py)."""
     reasons: list[str] = []
     thresholds = used
-    for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp", "sr_max_top_ulp", "sr_bias_ulp",
+    for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp", "sr_max_top_ulp", bias_limit,
                 "sr_bias_z"):
         used[key] = limits.get(key, pair.info.defaults[key])
     mean_limit = thresholds["sr_mean_scaled_ulp"] * (1 + 2 / math.sqrt(max(pair.n_finite, 1)))
@@ -171,7 +173,7 @@ def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict) -> list[st
         if metrics[key] > limit:
             reasons.append(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} "
                            f"({what})")
-    reasons.extend(bias_reasons(metrics, thresholds["sr_bias_z"], thresholds["sr_bias_ulp"]))
+    reasons.extend(bias_reasons(metrics, thresholds["sr_bias_z"], thresholds[bias_limit]))
     return reasons
 
 

@@ -142,9 +142,7 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
                                                "scale_bias_z")})
         bias_only = dict(extra, max_scaled_ulp_err=0.0, mean_scaled_ulp_err=0.0)
         # matrix products have no shared normaliser: their own (tighter) bias limit
-        limits = {**thresholds, "sr_bias_ulp": thresholds["ulp_bias_ulp"]}
-        reasons.extend(single_run_reasons(pair, bias_only, limits, used))
-        used["ulp_bias_ulp"] = used.pop("sr_bias_ulp")
+        reasons.extend(single_run_reasons(pair, bias_only, thresholds, used, bias_limit="ulp_bias_ulp"))
         for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp"):
             used.pop(key, None)
     status = "error" if reasons else "pass"

@@ -42,6 +42,12 @@ class CallName:
         """The name without its direction, as msprobe's result CSV spells it."""
         return f"{self.api_type}.{self.api_name}.{self.index}"
 
+    @property
+    def operator(self) -> str:
+        """The API name the tables know it by: an Aten overload (`add.Tensor`) is its
+        operator (`add`)."""
+        return self.api_name.rsplit(".", 1)[0] if self.api_type == "Aten" else self.api_name
+
     def __str__(self) -> str:
         return f"{self.call}.{self.direction}"
 

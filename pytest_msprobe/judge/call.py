@@ -230,7 +230,6 @@ def judge(registry: Any, name: CallName, results: Results, recorded: Any = None,
     """The verdict against the bench; against recorded baseline metrics when given,
     else against the reference run where there is one; conditioned on the elements'
     terms' magnitudes when given."""
-    api_name = name.api_name.rsplit(".", 1)[0] if name.api_type == "Aten" else name.api_name
     reference = recorded if recorded is not None else results.reference
-    return registry.check(results.bench, results.device, api=api_name, reference=reference, terms=terms)
+    return registry.check(results.bench, results.device, api=name.operator, reference=reference, terms=terms)
 

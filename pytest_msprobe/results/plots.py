@@ -83,19 +83,23 @@ def render_all(datas: Sequence[Any]) -> list[str]:
     pool that cannot start or breaks leaves the figures to this process."""
     cpus = _cpus()
     processes = min(cpus, MAX_PROCESSES, len(datas) // PER_PROCESS) if cpus >= MIN_CPUS else 1
-    if processes >= 2:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        from concurrent.futures.process import BrokenProcessPool
+    rendered = _in_processes(datas, processes) if processes >= 2 else None
+    return rendered if rendered is not None else [render(data) for data in datas]
 
-        # spawn: a fresh interpreter that imports numpy and matplotlib only, never a
-        # fork of a process that holds torch, its threads and a device
-        try:
-            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-                return list(pool.map(render, datas, chunksize=max(1, len(datas) // (processes * 4))))
-        except (BrokenProcessPool, OSError):
-            pass
-    return [render(data) for data in datas]
+
+def _in_processes(datas: Sequence[Any], processes: int) -> list[str] | None:
+    """render() of each by a pool of `processes`; None if the pool cannot start or breaks."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    # spawn: a fresh interpreter that imports numpy and matplotlib only, never a
+    # fork of a process that holds torch, its threads and a device
+    try:
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return list(pool.map(render, datas, chunksize=max(1, len(datas) // (processes * 4))))
+    except (BrokenProcessPool, OSError):
+        return None
 
 
 def _cpus() -> int:

@@ -55,25 +55,14 @@ class RunFiles:
     folder: Path
     stamp: str
 
-    @property
-    def journal(self) -> Path:
-        return self.folder / f"{JOURNAL_PREFIX}{self.stamp}.jsonl"
+    def _file(self, prefix: str, suffix: str) -> Path:
+        return self.folder / f"{prefix}{self.stamp}{suffix}"
 
-    @property
-    def details(self) -> Path:
-        return self.folder / f"{DETAILS_PREFIX}{self.stamp}.csv"
-
-    @property
-    def metrics(self) -> Path:
-        return self.folder / f"{METRICS_PREFIX}{self.stamp}.jsonl"
-
-    @property
-    def result(self) -> Path:
-        return self.folder / f"{RESULT_PREFIX}{self.stamp}.csv"
-
-    @property
-    def run(self) -> Path:
-        return self.folder / f"{RUN_PREFIX}{self.stamp}.json"
+    journal = property(lambda self: self._file(JOURNAL_PREFIX, ".jsonl"))
+    details = property(lambda self: self._file(DETAILS_PREFIX, ".csv"))
+    metrics = property(lambda self: self._file(METRICS_PREFIX, ".jsonl"))
+    result = property(lambda self: self._file(RESULT_PREFIX, ".csv"))
+    run = property(lambda self: self._file(RUN_PREFIX, ".json"))
 
     @classmethod
     def of_journal(cls, journal: Path) -> "RunFiles":
@@ -87,14 +76,9 @@ class RunFiles:
         folder.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d%H%M%S")
         files, suffix = cls(folder, stamp), 1
-        while True:
-            try:
-                if not files.details.exists():
-                    os.close(os.open(files.journal, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                    return files
-            except FileExistsError:
-                pass
+        while files.details.exists() or not _claimed(files.journal):
             files, suffix = cls(folder, f"{stamp}_{suffix}"), suffix + 1
+        return files
 
     @classmethod
     def all(cls, folder: Path) -> list["RunFiles"]:
@@ -107,6 +91,15 @@ class RunFiles:
         """The newest run in a folder (by its journal's timestamp), None if there is none."""
         runs = cls.all(folder)
         return runs[-1] if runs else None
+
+
+def _claimed(path: Path) -> bool:
+    """Whether this process created `path` (atomically: no other run can create it too)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 LOCK_FILE = ".msprobe-lock"

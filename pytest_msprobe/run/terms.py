@@ -27,13 +27,9 @@ from pytest_msprobe.run.apis import terms_table
 from pytest_msprobe.run.replay import Inputs, Run, needs_grad, tensors_in, tree_map
 
 
-def _api(name: CallName) -> str:
-    return name.api_name.rsplit(".", 1)[0] if name.api_type == "Aten" else name.api_name
-
-
 def has_terms(name: CallName) -> bool:
     """Whether the call's outputs (forward) or gradients (backward) are sums of products."""
-    return _api(name) in terms_table()[name.direction]
+    return name.operator in terms_table()[name.direction]
 
 
 def _argument(args: list[Any], kwargs: dict[str, Any], position: int, name: str, default: Any = None) -> Any:
@@ -108,7 +104,7 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
     the absolute evaluation fails (the verdict then stands without it)."""
     if not isinstance(bench, Run):
         return None
-    if name.direction == "backward" and _api(name) in NORM_TERMS:
+    if name.direction == "backward" and name.operator in NORM_TERMS:
         return _norm_terms(name, bench, inputs, framework)
     if not has_terms(name):
         return None
@@ -126,7 +122,7 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
 def _norm_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Any, ...] | None:
     """The gradients' terms of a normalisation: its weight's and bias's from NORM_TERMS,
     None for the input's (and any tensor the formula does not name)."""
-    names, formula = NORM_TERMS[_api(name)]
+    names, formula = NORM_TERMS[name.operator]
     args, kwargs = bench.place(inputs.args), bench.place(inputs.kwargs)
     grads = inputs.grads or []
     if len(grads) != 1 or grads[0] is None or not isinstance(args[0], torch.Tensor):
