@@ -13,7 +13,9 @@ the sample:
   scale     `scale_bias_ulp`, `scale_bias_z`: d away from vs toward zero (relative to
             sign(b)) -- rounding toward zero, a scale factor off by a few ULPs.
 A test fails when its sign test's z-score exceeds `sr_bias_z` (5) AND its mean exceeds
-the standard's limit: an imbalance that is both certain and large enough to matter.
+the standard's limit: an imbalance that is both certain and large enough to matter. A
+sign test over n elements has z <= sqrt(n), so outputs of 25 elements or fewer are not
+tested (nothing is computed or reported for them).
 
 What the device is compared with, by mode:
 - without a reference, the bench rounded to D (b_D): correct rounding is then no error
@@ -46,7 +48,9 @@ What the device is compared with, by mode:
   ratios judge (reference.py); the bias test is not applied.
 
 Sampling as the single-run rule's (single_run.py rule 4): at least 2**20 elements in
-blocks, so a bias test costs a bounded pass whatever the output's size.
+blocks, so a bias test costs a bounded pass whatever the output's size; where no fused
+pass runs anyway (the thousandth standard), only the sampled blocks are read
+(fast.sampled_bias).
 """
 from __future__ import annotations
 
@@ -128,6 +132,8 @@ def judge_bias(pair: Pair, reference, thresholds, used: dict, limit_key: str,
     not at all against a baseline's metrics. `computed`: the single-run metrics a fused
     pass already has. -> (metrics to report, reasons)."""
     z_limit = thresholds["sr_bias_z"]
+    if pair.n <= z_limit ** 2:
+        return {}, []   # a sign test over n elements has z <= sqrt(n): it cannot fail
     if reference is not None:
         if reference.pair is None:
             return {}, []

@@ -161,6 +161,35 @@ def _bench_in_d(bc: np.ndarray, info, buf):
     return out
 
 
+def sampled_bias(pair, q: float, sample: int):
+    """BiasSums over every `sample`-th chunk only, converted from the raw arrays (the
+    other chunks are never read), the chunks shared by two threads: the bias statistics
+    without a full pass. None where a sampled chunk holds an inf/NaN (the plain path's
+    sample then differs)."""
+    d, b = raw_views(pair)
+    info = pair.info
+    starts = list(range(0, d.size, CHUNK * sample))
+
+    def work(part: list[int]):
+        sums = BiasSums(info, q, d.size)
+        buf = np.empty(min(CHUNK, d.size), d.dtype if info.name != "bfloat16" else np.float32)
+        for o in part:
+            dc, bc = d[o:o + CHUNK], b[o:o + CHUNK]
+            diff = np.subtract(dc, bc, dtype=np.float64)
+            bd = _bench_in_d(bc, info, buf)
+            if not (np.isfinite(diff).all() and np.isfinite(bd).all()):
+                return None
+            sums.add(dc, bd, bc, diff, np.abs(bc, dtype=np.float64))
+        return sums.sums
+
+    halves = [starts[::2], starts[1::2]] if len(starts) >= 4 and _threads() > 1 else [starts]
+    parts = [future.result() for future in [_get_pool().submit(work, half) for half in halves]] \
+        if len(halves) > 1 else [work(starts)]
+    if any(part is None for part in parts):
+        return None
+    return [sum(values) for values in zip(*parts)]
+
+
 def _ulp_scalar(x: float, info) -> float:
     """ULP of D at |x| (metrics.ulp_of for one value)."""
     from .metrics import ulp_of

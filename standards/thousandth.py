@@ -80,12 +80,12 @@ def _fast(pair: Pair, thresholds, limit, reference=None):
         metrics["scaled_thousandth"] = judged = max(share, res["th_scaled"] / pair.n)
     used = {"rel_err_thousandth": limit, "scaled_thousandth": limit, "sr_thousandth_ulp": ulps}
     computed = None
-    if reference is None:           # the bias sums of the sample, from a fused pass
+    if reference is None:           # the bias sums of the sample alone, from the raw arrays
         (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
-        res = fast.run(pair, sample=sample_step(pair.n), bias=q_half)
-        if res is None:
+        sums = fast.sampled_bias(pair, q_half, sample_step(pair.n))
+        if sums is None:
             return None
-        computed = statistics(res["bias"])
+        computed = statistics(sums)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", computed)
     return _finish(pair, {**metrics, **bias}, used, bias_failed, judged, share, limit,
                    lambda: fast.worst(pair, "rel"), reference)

@@ -46,7 +46,7 @@ def test_sample_is_a_strict_subset():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("api", ["exp", "matmul"])          # benchmark, ulp
+@pytest.mark.parametrize("api", ["exp", "matmul", "conv2d", "mul"])  # benchmark, ulp, thousandth, absolute threshold
 def test_correct_output_passes_and_bias_faults_fail(monkeypatch, dtype, api):
     bench = _bench()
     correct = bench.to(dtype)
