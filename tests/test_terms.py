@@ -60,16 +60,28 @@ def test_sub_forward_has_no_terms_but_its_backward_does():
     assert torch.allclose(grad_b, g.double().abs().sum(0))
 
 
-def test_layer_norm_parameters_get_their_terms_the_input_none():
-    x = torch.randn(2, 5, 16, generator=_generator(4))
+def test_layer_norm_gradients_get_their_terms_with_the_mean_conditioning():
+    x = torch.randn(2, 5, 16, generator=_generator(4)) + 3.0
     w, b = torch.randn(16, generator=_generator(5)), torch.randn(16, generator=_generator(6))
     g = torch.randn(2, 5, 16, generator=_generator(7))
     call = CallName("Functional", "layer_norm", 0, "backward")
     grad_x, grad_w, grad_b = term_magnitudes(call, _bench(F.layer_norm), _inputs([x, [16], w, b, 1e-5], grads=[g]), "pytorch")
-    x_hat = F.layer_norm(x.double(), [16], eps=1e-5)
-    assert grad_x is None
-    assert torch.allclose(grad_w, (g.double().abs() * x_hat.abs()).sum(dim=(0, 1)))
+    wide = x.double()
+    inverse_sigma = 1 / torch.sqrt(wide.var(dim=-1, unbiased=False, keepdim=True) + 1e-5)
+    x_hat = F.layer_norm(wide, [16], eps=1e-5).abs() + wide.mean(dim=-1, keepdim=True).abs() * inverse_sigma
+    g_hat = (g.double() * w.double()).abs()
+    expected_x = inverse_sigma * (g_hat + g_hat.mean(-1, keepdim=True) + x_hat * (g_hat * x_hat).mean(-1, keepdim=True))
+    assert torch.allclose(grad_x, expected_x)
+    assert torch.allclose(grad_w, (g.double().abs() * x_hat).sum(dim=(0, 1)))
     assert torch.allclose(grad_b, g.double().abs().sum(dim=(0, 1)))
+
+
+def test_softmax_input_gradient_terms_do_not_cancel_a_common_gradient():
+    """g = 1 everywhere: softmax's gradient is exactly 0, its terms are 2 y."""
+    x = torch.randn(3, 8, generator=_generator(9))
+    call = CallName("Functional", "softmax", 0, "backward")
+    (grad_x,) = term_magnitudes(call, _bench(F.softmax), _inputs([x, -1], grads=[torch.ones(3, 8)]), "pytorch")
+    assert torch.allclose(grad_x, 2 * torch.softmax(x.double(), -1))
 
 
 def test_an_api_outside_the_tables_has_no_terms():

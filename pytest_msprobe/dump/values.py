@@ -50,12 +50,17 @@ class DecodeContext:
     call: str
     max_elements: int
     leaves: list[TensorLeaf] = field(default_factory=list)
+    # data_name -> (tensor, origin): tensors made in memory (judge/explore.py's inputs),
+    # used instead of files of that name
+    provided: dict[str, tuple[torch.Tensor, str]] = field(default_factory=dict)
 
     def tensor(self, value: dict[str, Any], path: str) -> torch.Tensor:
         where = f"{self.call} {path}"
         spec = tensor_spec(value, where)
         check_size(spec, where, self.max_elements)
-        if self.task == "tensor" and spec.data_name:
+        if spec.data_name in self.provided:
+            tensor, origin = self.provided[spec.data_name]
+        elif self.task == "tensor" and spec.data_name:
             tensor, origin = load_tensor(self.tensor_dir, spec, where), f"file {spec.data_name}"
         else:
             seed = seed_for(self.call, path)
@@ -161,11 +166,11 @@ def _mindspore_dtype(value: dict, ctx: DecodeContext, path: str) -> torch.dtype:
     return torch_dtype(str(value.get("value")))
 
 
+# The "type"s of a recorded tensor.
+TENSOR_TYPES = ("torch.Tensor", "mindspore.Tensor", "torch.nn.parameter.Parameter", "mindspore.Parameter")
+
 _DECODERS: dict[str, Callable[[dict, DecodeContext, str], Any]] = {
-    "torch.Tensor": _tensor,
-    "mindspore.Tensor": _tensor,
-    "torch.nn.parameter.Parameter": _tensor,
-    "mindspore.Parameter": _tensor,
+    **{kind: _tensor for kind in TENSOR_TYPES},
     "int": _plain((int,)),
     "float": _plain((float, int)),
     "bool": _plain((bool,)),

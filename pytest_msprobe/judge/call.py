@@ -35,11 +35,12 @@ class Settings:
 
 @dataclass
 class CallResult:
-    name: CallName
+    name: CallName | str  # a str names what was judged besides a dumped call (`<call>.explore`)
     verdict: Any  # pytest_msprobe.standards.Verdict
     device: str
     origins: list[str]
     samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # lines the report adds after the inputs
 
 
 def read_inputs(index: DumpIndex, name: CallName, max_elements: int) -> Inputs:
@@ -107,15 +108,23 @@ def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replaye
     framework = FRAMEWORKS[index.framework]()
     api = framework.resolve(name, settings.backend)
     inputs = read_inputs(index, name, settings.max_elements)
+    dumped = offline_runs(index, name, api, settings, framework) if settings.offline else None
+    return replay_inputs(index.framework, framework, name, api, inputs, settings, dumped)
+
+
+def replay_inputs(framework_name: str, framework: Any, name: CallName, api: Api, inputs: Inputs, settings: Settings,
+                  dumped: tuple[Any, Any, str] | None = None) -> Replayed:
+    """Run decoded inputs on every side: the dumped call's, or inputs made near them
+    (judge/explore.py). `dumped`: offline_runs' device, reference and label."""
     device, bench, reference = framework.runs(api, inputs, settings)
     label = settings.backend.describe(settings.device_index)
-    if settings.offline:
-        device, reference, label = offline_runs(index, name, api, settings, framework)
+    if dumped is not None:
+        device, reference, label = dumped
     try:
-        results = replay(name.direction, api, inputs, device, bench, reference, framework=index.framework)
+        results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
     finally:
         settings.backend.free()
-    return Replayed(align_offline(results) if settings.offline else results, bench, label)
+    return Replayed(align_offline(results) if dumped is not None else results, bench, label)
 
 
 def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
@@ -158,7 +167,7 @@ def judged_results(registry: Any, name: CallName, results: Results, *, bench: An
     if terms is not None:
         conditioned = judge(registry, name, results, recorded, terms)
         if conditioned.status != "error":
-            return _relabelled(conditioned, "conditioned on the terms' magnitudes"), results
+            return relabelled(conditioned, "conditioned on the terms' magnitudes"), results
     if name.direction == "backward" and results.reference is None:
         again = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded, terms)
         if again is not None:
@@ -174,9 +183,9 @@ def _aligned(terms: Any, bench: Any) -> Any:
     return terms
 
 
-def _relabelled(verdict: Any, how: str) -> Any:
+def relabelled(verdict: Any, how: str) -> Any:
     """The verdict, its reference (and its outputs') saying how it was reached."""
-    outputs = tuple(_relabelled(output, how) for output in verdict.outputs)
+    outputs = tuple(relabelled(output, how) for output in verdict.outputs)
     return dataclasses.replace(verdict, reference=f"{verdict.reference}, {how}", outputs=outputs)
 
 
@@ -196,7 +205,7 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
     verdict = judge(registry, name, again, recorded, terms)
     if verdict.status == "error":
         return None
-    return _relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}"), again
+    return relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}"), again
 
 
 def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Any) -> tuple[Any, Any, str]:

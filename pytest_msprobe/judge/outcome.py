@@ -4,7 +4,7 @@ broken input, device failure), its failure text, and the test's properties."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
@@ -30,22 +30,26 @@ class CallFailed(Exception):
     """A call judged `error` (or a broken call): the message is the whole report."""
 
 
-def judge_call(index: DumpIndex, name: CallName, settings: Any) -> ResultRecord:
-    """Check one call and describe the result, whatever happened."""
+def judge_call(index: DumpIndex, name: CallName, settings: Any, check: Callable[[], Any] | None = None,
+               suffix: str = "") -> ResultRecord:
+    """Check one call and describe the result, whatever happened. `check` replaces
+    the check of the dumped call (judge/explore.py's search around it); its record is
+    named with `suffix` (`.explore`)."""
     from pytest_msprobe.judge.call import check_call
     from pytest_msprobe.run.replay import DeviceFailed
 
     started = time.perf_counter()
+    label = f"{name}{suffix}"
     device = settings.backend.describe(settings.device_index)
-    base = {"dump": str(index.path), "call": str(name), "device": device}
+    base = {"dump": str(index.path), "call": label, "device": device}
     try:
-        result = check_call(index, name, settings)
+        result = check() if check is not None else check_call(index, name, settings)
     except CallSkip as exc:
-        record = ResultRecord(status="skip", standard="", reference="", message=f"{name}: {exc}", **base)
+        record = ResultRecord(status="skip", standard="", reference="", message=f"{label}: {exc}", **base)
     except CallError as exc:
-        record = ResultRecord(status="error", standard="", reference="", message=f"{name}: bad input: {exc}", **base)
+        record = ResultRecord(status="error", standard="", reference="", message=f"{label}: bad input: {exc}", **base)
     except DeviceFailed as exc:
-        message = isolation.out_of_memory_text(index, name, exc, device) if isolation.is_out_of_memory(exc, settings.backend) else f"{name}: {exc}"
+        message = isolation.out_of_memory_text(index, name, exc, device) if isolation.is_out_of_memory(exc, settings.backend) else f"{label}: {exc}"
         record = ResultRecord(status="error", standard="", reference="", message=message, **base)
     else:
         verdict = result.verdict
@@ -65,14 +69,15 @@ def judge_call(index: DumpIndex, name: CallName, settings: Any) -> ResultRecord:
 
 def _verdict_text(result: Any) -> str:
     verdict = result.verdict
+    notes = [f"  {note}" for note in result.notes]
     if verdict.status == "skip":
-        return f"{result.name}: " + ("; ".join(verdict.reasons) or "nothing comparable")
+        return "\n".join([f"{result.name}: " + ("; ".join(verdict.reasons) or "nothing comparable"), *notes])
     head = f"{result.name}: {verdict.status} by the {verdict.standard} standard on {result.device}"
     if verdict.status == "pass":  # its metrics are in the record's outputs; the text is read for failures
-        return head
+        return "\n".join([head, *notes])
     lines = [head, verdict.message().rstrip(), "inputs:"]
     lines += [f"  {origin}" for origin in result.origins] or ["  (none)"]
-    return "\n".join(lines)
+    return "\n".join(lines + notes)
 
 
 def properties(record: ResultRecord) -> list[tuple[str, Any]]:

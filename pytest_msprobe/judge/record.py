@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The record (and test) of a call's exploration (judge/explore.py): `<call name>.explore`.
+EXPLORED_SUFFIX = ".explore"
+
 
 @dataclass
 class OutputResult:

@@ -33,6 +33,7 @@ MARKERS = (
     "api_mintfunctional: mindspore.mint.nn.functional calls of a dump",
     "api_primitive: MindSpore Primitive entries of a dump (always skipped)",
     "api_jit: MindSpore Jit entries of a dump (always skipped)",
+    "explore: the hypothesis search around a dumped call (--msprobe-explore), <call name>.explore",
 )
 
 
@@ -53,6 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
     config.stash[STATE_KEY] = state
     state.settings()  # a device or option that cannot work stops the run here, once
+    options.explore_examples(config)
     from pytest_msprobe.plugin import baselines, reports  # only when a dump is given
 
     report_plugin = reports.ReportPlugin(config)

@@ -20,7 +20,7 @@ from pytest_msprobe.errors import DumpError
 from pytest_msprobe.judge.offline import require_tensor_task
 from pytest_msprobe.plugin import options
 from pytest_msprobe.judge.outcome import AccuracyWarning, CallFailed, judge_call, properties
-from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.run.mindspore.tables import require_mindspore
 
@@ -28,6 +28,8 @@ from pytest_msprobe.run.mindspore.tables import require_mindspore
 RESULT_KEY = pytest.StashKey[ResultRecord]()
 #: the name of the one test a dump that cannot be checked gets: `<dump.json>::collection`
 UNCHECKED_NAME = "collection"
+# inside --msprobe-out: failing explored examples (one-call dumps), hypothesis's database
+EXPLORED_FOLDER, HYPOTHESIS_FOLDER = "explored", "hypothesis"
 
 
 @functools.cache
@@ -62,9 +64,13 @@ class DumpFile(pytest.File):
         state.module_entries += index.modules
         state.unparsed_names.extend(index.skipped_names)
         api_types = [api_type.lower() for api_type, _ in index.apis]
+        explore = options.explore_examples(self.config)
         for position, (name, api, backward) in enumerate(zip(index.names, index.api.tolist(), index.backward.tolist())):
-            yield CallItem.from_parent(self, name=name, index=index, position=position,
-                                       markers=(DIRECTIONS[backward], "api_" + api_types[api]))
+            markers = (DIRECTIONS[backward], "api_" + api_types[api])
+            yield CallItem.from_parent(self, name=name, index=index, position=position, markers=markers)
+            if explore:
+                yield ExploreItem.from_parent(self, name=name + EXPLORED_SUFFIX, index=index, position=position,
+                                              markers=(*markers, "explore"), examples=explore)
 
 
 class CallItem(pytest.Item):
@@ -86,9 +92,24 @@ class CallItem(pytest.Item):
     def numel(self) -> int:
         return int(self.index.numel[self.position])
 
+    @property
+    def record_name(self) -> str:
+        """What its result record (and its row in the result files) is called."""
+        return str(self.call)
+
+    timeout_factor = 1  # --msprobe-timeout is per call: a test that runs the call N times gets N times that
+
+    def replayable(self) -> tuple[DumpIndex, CallName] | None:
+        """The dump and call that reproduce this test's result: what --msprobe-save-failed
+        saves and --msprobe-scripts writes a script for."""
+        return self.index, self.call
+
+    def judged(self) -> ResultRecord:
+        return judge_call(self.index, self.call, session_state(self.config).settings())
+
     def runtest(self) -> None:
         state = session_state(self.config)
-        record = judge_call(self.index, self.call, state.settings())
+        record = self.judged()
         self.stash[RESULT_KEY] = record
         if record.status != "skip":
             self.user_properties.extend(properties(record))
@@ -106,6 +127,48 @@ class CallItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, headline(self.nodeid, str(self.call))
+
+
+class ExploreItem(CallItem):
+    """`<call name>.explore`: the call's neighbourhood searched with hypothesis
+    (judge/explore.py). Selected with its call: the lists, dedup, shards and -k see the
+    same call."""
+
+    def __init__(self, *, examples: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.examples = examples
+
+    @property
+    def record_name(self) -> str:
+        return self.name
+
+    @property
+    def timeout_factor(self) -> int:  # type: ignore[override]
+        return 2 * self.examples  # each example, and as many again for shrinking a failure
+
+    def plan(self) -> Any:
+        from pytest_msprobe.judge.explore import Plan
+
+        out = options.out_folder(self.config)
+        return Plan(self.examples, out / EXPLORED_FOLDER, out / HYPOTHESIS_FOLDER, session_state(self.config).strict)
+
+    def judged(self) -> ResultRecord:
+        from pytest_msprobe.judge.explore import explore_call
+
+        settings = session_state(self.config).settings()
+        return judge_call(self.index, self.call, settings, check=lambda: explore_call(self.index, self.call, settings, self.plan()),
+                          suffix=EXPLORED_SUFFIX)
+
+    def replayable(self) -> tuple[DumpIndex, CallName] | None:
+        """The minimal failing example's one-call dump, once this test failed."""
+        from pytest_msprobe.dump.index import read_index
+        from pytest_msprobe.judge.explore import example_path
+
+        path = example_path(self.plan().folder, self.index, self.call)
+        record = self.stash.get(RESULT_KEY, None)
+        if record is None or record.status not in ("error", "warning") or not path.is_file():
+            return None
+        return read_index(path), self.call
 
 
 def headline(nodeid: str, call: str) -> str:

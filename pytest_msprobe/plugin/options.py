@@ -61,11 +61,15 @@ OPTIONS = (
            "CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES when those are set); default: every visible device"),
     Option("msprobe_shard", "run a deterministic 1/N of the calls: I/N with I in 1..N (a CI matrix or several hosts; "
            "join their results with msprobe-merge)"),
+    Option("msprobe_explore", "explore every selected call with up to N hypothesis examples around its dumped inputs "
+           "(larger, smaller, offset, extreme and special values, other sizes): one more test per call, "
+           "<call name>.explore; a failure is shrunk to a minimal input (0: off)", default="0"),
     Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
            "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
 
 OPTION_DEFAULTS = {option.name: option.default for option in OPTIONS}
+OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -133,15 +137,30 @@ def dump_files(config: pytest.Config) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def max_elements(config: pytest.Config) -> int:
-    raw = get(config, "msprobe_max_elements")
+def whole_number(config: pytest.Config, name: str, what: str, minimum: int) -> int:
+    """An option that counts something, checked: at least `minimum`."""
+    raw, flag = get(config, name), OPTIONS_BY_NAME[name].flag
     try:
         value = int(raw)
     except (TypeError, ValueError):
-        raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: expected a whole number of elements") from None
-    if value <= 0:
-        raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: must be positive")
+        raise pytest.UsageError(f"{flag} {raw!r}: expected a whole number of {what}") from None
+    if value < minimum:
+        raise pytest.UsageError(f"{flag} {raw!r}: must be at least {minimum}")
     return value
+
+
+def max_elements(config: pytest.Config) -> int:
+    return whole_number(config, "msprobe_max_elements", "elements", 1)
+
+
+def explore_examples(config: pytest.Config) -> int:
+    """--msprobe-explore's examples per call (0: no exploration). Exploring replays new
+    inputs, which a dump has no outputs for: it needs the device, not --msprobe-offline."""
+    examples = whole_number(config, "msprobe_explore", "examples", 0)
+    if examples and get(config, "msprobe_offline"):
+        raise pytest.UsageError("--msprobe-explore replays inputs the dump has no outputs for, so it needs the device under "
+                                "test: drop --msprobe-offline (explore on the machine that has the device)")
+    return examples
 
 
 def out_folder(config: pytest.Config) -> Path:

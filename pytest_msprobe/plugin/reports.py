@@ -116,12 +116,13 @@ class ReportPlugin:
     # --- collection: lists, dedup, resume -------------------------------------------
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        from pytest_msprobe.plugin.items import CallItem
+        from pytest_msprobe.plugin.items import CallItem, ExploreItem
 
         if not (self.options.white_list or self.options.black_list or self.options.dedup or self.done):
             return  # nothing to leave out: no pass over (maybe 200,000) items
+        calls = [item for item in items if isinstance(item, CallItem)]
         reasons = {item: filters.list_reason(item.call, self.options.white_list, self.options.black_list)
-                   for item in items if isinstance(item, CallItem)}
+                   for item in calls if not isinstance(item, ExploreItem)}
         if self.options.dedup:
             represents = filters.dedup(((item.path, item.call) for item, reason in reasons.items() if reason is None),
                                        self._signature)
@@ -131,6 +132,8 @@ class ReportPlugin:
                     reasons[item] = "same signature as a kept call (--msprobe-dedup)"
                 elif count is not None:
                     item.user_properties.append((REPRESENTS_PROPERTY, count))
+        of_call = {(item.path, item.name): reason for item, reason in reasons.items()}
+        reasons.update({item: of_call.get((item.path, str(item.call))) for item in calls if isinstance(item, ExploreItem)})
         journal = self.resumed_from.journal.name if self.resumed_from else ""
         for item, reason in reasons.items():
             if reason is None and (str(item.path), item.name) in self.done:
@@ -198,9 +201,13 @@ class ReportPlugin:
 
         assert self.options.save_failed is not None
         try:
-            folder = save_failed_call(self.options.save_failed, item.index, item.call, session_state(item.config).settings(), record)
+            source = item.replayable()
+            if source is None:
+                return
+            folder = save_failed_call(self.options.save_failed, *source, session_state(item.config).settings(), record,
+                                      label=item.record_name)
         except Exception as exc:  # noqa: BLE001 - any failure here must not change the test's outcome
-            report.sections.append(("msprobe failed data", f"could not save {item.call}: {type(exc).__name__}: {exc}"))
+            report.sections.append(("msprobe failed data", f"could not save {item.record_name}: {type(exc).__name__}: {exc}"))
         else:
             report.sections.append(("msprobe failed data", f"saved to {folder}"))
 
@@ -256,5 +263,5 @@ def _crashed(item: Any, call: pytest.CallInfo[None], outcome: str) -> ResultReco
     """The record of a test whose check raised instead of returning one."""
     excinfo = call.excinfo
     cause = f"{excinfo.type.__name__}: {excinfo.value}" if excinfo else "no result was recorded"
-    return ResultRecord(dump=str(item.path), call=str(item.call), status=STATUS_OF_OUTCOME[outcome], standard="",
-                        reference="", device="", message=f"{item.call}: the check raised {cause}")
+    return ResultRecord(dump=str(item.path), call=item.record_name, status=STATUS_OF_OUTCOME[outcome], standard="",
+                        reference="", device="", message=f"{item.record_name}: the check raised {cause}")

@@ -99,20 +99,20 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         return (yield)
     settings = session_state(item.config).settings()
     try:
-        with isolation.deadline(item.config.stash[SCALE_KEY].timeout):
+        with isolation.deadline(item.config.stash[SCALE_KEY].timeout * item.timeout_factor):
             return (yield)
     except outcome.CallFailed:
         raise
     except isolation.CallTimeout as exc:
         device = settings.backend.describe(settings.device_index)
-        message = f"{item.call}: {exc}; the call was stopped and the run went on"
+        message = f"{item.record_name}: {exc}; the call was stopped and the run went on"
     except Exception as exc:
         if not isolation.is_out_of_memory(exc, settings.backend):
             raise
         device = settings.backend.describe(settings.device_index)
         message = isolation.out_of_memory_text(item.index, item.call, exc, device)
     isolation.release_memory(settings.backend)
-    item.stash[RESULT_KEY] = ResultRecord(dump=str(item.path), call=str(item.call), status="error", standard="",
+    item.stash[RESULT_KEY] = ResultRecord(dump=str(item.path), call=item.record_name, status="error", standard="",
                                           reference="", device=device, message=message)
     raise outcome.CallFailed(message)
 

@@ -52,10 +52,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     record = item.stash.get(RESULT_KEY, None)
     judged = (record.message.splitlines()[0] if record is not None else f"the check raised ({report.outcome})") + chosen.note
     try:
-        path = write_script(item.index, item.call, chosen.folder, max_elements=session_state(item.config).settings().max_elements,
-                            standards_csv=chosen.standards_csv, judged=judged)
+        source = item.replayable()
+        if source is None:
+            return report
+        path = write_script(*source, chosen.folder, max_elements=session_state(item.config).settings().max_elements,
+                            standards_csv=chosen.standards_csv, judged=judged, file_name=item.record_name)
     except Exception as exc:  # noqa: BLE001 - a script that cannot be written must not change the test's outcome
-        report.sections.append(("msprobe script", f"could not write the script of {item.call}: {type(exc).__name__}: {exc}"))
+        report.sections.append(("msprobe script", f"could not write the script of {item.record_name}: {type(exc).__name__}: {exc}"))
     else:
         report.sections.append(("msprobe script", f"reproduce it alone: python {path}"))
     return report

@@ -49,15 +49,17 @@ def flat_tensors(value: Any, prefix: str = "") -> dict[str, Any]:
     return dict(sorted(found.items()))
 
 
-def save_failed_call(folder: Path, index: DumpIndex, name: CallName, settings: Any, record: ResultRecord) -> Path:
-    """Write the call's folder and return it. A call that cannot be decoded or run
-    again still gets its call.json, with the reason its tensors are missing."""
+def save_failed_call(folder: Path, index: DumpIndex, name: CallName, settings: Any, record: ResultRecord,
+                     label: str | None = None) -> Path:
+    """Write the call's folder (named `label`, else the call) and return it. A call that
+    cannot be decoded or run again still gets its call.json, with the reason its tensors
+    are missing."""
     import torch
 
     from pytest_msprobe.judge.call import replay_call
     from pytest_msprobe.run.replay import DeviceFailed
 
-    target = folder / str(name)
+    target = folder / (label or str(name))
     target.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, dict[str, Any]] = {}
     missing = ""

@@ -37,7 +37,7 @@ from typing import Any, Iterable
 
 from pytest_msprobe.results.msprobe_csv import (DETAILS_HEADER, DETAILS_PREFIX, ENCODING, RESULT_HEADER, RESULT_PREFIX,
                                        details_rows, output_name, result_row)
-from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
 
 JOURNAL_PREFIX = "msprobe_records_"
 METRICS_PREFIX = "accuracy_checking_metrics_"
@@ -201,11 +201,18 @@ def write_sessions(files: RunFiles, sessions: list[dict]) -> None:
     _replace(files.run, json.dumps({"sessions": sessions}, indent=1) + "\n")
 
 
+def split_direction(record_call: str) -> tuple[str, str]:
+    """A record's name -> (its row in the result CSV, the direction column): the
+    exploration of `X.0.forward` is row `X.0.explore`, forward, beside row `X.0`."""
+    call, _, direction = record_call.removesuffix(EXPLORED_SUFFIX).rpartition(".")
+    return (call + EXPLORED_SUFFIX if record_call.endswith(EXPLORED_SUFFIX) else call), direction
+
+
 def metrics_rows(entry: Entry) -> list[dict]:
     """Flat objects, one per compared output, with every metric and threshold as its own
     column: pandas.read_json(path, lines=True) gives one DataFrame of the whole run."""
     record = entry.record
-    call, _, direction = record.call.rpartition(".")
+    call, direction = split_direction(record.call)
     base = {"dump": record.dump, "call": call, "direction": direction, "device": record.device,
             "represents": entry.represents, "duration": record.duration}
     return [
@@ -269,7 +276,7 @@ class ResultWriter:
         _replace(self.files.result, _csv_text(RESULT_HEADER, rows), ENCODING)
 
     def _remember(self, record: ResultRecord) -> None:
-        call, _, direction = record.call.rpartition(".")
+        call, direction = split_direction(record.call)
         status = self.calls.setdefault((record.dump, call), CallStatus())
         status.status[direction] = record.status
         status.message[direction] = "" if record.status == "pass" else record.message

@@ -9,9 +9,13 @@ products of floating arguments, so the same API evaluated in the bench's precisi
 absolute values (|x|, |w|, |alpha|, |incoming gradient|) gives sum(|terms|) exactly:
 one more bench evaluation, run only for calls whose cheap verdict is an error
 (judge/call.py). The affine parameters of the normalisations (layer_norm, rms_norm,
-group_norm, batch_norm) get theirs from a per-API formula instead (NORM_TERMS): their
+group_norm, batch_norm) get theirs from a per-API formula instead (BACKWARD_TERMS): their
 weight gradient sum(g * x_hat) and bias gradient sum(g) over the batch cancel like any
-sum, while the input gradient is no sum of products and keeps the output-scale rule.
+sum. A backward is linear in the incoming gradient g (dx = J^T g), so the input
+gradients of layer_norm, softmax and log_softmax are sums of products too, of g with
+the forward's Jacobian: their formulas give sum |J| |g| where a common component of g
+cancels (softmax's y (g - sum(g y)), layer_norm's g - mean(g) - x_hat mean(g x_hat)),
+which a correct kernel computes with the rounding of g's size, not of the result's.
 Other APIs get no terms and keep the standards' output-scale rule.
 """
 
@@ -53,8 +57,29 @@ def _affine_terms(x_hat: torch.Tensor, g: torch.Tensor, channel_dims: tuple[int,
 def _layer_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
     dims = tuple(range(x.dim() - len(_argument(args, kwargs, 1, "normalized_shape")), x.dim()))
-    weight, bias = _affine_terms(_normalized(x, dims, _argument(args, kwargs, 4, "eps", 1e-5)), g, dims)
-    return {"weight": weight.reshape(x.shape[dims[0]:]), "bias": bias.reshape(x.shape[dims[0]:])}
+    eps = _argument(args, kwargs, 4, "eps", 1e-5)
+    mean = lambda value: value.mean(dim=dims, keepdim=True)  # noqa: E731
+    inverse_sigma = torch.rsqrt((x - mean(x)).square().mean(dim=dims, keepdim=True) + eps)
+    # |x_hat|, plus what the rounding of the mean costs it: |mean| / sigma (an offset's conditioning)
+    x_hat = (x - mean(x)).abs() * inverse_sigma + mean(x).abs() * inverse_sigma
+    weight, bias = _affine_terms(x_hat, g, dims)
+    w = _argument(args, kwargs, 2, "weight")
+    g_hat = (g * w if isinstance(w, torch.Tensor) else g).abs()
+    terms = inverse_sigma * (g_hat + mean(g_hat) + x_hat * mean(g_hat * x_hat))
+    return {"input": terms, "weight": weight.reshape(x.shape[dims[0]:]), "bias": bias.reshape(x.shape[dims[0]:])}
+
+
+def _softmax(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """softmax's dx = y (g - sum(g y)): terms y (|g| + sum(|g| y))."""
+    dim = _argument(args, kwargs, 1, "dim")
+    y = torch.softmax(args[0], dim)
+    return {"input": y * (g.abs() + (g.abs() * y).sum(dim, keepdim=True))}
+
+
+def _log_softmax(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """log_softmax's dx = g - softmax(x) sum(g): terms |g| + softmax(x) sum(|g|)."""
+    dim = _argument(args, kwargs, 1, "dim")
+    return {"input": g.abs() + torch.softmax(args[0], dim) * g.abs().sum(dim, keepdim=True)}
 
 
 def _rms_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -88,10 +113,12 @@ def _batch_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dic
     return {"weight": weight, "bias": bias}
 
 
-# api -> (its parameters' argument names, in order, and a formula for their terms from
+# api -> (its argument names, in order, and a formula for their gradients' terms from
 # the bench-precision arguments and the incoming gradient)
-NORM_TERMS = {
+BACKWARD_TERMS = {
     "layer_norm": (("input", "normalized_shape", "weight", "bias"), _layer_norm),
+    "softmax": (("input", "dim"), _softmax),
+    "log_softmax": (("input", "dim"), _log_softmax),
     "rms_norm": (("input", "normalized_shape", "weight"), _rms_norm),
     "group_norm": (("input", "num_groups", "weight", "bias"), _group_norm),
     "batch_norm": (("input", "running_mean", "running_var", "weight", "bias"), _batch_norm),
@@ -104,8 +131,8 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
     the absolute evaluation fails (the verdict then stands without it)."""
     if not isinstance(bench, Run):
         return None
-    if name.direction == "backward" and name.operator in NORM_TERMS:
-        return _norm_terms(name, bench, inputs, framework)
+    if name.direction == "backward" and name.operator in BACKWARD_TERMS:
+        return _formula_terms(name, bench, inputs, framework)
     if not has_terms(name):
         return None
     absolute = dataclasses.replace(bench, absolute=True)
@@ -119,10 +146,10 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
     return tree_map(lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result)
 
 
-def _norm_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Any, ...] | None:
-    """The gradients' terms of a normalisation: its weight's and bias's from NORM_TERMS,
-    None for the input's (and any tensor the formula does not name)."""
-    names, formula = NORM_TERMS[name.operator]
+def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Any, ...] | None:
+    """The gradients' terms from BACKWARD_TERMS' formula, None for any tensor the
+    formula does not name."""
+    names, formula = BACKWARD_TERMS[name.operator]
     args, kwargs = bench.place(inputs.args), bench.place(inputs.kwargs)
     grads = inputs.grads or []
     if len(grads) != 1 or grads[0] is None or not isinstance(args[0], torch.Tensor):

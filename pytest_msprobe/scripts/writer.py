@@ -68,8 +68,8 @@ class ScriptError(Exception):
 
 
 def write_script(index: DumpIndex, call_name: str | CallName, out_dir: Path, *, max_elements: int = DEFAULT_MAX_ELEMENTS,
-                 standards_csv: str | None = None, judged: str | None = None) -> Path:
-    """Write `out_dir/<call name>.py` and return its path.
+                 standards_csv: str | None = None, judged: str | None = None, file_name: str | None = None) -> Path:
+    """Write `out_dir/<call name>.py` (`<file_name>.py` where given) and return its path.
 
     A call that cannot run (unknown API, no forward record) still gets a script, one
     that explains why; `judged` is the test's verdict line, shown in the header.
@@ -83,7 +83,7 @@ def write_script(index: DumpIndex, call_name: str | CallName, out_dir: Path, *, 
     except CallSkip as exc:
         cannot_run, call_api = cannot_run or str(exc), NOT_RUNNABLE_CALL
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / script_file_name(name)
+    path = out_dir / script_file_name(file_name or name)
     version = _version()
     text = SCRIPT.substitute(
         call_comment=_comment(str(name)),
@@ -108,7 +108,7 @@ def write_script(index: DumpIndex, call_name: str | CallName, out_dir: Path, *, 
     return path
 
 
-def script_file_name(name: CallName) -> str:
+def script_file_name(name: CallName | str) -> str:
     """`<call name>.py`, with anything a file name should not hold replaced: a dump's
     names are not trusted to stay inside the scripts folder."""
     return _UNSAFE_FILE_CHARACTERS.sub("_", str(name)).lstrip(".") + ".py"

@@ -1,0 +1,342 @@
+"""--msprobe-explore: search the inputs around a dumped call for one its kernel gets
+wrong, with hypothesis, and shrink what it finds to a minimal input.
+
+Each example is a variant of the dumped call (run/neighbourhood.py), replayed and judged
+exactly as the dumped call is (judge/call.py: same sides, same standards, same
+re-judgements). An example fails when its verdict is an error (a warning too under
+--msprobe-strict) or the device raises where the bench does not; an input the bench
+itself rejects is discarded, never reported. The search is deterministic: seeded from
+the call's name, so reruns and every -n agree; its example database (under
+--msprobe-out) replays a failure first on the next run, as `--lf` expects. A failure is
+written as a one-call tensor dump: the test's message names it, and it is what
+--msprobe-save-failed saves and --msprobe-scripts turns into a script.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings as hypothesis_settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import FlakyFailure, Unsatisfiable
+
+from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.dump.values import DecodeContext
+from pytest_msprobe.dump.writer import write_tensor_dump
+from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.judge.record import EXPLORED_SUFFIX
+from pytest_msprobe.judge.call import (FRAMEWORKS, CallResult, Replayed, Settings, relabelled, judge, read_inputs, replay_inputs,
+                                       verdict_for)
+from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
+from pytest_msprobe.run.replay import (DeviceFailed, Placement, Run, decode_backward, decode_forward, flat_outputs, needs_grad,
+                                      tree_map)
+from pytest_msprobe.run.terms import term_magnitudes
+
+VALUES_SHOWN = 8  # a tensor of at most this many elements is shown whole
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call is explored."""
+
+    examples: int  # at most this many valid examples (hypothesis's max_examples)
+    folder: Path  # failing examples are written under it as one-call dumps
+    database: Path | None  # hypothesis's example database; None: none
+    strict: bool = False  # a warning fails an example too
+
+
+@dataclass
+class _Search:
+    """What the search saw besides its failure."""
+
+    judged: int = 0
+    discarded: int = 0
+    first_discard: str = ""
+    first: Any = None  # (variant, CallResult) of the first judged example: the dumped call's inputs
+    warning: Any = None  # (variant, CallResult) of the first example judged warning
+
+
+class ExampleFailed(Exception):
+    """An example failed: hypothesis shrinks it and raises the minimal one's."""
+
+    def __init__(self, variant: Variant, result: CallResult | None, device_error: DeviceFailed | None = None) -> None:
+        super().__init__(repr(variant))
+        self.variant, self.result, self.device_error = variant, result, device_error
+
+
+def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> CallResult:
+    """The exploration's result, as judge_call reads a dumped call's. Raises CallSkip
+    where the dumped call cannot be explored, replay.DeviceFailed where the device
+    raised on an example (its message shows the minimal one)."""
+    framework = FRAMEWORKS[index.framework]()
+    api = framework.resolve(name, settings.backend)
+    dumped = read_inputs(index, name, settings.max_elements)
+    forward = index.read_record(index.entry(str(name.sibling("forward"))))
+    backward = index.read_record(index.entry(str(name))) if name.direction == "backward" else None
+    space = Neighbourhood(forward, backward, dumped.leaves, settings.max_elements)
+    label = f"{name}{EXPLORED_SUFFIX}"
+    search = _Search()
+    settings = dataclasses.replace(settings, registry=without_bias_tests(settings.registry, name.operator))
+
+    def judged(variant: Variant) -> CallResult:
+        ctx = DecodeContext(index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided())
+        inputs = decode_forward(variant.forward, ctx) if backward is None else decode_backward(variant.forward, variant.backward or {}, ctx)
+        replayed = replay_inputs(index.framework, framework, name, api, inputs, settings)
+        verdict = verdict_for(settings.registry, name, replayed.results, bench=replayed.bench, framework=index.framework)
+        if verdict.status == "error" and beyond_range(name, replayed, index.framework):
+            raise CallSkip("its exact result, or a partial sum of it, is beyond the range of the device's dtype: an "
+                           "overflow of the input, which a correct kernel has too")
+        if verdict.status == "error":
+            verdict = _conditioned(settings, name, replayed, index.framework, verdict)
+        return CallResult(label, verdict, replayed.label, describe(variant))
+
+    def probe(variant: Variant) -> None:
+        try:
+            result = judged(variant)
+        except (CallSkip, CallError) as exc:
+            search.discarded += 1
+            search.first_discard = search.first_discard or str(exc)
+            reject()
+        except DeviceFailed as exc:
+            raise ExampleFailed(variant, None, exc) from exc
+        search.judged += 1
+        status = result.verdict.status
+        search.first = search.first or (variant, result)
+        if status == "error" or (status == "warning" and plan.strict):
+            raise ExampleFailed(variant, result)
+        if status == "warning" and search.warning is None:
+            search.warning = (variant, result)
+
+    test = _hypothesis_test(probe, space, plan, f"{index.key}::{label}", label)
+    try:
+        test()
+    except ExampleFailed as failure:
+        return _failed(failure, index, name, plan, label)
+    except FlakyFailure as flaky:
+        return _flaky(flaky, index, name, plan, label)
+    except Unsatisfiable:
+        raise CallSkip(f"no valid input found around the call: the bench rejected every example it was given "
+                       f"({search.discarded}), e.g. {search.first_discard}") from None
+    if search.first is None:
+        raise CallSkip(f"no valid input found around the call ({search.discarded} discarded), e.g. {search.first_discard}")
+    count = f"{search.judged} examples around the call judged, {search.discarded} discarded"
+    if search.warning is not None:
+        variant, result = search.warning
+        return dataclasses.replace(result, notes=[f"{count}; the first warning is shown"])
+    _, first = search.first
+    return dataclasses.replace(first, origins=[], notes=[f"{count}; none failed"])
+
+
+def _hypothesis_test(probe: Any, space: Neighbourhood, plan: Plan, key: str, label: str) -> Any:
+    """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's
+    cost is its own), its database keyed by the dump and the call."""
+    database = DirectoryBasedExampleDatabase(plan.database) if plan.database is not None else None
+    chosen = hypothesis_settings(
+        max_examples=plan.examples, deadline=None, database=database, derandomize=False,
+        suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink), print_blob=False)
+    test = seed(int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big"))(chosen(given(space.variants())(probe)))
+    test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
+    return test
+
+
+def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan, label: str) -> CallResult:
+    path = write_example(failure.variant, index, name, plan.folder)
+    reproduce = f"reproduce: pytest --msprobe-dump={path}  (the minimal failing example as a one-call dump)"
+    if failure.result is None:
+        assert failure.device_error is not None
+        lines = "\n".join(["inputs (shrunk by hypothesis):", *(f"  {line}" for line in describe(failure.variant)), f"  {reproduce}"])
+        raise _device_failed(failure.device_error, lines) from None
+    return dataclasses.replace(failure.result, notes=["(inputs shrunk by hypothesis to a minimal failing example)", reproduce])
+
+
+def _device_failed(error: DeviceFailed, lines: str) -> DeviceFailed:
+    failed = DeviceFailed(error.cause)
+    failed.args = (f"{failed.args[0]} on an explored input\n{lines}",)
+    return failed
+
+
+def _flaky(flaky: FlakyFailure, index: DumpIndex, name: CallName, plan: Plan, label: str) -> CallResult:
+    """An example failed once and passed when replayed: the kernel is not deterministic."""
+    failures = [error for error in flaky.exceptions if isinstance(error, ExampleFailed)]
+    if not failures or failures[0].result is None:
+        raise CallError(f"an explored example failed once and passed when replayed: {flaky}") from flaky
+    result = _failed(failures[0], index, name, plan, label)
+    return dataclasses.replace(result, notes=["the example failed once and PASSED when replayed on the same input: "
+                                               "the device is not deterministic (see --msprobe-repeat)", *result.notes])
+
+
+# The dtypes whose rounding-bias tests exploration leaves out (standards/bias.py).
+BIAS_TESTED = ("float16", "bfloat16", "float32", "float64")
+
+
+def without_bias_tests(registry: Any, api: str) -> Any:
+    """The registry with `api`'s rounding-bias sign tests off (their z limit infinite).
+
+    Those tests count element errors as independent. Explored inputs make them
+    dependent: a common offset turns every row of a product into one repeated sum, whose
+    correct rounding error then repeats row after row (measured: linear's weight
+    gradient on x + 2**24, the CPU's own kernel, bias_ulp +0.26 at z 7.8). A bias is a
+    property of the kernel's rounding, which the dumped call's own test judges; the
+    search is for inputs where the kernel is wrong by more than rounding."""
+    explored = copy.deepcopy(registry)
+    for dtype in BIAS_TESTED:
+        explored.set_threshold(api, dtype, "sr_bias_z", math.inf)
+    return explored
+
+
+def _conditioned(settings: Settings, name: CallName, replayed: Replayed, framework: str, verdict: Any) -> Any:
+    """The verdict again, at the scale of the result's sensitivity to its inputs' rounding.
+
+    Explored inputs can be as ill-conditioned as inputs get (a large common offset under
+    a normalisation, or in a product whose rows then repeat one sum): there a correct
+    kernel in D errs by the condition number times D's rounding, far beyond the
+    result's own ULP. That error is what the bench shows when every input moves by a
+    rounding of D (x (1 +- u), signs at random): |bench(x') - bench(x)| / u per element,
+    used as the terms' magnitude (run/terms.py) where it exceeds them. Only NaN/inf and
+    errors beyond that scale still fail."""
+    sensitivity = input_sensitivity(name, replayed, framework)
+    if sensitivity is None:
+        return verdict
+    terms = term_magnitudes(name, replayed.bench, replayed.results.inputs, framework)
+    if terms is not None:
+        sensitivity = _elementwise_max(sensitivity, terms)
+    again = judge(settings.registry, name, replayed.results, None, sensitivity)
+    return verdict if again.status == "error" else relabelled(again, "conditioned on the inputs' rounding")
+
+
+def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Any | None:
+    """|bench(x (1 +- u)) - bench(x)| / u, element by element (u: D's unit roundoff),
+    in the bench's structure; None where the bench cannot run it."""
+    inputs, bench = replayed.results.inputs, replayed.bench
+    generator = torch.Generator().manual_seed(0)
+    floats = [leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.is_floating_point()]
+    if not floats or not isinstance(bench, Run):
+        return None
+    unit = max(torch.finfo(dtype).eps for dtype in floats) / 2
+
+    def moved(value: Any) -> Any:
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            return value
+        raised = value.to(bench.placement.dtypes.get(value.dtype, value.dtype))
+        signs = torch.randint(0, 2, raised.shape, generator=generator).to(raised.dtype) * 2 - 1
+        return raised * (1 + unit * signs)
+
+    perturbed = dataclasses.replace(inputs, args=tree_map(moved, inputs.args), kwargs=tree_map(moved, inputs.kwargs),
+                                    grads=tree_map(moved, inputs.grads) if inputs.grads is not None else None)
+    run = dataclasses.replace(bench, placement=Placement(bench.placement.device))
+    try:
+        if name.direction == "forward":
+            again = run.forward(perturbed)
+        else:
+            again = run.backward(perturbed, needs_grad(inputs, framework))
+    except Exception:  # noqa: BLE001 - no sensitivity: the verdict stands
+        return None
+    return _pairwise(lambda a, b: ((a.double() - b.double()).abs() / unit), again, replayed.results.bench)
+
+
+def _pairwise(function: Any, left: Any, right: Any) -> Any:
+    """function(l, r) over two outputs of one structure (None where a side is not a
+    floating tensor of the same shape)."""
+    if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)) and len(left) == len(right):
+        return tuple(_pairwise(function, l, r) for l, r in zip(left, right))
+    if (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor) and left.is_floating_point()
+            and right.is_floating_point() and left.shape == right.shape):
+        return function(left, right)
+    return None
+
+
+def _elementwise_max(first: Any, second: Any) -> Any:
+    merged = _pairwise(lambda a, b: torch.maximum(a.double(), b.double()), first, second)
+    return merged if merged is not None else first
+
+
+def beyond_range(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """Whether the device's inf/NaN where the bench is finite is the input's overflow,
+    one a correct kernel in the device's dtype D has too: a bench output beyond D's
+    largest finite value; or, the intermediates a kernel cannot avoid, an input whose
+    sum of squares is (a variance, a norm, a partial sum of a mean), where the call
+    sums products (run/terms.py) the sum of its terms' magnitudes (what bounds a
+    partial sum, not the result), and for a backward the derivative itself."""
+    results = replayed.results
+    pairs = [(b, d) for b, d in zip(flat_outputs(results.bench), flat_outputs(results.device))
+             if isinstance(b, torch.Tensor) and isinstance(d, torch.Tensor) and d.is_floating_point() and b.shape == d.shape]
+    overflowed = [(b, d) for b, d in pairs if bool((~torch.isfinite(d) & torch.isfinite(b)).any())]
+    if not overflowed:
+        return False
+    largest = max(torch.finfo(d.dtype).max for _, d in overflowed)
+    if any(_magnitude(b) > largest for b, _ in pairs):
+        return True
+    if any(float(leaf.tensor.double().square().sum()) > largest for leaf in results.inputs.leaves if leaf.tensor.is_floating_point()):
+        return True
+    terms = term_magnitudes(name, replayed.bench, results.inputs, framework)
+    if terms is not None and any(_magnitude(t) > largest for t in flat_outputs(terms) if isinstance(t, torch.Tensor)):
+        return True
+    return name.direction == "backward" and _magnitude_of_derivative(replayed, framework) > largest
+
+
+def _magnitude_of_derivative(replayed: Replayed, framework: str) -> float:
+    """The largest |gradient| for unit incoming gradients: the derivative itself (a
+    correct kernel computes it before it multiplies by the incoming gradient)."""
+    inputs = replayed.results.inputs
+    unit = dataclasses.replace(inputs, grads=[None if g is None else torch.ones_like(g) for g in inputs.grads or []])
+    try:
+        grads = replayed.bench.backward(unit, needs_grad(inputs, framework))
+    except Exception:  # noqa: BLE001 - no bound: the verdict stands
+        return 0.0
+    return max((_magnitude(g) for g in grads if isinstance(g, torch.Tensor)), default=0.0)
+
+
+def _magnitude(values: torch.Tensor) -> float:
+    """The largest finite |value| (0 where none is)."""
+    finite = values[torch.isfinite(values)] if values.is_floating_point() else values
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
+def example_path(folder: Path, index: DumpIndex, name: CallName) -> Path:
+    """Where the call's failing example is written: `folder/<dump>/<call>/dump.json`."""
+    return folder / _safe(str(index.key or index.path)) / _safe(str(name)) / "dump.json"
+
+
+def write_example(variant: Variant, index: DumpIndex, name: CallName, folder: Path) -> Path:
+    """The example as a one-call tensor dump, at example_path."""
+    where = example_path(folder, index, name).parent
+    records = {str(name.sibling("forward")): {**variant.forward, "output": []}}
+    if variant.backward is not None:
+        records[str(name)] = {**variant.backward, "output": []}
+    return write_tensor_dump(where, records, variant.tensors, index.framework)
+
+
+def describe(variant: Variant) -> list[str]:
+    """Each tensor of the example: how it was made, and the values that matter."""
+    return [f"{variant.described[name]}; {_values(tensor)}" for name, tensor in variant.tensors.items()]
+
+
+def _values(tensor: torch.Tensor) -> str:
+    if not tensor.numel():
+        return "empty"
+    if tensor.numel() <= VALUES_SHOWN:
+        return f"values {tensor.reshape(-1).tolist()}"
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return f"min {tensor.min().item()}, max {tensor.max().item()}"
+    wide = tensor.double()
+    finite = wide[torch.isfinite(wide)]
+    parts = [f"max |x| {finite.abs().max().item():.6g}, mean {finite.mean().item():.6g}" if finite.numel() else "no finite value"]
+    zeros, special = int((wide == 0).sum()), wide.numel() - finite.numel()
+    parts += [f"{zeros} zeros"] * bool(zeros) + [f"{special} non-finite"] * bool(special)
+    return ", ".join(parts)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _safe(text: str) -> str:
+    return _UNSAFE.sub("_", text).strip(".") or "_"

@@ -1,0 +1,275 @@
+"""Inputs near a dumped call's: the hypothesis strategy that judge/explore.py searches.
+
+A dump holds one training step's inputs; a kernel that is wrong only for large logits,
+a large common offset, tiny or huge magnitudes, other lengths or masked rows passes
+that step. A variant keeps what makes the call the same call (the API, the structure of
+its arguments, every non-tensor argument, every dtype) and moves its tensors:
+
+- values: the dumped ones, resampled from them, scaled by a power of two (up to the
+  dtype's largest finite value, down into its subnormals), near the largest finite
+  value, near the smallest normal one, shifted by a large common offset, with signed
+  zeros, and, for tensors whose dumped values hold -inf/+inf/NaN (masks), whole rows
+  of those;
+- shapes: every dimension of one dumped size becomes another size (0, 1, shorter,
+  longer) in every tensor at once, and in the shape arguments (a torch.Size, a list of
+  sizes), so tensors that had to agree still agree;
+- integer and boolean tensors keep their dumped values, or are resampled from them
+  where the shape changed: indexes stay within the dumped ones' range, masks stay masks.
+
+A variant is a record of the call (the dump's, its tensors renamed) plus its tensors in
+memory: decoded as any record is (dump/values.py), and, when it fails, written as a
+one-call dump (dump/writer.py) that reproduces it exactly. Hypothesis shrinks toward the
+dumped call: the first regime is "dumped", sizes toward 0 and 1, exponents toward 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from hypothesis import reject
+from hypothesis import strategies as st
+
+from pytest_msprobe.dump.values import TENSOR_TYPES, TensorLeaf
+from pytest_msprobe.dump.writer import tensor_entry
+
+# An explored call may grow to this many times its dumped elements (or this floor).
+GROWTH, FLOOR_ELEMENTS = 4, 1 << 14
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One explored input: the records to decode and the tensors they name."""
+
+    forward: dict[str, Any]
+    backward: dict[str, Any] | None
+    tensors: dict[str, torch.Tensor]
+    described: dict[str, str]  # data_name -> how its values were made
+
+    def provided(self) -> dict[str, tuple[torch.Tensor, str]]:
+        """What dump.values.DecodeContext takes as in-memory tensors."""
+        return {name: (tensor, self.described[name]) for name, tensor in self.tensors.items()}
+
+    def __repr__(self) -> str:  # hypothesis names examples by repr: short, no tensors
+        return "Variant(" + "; ".join(self.described.values()) + ")"
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A way to move a floating tensor's values: draws its parameters, then maps the
+    values (float64) to new ones, with a description."""
+
+    name: str
+    make: Callable[[st.DrawFn, np.ndarray, torch.dtype, np.random.Generator], tuple[np.ndarray, str]]
+
+
+def _finite_max(values: np.ndarray) -> float:
+    finite = np.abs(values[np.isfinite(values)])
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _dumped(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    return values, ""
+
+
+def _scaled(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    """Times 2**k: k as large as the dtype's range allows, or as small (subnormals)."""
+    largest = _finite_max(values)
+    if largest == 0:
+        return values, "all zero: nothing to scale"
+    info = torch.finfo(dtype)
+    top = math.floor(math.log2(info.max / largest)) - 1
+    bottom = math.floor(math.log2(info.smallest_normal * info.eps / largest)) + 1
+    k = draw(st.integers(min(bottom, 0), max(top, 0)))
+    return values * 2.0**k, f"scaled by 2**{k}" if k else ""
+
+
+def _offset(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    """Plus a common offset: what cancels in a variance or a difference."""
+    info = torch.finfo(dtype)
+    k = draw(st.integers(0, math.floor(math.log2(info.max)) - 2))
+    offset = (-1.0 if draw(st.booleans()) else 1.0) * 2.0**k
+    return values + offset, f"shifted by {'-' if offset < 0 else '+'}2**{k}"
+
+
+def _extreme(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    """The largest |value| at the dtype's largest finite value, less 2**-j of it."""
+    largest = _finite_max(values)
+    if largest == 0:
+        return values, "all zero: nothing to scale"
+    info = torch.finfo(dtype)
+    j = draw(st.integers(1, -math.frexp(info.eps)[1] + 1))
+    target = info.max * (1.0 - 2.0**-j)
+    return values * (target / largest), f"scaled to max |x| = {target:.4g} (the largest {_dtype_name(dtype)} is {info.max:.4g})"
+
+
+def _tiny(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    """The largest |value| near the smallest normal one: the rest subnormal or zero."""
+    largest = _finite_max(values)
+    if largest == 0:
+        return values, "all zero: nothing to scale"
+    info = torch.finfo(dtype)
+    j = draw(st.integers(-4, 8))
+    target = info.smallest_normal * 2.0**j
+    return values * (target / largest), f"scaled to max |x| = {target:.4g} (subnormals below {info.smallest_normal:.4g})"
+
+
+def _zeros(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    share = draw(st.sampled_from((0.5, 1.0, 0.125)))
+    chosen = rng.random(values.shape) < share
+    signs = np.where(rng.random(values.shape) < 0.5, -0.0, 0.0)
+    return np.where(chosen, signs, values), f"{share:.0%} of the elements set to +0.0 or -0.0"
+
+
+def _specials(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    """Whole rows (of the last dimension) set to the non-finite value the dumped tensor
+    holds: an all-masked row of an attention mask."""
+    special = values[~np.isfinite(values)]
+    if not special.size or values.ndim == 0 or not values.shape[-1]:
+        return values, ""
+    rows = values.reshape(-1, values.shape[-1]).copy()
+    count = draw(st.integers(1, rows.shape[0]))
+    rows[rng.choice(rows.shape[0], size=count, replace=False)] = special[0]
+    return rows.reshape(values.shape), f"{count} of {rows.shape[0]} rows set to {special[0]}"
+
+
+REGIMES = tuple(Regime(name, make) for name, make in (
+    ("dumped", _dumped), ("scaled", _scaled), ("offset", _offset), ("extreme", _extreme), ("tiny", _tiny),
+    ("zeros", _zeros), ("specials", _specials)))
+
+
+# An incoming gradient moves by scale, resampling and zeros only. A common offset (or all
+# its values at one extreme) makes every row of a weight gradient the same sum, so a
+# correct kernel's rounding errors repeat row after row; the standards' sign tests for
+# a rounding bias count errors as independent, and such a gradient is then judged
+# biased (measured: linear's weight gradient for g = 4096 + N(0, 1e-2): bias_ulp
+# +0.77, z 5.1, on the CPU's own kernel).
+GRADIENT_REGIMES = ("dumped", "scaled", "zeros")
+GRADIENT_PATH = "backward."  # dump.values paths of a backward call's incoming gradients
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class Neighbourhood:
+    """The variants of one call: built from its records and its decoded dumped inputs
+    (their leaves, in the order decoding found them)."""
+
+    def __init__(self, forward: dict[str, Any], backward: dict[str, Any] | None, leaves: list[TensorLeaf],
+                 max_elements: int) -> None:
+        self.forward, self.backward, self.leaves = forward, backward, leaves
+        found = _count_tensors(self._recorded())
+        if found != len(leaves):
+            raise ValueError(f"the records hold {found} tensors, decoding found {len(leaves)}")
+        self.sizes = sorted({size for leaf in leaves for size in leaf.tensor.shape if size > 1})
+        dumped = sum(leaf.tensor.numel() for leaf in leaves)
+        self.max_elements = min(max_elements, max(GROWTH * dumped, FLOOR_ELEMENTS))
+        floats = [leaf for leaf in leaves if leaf.tensor.is_floating_point()]
+        has_specials = any(not torch.isfinite(leaf.tensor).all() for leaf in floats)
+        self.regimes = tuple(regime for regime in REGIMES if regime.name != "specials" or has_specials)
+        self.gradient_regimes = tuple(regime for regime in self.regimes if regime.name in GRADIENT_REGIMES)
+
+    def _recorded(self) -> list[Any]:
+        recorded: list[Any] = [self.forward.get("input_args", []), self.forward.get("input_kwargs", {})]
+        return recorded + ([self.backward.get("input", [])] if self.backward is not None else [])
+
+    def variants(self) -> st.SearchStrategy[Variant]:
+        return st.composite(self._draw)()
+
+    def _draw(self, draw: st.DrawFn) -> Variant:
+        sizes = self._draw_sizes(draw)
+        seed = draw(st.integers(0, 2**16 - 1))
+        shared = draw(st.sampled_from(self.regimes))
+        separate = draw(st.booleans())
+        tensors: dict[str, torch.Tensor] = {}
+        described: dict[str, str] = {}
+        for position, leaf in enumerate(self.leaves):
+            shape = tuple(sizes.get(size, size) for size in leaf.tensor.shape)
+            rng = np.random.default_rng([seed, position])
+            regime = draw(st.sampled_from(self.regimes)) if separate else shared
+            if leaf.path.startswith(GRADIENT_PATH) and regime not in self.gradient_regimes:
+                regime = REGIMES[0]
+            tensor, how = _leaf_values(draw, leaf, shape, seed, regime, rng)
+            name = f"explore.{position}.pt"
+            tensors[name], described[name] = tensor, f"{leaf.path}: {_dtype_name(tensor.dtype)} {list(shape)}, {how}"
+        total = sum(tensor.numel() for tensor in tensors.values())
+        if total > self.max_elements:
+            reject()  # larger than exploring this call may make it
+        rename = iter(tensors)
+
+        def replace(value: dict[str, Any]) -> dict[str, Any]:
+            name = next(rename)
+            return tensor_entry(tensors[name], name, kind=value["type"], requires_grad=bool(value.get("requires_grad", False)))
+
+        forward = {**self.forward,
+                   "input_args": _mapped(self.forward.get("input_args", []), replace, sizes),
+                   "input_kwargs": _mapped(self.forward.get("input_kwargs", {}), replace, sizes)}
+        backward = None
+        if self.backward is not None:
+            backward = {**self.backward, "input": _mapped(self.backward.get("input", []), replace, sizes)}
+        return Variant(forward, backward, tensors, described)
+
+    def _draw_sizes(self, draw: st.DrawFn) -> dict[int, int]:
+        """Dumped size -> its size in this variant (every dimension of that size)."""
+        if not self.sizes or not draw(st.booleans()):
+            return {}
+        return {size: draw(st.integers(0, 2 * size)) for size in self.sizes}
+
+
+def _leaf_values(draw: st.DrawFn, leaf: TensorLeaf, shape: tuple[int, ...], seed: int, regime: Regime,
+                 rng: np.random.Generator) -> tuple[torch.Tensor, str]:
+    """The leaf's tensor in this variant: the dumped one where nothing moves it."""
+    dumped = leaf.tensor
+    same = shape == tuple(dumped.shape) and seed == 0
+    floating = dumped.is_floating_point()
+    if same and (regime.name == "dumped" or not floating):
+        return dumped, "as dumped"
+    source = "as dumped" if same else f"resampled from the dumped values (seed {seed})"
+    if not floating:
+        return torch.from_numpy(_resampled(dumped.numpy(), shape, rng)).to(dumped.dtype), source
+    wide = dumped.double().numpy()
+    moved, how = regime.make(draw, wide if same else _resampled(wide, shape, rng), dumped.dtype, rng)
+    return torch.from_numpy(np.ascontiguousarray(moved)).to(dumped.dtype), ", ".join(filter(None, (source, how)))
+
+
+def _resampled(values: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Elements drawn with replacement from the dumped ones (zeros if it had none)."""
+    flat = values.reshape(-1)
+    if not flat.size:
+        return np.zeros(shape, dtype=values.dtype)
+    return flat[rng.integers(0, flat.size, size=shape)] if math.prod(shape) else np.zeros(shape, dtype=values.dtype)
+
+
+def _count_tensors(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_count_tensors(item) for item in value)
+    if isinstance(value, dict):
+        return 1 if value.get("type") in TENSOR_TYPES else sum(_count_tensors(item) for item in value.values())
+    return 0
+
+
+def _mapped(value: Any, replace: Callable[[dict[str, Any]], dict[str, Any]], sizes: dict[int, int]) -> Any:
+    """The recorded value with its tensors replaced (in decoding order) and its shape
+    arguments resized."""
+    if isinstance(value, list):
+        if sizes and value and all(_is_int(item) for item in value):
+            return [{**item, "value": sizes.get(item["value"], item["value"])} for item in value]
+        return [_mapped(item, replace, sizes) for item in value]
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("type")
+    if kind in TENSOR_TYPES:
+        return replace(value)
+    if kind == "torch.Size" and isinstance(value.get("value"), list):
+        return {**value, "value": [sizes.get(size, size) for size in value["value"]]}
+    if kind is None:
+        return {key: _mapped(item, replace, sizes) for key, item in value.items()}
+    return value
+
+
+def _is_int(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("type") == "int" and isinstance(item.get("value"), int)
