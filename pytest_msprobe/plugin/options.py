@@ -61,6 +61,8 @@ OPTIONS = (
            "CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES when those are set); default: every visible device"),
     Option("msprobe_shard", "run a deterministic 1/N of the calls: I/N with I in 1..N (a CI matrix or several hosts; "
            "join their results with msprobe-merge)"),
+    Option("msprobe_repeat", "run the device this many times on each call's inputs and fail a call whose outputs differ "
+           "bitwise between runs (nondeterministic kernels); online only", default="1"),
     Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
            "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
@@ -141,6 +143,21 @@ def max_elements(config: pytest.Config) -> int:
         raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: expected a whole number of elements") from None
     if value <= 0:
         raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: must be positive")
+    return value
+
+
+def repeat(config: pytest.Config) -> int:
+    """--msprobe-repeat: how many times the device runs each call (1: once, no check)."""
+    raw = get(config, "msprobe_repeat")
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"--msprobe-repeat {raw!r}: expected a whole number of device runs (1: no repeat)") from None
+    if value < 1:
+        raise pytest.UsageError(f"--msprobe-repeat {raw!r}: must be 1 or more")
+    if value > 1 and get(config, "msprobe_offline"):
+        raise pytest.UsageError("--msprobe-repeat runs the device again on each call's inputs, and --msprobe-offline "
+                                "runs no device (the dumped outputs are the device's, one run): drop one of them")
     return value
 
 
