@@ -49,13 +49,15 @@ def overflow_findings(results: Results, bench: Run, direction: str, framework: s
     if not overflowed or not _finite(results.inputs):
         return []
     paired = _bench_outputs(results, bench, direction, framework, len(dumped))
+    generated = any(leaf.origin.startswith("generated") for leaf in results.inputs.leaves)
+    inputs = "finite inputs generated from the recorded statistics" if generated else "the same finite inputs"
     findings = []
     for position, stats in overflowed.items():
         dtype = DTYPES.get(dumped[position].get("dtype"))
         if position in paired and dtype is not None and dtype.is_floating_point:
             path, value = paired[position]
             if isinstance(value, torch.Tensor) and value.is_floating_point():
-                findings.append(_classified(path, value, dtype, stats))
+                findings.append(_classified(path, value, dtype, stats, inputs))
     return findings
 
 
@@ -104,7 +106,7 @@ def _bench_outputs(results: Results, bench: Run, direction: str, framework: str,
     return {position: (f"[{edge}]", results.bench[edge]) for position, edge in enumerate(edges) if edge is not None}
 
 
-def _classified(path: str, bench: torch.Tensor, dtype: torch.dtype, stats: str) -> Finding:
+def _classified(path: str, bench: torch.Tensor, dtype: torch.dtype, stats: str, inputs: str) -> Finding:
     """Input overflow (a note) where the bench overflows too once rounded to the dtype,
     else kernel overflow (an error)."""
     largest = torch.finfo(dtype).max
@@ -118,12 +120,12 @@ def _classified(path: str, bench: torch.Tensor, dtype: torch.dtype, stats: str) 
     elif not bool(torch.isfinite(bench.to(dtype)).all()):
         why = f"max |bench| = {max_abs:.5g} in {raised}, beyond {name}'s largest finite value {largest:.5g}"
     else:
-        text = (f"the dumped output holds inf/NaN ({stats}) where the bench on the same finite inputs stays within "
+        text = (f"the dumped output holds inf/NaN ({stats}) where the bench on {inputs} stays within "
                 f"{name}'s range (max |bench| = {max_abs:.5g} in {raised}, largest finite {largest:.5g}): the kernel "
                 "overflowed inside (an intermediate in a narrow type: an exp without the max subtracted, a sum of "
                 "squares); an error whatever the replay here gave")
         return Finding("kernel overflow", path, True, text, {"overflow": "kernel", **columns})
-    text = (f"the dumped output holds inf/NaN ({stats}) and so does any correct kernel on these finite inputs: {why}. "
+    text = (f"the dumped output holds inf/NaN ({stats}) and so does any correct kernel on {inputs}: {why}. "
             "The inputs' range is the problem (the model's: a loss scale or logits too large for the dtype), not the "
             "kernel's")
     return Finding("input overflow", path, False, text, {"overflow": "input", **columns})
