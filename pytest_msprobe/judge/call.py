@@ -31,6 +31,7 @@ class Settings:
     # verdict statuses whose outputs keep a sample of elements for the HTML report
     # (judge/samples.py); empty: none is taken and nothing is computed
     sample_statuses: frozenset[str] = frozenset()
+    repeat: int = 1  # --msprobe-repeat: device runs compared bit for bit (judge/repeat.py); 1: one run
 
 
 @dataclass
@@ -41,6 +42,7 @@ class CallResult:
     origins: list[str]
     samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # lines the report adds after the inputs
+    findings: list[Any] = dataclasses.field(default_factory=list)  # judge.findings.Finding: repeat, overflow
 
 
 def read_inputs(index: DumpIndex, name: CallName, max_elements: int) -> Inputs:
@@ -100,6 +102,7 @@ class Replayed:
     results: Results
     bench: Any  # the bench Run (its re-judgements run it again)
     label: str  # what the device was
+    device: Any = None  # the device Run (--msprobe-repeat runs it again); offline the dump's outputs
 
 
 def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replayed:
@@ -124,7 +127,7 @@ def replay_inputs(framework_name: str, framework: Any, name: CallName, api: Api,
         results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
     finally:
         settings.backend.free()
-    return Replayed(align_offline(results) if dumped is not None else results, bench, label)
+    return Replayed(align_offline(results) if dumped is not None else results, bench, label, device)
 
 
 def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
@@ -143,7 +146,22 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
             samples = element_samples(judged.bench, judged.device, verdict, settings.sample_statuses)
         except Exception as exc:  # noqa: BLE001 - the report says so; the verdict stands
             samples = [{"error": f"no element sample: {type(exc).__name__}: {exc}"}]
-    return CallResult(name, verdict, label, inputs.origins, samples)
+    return CallResult(name, verdict, label, inputs.origins, samples, findings=call_findings(replayed, name, index.framework, settings))
+
+
+def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Any]:
+    """The checks beside the standards: the overflow re-check (every run) and, with
+    --msprobe-repeat, the device's bits over several runs (then its memory is freed)."""
+    from pytest_msprobe.judge.overflow import overflow_findings
+    from pytest_msprobe.judge.repeat import repeat_findings
+
+    found = overflow_findings(replayed.results, replayed.bench, name.direction, framework)
+    if settings.repeat > 1:
+        try:
+            found += repeat_findings(replayed.device, replayed.results, name.direction, framework, settings.repeat)
+        finally:
+            settings.backend.free()
+    return found
 
 
 def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None) -> Any:

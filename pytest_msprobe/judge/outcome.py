@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.judge.findings import annotated, message_with, status_with
 from pytest_msprobe.judge.record import ResultRecord, output_results
 from pytest_msprobe.run import isolation
 
@@ -54,11 +55,11 @@ def judge_call(index: DumpIndex, name: CallName, settings: Any, check: Callable[
     else:
         verdict = result.verdict
         record = ResultRecord(
-            status=verdict.status,
+            status=status_with(verdict.status, result.findings),
             standard=verdict.standard,
             reference=verdict.reference,
-            message=_verdict_text(result),
-            outputs=output_results(verdict),
+            message=message_with(str(name), _verdict_text(result), result.findings),
+            outputs=annotated(output_results(verdict), result.findings),
             origins=result.origins,
             samples=result.samples,
             **{**base, "device": result.device},

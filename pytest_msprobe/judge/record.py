@@ -25,6 +25,9 @@ class OutputResult:
     metrics: dict[str, float]
     thresholds: dict[str, float]
     reasons: list[str]
+    # columns of the checks beside the standards (judge/findings.py: nondeterministic_*,
+    # overflow*) for the metrics file; empty where none found anything
+    findings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

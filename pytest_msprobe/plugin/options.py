@@ -64,6 +64,8 @@ OPTIONS = (
     Option("msprobe_explore", "explore every selected call with up to N hypothesis examples around its dumped inputs "
            "(larger, smaller, offset, extreme and special values, other sizes): one more test per call, "
            "<call name>.explore; a failure is shrunk to a minimal input (0: off)", default="0"),
+    Option("msprobe_repeat", "run the device this many times on each call's inputs and fail a call whose outputs differ "
+           "bitwise between runs (nondeterministic kernels); online only", default="1"),
     Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
            "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
@@ -161,6 +163,15 @@ def explore_examples(config: pytest.Config) -> int:
         raise pytest.UsageError("--msprobe-explore replays inputs the dump has no outputs for, so it needs the device under "
                                 "test: drop --msprobe-offline (explore on the machine that has the device)")
     return examples
+
+
+def repeat(config: pytest.Config) -> int:
+    """--msprobe-repeat: how many times the device runs each call (1: once, no check)."""
+    value = whole_number(config, "msprobe_repeat", "device runs", 1)
+    if value > 1 and get(config, "msprobe_offline"):
+        raise pytest.UsageError("--msprobe-repeat runs the device again on each call's inputs, and --msprobe-offline "
+                                "runs no device (the dumped outputs are the device's, one run): drop one of them")
+    return value
 
 
 def out_folder(config: pytest.Config) -> Path:

@@ -42,6 +42,7 @@ class SessionState:
                 offline=bool(options.get(self.config, "msprobe_offline")),
                 baseline=_recorded_metrics(self.config, self.dumps),
                 sample_statuses=options.sample_statuses(self.config),
+                repeat=options.repeat(self.config),
             )
         return self._settings
 

@@ -210,7 +210,8 @@ def split_direction(record_call: str) -> tuple[str, str]:
 
 def metrics_rows(entry: Entry) -> list[dict]:
     """Flat objects, one per compared output, with every metric and threshold as its own
-    column: pandas.read_json(path, lines=True) gives one DataFrame of the whole run."""
+    column, and the columns of its findings (judge/findings.py) where it has any:
+    pandas.read_json(path, lines=True) gives one DataFrame of the whole run."""
     record = entry.record
     call, direction = split_direction(record.call)
     base = {"dump": record.dump, "call": call, "direction": direction, "device": record.device,
@@ -219,7 +220,7 @@ def metrics_rows(entry: Entry) -> list[dict]:
         {**base, "name": output_name(record.call, output), "output": output.index, "path": output.path,
          "status": output.status, "standard": output.standard, "reference": output.reference,
          "device_dtype": output.device_dtype, "bench_dtype": output.bench_dtype, "shape": output.shape,
-         **output.metrics, **{f"threshold_{key}": value for key, value in output.thresholds.items()}}
+         **output.metrics, **{f"threshold_{key}": value for key, value in output.thresholds.items()}, **output.findings}
         for output in record.outputs
     ]
 

@@ -88,11 +88,18 @@ def _scaled(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.ran
 
 
 def _offset(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
-    """Plus a common offset: what cancels in a variance or a difference."""
+    """Plus a common offset of 2**j times the values' spread: what cancels in a variance
+    or a difference. j runs to twice D's mantissa bits, past which the values are lost
+    in the offset entirely."""
+    finite = values[np.isfinite(values)]
+    spread = float(finite.std()) if finite.size > 1 else 0.0
+    spread = spread or _finite_max(values) or 1.0
     info = torch.finfo(dtype)
-    k = draw(st.integers(0, math.floor(math.log2(info.max)) - 2))
-    offset = (-1.0 if draw(st.booleans()) else 1.0) * 2.0**k
-    return values + offset, f"shifted by {'-' if offset < 0 else '+'}2**{k}"
+    bits = -math.frexp(info.eps)[1] + 1
+    top = min(2 * bits + 2, math.floor(math.log2(info.max / 4 / spread)))
+    j = draw(st.integers(0, max(top, 0)))
+    offset = (-1.0 if draw(st.booleans()) else 1.0) * spread * 2.0**j
+    return values + offset, f"shifted by {offset:+.4g} (2**{j} times the spread)"
 
 
 def _extreme(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
@@ -230,10 +237,15 @@ def _leaf_values(draw: st.DrawFn, leaf: TensorLeaf, shape: tuple[int, ...], seed
         return dumped, "as dumped"
     source = "as dumped" if same else f"resampled from the dumped values (seed {seed})"
     if not floating:
-        return torch.from_numpy(_resampled(dumped.numpy(), shape, rng)).to(dumped.dtype), source
+        return _tensor(_resampled(dumped.numpy(), shape, rng), shape, dumped.dtype), source
     wide = dumped.double().numpy()
     moved, how = regime.make(draw, wide if same else _resampled(wide, shape, rng), dumped.dtype, rng)
-    return torch.from_numpy(np.ascontiguousarray(moved)).to(dumped.dtype), ", ".join(filter(None, (source, how)))
+    return _tensor(moved, shape, dumped.dtype), ", ".join(filter(None, (source, how)))
+
+
+def _tensor(values: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """numpy values (a 0-d result may be a numpy scalar) as a tensor of `shape`."""
+    return torch.from_numpy(np.array(values).reshape(shape)).to(dtype)
 
 
 def _resampled(values: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

@@ -31,6 +31,9 @@ class Inputs:
     kwargs: dict[str, Any]
     leaves: list[TensorLeaf]
     grads: list[Any] | None = None  # backward: the incoming gradient per forward output
+    # the record's "output" as dumped (forward outputs, or the gradients a backward
+    # produced): the overflow re-check reads their statistics (judge/overflow.py)
+    recorded_outputs: list[Any] | None = None
 
     @property
     def origins(self) -> list[str]:
@@ -44,7 +47,7 @@ def decode_forward(record: dict[str, Any], ctx: DecodeContext) -> Inputs:
         raise CallError(f"{ctx.call}: input_args must be a list and input_kwargs an object")
     decoded_args = [decode(value, ctx, f"input_args[{i}]") for i, value in enumerate(args)]
     decoded_kwargs = {key: decode(value, ctx, f"input_kwargs[{key!r}]") for key, value in kwargs.items()}
-    return Inputs(decoded_args, decoded_kwargs, ctx.leaves)
+    return Inputs(decoded_args, decoded_kwargs, ctx.leaves, recorded_outputs=record.get("output"))
 
 
 def decode_backward(forward: dict[str, Any], backward: dict[str, Any], ctx: DecodeContext) -> Inputs:
@@ -54,6 +57,7 @@ def decode_backward(forward: dict[str, Any], backward: dict[str, Any], ctx: Deco
         raise CallError(f"{ctx.call}: the backward record's \"input\" (incoming gradients) is not a list")
     inputs.grads = [decode(value, ctx, f"backward.input[{i}]") for i, value in enumerate(grads)]
     inputs.leaves = ctx.leaves
+    inputs.recorded_outputs = backward.get("output")
     return inputs
 
 
@@ -252,16 +256,21 @@ class Results:
     inputs: Inputs
 
 
+def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Run], Any]:
+    """What running the call means on any side: its forward, or its forward and the
+    backpropagation of the incoming gradients into the inputs that required grad."""
+    if direction == "forward":
+        return lambda run: run.forward(inputs)
+    flags = needs_grad(inputs, framework)
+    if not any(flags):
+        raise CallSkip("no floating input required grad when dumped: nothing to backpropagate to")
+    return lambda run: run.backward(inputs, flags)
+
+
 def replay(direction: str, api: Api, inputs: Inputs, device: Run, bench: Run, reference: Run | None, framework: str) -> Results:
     """Run the call on every side. The bench raising is a skip (no verdict possible);
     then the device raising is the call's error."""
-    if direction == "forward":
-        step: Callable[[Run], Any] = lambda run: run.forward(inputs)
-    else:
-        flags = needs_grad(inputs, framework)
-        if not any(flags):
-            raise CallSkip("no floating input required grad when dumped: nothing to backpropagate to")
-        step = lambda run: run.backward(inputs, flags)
+    step = step_for(direction, inputs, framework)
     device_error: BaseException | None = None
     try:
         device_out = step(device)

@@ -19,7 +19,9 @@ from typing import Any, Callable
 from pytest_msprobe.dump.index import DIRECTIONS, parse_call_name
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.call import FRAMEWORKS, Settings, verdict_for
+from pytest_msprobe.judge.findings import Finding, annotated, status_with
 from pytest_msprobe.judge.record import output_results
+from pytest_msprobe.judge.repeat import repeat_findings
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.run.replay import DeviceFailed, Inputs, replay
 from pytest_msprobe.standards import Registry
@@ -53,6 +55,7 @@ class Outcome:
     status: str
     message: str
     verdict: Any = None
+    findings: list[Finding] = dataclasses.field(default_factory=list)
 
 
 def parse_args(call: ScriptCall, argv: list[str] | None) -> argparse.Namespace:
@@ -68,11 +71,16 @@ def parse_args(call: ScriptCall, argv: list[str] | None) -> argparse.Namespace:
                         help="generate every input from its recorded statistics, even where the dump saved the tensor")
     parser.add_argument("--seeds", type=int, default=0, metavar="N",
                         help="also run N other seeds of the generated inputs (the first run is always the test's)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="K",
+                        help="run the device K times on the same inputs and fail if its outputs differ bitwise between "
+                             "runs (a nondeterministic kernel), as --msprobe-repeat does (default: 1, once)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every run's verdict and metrics to FILE")
     parser.add_argument("--traceback", action="store_true", help="show the traceback of an unexpected exception")
     args = parser.parse_args(argv)
     if args.seeds < 0:
         parser.error("--seeds must be 0 or more")
+    if args.repeat < 1:
+        parser.error("--repeat must be 1 or more")
     return args
 
 
@@ -125,7 +133,7 @@ def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args:
     outcome.judge_call does for the test."""
     print(f"\n--- inputs: {'as in the test' if variant == 0 else f'seed variant {variant}'}")
     try:
-        verdict = _check(call, name, chosen, registry, args, variant)
+        verdict, findings = _check(call, name, chosen, registry, args, variant)
     except CallSkip as exc:
         return _said(Outcome(variant, "skip", f"skipped: {exc}"))
     except CallError as exc:
@@ -137,11 +145,17 @@ def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args:
             traceback.print_exc()
         return _said(Outcome(variant, "error", f"the check raised {type(exc).__name__}: {exc} (--traceback shows where)"))
     _print_verdict(verdict)
-    return Outcome(variant, verdict.status, f"{verdict.status} by the {verdict.standard} standard", verdict)
+    for finding in findings:
+        print(f"  {finding.path or 'output'}: {finding.reason}")
+    status = status_with(verdict.status, findings)
+    return Outcome(variant, status, f"{status} by the {verdict.standard} standard" + "".join(
+        f"; {finding.kind}" for finding in findings if finding.fails), verdict, findings)
 
 
-def _check(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int) -> Any:
-    """check_call's steps, with the script's own inputs and API function."""
+def _check(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace,
+           variant: int) -> tuple[Any, list[Finding]]:
+    """check_call's steps, with the script's own inputs and API function: the verdict,
+    and what --repeat found."""
     call_name = parse_call_name(name)
     framework = FRAMEWORKS[call.framework]()
     api = framework.resolve(call_name, chosen)
@@ -154,9 +168,10 @@ def _check(call: ScriptCall, name: str, chosen: Backend, registry: Registry, arg
     device, bench, reference = framework.runs(api, inputs, settings)
     try:
         results = replay(args.direction, api, inputs, device, bench, reference, framework=call.framework)
+        findings = repeat_findings(device, results, args.direction, call.framework, args.repeat)
     finally:
         chosen.free()
-    return verdict_for(registry, call_name, results, bench=bench, framework=call.framework)
+    return verdict_for(registry, call_name, results, bench=bench, framework=call.framework), findings
 
 
 def _said(outcome: Outcome) -> Outcome:
@@ -183,5 +198,6 @@ def _print_verdict(verdict: Any) -> None:
 
 
 def _as_json(name: str, outcome: Outcome) -> dict[str, Any]:
-    outputs = [dataclasses.asdict(o) for o in output_results(outcome.verdict)] if outcome.verdict is not None else []
+    results = annotated(output_results(outcome.verdict), outcome.findings) if outcome.verdict is not None else []
+    outputs = [dataclasses.asdict(o) for o in results]
     return {"call": name, "variant": outcome.variant, "status": outcome.status, "message": outcome.message, "outputs": outputs}

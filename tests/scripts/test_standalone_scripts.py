@@ -42,12 +42,12 @@ CHOSEN = [
 ] + ([("mindspore_small_statistics_fp32", "Mint.exp.0.backward")] if importlib.util.find_spec("mindspore") else [])
 
 
-def bare_python(script: Path, *args: str, fault: bool = False) -> subprocess.CompletedProcess:
+def bare_python(script: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
     """Run a script as the kernel engineer would, with torch but without pytest-msprobe;
-    `fault` plants planted_linear first."""
+    `fault` names a module of this folder that plants a fault first (planted_linear)."""
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": os.pathsep.join([str(SITE_PACKAGES), str(HERE)]), "GLOG_v": "3"}
     if fault:
-        command = ["-c", "import planted_linear, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')", str(script)]
+        command = ["-c", f"import {fault}, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')", str(script)]
     else:
         command = [str(script)]
     return subprocess.run([sys.executable, "-S", *command, *args], cwd=script.parent, env=env, capture_output=True, text=True, timeout=300)
@@ -136,11 +136,28 @@ def test_planted_fault_fails_the_test_and_its_script(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "scripts").glob("*.py")) == sorted(f"{c}.py" for c in failed)  # failed calls only
     script = tmp_path / "scripts" / "Functional.linear.0.forward.py"
     assert "error by the" in script.read_text().split('"""', 1)[0]  # its header quotes the test's verdict
-    faulty = bare_python(script, "--device", "cpu", "--json", "faulty.json", fault=True)
+    faulty = bare_python(script, "--device", "cpu", "--json", "faulty.json", fault="planted_linear")
     assert faulty.returncode == 1 and "verdict: error" in faulty.stdout, faulty.stdout + faulty.stderr
     assert_same_judgement(json.loads((script.parent / "faulty.json").read_text())[0], records[("dump", "Functional.linear.0.forward")])
     healthy = bare_python(script, "--device", "cpu")
     assert healthy.returncode == 0 and "verdict: pass" in healthy.stdout
+
+
+def test_a_nondeterministic_kernel_fails_the_repeated_test_and_script(tmp_path: Path) -> None:
+    """--msprobe-repeat and a script's --repeat share the check (judge/repeat.py)."""
+    shutil.copytree(DUMPS / "torch_mlpcnn_tensor_fp32", tmp_path / "dump")
+    done = run_pytest(tmp_path, "--msprobe-dump=dump", "-p", "split_k_linear", "--msprobe-repeat=3", "-k", "linear.0.forward",
+                      "--msprobe-scripts=scripts", "-q")
+    record = journal(tmp_path)[("dump", "Functional.linear.0.forward")]
+    assert done.returncode == 1 and record["status"] == "error" and "nondeterministic" in record["message"]
+    script = tmp_path / "scripts" / "Functional.linear.0.forward.py"
+    repeated = bare_python(script, "--device", "cpu", "--repeat", "3", "--json", "repeated.json", fault="split_k_linear")
+    assert repeated.returncode == 1 and "nondeterministic: " in repeated.stdout, repeated.stdout + repeated.stderr
+    [run] = json.loads((script.parent / "repeated.json").read_text())  # its metrics vary with the first run's bits
+    assert run["status"] == "error" and run["outputs"][0]["findings"].keys() == record["outputs"][0]["findings"].keys()
+    assert run["outputs"][0]["findings"]["nondeterministic_elements"] > 0
+    once = bare_python(script, "--device", "cpu", fault="split_k_linear")
+    assert once.returncode == 0 and "verdict: pass" in once.stdout, once.stdout + once.stderr
 
 
 def test_seeds_and_generated_inputs(tmp_path: Path) -> None:

@@ -1,0 +1,69 @@
+"""What the checks beside the precision standards found in a call's outputs: the device
+giving other bits when run again on the same inputs (`repeat`, --msprobe-repeat) and
+an inf/NaN in the dumped outputs re-checked on the bench (`overflow`).
+
+The standards' verdict stays what it is (the first run's, against the bench): a finding
+is reported beside it, where the standards' results already go, so that every reader of
+the result files sees it without a new file or a new CSV column: the output's status and
+reasons (the details CSV keeps msprobe's columns: Status and Message), the output's own
+`findings` columns in the metrics file, and the call's status and message. A finding
+that fails makes the call an error whatever the verdict; one that does not is a note.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_msprobe.judge.record import OutputResult
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One output's finding."""
+
+    kind: str  # "nondeterministic", "kernel overflow", "input overflow"
+    path: str  # the output's path in the verdict's flatten order ("" for a lone output)
+    fails: bool  # whether it makes the call an error
+    text: str  # what was found and what it means, for the message and the output's reasons
+    columns: dict[str, Any]  # the output's columns in the metrics file
+
+    @property
+    def reason(self) -> str:
+        return f"{self.kind}: {self.text}"
+
+
+def status_with(status: str, findings: list[Finding]) -> str:
+    """The call's status: an error where a finding fails, else the verdict's."""
+    return "error" if any(finding.fails for finding in findings) else status
+
+
+def message_with(call: str, text: str, findings: list[Finding]) -> str:
+    """The call's message: the verdict's text, after a head naming the failing
+    findings (they decide the outcome), or followed by the notes."""
+    if not findings:
+        return text
+    lines = [f"  {finding.path or 'output'}: {finding.reason}" for finding in findings]
+    failing = sorted({finding.kind for finding in findings if finding.fails})
+    if not failing:
+        return "\n".join([text, *lines])
+    head = f"{call}: error: {', '.join(failing)} (the accuracy standards' verdict follows)"
+    return "\n".join([head, *lines, text])
+
+
+def annotated(outputs: list[OutputResult], findings: list[Finding]) -> list[OutputResult]:
+    """The output results with their findings: reasons and columns added, the status
+    an error where a finding fails."""
+    annotated_outputs = []
+    for output in outputs:
+        mine = [finding for finding in findings if finding.path == output.path]
+        if mine:
+            output = dataclasses.replace(
+                output,
+                status=status_with(output.status, mine),
+                reasons=[*output.reasons, *(finding.reason for finding in mine)],
+                findings={key: value for finding in mine for key, value in finding.columns.items()},
+            )
+        annotated_outputs.append(output)
+    return annotated_outputs

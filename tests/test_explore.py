@@ -1,0 +1,169 @@
+"""--msprobe-explore: the search around each dumped call (judge/explore.py, run/neighbourhood.py).
+
+- The CPU's own kernels pass every explored call of the example dump.
+- Naive kernels that the dumped step does not trip (tests/explore_faults.py) pass their
+  dumped test and fail exploration with at most 100 examples, shrunk to a minimal input
+  that the message shows and that a one-call dump reproduces.
+- The search is deterministic: reruns and -n 2 give the same results.
+- The variants keep the call: its API, structure, non-tensor arguments, dtypes, index
+  ranges and masks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from explore_faults import FAULTS
+from pytest_msprobe.dump.index import read_index
+from pytest_msprobe.judge.call import read_inputs
+from pytest_msprobe.run.neighbourhood import Neighbourhood
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
+
+
+def _records(out: Path) -> dict[str, dict]:
+    return {record["call"]: record for journal in out.glob("msprobe_records_*.jsonl")
+            for record in map(json.loads, journal.read_text().splitlines())}
+
+
+def test_the_cpu_kernels_pass_every_explored_call_of_the_example_dump(run_dump, tmp_path):
+    run = run_dump(EXAMPLE, "--msprobe-device=cpu", "--msprobe-explore=20", "-m", "explore", f"--msprobe-out={tmp_path}")
+    assert len(run.calls) == 49
+    assert not run.by_outcome("failed"), {name: call.text[:400] for name, call in run.by_outcome("failed").items()}
+    assert not [name for name, call in run.calls.items() if call.warnings]
+    records = _records(tmp_path)
+    assert all(name.endswith(".explore") for name in records)
+    judged = [int(re.search(r"(\d+) examples around the call judged", record["message"])[1])
+              for record in records.values() if record["status"] == "pass"]
+    assert sum(judged) > 20 * 40  # nearly every call got its 20 examples
+
+
+@pytest.mark.parametrize("fault_name", sorted(FAULTS))
+def test_exploration_finds_a_fault_the_dumped_step_does_not_trip(fault_name, run_dump, tmp_path, monkeypatch):
+    fault = FAULTS[fault_name]
+    fault.patch(monkeypatch)
+    out = tmp_path / "out"
+    run = run_dump(EXAMPLE, "--msprobe-device=cpu", "--msprobe-explore=100", "-k", fault.call, f"--msprobe-out={out}")
+    dumped, explored = run.calls[fault.call], run.calls[fault.call + ".explore"]
+    assert dumped.outcome == "passed", dumped.text
+    assert explored.outcome == "failed"
+    text = explored.text
+    assert "shrunk by hypothesis to a minimal failing example" in text
+    assert re.search(r"input_args\[0\]: float32 \[[0-9, ]*\]", text)  # the minimal input: its shape ...
+    assert re.search(r"values \[|max \|x\|", text)  # ... and its values
+    example = Path(re.search(r"reproduce: pytest --msprobe-dump=(\S+)", text)[1])
+    # the one-call dump reproduces the failure, and passes with the fault removed
+    assert run_dump(example, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'again'}").calls[fault.call].outcome == "failed"
+    monkeypatch.undo()
+    assert run_dump(example, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'fixed'}").calls[fault.call].outcome == "passed"
+
+
+def _comparable(out: Path) -> dict[str, tuple[str, str]]:
+    """Each record's status and message, its example's path made relative to `out`."""
+    return {name: (record["status"], record["message"].replace(str(out), "OUT"))
+            for name, record in _records(out).items()}
+
+
+def test_reruns_and_two_workers_agree(run_dump, tmp_path, monkeypatch):
+    FAULTS["variance_by_moments"].patch(monkeypatch)
+    select = ("-k", "layer_norm or rsqrt or softmax", "-m", "explore", "--msprobe-device=cpu", "--msprobe-explore=30")
+    runs = {}
+    for label, extra in (("first", ()), ("rerun", ()), ("workers", ("-n", "2"))):
+        out = tmp_path / label
+        run_dump(EXAMPLE, *select, f"--msprobe-out={out}", *extra)
+        runs[label] = _comparable(out)
+    assert runs["first"] == runs["rerun"] == runs["workers"]
+    assert runs["first"]["Functional.layer_norm.0.forward.explore"][0] == "error"
+    assert {status for status, _ in runs["first"].values()} == {"pass", "error"}
+
+
+def test_the_failing_example_is_kept_in_the_database_and_replayed_first(run_dump, tmp_path, monkeypatch):
+    FAULTS["softmax_without_max"].patch(monkeypatch)
+    args = ("-k", "Tensor.softmax.0.forward.explore", "--msprobe-device=cpu", "--msprobe-explore=100", f"--msprobe-out={tmp_path}")
+    first = run_dump(EXAMPLE, *args).calls["Tensor.softmax.0.forward.explore"]
+    assert any((tmp_path / "hypothesis").rglob("*"))
+    # with one example left to generate, only the saved failure can fail the rerun
+    again = run_dump(EXAMPLE, *args[:-2], "--msprobe-explore=1", f"--msprobe-out={tmp_path}").calls["Tensor.softmax.0.forward.explore"]
+    assert first.outcome == again.outcome == "failed"
+
+
+def test_save_failed_and_scripts_take_the_minimal_example(run_dump, tmp_path, monkeypatch):
+    FAULTS["reciprocal_then_root"].patch(monkeypatch)
+    saved, scripts = tmp_path / "failed", tmp_path / "scripts"
+    run = run_dump(EXAMPLE, "-k", "Torch.rsqrt.0.forward", "--msprobe-device=cpu", "--msprobe-explore=100",
+                   f"--msprobe-out={tmp_path / 'out'}", f"--msprobe-save-failed={saved}", f"--msprobe-scripts={scripts}")
+    assert run.calls["Torch.rsqrt.0.forward.explore"].outcome == "failed"
+    assert sorted(path.name for path in saved.iterdir()) == ["Torch.rsqrt.0.forward.explore"]
+    inputs = torch.load(saved / "Torch.rsqrt.0.forward.explore" / "inputs.pt", weights_only=True)
+    explored = read_inputs(read_index(Path(re.search(r"--msprobe-dump=(\S+)", run.calls["Torch.rsqrt.0.forward.explore"].text)[1])),
+                           read_index(EXAMPLE).entry("Torch.rsqrt.0.forward").name, 10**7)
+    assert torch.equal(inputs["input_args.0"], explored.args[0])  # the explored input, not the dumped one
+    script = (scripts / "Torch.rsqrt.0.forward.explore.py").read_text()
+    assert "explored" in script and "Torch.rsqrt.0.forward" in script
+
+
+def test_result_files_hold_the_explored_rows(run_dump, tmp_path):
+    run_dump(EXAMPLE, "-k", "Functional.linear.0", "--msprobe-device=cpu", "--msprobe-explore=5", f"--msprobe-out={tmp_path}")
+    result = next(tmp_path.glob("accuracy_checking_result_*.csv")).read_text().splitlines()
+    rows = {line.split(",")[0]: line for line in result[1:]}
+    assert set(rows) == {"Functional.linear.0", "Functional.linear.0.explore"}
+    assert rows["Functional.linear.0.explore"].split(",")[1:3] == ["pass", "pass"]
+
+
+@pytest.mark.parametrize(("args", "problem"), [
+    (("--msprobe-explore=-1",), "must be at least 0"),
+    (("--msprobe-explore=many",), "expected a whole number of examples"),
+    (("--msprobe-explore=5", "--msprobe-offline"), "drop --msprobe-offline"),
+])
+def test_bad_explore_options_are_usage_errors(args, problem, pytester):
+    result = pytester.runpytest(f"--msprobe-dump={EXAMPLE}", "--msprobe-device=cpu", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{problem}*"])
+
+
+# --- the variants ------------------------------------------------------------------
+
+
+def _space(call: str) -> tuple[Neighbourhood, list]:
+    index = read_index(EXAMPLE)
+    name = index.entry(call).name
+    inputs = read_inputs(index, name, 10**7)
+    forward = index.read_record(index.entry(str(name.sibling("forward"))))
+    backward = index.read_record(index.entry(call)) if name.direction == "backward" else None
+    return Neighbourhood(forward, backward, inputs.leaves, 10**7), inputs.leaves
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.data())
+def test_variants_keep_the_call_and_its_valid_inputs(data):
+    space, leaves = _space(data.draw(st.sampled_from(["Functional.embedding.0.forward", "Torch.where.0.forward",
+                                                      "Functional.layer_norm.0.backward", "Functional.cross_entropy.0.forward"])))
+    variant = data.draw(space.variants())
+    assert [key for key in variant.forward if key not in ("input_args", "input_kwargs")] == \
+        [key for key in space.forward if key not in ("input_args", "input_kwargs")]
+    for leaf, (name, tensor) in zip(leaves, variant.tensors.items()):
+        assert tensor.dtype == leaf.tensor.dtype
+        if not tensor.is_floating_point() and tensor.numel() and leaf.tensor.numel():
+            assert leaf.tensor.min() <= tensor.min() and tensor.max() <= leaf.tensor.max()  # indexes in range, masks boolean
+    non_tensors = lambda record: [value for value in record.get("input_kwargs", {}).values() if value.get("type") != "torch.Tensor"]
+    assert non_tensors(variant.forward) == non_tensors(space.forward)
+
+
+def test_the_simplest_variant_is_the_dumped_call():
+    space, leaves = _space("Functional.layer_norm.0.backward")
+    simplest = _simplest(space)
+    assert all(torch.equal(tensor, leaf.tensor) for tensor, leaf in zip(simplest.tensors.values(), leaves))
+
+
+def _simplest(space: Neighbourhood):
+    """What hypothesis shrinks toward: find() of any variant returns the minimal one."""
+    from hypothesis import find
+
+    return find(space.variants(), lambda variant: True, settings=settings(database=None))
