@@ -6,7 +6,8 @@ the stages before it, and the shared `errors` (tests/test_layout.py checks this)
     dump/      reading the dump: the streaming index and records, values, tensors,
                the index cache, which calls a run takes (lists, dedup)
     run/       running a call: API tables, devices, replay on device/bench/reference,
-               MindSpore, isolation of hangs, OOMs and crashes
+               where the bench runs (precision.py), MindSpore, isolation of hangs,
+               OOMs and crashes
     judge/     judging a call: the check end to end, its reference (offline dumped
                outputs, a recorded baseline) and the ResultRecord it amounts to
     results/   results on disk: the writer, msprobe's CSVs, summary, merge, failed data

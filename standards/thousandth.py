@@ -59,9 +59,14 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
 
 
 def _fast(pair: Pair, thresholds, limit, reference=None):
-    """Large and all finite: a float32 pre-test, else one fused pass (fast.py)."""
-    count = fast.thousandth_count(pair, 0.001)
-    if count is None:
+    """Large and all finite: a float32 pre-test (with the bias sums of the sample), else
+    one fused pass (fast.py)."""
+    sums = None
+    q_half = fast.abs_b_quantiles(pair, (0.5,))[0] if reference is None else None
+    counted = fast.thousandth_count(pair, 0.001, q_half, sample_step(pair.n))
+    if counted is not None:
+        count, sums = counted
+    else:
         if pair._cache.get("fast_nonfinite"):
             return None
         res = fast.run(pair, rel_lt=(0.001,))
@@ -81,8 +86,8 @@ def _fast(pair: Pair, thresholds, limit, reference=None):
     used = {"rel_err_thousandth": limit, "scaled_thousandth": limit, "sr_thousandth_ulp": ulps}
     computed = None
     if reference is None:           # the bias sums of the sample alone, from the raw arrays
-        (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
-        sums = fast.sampled_bias(pair, q_half, sample_step(pair.n))
+        if sums is None:            # (the float32 pre-test has them)
+            sums = fast.sampled_bias(pair, q_half, sample_step(pair.n))
         if sums is None:
             return None
         computed = statistics(sums)

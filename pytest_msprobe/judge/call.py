@@ -4,6 +4,7 @@ every side and judge it. The pytest item only turns the result into an outcome."
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -11,6 +12,7 @@ from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
+from pytest_msprobe.run.precision import BenchSite, bench_site, strict_float32
 from pytest_msprobe.run.terms import term_magnitudes
 from pytest_msprobe.run.replay import (Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, needs_grad,
                                    replay, saved_in_device_dtype)
@@ -74,9 +76,28 @@ class PytorchReplay:
         backend = settings.backend
         cpu = torch.device("cpu")
         device = Run(api, api.device_fn, Placement(backend.torch_device(settings.device_index)), backend.synchronize)
-        bench = Run(api, api.bench_fn, Placement(cpu, bench_dtypes(inputs, api.raise_bench)))
+        dtypes = bench_dtypes(inputs, api.raise_bench)
+        site = self.bench_site(api, inputs, settings, dtypes)
+        if site.accelerator:  # float16/bfloat16 in strict float32 on the accelerator (run/precision.py)
+            bench = Run(api, api.bench_fn, Placement(backend.torch_device(settings.device_index), dtypes), backend.synchronize,
+                        context=functools.partial(strict_float32, backend.name), site=site.label)
+        else:
+            bench = Run(api, api.bench_fn, Placement(cpu, dtypes), site=site.label)
         reference = Run(api, api.bench_fn, Placement(cpu)) if backend.name != "cpu" else None
         return device, bench, reference
+
+    def bench_site(self, api: Api, inputs: Inputs, settings: Settings, dtypes: dict[Any, Any]) -> BenchSite:
+        """Where this call's bench runs: run/precision.py's rule."""
+        import torch
+
+        if settings.backend.name == "cpu":
+            return BenchSite(False, "")
+        leaves = [leaf.tensor for leaf in inputs.leaves if leaf.tensor.dtype.is_floating_point]
+        floating = {tensor.dtype for tensor in leaves}
+        low = sorted(floating & {torch.float16, torch.bfloat16}, key=str)
+        standard = settings.registry.standard_for(CallName(*api.name.split(".", 1), 0, "forward").operator, low[0]) if low else ""
+        return bench_site(settings.backend.name, f"{settings.backend.name}:{settings.device_index}", api.name, dtypes,
+                          floating, standard, sum(tensor.numel() for tensor in leaves))
 
     def reference_in_dump_dtype(self, api: Api, settings: Settings) -> Run:
         """Offline, the reference: torch's CPU kernel in the dump's dtypes."""
@@ -138,6 +159,8 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     verdict, judged = judged_results(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
     if recorded is not None:
         verdict = settings.baseline.labelled(verdict, index.key, str(name))
+    if getattr(bench, "site", ""):  # where the bench ran, on an accelerator (run/precision.py)
+        verdict = _relabelled(verdict, bench.site)
     samples: list[dict[str, Any]] = []
     if settings.sample_statuses:  # only for the HTML report: no cost without it
         from pytest_msprobe.judge.samples import element_samples

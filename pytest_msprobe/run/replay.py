@@ -131,6 +131,9 @@ class Run:
     synchronize: Callable[[], None] = lambda: None
     saved_in: tuple[torch.dtype, torch.dtype] | None = None  # (raised, D): see saved_in_device_dtype
     absolute: bool = False  # every floating value, incoming gradients too, as its |.|: see run/terms.py
+    # entered around the run: an accelerator bench's strict float32 (run/precision.py)
+    context: Callable[[], Any] = contextlib.nullcontext
+    site: str = ""  # where a bench ran, for the verdict's reference text (run/precision.py)
 
     def place(self, value: Any) -> Any:
         placed = tree_map(self.placement, value)
@@ -140,13 +143,18 @@ class Run:
         return tree_map(_absolute, grads) if self.absolute else grads
 
     def forward(self, inputs: Inputs) -> Any:
-        args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
-        with torch.no_grad():
-            output = self.function(*args, **kwargs)
-        self.synchronize()
-        return to_cpu(output)
+        with self.context():
+            args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
+            with torch.no_grad():
+                output = self.function(*args, **kwargs)
+            self.synchronize()
+            return to_cpu(output)
 
     def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
+        with self.context():
+            return self._backward(inputs, needs_grad)
+
+    def _backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
         args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
         leaves = [t for t in tensors_in((args, kwargs))]
         wanted = [t for t, flag in zip(leaves, needs_grad) if flag]

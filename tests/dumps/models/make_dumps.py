@@ -6,7 +6,7 @@ Run with torch and mindstudio-probe installed (never torch_npu):
     python make_dumps.py --fault NAME --fault-dump OUTDIR   the fault table's model and dtype
     python make_dumps.py --all [--root DIR]      every shipped dump (and shipped fault dump)
     python make_dumps.py --list                  models, shipped dumps, the fault table
-MODEL: transformer12 transformer1 convbn gru lstm embedattn; DTYPE: float32 bfloat16 float16.
+MODEL: transformer12 transformer1 transformer_large convbn gru lstm embedattn; DTYPE: float32 bfloat16 float16.
 
 The dump is rewritten to the portable layout: OUTDIR/dump.json, OUTDIR/dump_tensor_data/*.pt,
 OUTDIR/construct.json, with dump_data_dir set to a foreign path (a dump is always read on
@@ -180,6 +180,10 @@ MODELS: dict[str, ModelSpec] = {
                                "embedding, add, 12 x (layer_norm, linear, matmul, mul, softmax, gelu, add), cross_entropy (msprobe 26.2 dumps no split/reshape/transpose)"),
     "transformer1": ModelSpec(lambda: Transformer(1), lambda: _token_ids(64, 1, 8), _per_token_labels(64),
                               "transformer12 with 1 block (the fault dumps: small)"),
+    # not shipped (fp32 tensor dump ~1 GB): benchmarks/bench_large_calls.py makes it under /tmp
+    "transformer_large": ModelSpec(lambda: Transformer(2, vocab=1024, dim=1024, heads=16, mlp=4096, seq=512),
+                                   lambda: _token_ids(1024, 1, 512), _per_token_labels(1024),
+                                   "transformer12's block, hidden 1024, 16 heads, MLP 4096, sequence 512, 2 blocks"),
     "convbn": ModelSpec(ConvBN, lambda: torch.randn(4, 3, 8, 8), _per_token_labels(10),
                         "conv2d, batch_norm, relu, max_pool2d, flatten, linear, cross_entropy"),
     "gru": ModelSpec(lambda: Recurrent(nn.GRU), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "GRU (2 layers), linear"),

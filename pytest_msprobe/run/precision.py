@@ -1,0 +1,268 @@
+"""Where a call's raised-precision bench runs, and the strict float32 it needs there.
+
+The bench of a float16/bfloat16 call is the call in float32. On the CPU that is the
+dominant cost of a large call (a 1024-wide transformer layer's matmuls), while the
+accelerator under test computes float32 tens to hundreds of times faster. Float32 on an
+accelerator is as exact as on the CPU for the verdict -- the bench's own error (a few
+float32 ULPs per operation, sqrt(K) of them in a K-term sum) is 2**13 (float16) to 2**16
+(bfloat16) times finer than the D rounding the standards measure -- PROVIDED the
+accelerator really computes in float32. It does not by default everywhere: TF32 (10
+mantissa bits, float16's) in cuBLAS/cuDNN, HF32 on Ascend, reduced-precision reductions
+inside float16/bfloat16 GEMMs.
+
+The rule (PytorchReplay.runs in judge/call.py applies it per call); the bench runs on the
+accelerator in float32 where all of 1-7 hold, else on the CPU as before:
+
+1. The device under test is an accelerator (cuda or npu); on the CPU the bench is the
+   CPU, as always.
+2. The call's bench is raised and every floating value it gets is float32: its floating
+   inputs are float16/bfloat16 (float32 ones allowed beside them: the mixed call's bench
+   is float32 throughout, replay.bench_dtypes). A float32 call's bench is float64 and
+   stays on the CPU (accelerators' float64 is slow, or absent on Ascend); so does the
+   unraised bench of a `not_raised` API (the CPU's own kernel in D is the point there).
+3. Not an NPU.* fused operator: its bench is a CPU reference from bench_functions.
+4. Not an API the binary-consistency standard judges (abs, relu, max_pool2d, gather,
+   sort, ...): those verdicts demand bit equality with the bench rounded to D, and an
+   accelerator's float32 sums in their backward (a max-pool or index gradient summed by
+   atomics, in an order that varies from run to run) may round to D differently from
+   the exact value; they cost little on the CPU anyway.
+5. The strict float32 switches are set and READ BACK before every accelerator bench run
+   (`strict_float32`), and restored after it, so the device run keeps the user's own
+   settings:
+     cuda: torch.backends.cuda.matmul.allow_tf32 = False, torch.backends.cudnn.allow_tf32
+       = False, torch.set_float32_matmul_precision("highest"),
+       torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False,
+       ...allow_bf16_reduced_precision_reduction = False, ...allow_fp16_accumulation =
+       False (where this torch has it); where torch has the fp32_precision API
+       (torch.backends.cuda.matmul / cudnn.conv / cudnn.rnn .fp32_precision), none of
+       them may read "tf32" or "bf16" afterwards; and the environment must not override
+       them: TORCH_ALLOW_TF32_CUBLAS_OVERRIDE (set in NGC containers: TF32 in cuBLAS
+       whatever the flags say) must be unset or 0, NVIDIA_TF32_OVERRIDE unset or 0.
+     npu: torch.npu.matmul.allow_hf32 = False and torch.npu.conv.allow_hf32 = False (HF32
+       is on for convolutions by default), and the ACL precision mode must read
+       must_keep_origin_dtype (`torch_npu._C._npu_getOption("ACL_PRECISION_MODE")`): on
+       the Atlas training series its default, allow_fp32_to_fp16, runs float32 matrix
+       operators in float16; it cannot be restored once set, so it is not set here --
+       set it yourself (`torch_npu.npu.set_option({"ACL_PRECISION_MODE":
+       "must_keep_origin_dtype"})` in a conftest.py) to get the accelerator bench on an NPU.
+   Any switch that does not read back as set (a setter ignored, an override in the
+   environment, an attribute this torch lacks and cannot be read) refuses the
+   accelerator bench: the call's bench runs on the CPU, and its verdict says why.
+6. The call is large enough for the move to pay: its floating inputs hold at least
+   ACCELERATOR_MIN_ELEMENTS (2**16) elements. Below that the CPU bench takes tens of
+   microseconds, about what copying the inputs over, setting and checking the switches
+   (~0.1 ms) and copying the outputs back cost.
+7. PYTEST_MSPROBE_BENCH=cpu keeps every bench on the CPU (the behaviour before).
+
+Where the bench ran is in every accelerator run's verdict: its reference text (the
+`msprobe_reference` property, the records' `reference`) ends with "bench on cuda:0 in
+float32, TF32 and reduced-precision reductions off" or "bench on the CPU" and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+ENV_BENCH = "PYTEST_MSPROBE_BENCH"
+#: rule 6: smaller calls keep the CPU bench
+ACCELERATOR_MIN_ELEMENTS = 1 << 16
+ACCELERATOR_LABEL = "float32, TF32 and reduced-precision reductions off"
+_FALSE_ENV = ("", "0", "false", "off", "no", "n")
+#: the reduced float32 modes of torch's fp32_precision API
+_REDUCED = ("tf32", "bf16")
+
+
+class StrictFloat32Refused(Exception):
+    """The accelerator could not be made to compute in strict float32."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One precision setting of a backend: how to read and set it, and the value the
+    bench needs."""
+
+    name: str
+    get: Callable[[], Any]
+    set: Callable[[Any], None]
+    strict: Any
+
+
+def _attr_switch(owner: Callable[[], Any], path: str, attribute: str, strict: Any) -> Switch:
+    return Switch(f"{path}.{attribute}", lambda: getattr(owner(), attribute),
+                  lambda value: setattr(owner(), attribute, value), strict)
+
+
+@functools.cache
+def cuda_switches() -> list[Switch]:
+    """(Cached: each switch reads and sets its attribute anew.)"""
+    import torch
+
+    matmul = lambda: torch.backends.cuda.matmul  # noqa: E731
+    switches = [
+        _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_tf32", False),
+        _attr_switch(lambda: torch.backends.cudnn, "torch.backends.cudnn", "allow_tf32", False),
+        Switch("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision,
+               torch.set_float32_matmul_precision, "highest"),
+        _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_fp16_reduced_precision_reduction", False),
+        _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_bf16_reduced_precision_reduction", False),
+    ]
+    if _has(matmul, "allow_fp16_accumulation"):
+        switches.append(_attr_switch(matmul, "torch.backends.cuda.matmul", "allow_fp16_accumulation", False))
+    return switches
+
+
+@functools.cache
+def _fp32_precision_api() -> list[tuple[str, Callable[[], Any]]]:
+    """(name, owner) of each fp32_precision setting of torch's newer API, parents first
+    (empty on a torch without it)."""
+    import torch
+
+    backends = torch.backends
+    owners = [("torch.backends", lambda: backends), ("torch.backends.cuda.matmul", lambda: backends.cuda.matmul),
+              ("torch.backends.cudnn", lambda: backends.cudnn), ("torch.backends.cudnn.conv", lambda: backends.cudnn.conv),
+              ("torch.backends.cudnn.rnn", lambda: backends.cudnn.rnn)]
+    return [(name, owner) for name, owner in owners if _has(owner, "fp32_precision")]
+
+
+@functools.cache
+def npu_switches() -> list[Switch]:
+    import torch
+
+    return [_attr_switch(lambda: torch.npu.matmul, "torch.npu.matmul", "allow_hf32", False),
+            _attr_switch(lambda: torch.npu.conv, "torch.npu.conv", "allow_hf32", False)]
+
+
+def _npu_precision_mode() -> str:
+    import torch_npu
+
+    value = torch_npu._C._npu_getOption("ACL_PRECISION_MODE")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+SWITCHES: dict[str, Callable[[], list[Switch]]] = {"cuda": cuda_switches, "npu": npu_switches}
+
+
+def _has(owner: Callable[[], Any], attribute: str) -> bool:
+    try:
+        getattr(owner(), attribute)
+    except Exception:  # noqa: BLE001 - absent, or unreadable in this state
+        return False
+    return True
+
+
+def _read(get: Callable[[], Any]) -> tuple[bool, Any]:
+    try:
+        return True, get()
+    except Exception as exc:  # noqa: BLE001 - e.g. torch refusing a legacy read after a mixed new-API setting
+        return False, exc
+
+
+def problems(backend_name: str, switches: list[Switch]) -> list[str]:
+    """Why the accelerator does not compute in strict float32 now ([] : it does)."""
+    found = []
+    for switch in switches:
+        ok, value = _read(switch.get)
+        if not ok:
+            found.append(f"{switch.name} cannot be read ({type(value).__name__}: {value})")
+        elif value != switch.strict:
+            found.append(f"{switch.name} is {value!r} after setting it to {switch.strict!r}")
+    if backend_name == "cuda":
+        for name, owner in _fp32_precision_api():
+            ok, value = _read(lambda: owner().fp32_precision)
+            if not ok or value in _REDUCED:
+                found.append(f"{name}.fp32_precision is {value!r}")
+        for variable in ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE"):
+            value = os.environ.get(variable)
+            if value is not None and value.strip().lower() not in _FALSE_ENV:
+                found.append(f"{variable}={value} overrides the TF32 switches")
+    if backend_name == "npu":
+        ok, mode = _read(_npu_precision_mode)
+        if not ok or mode != "must_keep_origin_dtype":
+            found.append(f"the ACL precision mode is {mode if ok else 'unreadable'}, not must_keep_origin_dtype "
+                         "(float32 matrix operators may run in float16): set torch_npu.npu.set_option("
+                         "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench")
+    return found
+
+
+@contextlib.contextmanager
+def strict_float32(backend_name: str) -> Iterator[None]:
+    """Inside: the accelerator computes float32 in float32 (rule 5), checked on entry
+    (StrictFloat32Refused otherwise). Every setting is restored on exit, the newer
+    fp32_precision API's last (it holds the TF32 state exactly where legacy reads may
+    raise)."""
+    switches = SWITCHES[backend_name]()
+    saved = [(switch, _read(switch.get)) for switch in switches]
+    saved_api = [(owner, _read(lambda owner=owner: owner().fp32_precision))
+                 for _, owner in (_fp32_precision_api() if backend_name == "cuda" else [])]
+    try:
+        for switch in switches:
+            try:
+                switch.set(switch.strict)
+            except Exception:  # noqa: BLE001 - reported by the read-back below
+                pass
+        found = problems(backend_name, switches)
+        if found:
+            raise StrictFloat32Refused("; ".join(found))
+        yield
+    finally:
+        for switch, (ok, value) in saved:
+            if ok:
+                with contextlib.suppress(Exception):
+                    switch.set(value)
+        for owner, (ok, value) in saved_api:
+            if ok:
+                with contextlib.suppress(Exception):
+                    owner().fp32_precision = value
+
+
+def float32_bench(dtypes: dict[Any, Any], floating_inputs: set[Any]) -> bool:
+    """Rule 2: the raised bench gets float32 for every floating input (and float16 or
+    bfloat16 is among them)."""
+    import torch
+
+    low = {torch.float16, torch.bfloat16}
+    return bool(dtypes) and bool(floating_inputs & low) and all(
+        dtypes.get(dtype, dtype) == torch.float32 for dtype in floating_inputs)
+
+
+@dataclass(frozen=True)
+class BenchSite:
+    """Where one call's bench runs: the accelerator (`accelerator` True: run it inside
+    strict_float32) or the CPU; `label` goes into the verdict's reference text ('' on a
+    CPU device, where the bench is always the CPU)."""
+
+    accelerator: bool
+    label: str
+
+
+def bench_site(backend_name: str, device: str, api_name: str, dtypes: dict[Any, Any], floating_inputs: set[Any],
+               standard: str, elements: int) -> BenchSite:
+    """Rules 1-7 for one call (device: the accelerator as the verdict names it;
+    elements: how many its floating inputs hold)."""
+    if backend_name not in SWITCHES:
+        return BenchSite(False, "")
+    cpu = "bench on the CPU"
+    if os.environ.get(ENV_BENCH, "").strip().lower() == "cpu":
+        return BenchSite(False, f"{cpu} ({ENV_BENCH}=cpu)")
+    if not float32_bench(dtypes, floating_inputs):
+        import torch
+
+        raised = {dtypes.get(dtype, dtype) for dtype in floating_inputs}
+        return BenchSite(False, f"{cpu} in float64" if torch.float64 in raised else
+                         cpu if dtypes else f"{cpu} (not raised)")
+    if api_name.startswith("NPU."):
+        return BenchSite(False, f"{cpu} (an NPU fused operator's reference)")
+    if standard == "binary_consistency":
+        return BenchSite(False, f"{cpu} (binary consistency)")
+    if elements < ACCELERATOR_MIN_ELEMENTS:
+        return BenchSite(False, f"{cpu} (a small call)")
+    try:
+        with strict_float32(backend_name):
+            pass
+    except StrictFloat32Refused as exc:
+        return BenchSite(False, f"{cpu}: strict float32 refused on {device}: {exc}")
+    return BenchSite(True, f"bench on {device} in {ACCELERATOR_LABEL}")
