@@ -160,7 +160,7 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     if recorded is not None:
         verdict = settings.baseline.labelled(verdict, index.key, str(name))
     if getattr(bench, "site", ""):  # where the bench ran, on an accelerator (run/precision.py)
-        verdict = _relabelled(verdict, bench.site)
+        verdict = relabelled(verdict, bench.site)
     samples: list[dict[str, Any]] = []
     if settings.sample_statuses:  # only for the HTML report: no cost without it
         from pytest_msprobe.judge.samples import element_samples
