@@ -14,7 +14,7 @@ from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.precision import BenchSite, bench_site, strict_float32
 from pytest_msprobe.run.terms import term_magnitudes
-from pytest_msprobe.run.replay import (Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, needs_grad,
+from pytest_msprobe.run.replay import (Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, evaluated,
                                    replay, saved_in_device_dtype)
 from pytest_msprobe.dump.values import DecodeContext
 
@@ -238,10 +238,9 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
     saved_in_d = saved_in_device_dtype(bench, inputs) if isinstance(bench, Run) else None
     if saved_in_d is None:
         return None
-    try:
-        grads = saved_in_d.backward(inputs, needs_grad(inputs, framework))
-    except Exception:  # noqa: BLE001 - the plain bench's error stands
-        return None
+    grads = evaluated(saved_in_d, "backward", inputs, framework)
+    if grads is None:
+        return None  # the plain bench's error stands
     again = dataclasses.replace(results, bench=grads)
     verdict = judge(registry, name, again, recorded, terms)
     if verdict.status == "error":

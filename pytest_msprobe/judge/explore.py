@@ -36,7 +36,7 @@ from pytest_msprobe.judge.record import EXPLORED_SUFFIX
 from pytest_msprobe.judge.call import (FRAMEWORKS, CallResult, Replayed, Settings, relabelled, judge, read_inputs, replay_inputs,
                                        verdict_for)
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
-from pytest_msprobe.run.replay import (DeviceFailed, Placement, Run, decode_backward, decode_forward, flat_outputs, needs_grad,
+from pytest_msprobe.run.replay import (DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs,
                                       tree_map)
 from pytest_msprobe.run.terms import term_magnitudes
 
@@ -119,9 +119,9 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
     try:
         test()
     except ExampleFailed as failure:
-        return _failed(failure, index, name, plan, label)
+        return _failed(failure, index, name, plan)
     except FlakyFailure as flaky:
-        return _flaky(flaky, index, name, plan, label)
+        return _flaky(flaky, index, name, plan)
     except Unsatisfiable:
         raise CallSkip(f"no valid input found around the call: the bench rejected every example it was given "
                        f"({search.discarded}), e.g. {search.first_discard}") from None
@@ -129,7 +129,7 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
         raise CallSkip(f"no valid input found around the call ({search.discarded} discarded), e.g. {search.first_discard}")
     count = f"{search.judged} examples around the call judged, {search.discarded} discarded"
     if search.warning is not None:
-        variant, result = search.warning
+        _, result = search.warning
         return dataclasses.replace(result, notes=[f"{count}; the first warning is shown"])
     _, first = search.first
     return dataclasses.replace(first, origins=[], notes=[f"{count}; none failed"])
@@ -148,7 +148,7 @@ def _hypothesis_test(probe: Any, space: Neighbourhood, plan: Plan, key: str, lab
     return test
 
 
-def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan, label: str) -> CallResult:
+def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan) -> CallResult:
     path = write_example(failure.variant, index, name, plan.folder)
     reproduce = f"reproduce: pytest --msprobe-dump={path}  (the minimal failing example as a one-call dump)"
     if failure.result is None:
@@ -164,12 +164,12 @@ def _device_failed(error: DeviceFailed, lines: str) -> DeviceFailed:
     return failed
 
 
-def _flaky(flaky: FlakyFailure, index: DumpIndex, name: CallName, plan: Plan, label: str) -> CallResult:
+def _flaky(flaky: FlakyFailure, index: DumpIndex, name: CallName, plan: Plan) -> CallResult:
     """An example failed once and passed when replayed: the kernel is not deterministic."""
     failures = [error for error in flaky.exceptions if isinstance(error, ExampleFailed)]
     if not failures or failures[0].result is None:
         raise CallError(f"an explored example failed once and passed when replayed: {flaky}") from flaky
-    result = _failed(failures[0], index, name, plan, label)
+    result = _failed(failures[0], index, name, plan)
     return dataclasses.replace(result, notes=["the example failed once and PASSED when replayed on the same input: "
                                                "the device is not deterministic (see --msprobe-repeat)", *result.notes])
 
@@ -253,13 +253,8 @@ def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Any
 
     perturbed = dataclasses.replace(inputs, args=tree_map(moved, inputs.args), kwargs=tree_map(moved, inputs.kwargs),
                                     grads=tree_map(moved, inputs.grads) if inputs.grads is not None else None)
-    run = dataclasses.replace(bench, placement=Placement(bench.placement.device))
-    try:
-        if name.direction == "forward":
-            again = run.forward(perturbed)
-        else:
-            again = run.backward(perturbed, needs_grad(inputs, framework))
-    except Exception:  # noqa: BLE001 - no sensitivity: the verdict stands
+    again = evaluated(dataclasses.replace(bench, placement=Placement(bench.placement.device)), name.direction, perturbed, framework)
+    if again is None:
         return None
     return _pairwise(lambda a, b: (a.double() - b.double()).abs(), again, replayed.results.bench)
 
@@ -304,10 +299,7 @@ def _magnitude_of_derivative(replayed: Replayed, framework: str) -> float:
     correct kernel computes it before it multiplies by the incoming gradient)."""
     inputs = replayed.results.inputs
     unit = dataclasses.replace(inputs, grads=[None if g is None else torch.ones_like(g) for g in inputs.grads or []])
-    try:
-        grads = replayed.bench.backward(unit, needs_grad(inputs, framework))
-    except Exception:  # noqa: BLE001 - no bound: the verdict stands
-        return 0.0
+    grads = evaluated(replayed.bench, "backward", unit, framework) or ()
     return max((_magnitude(g) for g in grads if isinstance(g, torch.Tensor)), default=0.0)
 
 

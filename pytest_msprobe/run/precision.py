@@ -200,10 +200,8 @@ def strict_float32(backend_name: str) -> Iterator[None]:
                  for _, owner in (_fp32_precision_api() if backend_name == "cuda" else [])]
     try:
         for switch in switches:
-            try:
+            with contextlib.suppress(Exception):  # a setter that fails is reported by the read-back below
                 switch.set(switch.strict)
-            except Exception:  # noqa: BLE001 - reported by the read-back below
-                pass
         found = problems(backend_name, switches)
         if found:
             raise StrictFloat32Refused("; ".join(found))
@@ -260,9 +258,17 @@ def bench_site(backend_name: str, device: str, api_name: str, dtypes: dict[Any, 
         return BenchSite(False, f"{cpu} (binary consistency)")
     if elements < ACCELERATOR_MIN_ELEMENTS:
         return BenchSite(False, f"{cpu} (a small call)")
+    refused = strict_float32_refusal(backend_name)
+    if refused is not None:
+        return BenchSite(False, f"{cpu}: strict float32 refused on {device}: {refused}")
+    return BenchSite(True, f"bench on {device} in {ACCELERATOR_LABEL}")
+
+
+def strict_float32_refusal(backend_name: str) -> str | None:
+    """Why the accelerator cannot compute strict float32 now (None: it can): every
+    switch set, read back and restored, as around a bench run."""
     try:
         with strict_float32(backend_name):
-            pass
+            return None
     except StrictFloat32Refused as exc:
-        return BenchSite(False, f"{cpu}: strict float32 refused on {device}: {exc}")
-    return BenchSite(True, f"bench on {device} in {ACCELERATOR_LABEL}")
+        return str(exc)

@@ -275,6 +275,16 @@ def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Run], 
     return lambda run: run.backward(inputs, flags)
 
 
+def evaluated(run: Run, direction: str, inputs: Inputs, framework: str) -> Any | None:
+    """One more evaluation of the call on a side (a re-judgement's: the terms, the
+    bench saving in D, exploration's bounds), None where it fails: the verdict then
+    stands without it."""
+    try:
+        return step_for(direction, inputs, framework)(run)
+    except Exception:  # noqa: BLE001 - any failure: no extra evidence
+        return None
+
+
 def replay(direction: str, api: Api, inputs: Inputs, device: Run, bench: Run, reference: Run | None, framework: str) -> Results:
     """Run the call on every side. The bench raising is a skip (no verdict possible);
     then the device raising is the call's error."""

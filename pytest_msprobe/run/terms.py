@@ -28,7 +28,7 @@ import torch
 
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.run.apis import terms_table
-from pytest_msprobe.run.replay import Inputs, Run, needs_grad, tensors_in, tree_map
+from pytest_msprobe.run.replay import Inputs, Run, evaluated, needs_grad, tensors_in, tree_map
 
 
 def has_terms(name: CallName) -> bool:
@@ -135,13 +135,8 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
         return _formula_terms(name, bench, inputs, framework)
     if not has_terms(name):
         return None
-    absolute = dataclasses.replace(bench, absolute=True)
-    try:
-        if name.direction == "forward":
-            result = absolute.forward(inputs)
-        else:
-            result = absolute.backward(inputs, needs_grad(inputs, framework))
-    except Exception:  # noqa: BLE001 - no terms: judged without them
+    result = evaluated(dataclasses.replace(bench, absolute=True), name.direction, inputs, framework)
+    if result is None:
         return None
     return tree_map(lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result)
 
