@@ -47,6 +47,12 @@ def terms_table() -> dict[str, frozenset[str]]:
     return {"forward": frozenset(terms["forward"]), "backward": frozenset(terms["forward"]) | frozenset(terms["backward"])}
 
 
+@functools.cache
+def fixed_shape_apis() -> frozenset[str]:
+    """The APIs exploration never resizes (the [explore] table: kernels that crash on sizes that disagree)."""
+    return frozenset(_pytorch_toml()["explore"]["fixed_shapes"])
+
+
 def is_in_place(api_name: str) -> bool:
     if api_name.startswith("__") and api_name.endswith("__"):
         return api_name.startswith("__i") and api_name not in ("__invert__", "__index__", "__int__")

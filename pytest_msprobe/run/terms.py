@@ -54,18 +54,24 @@ def _affine_terms(x_hat: torch.Tensor, g: torch.Tensor, channel_dims: tuple[int,
     return weight, bias
 
 
+def _centred_terms(x: torch.Tensor, dims: tuple[int, ...], eps: float, g_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A normalisation over `dims` with its batch statistics: |x_hat| plus what the
+    rounding of the mean costs it, |mean| / sigma (an offset's conditioning), and the
+    input gradient's terms for g_hat = |g * weight|:
+    (g_hat + mean(g_hat) + |x_hat| mean(g_hat |x_hat|)) / sigma."""
+    mean = lambda value: value.mean(dim=dims, keepdim=True)  # noqa: E731
+    inverse_sigma = torch.rsqrt((x - mean(x)).square().mean(dim=dims, keepdim=True) + eps)
+    x_hat = ((x - mean(x)).abs() + mean(x).abs()) * inverse_sigma
+    return x_hat, inverse_sigma * (g_hat + mean(g_hat) + x_hat * mean(g_hat * x_hat))
+
+
 def _layer_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
     dims = tuple(range(x.dim() - len(_argument(args, kwargs, 1, "normalized_shape")), x.dim()))
-    eps = _argument(args, kwargs, 4, "eps", 1e-5)
-    mean = lambda value: value.mean(dim=dims, keepdim=True)  # noqa: E731
-    inverse_sigma = torch.rsqrt((x - mean(x)).square().mean(dim=dims, keepdim=True) + eps)
-    # |x_hat|, plus what the rounding of the mean costs it: |mean| / sigma (an offset's conditioning)
-    x_hat = (x - mean(x)).abs() * inverse_sigma + mean(x).abs() * inverse_sigma
-    weight, bias = _affine_terms(x_hat, g, dims)
     w = _argument(args, kwargs, 2, "weight")
     g_hat = (g * w if isinstance(w, torch.Tensor) else g).abs()
-    terms = inverse_sigma * (g_hat + mean(g_hat) + x_hat * mean(g_hat * x_hat))
+    x_hat, terms = _centred_terms(x, dims, _argument(args, kwargs, 4, "eps", 1e-5), g_hat)
+    weight, bias = _affine_terms(x_hat, g, dims)
     return {"input": terms, "weight": weight.reshape(x.shape[dims[0]:]), "bias": bias.reshape(x.shape[dims[0]:])}
 
 
@@ -103,14 +109,17 @@ def _batch_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dic
     x = args[0]
     dims = tuple(d for d in range(x.dim()) if d != 1)
     eps = _argument(args, kwargs, 7, "eps", 1e-5)
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    found: dict[str, torch.Tensor] = {}
     if _argument(args, kwargs, 5, "training", False):
-        x_hat = _normalized(x, dims, eps)
+        w = _argument(args, kwargs, 3, "weight")
+        g_hat = (g * w.reshape(shape) if isinstance(w, torch.Tensor) else g).abs()
+        x_hat, found["input"] = _centred_terms(x, dims, eps, g_hat)
     else:
-        shape = [1, -1] + [1] * (x.dim() - 2)
         mean, var = (_argument(args, kwargs, i, key) for i, key in ((1, "running_mean"), (2, "running_var")))
         x_hat = (x - mean.reshape(shape)) * torch.rsqrt(var.reshape(shape) + eps)
     weight, bias = _affine_terms(x_hat, g, (1,))
-    return {"weight": weight, "bias": bias}
+    return {**found, "weight": weight, "bias": bias}
 
 
 # api -> (its argument names, in order, and a formula for their gradients' terms from
