@@ -179,3 +179,13 @@ def _simplest(space: Neighbourhood):
     from hypothesis import find
 
     return find(space.variants(), lambda variant: True, settings=settings(database=None))
+
+
+def test_kernels_that_crash_on_disagreeing_sizes_are_explored_at_their_dumped_shapes(pytester):
+    """torch.lstm ends the process (SIGFPE) on a hidden state whose batch disagrees with
+    the input's; the [explore] table keeps its shapes, so exploring it runs to the end.
+    (In a subprocess: without the table this run would die, not fail.)"""
+    dump = Path(__file__).parent / "dumps" / "models" / "lstm_tensor_fp32" / "dump.json"
+    result = pytester.runpytest_subprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-explore=50",
+                                           "-m", "explore", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=6)  # Torch.lstm, Functional.linear, Functional.cross_entropy: forward and backward

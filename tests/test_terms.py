@@ -76,6 +76,21 @@ def test_layer_norm_gradients_get_their_terms_with_the_mean_conditioning():
     assert torch.allclose(grad_b, g.double().abs().sum(dim=(0, 1)))
 
 
+def test_batch_norm_input_gradient_terms_in_training():
+    """g = 1 everywhere: the input gradient of a training batch_norm cancels to 0; its
+    terms are those of layer_norm's formula over the batch and spatial dimensions."""
+    x = torch.randn(4, 3, 5, generator=_generator(10)) + 2.0
+    w, b = torch.ones(3), torch.zeros(3)
+    call = CallName("Functional", "batch_norm", 0, "backward")
+    args = [x, torch.zeros(3), torch.ones(3), w, b, True, 0.1, 1e-5]
+    grad_x = term_magnitudes(call, _bench(F.batch_norm), _inputs(args, grads=[torch.ones(4, 3, 5)]), "pytorch")[0]
+    wide = x.double()
+    mean = wide.mean(dim=(0, 2), keepdim=True)
+    inverse_sigma = 1 / torch.sqrt(wide.var(dim=(0, 2), unbiased=False, keepdim=True) + 1e-5)
+    x_hat = ((wide - mean).abs() + mean.abs()) * inverse_sigma
+    assert torch.allclose(grad_x, inverse_sigma * (2 + x_hat * x_hat.mean(dim=(0, 2), keepdim=True)))
+
+
 def test_softmax_input_gradient_terms_do_not_cancel_a_common_gradient():
     """g = 1 everywhere: softmax's gradient is exactly 0, its terms are 2 y."""
     x = torch.randn(3, 8, generator=_generator(9))
