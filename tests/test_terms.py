@@ -2,6 +2,8 @@
 of products, per-API formulas for the normalisations' parameters, nothing elsewhere."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -74,6 +76,14 @@ def test_layer_norm_gradients_get_their_terms_with_the_mean_conditioning():
     assert torch.allclose(grad_x, expected_x)
     assert torch.allclose(grad_w, (g.double().abs() * x_hat).sum(dim=(0, 1)))
     assert torch.allclose(grad_b, g.double().abs().sum(dim=(0, 1)))
+
+
+def test_layer_norm_output_terms_carry_the_mean_rounding():
+    """A row of one element: the output is exactly 0, its terms |mean| / sqrt(eps)."""
+    x = torch.tensor([[0.203125], [-3.0]])
+    call = CallName("Functional", "layer_norm", 0, "forward")
+    terms = term_magnitudes(call, _bench(F.layer_norm), _inputs([x, [1], torch.ones(1), torch.zeros(1), 1e-5]), "pytorch")
+    assert torch.allclose(terms, x.double().abs() / math.sqrt(1e-5))
 
 
 def test_batch_norm_input_gradient_terms_in_training():

@@ -16,6 +16,9 @@ gradients of layer_norm, softmax and log_softmax are sums of products too, of g 
 the forward's Jacobian: their formulas give sum |J| |g| where a common component of g
 cancels (softmax's y (g - sum(g y)), layer_norm's g - mean(g) - x_hat mean(g x_hat)),
 which a correct kernel computes with the rounding of g's size, not of the result's.
+layer_norm's output gets terms too (FORWARD_TERMS): |w| (|x - mean| + |mean|) / sigma +
+|b|, the rounding of a mean computed in D under an offset (or over a row of one
+element, where the exact result is 0).
 Other APIs get no terms and keep the standards' output-scale rule.
 """
 
@@ -54,15 +57,30 @@ def _affine_terms(x_hat: torch.Tensor, g: torch.Tensor, channel_dims: tuple[int,
     return weight, bias
 
 
-def _centred_terms(x: torch.Tensor, dims: tuple[int, ...], eps: float, g_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _centred(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A normalisation over `dims` with its batch statistics: |x_hat| plus what the
-    rounding of the mean costs it, |mean| / sigma (an offset's conditioning), and the
-    input gradient's terms for g_hat = |g * weight|:
-    (g_hat + mean(g_hat) + |x_hat| mean(g_hat |x_hat|)) / sigma."""
+    rounding of the mean costs it, |mean| / sigma (an offset's conditioning; a row of
+    one element is 0 / sqrt(eps) up to that rounding), and 1 / sigma."""
     mean = lambda value: value.mean(dim=dims, keepdim=True)  # noqa: E731
     inverse_sigma = torch.rsqrt((x - mean(x)).square().mean(dim=dims, keepdim=True) + eps)
-    x_hat = ((x - mean(x)).abs() + mean(x).abs()) * inverse_sigma
+    return ((x - mean(x)).abs() + mean(x).abs()) * inverse_sigma, inverse_sigma
+
+
+def _centred_terms(x: torch.Tensor, dims: tuple[int, ...], eps: float, g_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_centred's |x_hat|, and the input gradient's terms for g_hat = |g * weight|:
+    (g_hat + mean(g_hat) + |x_hat| mean(g_hat |x_hat|)) / sigma."""
+    x_hat, inverse_sigma = _centred(x, dims, eps)
+    mean = lambda value: value.mean(dim=dims, keepdim=True)  # noqa: E731
     return x_hat, inverse_sigma * (g_hat + mean(g_hat) + x_hat * mean(g_hat * x_hat))
+
+
+def _layer_norm_output(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    """layer_norm's output w x_hat + b: terms |w| |x_hat| + |b|, |x_hat| as _centred's."""
+    x = args[0]
+    dims = tuple(range(x.dim() - len(_argument(args, kwargs, 1, "normalized_shape")), x.dim()))
+    x_hat, _ = _centred(x, dims, _argument(args, kwargs, 4, "eps", 1e-5))
+    w, b = _argument(args, kwargs, 2, "weight"), _argument(args, kwargs, 3, "bias")
+    return x_hat * (w.abs() if isinstance(w, torch.Tensor) else 1) + (b.abs() if isinstance(b, torch.Tensor) else 0)
 
 
 def _layer_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -122,6 +140,9 @@ def _batch_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dic
     return {**found, "weight": weight, "bias": bias}
 
 
+# api -> a formula for its output's terms from the bench-precision arguments
+FORWARD_TERMS = {"layer_norm": _layer_norm_output}
+
 # api -> (its argument names, in order, and a formula for their gradients' terms from
 # the bench-precision arguments and the incoming gradient)
 BACKWARD_TERMS = {
@@ -142,6 +163,12 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
         return None
     if name.direction == "backward" and name.operator in BACKWARD_TERMS:
         return _formula_terms(name, bench, inputs, framework)
+    if name.direction == "forward" and name.operator in FORWARD_TERMS:
+        try:
+            with torch.no_grad():
+                return FORWARD_TERMS[name.operator](bench.place(inputs.args), bench.place(inputs.kwargs))
+        except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
+            return None
     if not has_terms(name):
         return None
     result = evaluated(dataclasses.replace(bench, absolute=True), name.direction, inputs, framework)
