@@ -67,7 +67,7 @@ OPTIONS = (
            "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
 
-OPTION_DEFAULTS = {option.name: option.default for option in OPTIONS}
+OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -104,7 +104,7 @@ def path(config: pytest.Config, name: str) -> Path | None:
     written = config.getini(name)
     if written:
         return ini_folder(config) / written
-    default = OPTION_DEFAULTS[name]
+    default = OPTIONS_BY_NAME[name].default
     return Path(config.invocation_params.dir) / default if default else None
 
 
@@ -135,26 +135,25 @@ def dump_files(config: pytest.Config) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def max_elements(config: pytest.Config) -> int:
-    raw = get(config, "msprobe_max_elements")
+def count(config: pytest.Config, name: str, of_what: str) -> int:
+    """A whole-number option, 1 or more; anything else is a usage error saying so."""
+    raw, flag = get(config, name), OPTIONS_BY_NAME[name].flag
     try:
         value = int(raw)
     except (TypeError, ValueError):
-        raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: expected a whole number of elements") from None
-    if value <= 0:
-        raise pytest.UsageError(f"--msprobe-max-elements {raw!r}: must be positive")
+        raise pytest.UsageError(f"{flag} {raw!r}: expected a whole number of {of_what}") from None
+    if value < 1:
+        raise pytest.UsageError(f"{flag} {raw!r}: must be 1 or more")
     return value
+
+
+def max_elements(config: pytest.Config) -> int:
+    return count(config, "msprobe_max_elements", "elements")
 
 
 def repeat(config: pytest.Config) -> int:
     """--msprobe-repeat: how many times the device runs each call (1: once, no check)."""
-    raw = get(config, "msprobe_repeat")
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise pytest.UsageError(f"--msprobe-repeat {raw!r}: expected a whole number of device runs (1: no repeat)") from None
-    if value < 1:
-        raise pytest.UsageError(f"--msprobe-repeat {raw!r}: must be 1 or more")
+    value = count(config, "msprobe_repeat", "device runs (1: once)")
     if value > 1 and get(config, "msprobe_offline"):
         raise pytest.UsageError("--msprobe-repeat runs the device again on each call's inputs, and --msprobe-offline "
                                 "runs no device (the dumped outputs are the device's, one run): drop one of them")
