@@ -2,8 +2,10 @@
 standards), the references a call may be judged against besides the bench (`offline`:
 the dump's own outputs as the device result; `baseline`: a recorded run's metrics),
 the result as plain data (`record`), what any outcome amounts to (`outcome`), and the
-check of a standards registry's routes and thresholds before any call (`routing`), and
-the element samples an HTML report plots (`samples`).
+check of a standards registry's routes and thresholds before any call (`routing`),
+the element samples an HTML report plots (`samples`), and the checks beside the
+standards (`findings`): the device's bits over repeated runs (`repeat`) and the
+overflow re-check of dumped inf/NaN (`overflow`).
 
 May import: `dump`, `run`, `errors`, `standards`. Never pytest, never a later stage.
 """

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import torch
 
 from pytest_msprobe.dump.tensors import DTYPES
+from pytest_msprobe.errors import CallSkip
 from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.offline import node_edges
 from pytest_msprobe.run.replay import Inputs, Results, Run, needs_grad, tree_map
@@ -42,7 +43,7 @@ EXTREMES = ("Max", "Min")
 SUMS = ("Mean", "Norm")
 
 
-def overflow_findings(results: Results, bench: Run, direction: str, framework: str) -> list[Finding]:
+def overflow_findings(results: Results, bench: Any, direction: str, framework: str) -> list[Finding]:
     """A finding per dumped output that holds inf/NaN while every input is finite."""
     dumped = list(_flat(results.inputs.recorded_outputs or []))
     overflowed = {position: stats for position, stats in enumerate(map(_non_finite_stats, dumped)) if stats}
@@ -53,7 +54,8 @@ def overflow_findings(results: Results, bench: Run, direction: str, framework: s
     inputs = "finite inputs generated from the recorded statistics" if generated else "the same finite inputs"
     findings = []
     for position, stats in overflowed.items():
-        dtype = DTYPES.get(dumped[position].get("dtype"))
+        spelled = dumped[position].get("dtype")
+        dtype = DTYPES.get(spelled) if isinstance(spelled, str) else None
         if position in paired and dtype is not None and dtype.is_floating_point:
             path, value = paired[position]
             if isinstance(value, torch.Tensor) and value.is_floating_point():
@@ -94,14 +96,19 @@ def _finite(inputs: Inputs) -> bool:
     return all(math.isfinite(value) for value in scalars)
 
 
-def _bench_outputs(results: Results, bench: Run, direction: str, framework: str, count: int) -> dict[int, tuple[str, Any]]:
+def _bench_outputs(results: Results, bench: Any, direction: str, framework: str, count: int) -> dict[int, tuple[str, Any]]:
     """Dumped output position -> (path, bench value). Forward outputs pair in order
     where their count matches; a backward's gradients through the autograd graph."""
-    leaves = list(pair_leaves(results.bench, results.bench))
     if direction == "forward":
+        leaves = list(pair_leaves(results.bench, results.bench))  # a None output is a Mismatch: no value
         return {position: (leaf.path, getattr(leaf, "device", None)) for position, leaf in enumerate(leaves)} if len(leaves) == count else {}
-    edges = node_edges(bench, results.inputs, needs_grad(results.inputs, framework))
-    if len(edges) != count or not isinstance(results.bench, tuple):
+    if not isinstance(bench, Run) or not isinstance(results.bench, tuple):
+        return {}  # a MindSpore bench without a torch twin has no torch graph to read
+    try:
+        edges = node_edges(bench, results.inputs, needs_grad(results.inputs, framework))
+    except CallSkip:  # the output has no autograd node: nothing pairs
+        return {}
+    if len(edges) != count:
         return {}
     return {position: (f"[{edge}]", results.bench[edge]) for position, edge in enumerate(edges) if edge is not None}
 

@@ -13,7 +13,6 @@ NaNs with the same payload are equal, -0.0 and +0.0 differ.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np

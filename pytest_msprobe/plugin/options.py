@@ -70,7 +70,6 @@ OPTIONS = (
            "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
 
-OPTION_DEFAULTS = {option.name: option.default for option in OPTIONS}
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 
 
@@ -108,7 +107,7 @@ def path(config: pytest.Config, name: str) -> Path | None:
     written = config.getini(name)
     if written:
         return ini_folder(config) / written
-    default = OPTION_DEFAULTS[name]
+    default = OPTIONS_BY_NAME[name].default
     return Path(config.invocation_params.dir) / default if default else None
 
 

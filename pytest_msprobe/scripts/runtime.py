@@ -148,8 +148,8 @@ def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args:
     for finding in findings:
         print(f"  {finding.path or 'output'}: {finding.reason}")
     status = status_with(verdict.status, findings)
-    return Outcome(variant, status, f"{status} by the {verdict.standard} standard" + "".join(
-        f"; {finding.kind}" for finding in findings if finding.fails), verdict, findings)
+    return Outcome(variant, status, f"{verdict.status} by the {verdict.standard} standard" + "".join(
+        f"; error: {finding.kind}" for finding in findings if finding.fails), verdict, findings)
 
 
 def _check(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace,
