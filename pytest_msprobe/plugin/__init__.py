@@ -11,6 +11,7 @@ every hook returns at once and nothing heavy is imported.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.plugin import hookspecs, options
 from pytest_msprobe.plugin.state import STATE_KEY, SessionState
+
+HYPOTHESIS_PLUGIN = "hypothesispytest"  # hypothesis's pytest11 entry point
 
 MARKERS = (
     "forward: a forward call of an msprobe dump",
@@ -52,12 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     state = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
     config.stash[STATE_KEY] = state
-    state.settings()  # a device or option that cannot work stops the run here, once
+    state.check()  # an option (or, where calls run, a device) that cannot work stops the run here, once
     from pytest_msprobe.plugin import baselines, reports  # only when a dump is given
 
     report_plugin = reports.ReportPlugin(config)
     config.pluginmanager.register(report_plugin, "msprobe-report")
-    if state.settings().sample_statuses:  # --msprobe-html
+    if options.sample_statuses(config):  # --msprobe-html
         from pytest_msprobe.plugin import html
 
         config.pluginmanager.register(html.HtmlPlugin(config, report_plugin), "msprobe-html")
@@ -79,6 +82,37 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     # and `--deselect` see `<path to dump.json>::<call name>`.
     nodeid = bestrelpath(parent.config.rootpath, file_path)
     return DumpFile.from_parent(parent, path=file_path, nodeid=nodeid)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = config.stash.get(STATE_KEY, None)
+    if state is not None:
+        from pytest_msprobe.plugin.items import CallItem, UncheckedDump
+
+        state.only_dump_calls = all(isinstance(item, (CallItem, UncheckedDump)) for item in items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    config = node.config  # type: ignore[attr-defined]  # xdist's WorkerController
+    state = config.stash.get(STATE_KEY, None)
+    if state is not None:
+        prefixes = tuple(f"{bestrelpath(config.rootpath, dump)}::" for dump in state.dumps)
+        state.only_dump_calls = state.only_dump_calls is not False and all(nodeid.startswith(prefixes) for nodeid in ids)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A session of dump calls alone, in which hypothesis was never imported, has no
+    hypothesis statistics, failing examples or observations to summarize; hypothesis's
+    pytest plugin would still import hypothesis to find that out (0.5-1 s, in every
+    process of the run). Its summary is left out there, and only there."""
+    state = session.config.stash.get(STATE_KEY, None)
+    if state is not None and state.only_dump_calls and "hypothesis" not in sys.modules:
+        manager = session.config.pluginmanager
+        if manager.get_plugin(HYPOTHESIS_PLUGIN) is not None:
+            manager.unregister(name=HYPOTHESIS_PLUGIN)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -49,21 +49,21 @@ class BaselinePlugin:
     def pytest_sessionfinish(self) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        settings = session_state(self.config).settings()
-        device = settings.backend.describe(0)
+        state = session_state(self.config)
+        device, versions = state.device_label(), state.environment_versions()
         if self.save_to is not None:
-            Baseline(environment(self._dumps(), device), dict(self.current)).write(self.save_to)
+            Baseline(environment(self._dumps(), device, versions), dict(self.current)).write(self.save_to)
         if self.judged_by is not None and self.update:
             # The records keep the keys the baseline knows this run's dumps by.
-            key = settings.baseline.recorded_key if settings.baseline is not None else str
+            key = state.baseline.recorded_key if state.baseline is not None else str
             recorded = Baseline.read(self.judged_by) if (self.judged_by / FILE_NAME).exists() else Baseline()
-            env = environment([(key(dump), path) for dump, path in self._dumps()], device)
+            env = environment([(key(dump), path) for dump, path in self._dumps()], device, versions)
             recorded.environment = {**env, "dumps": {**recorded.environment.get("dumps", {}), **env["dumps"]}}
             recorded.calls.update({(key(dump), call): metrics for (dump, call), metrics in self.current.items()})
             recorded.write(self.judged_by)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        recorded = session_state(self.config).settings().baseline
+        recorded = session_state(self.config).baseline
         if recorded is None or hasattr(self.config, "workerinput"):
             return
         changes = [compare(metrics, recorded.get(dump, call), call) for (dump, call), metrics in sorted(self.current.items())]

@@ -17,7 +17,6 @@ import pytest
 from pytest_msprobe.dump.cache import load_index
 from pytest_msprobe.dump.index import CallName, DIRECTIONS, DumpIndex
 from pytest_msprobe.errors import DumpError
-from pytest_msprobe.judge.offline import require_tensor_task
 from pytest_msprobe.plugin import options
 from pytest_msprobe.judge.outcome import AccuracyWarning, CallFailed, judge_call, properties
 from pytest_msprobe.judge.record import ResultRecord
@@ -42,7 +41,9 @@ def open_dump(config: pytest.Config, path: Path) -> DumpIndex:
     index = load_index(path, options.cache_folder(config))
     if index.framework == "mindspore":
         require_mindspore()
-    if session_state(config).settings().offline:
+    if session_state(config).offline:
+        from pytest_msprobe.judge.offline import require_tensor_task  # torch: not in the xdist controller
+
         require_tensor_task(index)
     return index
 
@@ -52,6 +53,10 @@ class DumpFile(pytest.File):
 
     def collect(self) -> Iterator[pytest.Item]:
         state = session_state(self.config)
+        if state.problem is not None:
+            # An xdist worker that cannot run calls (its device): every worker fails its
+            # collection with the same text, which xdist shows once, and the run stops.
+            raise self.CollectError(state.problem)
         try:
             index = open_dump(self.config, self.path)
         except DumpError as exc:

@@ -62,7 +62,7 @@ OPTIONS = (
     Option("msprobe_shard", "run a deterministic 1/N of the calls: I/N with I in 1..N (a CI matrix or several hosts; "
            "join their results with msprobe-merge)"),
     Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
-           "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
+           "stuck inside a kernel for 2 to 2.5 times as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
 
 OPTION_DEFAULTS = {option.name: option.default for option in OPTIONS}

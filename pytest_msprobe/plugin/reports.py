@@ -178,6 +178,9 @@ class ReportPlugin:
         if data is None:
             return
         entry = Entry(ResultRecord.from_dict(data), dict(report.user_properties).get(REPRESENTS_PROPERTY, 1))
+        node = getattr(report, "node", None)  # the xdist worker that ran it: its device, should it die
+        if node is not None:
+            session_state(self.config).worker_devices.setdefault(node.gateway.id, entry.record.device)
         self._writer().add(entry)
         self.summary.add(entry.record, entry.represents)
         self._show_progress()
@@ -246,9 +249,9 @@ def record_session(files: RunFiles, config: pytest.Config, started: str, duratio
     (versions, CANN, device), which a report of these results shows."""
     from pytest_msprobe.judge.baseline import environment
 
-    device = session_state(config).settings().backend.describe(0)
+    state = session_state(config)
     session = {"started": started, "duration": round(duration, 3), "command": ["pytest", *config.invocation_params.args],
-               "environment": environment((), device)}
+               "environment": environment((), state.device_label(), state.environment_versions())}
     write_sessions(files, [*read_sessions(files), session])
 
 
