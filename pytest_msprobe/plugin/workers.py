@@ -108,28 +108,35 @@ def worker_rank(config: pytest.Config) -> int | None:
     return int(rank) if rank is not None else number_of(workerinput["workerid"])
 
 
-def host_identity(channel: Any = None) -> tuple[str, str]:
+def host_identity(channel: object = None) -> tuple[str, str]:
     """(key, name) of the machine this runs on: its host name, and its boot id (else
     machine id, else MAC address) so that two machines of one name stay two.
+    MSPROBE_HOST, where set, is both: machines (or containers) that share devices can
+    say they are one host, and ones whose names and ids collide that they are two.
 
     execnet runs this function in each new worker's interpreter (HostRanks), so it is
-    self-contained: it imports what it needs and sends its answer on `channel`."""
+    self-contained: it imports what it needs, names no global but builtins (not even in
+    its annotations) and sends its answer on `channel`."""
+    import os
     import socket
     import uuid
 
-    name = socket.gethostname()
-    machine = ""
-    for path in ("/proc/sys/kernel/random/boot_id", "/etc/machine-id", "/var/lib/dbus/machine-id"):
-        try:
-            with open(path, encoding="ascii") as handle:
-                machine = handle.read().strip()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if machine:
-            break
-    found = (f"{name}/{machine or format(uuid.getnode(), '012x')}", name)
+    given = os.environ.get("MSPROBE_HOST", "").strip()
+    if given:
+        found = (given, given)
+    else:
+        name, machine = socket.gethostname(), ""
+        for path in ("/proc/sys/kernel/random/boot_id", "/etc/machine-id", "/var/lib/dbus/machine-id"):
+            try:
+                with open(path, encoding="ascii") as handle:
+                    machine = handle.read().strip()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if machine:
+                break
+        found = (f"{name}/{machine or format(uuid.getnode(), '012x')}", name)
     if channel is not None:
-        channel.send(found)
+        channel.send(found)  # type: ignore[attr-defined]  # an execnet channel
     return found
 
 
