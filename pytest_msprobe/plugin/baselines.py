@@ -39,10 +39,14 @@ class BaselinePlugin:
 
     @pytest.hookimpl(tryfirst=True)  # before the report writer takes the record off the report
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.save_to is None and session_state(self.config).baseline is None:
+            return  # no baseline to write, and no recorded metrics to compare with
         data = getattr(report, REPORT_ATTRIBUTE, None)
         if report.when != "call" or data is None or hasattr(self.config, "workerinput"):
             return
-        record = ResultRecord.from_dict(data)
+        from pytest_msprobe.plugin.reports import record_data
+
+        record = ResultRecord.from_dict(record_data(data))
         dump_key = report.nodeid.rsplit("::", 1)[0]
         self.current[(dump_key, record.call)] = CallMetrics.of(record)
 

@@ -2,9 +2,11 @@
 and failed_data.
 
 Where results go: the process that runs a test attaches its ResultRecord to the
-call-phase report (`report.msprobe_record`, a plain dict). pytest's default report
-serialization copies a report's attributes, so under xdist it reaches the controller
-intact. The controller (or the lone process without xdist) is the single writer.
+call-phase report (`report.msprobe_record`: a plain dict, or in an xdist worker that
+dict as one JSON string, which execnet sends and reads several times faster than the
+nested dict; `record_data` reads either). pytest's default report serialization copies
+a report's attributes, so under xdist it reaches the controller intact. The controller
+(or the lone process without xdist) is the single writer.
 
 Calls left out by the lists, by dedup or because --msprobe-resume found their results
 are deselected at collection (pytest counts them as "deselected"; the reasons are
@@ -19,6 +21,7 @@ everything deselected) leaves no files, so it is never "the newest run" to resum
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -168,13 +171,14 @@ class ReportPlugin:
             record = item.stash.get(RESULT_KEY, None) or _crashed(item, call, report.outcome)
             if self.options.save_failed and (record.status == "error" or (record.status == "warning" and self.options.strict)):
                 self._save_failed(item, record, report)
-            setattr(report, REPORT_ATTRIBUTE, record.to_dict())
+            data = record.to_dict()
+            setattr(report, REPORT_ATTRIBUTE, json.dumps(data) if hasattr(self.config, "workerinput") else data)
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writes or report.when != "call":
             return
-        data = report.__dict__.pop(REPORT_ATTRIBUTE, None)  # the controller keeps no records in memory
+        data = record_data(report.__dict__.pop(REPORT_ATTRIBUTE, None))  # the controller keeps no records in memory
         if data is None:
             return
         entry = Entry(ResultRecord.from_dict(data), dict(report.user_properties).get(REPRESENTS_PROPERTY, 1))
@@ -231,6 +235,11 @@ class ReportPlugin:
         terminalreporter.section("msprobe summary")
         for line in self.summary.lines(selected=self.selected, files=paths, strict=self.options.strict):
             terminalreporter.write_line(line)
+
+
+def record_data(attached: Any) -> dict[str, Any] | None:
+    """A report's record as attached (REPORT_ATTRIBUTE): a dict, or a worker's JSON string."""
+    return json.loads(attached) if isinstance(attached, str) else attached
 
 
 def result_set_status(status: int, summary: Summary, strict: bool) -> int:

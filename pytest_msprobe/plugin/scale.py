@@ -99,7 +99,10 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """No call runs any more: the hard deadline is disarmed. A worker tells the
-    controller what it ran on (the controller imports no torch)."""
+    controller what it ran on (the controller imports no torch), and a worker in a
+    process of its own, which ends with its session, freezes its objects now
+    (isolation.exit_quickly): pytest's collections at unconfigure would traverse torch's
+    objects while the controller waits for the worker to exit."""
     isolation.HARD_DEADLINE.disarm()
     config = session.config
     state = session_state(config)
@@ -108,6 +111,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
         found = environment((), state.device_label())
         config.workeroutput[ENVIRONMENT_OUTPUT] = {"device": found["device"], "versions": found["versions"]}
+    if getattr(config, "workerinput", {}).get(workers.OWN_PROCESS):
+        import gc
+
+        gc.freeze()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_unconfigure(config: pytest.Config) -> Generator[None, Any, Any]:
+    """An xdist worker in a process of its own ends it once every plugin is unconfigured,
+    its results sent (isolation.end_process): the controller waits for each worker's exit."""
+    result = yield
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and workerinput.get(workers.OWN_PROCESS):
+        isolation.end_process()
+    return result
 
 
 @pytest.hookimpl(tryfirst=True)

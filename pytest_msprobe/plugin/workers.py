@@ -27,6 +27,9 @@ from pytest_msprobe.plugin import options
 
 # workerinput keys the controller sets for each worker (HostRanks.place)
 HOST_KEY, HOST_NAME, HOST_RANK = "msprobe_host", "msprobe_host_name", "msprobe_host_rank"
+# ... and whether the worker's process is its own (a popen or ssh gateway's interpreter,
+# which ends with the worker; a socket server runs one worker after another in its own)
+OWN_PROCESS = "msprobe_own_process"
 
 
 def is_controller(config: pytest.Config) -> bool:
@@ -164,7 +167,9 @@ class HostRanks:
         taken = {rank for other, rank in self.ranks.items() if self.hosts[other][0] == key and other not in self.down}
         rank = next(candidate for candidate in range(len(taken) + 1) if candidate not in taken)
         self.hosts[worker], self.ranks[worker] = (key, name), rank
-        node.workerinput.update({HOST_KEY: key, HOST_NAME: name, HOST_RANK: rank})
+        spec = node.gateway.spec
+        own = bool(getattr(spec, "popen", False) or getattr(spec, "ssh", None))
+        node.workerinput.update({HOST_KEY: key, HOST_NAME: name, HOST_RANK: rank, OWN_PROCESS: own})
 
     def release(self, worker: str) -> None:
         """A worker went down: a replacement on its host takes its rank."""

@@ -58,9 +58,16 @@ class FakeChannel:
 
 
 @dataclass
+class FakeSpec:
+    popen: bool = True
+    ssh: str | None = None
+
+
+@dataclass
 class FakeGateway:
     id: str
     host: Any  # (key, name), or the exception its remote_exec raises
+    spec: FakeSpec = field(default_factory=FakeSpec)
 
     def remote_exec(self, source: Any) -> FakeChannel:
         assert source is workers.host_identity
@@ -86,6 +93,16 @@ def test_a_workers_rank_counts_the_workers_of_its_own_host() -> None:
     assert ranks.complete()
     assert ranks.by_host() == [("a", [("gw0", 0), ("gw2", 1), ("gw4", 2)]), ("b", [("gw1", 0), ("gw3", 1)])]
     assert [workers.device_of([0, 1], rank) for rank in (0, 1, 2)] == [0, 1, 0]  # within each host's own ids
+
+
+def test_only_a_process_of_its_own_is_ended_early() -> None:
+    """A socket server runs its workers in its own process, one after another."""
+    ranks = workers.HostRanks(expected=3)
+    nodes = [FakeNode(FakeGateway(f"gw{k}", ("a/1", "a"), FakeSpec(*spec))) for k, spec in
+             enumerate([(True, None), (False, "user@gpu-b"), (False, None)])]
+    for node in nodes:
+        ranks.place(node)
+    assert [node.workerinput[workers.OWN_PROCESS] for node in nodes] == [True, True, False]
 
 
 def test_a_replaced_worker_takes_the_rank_it_replaces() -> None:
@@ -166,7 +183,7 @@ def test_tx_popen_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump
 
 
 @pytest.fixture
-def socket_server(pytester: pytest.Pytester) -> Iterator[int]:
+def socket_server(pytester: pytest.Pytester) -> Iterator[subprocess.Popen]:
     """An execnet socket server on a free loopback port, as another host (MSPROBE_HOST);
     stopped after the test."""
     env = {**os.environ, "MSPROBE_HOST": "socket-host"}
@@ -182,16 +199,18 @@ def socket_server(pytester: pytest.Pytester) -> Iterator[int]:
                 port = int(line.rsplit(",", 1)[1].strip(" )\n"))
         if port is None:
             pytest.skip(f"the execnet socket server did not start (exit status {server.poll()})")
-        yield port
+        server.port = port  # type: ignore[attr-defined]
+        yield server
     finally:
         server.kill()
         server.wait(timeout=30)
         server.stdout.close()
 
 
-def test_tx_socket_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump_folder: Path, socket_server: int) -> None:
+def test_tx_socket_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump_folder: Path,
+                                                  socket_server: subprocess.Popen) -> None:
     serial = pytester.runpytest_subprocess(*_options(dump_folder, "out0"), timeout=300)
-    parallel = pytester.runpytest_subprocess(*_options(dump_folder, "outtx"), "--tx", f"socket=127.0.0.1:{socket_server}",
+    parallel = pytester.runpytest_subprocess(*_options(dump_folder, "outtx"), "--tx", f"socket=127.0.0.1:{socket_server.port}",
                                              "--tx", "popen", "--dist", "load", timeout=300)
     assert serial.ret == parallel.ret == pytest.ExitCode.OK, parallel.stdout.str()[-3000:]
     assert _records(dump_folder / "out0") == _records(dump_folder / "outtx")
@@ -202,3 +221,4 @@ def test_tx_socket_workers_give_the_results_of_n0(pytester: pytest.Pytester, dum
     # each the first worker of its host: rank 0, device 0 of its host
     assert placed == {"gw0": {"host": "socket-host", "rank": 0, "device_index": 0},
                       "gw1": {"host": host, "rank": 0, "device_index": 0}}, placed
+    assert socket_server.poll() is None  # the server, which ran its worker in its own process, serves on
