@@ -154,20 +154,22 @@ class HostRanks:
     shown: bool = False
 
     def place(self, node: Any) -> None:
-        """Ask the new worker's host who it is and give the worker the lowest rank free
-        on that host, in its workerinput. A gateway that cannot answer is taken to run
-        on the controller's host (one machine is the common case)."""
-        worker = node.gateway.id
-        try:
-            channel = node.gateway.remote_exec(host_identity)
-            key, name = channel.receive(timeout=60)
-            channel.waitclose(timeout=60)
-        except Exception:  # noqa: BLE001 - an exotic gateway: the worker is taken to run here
-            key, name = host_identity()
+        """Ask the new worker's host who it is (a popen worker's is the controller's own)
+        and give the worker the lowest rank free on that host, in its workerinput. A
+        gateway that cannot answer is taken to run on the controller's host (one machine
+        is the common case)."""
+        worker, spec = node.gateway.id, node.gateway.spec
+        key, name = host_identity()
+        if not getattr(spec, "popen", False):
+            try:
+                channel = node.gateway.remote_exec(host_identity)
+                key, name = channel.receive(timeout=60)
+                channel.waitclose(timeout=60)
+            except Exception:  # noqa: BLE001 - an exotic gateway: the worker is taken to run here
+                pass
         taken = {rank for other, rank in self.ranks.items() if self.hosts[other][0] == key and other not in self.down}
         rank = next(candidate for candidate in range(len(taken) + 1) if candidate not in taken)
         self.hosts[worker], self.ranks[worker] = (key, name), rank
-        spec = node.gateway.spec
         own = bool(getattr(spec, "popen", False) or getattr(spec, "ssh", None))
         node.workerinput.update({HOST_KEY: key, HOST_NAME: name, HOST_RANK: rank, OWN_PROCESS: own})
 

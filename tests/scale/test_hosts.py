@@ -59,8 +59,8 @@ class FakeChannel:
 
 @dataclass
 class FakeSpec:
-    popen: bool = True
-    ssh: str | None = None
+    popen: bool = False  # a gateway to another machine: asked who it is
+    ssh: str | None = "user@host"
 
 
 @dataclass
@@ -103,6 +103,14 @@ def test_only_a_process_of_its_own_is_ended_early() -> None:
     for node in nodes:
         ranks.place(node)
     assert [node.workerinput[workers.OWN_PROCESS] for node in nodes] == [True, True, False]
+
+
+def test_a_popen_worker_runs_on_the_controllers_host() -> None:
+    """Not asked (no round trip before the next worker starts): it is this machine."""
+    ranks = workers.HostRanks(expected=1)
+    node = FakeNode(FakeGateway("gw0", OSError("not to be asked"), FakeSpec(popen=True, ssh=None)))
+    ranks.place(node)
+    assert node.workerinput[workers.HOST_KEY] == workers.host_identity()[0]
 
 
 def test_a_replaced_worker_takes_the_rank_it_replaces() -> None:
