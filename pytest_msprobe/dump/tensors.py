@@ -159,10 +159,11 @@ _LOADERS = {".pt": _load_pt, ".npy": _load_npy}
 # weights_only=True) reads the pickle with an unpickler written in Python (0.3-0.6 ms a
 # file, most of a small call's input decoding). Here torch's own archive reader (what
 # torch.load opens the zip with) gives the records, and Python's C unpickler reads the
-# pickle, allowed those two globals and nothing else (a storage class is a name that
-# gives a dtype, never called). A pickle that names anything else, or a file laid out
-# otherwise, is left to torch.load(weights_only=True), which accepts or refuses it with
-# its own reason.
+# pickle, allowed those two globals and nothing else: the rebuild is our own (a view of
+# the storage's bytes, no hooks, no metadata) and a storage class is a name that gives a
+# dtype, never called. A pickle that names anything else, or a file laid out otherwise,
+# is left to torch.load(weights_only=True), which accepts or refuses it with its own
+# reason.
 
 _STORAGE_DTYPES = {
     "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
@@ -179,8 +180,27 @@ class _StorageName:
     dtype: torch.dtype
 
 
+@dataclass(frozen=True)
+class _Storage:
+    """A storage's bytes, as a persistent id names them, and their dtype."""
+
+    untyped: Any  # torch.UntypedStorage
+    dtype: torch.dtype
+
+
+def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
+                    backward_hooks: Any, metadata: Any = None) -> torch.Tensor:
+    """torch._utils._rebuild_tensor_v2 for a plain tensor: a view of the storage's bytes
+    (set_ checks that it lies inside them); hooks or metadata make the file not plain."""
+    if not isinstance(storage, _Storage) or backward_hooks or metadata:
+        raise _NotPlain("a tensor with hooks or metadata")
+    tensor = torch.empty((0,), dtype=storage.dtype).set_(storage.untyped, storage_offset, size, stride)
+    tensor.requires_grad = bool(requires_grad)
+    return tensor
+
+
 _GLOBALS: dict[tuple[str, str], Any] = {
-    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("collections", "OrderedDict"): collections.OrderedDict,
     **{("torch", name): _StorageName(dtype) for name, dtype in _STORAGE_DTYPES.items()},
 }
@@ -210,7 +230,7 @@ class _TensorUnpickler(pickle.Unpickler):
         if self.archive.get_record_size(record) != size:
             raise _NotPlain(f"{record}: not {pid[4]} elements")
         untyped = self.archive.get_storage_from_record(record, size, torch.UntypedStorage)._typed_storage()._untyped_storage
-        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        return _Storage(untyped, dtype)
 
 
 def _saved_tensor(path: Path) -> torch.Tensor | None:
