@@ -43,6 +43,22 @@ def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
+SPIN = "import time\nt = time.perf_counter()\ns = 0\nfor i in range(6_000_000):\n    s += i * i\n"
+
+
+def cpu_scaling() -> float:
+    """How much two CPU-bound processes at once get done against one alone (2.0: two
+    free cores; about 1 when other work holds one): what -n 2 can gain at best."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", SPIN], check=True)
+    alone = time.perf_counter() - started
+    started = time.perf_counter()
+    both = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(2)]
+    for process in both:
+        process.wait()
+    return 2 * alone / (time.perf_counter() - started)
+
+
 def the_dump(args: argparse.Namespace) -> tuple[Path, str]:
     if args.dump:
         return args.dump.resolve(), "given"
@@ -112,7 +128,7 @@ def main() -> None:
     msprobe = [str(args.msprobe_python), str(HERE / "msprobe_acc_check_cpu.py"), "-api_info", str(dump)]
     times: dict[str, list[float]] = {name: [] for name in runs}
     times["msprobe"], inside = [], []
-    before = load()
+    before, scaling_before = load(), cpu_scaling()
     for repeat in range(max(args.repeats, args.msprobe_repeats)):
         if repeat < args.repeats:
             for name, command in runs.items():
@@ -129,7 +145,8 @@ def main() -> None:
             times["msprobe"].append(seconds)
             inside.extend(float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("msprobe-seconds"))
     print(f"dump: {dump} ({calls} calls, {origin})")
-    print(f"load average before {before}, after {load()}; wall time of each process, best of its runs (all runs), s:")
+    print(f"load average before {before}, after {load()}; two processes at once got {scaling_before:.2f}x one's work "
+          f"before, {cpu_scaling():.2f}x after; wall time of each process, best of its runs (all runs), s:")
     for name, values in times.items():
         if values:
             print(f"  {name:8s} {min(values):7.2f}   ({', '.join(f'{value:.2f}' for value in values)})")

@@ -11,6 +11,7 @@ every hook returns at once and nothing heavy is imported.
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     state = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
     config.stash[STATE_KEY] = state
+    config.add_cleanup(_thaw)  # added before pytest's unraisable-exception plugin adds its own: runs after it
     state.check()  # an option (or, where calls run, a device) that cannot work stops the run here, once
     from pytest_msprobe.plugin import baselines, reports  # only when a dump is given
 
@@ -104,15 +106,39 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A session of dump calls alone, in which hypothesis was never imported, has no
-    hypothesis statistics, failing examples or observations to summarize; hypothesis's
-    pytest plugin would still import hypothesis to find that out (0.5-1 s, in every
-    process of the run). Its summary is left out there, and only there."""
+    """What a session of dump calls alone leaves out at its end.
+
+    Hypothesis's summary, where hypothesis was never imported: there are no hypothesis
+    statistics, failing examples or observations to summarize, and hypothesis's pytest
+    plugin would still import hypothesis to find that out (0.5-1 s, in every process of
+    the run).
+
+    pytest's final garbage collections (two full ones at unconfigure, to report
+    exceptions raised in the finalizers of the session's garbage): with torch loaded a
+    full collection traverses torch's objects (0.08 s each here). The objects that
+    exist now are frozen (gc.freeze) until the session's last cleanup (_thaw), so that
+    those collections see only what the session's end makes; the process's objects are
+    collected as before afterwards."""
     state = session.config.stash.get(STATE_KEY, None)
-    if state is not None and state.only_dump_calls and "hypothesis" not in sys.modules:
+    if state is None or not state.only_dump_calls:
+        return
+    if "hypothesis" not in sys.modules:
         manager = session.config.pluginmanager
         if manager.get_plugin(HYPOTHESIS_PLUGIN) is not None:
             manager.unregister(name=HYPOTHESIS_PLUGIN)
+    if state.runs_calls and not hasattr(session.config, "workerinput"):  # a worker freezes for good (plugin.scale)
+        gc.freeze()
+        _FROZEN.append(True)
+
+
+_FROZEN: list[bool] = []
+
+
+def _thaw() -> None:
+    """The session's end is over: what pytest_sessionfinish froze is collectable again."""
+    if _FROZEN:
+        _FROZEN.clear()
+        gc.unfreeze()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
