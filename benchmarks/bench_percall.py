@@ -4,7 +4,8 @@
     python benchmarks/bench_percall.py [--dump DUMP.json] [--before REV] [--repeats 5]
 
   per call     the test phase of `pytest --msprobe-dump=DUMP --msprobe-device=cpu -n 0`
-               (the plugin's summary: "N run here in S s") over N, best of --repeats;
+               (from collection's end to the session's: benchmarks/probe_plugin.py's
+               run_s) over the calls, best of --repeats;
                with --before REV, the same for REV (a git worktree of it, imported with
                this environment's packages), the runs interleaved
   floor        pytest's own cost of an empty test in a process that imported torch:
@@ -20,15 +21,16 @@ Default dump: tests/dumps/models/transformer12_tensor_fp32 (float32, forward and
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 SHIPPED = ROOT / "tests" / "dumps" / "models" / "transformer12_tensor_fp32" / "dump.json"
 
 
@@ -47,16 +49,17 @@ def tree(rev: str) -> Path:
 
 
 def test_phase(dump: Path, out: Path, source: Path | None, work: Path) -> tuple[float, int]:
-    env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(work / "tmp")}
-    if source is not None:
-        env["PYTHONPATH"] = str(source)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir",
-                           str(dump.parent), f"--msprobe-dump={dump}", "--msprobe-device=cpu", f"--msprobe-out={out}"],
-                          cwd=dump.parent, env=env, capture_output=True, text=True)
-    found = re.search(r"(\d+) run here in ([0-9.]+) s", done.stdout)
-    if found is None:
+    probe = work / f"probe-{time.monotonic_ns()}.jsonl"
+    paths = [str(source)] if source is not None else []
+    env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(work / "tmp"), "MSPROBE_BENCH_PROBE": str(probe),
+           "PYTHONPATH": os.pathsep.join([*paths, str(HERE)])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "probe_plugin", "-c",
+                           os.devnull, "--rootdir", str(dump.parent), f"--msprobe-dump={dump}", "--msprobe-device=cpu",
+                           f"--msprobe-out={out}"], cwd=dump.parent, env=env, capture_output=True, text=True)
+    if not probe.exists():
         raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
-    return float(found.group(2)), int(found.group(1))
+    found = json.loads(probe.read_text().splitlines()[0])
+    return float(found["run_s"]), int(found["ran"])
 
 
 def floor_ms(work: Path, calls: int, repeats: int) -> float:
@@ -150,8 +153,8 @@ def main() -> None:
             seconds, calls = test_phase(dump, work / f"out-{side}", source, work)
             phases[side].append(seconds)
     for side, values in phases.items():
-        print(f"per call, -n 0 ({side}): {1000 * min(values) / calls:.2f} ms  (test phase {min(values):.2f} s for {calls} "
-              f"calls; all runs {', '.join(f'{value:.2f}' for value in values)} s)")
+        print(f"per call, -n 0 ({side}): {1000 * min(values) / calls:.2f} ms  (test phase {min(values):.3f} s for {calls} "
+              f"calls; all runs {', '.join(f'{value:.3f}' for value in values)} s)")
     print(f"pytest's empty test, torch imported: {floor_ms(work, calls, args.repeats):.2f} ms")
     print("one call's parts, in-process (CPU time per call, this tree):")
     subprocess.run([sys.executable, "-c", PARTS, str(dump), str(args.repeats)], check=True)

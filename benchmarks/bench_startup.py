@@ -85,13 +85,17 @@ def main() -> None:
                          f"--msprobe-out={work / 'out'}", "-n", "2"],
     }
     before = load()
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "s = 0\nfor i in range(6_000_000):\n    s += i * i\n"], check=True)
+    loop = time.perf_counter() - started  # the machine's speed now (0.6 s on a quiet day here)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.repeats):
         for name, command in runs.items():
             times[name].append(wall(command, work, env))
     best = {name: min(values) for name, values in times.items()}
     floor = best["import torch"] + best["bare pytest"]
-    print(f"load average before {before}, after {load()}; best of {args.repeats} (all runs, s):")
+    print(f"load average before {before}, after {load()}; a pure-Python loop took {loop:.2f} s; best of {args.repeats} "
+          "(all runs, s):")
     for name, values in times.items():
         print(f"  {name:14s} {best[name]:6.2f}   ({', '.join(f'{value:.2f}' for value in values)})")
     print(f"  {'floor':14s} {floor:6.2f}   (import torch + bare pytest)")

@@ -46,9 +46,10 @@ def load() -> str:
 SPIN = "import time\nt = time.perf_counter()\ns = 0\nfor i in range(6_000_000):\n    s += i * i\n"
 
 
-def cpu_scaling() -> float:
-    """How much two CPU-bound processes at once get done against one alone (2.0: two
-    free cores; about 1 when other work holds one): what -n 2 can gain at best."""
+def cpu_scaling() -> str:
+    """A pure-Python loop's time alone (the machine's speed now: the same loop took 0.6 s
+    on a quiet day here, 1.1 s on a slow one), and how much two at once get done against
+    one (2.0: two free cores; about 1 when other work holds one): what -n 2 can gain."""
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", SPIN], check=True)
     alone = time.perf_counter() - started
@@ -56,7 +57,7 @@ def cpu_scaling() -> float:
     both = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(2)]
     for process in both:
         process.wait()
-    return 2 * alone / (time.perf_counter() - started)
+    return f"loop {alone:.2f} s, two at once {2 * alone / (time.perf_counter() - started):.2f}x"
 
 
 def the_dump(args: argparse.Namespace) -> tuple[Path, str]:
@@ -109,7 +110,7 @@ def normalized(folder: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dump", type=Path)
+    parser.add_argument("--dump", type=Path, help="dump.json, or a folder of them (ranks: ours only)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of ours, each way")
     parser.add_argument("--msprobe-repeats", type=int, default=3, help="runs of msprobe's runner (0: none)")
     parser.add_argument("--msprobe-python", type=Path, default=MSPROBE_PYTHON)
@@ -118,10 +119,12 @@ def main() -> None:
     args.work = (args.work or Path(tempfile.mkdtemp(prefix="msprobe-transformer-"))).resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     dump, origin = the_dump(args)
-    calls = len(json.loads(dump.read_text())["data"])
+    files = sorted(dump.rglob("dump.json")) if dump.is_dir() else [dump]  # a folder: one dump per rank
+    calls = sum(len(json.loads(path.read_text())["data"]) for path in files)
+    root = dump if dump.is_dir() else dump.parent
     (args.work / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(args.work / "tmp")}
-    ours = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(dump.parent),
+    ours = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(root),
             f"--msprobe-dump={dump}", "--msprobe-device=cpu"]
     runs = {"-n 0": [*ours, f"--msprobe-out={args.work / 'out-n0'}"],
             "-n 2": [*ours, f"--msprobe-out={args.work / 'out-n2'}", "-n", "2"]}
@@ -132,11 +135,11 @@ def main() -> None:
     for repeat in range(max(args.repeats, args.msprobe_repeats)):
         if repeat < args.repeats:
             for name, command in runs.items():
-                seconds, done = timed(command, dump.parent, env)
+                seconds, done = timed(command, root, env)
                 if done.returncode not in (0, 1):
                     raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
                 times[name].append(seconds)
-        if repeat < args.msprobe_repeats and args.msprobe_python.exists():
+        if repeat < args.msprobe_repeats and args.msprobe_python.exists() and not dump.is_dir():
             out = args.work / f"out-msprobe-{repeat}"
             shutil.rmtree(out, ignore_errors=True)
             seconds, done = timed([*msprobe, "-o", str(out)], args.work, env)
@@ -145,8 +148,8 @@ def main() -> None:
             times["msprobe"].append(seconds)
             inside.extend(float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("msprobe-seconds"))
     print(f"dump: {dump} ({calls} calls, {origin})")
-    print(f"load average before {before}, after {load()}; two processes at once got {scaling_before:.2f}x one's work "
-          f"before, {cpu_scaling():.2f}x after; wall time of each process, best of its runs (all runs), s:")
+    print(f"load average before {before}, after {load()}; machine before: {scaling_before}; after: {cpu_scaling()}")
+    print("wall time of each process, best of its runs (all runs), s:")
     for name, values in times.items():
         if values:
             print(f"  {name:8s} {min(values):7.2f}   ({', '.join(f'{value:.2f}' for value in values)})")
