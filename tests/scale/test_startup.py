@@ -53,9 +53,10 @@ def small_dump(pytester: pytest.Pytester) -> str:
     return "--msprobe-dump=dump"
 
 
-def test_the_controller_imports_no_torch(pytester: pytest.Pytester, small_dump: str) -> None:
+@pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)], ids=["online", "offline"])
+def test_the_controller_imports_no_torch(pytester: pytest.Pytester, small_dump: str, mode: tuple[str, ...]) -> None:
     pytester.makeconftest(MODULES)
-    common = (small_dump, "--msprobe-device=cpu", "-p", "no:cacheprovider")
+    common = (small_dump, "--msprobe-device=cpu", "-p", "no:cacheprovider", *mode)
     serial = pytester.runpytest_subprocess(*common, "--msprobe-out=out0", timeout=300)
     for name in list(_imported(pytester.path)):
         (pytester.path / f"modules-{name}.json").unlink()
