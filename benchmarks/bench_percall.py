@@ -148,10 +148,15 @@ def main() -> None:
     print(f"load average before {load()}; dump {dump}")
     phases: dict[str, list[float]] = {side: [] for side in sides}
     calls = 0
-    for _ in range(args.repeats):
-        for side, source in sides.items():
-            seconds, calls = test_phase(dump, work / f"out-{side}", source, work)
-            phases[side].append(seconds)
+    try:
+        for _ in range(args.repeats):
+            for side, source in sides.items():
+                seconds, calls = test_phase(dump, work / f"out-{side}", source, work)
+                phases[side].append(seconds)
+    finally:
+        if sides.get("before") is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(sides["before"])],
+                           capture_output=True)
     for side, values in phases.items():
         print(f"per call, -n 0 ({side}): {1000 * min(values) / calls:.2f} ms  (test phase {min(values):.3f} s for {calls} "
               f"calls; all runs {', '.join(f'{value:.3f}' for value in values)} s)")
