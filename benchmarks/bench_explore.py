@@ -31,9 +31,11 @@ def explore(dump: Path, examples: int, dedup: bool) -> dict:
                    "--msprobe-device=cpu", f"--msprobe-explore={examples}", "-m", "explore", f"--msprobe-out={out}",
                    "--rootdir", out] + (["--msprobe-dedup"] if dedup else [])
         started = time.perf_counter()
-        subprocess.run(command, cwd=out, capture_output=True, text=True)
+        finished = subprocess.run(command, cwd=out, capture_output=True, text=True)
         wall = time.perf_counter() - started
         records = [json.loads(line) for journal in Path(out).glob("msprobe_records_*.jsonl") for line in journal.open()]
+    if not records:  # the session itself failed: say why instead of reporting an empty dump
+        raise SystemExit(f"{dump}: no explored test ran (exit {finished.returncode}):\n{finished.stdout[-2000:]}{finished.stderr[-2000:]}")
     statuses = Counter(record["status"] for record in records)
     judged = discarded = 0
     for record in records:

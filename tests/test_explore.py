@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,50 @@ def test_two_workers_explore_as_one_process_does(run_dump, tmp_path):
         runs[label] = _comparable(tmp_path / label)
     assert len(runs["one"]) == 10
     assert runs["one"] == runs["two"]
+
+
+def _fingerprints(value: object) -> list[str]:
+    """Every tensor in a nested argument: its shape and sum (what tells examples apart)."""
+    if isinstance(value, torch.Tensor):
+        return [f"{list(value.shape)}:{value.detach().double().nan_to_num().sum().item():.17g}"]
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in _fingerprints(item)]
+    if isinstance(value, (list, tuple)):
+        return [found for item in value for found in _fingerprints(item)]
+    return []
+
+
+def test_the_search_does_not_depend_on_the_modules_the_process_imported(run_dump, tmp_path, monkeypatch):
+    """hypothesis draws some values from the constants of every local module the process
+    imported: a module full of them, imported between two runs, changes no example."""
+    import pytest_msprobe.judge.explore as explore
+    from hypothesis.internal.conjecture import providers
+
+    examples: dict[str, list[str]] = {"before": [], "after": []}
+    replay = explore.replay_inputs
+
+    def recorded(framework_name, framework, name, api, inputs, settings):
+        examples[label].append(f"{name} {_fingerprints([inputs.args, inputs.kwargs])}")
+        return replay(framework_name, framework, name, api, inputs, settings)
+
+    monkeypatch.setattr(explore, "replay_inputs", recorded)
+    select = ("-k", "layer_norm or linear or softmax", "-m", "explore", "--msprobe-device=cpu", "--msprobe-explore=20")
+    label = "before"
+    # each run as in a fresh process: hypothesis's cache of the constants per kind of draw empty
+    monkeypatch.setattr(providers, "CONSTANTS_CACHE", {})
+    run_dump(EXAMPLE, *select, f"--msprobe-out={tmp_path / label}")
+    source = tmp_path / "local_constants_module.py"
+    integers = [*range(-160, -99), *range(100, 140), *range(1000, 65536, 211)]  # exponents, seeds, sizes
+    source.write_text(f"INTEGERS = {integers}\nFLOATS = {[float(f'{1.5 + k}e{k % 37 - 18}') for k in range(400)]}\n")
+    spec = importlib.util.spec_from_file_location("local_constants_module", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "local_constants_module", module)
+    label = "after"
+    monkeypatch.setattr(providers, "CONSTANTS_CACHE", {})
+    run_dump(EXAMPLE, *select, f"--msprobe-out={tmp_path / label}")
+    assert len(examples["before"]) > 100
+    assert examples["before"] == examples["after"]
 
 
 def test_the_failing_example_is_kept_in_the_database_and_replayed_first(run_dump, tmp_path, monkeypatch):

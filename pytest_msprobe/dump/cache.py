@@ -19,14 +19,18 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from dataclasses import dataclass
+
 from pytest_msprobe.dump.index import DIRECTIONS, DumpIndex, read_index
 from pytest_msprobe.errors import DumpError
 
 CACHE_FOLDER = ".msprobe-index"
-FORMAT = 3  # bump when the arrays or the header change meaning
-# DumpIndex's columns and their types: a cache holds them as they are.
-COLUMNS = {"api": np.int32, "number": np.int64, "backward": np.bool_, "start": np.int64, "end": np.int64, "numel": np.int64}
+FORMAT = 4  # bump when the arrays or the header change meaning
+# DumpIndex's columns and their types: a cache holds them as they are. numpy is imported
+# where arrays are read or written: the xdist controller checks a cache by its header
+# (read without numpy) and sums a dump up from it (cached_summary).
+COLUMNS = {"api": "int32", "number": "int64", "backward": "bool", "start": "int64", "end": "int64", "numel": "int64"}
+HEADER_MEMBER = "header.npy"  # the header's bytes, as np.savez stores an array named "header"
 
 
 def cache_file(folder: Path, dump: Path) -> Path:
@@ -65,17 +69,58 @@ def ensure_cached(dump: Path, folder: Path) -> None:
     """Parse and cache the dump unless its cache is current; the xdist controller calls
     this before starting workers, so that they all load the cache instead of each
     parsing the dump. A broken dump is left to collection, which reports it."""
-    with contextlib.suppress(OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile):  # no usable cache
-        key = dump_key(dump)
-        with np.load(cache_file(folder, dump), allow_pickle=False) as arrays:
-            if _current_header(arrays, key) is not None:
-                return
+    if _stored_current_header(dump, folder) is not None:
+        return
     with contextlib.suppress(DumpError):  # each worker's collection reports it
         load_index(dump, folder)
 
 
+@dataclass(frozen=True)
+class DumpSummary:
+    """What a dump's cache says of it without its columns: what a summary line needs."""
+
+    path: Path
+    calls: int
+    task: str
+    framework: str
+    modules: int
+    skipped_names: list[str]
+
+    def __len__(self) -> int:
+        return self.calls
+
+
+def cached_summary(dump: Path, folder: Path) -> DumpSummary | None:
+    """The dump as its current cache sums it up (no numpy, no parse); None without one."""
+    header = _stored_current_header(dump, folder)
+    if header is None:
+        return None
+    return DumpSummary(dump, int(header["calls"]), header["task"], header["framework"], int(header["modules"]),
+                       list(header["skipped_names"]))
+
+
+def _stored_current_header(dump: Path, folder: Path) -> dict[str, Any] | None:
+    """The cache's header if the cache is current, read without numpy: np.savez stores
+    it as header.npy, a .npy preamble (magic, version, a length-prefixed description)
+    and then the JSON's bytes."""
+    try:
+        key = dump_key(dump)
+        with zipfile.ZipFile(cache_file(folder, dump)) as archive:
+            raw = archive.read(HEADER_MEMBER)
+        if not raw.startswith(b"\x93NUMPY"):
+            return None
+        width = 2 if raw[6] == 1 else 4  # the description's length field: 2 bytes in .npy 1.0, 4 after
+        start = 8 + width + int.from_bytes(raw[8:8 + width], "little")
+        header = json.loads(raw[start:].decode("utf-8"))
+    except (OSError, ValueError, KeyError, IndexError, UnicodeDecodeError, zipfile.BadZipFile):
+        return None
+    return header if isinstance(header, dict) and header.get("format") == FORMAT and header.get("key") == key else None
+
+
 def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
     """None when there is no usable cache (missing, stale, another format, damaged)."""
+    import numpy as np
+
     try:
         with np.load(path, allow_pickle=False) as arrays:
             header = _current_header(arrays, key)
@@ -106,9 +151,11 @@ def _write(path: Path, index: DumpIndex, key: dict[str, object]) -> None:
     """Written to a temporary file and renamed, so that workers collecting at the same
     time see the old cache, none, or the whole new one. A folder that cannot be written
     only costs the next collection a parse."""
+    import numpy as np
+
     header = {"format": FORMAT, "key": key, "dump": str(index.path), "task": index.task, "level": index.level,
-              "framework": index.framework, "modules": index.modules, "skipped_names": index.skipped_names,
-              "apis": index.apis}
+              "framework": index.framework, "calls": len(index), "modules": index.modules,
+              "skipped_names": index.skipped_names, "apis": index.apis}
     arrays = {"header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
               **{name: getattr(index, name) for name in COLUMNS}}
     try:

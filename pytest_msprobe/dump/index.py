@@ -13,11 +13,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_msprobe.errors import CallError, DumpError
+
+if TYPE_CHECKING:  # numpy is imported where the columns are made: the xdist controller names calls, needs no arrays
+    import numpy as np
 
 TENSOR_FOLDER = "dump_tensor_data"
 MODULE_PREFIXES = ("Module.", "Cell.")
@@ -212,6 +213,8 @@ class _Calls:
             column.append(value)
 
     def index(self, path: Path, task: str, level: str, framework: str) -> DumpIndex:
+        import numpy as np
+
         api, number, backward, start, end, numel = self.columns
         return DumpIndex(path=path, task=task, level=level, framework=framework, names=self.names, apis=list(self.apis),
                          api=np.array(api, dtype=np.int32), number=np.array(number, dtype=np.int64),

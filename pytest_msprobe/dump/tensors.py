@@ -1,16 +1,24 @@
 """Tensors of a call: read safely from the dump, or generated from its statistics.
 
 Everything here distrusts the dump: file names are confined to the dump's own
-`dump_tensor_data/`, `.pt` files are loaded with `weights_only=True` (they are
-pickles), `.npy` files without pickle, and shapes are checked against a size limit
-before anything is allocated.
+`dump_tensor_data/`, `.pt` files are unpickled with no global but the two a saved
+tensor needs (`_load_pt`; anything else goes to `torch.load(weights_only=True)`),
+`.npy` files without pickle, and shapes are checked against a size limit before
+anything is allocated.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import hashlib
+import io
 import math
+import os
+import pickle
 import re
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +90,15 @@ def resolve_data_file(tensor_dir: Path, data_name: str, where: str) -> Path:
     """The file a data_name names, refused unless it lies inside dump_tensor_data/."""
     if not data_name.endswith(TENSOR_SUFFIXES) or "\x00" in data_name:
         raise CallError(f"{where}: data_name {data_name!r} is not a .pt or .npy file name")
+    if os.sep not in data_name and not (os.altsep and os.altsep in data_name):
+        # The common case, one lstat: a plain file right inside the (resolved) folder.
+        candidate = os.path.join(_resolved(str(tensor_dir)), data_name)
+        try:
+            found = os.lstat(candidate)
+        except OSError:
+            found = None
+        if found is not None and stat.S_ISREG(found.st_mode):
+            return Path(candidate)
     root = tensor_dir.resolve()
     path = (tensor_dir / data_name).resolve()
     if not path.is_relative_to(root) or path == root:
@@ -106,8 +123,15 @@ def load_tensor(tensor_dir: Path, spec: TensorSpec, where: str) -> torch.Tensor:
     return loaded
 
 
+@functools.lru_cache(maxsize=64)
+def _resolved(folder: str) -> str:
+    return os.path.realpath(folder)
+
+
 def _load_pt(path: Path, spec: TensorSpec) -> torch.Tensor:
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    loaded = _saved_tensor(path)
+    if loaded is None:  # not the plain layout of a saved tensor: torch's own safe loader decides
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(loaded, torch.Tensor):
         raise CallError(f"{path.name} holds a {type(loaded).__name__}, not a tensor")
     return loaded.detach()
@@ -124,6 +148,104 @@ def _load_npy(path: Path, spec: TensorSpec) -> torch.Tensor:
 
 
 _LOADERS = {".pt": _load_pt, ".npy": _load_npy}
+
+
+# --- .pt files: the tensors msprobe saves, read without torch's Python unpickler --------
+#
+# torch.save(tensor) writes a zip: data.pkl, a pickle that calls
+# torch._utils._rebuild_tensor_v2(<storage>, offset, size, stride, requires_grad,
+# OrderedDict()) with the storage as a persistent id ('storage', torch.<Type>Storage,
+# key, location, numel), and the storage's bytes in data/<key>. torch.load(
+# weights_only=True) reads the pickle with an unpickler written in Python (0.3-0.6 ms a
+# file, most of a small call's input decoding). Here torch's own archive reader (what
+# torch.load opens the zip with) gives the records, and Python's C unpickler reads the
+# pickle, allowed those two globals and nothing else: the rebuild is our own (a view of
+# the storage's bytes, no hooks, no metadata) and a storage class is a name that gives a
+# dtype, never called. A pickle that names anything else, or a file laid out otherwise,
+# is left to torch.load(weights_only=True), which accepts or refuses it with its own
+# reason.
+
+_STORAGE_DTYPES = {
+    "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
+    "ComplexFloatStorage": torch.complex64, "ComplexDoubleStorage": torch.complex128,
+}
+
+
+@dataclass(frozen=True)
+class _StorageName:
+    """A storage class named by a pickle: only its dtype is read from it."""
+
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _Storage:
+    """A storage's bytes, as a persistent id names them, and their dtype."""
+
+    untyped: Any  # torch.UntypedStorage
+    dtype: torch.dtype
+
+
+def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
+                    backward_hooks: Any, metadata: Any = None) -> torch.Tensor:
+    """torch._utils._rebuild_tensor_v2 for a plain tensor: a view of the storage's bytes
+    (set_ checks that it lies inside them); hooks or metadata make the file not plain."""
+    if not isinstance(storage, _Storage) or backward_hooks or metadata:
+        raise _NotPlain("a tensor with hooks or metadata")
+    tensor = torch.empty((0,), dtype=storage.dtype).set_(storage.untyped, storage_offset, size, stride)
+    tensor.requires_grad = bool(requires_grad)
+    return tensor
+
+
+_GLOBALS: dict[tuple[str, str], Any] = {
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    **{("torch", name): _StorageName(dtype) for name, dtype in _STORAGE_DTYPES.items()},
+}
+
+
+class _NotPlain(Exception):
+    """The file is not a plain saved tensor: torch.load decides."""
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    def __init__(self, archive: Any) -> None:
+        super().__init__(io.BytesIO(archive.get_record("data.pkl")))
+        self.archive = archive
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = _GLOBALS.get((module, name))
+        if found is None:
+            raise _NotPlain(f"{module}.{name}")
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageName)
+                and isinstance(pid[2], str) and pid[2].isdigit() and type(pid[4]) is int and pid[4] >= 0):
+            raise _NotPlain(repr(pid)[:80])
+        dtype, record = pid[1].dtype, f"data/{pid[2]}"
+        size = pid[4] * dtype.itemsize
+        if self.archive.get_record_size(record) != size:
+            raise _NotPlain(f"{record}: not {pid[4]} elements")
+        untyped = self.archive.get_storage_from_record(record, size, torch.UntypedStorage)._typed_storage()._untyped_storage
+        return _Storage(untyped, dtype)
+
+
+def _saved_tensor(path: Path) -> torch.Tensor | None:
+    """The tensor a plain torch.save(tensor) file holds; None for any other file."""
+    reader = getattr(torch._C, "PyTorchFileReader", None)
+    if reader is None or sys.byteorder != "little":
+        return None
+    try:
+        archive = reader(str(path))
+        if archive.has_record("byteorder") and archive.get_record("byteorder") != b"little":
+            return None
+        loaded = _TensorUnpickler(archive).load()
+    except Exception:  # noqa: BLE001 - not a plain saved tensor (or not a zip): torch.load says what it is
+        return None
+    return loaded if type(loaded) is torch.Tensor else None
 
 
 # Lines of torch.load's message when weights_only=True refuses a file that advise loading

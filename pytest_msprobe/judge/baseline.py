@@ -268,9 +268,11 @@ def _any_error(recorded: CallMetrics) -> bool:
 # --- the environment a baseline was recorded in ------------------------------------
 
 
-def environment(dumps: Iterable[tuple[str, Path]], device: str) -> dict[str, Any]:
-    """What produced the metrics: versions, device, and which dumps (by content)."""
-    versions = {name: _version(name) for name in ("torch", "torch_npu", "mindspore", "numpy")}
+def environment(dumps: Iterable[tuple[str, Path]], device: str, versions: dict[str, str] | None = None) -> dict[str, Any]:
+    """What produced the metrics: versions (this process's, unless given: the xdist
+    controller imports no torch and takes a worker's), device, and which dumps (by content)."""
+    if versions is None:
+        versions = {name: _version(name) for name in ("torch", "torch_npu", "mindspore", "numpy")}
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": platform.python_version(),

@@ -14,6 +14,7 @@ written as a one-call tensor dump: the test's message names it, and it is what
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -21,7 +22,8 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+from unittest import mock
 
 import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings as hypothesis_settings
@@ -119,7 +121,8 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
 
     test = _hypothesis_test(probe, space, plan, f"{index.key}::{label}", label)
     try:
-        test()
+        with _no_local_constants():
+            test()
     except ExampleFailed as failure:
         return _failed(failure, index, name, plan)
     except FlakyFailure as flaky:
@@ -152,6 +155,24 @@ def _hypothesis_test(probe: Any, space: Neighbourhood, plan: Plan, key: str, lab
     test = chosen(given(space.variants())(probe))
     test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
     return test
+
+
+@contextlib.contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """hypothesis (6.131 on) draws some values from the constants in the source of every
+    local module the process has imported (not site-packages, not the standard library),
+    and caches them per process: the examples would depend on which test modules, conftest
+    files and plugins ran before, so an in-process run and an xdist worker explored a call
+    differently. The search sees its global constants only: its examples depend on the
+    call alone."""
+    from hypothesis.internal.conjecture import providers
+
+    if not hasattr(providers, "_get_local_constants"):  # a hypothesis without local constants
+        yield
+        return
+    with mock.patch.object(providers, "_get_local_constants", providers.Constants), \
+            mock.patch.object(providers, "CONSTANTS_CACHE", {}):
+        yield
 
 
 def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan) -> CallResult:

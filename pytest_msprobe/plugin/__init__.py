@@ -11,6 +11,8 @@ every hook returns at once and nothing heavy is imported.
 
 from __future__ import annotations
 
+import gc
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,8 @@ from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.plugin import hookspecs, options
 from pytest_msprobe.plugin.state import STATE_KEY, SessionState
+
+HYPOTHESIS_PLUGIN = "hypothesispytest"  # hypothesis's pytest11 entry point
 
 MARKERS = (
     "forward: a forward call of an msprobe dump",
@@ -53,13 +57,13 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     state = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
     config.stash[STATE_KEY] = state
-    state.settings()  # a device or option that cannot work stops the run here, once
-    options.explore_examples(config)
+    config.add_cleanup(_thaw)  # added before pytest's unraisable-exception plugin adds its own: runs after it
+    state.check()  # an option (or, where calls run, a device) that cannot work stops the run here, once
     from pytest_msprobe.plugin import baselines, reports  # only when a dump is given
 
     report_plugin = reports.ReportPlugin(config)
     config.pluginmanager.register(report_plugin, "msprobe-report")
-    if state.settings().sample_statuses:  # --msprobe-html
+    if options.sample_statuses(config):  # --msprobe-html
         from pytest_msprobe.plugin import html
 
         config.pluginmanager.register(html.HtmlPlugin(config, report_plugin), "msprobe-html")
@@ -81,6 +85,61 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     # and `--deselect` see `<path to dump.json>::<call name>`.
     nodeid = bestrelpath(parent.config.rootpath, file_path)
     return DumpFile.from_parent(parent, path=file_path, nodeid=nodeid)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = config.stash.get(STATE_KEY, None)
+    if state is not None:
+        from pytest_msprobe.plugin.items import CallItem, UncheckedDump
+
+        state.only_dump_calls = all(isinstance(item, (CallItem, UncheckedDump)) for item in items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    config = node.config  # type: ignore[attr-defined]  # xdist's WorkerController
+    state = config.stash.get(STATE_KEY, None)
+    if state is not None:
+        prefixes = tuple(f"{bestrelpath(config.rootpath, dump)}::" for dump in state.dumps)
+        state.only_dump_calls = state.only_dump_calls is not False and all(nodeid.startswith(prefixes) for nodeid in ids)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """What a session of dump calls alone leaves out at its end.
+
+    Hypothesis's summary, where hypothesis was never imported: there are no hypothesis
+    statistics, failing examples or observations to summarize, and hypothesis's pytest
+    plugin would still import hypothesis to find that out (0.5-1 s, in every process of
+    the run).
+
+    pytest's final garbage collections (two full ones at unconfigure, to report
+    exceptions raised in the finalizers of the session's garbage): with torch loaded a
+    full collection traverses torch's objects (0.08 s each here). The objects that
+    exist now are frozen (gc.freeze) until the session's last cleanup (_thaw), so that
+    those collections see only what the session's end makes; the process's objects are
+    collected as before afterwards."""
+    state = session.config.stash.get(STATE_KEY, None)
+    if state is None or not state.only_dump_calls:
+        return
+    if "hypothesis" not in sys.modules:
+        manager = session.config.pluginmanager
+        if manager.get_plugin(HYPOTHESIS_PLUGIN) is not None:
+            manager.unregister(name=HYPOTHESIS_PLUGIN)
+    if state.runs_calls and not hasattr(session.config, "workerinput"):  # a worker freezes for good (plugin.scale)
+        gc.freeze()
+        _FROZEN.append(True)
+
+
+_FROZEN: list[bool] = []
+
+
+def _thaw() -> None:
+    """The session's end is over: what pytest_sessionfinish froze is collectable again."""
+    if _FROZEN:
+        _FROZEN.clear()
+        gc.unfreeze()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -39,31 +39,35 @@ class BaselinePlugin:
 
     @pytest.hookimpl(tryfirst=True)  # before the report writer takes the record off the report
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.save_to is None and session_state(self.config).baseline is None:
+            return  # no baseline to write, and no recorded metrics to compare with
         data = getattr(report, REPORT_ATTRIBUTE, None)
         if report.when != "call" or data is None or hasattr(self.config, "workerinput"):
             return
-        record = ResultRecord.from_dict(data)
+        from pytest_msprobe.plugin.reports import record_data
+
+        record = ResultRecord.from_dict(record_data(data))
         dump_key = report.nodeid.rsplit("::", 1)[0]
         self.current[(dump_key, record.call)] = CallMetrics.of(record)
 
     def pytest_sessionfinish(self) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        settings = session_state(self.config).settings()
-        device = settings.backend.describe(0)
+        state = session_state(self.config)
+        device, versions = state.device_label(), state.environment_versions()
         if self.save_to is not None:
-            Baseline(environment(self._dumps(), device), dict(self.current)).write(self.save_to)
+            Baseline(environment(self._dumps(), device, versions), dict(self.current)).write(self.save_to)
         if self.judged_by is not None and self.update:
             # The records keep the keys the baseline knows this run's dumps by.
-            key = settings.baseline.recorded_key if settings.baseline is not None else str
+            key = state.baseline.recorded_key if state.baseline is not None else str
             recorded = Baseline.read(self.judged_by) if (self.judged_by / FILE_NAME).exists() else Baseline()
-            env = environment([(key(dump), path) for dump, path in self._dumps()], device)
+            env = environment([(key(dump), path) for dump, path in self._dumps()], device, versions)
             recorded.environment = {**env, "dumps": {**recorded.environment.get("dumps", {}), **env["dumps"]}}
             recorded.calls.update({(key(dump), call): metrics for (dump, call), metrics in self.current.items()})
             recorded.write(self.judged_by)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        recorded = session_state(self.config).settings().baseline
+        recorded = session_state(self.config).baseline
         if recorded is None or hasattr(self.config, "workerinput"):
             return
         changes = [compare(metrics, recorded.get(dump, call), call) for (dump, call), metrics in sorted(self.current.items())]

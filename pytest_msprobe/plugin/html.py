@@ -43,7 +43,7 @@ class HtmlPlugin:
         writer = self.reports.writer
         if writer is None:  # an xdist worker: the controller writes the report
             return
-        recorded = session_state(self.config).settings().baseline
+        recorded = session_state(self.config).baseline
         baselines = ((str(self.baseline_folder), recorded),) if recorded is not None else ()
         context = ReportContext(self._title(), tuple(read_sessions(writer.files)), self.scripts, baselines)
         try:

@@ -14,10 +14,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from pytest_msprobe.dump.cache import load_index
+from pytest_msprobe.dump.cache import cached_summary, load_index
 from pytest_msprobe.dump.index import CallName, DIRECTIONS, DumpIndex
 from pytest_msprobe.errors import DumpError
-from pytest_msprobe.judge.offline import require_tensor_task
 from pytest_msprobe.plugin import options
 from pytest_msprobe.judge.outcome import AccuracyWarning, CallFailed, judge_call, properties
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
@@ -39,12 +38,16 @@ def _mark(name: str) -> pytest.MarkDecorator:
     return getattr(pytest.mark, name)
 
 
-def open_dump(config: pytest.Config, path: Path) -> DumpIndex:
-    """The dump's index, or DumpError saying why this run cannot check the dump."""
-    index = load_index(path, options.cache_folder(config))
+def open_dump(config: pytest.Config, path: Path, summary: bool = False) -> Any:
+    """The dump's index (with `summary`: what its current cache says of it, where it has
+    one: the xdist controller's summary line needs no columns), or DumpError saying why
+    this run cannot check the dump."""
+    index = (summary and cached_summary(path, options.cache_folder(config))) or load_index(path, options.cache_folder(config))
     if index.framework == "mindspore":
         require_mindspore()
-    if session_state(config).settings().offline:
+    if session_state(config).offline and index.task != "tensor":
+        from pytest_msprobe.judge.offline import require_tensor_task  # torch: not in the xdist controller
+
         require_tensor_task(index)
     return index
 
@@ -54,6 +57,10 @@ class DumpFile(pytest.File):
 
     def collect(self) -> Iterator[pytest.Item]:
         state = session_state(self.config)
+        if state.problem is not None:
+            # An xdist worker that cannot run calls (its device): every worker fails its
+            # collection with the same text, which xdist shows once, and the run stops.
+            raise self.CollectError(state.problem)
         try:
             index = open_dump(self.config, self.path)
         except DumpError as exc:
@@ -204,7 +211,7 @@ def dump_lines(config: pytest.Config, dumps: list[Path]) -> Iterator[str]:
 
     for dump in dumps:
         try:
-            index = open_dump(config, dump)
+            index = open_dump(config, dump, summary=True)
         except DumpError as exc:
             yield f"msprobe: {bestrelpath(config.rootpath, dump)}: not checked: {str(exc).splitlines()[0]}"
             continue

@@ -67,7 +67,7 @@ OPTIONS = (
     Option("msprobe_repeat", "run the device this many times on each call's inputs and fail a call whose outputs differ "
            "bitwise between runs (nondeterministic kernels); online only", default="1"),
     Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
-           "stuck inside a kernel for twice as long ends its process (under -n, xdist replaces the worker)", default="300"),
+           "stuck inside a kernel for 2 to 2.5 times as long ends its process (under -n, xdist replaces the worker)", default="300"),
 )
 
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}

@@ -2,9 +2,11 @@
 and failed_data.
 
 Where results go: the process that runs a test attaches its ResultRecord to the
-call-phase report (`report.msprobe_record`, a plain dict). pytest's default report
-serialization copies a report's attributes, so under xdist it reaches the controller
-intact. The controller (or the lone process without xdist) is the single writer.
+call-phase report (`report.msprobe_record`: a plain dict, or in an xdist worker that
+dict as one JSON string, which execnet sends and reads several times faster than the
+nested dict; `record_data` reads either). pytest's default report serialization copies
+a report's attributes, so under xdist it reaches the controller intact. The controller
+(or the lone process without xdist) is the single writer.
 
 Calls left out by the lists, by dedup or because --msprobe-resume found their results
 are deselected at collection (pytest counts them as "deselected"; the reasons are
@@ -19,6 +21,7 @@ everything deselected) leaves no files, so it is never "the newest run" to resum
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -171,16 +174,20 @@ class ReportPlugin:
             record = item.stash.get(RESULT_KEY, None) or _crashed(item, call, report.outcome)
             if self.options.save_failed and (record.status == "error" or (record.status == "warning" and self.options.strict)):
                 self._save_failed(item, record, report)
-            setattr(report, REPORT_ATTRIBUTE, record.to_dict())
+            data = record.to_dict()
+            setattr(report, REPORT_ATTRIBUTE, json.dumps(data) if hasattr(self.config, "workerinput") else data)
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writes or report.when != "call":
             return
-        data = report.__dict__.pop(REPORT_ATTRIBUTE, None)  # the controller keeps no records in memory
+        data = record_data(report.__dict__.pop(REPORT_ATTRIBUTE, None))  # the controller keeps no records in memory
         if data is None:
             return
         entry = Entry(ResultRecord.from_dict(data), dict(report.user_properties).get(REPRESENTS_PROPERTY, 1))
+        node = getattr(report, "node", None)  # the xdist worker that ran it: its device, should it die
+        if node is not None:
+            session_state(self.config).worker_devices.setdefault(node.gateway.id, entry.record.device)
         self._writer().add(entry)
         self.summary.add(entry.record, entry.represents)
         self._show_progress()
@@ -237,6 +244,11 @@ class ReportPlugin:
             terminalreporter.write_line(line)
 
 
+def record_data(attached: Any) -> dict[str, Any] | None:
+    """A report's record as attached (REPORT_ATTRIBUTE): a dict, or a worker's JSON string."""
+    return json.loads(attached) if isinstance(attached, str) else attached
+
+
 def result_set_status(status: int, summary: Summary, strict: bool) -> int:
     """The exit status of the whole result set: with --msprobe-resume the calls of the
     resumed run count as if they had run now. Their errors fail a run whose own calls
@@ -253,9 +265,9 @@ def record_session(files: RunFiles, config: pytest.Config, started: str, duratio
     (versions, CANN, device), which a report of these results shows."""
     from pytest_msprobe.judge.baseline import environment
 
-    device = session_state(config).settings().backend.describe(0)
+    state = session_state(config)
     session = {"started": started, "duration": round(duration, 3), "command": ["pytest", *config.invocation_params.args],
-               "environment": environment((), device)}
+               "environment": environment((), state.device_label(), state.environment_versions())}
     write_sessions(files, [*read_sessions(files), session])
 
 

@@ -34,16 +34,98 @@ class ScaleOptions:
 
 SCALE_KEY = pytest.StashKey[ScaleOptions]()
 SHARD_DROPPED_KEY = pytest.StashKey[int]()
+RANKS_KEY = pytest.StashKey[workers.HostRanks]()
+# what a worker tells the controller when it finishes (config.workeroutput)
+ENVIRONMENT_OUTPUT = "msprobe_environment"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[SCALE_KEY] = ScaleOptions.from_config(config)
     if not hasattr(config, "workerinput"):
         workers.prefer_worksteal(config)
+    if workers.is_controller(config):
+        config.stash[RANKS_KEY] = workers.HostRanks()
+    else:
+        isolation.exit_quickly()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [workers.layout(config, session_state(config).settings().backend)]
+    """Where this process runs the calls itself; the xdist controller says where its
+    workers run once it has placed them (pytest_configure_node)."""
+    state = session_state(config)
+    if not state.runs_calls or state.problem is not None:
+        return []
+    return [workers.layout(config, state.settings().backend)]
+
+
+# --- the xdist controller: where each worker runs (workers.HostRanks) ------------
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
+    if RANKS_KEY in config.stash:
+        config.stash[RANKS_KEY].expected = len(specs)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Before the worker's session starts: its host and its rank there, in its
+    workerinput; once every worker is placed, the line that says where they run."""
+    config = node.config
+    ranks = config.stash.get(RANKS_KEY, None)
+    if ranks is None:
+        return
+    ranks.place(node)
+    if ranks.complete():
+        ranks.shown = True
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(workers.host_layout(config, ranks))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """A worker finished (its environment, for the run's record) or died (its rank
+    goes to the worker that replaces it)."""
+    config = node.config
+    ranks = config.stash.get(RANKS_KEY, None)
+    if ranks is not None:
+        ranks.release(node.gateway.id)
+    reported = getattr(node, "workeroutput", {}).get(ENVIRONMENT_OUTPUT)
+    state = session_state(config)
+    if reported and (state.worker_environment is None or workers.number_of(node.gateway.id) == 0):
+        state.worker_environment = reported
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No call runs any more: the hard deadline is disarmed. A worker tells the
+    controller what it ran on (the controller imports no torch), and a worker in a
+    process of its own, which ends with its session, freezes its objects now
+    (isolation.exit_quickly): pytest's collections at unconfigure would traverse torch's
+    objects while the controller waits for the worker to exit."""
+    isolation.HARD_DEADLINE.disarm()
+    config = session.config
+    state = session_state(config)
+    if hasattr(config, "workeroutput") and state.problem is None and state._settings is not None:
+        from pytest_msprobe.judge.baseline import environment
+
+        found = environment((), state.device_label())
+        config.workeroutput[ENVIRONMENT_OUTPUT] = {"device": found["device"], "versions": found["versions"]}
+    if getattr(config, "workerinput", {}).get(workers.OWN_PROCESS):
+        import gc
+
+        gc.freeze()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_unconfigure(config: pytest.Config) -> Generator[None, Any, Any]:
+    """An xdist worker in a process of its own ends it once every plugin is unconfigured,
+    its results sent (isolation.end_process): the controller waits for each worker's exit."""
+    result = yield
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and workerinput.get(workers.OWN_PROCESS):
+        isolation.end_process()
+    return result
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -132,11 +214,23 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     if relpath not in dumps:
         return
     worker = report.node.gateway.id  # type: ignore[attr-defined]
-    backend = state.settings().backend
-    device = backend.describe(workers.device_of(workers.device_ids(config, backend), workers.number_of(worker)))
+    device = state.worker_devices.get(worker) or _planned_device(config, worker)
     record = outcome.crash_record(str(dumps[relpath]), call, device, worker, config.stash[SCALE_KEY].timeout)
     report.when = "call"  # type: ignore[assignment]  # the call phase is where it died
     report.location = (relpath, None, headline(crashitem, call))  # as the item names itself
     report.longrepr = record.message
     report.user_properties.append(("msprobe_device", device))
     setattr(report, REPORT_ATTRIBUTE, record.to_dict())
+
+
+def _planned_device(config: pytest.Config, worker: str) -> str:
+    """The device a worker that died before any result was to use, as the controller
+    knows it (without torch): `cpu`, or the device kind and id."""
+    request = str(options.get(config, "msprobe_device"))
+    if request == "cpu":
+        return "cpu"
+    ranks = config.stash.get(RANKS_KEY, None)
+    rank = ranks.ranks.get(worker) if ranks is not None else None
+    ids = workers.parse_device_list(options.get(config, "msprobe_devices"))
+    index = workers.device_of(ids, rank) if ids else (rank or 0)
+    return f"{request if request in ('cuda', 'npu') else 'device'}:{index} (worker {worker})"

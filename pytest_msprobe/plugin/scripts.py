@@ -12,9 +12,10 @@ from typing import Any, Generator
 import pytest
 
 from pytest_msprobe.plugin import options
-from pytest_msprobe.plugin.items import CallItem, RESULT_KEY
 from pytest_msprobe.plugin.state import session_state
-from pytest_msprobe.scripts.writer import write_script
+
+# plugin.items and scripts.writer (torch) are imported where a script is written: the
+# xdist controller writes none.
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[SCRIPTS_KEY] = None
         return
     standards = options.path(config, "msprobe_standards")
-    settings = session_state(config).settings()
-    modes = [flag for flag, used in (("--msprobe-offline", settings.offline), ("--msprobe-baseline", settings.baseline is not None)) if used]
+    state = session_state(config)
+    modes = [flag for flag, used in (("--msprobe-offline", state.offline), ("--msprobe-baseline", state.baseline is not None)) if used]
     note = f" (the run used {' and '.join(modes)}; the script replays on the device and judges against the bench)" if modes else ""
     config.stash[SCRIPTS_KEY] = ScriptOptions(folder, every, standards.read_text("utf-8") if standards else None, note)
 
@@ -47,7 +48,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     chosen = item.config.stash.get(SCRIPTS_KEY, None)
-    if chosen is None or call.when != "call" or not isinstance(item, CallItem) or not (chosen.every or report.failed):
+    if chosen is None or call.when != "call" or not (chosen.every or report.failed):
+        return report
+    from pytest_msprobe.plugin.items import CallItem, RESULT_KEY
+    from pytest_msprobe.scripts.writer import write_script
+
+    if not isinstance(item, CallItem):
         return report
     record = item.stash.get(RESULT_KEY, None)
     judged = (record.message.splitlines()[0] if record is not None else f"the check raised ({report.outcome})") + chosen.note

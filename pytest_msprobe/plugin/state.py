@@ -1,4 +1,13 @@
-"""What one pytest session of the plugin holds: its settings and the dump indexes."""
+"""What one pytest session of the plugin holds: its settings and the dump indexes.
+
+Two kinds of process hold one. The xdist controller runs no call: it checks what it
+can tell without torch (options, the baseline, a user's standards routes) and never
+imports torch, so that a run with -n starts its workers at once. Every process that
+runs calls (an xdist worker, or the lone process of a run without xdist) builds the
+full Settings, the device included, once, before collection. A worker that cannot use
+its device does not raise (every worker would print its own traceback): it keeps the
+reason, and its collection fails with it (SessionState.problem), which xdist shows once.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,8 @@ from pytest_msprobe.plugin import options
 if TYPE_CHECKING:  # the index (numpy) is imported only when a dump is collected
     from pytest_msprobe.dump.index import DumpIndex
 
+_UNREAD = object()
+
 
 @dataclass
 class SessionState:
@@ -23,11 +34,66 @@ class SessionState:
     module_entries: int = 0
     unparsed_names: list[str] = field(default_factory=list)
     device_index: int = 0
+    # why this worker cannot run calls (its device): its collection fails with it
+    problem: str | None = None
+    # the session's tests are all dump calls (None: not known yet); see plugin.pytest_sessionfinish
+    only_dump_calls: bool | None = None
+    # the xdist controller: each worker's device label and environment, as reported
+    worker_devices: dict[str, str] = field(default_factory=dict)
+    worker_environment: dict[str, Any] | None = None
     _settings: Any = None
+    _baseline: Any = _UNREAD
+
+    @property
+    def runs_calls(self) -> bool:
+        """False in the xdist controller, which hands calls to its workers."""
+        from pytest_msprobe.plugin.workers import is_controller
+
+        return not is_controller(self.config)
+
+    @property
+    def offline(self) -> bool:
+        return bool(options.get(self.config, "msprobe_offline"))
+
+    @property
+    def baseline(self) -> Any:
+        """The recorded metrics to judge against (judge.baseline.Baseline), or None;
+        read once per process."""
+        if self._baseline is _UNREAD:
+            self._baseline = _recorded_metrics(self.config, self.dumps)
+        return self._baseline
+
+    def check(self) -> None:
+        """At configure: every usage error of the options, once. Where calls run, the
+        device too (Settings); an xdist worker keeps a device problem as `problem`
+        instead of raising (see the module's docstring)."""
+        options.max_elements(self.config)
+        options.sample_statuses(self.config)
+        options.repeat(self.config)
+        options.explore_examples(self.config)
+        from pytest_msprobe.plugin.workers import parse_device_list
+        from pytest_msprobe.run.devices import DeviceUnavailable, check_name
+
+        try:
+            check_name(options.get(self.config, "msprobe_device"))
+        except DeviceUnavailable as exc:
+            raise pytest.UsageError(f"--msprobe-device: {exc}") from None
+        parse_device_list(options.get(self.config, "msprobe_devices"))
+        self.baseline  # noqa: B018 - a baseline that cannot be read is a usage error here
+        if not self.runs_calls:
+            if _custom_routes(self.config):  # the shipped tables are checked by the project's tests
+                _registry(self.config)
+            return
+        try:
+            self.settings()
+        except pytest.UsageError as exc:
+            if not hasattr(self.config, "workerinput"):
+                raise
+            self.problem = str(exc)
 
     def settings(self) -> Any:
-        """Built once per process; a problem with the device or an option's file is a
-        usage error that tells the user what to fix."""
+        """Built once per process that runs calls; a problem with the device or an
+        option's file is a usage error that tells the user what to fix."""
         if self._settings is None:
             from pytest_msprobe.judge.call import Settings
 
@@ -39,12 +105,29 @@ class SessionState:
                 max_elements=options.max_elements(self.config),
                 registry=_registry(self.config),
                 device_request=options.get(self.config, "msprobe_device"),
-                offline=bool(options.get(self.config, "msprobe_offline")),
-                baseline=_recorded_metrics(self.config, self.dumps),
+                offline=self.offline,
+                baseline=self.baseline,
                 sample_statuses=options.sample_statuses(self.config),
                 repeat=options.repeat(self.config),
             )
         return self._settings
+
+    def device_label(self) -> str:
+        """What the run's environment names as its device (device 0 of the backend):
+        this process's where it runs calls; in the xdist controller, what a worker
+        reported (the device asked for when none did)."""
+        if self.runs_calls:
+            return self.settings().backend.describe(0)
+        if self.worker_environment is not None:
+            return str(self.worker_environment.get("device", ""))
+        return str(options.get(self.config, "msprobe_device"))
+
+    def environment_versions(self) -> dict[str, str] | None:
+        """The versions a worker ran with (the controller imports no torch to ask);
+        None where this process ran the calls itself."""
+        if self.runs_calls or self.worker_environment is None:
+            return None
+        return dict(self.worker_environment.get("versions", {}))
 
 
 def _backend(config: pytest.Config) -> tuple[Any, int]:
@@ -59,6 +142,12 @@ def _backend(config: pytest.Config) -> tuple[Any, int]:
     except DeviceUnavailable as exc:
         raise pytest.UsageError(f"--msprobe-device: {exc}") from None
     return chosen, device_index
+
+
+def _custom_routes(config: pytest.Config) -> bool:
+    """A --msprobe-standards file or a conftest's pytest_msprobe_register_standards."""
+    return bool(options.path(config, "msprobe_standards")) or bool(
+        config.hook.pytest_msprobe_register_standards.get_hookimpls())
 
 
 def _registry(config: pytest.Config) -> Any:
@@ -83,23 +172,27 @@ def _registry(config: pytest.Config) -> Any:
 
 
 def _register_bench_functions(config: pytest.Config) -> None:
-    """Conftest hooks add references for custom operators before any call resolves."""
+    """Conftest hooks add references for custom operators before any call resolves.
+    Without such a hook the references (NPU.* calls only) load when a call needs them."""
+    hook = config.hook.pytest_msprobe_register_bench_functions
+    if not hook.get_hookimpls():
+        return
     from pytest_msprobe import bench_functions
 
-    config.hook.pytest_msprobe_register_bench_functions(registry=bench_functions.default_registry)
+    hook(registry=bench_functions.default_registry)
 
 
 def _recorded_metrics(config: pytest.Config, dumps: list[Path]) -> Any:
     """A baseline folder and/or an msprobe details CSV: metrics to judge against. The
     baseline's dumps are matched with this run's by identity; the controller warns
     about a dump the baseline does not know (judge.baseline.DumpMatch)."""
+    folder, imported = options.path(config, "msprobe_baseline"), options.path(config, "msprobe_reference_csv")
+    if not folder and not imported:
+        return None
     from _pytest.pathlib import bestrelpath
 
     from pytest_msprobe.judge.baseline import Baseline, BaselineError, read_msprobe_details
 
-    folder, imported = options.path(config, "msprobe_baseline"), options.path(config, "msprobe_reference_csv")
-    if not folder and not imported:
-        return None
     updating = bool(options.get(config, "msprobe_baseline_update"))
     try:
         recorded = Baseline.read(folder) if folder and folder.exists() else Baseline()

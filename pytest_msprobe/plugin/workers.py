@@ -1,22 +1,43 @@
 """xdist workers and devices: which device a worker replays on, how many CPU threads
 it may use, and which distribution mode a run gets when the user only said `-n`.
 
-A worker's device is chosen before any tensor exists (SessionState.settings() asks
-here first), from the ids of --msprobe-devices or every visible device, round robin
-over the workers; its CPU thread count is the same in every process (replay_threads).
-The ids are the backend's own indexes: they count within what the caller left visible
-(CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES), so a worker can never reach a
-device the caller excluded.
+A worker's device is its rank among the workers of its own host, within that host's
+ids (--msprobe-devices, or every device it sees), round robin: workers may run on
+several hosts (xdist's `--tx ssh=.../socket=.../popen`), and each host numbers its own
+devices. The controller asks each new worker's host who it is (host_identity, over
+the worker's gateway, before the worker's session starts: no torch, milliseconds),
+gives it the lowest rank no live worker of that host holds (a replaced worker takes
+the rank of the one it replaces) and passes host and rank in its workerinput
+(HostRanks). The worker picks its device before any tensor exists
+(SessionState.settings() asks here first); its CPU thread count is the same in every
+process (replay_threads). The ids are the backend's own indexes: they count within
+what the caller left visible (CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES), so a
+worker can never reach a device the caller excluded.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from pytest_msprobe.plugin import options
+
+# workerinput keys the controller sets for each worker (HostRanks.place)
+HOST_KEY, HOST_NAME, HOST_RANK = "msprobe_host", "msprobe_host_name", "msprobe_host_rank"
+# ... and whether the worker's process is its own (a popen or ssh gateway's interpreter,
+# which ends with the worker; a socket server runs one worker after another in its own)
+OWN_PROCESS = "msprobe_own_process"
+
+
+def is_controller(config: pytest.Config) -> bool:
+    """This process is xdist's controller: it hands the calls to workers and runs none.
+    (`--collect-only` with -n collects in the controller itself.)"""
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return False
+    return getattr(config.option, "dist", "no") != "no" and config.pluginmanager.has_plugin("xdist")
 
 
 def worker_number(config: pytest.Config) -> int | None:
@@ -26,8 +47,9 @@ def worker_number(config: pytest.Config) -> int | None:
 
 
 def number_of(worker: str) -> int:
-    """xdist's worker id -> its number: gw3 -> 3."""
-    return int(worker.removeprefix("gw"))
+    """xdist's worker id -> its number: gw3 -> 3 (0 for an id a --tx spec named)."""
+    digits = worker.removeprefix("gw")
+    return int(digits) if digits.isdigit() else 0
 
 
 def worker_count(config: pytest.Config) -> int:
@@ -39,18 +61,29 @@ def device_ids(config: pytest.Config, backend: Any) -> list[int]:
     return parse_device_ids(options.get(config, "msprobe_devices"), backend)
 
 
+def parse_device_list(raw: str | None) -> list[int] | None:
+    """The ids of --msprobe-devices as written (None: every visible device); a list
+    that is not one is a usage error, told without asking any device."""
+    if not raw:
+        return None
+    try:
+        ids = [int(part) for part in str(raw).split(",") if part.strip()]
+    except ValueError:
+        raise pytest.UsageError(f"--msprobe-devices {raw!r}: expected device ids separated by commas, e.g. 0,1,2,3") from None
+    if not ids:
+        raise pytest.UsageError(f"--msprobe-devices {raw!r}: name at least one device id")
+    return ids
+
+
 def parse_device_ids(raw: str | None, backend: Any) -> list[int]:
     """The ids of --msprobe-devices, checked against the devices the backend sees;
     every visible device by default."""
     from pytest_msprobe.run.devices import ACCELERATORS
 
     count = backend.device_count()
-    if not raw:
+    ids = parse_device_list(raw)
+    if ids is None:
         return list(range(count))
-    try:
-        ids = [int(part) for part in str(raw).split(",") if part.strip()]
-    except ValueError:
-        raise pytest.UsageError(f"--msprobe-devices {raw!r}: expected device ids separated by commas, e.g. 0,1,2,3") from None
     accelerator = ACCELERATORS.get(backend.name)
     visible = os.environ.get(accelerator.visible_env) if accelerator else None
     for device in ids:
@@ -58,14 +91,103 @@ def parse_device_ids(raw: str | None, backend: Any) -> list[int]:
             where = f" ({accelerator.visible_env}={visible!r}: ids count within that list)" if visible is not None else ""
             raise pytest.UsageError(f"--msprobe-devices {raw!r}: there is no {backend.name} device {device}; "
                                     f"{count} {'is' if count == 1 else 'are'} visible, numbered 0..{count - 1}{where}")
-    if not ids:
-        raise pytest.UsageError(f"--msprobe-devices {raw!r}: name at least one device id")
     return ids
 
 
-def device_of(ids: list[int], number: int | None) -> int:
-    """Round robin: worker k replays on the k-th id (modulo their number)."""
-    return ids[(number or 0) % len(ids)]
+def device_of(ids: list[int], rank: int | None) -> int:
+    """Round robin: the worker of rank k on its host replays on the k-th id (modulo
+    their number)."""
+    return ids[(rank or 0) % len(ids)]
+
+
+def worker_rank(config: pytest.Config) -> int | None:
+    """This worker's rank among the workers of its host (HostRanks); without the
+    controller's word (a controller without this plugin's hooks) its xdist number.
+    None in a run without xdist."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput:
+        return None
+    rank = workerinput.get(HOST_RANK)
+    return int(rank) if rank is not None else number_of(workerinput["workerid"])
+
+
+def host_identity(channel: object = None) -> tuple[str, str]:
+    """(key, name) of the machine this runs on: its host name, and its boot id (else
+    machine id, else MAC address) so that two machines of one name stay two.
+    MSPROBE_HOST, where set, is both: machines (or containers) that share devices can
+    say they are one host, and ones whose names and ids collide that they are two.
+
+    execnet runs this function in each new worker's interpreter (HostRanks), so it is
+    self-contained: it imports what it needs, names no global but builtins (not even in
+    its annotations) and sends its answer on `channel`."""
+    import os
+    import socket
+    import uuid
+
+    given = os.environ.get("MSPROBE_HOST", "").strip()
+    if given:
+        found = (given, given)
+    else:
+        name, machine = socket.gethostname(), ""
+        for path in ("/proc/sys/kernel/random/boot_id", "/etc/machine-id", "/var/lib/dbus/machine-id"):
+            try:
+                with open(path, encoding="ascii") as handle:
+                    machine = handle.read().strip()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if machine:
+                break
+        found = (f"{name}/{machine or format(uuid.getnode(), '012x')}", name)
+    if channel is not None:
+        channel.send(found)  # type: ignore[attr-defined]  # an execnet channel
+    return found
+
+
+@dataclass
+class HostRanks:
+    """The controller's record of which host each worker runs on and its rank there."""
+
+    expected: int = 0  # workers xdist is setting up (pytest_xdist_setupnodes)
+    hosts: dict[str, tuple[str, str]] = field(default_factory=dict)  # worker id -> (host key, name)
+    ranks: dict[str, int] = field(default_factory=dict)  # worker id -> its rank on its host
+    down: set[str] = field(default_factory=set)  # workers that finished or died
+    shown: bool = False
+
+    def place(self, node: Any) -> None:
+        """Ask the new worker's host who it is (a popen worker's is the controller's own)
+        and give the worker the lowest rank free on that host, in its workerinput. A
+        gateway that cannot answer is taken to run on the controller's host (one machine
+        is the common case)."""
+        worker, spec = node.gateway.id, node.gateway.spec
+        key, name = host_identity()
+        if not getattr(spec, "popen", False):
+            try:
+                channel = node.gateway.remote_exec(host_identity)
+                key, name = channel.receive(timeout=60)
+                channel.waitclose(timeout=60)
+            except Exception:  # noqa: BLE001 - an exotic gateway: the worker is taken to run here
+                pass
+        taken = {rank for other, rank in self.ranks.items() if self.hosts[other][0] == key and other not in self.down}
+        rank = next(candidate for candidate in range(len(taken) + 1) if candidate not in taken)
+        self.hosts[worker], self.ranks[worker] = (key, name), rank
+        own = bool(getattr(spec, "popen", False) or getattr(spec, "ssh", None))
+        node.workerinput.update({HOST_KEY: key, HOST_NAME: name, HOST_RANK: rank, OWN_PROCESS: own})
+
+    def release(self, worker: str) -> None:
+        """A worker went down: a replacement on its host takes its rank."""
+        self.down.add(worker)
+
+    def complete(self) -> bool:
+        """Every worker xdist set up has been placed (the first time only)."""
+        return not self.shown and len(self.hosts) >= self.expected > 0
+
+    def by_host(self) -> list[tuple[str, list[tuple[str, int]]]]:
+        """(host name, [(worker, rank), ...]) in the order the hosts first appeared."""
+        grouped: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        live = [(worker, rank) for worker, rank in self.ranks.items() if worker not in self.down]
+        for worker, rank in sorted(live, key=lambda pair: (number_of(pair[0]), pair[0])):
+            grouped.setdefault(self.hosts[worker], []).append((worker, rank))
+        return [(name, workers) for (_, name), workers in grouped.items()]
 
 
 def place_worker(config: pytest.Config, backend: Any) -> int:
@@ -82,7 +204,7 @@ def place_worker(config: pytest.Config, backend: Any) -> int:
     config.add_cleanup(lambda: torch.set_num_threads(previous_torch))
     if previous_blas is not None:
         config.add_cleanup(lambda: set_blas_threads(previous_blas))
-    return device_of(ids, worker_number(config))
+    return device_of(ids, worker_rank(config))
 
 
 def replay_threads(cpu_only: bool, devices: int) -> int:
@@ -155,13 +277,46 @@ def prefer_worksteal(config: pytest.Config) -> None:
         config.option.dist = "worksteal"
 
 
+SHOWN_PER_HOST = 8
+
+
 def layout(config: pytest.Config, backend: Any) -> str:
-    """The report header's line: which worker replays on which device."""
+    """The report header's line where this process knows the backend (a run without
+    xdist, or `--collect-only` with -n): which worker would replay on which device, all
+    on this host."""
     workers = int(getattr(config.option, "numprocesses", 0) or 0)
     ids = device_ids(config, backend)
     if not workers:
         return f"msprobe: replaying on {backend.describe(ids[0])}"
-    pairs = ", ".join(f"gw{k}->{backend.describe(device_of(ids, k))}" for k in range(min(workers, 8)))
-    more = ", ..." if workers > 8 else ""
-    threads = f"; {replay_threads(backend.name == 'cpu', len(ids))} CPU thread(s) each"
-    return f"msprobe: {workers} workers, dist={config.option.dist}: {pairs}{more}{threads}"
+    placed = [(f"gw{k}", backend.describe(device_of(ids, k))) for k in range(workers)]
+    threads = f"{replay_threads(backend.name == 'cpu', len(ids))} CPU thread(s) each"
+    return _line(workers, config.option.dist, [(host_identity()[1], placed)], threads)
+
+
+def host_layout(config: pytest.Config, ranks: HostRanks) -> str:
+    """The controller's line once its workers are placed: per host, which worker
+    replays on which of that host's devices (the controller imports no torch: a device
+    is named by the id it gets, `#k` where the host's own count decides)."""
+    request = str(options.get(config, "msprobe_device"))
+    ids = parse_device_list(options.get(config, "msprobe_devices"))
+    kind = request if request in ("cuda", "npu") else "device"
+
+    def device(rank: int) -> str:
+        if request == "cpu":
+            return "cpu"
+        return f"{kind}:{device_of(ids, rank)}" if ids else f"{kind} #{rank}"
+
+    hosts = [(name, [(worker, device(rank)) for worker, rank in placed]) for name, placed in ranks.by_host()]
+    if request == "cpu":
+        threads = "1 CPU thread(s) each"
+    else:
+        threads = ("#k: the k-th device its host sees; " if not ids else "") + "CPU threads: a host's cores over its devices in use"
+    return _line(sum(len(placed) for _, placed in hosts), config.option.dist, hosts, threads)
+
+
+def _line(workers: int, dist: str, hosts: list[tuple[str, list[tuple[str, str]]]], threads: str) -> str:
+    parts = []
+    for name, placed in hosts:
+        pairs = ", ".join(f"{worker}->{device}" for worker, device in placed[:SHOWN_PER_HOST])
+        parts.append(f"host {name}: {pairs}{', ...' if len(placed) > SHOWN_PER_HOST else ''}")
+    return f"msprobe: {workers} workers, dist={dist}; {'; '.join(parts)}; {threads}"

@@ -150,8 +150,15 @@ class AcceleratorBackend(Backend):
         return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
 
 
+def check_name(name: str) -> None:
+    """A device name `backend` knows, told without importing torch."""
+    if name not in ("auto", "cpu", *ACCELERATORS):
+        raise DeviceUnavailable(f"unknown device {name!r}: choose auto, cpu, cuda or npu")
+
+
 def backend(name: str) -> Backend:
     """The backend for `--msprobe-device` (auto: npu, else cuda, else cpu)."""
+    check_name(name)
     if name == "auto":
         for candidate in ("npu", "cuda"):
             chosen = AcceleratorBackend(ACCELERATORS[candidate])
@@ -163,8 +170,6 @@ def backend(name: str) -> Backend:
         return Backend()
     if name == "cpu":
         return Backend()
-    if name not in ACCELERATORS:
-        raise DeviceUnavailable(f"unknown device {name!r}: choose auto, cpu, cuda or npu")
     chosen = AcceleratorBackend(ACCELERATORS[name])
     chosen.check()
     return chosen

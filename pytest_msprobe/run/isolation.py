@@ -2,9 +2,11 @@
 
 - Timeout: SIGALRM raises CallTimeout in the call's Python code when --msprobe-timeout
   passes. A call stuck inside a C kernel never returns to Python, so a second, hard
-  deadline (faulthandler's watchdog thread, at twice the timeout) dumps the stacks and
+  deadline (faulthandler's watchdog thread, at 2 to 2.5 times the timeout) dumps the stacks and
   ends the process: under xdist the controller reports that call as crashed and starts
-  a new worker for the rest.
+  a new worker for the rest. Arming and cancelling faulthandler's watchdog starts and
+  joins a thread, which costs milliseconds on a busy machine (every -n worker busy): so
+  it is armed for a stretch of calls, not per call (HardDeadline).
 - Out of memory: the call errors with the sizes of its tensors and the failed
   allocation, the memory is released, and the next call starts clean.
 - Crash (segfault, abort, the hard deadline): the controller makes the call's error
@@ -13,13 +15,16 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import gc
 import math
+import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Iterator
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
@@ -46,13 +51,104 @@ def deadline(seconds: float) -> Iterator[None]:
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
-    faulthandler.dump_traceback_later(seconds * HARD_DEADLINE_FACTOR, exit=True, file=sys.__stderr__)
+    HARD_DEADLINE.enter(seconds * HARD_DEADLINE_FACTOR)
     try:
         yield
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        HARD_DEADLINE.leave()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class HardDeadline:
+    """faulthandler's watchdog (a C thread: it fires even while the call holds the GIL
+    inside a kernel) ends the process when a call runs `hard` seconds past its start.
+
+    Armed for a stretch of calls rather than per call: a call starts it only when less
+    than `hard` is left on it, and then sets it to `hard` plus a slack of a quarter of
+    `hard`; so a stuck call ends the process between `hard` and 1.25 x `hard` after it
+    started, and the watchdog is re-armed once every slack's worth of calls. Between
+    calls the process may wait for work far longer (an xdist worker waits for the others
+    at the end), so a Python thread of ours disarms it once no call has run for a
+    moment (polling at most every second; idle means waiting, so the thread gets the
+    GIL), and the next call arms it again. Arming and disarming are done under one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.expires = 0.0  # monotonic time faulthandler's watchdog fires; 0: not armed
+        self.idle_since: float | None = None  # when the last call ended; None while one runs
+        self.poll = 1.0
+        self.thread: threading.Thread | None = None
+
+    def enter(self, hard: float) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.idle_since = None
+            if self.expires < now + hard:
+                slack = hard / 4
+                faulthandler.dump_traceback_later(hard + slack, exit=True, file=sys.__stderr__)
+                self.expires = now + hard + slack
+                self.poll = min(1.0, slack / 2)
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._disarm_when_idle, name="msprobe-hard-deadline", daemon=True)
+            self.thread.start()
+
+    def leave(self) -> None:
+        self.idle_since = time.monotonic()
+
+    def disarm(self) -> None:
+        """No call runs any more (the session ends)."""
+        with self.lock:
+            if self.expires:
+                faulthandler.cancel_dump_traceback_later()
+                self.expires = 0.0
+
+    def _disarm_when_idle(self) -> None:
+        while True:
+            time.sleep(self.poll)
+            with self.lock:
+                idle_since = self.idle_since
+                if self.expires and idle_since is not None and time.monotonic() - idle_since >= self.poll:
+                    faulthandler.cancel_dump_traceback_later()
+                    self.expires = 0.0
+
+
+HARD_DEADLINE = HardDeadline()
+
+
+_EXIT_QUICKLY: list[bool] = []
+
+
+def exit_quickly() -> None:
+    """When this process exits, its final garbage collections skip what it holds then.
+
+    A process that imported torch spends 0.5-1 s in the interpreter's final collections
+    (the whole of torch's object graph, traversed to find cycles that the exit frees
+    anyway): every xdist worker's exit, which the controller waits for, and a run
+    without xdist. An exit handler freezes the objects instead (gc.freeze, at exit only:
+    a session run inside a longer-lived process changes nothing for it). Every other
+    exit handler still runs and every module is still torn down; as in any Python
+    process, an object left in a reference cycle at exit may go unfinalized."""
+    if not _EXIT_QUICKLY:
+        _EXIT_QUICKLY.append(True)
+        atexit.register(gc.freeze)
+
+
+def end_process() -> None:
+    """End this process now, as multiprocessing ends its children: other (non-daemon)
+    threads waited for, every exit handler run (coverage's, logging's, the user's),
+    streams flushed, then os._exit, without the interpreter's teardown of its modules
+    (0.1-0.3 s with torch loaded, more on a busy machine). Only for a process whose work
+    is over: an xdist worker of its own process after its session (its results sent, its
+    session unconfigured)."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def is_out_of_memory(exc: BaseException, backend: Any) -> bool:

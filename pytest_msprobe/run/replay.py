@@ -168,9 +168,25 @@ class Run:
             outputs, grads = _pair_gradients(flat_outputs(output), self._incoming(inputs.grads or []), self.placement)
             if not outputs:
                 raise CallSkip("no output of the forward call carries a gradient to backpropagate")
-            torch.autograd.backward(outputs, grads)
+            run_backward(outputs, grads)
         self.synchronize()
         return tuple(None if t.grad is None else t.grad.detach().cpu() for t in wanted)
+
+
+def run_backward(outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """torch.autograd.backward(outputs, grads) for gradients already paired with their
+    outputs (_pair_gradients: same shapes, the outputs' dtype and device).
+
+    torch.autograd.backward checks each gradient's shape through torch's symbolic-shape
+    module, whose first use imports sympy: 0.8 s in every process that replays a backward
+    call, a tenth of a small dump's whole run. The pairing has checked the shapes, so the
+    gradients go to autograd's engine as torch.autograd.backward hands them over; where
+    this torch has no such entry point, torch.autograd.backward."""
+    engine_run = getattr(torch.autograd.graph, "_engine_run_backward", None)
+    if engine_run is None or torch.overrides.has_torch_function((*outputs, *grads)):
+        torch.autograd.backward(outputs, grads)
+        return
+    engine_run(tuple(outputs), tuple(grads), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
 def saved_in_device_dtype(bench: Run, inputs: Inputs) -> Run | None:

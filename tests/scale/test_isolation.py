@@ -116,3 +116,28 @@ def test_a_bad_timeout_is_a_usage_error(pytester: pytest.Pytester, value: str) -
     result = pytester.runpytest("--msprobe-dump=dump", f"--msprobe-timeout={value}")
     result.stderr.fnmatch_lines([f"*--msprobe-timeout {value!r}*"])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_the_hard_deadline_is_armed_per_stretch_of_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """faulthandler's watchdog is started once for many short calls (starting and joining
+    its thread per call costs milliseconds on a busy machine), and disarmed once no call
+    has run for a moment, so that a process waiting for work is never ended."""
+    import time
+
+    from pytest_msprobe.run import isolation
+
+    armed, cancelled = [], []
+    monkeypatch.setattr(isolation.faulthandler, "dump_traceback_later", lambda seconds, **kwargs: armed.append(seconds))
+    monkeypatch.setattr(isolation.faulthandler, "cancel_dump_traceback_later", lambda: cancelled.append(1))
+    monkeypatch.setattr(isolation, "HARD_DEADLINE", isolation.HardDeadline())
+    for _ in range(200):
+        with isolation.deadline(0.8):
+            pass
+    assert armed == [pytest.approx(2.0)]  # 2 x the timeout, and a quarter of that as slack
+    time.sleep(0.8)  # idle: polled every 0.2 s
+    assert cancelled == [1]
+    with isolation.deadline(0.8):  # the next call arms it again
+        pass
+    assert len(armed) == 2
+    isolation.HARD_DEADLINE.disarm()
+    assert len(cancelled) == 2

@@ -66,7 +66,7 @@ def _dump(pytester: pytest.Pytester) -> str:
                                             (("-n", "2", "-d"), "load")])
 def test_n_alone_steals_work(pytester: pytest.Pytester, args: tuple[str, ...], dist: str) -> None:
     result = pytester.runpytest(_dump(pytester), "--co", "-p", "no:cacheprovider", *args)
-    result.stdout.fnmatch_lines([f"msprobe: 2 workers, dist={dist}: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"])
+    result.stdout.fnmatch_lines([f"msprobe: 2 workers, dist={dist}; host *: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"])
 
 
 def test_the_cpu_has_one_device(pytester: pytest.Pytester) -> None:

@@ -1,0 +1,170 @@
+"""Where a small call's time goes (issue 16): the test phase per call of a real dump with
+-n 0, before and after, and one call's parts measured in-process.
+
+    python benchmarks/bench_percall.py [--dump DUMP.json] [--before REV] [--repeats 5]
+
+  per call     the test phase of `pytest --msprobe-dump=DUMP --msprobe-device=cpu -n 0`
+               (from collection's end to the session's: benchmarks/probe_plugin.py's
+               run_s) over the calls, best of --repeats;
+               with --before REV, the same for REV (a git worktree of it, imported with
+               this environment's packages), the runs interleaved
+  floor        pytest's own cost of an empty test in a process that imported torch:
+               (wall of N empty tests - wall of 1) / (N - 1), best of --repeats
+  parts        judge.outcome.judge_call on every call of the dump in this process, CPU
+               time per call, best of --repeats, split into reading the inputs, the
+               replay (device and bench runs), the judgement (standards), and the rest
+               (the record, the verdict's text)
+
+Default dump: tests/dumps/models/transformer12_tensor_fp32 (float32, forward and backward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SHIPPED = ROOT / "tests" / "dumps" / "models" / "transformer12_tensor_fp32" / "dump.json"
+
+
+def load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def tree(rev: str) -> Path:
+    """REV in a temporary worktree, its standards and bench_functions reachable as installed."""
+    folder = Path(tempfile.mkdtemp(prefix="msprobe-before-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), rev], check=True,
+                   capture_output=True)
+    for package in ("standards", "bench_functions"):
+        (folder / "pytest_msprobe" / package).symlink_to(folder / package)
+    return folder
+
+
+def test_phase(dump: Path, out: Path, source: Path | None, work: Path) -> tuple[float, int]:
+    probe = work / f"probe-{time.monotonic_ns()}.jsonl"
+    paths = [str(source)] if source is not None else []
+    env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(work / "tmp"), "MSPROBE_BENCH_PROBE": str(probe),
+           "PYTHONPATH": os.pathsep.join([*paths, str(HERE)])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "probe_plugin", "-c",
+                           os.devnull, "--rootdir", str(dump.parent), f"--msprobe-dump={dump}", "--msprobe-device=cpu",
+                           f"--msprobe-out={out}"], cwd=dump.parent, env=env, capture_output=True, text=True)
+    if not probe.exists():
+        raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
+    found = json.loads(probe.read_text().splitlines()[0])
+    return float(found["run_s"]), int(found["ran"])
+
+
+def floor_ms(work: Path, calls: int, repeats: int) -> float:
+    folder = work / "floor"
+    folder.mkdir(exist_ok=True)
+    (folder / "test_many.py").write_text(f"import pytest, torch\n\n@pytest.mark.parametrize('i', range({calls}))\n"
+                                         "def test_nothing(i):\n    pass\n")
+    (folder / "test_one.py").write_text("import torch\n\ndef test_nothing():\n    pass\n")
+
+    def wall(name: str) -> float:
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir",
+                        str(folder), str(folder / name)], cwd=folder, capture_output=True, check=True)
+        return time.perf_counter() - started
+
+    many, one = [], []
+    for _ in range(repeats):
+        many.append(wall("test_many.py"))
+        one.append(wall("test_one.py"))
+    return 1000 * (min(many) - min(one)) / (calls - 1)
+
+
+PARTS = r"""
+import sys, time
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from pytest_msprobe.plugin.workers import set_blas_threads
+set_blas_threads(1)
+from pytest_msprobe.dump.index import read_index
+from pytest_msprobe.judge import call as C
+from pytest_msprobe.judge.outcome import judge_call
+from pytest_msprobe.run.devices import Backend
+from pytest_msprobe.run.replay import replay
+from pytest_msprobe.standards import Registry
+index = read_index(Path(sys.argv[1]))
+repeats = int(sys.argv[2])
+settings = C.Settings(backend=Backend(), device_index=0, max_elements=2**28, registry=Registry.default())
+names = [index.call_at(i) for i in range(len(index))]
+framework = C.PytorchReplay()
+for name in names:
+    judge_call(index, name, settings)
+inputs = {str(n): C.read_inputs(index, n, settings.max_elements) for n in names}
+apis = {str(n): framework.resolve(n, settings.backend) for n in names}
+replayed = {str(n): C.replay_call(index, n, settings) for n in names}
+def best(step):
+    fastest = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        for name in names:
+            step(name)
+        fastest = min(fastest, time.process_time() - started)
+    return 1000 * fastest / len(names)
+def run(name):
+    api, given = apis[str(name)], inputs[str(name)]
+    device, bench, reference = framework.runs(api, given, settings)
+    try:
+        replay(name.direction, api, given, device, bench, reference, framework="pytorch")
+    except Exception:
+        pass
+def judged(name):
+    done = replayed[str(name)]
+    C.judged_results(settings.registry, name, done.results, bench=done.bench, framework="pytorch")
+parts = {"read the inputs": best(lambda n: C.read_inputs(index, n, settings.max_elements)), "replay": best(run),
+         "judgement (standards)": best(judged)}
+total = best(lambda n: judge_call(index, n, settings))
+parts["the rest (record, text)"] = total - sum(parts.values())
+for part, ms in parts.items():
+    print(f"  {part:26s} {ms:6.3f} ms")
+print(f"  {'judge_call, all of it':26s} {total:6.3f} ms")
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dump", type=Path, default=SHIPPED)
+    parser.add_argument("--before", help="a git revision to measure too (e.g. f934085)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    dump = args.dump.resolve()
+    work = Path(tempfile.mkdtemp(prefix="msprobe-percall-"))
+    (work / "tmp").mkdir()
+    sides = {"after": None}
+    if args.before:
+        sides = {"before": tree(args.before), **sides}
+    print(f"load average before {load()}; dump {dump}")
+    phases: dict[str, list[float]] = {side: [] for side in sides}
+    calls = 0
+    try:
+        for _ in range(args.repeats):
+            for side, source in sides.items():
+                seconds, calls = test_phase(dump, work / f"out-{side}", source, work)
+                phases[side].append(seconds)
+    finally:
+        if sides.get("before") is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(sides["before"])],
+                           capture_output=True)
+    for side, values in phases.items():
+        print(f"per call, -n 0 ({side}): {1000 * min(values) / calls:.2f} ms  (test phase {min(values):.3f} s for {calls} "
+              f"calls; all runs {', '.join(f'{value:.3f}' for value in values)} s)")
+    print(f"pytest's empty test, torch imported: {floor_ms(work, calls, args.repeats):.2f} ms")
+    print("one call's parts, in-process (CPU time per call, this tree):")
+    subprocess.run([sys.executable, "-c", PARTS, str(dump), str(args.repeats)], check=True)
+    print(f"load average after {load()}")
+
+
+if __name__ == "__main__":
+    main()
