@@ -189,13 +189,29 @@ def test_bad_explore_options_are_usage_errors(args, problem, pytester):
 # --- the variants ------------------------------------------------------------------
 
 
-def _space(call: str) -> tuple[Neighbourhood, list]:
-    index = read_index(EXAMPLE)
+def _space(call: str, dump: Path = EXAMPLE, smallest_size: int = 0) -> tuple[Neighbourhood, list]:
+    index = read_index(dump)
     name = index.entry(call).name
     inputs = read_inputs(index, name, 10**7)
     forward = index.read_record(index.entry(str(name.sibling("forward"))))
     backward = index.read_record(index.entry(call)) if name.direction == "backward" else None
-    return Neighbourhood(forward, backward, inputs.leaves, 10**7), inputs.leaves
+    return Neighbourhood(forward, backward, inputs.leaves, 10**7, smallest_size=smallest_size), inputs.leaves
+
+
+@pytest.mark.parametrize("smallest_size", [0, 1])
+def test_empty_tensors_only_where_the_framework_takes_them(smallest_size):
+    """MindSpore's kernels refuse empty tensors (and its CPU ReduceSum returns whatever its
+    output memory held): its variants keep every dimension at 1 or more; torch's reach 0."""
+    from hypothesis import find
+    from hypothesis.errors import NoSuchExample
+
+    space, _ = _space("Functional.layer_norm.0.backward", smallest_size=smallest_size)
+    empty = lambda variant: any(tensor.numel() == 0 for tensor in variant.tensors.values())  # noqa: E731
+    if smallest_size:
+        with pytest.raises(NoSuchExample):
+            find(space.variants(), empty, settings=settings(database=None, max_examples=300))
+    else:
+        assert empty(find(space.variants(), empty, settings=settings(database=None, max_examples=300)))
 
 
 @settings(max_examples=60, deadline=None, database=None)

@@ -112,3 +112,19 @@ def test_softmax_input_gradient_terms_do_not_cancel_a_common_gradient():
 def test_an_api_outside_the_tables_has_no_terms():
     x = torch.randn(4, 8, generator=_generator(8))
     assert term_magnitudes(CallName("Functional", "gelu", 0, "forward"), _bench(F.gelu), _inputs([x]), "pytorch") is None
+
+
+def test_a_mindspore_twin_gives_the_formulas_its_arguments_by_torch_s_names():
+    """ops.softmax(x, axis=0) is benched by torch.softmax(x, dim=0): the softmax gradient's
+    terms read the twin's dim, not MindSpore's axis (they were missing for MindSpore calls)."""
+    from pytest_msprobe.run.mindspore.replay import TorchTwin
+    from pytest_msprobe.run.mindspore.tables import TwinSpec
+
+    twin = TorchTwin(torch.softmax, TwinSpec("torch.softmax", rename={"axis": "dim"}, params=("input", "axis"), defaults={"dim": -1}))
+    x, g = torch.randn(6, 5, generator=_generator(11)), torch.randn(6, 5, generator=_generator(12))
+    call = CallName("Functional", "softmax", 0, "backward")
+    (mindspore_terms,) = term_magnitudes(call, _bench(twin), _inputs([x], {"axis": 0}, grads=[g]), "mindspore")
+    (torch_terms,) = term_magnitudes(call, _bench(torch.softmax), _inputs([x], {"dim": 0}, grads=[g]), "pytorch")
+    assert torch.equal(mindspore_terms, torch_terms)
+    (positional,) = term_magnitudes(call, _bench(twin), _inputs([x, 0], grads=[g]), "mindspore")
+    assert torch.equal(positional, torch_terms)

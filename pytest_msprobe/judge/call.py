@@ -67,6 +67,8 @@ class PytorchReplay:
     bench at raised precision and, where the device is an accelerator, on the CPU in
     the device dtype as an independent reference."""
 
+    smallest_size = 0  # torch's kernels take empty tensors (exploration may make one)
+
     def resolve(self, name: CallName, backend: Backend) -> Api:
         return resolve_pytorch(name, backend.find_op if backend.name == "npu" else None)
 

@@ -85,7 +85,7 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
     forward = index.read_record(index.entry(str(name.sibling("forward"))))
     backward = index.read_record(index.entry(str(name))) if name.direction == "backward" else None
     space = Neighbourhood(forward, backward, dumped.leaves, settings.max_elements,
-                          resizable=name.operator not in fixed_shape_apis())
+                          resizable=name.operator not in fixed_shape_apis(), smallest_size=framework.smallest_size)
     label = f"{name}{EXPLORED_SUFFIX}"
     search = _Search()
     settings = dataclasses.replace(settings, registry=without_bias_tests(settings.registry, name.operator))

@@ -10,8 +10,8 @@ its arguments, every non-tensor argument, every dtype) and moves its tensors:
   value, near the smallest normal one, shifted by a large common offset, with signed
   zeros, and, for tensors whose dumped values hold -inf/+inf/NaN (masks), whole rows
   of those;
-- shapes: every dimension of one dumped size becomes another size (0, 1, shorter,
-  longer) in every tensor at once, and in the shape arguments (a torch.Size, a list of
+- shapes: every dimension of one dumped size becomes another size (0 where the
+  framework's kernels take empty tensors, 1, shorter, longer) in every tensor at once, and in the shape arguments (a torch.Size, a list of
   sizes), so tensors that had to agree still agree;
 - integer and boolean tensors keep their dumped values, or are resampled from them
   where the shape changed: indexes stay within the dumped ones' range, masks stay masks.
@@ -162,12 +162,13 @@ class Neighbourhood:
     (their leaves, in the order decoding found them)."""
 
     def __init__(self, forward: dict[str, Any], backward: dict[str, Any] | None, leaves: list[TensorLeaf],
-                 max_elements: int, resizable: bool = True) -> None:
+                 max_elements: int, resizable: bool = True, smallest_size: int = 0) -> None:
         self.forward, self.backward, self.leaves = forward, backward, leaves
         found = _count_tensors(self._recorded())
         if found != len(leaves):
             raise CallSkip(f"cannot explore: the records hold {found} tensors, decoding found {len(leaves)}")
         self.sizes = sorted({size for leaf in leaves for size in leaf.tensor.shape if size > 1}) if resizable else []
+        self.smallest_size = smallest_size  # 0 where the framework's kernels take empty tensors
         dumped = sum(leaf.tensor.numel() for leaf in leaves)
         self.max_elements = min(max_elements, max(GROWTH * dumped, FLOOR_ELEMENTS))
         floats = [leaf for leaf in leaves if leaf.tensor.is_floating_point()]
@@ -216,7 +217,7 @@ class Neighbourhood:
         """Dumped size -> its size in this variant (every dimension of that size)."""
         if not self.sizes or not draw(st.booleans()):
             return {}
-        return {size: draw(st.integers(0, 2 * size)) for size in self.sizes}
+        return {size: draw(st.integers(self.smallest_size, 2 * size)) for size in self.sizes}
 
 
 def _leaf_values(draw: st.DrawFn, leaf: TensorLeaf, shape: tuple[int, ...], seed: int, regime: Regime,

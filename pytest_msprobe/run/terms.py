@@ -166,7 +166,7 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
     if name.direction == "forward" and name.operator in FORWARD_TERMS:
         try:
             with torch.no_grad():
-                return FORWARD_TERMS[name.operator](bench.place(inputs.args), bench.place(inputs.kwargs))
+                return FORWARD_TERMS[name.operator](*_torch_form(bench, bench.place(inputs.args), bench.place(inputs.kwargs)))
         except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
             return None
     if not has_terms(name):
@@ -177,20 +177,28 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
     return tree_map(lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result)
 
 
+def _torch_form(bench: Run, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments by torch's names and positions, which the formulas read: a MindSpore
+    call's torch twin translates its own (softmax's axis is torch's dim)."""
+    translate = getattr(bench.function, "torch_arguments", None)
+    return translate(list(args), dict(kwargs)) if translate is not None else (list(args), kwargs)
+
+
 def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Any, ...] | None:
     """The gradients' terms from BACKWARD_TERMS' formula, None for any tensor the
     formula does not name."""
     names, formula = BACKWARD_TERMS[name.operator]
     args, kwargs = bench.place(inputs.args), bench.place(inputs.kwargs)
     grads = inputs.grads or []
-    if len(grads) != 1 or grads[0] is None or not isinstance(args[0], torch.Tensor):
+    if len(grads) != 1 or grads[0] is None or not args or not isinstance(args[0], torch.Tensor):
         return None
+    torch_args, torch_kwargs = _torch_form(bench, args, kwargs)
     try:
         with torch.no_grad():
-            found = formula(args, kwargs, bench.place(grads[0]))
+            found = formula(torch_args, torch_kwargs, bench.place(grads[0]))
     except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
         return None
-    by_tensor = {id(_argument(args, kwargs, position, key)): found.get(key) for position, key in enumerate(names)}
+    by_tensor = {id(_argument(torch_args, torch_kwargs, position, key)): found.get(key) for position, key in enumerate(names)}
     leaves = [by_tensor.get(id(tensor)) for tensor in tensors_in((args, kwargs))]
     return tuple(terms for terms, flag in zip(leaves, needs_grad(inputs, framework)) if flag)
 

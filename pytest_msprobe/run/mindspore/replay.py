@@ -115,11 +115,17 @@ class TorchTwin:
     spec: TwinSpec
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = self.torch_arguments(list(args), kwargs)
+        return self.function(*args, **kwargs)
+
+    def torch_arguments(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """MindSpore's arguments as the torch function takes them (the same objects: the
+        terms' formulas in run/terms.py read them by torch's names)."""
         if self.spec.params:
             kwargs = {**dict(zip(self.spec.params[1:], args[1:])), **kwargs}
             args = args[:1]
         kwargs = {self.spec.rename.get(key, key): value for key, value in kwargs.items()}
-        return self.function(*args, **{**self.spec.defaults, **kwargs})
+        return args, {**self.spec.defaults, **kwargs}
 
 
 def torch_function(path: str) -> Callable[..., Any]:
@@ -263,6 +269,11 @@ class MindsporeReplay:
     """How a MindSpore call runs: MindSpore on its device target; the torch twin on the
     CPU bench at raised precision (MindSpore in float64 where no twin exists) and, off
     the CPU, the twin in the device dtype as an independent reference."""
+
+    # MindSpore's kernels refuse a dimension of size 0 ("the shape of input cannot
+    # contain zero", a warning) and return what their output memory held (ReduceSum on
+    # the CPU, 2.10): exploration never makes an empty tensor for them.
+    smallest_size = 1
 
     def resolve(self, name: CallName, backend: Backend) -> Api:
         table = mindspore_table()
