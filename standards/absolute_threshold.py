@@ -27,7 +27,7 @@ import numpy as np
 from . import fast
 from .metrics import Pair
 from .bias import judge_bias, sample_step, statistics
-from .single_run import tolerance_scale
+from .single_run import at_least_normal, tolerance_scale
 
 NAME = "absolute_threshold"
 
@@ -109,7 +109,7 @@ def _fast(pair: Pair, thresholds, rtol, small, atol, reference=None):
         return None
     ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
     (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
-    res = fast.run(pair, thr=(rtol, small, atol), abs_scaled=(floor * rms, ulps * pair.info.eps),
+    res = fast.run(pair, thr=(rtol, small, atol), abs_scaled=(at_least_normal(floor * rms, pair.info), ulps * pair.info.eps),
                    offend="score", sample=sample_step(pair.n), bias=q_half)
     if res is None:
         return None

@@ -87,6 +87,7 @@ import numpy as np
 
 from . import fast
 from .bias import STAT_SAMPLE, abs_b_quantile, bias_reasons, sample_blocks, sample_step, statistics
+from .dtypes import DtypeInfo
 from .metrics import Pair, ulp_of
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
@@ -111,9 +112,18 @@ def output_rms(pair: Pair) -> float:
 def tolerance_scale(pair: Pair, floor: float = 1.0) -> np.ndarray:
     """The magnitude each finite element's rounding is judged at: max(|b|, floor x rms(b)),
     and the element's terms' magnitude where the caller measured it (Pair.terms): an
-    element that cancelled below its terms carries their rounding, not its own."""
-    scale = np.maximum(pair.abs_b, floor * output_rms(pair))
+    element that cancelled below its terms carries their rounding, not its own. Never
+    below D's smallest normal value (at_least_normal)."""
+    scale = np.maximum(pair.abs_b, at_least_normal(floor * output_rms(pair), pair.info))
     return scale if pair.terms is None else np.maximum(scale, pair.terms)
+
+
+def at_least_normal(scale: float, info: DtypeInfo) -> float:
+    """A scale of at least D's smallest normal value: below it D's spacing stops shrinking
+    (its subnormals are evenly spaced), so a correctly rounded output of subnormals is up
+    to half that spacing off, 50% of a value one spacing large (a float16 conv gradient
+    from gradients scaled into the subnormals failed the thousandth standard so)."""
+    return max(scale, 2.0 ** info.e_min)
 
 
 def scaled_ulp_err(pair: Pair) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 from . import fast
 from .metrics import Pair
 from .bias import judge_bias, sample_step, statistics
-from .single_run import tolerance_scale
+from .single_run import at_least_normal, tolerance_scale
 
 NAME = "thousandth"
 
@@ -79,7 +79,7 @@ def _fast(pair: Pair, thresholds, limit, reference=None):
     judged = share
     if share < limit:
         rms = fast.rms_or_none(pair)
-        res = fast.run(pair, th_scaled=(rms, ulps * pair.info.eps)) if rms is not None else None
+        res = fast.run(pair, th_scaled=(at_least_normal(rms, pair.info), ulps * pair.info.eps)) if rms is not None else None
         if res is None:
             return None
         metrics["scaled_thousandth"] = judged = max(share, res["th_scaled"] / pair.n)

@@ -142,6 +142,18 @@ def test_the_search_does_not_depend_on_the_modules_the_process_imported(run_dump
     assert examples["before"] == examples["after"]
 
 
+def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path):
+    """rsqrt's derivative -x**-1.5 / 2 at a bfloat16 subnormal x overflows float32 too:
+    the bench's own infinity says every kernel overflows there (the device gave NaN):
+    such examples are discarded, not failures."""
+    dump = Path(__file__).parent / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json"
+    run = run_dump(dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", "Torch.rsqrt.0.backward",
+                   f"--msprobe-out={tmp_path}")
+    explored = run.calls["Torch.rsqrt.0.backward.explore"]
+    assert explored.outcome == "passed", explored.text
+    assert int(re.search(r"(\d+) discarded", _records(tmp_path)["Torch.rsqrt.0.backward.explore"]["message"])[1]) > 0
+
+
 def test_the_failing_example_is_kept_in_the_database_and_replayed_first(run_dump, tmp_path, monkeypatch):
     FAULTS["softmax_without_max"].patch(monkeypatch)
     args = ("-k", "Tensor.softmax.0.forward.explore", "--msprobe-device=cpu", "--msprobe-explore=100", f"--msprobe-out={tmp_path}")

@@ -343,35 +343,44 @@ def beyond_range(name: CallName, replayed: Replayed, framework: str) -> bool:
     in D then overflows too (inf, NaN, or finite garbage), the input's fault. Those
     intermediates: a sum of an input's squares (a variance, a norm, a mean's partial
     sum), where the call sums products (run/terms.py) its terms' magnitudes (which
-    bound a partial sum, not the result), and for a backward the derivative itself."""
+    bound a partial sum, not the result), and for a backward the derivative itself.
+    Where every input is finite, an infinity the bench computed counts as beyond the
+    range (the bench's range holds D's: rsqrt's derivative -x**-1.5 / 2 at a bfloat16
+    subnormal overflows float32 too)."""
     results = replayed.results
     outputs = [d for d in flat_outputs(results.device) if isinstance(d, torch.Tensor) and d.is_floating_point()]
     if not outputs:
         return False
     largest = max(torch.finfo(d.dtype).max for d in outputs)
-    if any(_magnitude(b) > largest for b in flat_outputs(results.bench) if isinstance(b, torch.Tensor)):
-        return True
-    if any(float(leaf.tensor.double().square().sum()) > largest for leaf in results.inputs.leaves if leaf.tensor.is_floating_point()):
+    floats = [leaf.tensor for leaf in results.inputs.leaves if leaf.tensor.is_floating_point()]
+    finite = all(bool(torch.isfinite(tensor).all()) for tensor in floats)
+
+    def beyond(values: Any) -> bool:
+        return any(_magnitude(value, finite) > largest for value in flat_outputs(values) if isinstance(value, torch.Tensor))
+
+    if beyond(results.bench) or any(float(tensor.double().square().sum()) > largest for tensor in floats):
         return True
     terms = term_magnitudes(name, replayed.bench, results.inputs, framework)
-    if terms is not None and any(_magnitude(t) > largest for t in flat_outputs(terms) if isinstance(t, torch.Tensor)):
+    if terms is not None and beyond(terms):
         return True
-    return name.direction == "backward" and _magnitude_of_derivative(replayed, framework) > largest
+    return name.direction == "backward" and beyond(_derivative(replayed, framework))
 
 
-def _magnitude_of_derivative(replayed: Replayed, framework: str) -> float:
-    """The largest |gradient| for unit incoming gradients: the derivative itself (a
-    correct kernel computes it before it multiplies by the incoming gradient)."""
+def _derivative(replayed: Replayed, framework: str) -> tuple[Any, ...]:
+    """The gradients for unit incoming gradients: the derivative itself (a correct
+    kernel computes it before it multiplies by the incoming gradient)."""
     inputs = replayed.results.inputs
     unit = dataclasses.replace(inputs, grads=[None if g is None else torch.ones_like(g) for g in inputs.grads or []])
-    grads = evaluated(replayed.bench, "backward", unit, framework) or ()
-    return max((_magnitude(g) for g in grads if isinstance(g, torch.Tensor)), default=0.0)
+    return tuple(evaluated(replayed.bench, "backward", unit, framework) or ())
 
 
-def _magnitude(values: torch.Tensor) -> float:
-    """The largest finite |value| (0 where none is)."""
-    finite = values[torch.isfinite(values)] if values.is_floating_point() else values
-    return float(finite.abs().max()) if finite.numel() else 0.0
+def _magnitude(values: torch.Tensor, with_infinities: bool) -> float:
+    """The largest |value|, infinities counted or left out; NaN never counts (0 where
+    nothing does)."""
+    if not values.is_floating_point():
+        return float(values.abs().max()) if values.numel() else 0.0
+    counted = values[~torch.isnan(values) if with_infinities else torch.isfinite(values)]
+    return float(counted.abs().max()) if counted.numel() else 0.0
 
 
 def example_path(folder: Path, index: DumpIndex, name: CallName) -> Path:

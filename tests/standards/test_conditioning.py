@@ -130,3 +130,18 @@ def test_a_few_ulp_scale_fault_is_an_error_with_a_reference():
     faulty = (bench.double() * (1 + 2 * 2.0 ** -10)).half()
     verdict = check(bench, faulty, api="exp", reference=reference)
     assert verdict.status == "error" and "beyond the reference run" in verdict.message()
+
+
+@pytest.mark.parametrize("size", [640, 2**17], ids=["small", "fast-path"])
+def test_outputs_among_the_subnormals_are_judged_at_their_spacing(size, api="conv1d", dtype=torch.float16):
+    """Below D's smallest normal value D's spacing stops shrinking: a correctly rounded
+    output of subnormals (a float16 conv gradient from gradients scaled into them) is up
+    to half a spacing off, 50% of a value one spacing large. It passes; one 8 spacings
+    off in a tenth of its elements still fails."""
+    info = torch.finfo(dtype)
+    spacing = info.smallest_normal * info.eps
+    bench = (torch.rand(size, generator=_generator(5), dtype=torch.float64) - 0.5) * 6 * spacing
+    rounded = bench.to(dtype)
+    assert check(bench, rounded, api=api).status == "pass", check(bench, rounded, api=api).message()
+    off = rounded.double() + 8 * spacing * (torch.arange(size) % 10 == 0)
+    assert check(bench, off.to(dtype), api=api).status == "error"
