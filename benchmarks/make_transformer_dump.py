@@ -8,7 +8,7 @@ Run with the Python that has torch and mindstudio-probe (msprobe's own venv):
 The shared maker ships one model (mlpcnn) and says to add one's own to its MODELS: this
 script registers the tests' 12-block transformer there (tests/dumps/models/make_dumps.py:
 pre-norm blocks of layer_norm, linear, matmul, mul, softmax, gelu, add; dim 32, 4 heads,
-MLP 64, sequence 8), with a mean-pooled classifier head (the maker's loss takes one label
+MLP 64, sequence 8; --dim and --seq for larger calls), with a mean-pooled classifier head (the maker's loss takes one label
 per sample), and runs the maker's main: OUT_FOLDER/dump.json (L1, tensor task), 326 calls
 in float32, forward and backward.
 """
@@ -69,12 +69,15 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("dtype", nargs="?", default="float32")
     parser.add_argument("--tool", type=Path, default=TOOL, help="the shared maker (default: ../shared/tools/...)")
+    parser.add_argument("--dim", type=int, default=32, help="hidden size (heads: dim / 8; MLP: 2 x dim)")
+    parser.add_argument("--seq", type=int, default=8, help="sequence length")
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("make_dump_torch", args.tool)
     assert spec is not None and spec.loader is not None
     maker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(maker)
-    maker.MODELS["transformer12"] = (Transformer12, lambda: torch.randint(0, 64, (4, 8)), 5)
+    model = lambda: Transformer12(dim=args.dim, heads=max(args.dim // 8, 1), mlp=2 * args.dim, seq=args.seq)  # noqa: E731
+    maker.MODELS["transformer12"] = (model, lambda: torch.randint(0, 64, (4, args.seq)), 5)
     sys.argv = [str(args.tool), "transformer12", "tensor", args.dtype, str(args.out)]
     maker.main()
 
