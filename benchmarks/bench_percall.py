@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_verdicts import worktree  # benchmarks/ is on the path of a script run from it
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SHIPPED = ROOT / "tests" / "dumps" / "models" / "transformer12_tensor_fp32" / "dump.json"
@@ -36,16 +38,6 @@ SHIPPED = ROOT / "tests" / "dumps" / "models" / "transformer12_tensor_fp32" / "d
 
 def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
-
-
-def tree(rev: str) -> Path:
-    """REV in a temporary worktree, its standards and bench_functions reachable as installed."""
-    folder = Path(tempfile.mkdtemp(prefix="msprobe-before-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), rev], check=True,
-                   capture_output=True)
-    for package in ("standards", "bench_functions"):
-        (folder / "pytest_msprobe" / package).symlink_to(folder / package)
-    return folder
 
 
 def test_phase(dump: Path, out: Path, source: Path | None, work: Path) -> tuple[float, int]:
@@ -144,7 +136,7 @@ def main() -> None:
     (work / "tmp").mkdir()
     sides = {"after": None}
     if args.before:
-        sides = {"before": tree(args.before), **sides}
+        sides = {"before": worktree(args.before), **sides}
     print(f"load average before {load()}; dump {dump}")
     phases: dict[str, list[float]] = {side: [] for side in sides}
     calls = 0

@@ -47,7 +47,7 @@ print(json.dumps(out))
 """
 
 
-def _tree(rev: str) -> Path:
+def worktree(rev: str) -> Path:
     """REV in a worktree, its standards and bench_functions reachable as installed."""
     folder = Path(tempfile.mkdtemp(prefix="msprobe-before-"))
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), rev], check=True,
@@ -90,7 +90,7 @@ def main() -> None:
                         help="the dump's own outputs as the device (--msprobe-offline)")
     parser.add_argument("--skip-output", action="store_true", help="only the dump")
     args = parser.parse_args()
-    tree = _tree(args.before)
+    tree = worktree(args.before)
     try:
         with tempfile.TemporaryDirectory() as out:
             dump = {"before": [], "after": []}

@@ -17,45 +17,26 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "make_dump_torch.py"
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: attention by matmul/softmax, MLP with gelu."""
-
-    def __init__(s, dim: int, heads: int, mlp: int) -> None:
-        super().__init__()
-        s.heads = heads
-        s.ln1, s.qkv, s.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        s.ln2, s.fc1, s.fc2 = nn.LayerNorm(dim), nn.Linear(dim, mlp), nn.Linear(mlp, dim)
-
-    def forward(s, x: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
-        dh = d // s.heads
-        q, k, v = s.qkv(s.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.reshape(b, n, s.heads, dh).transpose(1, 2) for t in (q, k, v))
-        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
-        o = torch.matmul(F.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, n, d)
-        x = x + s.proj(o)
-        return x + s.fc2(F.gelu(s.fc1(s.ln2(x))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "dumps" / "models"))
+from make_dumps import Transformer  # noqa: E402 - the tests' model makers
 
 
-class Transformer12(nn.Module):
-    def __init__(s, blocks: int = 12, vocab: int = 64, dim: int = 32, heads: int = 4, mlp: int = 64, seq: int = 8,
-                 classes: int = 5) -> None:
-        super().__init__()
-        s.emb = nn.Embedding(vocab, dim)
-        s.pos = nn.Parameter(torch.randn(seq, dim) * 0.1)
-        s.blocks = nn.ModuleList(Block(dim, heads, mlp) for _ in range(blocks))
-        s.ln_f, s.head = nn.LayerNorm(dim), nn.Linear(dim, classes)
+class Transformer12(Transformer):
+    """The tests' 12-block transformer with a mean-pooled classifier head: the shared
+    maker's loss takes one label per sample."""
+
+    def __init__(s, dim: int, heads: int, mlp: int, seq: int, classes: int = 5) -> None:
+        super().__init__(12, dim=dim, heads=heads, mlp=mlp, seq=seq)
+        s.head = nn.Linear(dim, classes)
 
     def forward(s, ids: torch.Tensor) -> torch.Tensor:
         x = s.emb(ids) + s.pos

@@ -4,6 +4,7 @@ records a run left in its out folder."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -34,5 +35,21 @@ def records() -> Callable[[Path], dict[str, Any]]:
 
     def read(out: Path) -> dict[str, Any]:
         return {entry.record.call: entry.record for entry in read_journal(journal_of(out))}
+
+    return read
+
+
+@pytest.fixture
+def comparable_records() -> Callable[[Path], dict[str, dict]]:
+    """call name -> its journal record as written, without what differs from run to run
+    (its duration): two runs of the same calls compare equal."""
+
+    def read(out: Path) -> dict[str, dict]:
+        found = {}
+        for line in journal_of(out).read_text().splitlines():
+            record = json.loads(line)
+            record.pop("duration", None)
+            found[record["call"]] = record
+        return found
 
     return read

@@ -20,7 +20,6 @@ from typing import Any, Iterator
 import pytest
 
 from pytest_msprobe.plugin import workers
-from pytest_msprobe.results.merge import journal_of
 
 DUMPS = Path(__file__).parents[1] / "dumps"
 
@@ -150,15 +149,6 @@ def test_a_hosts_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- runs: --tx popen and --tx socket against -n 0 ------------------------------------
 
-def _records(out: Path) -> dict[str, dict]:
-    records = {}
-    for line in journal_of(out).read_text().splitlines():
-        record = json.loads(line)
-        record.pop("duration", None)
-        records[record["call"]] = record
-    return records
-
-
 @pytest.fixture
 def dump_folder(pytester: pytest.Pytester) -> Path:
     shutil.copytree(DUMPS / "torch_mlpcnn_tensor_fp32", pytester.path / "dump")
@@ -178,12 +168,12 @@ def _placed(folder: Path) -> dict[str, dict[str, Any]]:
     return {path.stem.removeprefix("placed-"): json.loads(path.read_text()) for path in folder.glob("placed-*.json")}
 
 
-def test_tx_popen_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump_folder: Path) -> None:
+def test_tx_popen_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump_folder: Path, comparable_records) -> None:
     serial = pytester.runpytest_subprocess(*_options(dump_folder, "out0"), timeout=300)
     parallel = pytester.runpytest_subprocess(*_options(dump_folder, "outtx"), "--tx", "2*popen", "--dist", "load",
                                              timeout=300)
     assert serial.ret == parallel.ret == pytest.ExitCode.OK, parallel.stdout.str()[-3000:]
-    assert _records(dump_folder / "out0") == _records(dump_folder / "outtx")
+    assert comparable_records(dump_folder / "out0") == comparable_records(dump_folder / "outtx")
     host = socket.gethostname()
     parallel.stdout.fnmatch_lines([f"msprobe: 2 workers, dist=load; host {host}: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"])
     placed = _placed(dump_folder)
@@ -216,12 +206,12 @@ def socket_server(pytester: pytest.Pytester) -> Iterator[subprocess.Popen]:
 
 
 def test_tx_socket_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump_folder: Path,
-                                                  socket_server: subprocess.Popen) -> None:
+                                                  socket_server: subprocess.Popen, comparable_records) -> None:
     serial = pytester.runpytest_subprocess(*_options(dump_folder, "out0"), timeout=300)
     parallel = pytester.runpytest_subprocess(*_options(dump_folder, "outtx"), "--tx", f"socket=127.0.0.1:{socket_server.port}",
                                              "--tx", "popen", "--dist", "load", timeout=300)
     assert serial.ret == parallel.ret == pytest.ExitCode.OK, parallel.stdout.str()[-3000:]
-    assert _records(dump_folder / "out0") == _records(dump_folder / "outtx")
+    assert comparable_records(dump_folder / "out0") == comparable_records(dump_folder / "outtx")
     host = socket.gethostname()
     parallel.stdout.fnmatch_lines([f"msprobe: 2 workers, dist=load; host socket-host: gw0->cpu; host {host}: gw1->cpu; "
                                    "1 CPU thread(s) each"])

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_msprobe.results.merge import journal_of
 
 DUMPS = Path(__file__).parents[1] / "dumps"
 
@@ -36,16 +35,6 @@ def _imported(folder: Path) -> dict[str, list[str]]:
     return {path.stem.removeprefix("modules-"): json.loads(path.read_text()) for path in folder.glob("modules-*.json")}
 
 
-def _records(out: Path) -> dict[str, dict]:
-    """call -> its journal record, without what differs from run to run (its duration)."""
-    records = {}
-    for line in journal_of(out).read_text().splitlines():
-        record = json.loads(line)
-        record.pop("duration", None)
-        records[record["call"]] = record
-    return records
-
-
 @pytest.fixture
 def small_dump(pytester: pytest.Pytester) -> str:
     """The shipped float32 tensor dump of a small MLP/CNN (forward and backward calls)."""
@@ -54,7 +43,7 @@ def small_dump(pytester: pytest.Pytester) -> str:
 
 
 @pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)], ids=["online", "offline"])
-def test_the_controller_imports_no_torch(pytester: pytest.Pytester, small_dump: str, mode: tuple[str, ...]) -> None:
+def test_the_controller_imports_no_torch(pytester: pytest.Pytester, small_dump: str, mode: tuple[str, ...], comparable_records) -> None:
     pytester.makeconftest(MODULES)
     common = (small_dump, "--msprobe-device=cpu", "-p", "no:cacheprovider", *mode)
     serial = pytester.runpytest_subprocess(*common, "--msprobe-out=out0", timeout=300)
@@ -67,7 +56,7 @@ def test_the_controller_imports_no_torch(pytester: pytest.Pytester, small_dump: 
     assert imported["main"] == [], imported  # no torch, no standards: nothing heavy
     for worker in ("gw0", "gw1"):
         assert "torch" in imported[worker] and "sympy" not in imported[worker], imported
-    assert _records(pytester.path / "out0") == _records(pytester.path / "out2")
+    assert comparable_records(pytester.path / "out0") == comparable_records(pytester.path / "out2")
     parallel.stdout.fnmatch_lines(["msprobe: 2 workers, dist=worksteal; host *: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"])
 
 
