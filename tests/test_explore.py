@@ -181,6 +181,30 @@ def test_exploration_finds_the_left_tail_of_torch_s_own_float32_gelu(run_dump, t
     assert fixed.calls["Functional.gelu.0.forward.explore"].outcome == "passed", fixed.calls["Functional.gelu.0.forward.explore"].text
 
 
+def test_subnormal_intermediates_times_a_large_gradient_are_excused(run_dump, tmp_path):
+    """layer_norm of subnormal inputs: x_hat is subnormal too and keeps a few bits, and
+    the weight gradient sums g x_hat with |g| ~ 1e7: the CPU's float32 kernel is off by
+    far more than its result's rounding, as any kernel that rounds (or flushes) x_hat is.
+    The first example explored is the dumped call itself; it passes."""
+    from dumpwriter import DumpWriter
+
+    generator = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 16, 64, generator=generator) * 2.0**-145).float()  # subnormal float32
+    g = torch.randn(4, 16, 64, generator=generator) * 2.0**23
+    w, b = torch.ones(64), torch.zeros(64)
+    leaf = x.clone().requires_grad_()
+    weight, bias = w.clone().requires_grad_(), b.clone().requires_grad_()
+    out = torch.nn.functional.layer_norm(leaf, [64], weight, bias)
+    out.backward(g)
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    writer.forward("Functional.layer_norm.0", [x, [64], w, b], {}, out.detach())
+    writer.backward("Functional.layer_norm.0", [g], [leaf.grad, weight.grad, bias.grad])
+    run = run_dump(writer.write(), "--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore",
+                   "-k", "backward", f"--msprobe-out={tmp_path / 'out'}")
+    explored = run.calls["Functional.layer_norm.0.backward.explore"]
+    assert explored.outcome == "passed", explored.text
+
+
 def test_the_failing_example_is_kept_in_the_database_and_replayed_first(run_dump, tmp_path, monkeypatch):
     FAULTS["softmax_without_max"].patch(monkeypatch)
     args = ("-k", "Tensor.softmax.0.forward.explore", "--msprobe-device=cpu", "--msprobe-explore=100", f"--msprobe-out={tmp_path}")

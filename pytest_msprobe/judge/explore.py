@@ -237,7 +237,8 @@ def _conditioned(settings: Settings, name: CallName, replayed: Replayed, framewo
     dimension of the inputs (a kernel that flushes subnormal results to zero, as the
     CPU's bfloat16 GEMM and many accelerators do, loses up to that much on each term of
     a sum; measured: the CPU's bfloat16 matmul of 13 terms scaled into the subnormals,
-    2.3e-38 = 2 smallest normals), is taken off, the rest judged as before, with the
+    2.3e-38 = 2 smallest normals) times the largest incoming gradient of a backward
+    (_largest_incoming), is taken off, the rest judged as before, with the
     terms' magnitudes where the call sums products: a NaN, an inf, or an error of a
     naive algorithm (a variance as E[x^2] - E[x]^2 loses u mean^2, hundreds of Delta)
     still fails."""
@@ -247,13 +248,22 @@ def _conditioned(settings: Settings, name: CallName, replayed: Replayed, framewo
     results = replayed.results
 
     longest = max((size for leaf in results.inputs.leaves for size in leaf.tensor.shape), default=1)
-    allowed = _pairwise(lambda delta, device: EXCUSED_SENSITIVITY * delta + longest * torch.finfo(device.dtype).smallest_normal,
+    flushed = longest * _largest_incoming(results.inputs)
+    allowed = _pairwise(lambda delta, device: EXCUSED_SENSITIVITY * delta + flushed * torch.finfo(device.dtype).smallest_normal,
                         sensitivity, results.device)
     device = _excused(results.device, results.bench, allowed)
     terms = term_magnitudes(name, replayed.bench, results.inputs, framework)
     again = judge(settings.registry, name, dataclasses.replace(results, device=device), None, terms)
     return verdict if again.status == "error" else relabelled(again, "errors within 16x the inputs' rounding (and flushed "
                                                                       "subnormals) excused")
+
+
+def _largest_incoming(inputs: Any) -> float:
+    """max(1, the largest |incoming gradient|): a backward multiplies its intermediates by
+    it, a flushed one among them too (layer_norm's weight gradient sums g x_hat, and x_hat
+    of subnormal inputs is subnormal itself)."""
+    grads = [g for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point() and g.numel()]
+    return max([1.0, *(float(g.double().abs().nan_to_num(posinf=0.0, neginf=0.0).max()) for g in grads)])
 
 
 def _excused(device: Any, bench: Any, allowed: Any) -> Any:
