@@ -1,7 +1,8 @@
 """Reading the dump: dump.json's streaming index and records (`index`), a recorded
 value turned into a Python/torch object (`values`; tensors loaded safely or generated
-from statistics in `tensors`), the index cache (`cache`), and which calls a run takes
-(`filters`: msprobe's lists and dedup).
+from statistics in `tensors`), the index cache (`cache`), which calls a run takes
+(`filters`: msprobe's lists and dedup), and one-call tensor dumps written in msprobe's
+format (`writer`: the examples exploration finds).
 
 May import: `pytest_msprobe.errors`. Never pytest, never a later stage.
 """

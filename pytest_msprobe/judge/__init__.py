@@ -5,7 +5,8 @@ the result as plain data (`record`), what any outcome amounts to (`outcome`), an
 check of a standards registry's routes and thresholds before any call (`routing`),
 the element samples an HTML report plots (`samples`), and the checks beside the
 standards (`findings`): the device's bits over repeated runs (`repeat`) and the
-overflow re-check of dumped inf/NaN (`overflow`).
+overflow re-check of dumped inf/NaN (`overflow`); and the search around a call
+(`explore`: --msprobe-explore, hypothesis).
 
 May import: `dump`, `run`, `errors`, `standards`. Never pytest, never a later stage.
 """
