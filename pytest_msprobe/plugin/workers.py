@@ -151,13 +151,15 @@ class HostRanks:
     hosts: dict[str, tuple[str, str]] = field(default_factory=dict)  # worker id -> (host key, name)
     ranks: dict[str, int] = field(default_factory=dict)  # worker id -> its rank on its host
     down: set[str] = field(default_factory=set)  # workers that finished or died
+    unanswered: dict[str, str] = field(default_factory=dict)  # worker id -> why its host could not say who it is
     shown: bool = False
 
     def place(self, node: Any) -> None:
         """Ask the new worker's host who it is (a popen worker's is the controller's own)
         and give the worker the lowest rank free on that host, in its workerinput. A
         gateway that cannot answer is taken to run on the controller's host (one machine
-        is the common case)."""
+        is the common case), and the line that says where workers run names it and why
+        (`unanswered`)."""
         worker, spec = node.gateway.id, node.gateway.spec
         key, name = host_identity()
         if not getattr(spec, "popen", False):
@@ -165,13 +167,20 @@ class HostRanks:
                 channel = node.gateway.remote_exec(host_identity)
                 key, name = channel.receive(timeout=60)
                 channel.waitclose(timeout=60)
-            except Exception:  # noqa: BLE001 - an exotic gateway: the worker is taken to run here
-                pass
+            except Exception as exc:  # noqa: BLE001 - an exotic gateway: the worker is taken to run here, said so
+                self.unanswered[worker] = f"{type(exc).__name__}: {exc}"
         taken = {rank for other, rank in self.ranks.items() if self.hosts[other][0] == key and other not in self.down}
         rank = next(candidate for candidate in range(len(taken) + 1) if candidate not in taken)
         self.hosts[worker], self.ranks[worker] = (key, name), rank
         own = bool(getattr(spec, "popen", False) or getattr(spec, "ssh", None))
         node.workerinput.update({HOST_KEY: key, HOST_NAME: name, HOST_RANK: rank, OWN_PROCESS: own})
+
+    def unanswered_note(self) -> str:
+        """What the layout line adds for workers whose host could not say who it is."""
+        if not self.unanswered:
+            return ""
+        named = ", ".join(f"{worker} ({why})" for worker, why in self.unanswered.items())
+        return f"; taken to run on this host, their host not asked: {named}"
 
     def release(self, worker: str) -> None:
         """A worker went down: a replacement on its host takes its rank."""
@@ -311,7 +320,7 @@ def host_layout(config: pytest.Config, ranks: HostRanks) -> str:
         threads = "1 CPU thread(s) each"
     else:
         threads = ("#k: the k-th device its host sees; " if not ids else "") + "CPU threads: a host's cores over its devices in use"
-    return _line(sum(len(placed) for _, placed in hosts), config.option.dist, hosts, threads)
+    return _line(sum(len(placed) for _, placed in hosts), config.option.dist, hosts, threads) + ranks.unanswered_note()
 
 
 def _line(workers: int, dist: str, hosts: list[tuple[str, list[tuple[str, str]]]], threads: str) -> str:

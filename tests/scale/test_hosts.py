@@ -53,7 +53,7 @@ class FakeChannel:
         return self.answer
 
     def waitclose(self, timeout: float | None = None) -> None:
-        pass
+        """The remote function has sent its one answer: nothing to wait for."""
 
 
 @dataclass
@@ -126,6 +126,8 @@ def test_a_host_that_cannot_answer_counts_as_the_controllers() -> None:
     here = workers.host_identity()
     assert _place(ranks, "gw0", here) == 0
     assert _place(ranks, "gw1", OSError("no answer")) == 1
+    assert ranks.unanswered == {"gw1": "OSError: no answer"}  # said on the layout line, not taken silently
+    assert "gw1 (OSError: no answer)" in ranks.unanswered_note()
 
 
 def test_a_new_workers_host_answers_over_its_gateway() -> None:
