@@ -23,7 +23,8 @@ from .verdict import Offender, Verdict
 __all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
 
 
-def check(bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None) -> Verdict:
+def check(bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None,
+          groups: Any = None) -> Verdict:
     """Judge `device` against its raised-precision `bench` by the standard routed for `api`.
 
     bench/device: torch tensors, numpy arrays, Python scalars, None, or nested
@@ -35,5 +36,9 @@ def check(bench: Any, device: Any, *, api: str, reference: Any = None, terms: An
     values). Where an element cancels far below its terms, a correct kernel's error is
     bounded by the terms, not by the element: the standards then judge it at that scale
     (see metrics.Pair.terms).
+    groups: None, or an integer tensor or array of the shape of the outputs it applies to
+    (an output of another shape is not grouped): the id of the group of elements that
+    share one rounded quantity (a softmax row's sum, a batch_norm channel's statistics):
+    the bias sign tests then count groups, not elements (bias.grouped_z).
     """
-    return shipped_registry().check(bench, device, api=api, reference=reference, terms=terms)
+    return shipped_registry().check(bench, device, api=api, reference=reference, terms=terms, groups=groups)

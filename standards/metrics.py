@@ -99,6 +99,7 @@ class Pair:
         self.exact: tuple[np.ndarray, np.ndarray] | None = None   # raw integer/bool values
         self.want_legacy = False     # set by the registry: fuse legacy sums into the pass
         self.terms_src = None        # set by the registry: each element's terms' magnitude
+        self.groups_src = None       # set by the registry: each element's group (bias.py)
         if info.name == "bfloat16":
             self.tiny = 2.0 ** -8
         else:
@@ -217,6 +218,16 @@ class Pair:
         terms = np.abs(_flat64(self.terms_src))
         terms = terms if self.all_finite else terms[self.both_finite]
         return np.fmax(np.where(np.isfinite(terms), terms, 0.0), self.abs_b)
+
+    @cached_property
+    def groups(self) -> np.ndarray | None:
+        """Per finite element, the id of the group that shares its rounded normaliser
+        (bias.grouped_z), or None: every element a group of its own."""
+        if self.groups_src is None:
+            return None
+        ids = np.asarray(self.groups_src.cpu() if hasattr(self.groups_src, "cpu") else self.groups_src,
+                         dtype=np.int64).reshape(-1)
+        return ids if self.all_finite else ids[self.both_finite]
 
     @cached_property
     def ulp(self) -> np.ndarray:

@@ -135,7 +135,8 @@ class Registry:
         return cached
 
     # ----------------------------------------------------------------- judging
-    def check(self, bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None) -> Verdict:
+    def check(self, bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None,
+              groups: Any = None) -> Verdict:
         """Judge a (possibly nested) device output against its bench. See package docs."""
         baseline, ref_leaves, ref_problem = _parse_reference(bench, reference)
         term_leaves = {} if terms is None else {
@@ -164,12 +165,12 @@ class Registry:
                 ref_leaf = ref_leaves.get(item.path)
                 if ref_leaf is not None:
                     ref = ref_leaf
-            verdicts.append(self._judge_leaf(item, api, ref, term_leaves.get(item.path)))
+            verdicts.append(self._judge_leaf(item, api, ref, term_leaves.get(item.path), groups))
         if len(verdicts) == 1 and not verdicts[0].path:
             return verdicts[0]
         return _combine(verdicts)
 
-    def _judge_leaf(self, leaf: Leaf, api: str, ref: Any, terms: Any = None) -> Verdict:
+    def _judge_leaf(self, leaf: Leaf, api: str, ref: Any, terms: Any = None, groups: Any = None) -> Verdict:
         name = self.standard_for(api, leaf.device_dtype)
         func = self.standards.get(name)
         if func is None:
@@ -180,6 +181,8 @@ class Registry:
         pair.want_legacy = floating       # lets a fused pass compute the legacy sums too
         if floating and terms is not None and tuple(terms.shape) == tuple(leaf.device.shape):
             pair.terms_src = terms
+        if floating and groups is not None and tuple(groups.shape) == tuple(leaf.device.shape):
+            pair.groups_src = groups
         reference = None
         if isinstance(ref, Reference):
             reference = ref
@@ -196,6 +199,7 @@ class Registry:
                 Leaf(leaf.path, leaf.bench, ref.device, leaf.bench_dtype, ref.device_dtype),
                 ref_info))
             reference.pair.terms_src = pair.terms_src
+            reference.pair.groups_src = pair.groups_src
         with np.errstate(all="ignore"):
             verdict = func(pair, self.thresholds_for(api, leaf.device_dtype), reference)
             if floating and pair.n:

@@ -74,6 +74,11 @@ report these: it judges a single-run backward error again against a bench whose 
 saves the forward results in D (pytest_msprobe/run/replay.py, saved_in_device_dtype), where
 the same gradients are within 0.5 ULP (tests/test_saved_in_device_dtype.py); with an
 accelerator, its CPU reference in D carries the same rounding and is judged by ratios.
+Terms (Pair.terms) raise an element's scale to its terms' magnitude in ULPs of D, which
+is right for a composite (a gradient whose intermediates are rounded to D) and too wide
+for one kernel's reduction: a float16 sum of 2048 terms accumulated in float16 (planted,
+tests/standards/kernels.py) passes once judged at its terms. The ULP standard (matrix
+products) allows the accumulator's rounding instead (ulp.py) and catches that fault.
 Calibration (tests/standards/kernels.py,
 test_calibration.py): correct CPU forward kernels, valid fp32 rewrites and autograd
 BACKWARD kernels in fp32/fp16/bf16 -> 0 errors, 0 warnings; planted faults -> all errors
@@ -86,7 +91,7 @@ import math
 import numpy as np
 
 from . import fast
-from .bias import STAT_SAMPLE, abs_b_quantile, bias_reasons, sample_blocks, sample_step, statistics
+from .bias import STAT_SAMPLE, abs_b_quantile, bias_reasons, grouped_z, sample_blocks, sample_step, statistics
 from .dtypes import DtypeInfo
 from .metrics import Pair, ulp_of
 
@@ -160,7 +165,7 @@ def single_run_metrics(pair: Pair) -> dict:
             / sum(part.stop - part.start for part in blocks),
             "max_top_ulp_err": max_top_ulp_err(pair, defaults["sr_top_quantile"],
                                                defaults["sr_scale_floor"]),
-            **statistics(sums.sums),
+            **grouped_z(pair, statistics(sums.sums)),
         }
     return pair.cached("single_run_metrics", compute)
 
@@ -211,7 +216,7 @@ def fast_single_run(pair: Pair, spec: dict, scaled: bool, top: bool = True):
         "max_scaled_ulp_err": float(res["scaled"][0]) if scaled else 0.0,
         "mean_scaled_ulp_err": res["scaled"][1] / res["scaled"][2] if scaled else 0.0,
         "max_top_ulp_err": float(res["top"]) if top else None,
-        **statistics(res["bias"]),
+        **grouped_z(pair, statistics(res["bias"])),
     }
 
 

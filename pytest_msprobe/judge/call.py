@@ -13,6 +13,7 @@ from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.precision import BenchSite, bench_site, strict_float32
+from pytest_msprobe.run.groups import groups_of
 from pytest_msprobe.run.terms import term_magnitudes
 from pytest_msprobe.run.replay import (Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, evaluated,
                                    replay, saved_in_device_dtype)
@@ -203,16 +204,17 @@ def judged_results(registry: Any, name: CallName, results: Results, *, bench: An
     re-judgement) is judged again against the bench that saves its forward results in
     the device dtype. -> the verdict, and the results it was reached on (their bench is
     the re-judgement's where that verdict stands): what the report's samples show."""
-    verdict = judge(registry, name, results, recorded)
+    groups = groups_of(name, bench, results.inputs)
+    verdict = judge(registry, name, results, recorded, groups=groups)
     if verdict.status != "error":
         return verdict, results
     terms = _aligned(term_magnitudes(name, bench, results.inputs, framework), results.bench)
     if terms is not None:
-        conditioned = judge(registry, name, results, recorded, terms)
+        conditioned = judge(registry, name, results, recorded, terms, groups)
         if conditioned.status != "error":
             return relabelled(conditioned, "conditioned on the terms' magnitudes"), results
     if name.direction == "backward" and results.reference is None:
-        again = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded, terms)
+        again = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded, terms, groups)
         if again is not None:
             return again
     return verdict, results
@@ -233,7 +235,7 @@ def relabelled(verdict: Any, how: str) -> Any:
 
 
 def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str,
-                                  recorded: Any, terms: Any = None) -> tuple[Any, Results] | None:
+                                  recorded: Any, terms: Any = None, groups: Any = None) -> tuple[Any, Results] | None:
     """The verdict against replay.saved_in_device_dtype's bench, with those results, if
     it is not an error there, else None (the error against the plain bench stands)."""
     inputs = results.inputs
@@ -244,7 +246,7 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
     if grads is None:
         return None  # the plain bench's error stands
     again = dataclasses.replace(results, bench=grads)
-    verdict = judge(registry, name, again, recorded, terms)
+    verdict = judge(registry, name, again, recorded, terms, groups)
     if verdict.status == "error":
         return None
     return relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}"), again
@@ -277,10 +279,13 @@ def align_offline(results: Results) -> Results:
     return results
 
 
-def judge(registry: Any, name: CallName, results: Results, recorded: Any = None, terms: Any = None) -> Any:
+def judge(registry: Any, name: CallName, results: Results, recorded: Any = None, terms: Any = None,
+          groups: Any = None) -> Any:
     """The verdict against the bench; against recorded baseline metrics when given,
     else against the reference run where there is one; conditioned on the elements'
-    terms' magnitudes when given."""
+    terms' magnitudes when given; the bias tests counting the groups of elements that
+    share a rounded normaliser when given (run/groups.py)."""
     reference = recorded if recorded is not None else results.reference
-    return registry.check(results.bench, results.device, api=name.operator, reference=reference, terms=terms)
+    return registry.check(results.bench, results.device, api=name.operator, reference=reference, terms=terms,
+                          groups=groups)
 

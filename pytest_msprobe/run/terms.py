@@ -39,7 +39,7 @@ def has_terms(name: CallName) -> bool:
     return name.operator in terms_table()[name.direction]
 
 
-def _argument(args: list[Any], kwargs: dict[str, Any], position: int, name: str, default: Any = None) -> Any:
+def argument(args: list[Any], kwargs: dict[str, Any], position: int, name: str, default: Any = None) -> Any:
     return args[position] if len(args) > position else kwargs.get(name, default)
 
 
@@ -77,48 +77,48 @@ def _centred_terms(x: torch.Tensor, dims: tuple[int, ...], eps: float, g_hat: to
 def _layer_norm_output(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     """layer_norm's output w x_hat + b: terms |w| |x_hat| + |b|, |x_hat| as _centred's."""
     x = args[0]
-    dims = tuple(range(x.dim() - len(_argument(args, kwargs, 1, "normalized_shape")), x.dim()))
-    x_hat, _ = _centred(x, dims, _argument(args, kwargs, 4, "eps", 1e-5))
-    w, b = _argument(args, kwargs, 2, "weight"), _argument(args, kwargs, 3, "bias")
+    dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
+    x_hat, _ = _centred(x, dims, argument(args, kwargs, 4, "eps", 1e-5))
+    w, b = argument(args, kwargs, 2, "weight"), argument(args, kwargs, 3, "bias")
     return x_hat * (w.abs() if isinstance(w, torch.Tensor) else 1) + (b.abs() if isinstance(b, torch.Tensor) else 0)
 
 
 def _layer_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
-    dims = tuple(range(x.dim() - len(_argument(args, kwargs, 1, "normalized_shape")), x.dim()))
-    w = _argument(args, kwargs, 2, "weight")
+    dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
+    w = argument(args, kwargs, 2, "weight")
     g_hat = (g * w if isinstance(w, torch.Tensor) else g).abs()
-    x_hat, terms = _centred_terms(x, dims, _argument(args, kwargs, 4, "eps", 1e-5), g_hat)
+    x_hat, terms = _centred_terms(x, dims, argument(args, kwargs, 4, "eps", 1e-5), g_hat)
     weight, bias = _affine_terms(x_hat, g, dims)
     return {"input": terms, "weight": weight.reshape(x.shape[dims[0]:]), "bias": bias.reshape(x.shape[dims[0]:])}
 
 
 def _softmax(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """softmax's dx = y (g - sum(g y)): terms y (|g| + sum(|g| y))."""
-    dim = _argument(args, kwargs, 1, "dim")
+    dim = argument(args, kwargs, 1, "dim")
     y = torch.softmax(args[0], dim)
     return {"input": y * (g.abs() + (g.abs() * y).sum(dim, keepdim=True))}
 
 
 def _log_softmax(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """log_softmax's dx = g - softmax(x) sum(g): terms |g| + softmax(x) sum(|g|)."""
-    dim = _argument(args, kwargs, 1, "dim")
+    dim = argument(args, kwargs, 1, "dim")
     return {"input": g.abs() + torch.softmax(args[0], dim) * g.abs().sum(dim, keepdim=True)}
 
 
 def _rms_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
-    dims = tuple(range(x.dim() - len(_argument(args, kwargs, 1, "normalized_shape")), x.dim()))
-    eps = _argument(args, kwargs, 3, "eps") or torch.finfo(x.dtype).eps
+    dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
+    eps = argument(args, kwargs, 3, "eps") or torch.finfo(x.dtype).eps
     weight, _ = _affine_terms(_normalized(x, dims, eps, centred=False), g, dims)
     return {"weight": weight.reshape(x.shape[dims[0]:])}
 
 
 def _group_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
-    groups = _argument(args, kwargs, 1, "num_groups")
+    groups = argument(args, kwargs, 1, "num_groups")
     grouped = x.reshape(x.shape[0], groups, -1)
-    x_hat = _normalized(grouped, (2,), _argument(args, kwargs, 4, "eps", 1e-5)).reshape(x.shape)
+    x_hat = _normalized(grouped, (2,), argument(args, kwargs, 4, "eps", 1e-5)).reshape(x.shape)
     weight, bias = _affine_terms(x_hat, g, (1,))
     return {"weight": weight, "bias": bias}
 
@@ -126,15 +126,15 @@ def _group_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dic
 def _batch_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
     dims = tuple(d for d in range(x.dim()) if d != 1)
-    eps = _argument(args, kwargs, 7, "eps", 1e-5)
+    eps = argument(args, kwargs, 7, "eps", 1e-5)
     shape = [1, -1] + [1] * (x.dim() - 2)
     found: dict[str, torch.Tensor] = {}
-    if _argument(args, kwargs, 5, "training", False):
-        w = _argument(args, kwargs, 3, "weight")
+    if argument(args, kwargs, 5, "training", False):
+        w = argument(args, kwargs, 3, "weight")
         g_hat = (g * w.reshape(shape) if isinstance(w, torch.Tensor) else g).abs()
         x_hat, found["input"] = _centred_terms(x, dims, eps, g_hat)
     else:
-        mean, var = (_argument(args, kwargs, i, key) for i, key in ((1, "running_mean"), (2, "running_var")))
+        mean, var = (argument(args, kwargs, i, key) for i, key in ((1, "running_mean"), (2, "running_var")))
         x_hat = (x - mean.reshape(shape)) * torch.rsqrt(var.reshape(shape) + eps)
     weight, bias = _affine_terms(x_hat, g, (1,))
     return {**found, "weight": weight, "bias": bias}
@@ -166,7 +166,7 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
     if name.direction == "forward" and name.operator in FORWARD_TERMS:
         try:
             with torch.no_grad():
-                return FORWARD_TERMS[name.operator](*_torch_form(bench, bench.place(inputs.args), bench.place(inputs.kwargs)))
+                return FORWARD_TERMS[name.operator](*torch_form(bench, bench.place(inputs.args), bench.place(inputs.kwargs)))
         except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
             return None
     if not has_terms(name):
@@ -177,7 +177,7 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
     return tree_map(lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result)
 
 
-def _torch_form(bench: Run, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def torch_form(bench: Run, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """The arguments by torch's names and positions, which the formulas read: a MindSpore
     call's torch twin translates its own (softmax's axis is torch's dim)."""
     translate = getattr(bench.function, "torch_arguments", None)
@@ -192,13 +192,13 @@ def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -
     grads = inputs.grads or []
     if len(grads) != 1 or grads[0] is None or not args or not isinstance(args[0], torch.Tensor):
         return None
-    torch_args, torch_kwargs = _torch_form(bench, args, kwargs)
+    torch_args, torch_kwargs = torch_form(bench, args, kwargs)
     try:
         with torch.no_grad():
             found = formula(torch_args, torch_kwargs, bench.place(grads[0]))
     except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
         return None
-    by_tensor = {id(_argument(torch_args, torch_kwargs, position, key)): found.get(key) for position, key in enumerate(names)}
+    by_tensor = {id(argument(torch_args, torch_kwargs, position, key)): found.get(key) for position, key in enumerate(names)}
     leaves = [by_tensor.get(id(tensor)) for tensor in tensors_in((args, kwargs))]
     return tuple(terms for terms, flag in zip(leaves, needs_grad(inputs, framework)) if flag)
 

@@ -37,7 +37,7 @@ SUPPORT_PACKAGE = "_msprobe_support"
 CORE_SUPPORT = (
     ("pytest_msprobe", "", ("errors.py", "_moved.py")),
     ("pytest_msprobe.dump", "dump", ("__init__.py", "index.py", "tensors.py", "values.py")),
-    ("pytest_msprobe.run", "run", ("__init__.py", "apis.py", "replay.py", "terms.py", "devices.py", "precision.py", "api_tables/pytorch.toml")),
+    ("pytest_msprobe.run", "run", ("__init__.py", "apis.py", "replay.py", "terms.py", "groups.py", "devices.py", "precision.py", "api_tables/pytorch.toml")),
     ("pytest_msprobe.judge", "judge", ("__init__.py", "call.py", "record.py", "findings.py", "repeat.py")),
     ("pytest_msprobe.scripts", "scripts", ("__init__.py", "runtime.py")),
     ("pytest_msprobe.standards", "standards", ("*.py", "tables/*.csv")),

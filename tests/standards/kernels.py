@@ -84,13 +84,59 @@ def run_pair(fn, inputs, dtype):
     return fn(*bench_in), fn(*dev_in)
 
 
-def correct_cases(seeds=(0, 1)):
+#: APIs whose outputs are sums of products (the plugin's [terms] table): their cases
+#: carry each element's terms' magnitude, as the plugin measures it for a call judged
+#: error (the same function on the raised inputs' absolute values)
+SUMS_OF_PRODUCTS = {"linear", "matmul", "bmm", "conv1d", "conv2d", "sum", "mean", "cumsum"}
+
+
+def terms_of(fn, inputs, dtype):
+    """fn on |inputs| rounded to `dtype` and raised: each output element's terms' magnitude."""
+    return fn(*(t.abs() if t.is_floating_point() else t for t in cast(cast(inputs, dtype), RAISE[dtype])))
+
+
+def _forward_runs(seeds):
     for api, entries in CORRECT.items():
         for k, (fn, make) in enumerate(entries):
             for dtype in DTYPES:
                 for seed in seeds:
-                    bench, device = run_pair(fn, make(_g(seed * 100 + k)), dtype)
-                    yield f"{api}[{k}]-{str(dtype)[6:]}-s{seed}", api, bench, device
+                    yield f"{api}[{k}]-{str(dtype)[6:]}-s{seed}", api, fn, make(_g(seed * 100 + k)), dtype
+
+
+def correct_cases(seeds=(0, 1)):
+    for name, api, fn, inputs, dtype in _forward_runs(seeds):
+        yield (name, api, *run_pair(fn, inputs, dtype))
+
+
+def correct_terms(seeds=(0, 1)) -> dict:
+    """name -> terms' magnitude of the correct_cases whose API sums products."""
+    return {name: terms_of(fn, inputs, dtype) for name, api, fn, inputs, dtype in _forward_runs(seeds)
+            if api in SUMS_OF_PRODUCTS}
+
+
+def summation_orders(seed=1):
+    """The float16 and bfloat16 linear of K = 4096 with its float32 accumulation done in
+    other orders, each a correct kernel: split-K over 2, 8 or 16 strided partial sums
+    (threads), forward or reversed, and one term at a time. On a Xeon with AVX512-FP16,
+    torch's own linear with 2 threads put one element of these 512 at 2 ULP of float16
+    (an element of |b| 0.03 from terms of 2644): msprobe's single-run rule fails it on
+    that machine only. Built here, the same on every CPU. -> (name, api, bench, device,
+    terms)."""
+    fn, make = CORRECT["linear"][1]
+    x, w, b = make(_g(seed * 100 + 1))
+    for dtype in (torch.float16, torch.bfloat16):
+        xd, wd, bd = (t.to(dtype).float() for t in (x, w, b))
+        bench = F.linear(*cast((xd, wd, bd), torch.float32))
+        terms = terms_of(fn, (x, w, b), dtype)
+        orders = {f"splitK{parts}-{way}": sum(xs[:, k::parts] @ ws[:, k::parts].T for k in range(parts))
+                  for parts in (2, 8, 16)
+                  for way, xs, ws in (("forward", xd, wd), ("reversed", xd.flip(1), wd.flip(1)))}
+        sequential = torch.zeros(x.shape[0], w.shape[0])
+        for k in range(x.shape[1]):
+            sequential = sequential + xd[:, k:k + 1] * wd[:, k:k + 1].T
+        orders["sequential"] = sequential
+        for order, acc in orders.items():
+            yield f"linear-{order}-{str(dtype)[6:]}", "linear", bench, (acc + bd).to(dtype), terms
 
 
 # ----------------------------------------------------------------------- rewrites
@@ -139,8 +185,18 @@ def lower_precision_accumulate(x, w, dtype, acc_dtype, chunk=16):
 
 def faults(seed=0):
     """(name, api, bench, device) of planted kernel faults: each must be an error."""
+    return [case[:4] for case in faults_with_terms(seed)]
+
+
+def faults_with_terms(seed=0):
+    """faults() with each matrix product's terms' magnitude (linear), else None: the
+    plugin judges such a call again at its terms, and a fault must fail there too.
+    (A sum is judged by the benchmark standard, whose single-run rule still takes the
+    terms in ULPs of D: a float16 sum accumulated in float16 passes there; single_run.py,
+    "Known limits".) -> (name, api, bench, device, terms)."""
     out = []
     for dtype in DTYPES:
+        first = len(out)
         dn = str(dtype)[6:]
         g = _g(seed + 7)
         m = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
@@ -195,6 +251,8 @@ def faults(seed=0):
             i = int(torch.argsort(mag)[int(0.9 * mag.numel())])   # 90th percentile
             bad[i] = bad[i] * 1.25
             out.append((f"onewrong-{api}-{dn}", api, bench, bad.reshape(dev.shape)))
+        terms = {"linear": terms_of(F.linear, (x, w), dtype)}
+        out[first:] = [(*case, terms.get(case[1])) for case in out[first:]]
     return out
 
 
