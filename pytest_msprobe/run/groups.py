@@ -17,7 +17,8 @@ An API not in the table is not grouped: its elements are independent draws.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 

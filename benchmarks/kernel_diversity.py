@@ -1,0 +1,341 @@
+"""Kernel diversity: the plugin's verdicts on correct kernels must not depend on the kernel path.
+
+Why
+---
+torch picks its CPU kernels at run time: ``ATEN_CPU_CAPABILITY`` selects the vectorised code
+(``default`` = no vectorisation, ``avx2``, ``avx512``) and ``OMP_NUM_THREADS`` how a reduction
+is split across threads. Each path is a different *correct* kernel -- it sums in another
+order and rounds differently. A rule calibrated on one path that calls another path's
+rounding an error (or a warning) would flag healthy hardware. So every correct dump,
+whatever path wrote it (the device) and whatever path replays the reference, must give
+0 errors and 0 warnings.
+
+How
+---
+For every dump folder and every path in the matrix ATEN_CPU_CAPABILITY x OMP_NUM_THREADS,
+this script copies the dump to a scratch folder and runs, in a subprocess with that
+environment::
+
+    python -m pytest -p no:cacheprovider -q --msprobe-dump=<copy>/dump.json \
+        --msprobe-device=cpu --msprobe-out=<out> [--msprobe-offline]
+
+in two modes:
+
+* ``single``  -- no reference: the subprocess's path is the device, the calibrated single-run
+  rules judge (tensor and statistics dumps);
+* ``offline`` -- ``--msprobe-offline``: the dumped outputs are the device (written by the path
+  that made the dump; the shipped dumps: torch, one thread, avx512 CPU) and the subprocess's
+  path is the reference. Tensor dumps only: statistics dumps have no outputs to judge.
+
+It reads ``<out>/accuracy_checking_result_*.csv`` (UTF-8 with BOM; columns ``API name``,
+``Forward Test Success``, ``Backward Test Success``, ``Message``) and counts, forward and
+backward together, the statuses judged (pass/warning/error), errors, warnings and SKIPs per
+(dump, mode, path). A nonzero pytest exit status is data (a call errored), not a harness
+failure; a run that leaves no result CSV is reported as such. Every error and warning is
+kept with its call name and Message and printed. ``--csv``/``--markdown`` write the table,
+``--events`` the errors/warnings.
+
+``--make-dump CAP`` (repeatable) first makes a new dump of transformer12 float32 with msprobe
+itself under ATEN_CPU_CAPABILITY=CAP (one thread), using ``--maker-python`` (a separate venv
+with ``torch==2.13.0`` and ``mindstudio-probe``), and adds it to the dumps to judge; its
+device path is then "CAP/1t (dump writer)".
+
+Example::
+
+    python benchmarks/kernel_diversity.py --markdown /tmp/kd/table.md
+    python benchmarks/kernel_diversity.py --caps default avx512 --threads 1 \
+        --modes offline tests/dumps/models/gru_tensor_fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+EXTRA_DUMPS = (
+    "examples/mlpcnn_tensor_fp32",
+    "tests/dumps/torch_mlpcnn_tensor_fp32",
+    "tests/dumps/torch_mlpcnn_mix_tensor_fp16",
+    "tests/dumps/torch_mlpcnn_statistics_bf16",
+)
+SHIPPED_WRITER = "avx512/1t (dump writer)"
+JUDGED = ("pass", "warning", "error")
+DIRECTIONS = {"Forward Test Success": "forward", "Backward Test Success": "backward"}
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """One CPU kernel path: a vectorisation level and a thread count."""
+
+    cap: str
+    threads: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.cap}/{self.threads}t"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["ATEN_CPU_CAPABILITY"] = self.cap
+        env["OMP_NUM_THREADS"] = str(self.threads)
+        env.pop("PYTEST_ADDOPTS", None)
+        return env
+
+
+@dataclass(frozen=True)
+class Dump:
+    """A dump folder to judge and the path that wrote its outputs."""
+
+    folder: Path
+    name: str
+    task: str
+    writer: str = SHIPPED_WRITER
+
+
+@dataclass
+class RunResult:
+    """The counts of one (dump, mode, path) run and its errors/warnings."""
+
+    dump: str
+    mode: str
+    device: str
+    reference: str
+    rows: int = 0
+    judged: int = 0
+    errors: int = 0
+    warnings: int = 0
+    skips: int = 0
+    exit_status: int = 0
+    seconds: float = 0.0
+    note: str = ""
+    events: list[dict[str, str]] = field(default_factory=list)
+
+
+def default_dumps() -> list[Path]:
+    """Every tensor/statistics dump under tests/dumps/models/ but faults/, plus EXTRA_DUMPS."""
+    models = sorted(
+        Path(p).parent
+        for p in glob.glob(str(REPO / "tests/dumps/models/*/dump.json"))
+        if Path(p).parent.name != "faults"
+    )
+    return models + [REPO / extra for extra in EXTRA_DUMPS]
+
+
+def read_dump(folder: Path, writer: str = SHIPPED_WRITER) -> Dump:
+    """The dump's task (tensor/statistics), read from the head of dump.json."""
+    with open(folder / "dump.json", encoding="utf-8") as handle:
+        head = handle.read(4096)
+    task = "statistics" if '"statistics"' in head.split('"data"')[0] else "tensor"
+    try:
+        name = str(folder.resolve().relative_to(REPO))
+    except ValueError:
+        name = str(folder)
+    return Dump(folder=folder, name=name, task=task, writer=writer)
+
+
+def pytest_command(dump_json: Path, out: Path, offline: bool) -> list[str]:
+    """The plugin run of one dump."""
+    command = [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+        f"--msprobe-dump={dump_json}", "--msprobe-device=cpu", f"--msprobe-out={out}",
+    ]
+    return command + (["--msprobe-offline"] if offline else [])
+
+
+def result_csv(out: Path) -> Path | None:
+    """The run's accuracy_checking_result_*.csv, if it wrote one."""
+    found = sorted(out.glob("accuracy_checking_result_*.csv"))
+    return found[-1] if found else None
+
+
+def count_statuses(frame: pd.DataFrame, result: RunResult) -> None:
+    """Fill result's counts and events from a result CSV, forward and backward together."""
+    result.rows = len(frame)
+    for column, direction in DIRECTIONS.items():
+        statuses = frame[column].str.strip()
+        result.judged += int(statuses.isin(JUDGED).sum())
+        result.errors += int((statuses == "error").sum())
+        result.warnings += int((statuses == "warning").sum())
+        result.skips += int((statuses == "SKIP").sum())
+        flagged = frame[statuses.isin(("error", "warning"))]
+        for _, row in flagged.iterrows():
+            result.events.append({
+                "dump": result.dump, "mode": result.mode, "device": result.device,
+                "reference": result.reference, "call": row["API name"],
+                "direction": direction, "status": row[column].strip(),
+                "message": row["Message"],
+            })
+
+
+def run_one(dump: Dump, mode: str, path: KernelPath, scratch: Path) -> RunResult:
+    """Copy the dump, run the plugin under path's environment, count the result CSV."""
+    offline = mode == "offline"
+    result = RunResult(
+        dump=dump.name, mode=mode,
+        device=dump.writer if offline else path.label,
+        reference=path.label if offline else "none (single-run rules)",
+    )
+    work = scratch / dump.name.replace("/", "__") / f"{mode}_{path.cap}_{path.threads}t"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(dump.folder, work / "dump")
+    out = work / "out"
+    started = time.perf_counter()
+    proc = subprocess.run(
+        pytest_command(work / "dump" / "dump.json", out, offline),
+        cwd=work, env=path.env(), capture_output=True, text=True,
+    )
+    result.seconds = time.perf_counter() - started
+    result.exit_status = proc.returncode
+    (work / "pytest.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    csv_path = result_csv(out)
+    if csv_path is None:
+        result.note = f"no result CSV (exit {proc.returncode}): see {work / 'pytest.log'}"
+        return result
+    frame = pd.read_csv(csv_path, encoding="utf-8-sig", dtype=str, keep_default_na=False)
+    count_statuses(frame, result)
+    return result
+
+
+def probe_path(path: KernelPath) -> str:
+    """What torch itself reports under path's environment: capability and thread count."""
+    code = ("import torch; print(torch.backends.cpu.get_cpu_capability(), "
+            "torch.get_num_threads())")
+    proc = subprocess.run([sys.executable, "-c", code], env=path.env(),
+                          capture_output=True, text=True)
+    return proc.stdout.strip() or proc.stderr.strip()[-200:]
+
+
+def make_dump(maker_python: str, cap: str, scratch: Path, model: str, dtype: str) -> Dump:
+    """A new msprobe dump made by tests/dumps/models/make_dumps.py under ATEN_CPU_CAPABILITY=cap."""
+    out = scratch / "made" / f"{model}_tensor_{dtype}_{cap}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = KernelPath(cap, 1).env()
+    command = [maker_python, str(REPO / "tests/dumps/models/make_dumps.py"), model, dtype, str(out)]
+    proc = subprocess.run(command, cwd=out.parent, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not (out / "dump.json").exists():
+        raise RuntimeError(f"make_dumps.py under {cap} failed:\n{proc.stdout}\n{proc.stderr}")
+    return Dump(folder=out, name=f"made:{model}_tensor_{dtype}@{cap}", task="tensor",
+                writer=f"{cap}/1t (dump writer)")
+
+
+def modes_for(dump: Dump, modes: list[str]) -> list[str]:
+    """Offline only for tensor dumps: statistics dumps have no outputs to judge."""
+    return [m for m in modes if m == "single" or dump.task == "tensor"]
+
+
+def summary_table(results: list[RunResult]) -> pd.DataFrame:
+    """One row per (dump, mode, path)."""
+    columns = ["dump", "mode", "device", "reference", "rows", "judged", "errors",
+               "warnings", "skips", "exit_status", "seconds", "note"]
+    frame = pd.DataFrame([{c: getattr(r, c) for c in columns} for r in results])
+    frame["seconds"] = frame["seconds"].round(1)
+    return frame
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    """A GitHub markdown table (no tabulate dependency)."""
+    header = "| " + " | ".join(frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Judge correct dumps under every CPU kernel path "
+                    "(ATEN_CPU_CAPABILITY x OMP_NUM_THREADS): expect 0 errors, 0 warnings.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("dumps", nargs="*", type=Path,
+                        help="dump folders (holding dump.json); default: every shipped "
+                             "tensor/statistics dump but tests/dumps/models/faults")
+    parser.add_argument("--caps", nargs="+", default=["default", "avx2", "avx512"],
+                        help="ATEN_CPU_CAPABILITY values (default: default avx2 avx512)")
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2],
+                        help="OMP_NUM_THREADS values (default: 1 2)")
+    parser.add_argument("--modes", nargs="+", choices=["single", "offline"],
+                        default=["single", "offline"], help="modes (default: both)")
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/kd/runs"),
+                        help="where dump copies and outputs go (default /tmp/kd/runs)")
+    parser.add_argument("--make-dump", action="append", default=[], metavar="CAP",
+                        help="also make a transformer12 float32 dump with msprobe under "
+                             "ATEN_CPU_CAPABILITY=CAP and judge it offline (repeatable)")
+    parser.add_argument("--maker-python", default="/tmp/kd/msvenv/bin/python",
+                        help="python with torch==2.13.0 and mindstudio-probe for --make-dump")
+    parser.add_argument("--make-model", default="transformer12")
+    parser.add_argument("--make-dtype", default="float32")
+    parser.add_argument("--only-made", action="store_true",
+                        help="judge only the dumps made by --make-dump")
+    parser.add_argument("--csv", type=Path, help="write the summary table here")
+    parser.add_argument("--markdown", type=Path, help="write the summary table as markdown")
+    parser.add_argument("--events", type=Path, help="write every error/warning here (CSV)")
+    return parser.parse_args(argv)
+
+
+def collect_dumps(args: argparse.Namespace) -> list[Dump]:
+    """The shipped or given dumps, then the ones made under other paths."""
+    dumps = [] if args.only_made else [read_dump(f) for f in (args.dumps or default_dumps())]
+    for cap in args.make_dump:
+        started = time.perf_counter()
+        made = make_dump(args.maker_python, cap, args.scratch, args.make_model, args.make_dtype)
+        print(f"made {made.name} in {time.perf_counter() - started:.1f}s: {made.folder}",
+              flush=True)
+        dumps.append(made)
+    return dumps
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    paths = [KernelPath(cap, threads) for cap in args.caps for threads in args.threads]
+    for path in paths:
+        print(f"path {path.label}: torch reports {probe_path(path)}", flush=True)
+    wall = time.perf_counter()
+    dumps = collect_dumps(args)
+    results: list[RunResult] = []
+    for dump in dumps:
+        for mode in modes_for(dump, args.modes):
+            if dump.writer != SHIPPED_WRITER and mode == "single":
+                continue  # a made dump's point is its dumped outputs: offline only
+            for path in paths:
+                result = run_one(dump, mode, path, args.scratch)
+                results.append(result)
+                print(f"{dump.name:45s} {mode:8s} {path.label:11s} judged={result.judged:4d} "
+                      f"errors={result.errors} warnings={result.warnings} skips={result.skips} "
+                      f"exit={result.exit_status} {result.seconds:.1f}s {result.note}", flush=True)
+    wall = time.perf_counter() - wall
+    table = summary_table(results)
+    events = pd.DataFrame([e for r in results for e in r.events],
+                          columns=["dump", "mode", "device", "reference", "call",
+                                   "direction", "status", "message"])
+    with pd.option_context("display.max_rows", None, "display.width", 200,
+                           "display.max_columns", None, "display.max_colwidth", 60):
+        print(table.drop(columns=["note"]).to_string(index=False))
+        print(f"\n{len(events)} errors/warnings")
+    for event in events.itertuples(index=False):
+        print(f"- [{event.status}] {event.dump} {event.mode} device={event.device} "
+              f"reference={event.reference} {event.call} {event.direction}: {event.message}")
+    print(f"\ntotal: {len(results)} runs, {table['errors'].sum()} errors, "
+          f"{table['warnings'].sum()} warnings, wall {wall:.1f}s")
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    if args.markdown:
+        args.markdown.write_text(to_markdown(table) + "\n", encoding="utf-8")
+    if args.events:
+        events.to_csv(args.events, index=False)
+    return 0 if not table["note"].astype(bool).any() else 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
