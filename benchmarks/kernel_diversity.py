@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -186,14 +185,15 @@ def run_one(dump: Dump, mode: str, path: KernelPath, scratch: Path) -> RunResult
         device=dump.writer if offline else path.label,
         reference=path.label if offline else "none (single-run rules)",
     )
-    work = scratch / dump.name.replace("/", "__") / f"{mode}_{path.cap}_{path.threads}t"
+    folder = dump.name.replace("/", "__").replace(":", "_").replace("@", "_")
+    work = scratch / folder / f"{mode}_{path.cap}_{path.threads}t"
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(dump.folder, work / "dump")
     out = work / "out"
     started = time.perf_counter()
     proc = subprocess.run(
         pytest_command(work / "dump" / "dump.json", out, offline),
-        cwd=work, env=path.env(), capture_output=True, text=True,
+        check=False, cwd=work, env=path.env(), capture_output=True, text=True,
     )
     result.seconds = time.perf_counter() - started
     result.exit_status = proc.returncode
@@ -211,7 +211,7 @@ def probe_path(path: KernelPath) -> str:
     """What torch itself reports under path's environment: capability and thread count."""
     code = ("import torch; print(torch.backends.cpu.get_cpu_capability(), "
             "torch.get_num_threads())")
-    proc = subprocess.run([sys.executable, "-c", code], env=path.env(),
+    proc = subprocess.run([sys.executable, "-c", code], check=False, env=path.env(),
                           capture_output=True, text=True)
     return proc.stdout.strip() or proc.stderr.strip()[-200:]
 
@@ -223,7 +223,8 @@ def make_dump(maker_python: str, cap: str, scratch: Path, model: str, dtype: str
     out.parent.mkdir(parents=True, exist_ok=True)
     env = KernelPath(cap, 1).env()
     command = [maker_python, str(REPO / "tests/dumps/models/make_dumps.py"), model, dtype, str(out)]
-    proc = subprocess.run(command, cwd=out.parent, env=env, capture_output=True, text=True)
+    proc = subprocess.run(command, check=False, cwd=out.parent, env=env,
+                          capture_output=True, text=True)
     if proc.returncode != 0 or not (out / "dump.json").exists():
         raise RuntimeError(f"make_dumps.py under {cap} failed:\n{proc.stdout}\n{proc.stderr}")
     return Dump(folder=out, name=f"made:{model}_tensor_{dtype}@{cap}", task="tensor",

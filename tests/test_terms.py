@@ -97,7 +97,7 @@ def test_batch_norm_input_gradient_terms_in_training():
     wide = x.double()
     mean = wide.mean(dim=(0, 2), keepdim=True)
     inverse_sigma = 1 / torch.sqrt(wide.var(dim=(0, 2), unbiased=False, keepdim=True) + 1e-5)
-    x_hat = ((wide - mean).abs() + mean.abs()) * inverse_sigma
+    x_hat = ((wide - mean).abs() + wide.abs().mean(dim=(0, 2), keepdim=True)) * inverse_sigma
     assert torch.allclose(grad_x, inverse_sigma * (2 + x_hat * x_hat.mean(dim=(0, 2), keepdim=True)))
 
 
@@ -128,3 +128,13 @@ def test_a_mindspore_twin_gives_the_formulas_its_arguments_by_torch_s_names():
     assert torch.equal(mindspore_terms, torch_terms)
     (positional,) = term_magnitudes(call, _bench(twin), _inputs([x, 0], grads=[g]), "mindspore")
     assert torch.equal(positional, torch_terms)
+
+
+def test_layer_norm_output_terms_carry_a_centred_row_s_accumulation():
+    """A row of mean 0: the mean is still a sum of terms |x| / n, whose rounding a
+    correct kernel carries into every x - mean; |mean| would give none."""
+    x = torch.tensor([[-2.0, 1.0, 1.0, 0.0]])
+    call = CallName("Functional", "layer_norm", 0, "forward")
+    terms = term_magnitudes(call, _bench(F.layer_norm), _inputs([x, [4], torch.ones(4), torch.zeros(4), 1e-5]), "pytorch")
+    sigma = math.sqrt(1.5 + 1e-5)
+    assert torch.allclose(terms, (x.double().abs() + 1.0) / sigma)

@@ -59,11 +59,16 @@ def _affine_terms(x_hat: torch.Tensor, g: torch.Tensor, channel_dims: tuple[int,
 
 def _centred(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A normalisation over `dims` with its batch statistics: |x_hat| plus what the
-    rounding of the mean costs it, |mean| / sigma (an offset's conditioning; a row of
-    one element is 0 / sqrt(eps) up to that rounding), and 1 / sigma."""
+    rounding of the mean costs it, mean(|x|) / sigma (the mean is a sum whose terms are
+    |x| / n: an offset's conditioning, and a centred row's accumulation too; a row of one
+    element is 0 / sqrt(eps) up to that rounding), and 1 / sigma. With |mean| instead,
+    a centred float32 row (w = 1, b = 0) of a real transformer dump written by torch's
+    avx2 path was judged offline against its default path at 112 eps relative where an
+    x_hat of 0.0013 took the mean's accumulation error (max_rel_err 2.6x the reference's,
+    limit 2x)."""
     mean = lambda value: value.mean(dim=dims, keepdim=True)  # noqa: E731
     inverse_sigma = torch.rsqrt((x - mean(x)).square().mean(dim=dims, keepdim=True) + eps)
-    return ((x - mean(x)).abs() + mean(x).abs()) * inverse_sigma, inverse_sigma
+    return ((x - mean(x)).abs() + mean(x.abs())) * inverse_sigma, inverse_sigma
 
 
 def _centred_terms(x: torch.Tensor, dims: tuple[int, ...], eps: float, g_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
