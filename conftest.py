@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -61,8 +62,14 @@ def copy_dump(tmp_path: Path) -> Callable[[str], Path]:
 def write_dump(tmp_path: Path) -> Callable[..., Path]:
     """Write a small dump.json (and its tensors) for an edge case."""
 
-    def write(data: dict[str, Any], *, task: str = "statistics", framework: str | None = "pytorch",
-              tensors: dict[str, Any] | None = None, folder: str = "dump") -> Path:
+    def write(
+        data: dict[str, Any],
+        *,
+        task: str = "statistics",
+        framework: str | None = "pytorch",
+        tensors: dict[str, Any] | None = None,
+        folder: str = "dump",
+    ) -> Path:
         root = tmp_path / folder
         (root / "dump_tensor_data").mkdir(parents=True, exist_ok=True)
         header: dict[str, Any] = {"task": task, "level": "L1", "dump_data_dir": None}

@@ -9,7 +9,8 @@ Cases no CPU reference can reproduce raise ``Unsupported`` (a ``ValueError``).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ._common import Unsupported
 from .adam import npu_apply_adam, npu_apply_adam_w

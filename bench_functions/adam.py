@@ -10,14 +10,14 @@ decay, amsgrad and maximize).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from ._common import as_float, to_compute
 
 
-def _state(out: Optional[Sequence[torch.Tensor]], op: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _state(out: Sequence[torch.Tensor] | None, op: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if out is None or len(out) != 3:
         raise ValueError(f"{op} updates the optimizer state passed as out=(var, m, v); got out={out!r}")
     return out[0], out[1], out[2]
@@ -28,16 +28,28 @@ def _moments(m: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta1: float, be
     return beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
 
 
-def _write_back(state: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _write_back(state: Tensors3, new: Tensors3) -> Tensors3:
     with torch.no_grad():
-        for old, value in zip(state, new):
+        for old, value in zip(state, new, strict=True):
             old.copy_(value.to(old.dtype))
     return state
 
 
-def npu_apply_adam(beta1_power, beta2_power, lr, beta1, beta2, epsilon, grad: torch.Tensor,
-                   use_locking: Optional[bool], use_nesterov: Optional[bool],
-                   out: Optional[Sequence[torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def npu_apply_adam(
+    beta1_power,
+    beta2_power,
+    lr,
+    beta1,
+    beta2,
+    epsilon,
+    grad: torch.Tensor,
+    use_locking: bool | None,
+    use_nesterov: bool | None,
+    out: Sequence[torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Adam step: lr_t = lr sqrt(1 - beta2_power) / (1 - beta1_power); m_t, v_t as usual;
     var -= lr_t m_t / (sqrt(v_t) + epsilon), or with Nesterov
     var -= lr_t (beta1 m_t + (1 - beta1) grad) / (sqrt(v_t) + epsilon). Returns (var, m, v).
@@ -62,9 +74,20 @@ def npu_apply_adam(beta1_power, beta2_power, lr, beta1, beta2, epsilon, grad: to
     return _write_back((var, m, v), (var_t, m_t, v_t))
 
 
-def npu_apply_adam_w(beta1_power, beta2_power, lr, weight_decay, beta1, beta2, epsilon, grad: torch.Tensor,
-                     max_grad_norm: Optional[torch.Tensor], amsgrad: Optional[bool], maximize: Optional[bool],
-                     out: Optional[Sequence[torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def npu_apply_adam_w(
+    beta1_power,
+    beta2_power,
+    lr,
+    weight_decay,
+    beta1,
+    beta2,
+    epsilon,
+    grad: torch.Tensor,
+    max_grad_norm: torch.Tensor | None,
+    amsgrad: bool | None,
+    maximize: bool | None,
+    out: Sequence[torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One AdamW step from the state of step t-1:
 
     g = -grad if maximize; m_t, v_t as usual; beta^t = beta_power * beta;
@@ -83,8 +106,9 @@ def npu_apply_adam_w(beta1_power, beta2_power, lr, weight_decay, beta1, beta2, e
     """
     var, m, v = _state(out, "npu_apply_adam_w")
     b1p, b2p = as_float(beta1_power, "beta1_power"), as_float(beta2_power, "beta2_power")
-    lr_, wd, b1, b2, eps = (as_float(s, n) for s, n in (
-        (lr, "lr"), (weight_decay, "weight_decay"), (beta1, "beta1"), (beta2, "beta2"), (epsilon, "epsilon")))
+    lr_, wd, b1, b2, eps = (
+        as_float(s, n) for s, n in ((lr, "lr"), (weight_decay, "weight_decay"), (beta1, "beta1"), (beta2, "beta2"), (epsilon, "epsilon"))
+    )
     g = to_compute(grad).detach()
     if maximize:
         g = -g

@@ -14,8 +14,8 @@ needs a few hundred MB, not the 4 GB of a float64 score matrix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 import torch
 
@@ -23,13 +23,14 @@ from ._common import Unsupported, compute_dtype
 
 # How many attention scores one row block may hold (each block keeps ~4 tensors of this
 # size alive: scores, probabilities, their gradient, a mask). 2**24 float64 = 128 MiB.
-score_block_elements = 2 ** 24
+score_block_elements = 2**24
 
 _LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
 _INT_MAX = 2147483647
 
 
 # --------------------------------------------------------------------------- masks
+
 
 @dataclass
 class _MaskRules:
@@ -41,9 +42,9 @@ class _MaskRules:
 
     sq: int
     skv: int
-    given: Optional[torch.Tensor] = None  # (Bm, N2|1, G|1, Sq, Skv) bool
+    given: torch.Tensor | None = None  # (Bm, N2|1, G|1, Sq, Skv) bool
     bands: list[tuple[int, int, int]] = field(default_factory=list)  # (pre, next, offset)
-    prefix_causal: Optional[tuple[torch.Tensor, int]] = None  # (prefix per batch, offset)
+    prefix_causal: tuple[torch.Tensor, int] | None = None  # (prefix per batch, offset)
 
     def add_band(self, pre: int, nxt: int, offset: int) -> None:
         """Keep only keys j with i + offset - pre <= j <= i + offset + next."""
@@ -51,9 +52,9 @@ class _MaskRules:
         if not never_masks:
             self.bands.append((int(pre), int(nxt), int(offset)))
 
-    def block(self, r0: int, r1: int, device: torch.device) -> Optional[torch.Tensor]:
+    def block(self, r0: int, r1: int, device: torch.device) -> torch.Tensor | None:
         """The mask of query rows [r0, r1) (True = masked out), or None if none is."""
-        masked: Optional[torch.Tensor] = None
+        masked: torch.Tensor | None = None
         if self.given is not None:
             masked = self.given[..., r0:r1, :]
         if self.bands or self.prefix_causal is not None:
@@ -81,11 +82,9 @@ def _grouped(t: torch.Tensor, n1: int, n2: int, what: str) -> torch.Tensor:
 
 
 def _check_4d(t: torch.Tensor, b: int, n1: int, rows: tuple[int, ...], skv: int, what: str) -> None:
-    ok = (t.dim() == 4 and t.shape[0] in (1, b) and t.shape[1] in (1, n1)
-          and t.shape[2] in rows and t.shape[3] == skv)
+    ok = t.dim() == 4 and t.shape[0] in (1, b) and t.shape[1] in (1, n1) and t.shape[2] in rows and t.shape[3] == skv
     if not ok:
-        raise ValueError(
-            f"{what} shape {tuple(t.shape)} does not fit B={b}, N={n1}, Sq in {rows}, Skv={skv}")
+        raise ValueError(f"{what} shape {tuple(t.shape)} does not fit B={b}, N={n1}, Sq in {rows}, Skv={skv}")
 
 
 def _given_mask(atten_mask: torch.Tensor, b: int, n1: int, n2: int, sq: int, skv: int) -> torch.Tensor:
@@ -96,9 +95,19 @@ def _given_mask(atten_mask: torch.Tensor, b: int, n1: int, n2: int, sq: int, skv
     return _grouped(mask, n1, n2, "atten_mask")
 
 
-def _mask_rules(sparse_mode: int, atten_mask: Optional[torch.Tensor], pre: int, nxt: int,
-                prefix: Optional[Sequence[int]], b: int, n1: int, n2: int, sq: int, skv: int,
-                device: torch.device) -> Optional[_MaskRules]:
+def _mask_rules(
+    sparse_mode: int,
+    atten_mask: torch.Tensor | None,
+    pre: int,
+    nxt: int,
+    prefix: Sequence[int] | None,
+    b: int,
+    n1: int,
+    n2: int,
+    sq: int,
+    skv: int,
+    device: torch.device,
+) -> _MaskRules | None:
     """The masking of one (non-varlen) attention, following the sparse_mode table."""
     if atten_mask is None:  # docs: no atten_mask -> sparse_mode/pre/next ignored, full compute
         return None
@@ -128,12 +137,14 @@ def _mask_rules(sparse_mode: int, atten_mask: Optional[torch.Tensor], pre: int, 
 
 # --------------------------------------------------------------------------- core
 
+
 def _row_block(b: int, n1: int, sq: int, skv: int) -> int:
     return max(1, min(sq, score_block_elements // max(1, b * n1 * skv)))
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, pse: Optional[torch.Tensor], r0: int, r1: int,
-            scale: float, masked: Optional[torch.Tensor]) -> torch.Tensor:
+def _scores(
+    q: torch.Tensor, k: torch.Tensor, pse: torch.Tensor | None, r0: int, r1: int, scale: float, masked: torch.Tensor | None
+) -> torch.Tensor:
     """scale * (q k^T + pse) with masked entries at -inf, for query rows [r0, r1).
 
     Works in place on the fresh score block (never on autograd-tracked tensors: callers run
@@ -163,7 +174,7 @@ def _safe(l: torch.Tensor) -> torch.Tensor:
 
 def _reduce_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """Sum a broadcast gradient back to ``shape`` (same number of dims)."""
-    dims = [d for d, (have, want) in enumerate(zip(t.shape, shape)) if want == 1 and have != 1]
+    dims = [d for d, (have, want) in enumerate(zip(t.shape, shape, strict=True)) if want == 1 and have != 1]
     return t.sum(dim=dims, keepdim=True) if dims else t
 
 
@@ -233,6 +244,7 @@ class _BlockedAttention(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------- layouts
+
 
 @dataclass
 class _Dims:
@@ -313,7 +325,8 @@ def _check_common(keep_prob: float, padding_mask, sparse_mode: int, softmax_layo
         raise Unsupported(
             f"npu_fusion_attention with keep_prob={keep_prob}: dropout draws its mask from the NPU's "
             "Philox stream (seed/offset), which a CPU reference cannot reproduce; only keep_prob=1.0 "
-            "can be checked")
+            "can be checked"
+        )
     if padding_mask is not None:
         raise Unsupported("npu_fusion_attention: padding_mask is documented as not supported by the op")
     if not isinstance(sparse_mode, int) or not 0 <= sparse_mode <= 8:
@@ -324,13 +337,14 @@ def _check_common(keep_prob: float, padding_mask, sparse_mode: int, softmax_layo
         raise ValueError("softmax_layout='TND' is only defined for input_layout='TND'")
 
 
-def _pse5(pse: Optional[torch.Tensor], dims: _Dims, dtype: torch.dtype) -> Optional[torch.Tensor]:
+def _pse5(pse: torch.Tensor | None, dims: _Dims, dtype: torch.dtype) -> torch.Tensor | None:
     if pse is None:
         return None
     if pse.dim() == 4 and pse.shape[2] == 1024 and dims.sq not in (1024, 1):
         raise Unsupported(
             "npu_fusion_attention: pse holds only the last 1024 rows (compressed ALiBi); the full "
-            "position bias cannot be rebuilt from them without knowing the ALiBi slopes")
+            "position bias cannot be rebuilt from them without knowing the ALiBi slopes"
+        )
     _check_4d(pse, dims.b, dims.n1, (1, dims.sq), dims.skv, "pse")
     return _grouped(pse.to(dtype), dims.n1, dims.n2, "pse")
 
@@ -360,8 +374,7 @@ def _varlen_segments(cumulative: Sequence[int], total: int, what: str) -> list[t
     return segs
 
 
-def _varlen_rules(sparse_mode, atten_mask, pre, nxt, prefix, batch, n_batches, first, last,
-                  n1, n2, sq, skv, device) -> Optional[_MaskRules]:
+def _varlen_rules(sparse_mode, atten_mask, pre, nxt, prefix, batch, n_batches, first, last, n1, n2, sq, skv, device) -> _MaskRules | None:
     if atten_mask is None:
         return None
     rules = _MaskRules(sq, skv)
@@ -388,21 +401,46 @@ def _varlen_rules(sparse_mode, atten_mask, pre, nxt, prefix, batch, n_batches, f
     return rules
 
 
-def _attention(query, key, value, head_num, input_layout, pse, atten_mask, scale, pre_tockens,
-               next_tockens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout):
+def _attention(
+    query,
+    key,
+    value,
+    head_num,
+    input_layout,
+    pse,
+    atten_mask,
+    scale,
+    pre_tockens,
+    next_tockens,
+    prefix,
+    actual_seq_qlen,
+    actual_seq_kvlen,
+    sparse_mode,
+    softmax_layout,
+):
     """Shared forward: (out in query's layout, softmax_max, softmax_sum) in compute dtype."""
     dims = _dims(query, key, value, head_num, input_layout)
     dtype = compute_dtype(query)
     q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
     if input_layout != "TND":
-        rules = _mask_rules(sparse_mode, atten_mask, pre_tockens, next_tockens, prefix,
-                            dims.b, dims.n1, dims.n2, dims.sq, dims.skv, q.device)
-        out, m, l = _run(_to_bnsd(q, input_layout, dims.n1), _to_bnsd(k, input_layout, dims.n2),
-                         _to_bnsd(v, input_layout, dims.n2), dims, _pse5(pse, dims, dtype), scale, rules)
+        rules = _mask_rules(
+            sparse_mode, atten_mask, pre_tockens, next_tockens, prefix, dims.b, dims.n1, dims.n2, dims.sq, dims.skv, q.device
+        )
+        out, m, l = _run(
+            _to_bnsd(q, input_layout, dims.n1),
+            _to_bnsd(k, input_layout, dims.n2),
+            _to_bnsd(v, input_layout, dims.n2),
+            dims,
+            _pse5(pse, dims, dtype),
+            scale,
+            rules,
+        )
         return _from_bnsd(out, input_layout), m, l
     if pse is not None:
-        raise Unsupported("npu_fusion_attention: pse with input_layout TND (varlen) is only "
-                          "documented in its compressed ALiBi form, which cannot be rebuilt")
+        raise Unsupported(
+            "npu_fusion_attention: pse with input_layout TND (varlen) is only "
+            "documented in its compressed ALiBi form, which cannot be rebuilt"
+        )
     qsegs = _varlen_segments(actual_seq_qlen, dims.sq, "actual_seq_qlen")
     kvsegs = _varlen_segments(actual_seq_kvlen, dims.skv, "actual_seq_kvlen")
     if len(qsegs) != len(kvsegs):
@@ -411,15 +449,36 @@ def _attention(query, key, value, head_num, input_layout, pse, atten_mask, scale
     first, last = (active[0], active[-1]) if active else (-1, -1)
     outs, maxes, sums = [], [], []
     covered = 0
-    for batch, ((q0, q1), (k0, k1)) in enumerate(zip(qsegs, kvsegs)):
+    for batch, ((q0, q1), (k0, k1)) in enumerate(zip(qsegs, kvsegs, strict=False)):
         if q1 == q0:
             continue
         sq_b, skv_b = q1 - q0, k1 - k0
         bd = _Dims(1, dims.n1, dims.n2, sq_b, skv_b, dims.d, dims.dv)
-        rules = _varlen_rules(sparse_mode, atten_mask, pre_tockens, next_tockens, prefix, batch,
-                              len(qsegs), first, last, dims.n1, dims.n2, sq_b, skv_b, q.device)
-        o, m, l = _run(q[q0:q1].transpose(0, 1).unsqueeze(0), k[k0:k1].transpose(0, 1).unsqueeze(0),
-                       v[k0:k1].transpose(0, 1).unsqueeze(0), bd, None, scale, rules)
+        rules = _varlen_rules(
+            sparse_mode,
+            atten_mask,
+            pre_tockens,
+            next_tockens,
+            prefix,
+            batch,
+            len(qsegs),
+            first,
+            last,
+            dims.n1,
+            dims.n2,
+            sq_b,
+            skv_b,
+            q.device,
+        )
+        o, m, l = _run(
+            q[q0:q1].transpose(0, 1).unsqueeze(0),
+            k[k0:k1].transpose(0, 1).unsqueeze(0),
+            v[k0:k1].transpose(0, 1).unsqueeze(0),
+            bd,
+            None,
+            scale,
+            rules,
+        )
         outs.append(o[0].transpose(0, 1))  # (sq_b, N1, Dv)
         maxes.append(m[0, :, :, 0])  # (N1, sq_b)
         sums.append(l[0, :, :, 0])
@@ -443,17 +502,17 @@ def npu_fusion_attention(
     value: torch.Tensor,
     head_num: int,
     input_layout: str,
-    pse: Optional[torch.Tensor] = None,
-    padding_mask: Optional[torch.Tensor] = None,
-    atten_mask: Optional[torch.Tensor] = None,
+    pse: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
+    atten_mask: torch.Tensor | None = None,
     scale: float = 1.0,
     keep_prob: float = 1.0,
     pre_tockens: int = 2147483647,
     next_tockens: int = 2147483647,
     inner_precise: int = 0,
-    prefix: Optional[Sequence[int]] = None,
-    actual_seq_qlen: Optional[Sequence[int]] = None,
-    actual_seq_kvlen: Optional[Sequence[int]] = None,
+    prefix: Sequence[int] | None = None,
+    actual_seq_qlen: Sequence[int] | None = None,
+    actual_seq_kvlen: Sequence[int] | None = None,
     sparse_mode: int = 0,
     gen_mask_parallel: bool = True,
     sync: bool = False,
@@ -489,9 +548,23 @@ def npu_fusion_attention(
     - pse with TND, compressed ALiBi pse, and padding_mask raise Unsupported.
     """
     _check_common(keep_prob, padding_mask, sparse_mode, softmax_layout, input_layout)
-    out, m, l = _attention(query, key, value, head_num, input_layout, pse, atten_mask, scale,
-                           pre_tockens, next_tockens, prefix, actual_seq_qlen, actual_seq_kvlen,
-                           sparse_mode, softmax_layout)
+    out, m, l = _attention(
+        query,
+        key,
+        value,
+        head_num,
+        input_layout,
+        pse,
+        atten_mask,
+        scale,
+        pre_tockens,
+        next_tockens,
+        prefix,
+        actual_seq_qlen,
+        actual_seq_kvlen,
+        sparse_mode,
+        softmax_layout,
+    )
     stats_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     softmax_max = m.to(stats_dtype).expand(*m.shape[:-1], 8).contiguous()
     softmax_sum = l.to(stats_dtype).expand(*l.shape[:-1], 8).contiguous()
@@ -507,13 +580,13 @@ def npu_fusion_attention_grad(
     head_num: int,
     input_layout: str,
     *,
-    pse: Optional[torch.Tensor] = None,
-    padding_mask: Optional[torch.Tensor] = None,
-    atten_mask: Optional[torch.Tensor] = None,
-    softmax_max: Optional[torch.Tensor] = None,
-    softmax_sum: Optional[torch.Tensor] = None,
-    softmax_in: Optional[torch.Tensor] = None,
-    attention_in: Optional[torch.Tensor] = None,
+    pse: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
+    atten_mask: torch.Tensor | None = None,
+    softmax_max: torch.Tensor | None = None,
+    softmax_sum: torch.Tensor | None = None,
+    softmax_in: torch.Tensor | None = None,
+    attention_in: torch.Tensor | None = None,
     scale_value: float = 1.0,
     keep_prob: float = 1.0,
     pre_tockens: int = 2147483647,
@@ -522,9 +595,9 @@ def npu_fusion_attention_grad(
     seed: int = 0,
     offset: int = 0,
     numels: int = 0,
-    prefix: Optional[Sequence[int]] = None,
-    actual_seq_qlen: Optional[Sequence[int]] = None,
-    actual_seq_kvlen: Optional[Sequence[int]] = None,
+    prefix: Sequence[int] | None = None,
+    actual_seq_qlen: Sequence[int] | None = None,
+    actual_seq_kvlen: Sequence[int] | None = None,
     sparse_mode: int = 0,
     gen_mask_parallel: bool = True,
     sync: bool = False,
@@ -551,12 +624,27 @@ def npu_fusion_attention_grad(
     with torch.enable_grad():
         leaves = [t.detach().to(dtype).requires_grad_(True) for t in (query, key, value)]
         pse_leaf = pse.detach().to(dtype).requires_grad_(True) if pse is not None else None
-        out, _, _ = _attention(*leaves, head_num, input_layout, pse_leaf, atten_mask, scale_value,
-                               pre_tockens, next_tockens, prefix, actual_seq_qlen, actual_seq_kvlen,
-                               sparse_mode, softmax_layout)
+        q_leaf, k_leaf, v_leaf = leaves
+        out, _, _ = _attention(
+            q_leaf,
+            k_leaf,
+            v_leaf,
+            head_num,
+            input_layout,
+            pse_leaf,
+            atten_mask,
+            scale_value,
+            pre_tockens,
+            next_tockens,
+            prefix,
+            actual_seq_qlen,
+            actual_seq_kvlen,
+            sparse_mode,
+            softmax_layout,
+        )
         inputs = leaves + ([pse_leaf] if pse_leaf is not None else [])
         grads = torch.autograd.grad(out, inputs, dy.to(dtype), allow_unused=True)
-    grads = [torch.zeros_like(t) if gr is None else gr for t, gr in zip(inputs, grads)]
-    dq, dk, dv = (gr.to(t.dtype) for gr, t in zip(grads[:3], (query, key, value)))
-    dpse = grads[3].to(pse.dtype) if pse is not None else query.new_empty(0)
+    filled = [torch.zeros_like(t) if gr is None else gr for t, gr in zip(inputs, grads, strict=True)]
+    dq, dk, dv = (gr.to(t.dtype) for gr, t in zip(filled[:3], (query, key, value), strict=True))
+    dpse = filled[3].to(pse.dtype) if pse is not None else query.new_empty(0)
     return dq, dk, dv, dpse

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ._common import to_compute
 
 
-def npu_group_norm_silu(input: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                        group: int, eps: float = 1e-05) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def npu_group_norm_silu(
+    input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, group: int, eps: float = 1e-05
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """out = silu(GroupNorm(x)), with the group statistics meanOut and rstdOut.
 
     GroupNorm(x) = (x - E[x]) / sqrt(Var[x] + eps) * gamma + beta over each (sample, group)

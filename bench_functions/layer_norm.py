@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
 
 from ._common import to_compute
 
 
-def npu_layer_norm_eval(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
-                        weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                        eps: float = 1e-05) -> torch.Tensor:
+def npu_layer_norm_eval(
+    input: torch.Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-05,
+) -> torch.Tensor:
     """y = (x - mean) / sqrt(var + eps) * weight + bias over the trailing normalized_shape axes
     (var is the biased variance), in input's dtype.
 
@@ -22,7 +26,7 @@ def npu_layer_norm_eval(input: torch.Tensor, normalized_shape: Union[int, Sequen
     - Two-pass mean/variance in float32 (float64 for float64 input); backward by autograd.
     """
     norm = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
-    if tuple(input.shape[input.dim() - len(norm):]) != norm:
+    if tuple(input.shape[input.dim() - len(norm) :]) != norm:
         raise ValueError(f"normalized_shape {norm} must match the trailing axes of input {tuple(input.shape)}")
     x = to_compute(input)
     axes = tuple(range(input.dim() - len(norm), input.dim()))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -15,8 +15,9 @@ def _sum_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t.sum(dim=dims, keepdim=True) if dims else t
 
 
-def matmul_backward(grad: torch.Tensor, self: torch.Tensor, other: torch.Tensor,
-                    mask: Sequence[bool]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+def matmul_backward(
+    grad: torch.Tensor, self: torch.Tensor, other: torch.Tensor, mask: Sequence[bool]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of ``torch.matmul(self, other)`` w.r.t. self and other, given the output's grad.
 
     With 1-D operands promoted as matmul does (self -> 1 x n, other -> n x 1) and batch axes

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ._common import to_compute
 
 
-def npu_moe_gating_top_k_softmax(x: torch.Tensor, finished: Optional[torch.Tensor] = None,
-                                 k: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def npu_moe_gating_top_k_softmax(
+    x: torch.Tensor, finished: torch.Tensor | None = None, k: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax over experts (last axis), then top-k: returns ``(y, expert_idx, row_idx)``.
 
     y: the k largest softmax values per row, descending, in x's dtype; expert_idx: their

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 
 def _section(doc: str, heading: str) -> tuple[str, ...]:
@@ -59,7 +60,7 @@ class BenchFunction:
             func = func.func
         functools.update_wrapper(self, func)  # __doc__, __wrapped__ -> inspect.signature works
         self.name = name
-        self.func = func
+        self.func: Callable[..., Any] = func
         self.doc = inspect.getdoc(func) or ""
         module = getattr(func, "__module__", None) or "?"
         self.source = f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
@@ -106,7 +107,7 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._functions)
 
-    def copy(self) -> "Registry":
+    def copy(self) -> Registry:
         new = Registry()
         new._functions = dict(self._functions)
         return new

@@ -24,7 +24,7 @@ def npu_rms_norm(self: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-06
     - rstd is float32, or float64 for a float64 (bench) input, so the bench keeps its precision.
     - Backward by autograd (the NPU's RmsNormGrad has no separate torch_npu entry in dumps).
     """
-    if gamma.dim() < 1 or tuple(self.shape[self.dim() - gamma.dim():]) != tuple(gamma.shape):
+    if gamma.dim() < 1 or tuple(self.shape[self.dim() - gamma.dim() :]) != tuple(gamma.shape):
         raise ValueError(f"gamma shape {tuple(gamma.shape)} must match the trailing axes of x {tuple(self.shape)}")
     x = to_compute(self)
     axes = tuple(range(self.dim() - gamma.dim(), self.dim()))

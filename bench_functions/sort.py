@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
-def npu_sort_v2(self: torch.Tensor, dim: int = -1, descending: bool = False,
-                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def npu_sort_v2(self: torch.Tensor, dim: int = -1, descending: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """The values of ``self`` sorted along ``dim`` (no indices).
 
     Facts:

@@ -35,8 +35,7 @@ def run_one(dtype_name: str, backward: bool, seq: int, heads: int, dim: int) -> 
     mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
-    out = get("npu_fusion_attention")(q, k, v, heads, "BNSD", atten_mask=mask, sparse_mode=3,
-                                      scale=dim ** -0.5)[0]
+    out = get("npu_fusion_attention")(q, k, v, heads, "BNSD", atten_mask=mask, sparse_mode=3, scale=dim**-0.5)[0]
     forward_s = time.perf_counter() - start
     if backward:
         out.sum().backward()
@@ -64,17 +63,24 @@ def main() -> None:
         dtype_name, backward = CASES[args.one]
         print(json.dumps(run_one(dtype_name, backward, args.seq, args.heads, args.dim)))
         return
-    full_scores_gib = args.heads * args.seq * args.seq * 8 / 2 ** 30
-    print(f"npu_fusion_attention reference, BNSD (1, {args.heads}, {args.seq}, {args.dim}), sparse_mode=3 "
-          f"(one float64 score matrix would be {full_scores_gib:.1f} GiB)")
+    full_scores_gib = args.heads * args.seq * args.seq * 8 / 2**30
+    print(
+        f"npu_fusion_attention reference, BNSD (1, {args.heads}, {args.seq}, {args.dim}), sparse_mode=3 "
+        f"(one float64 score matrix would be {full_scores_gib:.1f} GiB)"
+    )
     for name in CASES:
-        proc = subprocess.run([sys.executable, __file__, "--one", name, "--seq", str(args.seq),
-                               "--heads", str(args.heads), "--dim", str(args.dim)],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--one", name, "--seq", str(args.seq), "--heads", str(args.heads), "--dim", str(args.dim)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"  {name:38s} forward {r['forward_s']:7.2f} s  total {r['total_s']:7.2f} s  "
-              f"peak RSS {r['peak_rss_mib']:6d} MiB (+{r['peak_rss_growth_mib']} MiB during the call)  "
-              f"threads={r['threads']} finite={r['finite']}")
+        print(
+            f"  {name:38s} forward {r['forward_s']:7.2f} s  total {r['total_s']:7.2f} s  "
+            f"peak RSS {r['peak_rss_mib']:6d} MiB (+{r['peak_rss_growth_mib']} MiB during the call)  "
+            f"threads={r['threads']} finite={r['finite']}"
+        )
 
 
 if __name__ == "__main__":

@@ -13,11 +13,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_msprobe.judge.baseline import Baseline, CallMetrics, FILE_NAME
+from pytest_msprobe.judge.baseline import FILE_NAME, Baseline, CallMetrics
 from pytest_msprobe.judge.outcome import KEY_METRICS
 
-APIS = [("Functional.linear", "ulp"), ("Tensor.__add__", "absolute_threshold"), ("Functional.softmax", "benchmark"),
-        ("Torch.topk", "binary_consistency"), ("Functional.conv2d", "thousandth"), ("Torch.cumsum", "accumulative_error")]
+APIS = [
+    ("Functional.linear", "ulp"),
+    ("Tensor.__add__", "absolute_threshold"),
+    ("Functional.softmax", "benchmark"),
+    ("Torch.topk", "binary_consistency"),
+    ("Functional.conv2d", "thousandth"),
+    ("Torch.cumsum", "accumulative_error"),
+]
 
 
 def synthetic(calls: int, seed: int = 0) -> Baseline:
@@ -47,8 +53,10 @@ def main() -> None:
         assert len(read.calls) == calls
         size = path.stat().st_size
         packed = len(gzip.compress(path.read_bytes(), 6))
-    print(f"{calls} calls: write {written:.2f} s, read {reading:.2f} s, {FILE_NAME} {size / 2**20:.1f} MiB "
-          f"({packed / 2**20:.1f} MiB gzip-compressed, about what git stores)")
+    print(
+        f"{calls} calls: write {written:.2f} s, read {reading:.2f} s, {FILE_NAME} {size / 2**20:.1f} MiB "
+        f"({packed / 2**20:.1f} MiB gzip-compressed, about what git stores)"
+    )
 
 
 if __name__ == "__main__":

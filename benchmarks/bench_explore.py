@@ -27,9 +27,22 @@ COUNTS = re.compile(r"(\d+) examples around the call judged, (\d+) discarded")
 
 def explore(dump: Path, examples: int, dedup: bool) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--msprobe-dump={dump}",
-                   "--msprobe-device=cpu", f"--msprobe-explore={examples}", "-m", "explore", f"--msprobe-out={out}",
-                   "--rootdir", out] + (["--msprobe-dedup"] if dedup else [])
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--msprobe-dump={dump}",
+            "--msprobe-device=cpu",
+            f"--msprobe-explore={examples}",
+            "-m",
+            "explore",
+            f"--msprobe-out={out}",
+            "--rootdir",
+            out,
+        ] + (["--msprobe-dedup"] if dedup else [])
         started = time.perf_counter()
         finished = subprocess.run(command, cwd=out, capture_output=True, text=True)
         wall = time.perf_counter() - started
@@ -43,8 +56,16 @@ def explore(dump: Path, examples: int, dedup: bool) -> dict:
         if found:
             judged, discarded = judged + int(found[1]), discarded + int(found[2])
     failing = [record["message"].splitlines()[0] for record in records if record["status"] in ("error", "warning")]
-    return {"dump": str(dump), "tests": len(records), "statuses": dict(statuses), "judged": judged, "discarded": discarded,
-            "wall_s": round(wall, 1), "examples_per_s": round(judged / wall, 1) if wall else 0.0, "failing": failing}
+    return {
+        "dump": str(dump),
+        "tests": len(records),
+        "statuses": dict(statuses),
+        "judged": judged,
+        "discarded": discarded,
+        "wall_s": round(wall, 1),
+        "examples_per_s": round(judged / wall, 1) if wall else 0.0,
+        "failing": failing,
+    }
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from pytest_msprobe.results.writer import Entry
 
 # torch and the standards are imported where used: rendering processes (spawned, they
 # import this module again) then start without them, as they do under pytest.
+
 
 def faults() -> tuple[tuple[str, tuple[int, ...], Any, Any], ...]:
     """(api, shape, device dtype, how the device goes wrong)."""
@@ -60,9 +60,18 @@ def failing_records() -> list[ResultRecord]:
         bench = torch.randn(shape, generator=generator, dtype=torch.float64)
         device = fault(bench.to(dtype))
         verdict = check(bench, device, api=api)
-        record = ResultRecord("/data/dump.json", f"Functional.{api}.0.forward", verdict.status, verdict.standard,
-                              verdict.reference, "cpu", verdict.message(), output_results(verdict),
-                              ["input_args[0]: generated from statistics (seed 1)"], 0.004)
+        record = ResultRecord(
+            "/data/dump.json",
+            f"Functional.{api}.0.forward",
+            verdict.status,
+            verdict.standard,
+            verdict.reference,
+            "cpu",
+            verdict.message(),
+            output_results(verdict),
+            ["input_args[0]: generated from statistics (seed 1)"],
+            0.004,
+        )
         record.samples = element_samples(bench, device, verdict, {"error", "warning"})
         assert record.status in ("error", "warning") and record.samples, (api, record.status)
         records.append(record)
@@ -72,14 +81,34 @@ def failing_records() -> list[ResultRecord]:
 def passing_record(i: int, random: np.random.Generator) -> ResultRecord:
     """Metrics of varied values, as a real run's (identical ones would pack too well)."""
     small = random.uniform(1e-8, 1e-6, 5)
-    metrics = {"small_value_err_ratio": 0.0, "rmse": small[0], "max_rel_err": small[1] * 10, "mean_rel_err": small[2],
-               "eb": small[3] * 1e4, "cosine": 1.0 - small[4], "max_abs_err": small[0] * 3, "rel_err_hundredth": 1.0,
-               "rel_err_thousandth": 1.0, "rel_err_ten_thousandth": 0.9999}
-    output = OutputResult(0, "", "pass", "benchmark", "single-run", "float32", "float64", [4, 16], metrics,
-                          {"small": 2**-20, "atol_bm": 2**-30}, [])
+    metrics = {
+        "small_value_err_ratio": 0.0,
+        "rmse": small[0],
+        "max_rel_err": small[1] * 10,
+        "mean_rel_err": small[2],
+        "eb": small[3] * 1e4,
+        "cosine": 1.0 - small[4],
+        "max_abs_err": small[0] * 3,
+        "rel_err_hundredth": 1.0,
+        "rel_err_thousandth": 1.0,
+        "rel_err_ten_thousandth": 0.9999,
+    }
+    output = OutputResult(
+        0, "", "pass", "benchmark", "single-run", "float32", "float64", [4, 16], metrics, {"small": 2**-20, "atol_bm": 2**-30}, []
+    )
     direction = ("forward", "backward")[i % 2]
-    return ResultRecord("/data/dump.json", f"Functional.silu.{i // 2}.{direction}", "pass", "benchmark", "single-run", "cpu",
-                        "", [output], ["input_args[0]: generated from statistics (seed 1)"], float(random.uniform(0.5e-3, 5e-3)))
+    return ResultRecord(
+        "/data/dump.json",
+        f"Functional.silu.{i // 2}.{direction}",
+        "pass",
+        "benchmark",
+        "single-run",
+        "cpu",
+        "",
+        [output],
+        ["input_args[0]: generated from statistics (seed 1)"],
+        float(random.uniform(0.5e-3, 5e-3)),
+    )
 
 
 def entries(calls: int, failures: int) -> list[Entry]:
@@ -112,15 +141,18 @@ def main() -> None:
         size = target.stat().st_size
     from pytest_msprobe.results.elements import plot_data
 
-    datas = [plot_data(entry.record.outputs[sample["output"]], sample) for entry in made[:args.failures]
-             for sample in entry.record.samples]
+    datas = [
+        plot_data(entry.record.outputs[sample["output"]], sample) for entry in made[: args.failures] for sample in entry.record.samples
+    ]
     started = time.perf_counter()
     plots.render_all(datas)
     figures = time.perf_counter() - started
-    print(f"{args.calls} calls, {args.failures} failing ({len(datas)} figures): report written in {total:.2f} s "
-          f"({cpu:.2f} s CPU in this process), "
-          f"{size / 1e6:.2f} MB; figures alone {figures:.2f} s ({figures / max(1, len(datas)) * 1e3:.0f} ms each); "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"{args.calls} calls, {args.failures} failing ({len(datas)} figures): report written in {total:.2f} s "
+        f"({cpu:.2f} s CPU in this process), "
+        f"{size / 1e6:.2f} MB; figures alone {figures:.2f} s ({figures / max(1, len(datas)) * 1e3:.0f} ms each); "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -57,14 +57,31 @@ print("ACC_CHECK_SECONDS", time.perf_counter() - start)
 
 def make_dump(msprobe_python: str, dump: Path) -> None:
     print(f"making {dump.parent} (once; ~1 min)", flush=True)
-    subprocess.run([msprobe_python, str(ROOT / "tests/dumps/models/make_dumps.py"), "transformer_large", "float32",
-                    str(dump.parent)], check=True, capture_output=True)
+    subprocess.run(
+        [msprobe_python, str(ROOT / "tests/dumps/models/make_dumps.py"), "transformer_large", "float32", str(dump.parent)],
+        check=True,
+        capture_output=True,
+    )
 
 
 def run_plugin(dump: Path, workers: int, out: Path) -> dict:
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--msprobe-dump={dump}",
-               "--msprobe-device=cpu", f"--msprobe-out={out}", "--rootdir", str(dump.parent), "-c", os.devnull,
-               "-W", "ignore"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+        f"--msprobe-out={out}",
+        "--rootdir",
+        str(dump.parent),
+        "-c",
+        os.devnull,
+        "-W",
+        "ignore",
+    ]
     if workers:
         command += ["-n", str(workers)]
     start = time.perf_counter()
@@ -84,7 +101,8 @@ def run_msprobe(python: str, dump: Path, out: Path) -> dict:
     match = re.search(r"ACC_CHECK_SECONDS ([0-9.]+)", result.stdout)
     if match is None:
         raise RuntimeError(result.stdout[-3000:] + result.stderr[-3000:])
-    rows = list(csv.DictReader(open(glob.glob(str(out / "accuracy_checking_result_*.csv"))[0], encoding="utf-8-sig")))
+    with open(glob.glob(str(out / "accuracy_checking_result_*.csv"))[0], encoding="utf-8-sig") as table:
+        rows = list(csv.DictReader(table))
     counts: dict[str, int] = {}
     for row in rows:
         for side in ("Forward Test Success", "Backward Test Success"):
@@ -108,8 +126,11 @@ def main() -> None:
     calls = [name for name in data if not name.startswith(("Module.", "Cell."))]
     apis = {name.rsplit(".", 1)[0] for name in calls}
     size = sum(p.stat().st_size for p in args.dump.parent.rglob("*") if p.is_file())
-    print(f"dump {args.dump}: {len(calls)} calls ({len(apis)} APIs, forward and backward), {size / 1e9:.2f} GB; "
-          f"{os.cpu_count()} CPUs; load average before {os.getloadavg()}", flush=True)
+    print(
+        f"dump {args.dump}: {len(calls)} calls ({len(apis)} APIs, forward and backward), {size / 1e9:.2f} GB; "
+        f"{os.cpu_count()} CPUs; load average before {os.getloadavg()}",
+        flush=True,
+    )
     ours: dict[int, list[dict]] = {n: [] for n in args.workers}
     theirs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,21 +146,28 @@ def main() -> None:
                 shutil.rmtree(out, ignore_errors=True)
                 print(f"round {round_ + 1}: msprobe: {theirs[-1]}", flush=True)
     print(f"load average after {os.getloadavg()}")
-    print(f"\nbest of {args.repeat} (interleaved); per call = per dumped call ({len(calls)}), "
-          f"per API = per forward+backward pair ({len(apis)})")
+    print(
+        f"\nbest of {args.repeat} (interleaved); per call = per dumped call ({len(calls)}), "
+        f"per API = per forward+backward pair ({len(apis)})"
+    )
     print(f"{'side':14s} {'wall (s)':>9s} {'checking (s)':>13s} {'per call (ms)':>14s} {'per API (ms)':>13s}  outcomes")
     best_m = min(theirs, key=lambda r: r["wall"]) if theirs else None
     for n in args.workers:
         best = min(ours[n], key=lambda r: r["wall"])
-        print(f"{'plugin -n ' + str(n):14s} {best['wall']:9.1f} {best['tests']:13.1f} {best['wall'] / len(calls) * 1e3:14.0f} "
-              f"{best['wall'] / len(apis) * 1e3:13.0f}  {best['counts']}")
+        print(
+            f"{'plugin -n ' + str(n):14s} {best['wall']:9.1f} {best['tests']:13.1f} {best['wall'] / len(calls) * 1e3:14.0f} "
+            f"{best['wall'] / len(apis) * 1e3:13.0f}  {best['counts']}"
+        )
     if best_m is not None:
-        print(f"{'msprobe':14s} {best_m['wall']:9.1f} {best_m['acc_check']:13.1f} {best_m['wall'] / len(calls) * 1e3:14.0f} "
-              f"{best_m['wall'] / len(apis) * 1e3:13.0f}  {best_m['counts']}")
+        print(
+            f"{'msprobe':14s} {best_m['wall']:9.1f} {best_m['acc_check']:13.1f} {best_m['wall'] / len(calls) * 1e3:14.0f} "
+            f"{best_m['wall'] / len(apis) * 1e3:13.0f}  {best_m['counts']}"
+        )
         for n in args.workers:
             best = min(ours[n], key=lambda r: r["wall"])
-            print(f"msprobe / plugin -n {n}: wall {best_m['wall'] / best['wall']:.1f}x, "
-                  f"checking {best_m['acc_check'] / best['tests']:.1f}x")
+            print(
+                f"msprobe / plugin -n {n}: wall {best_m['wall'] / best['wall']:.1f}x, checking {best_m['acc_check'] / best['tests']:.1f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -43,11 +43,35 @@ def load() -> str:
 def test_phase(dump: Path, out: Path, source: Path | None, work: Path) -> tuple[float, int]:
     probe = work / f"probe-{time.monotonic_ns()}.jsonl"
     paths = [str(source)] if source is not None else []
-    env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(work / "tmp"), "MSPROBE_BENCH_PROBE": str(probe),
-           "PYTHONPATH": os.pathsep.join([*paths, str(HERE)])}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "probe_plugin", "-c",
-                           os.devnull, "--rootdir", str(dump.parent), f"--msprobe-dump={dump}", "--msprobe-device=cpu",
-                           f"--msprobe-out={out}"], cwd=dump.parent, env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "PYTEST_DEBUG_TEMPROOT": str(work / "tmp"),
+        "MSPROBE_BENCH_PROBE": str(probe),
+        "PYTHONPATH": os.pathsep.join([*paths, str(HERE)]),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "probe_plugin",
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(dump.parent),
+            f"--msprobe-dump={dump}",
+            "--msprobe-device=cpu",
+            f"--msprobe-out={out}",
+        ],
+        cwd=dump.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if not probe.exists():
         raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
     found = json.loads(probe.read_text().splitlines()[0])
@@ -57,14 +81,31 @@ def test_phase(dump: Path, out: Path, source: Path | None, work: Path) -> tuple[
 def floor_ms(work: Path, calls: int, repeats: int) -> float:
     folder = work / "floor"
     folder.mkdir(exist_ok=True)
-    (folder / "test_many.py").write_text(f"import pytest, torch\n\n@pytest.mark.parametrize('i', range({calls}))\n"
-                                         "def test_nothing(i):\n    pass\n")
+    (folder / "test_many.py").write_text(
+        f"import pytest, torch\n\n@pytest.mark.parametrize('i', range({calls}))\ndef test_nothing(i):\n    pass\n"
+    )
     (folder / "test_one.py").write_text("import torch\n\ndef test_nothing():\n    pass\n")
 
     def wall(name: str) -> float:
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir",
-                        str(folder), str(folder / name)], cwd=folder, capture_output=True, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-c",
+                os.devnull,
+                "--rootdir",
+                str(folder),
+                str(folder / name),
+            ],
+            cwd=folder,
+            capture_output=True,
+            check=True,
+        )
         return time.perf_counter() - started
 
     many, one = [], []
@@ -144,11 +185,12 @@ def main() -> None:
                 phases[side].append(seconds)
     finally:
         if sides.get("before") is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(sides["before"])],
-                           capture_output=True)
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(sides["before"])], capture_output=True)
     for side, values in phases.items():
-        print(f"per call, -n 0 ({side}): {1000 * min(values) / calls:.2f} ms  (test phase {min(values):.3f} s for {calls} "
-              f"calls; all runs {', '.join(f'{value:.3f}' for value in values)} s)")
+        print(
+            f"per call, -n 0 ({side}): {1000 * min(values) / calls:.2f} ms  (test phase {min(values):.3f} s for {calls} "
+            f"calls; all runs {', '.join(f'{value:.3f}' for value in values)} s)"
+        )
     print(f"pytest's empty test, torch imported: {floor_ms(work, calls, args.repeats):.2f} ms")
     print("one call's parts, in-process (CPU time per call, this tree):")
     subprocess.run([sys.executable, "-c", PARTS, str(dump), str(args.repeats)], check=True)

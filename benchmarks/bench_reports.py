@@ -23,13 +23,33 @@ CALLS = 10_000
 
 def record(i: int) -> ResultRecord:
     """A typical small call: one output, the benchmark standard's and legacy metrics."""
-    metrics = {"small_value_err_ratio": 0.0, "rmse": 1.2e-7, "max_rel_err": 3.4e-6, "mean_rel_err": 1.1e-7, "eb": 0.01,
-               "cosine": 1.0, "max_abs_err": 2.2e-7, "rel_err_hundredth": 1.0, "rel_err_thousandth": 1.0,
-               "rel_err_ten_thousandth": 0.9999}
-    output = OutputResult(0, "", "pass", "benchmark", "single-run", "float32", "float64", [4, 16], metrics,
-                          {"small": 2**-20, "atol_bm": 2**-30}, [])
-    return ResultRecord("/data/dump.json", f"Functional.silu.{i}.forward", "pass", "benchmark", "single-run", "cpu", "",
-                        [output], ["input_args[0]: generated from statistics (seed 1)"], 0.001)
+    metrics = {
+        "small_value_err_ratio": 0.0,
+        "rmse": 1.2e-7,
+        "max_rel_err": 3.4e-6,
+        "mean_rel_err": 1.1e-7,
+        "eb": 0.01,
+        "cosine": 1.0,
+        "max_abs_err": 2.2e-7,
+        "rel_err_hundredth": 1.0,
+        "rel_err_thousandth": 1.0,
+        "rel_err_ten_thousandth": 0.9999,
+    }
+    output = OutputResult(
+        0, "", "pass", "benchmark", "single-run", "float32", "float64", [4, 16], metrics, {"small": 2**-20, "atol_bm": 2**-30}, []
+    )
+    return ResultRecord(
+        "/data/dump.json",
+        f"Functional.silu.{i}.forward",
+        "pass",
+        "benchmark",
+        "single-run",
+        "cpu",
+        "",
+        [output],
+        ["input_args[0]: generated from statistics (seed 1)"],
+        0.001,
+    )
 
 
 def main() -> None:

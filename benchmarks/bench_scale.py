@@ -36,11 +36,19 @@ def load() -> str:
 def pytest_run(work: Path, *args: str) -> tuple[float, list[dict[str, Any]], subprocess.CompletedProcess]:
     """Wall time, the probe's lines (one per process) and the process of one pytest run."""
     probe = work / f"probe-{time.monotonic_ns()}.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-           "MSPROBE_BENCH_PROBE": str(probe)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        "MSPROBE_BENCH_PROBE": str(probe),
+    }
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "probe_plugin", "-p", "no:cacheprovider", "-q", *args],
-                          cwd=work, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "probe_plugin", "-p", "no:cacheprovider", "-q", *args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     lines = [json.loads(line) for line in probe.read_text().splitlines()] if probe.exists() else []
     if done.returncode not in (0, 1, 5):
@@ -98,7 +106,7 @@ FLOOR_CONFTEST = """import pytest
 
 
 class Bare(pytest.Item):
-    """An item that tests nothing: only its collection is measured."""
+    '''An item that tests nothing: only its collection is measured.'''
 
     def runtest(self):
         return None
@@ -137,9 +145,12 @@ def bench_overhead(work: Path, calls: int, repeats: int) -> dict[str, Any]:
         runs = [pytest_run(work, *args)[1][0] for _ in range(repeats)]
         return min(1000 * line["run_s"] / line["ran"] for line in runs)
 
-    return {"calls": calls, "per_call_ms": per_call_ms(f"--msprobe-dump={dump}", "--msprobe-out=out-overhead"),
-            "per_call_ms_no_logging_plugin": per_call_ms(f"--msprobe-dump={dump}", "--msprobe-out=out-overhead", "-p", "no:logging"),
-            "pytest_empty_test_ms": per_call_ms(str(floor_tests), "-p", "no:msprobe")}
+    return {
+        "calls": calls,
+        "per_call_ms": per_call_ms(f"--msprobe-dump={dump}", "--msprobe-out=out-overhead"),
+        "per_call_ms_no_logging_plugin": per_call_ms(f"--msprobe-dump={dump}", "--msprobe-out=out-overhead", "-p", "no:logging"),
+        "pytest_empty_test_ms": per_call_ms(str(floor_tests), "-p", "no:msprobe"),
+    }
 
 
 def bench_speedup(work: Path, calls: int, repeats: int) -> dict[str, Any]:
@@ -154,11 +165,16 @@ def bench_speedup(work: Path, calls: int, repeats: int) -> dict[str, Any]:
         wall, lines, _ = pytest_run(work, f"--msprobe-dump={dump}", "--msprobe-out=out-n2", "-n", "2")
         parallel.append(wall)
         parallel_tests.append(max(line["run_s"] for line in lines if line["worker"].startswith("gw")))
-    return {"calls": calls, "n0_wall_s": [round(t, 1) for t in serial], "n2_wall_s": [round(t, 1) for t in parallel],
-            "wall_speedup_median": statistics.median(serial) / statistics.median(parallel),
-            "n0_tests_s": [round(t, 1) for t in serial_tests], "n2_tests_s": [round(t, 1) for t in parallel_tests],
-            "tests_speedup_median": statistics.median(serial_tests) / statistics.median(parallel_tests),
-            "identical_results": same_results(work / "out-n0", work / "out-n2")}
+    return {
+        "calls": calls,
+        "n0_wall_s": [round(t, 1) for t in serial],
+        "n2_wall_s": [round(t, 1) for t in parallel],
+        "wall_speedup_median": statistics.median(serial) / statistics.median(parallel),
+        "n0_tests_s": [round(t, 1) for t in serial_tests],
+        "n2_tests_s": [round(t, 1) for t in parallel_tests],
+        "tests_speedup_median": statistics.median(serial_tests) / statistics.median(parallel_tests),
+        "identical_results": same_results(work / "out-n0", work / "out-n2"),
+    }
 
 
 def same_results(first: Path, second: Path) -> bool:
@@ -167,8 +183,10 @@ def same_results(first: Path, second: Path) -> bool:
     from pytest_msprobe.results.writer import read_journal
 
     def table(folder: Path) -> dict[str, Any]:
-        return {entry.record.call: (entry.record.status, [(o.status, o.metrics) for o in entry.record.outputs])
-                for entry in read_journal(journal_of(folder))}
+        return {
+            entry.record.call: (entry.record.status, [(o.status, o.metrics) for o in entry.record.outputs])
+            for entry in read_journal(journal_of(folder))
+        }
 
     return table(first) == table(second)
 

@@ -42,6 +42,7 @@ outputs). Columns:
   full     `Registry.check(..., reference=...)`: plus the legacy metrics
   plain    `full` with the fused path switched off (fast.FAST_MIN_N raised): metrics.Pair
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,10 +63,16 @@ from pytest_msprobe.standards.reference import Reference
 from pytest_msprobe.standards.registry import _make_pair
 
 # api routed to each standard in the shipped tables
-APIS = {"binary_consistency": "relu", "absolute_threshold": "add", "ulp": "matmul",
-        "thousandth": "conv2d", "accumulative_error": "cumsum", "benchmark": "exp"}
+APIS = {
+    "binary_consistency": "relu",
+    "absolute_threshold": "add",
+    "ulp": "matmul",
+    "thousandth": "conv2d",
+    "accumulative_error": "cumsum",
+    "benchmark": "exp",
+}
 
-MSPROBE_SCRIPT = r'''
+MSPROBE_SCRIPT = r"""
 import json, sys, time
 import numpy as np, torch
 from msprobe.pytorch.api_accuracy_checker.compare.compare_input import CompareInput
@@ -101,7 +108,7 @@ for line in sys.stdin:
     if not name:
         break
     print(json.dumps({name: one(name)}), flush=True)
-'''
+"""
 
 
 def _alone(reg: Registry, name: str, api: str, bench: torch.Tensor, device: torch.Tensor):
@@ -145,7 +152,7 @@ def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:
     cols = ("a alone", "a full", "a plain", "b alone", "b full", "b plain", "msprobe")
     times = {name: {c: [] for c in cols} for name in REF_STANDARDS}
     statuses: dict = {}
-    for _ in range(args.warmup):           # steady state: ours warmed up like msprobe's
+    for _ in range(args.warmup):  # steady state: ours warmed up like msprobe's
         for name in REF_STANDARDS:
             for k in ("a", "b"):
                 _alone_ref(reg, name, APIS[name], bench_t, device_t, refs[name][k])
@@ -156,29 +163,41 @@ def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:
             api = APIS[name]
             for k in ("a", "b"):
                 r = refs[name][k]
-                times[name][f"{k} alone"].append(_timed(lambda: statuses.__setitem__(
-                    (name, k), _alone_ref(reg, name, api, bench_t, device_t, r).status)))
-                times[name][f"{k} full"].append(_timed(
-                    lambda: reg.check(bench_t, device_t, api=api, reference=r)))
-                times[name][f"{k} plain"].append(_timed(
-                    lambda: _plain_check(reg, bench_t, device_t, api, r)))
+                times[name][f"{k} alone"].append(
+                    _timed(
+                        lambda name=name, k=k, api=api, r=r: statuses.__setitem__(
+                            (name, k), _alone_ref(reg, name, api, bench_t, device_t, r).status
+                        )
+                    )
+                )
+                times[name][f"{k} full"].append(_timed(lambda api=api, r=r: reg.check(bench_t, device_t, api=api, reference=r)))
+                times[name][f"{k} plain"].append(_timed(lambda api=api, r=r: _plain_check(reg, bench_t, device_t, api, r)))
             if theirs is not None:
                 times[name]["msprobe"].append(theirs(name))
     load_after = os.getloadavg()
     print()
-    print(f"with a reference: (a) a baseline's metrics, (b) a reference float32 output; "
-          f"steady state ({args.warmup} untimed calls first), best of {args.repeat} "
-          f"(interleaved)")
-    print(f"load average (1/5/15 min) before {', '.join(f'{x:.2f}' for x in load_before)}"
-          f"; after {', '.join(f'{x:.2f}' for x in load_after)}")
-    print(f"{'standard':12s} {'verdict a/b':>11s} " + " ".join(f"{c:>8s}" for c in cols)
-          + f" {'a alone x':>9s} {'a full x':>8s} {'b full x':>8s}")
+    print(
+        f"with a reference: (a) a baseline's metrics, (b) a reference float32 output; "
+        f"steady state ({args.warmup} untimed calls first), best of {args.repeat} "
+        f"(interleaved)"
+    )
+    print(
+        f"load average (1/5/15 min) before {', '.join(f'{x:.2f}' for x in load_before)}; after {', '.join(f'{x:.2f}' for x in load_after)}"
+    )
+    print(
+        f"{'standard':12s} {'verdict a/b':>11s} "
+        + " ".join(f"{c:>8s}" for c in cols)
+        + f" {'a alone x':>9s} {'a full x':>8s} {'b full x':>8s}"
+    )
     for name in REF_STANDARDS:
         t = {c: min(v) if v else float("nan") for c, v in times[name].items()}
         st = f"{statuses[(name, 'a')]}/{statuses[(name, 'b')]}"
         m = t["msprobe"]
-        print(f"{name:12s} {st:>11s} " + " ".join(f"{t[c]:8.4f}" for c in cols)
-              + f" {m / t['a alone']:8.1f}x {m / t['a full']:7.1f}x {m / t['b full']:7.1f}x")
+        print(
+            f"{name:12s} {st:>11s} "
+            + " ".join(f"{t[c]:8.4f}" for c in cols)
+            + f" {m / t['a alone']:8.1f}x {m / t['a full']:7.1f}x {m / t['b full']:7.1f}x"
+        )
 
 
 def _timed(fn) -> float:
@@ -194,8 +213,7 @@ def _tiny_cost(reg: Registry, calls: int = 2000) -> dict:
     out = {}
     for name, api in APIS.items():
         reg.check(b, d, api=api)
-        best = min(_timed(lambda: [reg.check(b, d, api=api) for _ in range(calls // 5)])
-                   for _ in range(5))
+        best = min(_timed(lambda api=api: [reg.check(b, d, api=api) for _ in range(calls // 5)]) for _ in range(5))
         out[name] = best / (calls // 5)
     return out
 
@@ -214,39 +232,34 @@ def _first_touch(args, bp: str, dp: str, with_msprobe: bool) -> dict:
     out = {name: {"ours": [], "msprobe": []} for name in APIS}
     for _ in range(args.first_repeat):
         for name in APIS:
-            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--first-child",
-                                  name, bp, dp], capture_output=True, text=True, check=True)
+            res = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--first-child", name, bp, dp], capture_output=True, text=True, check=True
+            )
             out[name]["ours"].append(json.loads(res.stdout.strip().splitlines()[-1])[name])
             if with_msprobe:
-                res = subprocess.run([args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp, name],
-                                     capture_output=True, text=True, check=True)
-                out[name]["msprobe"].append(
-                    json.loads(res.stdout.strip().splitlines()[-1])[name])
+                res = subprocess.run([args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp, name], capture_output=True, text=True, check=True)
+                out[name]["msprobe"].append(json.loads(res.stdout.strip().splitlines()[-1])[name])
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=2 ** 24)
+    ap.add_argument("--n", type=int, default=2**24)
     ap.add_argument("--repeat", type=int, default=5, help="steady state: timed rounds")
-    ap.add_argument("--warmup", type=int, default=3,
-                    help="steady state: untimed calls of every standard on each side first")
-    ap.add_argument("--first-repeat", type=int, default=3,
-                    help="first touch: fresh processes per standard per side")
+    ap.add_argument("--warmup", type=int, default=3, help="steady state: untimed calls of every standard on each side first")
+    ap.add_argument("--first-repeat", type=int, default=3, help="first touch: fresh processes per standard per side")
     ap.add_argument("--no-first", action="store_true", help="skip the first-touch table")
-    ap.add_argument("--msprobe-python", default=os.environ.get(
-        "MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
-    ap.add_argument("--reference-only", action="store_true",
-                    help="only the with-a-reference table (benchmark and ulp)")
+    ap.add_argument("--msprobe-python", default=os.environ.get("MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
+    ap.add_argument("--reference-only", action="store_true", help="only the with-a-reference table (benchmark and ulp)")
     ap.add_argument("--first-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.first_child:
         return _first_child(*args.first_child)
     rng = np.random.default_rng(0)
     bench = rng.standard_normal(args.n) * 10.0
-    device = (bench * (1 + rng.standard_normal(args.n) * 2 ** -24)).astype(np.float32)
+    device = (bench * (1 + rng.standard_normal(args.n) * 2**-24)).astype(np.float32)
     # another implementation's output: the same kind of rounding noise
-    ref = (bench * (1 + rng.standard_normal(args.n) * 2 ** -24)).astype(np.float32)
+    ref = (bench * (1 + rng.standard_normal(args.n) * 2**-24)).astype(np.float32)
     reg = Registry.default()
     have_msprobe = os.path.exists(args.msprobe_python)
     if not have_msprobe:
@@ -265,9 +278,9 @@ def main() -> None:
         ref_t = torch.from_numpy(ref)
         proc = None
         if have_msprobe:
-            proc = subprocess.Popen([args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    text=True)
+            proc = subprocess.Popen(
+                [args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
             if proc.stdout.readline().strip() != "ready":
                 print("msprobe start failed: msprobe timings skipped")
                 proc = None
@@ -287,24 +300,21 @@ def main() -> None:
                     theirs(name)
         load_before = os.getloadavg()
         if args.reference_only:
-            _reference_table(args, reg, bench_t, device_t, ref_t,
-                             theirs if proc is not None else None)
+            _reference_table(args, reg, bench_t, device_t, ref_t, theirs if proc is not None else None)
         times = {name: {"alone": [], "full": [], "msprobe": []} for name in APIS}
         statuses = {}
         for _ in range(0 if args.reference_only else args.repeat):
             for name, api in APIS.items():
                 assert reg.standard_for(api, torch.float32) == name
-                times[name]["alone"].append(_timed(
-                    lambda: statuses.__setitem__(name, _alone(reg, name, api, bench_t,
-                                                              device_t).status)))
-                times[name]["full"].append(_timed(lambda: reg.check(bench_t, device_t,
-                                                                    api=api)))
+                times[name]["alone"].append(
+                    _timed(lambda name=name, api=api: statuses.__setitem__(name, _alone(reg, name, api, bench_t, device_t).status))
+                )
+                times[name]["full"].append(_timed(lambda api=api: reg.check(bench_t, device_t, api=api)))
                 if proc is not None:
                     times[name]["msprobe"].append(theirs(name))
         load_after = os.getloadavg()
         if not args.reference_only:
-            _reference_table(args, reg, bench_t, device_t, ref_t,
-                             theirs if proc is not None else None)
+            _reference_table(args, reg, bench_t, device_t, ref_t, theirs if proc is not None else None)
         if proc is not None:
             proc.stdin.write("\n")
             proc.stdin.close()
@@ -313,39 +323,31 @@ def main() -> None:
         return
     tiny = _tiny_cost(reg)
     fmt = lambda xs, p=2: ", ".join(f"{x:.{p}f}" for x in xs)
-    print(f"n = {args.n} float32 elements vs float64 bench, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__}, numpy {np.__version__}")
+    print(f"n = {args.n} float32 elements vs float64 bench, {os.cpu_count()} CPUs, torch {torch.__version__}, numpy {np.__version__}")
     if first is not None:
-        print(f"\nFIRST TOUCH: the first call in a fresh process, best of {args.first_repeat} "
-              f"processes per side (load average before {fmt(load_first)})")
-        print(f"{'standard':20s} {'ours alone (s)':>15s} {'msprobe (s)':>12s} {'alone x':>8s}"
-              f"   all ours / all msprobe")
+        print(
+            f"\nFIRST TOUCH: the first call in a fresh process, best of {args.first_repeat} "
+            f"processes per side (load average before {fmt(load_first)})"
+        )
+        print(f"{'standard':20s} {'ours alone (s)':>15s} {'msprobe (s)':>12s} {'alone x':>8s}   all ours / all msprobe")
         for name in APIS:
-            o, m = min(first[name]["ours"]), (min(first[name]["msprobe"])
-                                               if first[name]["msprobe"] else float("nan"))
-            print(f"{name:20s} {o:15.4f} {m:12.4f} {m / o:7.1f}x   "
-                  f"{fmt(first[name]['ours'], 4)} / {fmt(first[name]['msprobe'], 3)}")
-    print(f"\nSTEADY STATE: {args.warmup} untimed calls of every standard on each side, "
-          f"then best of {args.repeat} (interleaved)")
+            o, m = min(first[name]["ours"]), (min(first[name]["msprobe"]) if first[name]["msprobe"] else float("nan"))
+            print(f"{name:20s} {o:15.4f} {m:12.4f} {m / o:7.1f}x   {fmt(first[name]['ours'], 4)} / {fmt(first[name]['msprobe'], 3)}")
+    print(f"\nSTEADY STATE: {args.warmup} untimed calls of every standard on each side, then best of {args.repeat} (interleaved)")
     print(f"load average (1/5/15 min) before {fmt(load_before)}; after {fmt(load_after)}")
-    print(f"{'standard':20s} {'verdict':>7s} {'alone (s)':>10s} {'full (s)':>9s} "
-          f"{'msprobe (s)':>12s} {'alone x':>8s} {'full x':>7s}")
+    print(f"{'standard':20s} {'verdict':>7s} {'alone (s)':>10s} {'full (s)':>9s} {'msprobe (s)':>12s} {'alone x':>8s} {'full x':>7s}")
     ok = True
     for name in APIS:
         t = {k: min(v) if v else float("nan") for k, v in times[name].items()}
         if times[name]["msprobe"]:
             fa, ff = t["msprobe"] / t["alone"], t["msprobe"] / t["full"]
             ok &= fa >= 5
-            print(f"{name:20s} {statuses[name]:>7s} {t['alone']:10.4f} {t['full']:9.4f} "
-                  f"{t['msprobe']:12.4f} {fa:7.1f}x {ff:6.1f}x")
+            print(f"{name:20s} {statuses[name]:>7s} {t['alone']:10.4f} {t['full']:9.4f} {t['msprobe']:12.4f} {fa:7.1f}x {ff:6.1f}x")
         else:
-            print(f"{name:20s} {statuses[name]:>7s} {t['alone']:10.4f} {t['full']:9.4f} "
-                  f"{'-':>12s} {'-':>8s} {'-':>7s}")
+            print(f"{name:20s} {statuses[name]:>7s} {t['alone']:10.4f} {t['full']:9.4f} {'-':>12s} {'-':>8s} {'-':>7s}")
     if any(times[name]["msprobe"] for name in APIS):
-        print("target (steady state, standard alone >= 5x faster than msprobe on every "
-              "standard):", "met" if ok else "NOT met")
-    print("tiny output (3 elements), check() per call: " + ", ".join(
-        f"{name} {sec * 1e6:.0f} us" for name, sec in tiny.items()))
+        print("target (steady state, standard alone >= 5x faster than msprobe on every standard):", "met" if ok else "NOT met")
+    print("tiny output (3 elements), check() per call: " + ", ".join(f"{name} {sec * 1e6:.0f} us" for name, sec in tiny.items()))
 
 
 if __name__ == "__main__":

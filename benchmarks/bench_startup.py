@@ -79,10 +79,24 @@ def main() -> None:
     runs = {
         "import torch": [sys.executable, "-c", "import torch"],
         "bare pytest": [*pytest, "--rootdir", str(work / "bare"), str(work / "bare" / "test_bare.py")],
-        "1 call, -n 0": [*pytest, "--rootdir", str(work / "one"), f"--msprobe-dump={dump}", "--msprobe-device=cpu",
-                         f"--msprobe-out={work / 'out'}"],
-        "1 call, -n 2": [*pytest, "--rootdir", str(work / "one"), f"--msprobe-dump={dump}", "--msprobe-device=cpu",
-                         f"--msprobe-out={work / 'out'}", "-n", "2"],
+        "1 call, -n 0": [
+            *pytest,
+            "--rootdir",
+            str(work / "one"),
+            f"--msprobe-dump={dump}",
+            "--msprobe-device=cpu",
+            f"--msprobe-out={work / 'out'}",
+        ],
+        "1 call, -n 2": [
+            *pytest,
+            "--rootdir",
+            str(work / "one"),
+            f"--msprobe-dump={dump}",
+            "--msprobe-device=cpu",
+            f"--msprobe-out={work / 'out'}",
+            "-n",
+            "2",
+        ],
     }
     before = load()
     started = time.perf_counter()
@@ -94,8 +108,7 @@ def main() -> None:
             times[name].append(wall(command, work, env))
     best = {name: min(values) for name, values in times.items()}
     floor = best["import torch"] + best["bare pytest"]
-    print(f"load average before {before}, after {load()}; a pure-Python loop took {loop:.2f} s; best of {args.repeats} "
-          "(all runs, s):")
+    print(f"load average before {before}, after {load()}; a pure-Python loop took {loop:.2f} s; best of {args.repeats} (all runs, s):")
     for name, values in times.items():
         print(f"  {name:14s} {best[name]:6.2f}   ({', '.join(f'{value:.2f}' for value in values)})")
     print(f"  {'floor':14s} {floor:6.2f}   (import torch + bare pytest)")

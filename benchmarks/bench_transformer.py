@@ -67,8 +67,7 @@ def the_dump(args: argparse.Namespace) -> tuple[Path, str]:
     if (made / "dump.json").exists():
         return made / "dump.json", "made with the shared maker (benchmarks/make_transformer_dump.py)"
     if args.msprobe_python.exists():
-        done = subprocess.run([str(args.msprobe_python), str(HERE / "make_transformer_dump.py"), str(made)],
-                              capture_output=True, text=True)
+        done = subprocess.run([str(args.msprobe_python), str(HERE / "make_transformer_dump.py"), str(made)], capture_output=True, text=True)
         if done.returncode == 0 and (made / "dump.json").exists():
             return made / "dump.json", "made with the shared maker (benchmarks/make_transformer_dump.py)"
         print(f"the shared maker failed ({done.returncode}): {done.stderr[-500:]}; the shipped dump is used")
@@ -84,6 +83,7 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, su
 def normalized(folder: Path) -> dict[str, Any]:
     """The newest run's result files, comparable across runs: rows sorted (xdist writes
     them as they arrive), durations, timestamps and the command left out."""
+
     def newest(pattern: str) -> Path:
         return sorted(folder.glob(pattern))[-1]
 
@@ -124,10 +124,21 @@ def main() -> None:
     root = dump if dump.is_dir() else dump.parent
     (args.work / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(args.work / "tmp")}
-    ours = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(root),
-            f"--msprobe-dump={dump}", "--msprobe-device=cpu"]
-    runs = {"-n 0": [*ours, f"--msprobe-out={args.work / 'out-n0'}"],
-            "-n 2": [*ours, f"--msprobe-out={args.work / 'out-n2'}", "-n", "2"]}
+    ours = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        os.devnull,
+        "--rootdir",
+        str(root),
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+    ]
+    runs = {"-n 0": [*ours, f"--msprobe-out={args.work / 'out-n0'}"], "-n 2": [*ours, f"--msprobe-out={args.work / 'out-n2'}", "-n", "2"]}
     msprobe = [str(args.msprobe_python), str(HERE / "msprobe_acc_check_cpu.py"), "-api_info", str(dump)]
     times: dict[str, list[float]] = {name: [] for name in runs}
     times["msprobe"], inside = [], []
@@ -157,12 +168,16 @@ def main() -> None:
         print(f"  msprobe's time inside acc_check: best {min(inside):.2f} s")
     identical = normalized(args.work / "out-n0") == normalized(args.work / "out-n2")
     n0, n2 = min(times["-n 0"]), min(times["-n 2"])
-    print(f"-n 2 / -n 0: {n2 / n0:.2f} ({'faster' if n2 < n0 else 'NOT faster'}); result files of -n 0 and -n 2 "
-          f"{'identical' if identical else 'DIFFERENT'}")
+    print(
+        f"-n 2 / -n 0: {n2 / n0:.2f} ({'faster' if n2 < n0 else 'NOT faster'}); result files of -n 0 and -n 2 "
+        f"{'identical' if identical else 'DIFFERENT'}"
+    )
     if times["msprobe"]:
         ratio = min(times["msprobe"]) / n0
-        print(f"msprobe / -n 0: {ratio:.1f}x (target >= 30x: {'met' if ratio >= 30 else 'NOT met'}); "
-              f"per call: ours {1000 * n0 / calls:.1f} ms, msprobe {1000 * min(times['msprobe']) / calls:.0f} ms")
+        print(
+            f"msprobe / -n 0: {ratio:.1f}x (target >= 30x: {'met' if ratio >= 30 else 'NOT met'}); "
+            f"per call: ours {1000 * n0 / calls:.1f} ms, msprobe {1000 * min(times['msprobe']) / calls:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the same run, interleaved, best of --repeat:
            standard (the API routed to it), correct device output (the common case: the
            cheap verdict passes and nothing more is computed)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APIS = {"absolute_threshold": "mul", "ulp": "matmul", "thousandth": "conv2d", "benchmark": "exp",
-        "accumulative_error": "cumsum", "binary_consistency": "relu"}
+APIS = {
+    "absolute_threshold": "mul",
+    "ulp": "matmul",
+    "thousandth": "conv2d",
+    "benchmark": "exp",
+    "accumulative_error": "cumsum",
+    "binary_consistency": "relu",
+}
 
 OUTPUT_SCRIPT = r"""
 import json, sys, time
@@ -50,8 +57,7 @@ print(json.dumps(out))
 def worktree(rev: str) -> Path:
     """REV in a worktree, its standards and bench_functions reachable as installed."""
     folder = Path(tempfile.mkdtemp(prefix="msprobe-before-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), rev], check=True,
-                   capture_output=True)
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), rev], check=True, capture_output=True)
     for package in ("standards", "bench_functions"):
         (folder / "pytest_msprobe" / package).symlink_to(folder / package)
     return folder
@@ -65,9 +71,28 @@ def _env(tree: Path | None) -> dict[str, str]:
 
 
 def _dump_seconds(tree: Path | None, dump: Path, out: Path, extra: list[str]) -> tuple[float, int]:
-    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--msprobe-dump={dump}",
-                             "--msprobe-device=cpu", f"--msprobe-out={out}", "--rootdir", str(dump.parent),
-                             "-c", os.devnull, *extra], cwd=dump.parent, env=_env(tree), capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--msprobe-dump={dump}",
+            "--msprobe-device=cpu",
+            f"--msprobe-out={out}",
+            "--rootdir",
+            str(dump.parent),
+            "-c",
+            os.devnull,
+            *extra,
+        ],
+        cwd=dump.parent,
+        env=_env(tree),
+        capture_output=True,
+        text=True,
+    )
     match = re.search(r"(\d+) run here in ([0-9.]+) s", result.stdout)
     if match is None:
         raise RuntimeError(result.stdout[-2000:] + result.stderr[-2000:])
@@ -75,8 +100,13 @@ def _dump_seconds(tree: Path | None, dump: Path, out: Path, extra: list[str]) ->
 
 
 def _output_seconds(tree: Path | None, n: int, repeat: int) -> dict[str, float]:
-    result = subprocess.run([sys.executable, "-c", OUTPUT_SCRIPT, str(n), str(repeat), json.dumps(APIS)],
-                            env=_env(tree), capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", OUTPUT_SCRIPT, str(n), str(repeat), json.dumps(APIS)],
+        env=_env(tree),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout)
 
 
@@ -85,9 +115,15 @@ def main() -> None:
     parser.add_argument("--before", required=True)
     parser.add_argument("--dump", type=Path, required=True)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--n", type=int, default=2 ** 24)
-    parser.add_argument("--offline", dest="plugin_args", action="store_const", const=["--msprobe-offline"], default=[],
-                        help="the dump's own outputs as the device (--msprobe-offline)")
+    parser.add_argument("--n", type=int, default=2**24)
+    parser.add_argument(
+        "--offline",
+        dest="plugin_args",
+        action="store_const",
+        const=["--msprobe-offline"],
+        default=[],
+        help="the dump's own outputs as the device (--msprobe-offline)",
+    )
     parser.add_argument("--skip-output", action="store_true", help="only the dump")
     args = parser.parse_args()
     tree = worktree(args.before)

@@ -15,9 +15,10 @@ import argparse
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -76,9 +77,16 @@ class _Writer:
     def tensor(self, shape: Shape, dtype: str, name: str, requires_grad: bool) -> dict[str, Any]:
         scale = self.rng.uniform(0.5, 2.0)
         numel = math.prod(shape)
-        value: dict[str, Any] = {"type": "torch.Tensor", "dtype": dtype, "shape": shape, "Max": scale, "Min": -scale,
-                                 "Mean": round(self.rng.uniform(-0.1, 0.1), 6), "Norm": round(scale * math.sqrt(numel) / 2, 4),
-                                 "requires_grad": requires_grad}
+        value: dict[str, Any] = {
+            "type": "torch.Tensor",
+            "dtype": dtype,
+            "shape": shape,
+            "Max": scale,
+            "Min": -scale,
+            "Mean": round(self.rng.uniform(-0.1, 0.1), 6),
+            "Norm": round(scale * math.sqrt(numel) / 2, 4),
+            "requires_grad": requires_grad,
+        }
         if self.task == "tensor":
             array = np.random.default_rng(self.rng.getrandbits(32)).uniform(-scale, scale, shape)
             file_name = f"{name}.npy"
@@ -116,16 +124,20 @@ def make_dump(root: Path, calls: int, *, task: str = "statistics", mix: str = "l
         prefix = f"{key}.{index}"
         out_shape = kind.output(tokens, hidden)
         data[f"{prefix}.forward"] = {
-            "input_args": [writer.value(spec, dtype, f"{prefix}.forward.input.{i}", True)
-                           for i, spec in enumerate(kind.inputs(tokens, hidden))],
+            "input_args": [
+                writer.value(spec, dtype, f"{prefix}.forward.input.{i}", True) for i, spec in enumerate(kind.inputs(tokens, hidden))
+            ],
             "input_kwargs": {},
             "output": [writer.tensor(out_shape, dtype, f"{prefix}.forward.output.0", True)],
         }
         if kind.backward and len(data) < calls:
             data[f"{prefix}.backward"] = {
                 "input": [writer.tensor(out_shape, dtype, f"{prefix}.backward.input.0", False)],
-                "output": [writer.value(spec, dtype, f"{prefix}.backward.output.{i}", False)
-                           for i, spec in enumerate(kind.inputs(tokens, hidden)) if isinstance(spec, list)],
+                "output": [
+                    writer.value(spec, dtype, f"{prefix}.backward.output.{i}", False)
+                    for i, spec in enumerate(kind.inputs(tokens, hidden))
+                    if isinstance(spec, list)
+                ],
             }
     root.mkdir(parents=True, exist_ok=True)
     path = root / "dump.json"

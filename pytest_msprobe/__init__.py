@@ -20,7 +20,3 @@ The precision standards (`pytest_msprobe.standards`, from the repository's
 `standards/`) and the CPU references of NPU fused ops (`pytest_msprobe.bench_functions`)
 are libraries beside the stages: any stage may use them, they use none.
 """
-
-from pytest_msprobe import _moved
-
-_moved.install()

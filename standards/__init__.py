@@ -11,6 +11,7 @@ exists in single_run, shared quantities in metrics, per-dtype constants in dtype
 API routing and thresholds in registry + tables/*.csv, nested outputs in pairing, the
 fused chunked pass that judges large outputs quickly in fast.py.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,8 +24,7 @@ from .verdict import Offender, Verdict
 __all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
 
 
-def check(bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None,
-          groups: Any = None) -> Verdict:
+def check(bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None, groups: Any = None) -> Verdict:
     """Judge `device` against its raised-precision `bench` by the standard routed for `api`.
 
     bench/device: torch tensors, numpy arrays, Python scalars, None, or nested

@@ -18,15 +18,16 @@ element's magnitude, never finer than 2**-6 of the output's RMS; real forward an
 backward CPU kernels measured <= 2.6); `scaled_err_ratio` is the share of elements
 beyond both, and must be 0. A 30-ULP bias or one element 25% off is still an error.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import fast
-from .metrics import Pair
 from .bias import judge_bias, sample_step, statistics
+from .metrics import Pair
 from .single_run import at_least_normal, tolerance_scale
 
 NAME = "absolute_threshold"
@@ -49,12 +50,14 @@ def absolute_threshold_metrics(pair: Pair, rtol: float, small: float, atol: floa
 def threshold_reasons(metrics: dict, limits: dict, judged=None) -> list[str]:
     """Reasons for every judged ratio above zero (default: the spec's three)."""
     reasons = []
-    whats = {"inf_nan_error_ratio": "inf/nan elements disagree",
-             "rel_err_ratio": f"normal elements have rel_err > {limits['rtol']:.3g}",
-             "abs_err_ratio": f"small elements have abs_err > {limits['atol']:.3g}",
-             "scaled_err_ratio": f"elements are beyond the spec's tolerance and "
-                                 f"{limits.get('ulps', 0):g} ULP at max(|b|, "
-                                 f"{limits.get('floor', 0):.3g} x rms(b))"}
+    whats = {
+        "inf_nan_error_ratio": "inf/nan elements disagree",
+        "rel_err_ratio": f"normal elements have rel_err > {limits['rtol']:.3g}",
+        "abs_err_ratio": f"small elements have abs_err > {limits['atol']:.3g}",
+        "scaled_err_ratio": f"elements are beyond the spec's tolerance and "
+        f"{limits.get('ulps', 0):g} ULP at max(|b|, "
+        f"{limits.get('floor', 0):.3g} x rms(b))",
+    }
     for key in judged or ("inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio"):
         what = whats[key]
         if metrics[key] > 0:
@@ -65,15 +68,14 @@ def threshold_reasons(metrics: dict, limits: dict, judged=None) -> list[str]:
 def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge elementwise arithmetic against D's rounding tolerance."""
     rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
-    if fast.fast_ok(pair):       # a reference changes only the verdict's kind here
+    if fast.fast_ok(pair):  # a reference changes only the verdict's kind here
         verdict = _fast(pair, thresholds, rtol, small, atol, reference)
         if verdict is not None:
             return verdict
     metrics = absolute_threshold_metrics(pair, rtol, small, atol)
     small_mask = pair.small_mask(small)
     score = np.where(small_mask, pair.abs_err / atol, pair.rel_err / rtol)
-    used = {"rtol": rtol, "small": small, "small_atol": atol, "inf_nan_error_ratio": 0.0,
-            "rel_err_ratio": 0.0, "abs_err_ratio": 0.0}
+    used = {"rtol": rtol, "small": small, "small_atol": atol, "inf_nan_error_ratio": 0.0, "rel_err_ratio": 0.0, "abs_err_ratio": 0.0}
     limits = {"rtol": rtol, "atol": atol}
     judged = None
     if pair.n_finite:
@@ -88,18 +90,26 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=No
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "at_bias_ulp")
     metrics.update(bias)
     reasons += bias_failed
-    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        pair.offenders(score) if reasons else (),  # shown only for a failure
-                        reference.kind if reference is not None else "single-run")
+    return pair.verdict(
+        "error" if reasons else "pass",
+        NAME,
+        metrics,
+        used,
+        reasons,
+        pair.offenders(score) if reasons else (),  # shown only for a failure
+        reference.kind if reference is not None else "single-run",
+    )
 
 
 def fast_threshold_metrics(pair: Pair, res: dict) -> dict:
     """absolute_threshold_metrics from a fused pass's (n_small, rel_bad, abs_bad)."""
     n_small, rel_bad, abs_bad = res["thr"]
     n_normal = pair.n - n_small
-    return {"inf_nan_error_ratio": 0.0,
-            "rel_err_ratio": rel_bad / n_normal if n_normal else 0.0,
-            "abs_err_ratio": abs_bad / n_small if n_small else 0.0}
+    return {
+        "inf_nan_error_ratio": 0.0,
+        "rel_err_ratio": rel_bad / n_normal if n_normal else 0.0,
+        "abs_err_ratio": abs_bad / n_small if n_small else 0.0,
+    }
 
 
 def _fast(pair: Pair, thresholds, rtol, small, atol, reference=None):
@@ -109,21 +119,41 @@ def _fast(pair: Pair, thresholds, rtol, small, atol, reference=None):
         return None
     ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
     (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
-    res = fast.run(pair, thr=(rtol, small, atol), abs_scaled=(at_least_normal(floor * rms, pair.info), ulps * pair.info.eps),
-                   offend="score", sample=sample_step(pair.n), bias=q_half)
+    res = fast.run(
+        pair,
+        thr=(rtol, small, atol),
+        abs_scaled=(at_least_normal(floor * rms, pair.info), ulps * pair.info.eps),
+        offend="score",
+        sample=sample_step(pair.n),
+        bias=q_half,
+    )
     if res is None:
         return None
     metrics = fast_threshold_metrics(pair, res)
     metrics["scaled_err_ratio"] = float(res["abs_scaled"] / pair.n)
-    used = {"rtol": rtol, "small": small, "small_atol": atol, "inf_nan_error_ratio": 0.0,
-            "rel_err_ratio": 0.0, "abs_err_ratio": 0.0, "scaled_err_ratio": 0.0,
-            "sr_abs_ulp": ulps, "sr_scale_floor": floor}
-    reasons = threshold_reasons(metrics, {"rtol": rtol, "atol": atol, "ulps": ulps,
-                                          "floor": floor},
-                                ("inf_nan_error_ratio", "scaled_err_ratio"))
+    used = {
+        "rtol": rtol,
+        "small": small,
+        "small_atol": atol,
+        "inf_nan_error_ratio": 0.0,
+        "rel_err_ratio": 0.0,
+        "abs_err_ratio": 0.0,
+        "scaled_err_ratio": 0.0,
+        "sr_abs_ulp": ulps,
+        "sr_scale_floor": floor,
+    }
+    reasons = threshold_reasons(
+        metrics, {"rtol": rtol, "atol": atol, "ulps": ulps, "floor": floor}, ("inf_nan_error_ratio", "scaled_err_ratio")
+    )
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "at_bias_ulp", statistics(res["bias"]))
     metrics.update(bias)
     reasons += bias_failed
-    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons,
-                        fast.offenders(pair, res["offenders"]) if reasons else (),
-                        reference.kind if reference is not None else "single-run")
+    return pair.verdict(
+        "error" if reasons else "pass",
+        NAME,
+        metrics,
+        used,
+        reasons,
+        fast.offenders(pair, res["offenders"]) if reasons else (),
+        reference.kind if reference is not None else "single-run",
+    )

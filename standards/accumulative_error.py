@@ -9,15 +9,15 @@ correct kernel on a single odd rounding difference in a small tensor. And eb is 
 a scale bias (errors whose signs follow b's, e.g. every element x(1+30 ulp)), so the same
 balance is also judged relative to sign(b): `scale_eb` = |#outward - #inward| / N.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import fast
-from .absolute_threshold import (absolute_threshold_metrics, fast_threshold_metrics,
-                                 threshold_reasons)
+from .absolute_threshold import absolute_threshold_metrics, fast_threshold_metrics, threshold_reasons
 from .metrics import Pair, sign_balance_z
 
 NAME = "accumulative_error"
@@ -27,7 +27,7 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=No
     """Judge a long reduction by bound(D) and error balance."""
     bound, small = thresholds["bound"], thresholds["accumulative_small"]
     res = None
-    if fast.fast_ok(pair):                 # one fused pass (fast.py); None: plain path
+    if fast.fast_ok(pair):  # one fused pass (fast.py); None: plain path
         res = fast.run(pair, thr=(bound, small, bound), signs=True, offend="rel")
     if res is not None:
         metrics = fast_threshold_metrics(pair, res)
@@ -48,12 +48,24 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=No
     metrics["scale_eb_z"] = scale_z
     for key, zz in (("eb", z), ("scale_eb", scale_z)):
         if metrics[key] > thresholds["eb_max"] and zz > thresholds["sr_bias_z"]:
-            reasons.append(f"{key} {metrics[key]:.6g} > {thresholds['eb_max']:.6g} with "
-                           f"sign-test z {zz:.3g}: a systematic bias")
-    used = {"bound": bound, "small": small, "inf_nan_error_ratio": 0.0, "rel_err_ratio": 0.0,
-            "abs_err_ratio": 0.0, "eb": thresholds["eb_max"], "scale_eb": thresholds["eb_max"],
-            "eb_z": thresholds["sr_bias_z"], "scale_eb_z": thresholds["sr_bias_z"]}
-    worst = () if not reasons else (  # shown only for a failure
-        pair.offenders(pair.rel_err) if res is None else fast.offenders(pair, res["offenders"]))
-    return pair.verdict("error" if reasons else "pass", NAME, metrics, used, reasons, worst,
-                        reference.kind if reference is not None else "single-run")
+            reasons.append(f"{key} {metrics[key]:.6g} > {thresholds['eb_max']:.6g} with sign-test z {zz:.3g}: a systematic bias")
+    used = {
+        "bound": bound,
+        "small": small,
+        "inf_nan_error_ratio": 0.0,
+        "rel_err_ratio": 0.0,
+        "abs_err_ratio": 0.0,
+        "eb": thresholds["eb_max"],
+        "scale_eb": thresholds["eb_max"],
+        "eb_z": thresholds["sr_bias_z"],
+        "scale_eb_z": thresholds["sr_bias_z"],
+    }
+    worst = (
+        ()
+        if not reasons
+        # shown only for a failure
+        else (pair.offenders(pair.rel_err) if res is None else fast.offenders(pair, res["offenders"]))
+    )
+    return pair.verdict(
+        "error" if reasons else "pass", NAME, metrics, used, reasons, worst, reference.kind if reference is not None else "single-run"
+    )

@@ -27,35 +27,38 @@ Without a reference: the single-run rule (single_run.py).
 Unexpected inf/NaN (device vs bench) is always an error; so is an inf/NaN metric on one
 side only. The worst elements are named only in a verdict that is not a pass.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import fast
 from .bias import judge_bias
 from .metrics import Pair
-from .single_run import (fast_single_run, scaled_ulp_err, single_run_metrics,
-                         single_run_reasons, tolerance_scale)
+from .single_run import fast_single_run, scaled_ulp_err, single_run_metrics, single_run_reasons, tolerance_scale
 
 NAME = "benchmark"
-JUDGED = (("max_rel_err", "max_rel_err_ratio"), ("mean_rel_err", "mean_rel_err_ratio"),
-          ("rmse", "rmse_ratio"), ("small_value_err_ratio", "small_value_err_ratio_ratio"))
+JUDGED = (
+    ("max_rel_err", "max_rel_err_ratio"),
+    ("mean_rel_err", "mean_rel_err_ratio"),
+    ("rmse", "rmse_ratio"),
+    ("small_value_err_ratio", "small_value_err_ratio_ratio"),
+)
 
 
 def benchmark_metrics(pair: Pair, small: float, atol: float) -> dict:
     """The five benchmark metrics of the spec."""
+
     def compute():
         small_mask = pair.small_mask(small)
         n_small = int(np.count_nonzero(small_mask))
         n_normal = pair.n_finite - n_small
-        out = {"small_value_err_ratio": 0.0, "rmse": 0.0, "max_rel_err": 0.0,
-               "mean_rel_err": 0.0, "eb": pair.error_balance()}
+        out = {"small_value_err_ratio": 0.0, "rmse": 0.0, "max_rel_err": 0.0, "mean_rel_err": 0.0, "eb": pair.error_balance()}
         if n_small:
-            out["small_value_err_ratio"] = float(
-                np.count_nonzero((pair.abs_err > atol) & small_mask) / n_small)
+            out["small_value_err_ratio"] = float(np.count_nonzero((pair.abs_err > atol) & small_mask) / n_small)
         if n_normal:
             if n_small:
                 normal = ~small_mask
@@ -66,22 +69,30 @@ def benchmark_metrics(pair: Pair, small: float, atol: float) -> dict:
             out["max_rel_err"] = float(rel_err.max())
             out["mean_rel_err"] = float(rel_err.mean())
         return out
+
     return pair.cached(("benchmark", small, atol), compute)
 
 
 def _ideal(pair: Pair) -> Pair:
     """The bench rounded to D, as if it were a device output: perfect rounding."""
-    return pair.cached("ideal_pair", lambda: Pair(
-        pair.b.reshape(pair.shape), pair.b_rounded.reshape(pair.shape), pair.info,
-        bench_dtype=pair.bench_dtype, device_dtype=pair.device_dtype, path=pair.path))
+    return pair.cached(
+        "ideal_pair",
+        lambda: Pair(
+            pair.b.reshape(pair.shape),
+            pair.b_rounded.reshape(pair.shape),
+            pair.info,
+            bench_dtype=pair.bench_dtype,
+            device_dtype=pair.device_dtype,
+            path=pair.path,
+        ),
+    )
 
 
 def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge by ratios to a reference, or by the single-run rule without one."""
     small, atol = pair.info.defaults["small"], thresholds["atol_bm"]
     if fast.fast_ok(pair):
-        verdict = (_fast(pair, thresholds, small, atol) if reference is None
-                   else _fast_ref(pair, thresholds, small, atol, reference))
+        verdict = _fast(pair, thresholds, small, atol) if reference is None else _fast_ref(pair, thresholds, small, atol, reference)
         if verdict is not None:
             return verdict
     metrics = dict(benchmark_metrics(pair, small, atol))
@@ -109,8 +120,7 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference=None):
     else:
         score = pair.rel_err
     status = "error" if reasons else "pass"
-    return pair.verdict(status, NAME, metrics, used, reasons,
-                        pair.offenders(score) if status != "pass" else (), kind)
+    return pair.verdict(status, NAME, metrics, used, reasons, pair.offenders(score) if status != "pass" and score is not None else (), kind)
 
 
 def noise_metrics(pair: Pair, small: float, ulps: float, floor: float) -> dict:
@@ -121,12 +131,12 @@ def noise_metrics(pair: Pair, small: float, ulps: float, floor: float) -> dict:
     if err.size == 0:
         return {"rmse": 0.0, "max_rel_err": 0.0, "mean_rel_err": 0.0}
     rel = err / (pair.abs_b[normal] + pair.tiny)
-    return {"rmse": float(np.sqrt(np.mean(np.square(err)))), "max_rel_err": float(rel.max()),
-            "mean_rel_err": float(rel.mean())}
+    return {"rmse": float(np.sqrt(np.mean(np.square(err)))), "max_rel_err": float(rel.max()), "mean_rel_err": float(rel.mean())}
 
 
-def _judge_ratios(pair: Pair, metrics: dict, ref: Mapping, ideal: Mapping, n_small: int, thresholds,
-                  used: dict, reasons: list, kind: str) -> None:
+def _judge_ratios(
+    pair: Pair, metrics: dict, ref: Mapping, ideal: Mapping, n_small: int, thresholds, used: dict, reasons: list, kind: str
+) -> None:
     """The reference rule (both paths): each judged metric's ratio to the reference's,
     floored by perfect rounding and, where that fails against another run, by a correct
     kernel's noise (a baseline's metrics come from the same kernel on the same inputs:
@@ -143,32 +153,30 @@ def _judge_ratios(pair: Pair, metrics: dict, ref: Mapping, ideal: Mapping, n_sma
     reasons.extend(found)
 
 
-def _ratio_reasons(metrics: dict, ref: Mapping, ideal: Mapping, n_small: int, thresholds,
-                   used: dict, reasons: list) -> None:
+def _ratio_reasons(metrics: dict, ref: Mapping, ideal: Mapping, n_small: int, thresholds, used: dict, reasons: list) -> None:
     for key, limit_key in JUDGED:
         dev, refv = metrics[key], ref[key]
         metrics[f"ref_{key}"] = float(refv)
         used[limit_key] = thresholds[limit_key]
         if math.isfinite(dev) != math.isfinite(refv):
-            reasons.append(f"{key}: device {dev!r} vs reference {refv!r}: "
-                           f"one side is inf/NaN")
+            reasons.append(f"{key}: device {dev!r} vs reference {refv!r}: one side is inf/NaN")
             continue
-        floor = max(ideal[key], 1.0 / n_small if key == "small_value_err_ratio"
-                    and n_small else 0.0, 1e-300)
+        floor = max(ideal[key], 1.0 / n_small if key == "small_value_err_ratio" and n_small else 0.0, 1e-300)
         ratio = 0.0 if dev == 0 else abs(dev) / max(abs(refv), floor)
         metrics[f"{limit_key}"] = ratio
         if ratio > thresholds[limit_key]:
-            reasons.append(f"{key} {dev:.4g} is {ratio:.4g}x the reference's "
-                           f"{refv:.4g} (limit {thresholds[limit_key]:g}x)")
+            reasons.append(f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)")
 
 
 def _bm_from_sums(n: int, n_small: int, small_bad, sq_sum, rel_max, rel_sum) -> dict:
     """The four judged benchmark metrics from a fused pass's counts and sums."""
     n_normal = n - n_small
-    return {"small_value_err_ratio": float(small_bad / n_small) if n_small else 0.0,
-            "rmse": float(math.sqrt(sq_sum / n_normal)) if n_normal else 0.0,
-            "max_rel_err": float(rel_max) if n_normal else 0.0,
-            "mean_rel_err": float(rel_sum / n_normal) if n_normal else 0.0}
+    return {
+        "small_value_err_ratio": float(small_bad / n_small) if n_small else 0.0,
+        "rmse": float(math.sqrt(sq_sum / n_normal)) if n_normal else 0.0,
+        "max_rel_err": float(rel_max) if n_normal else 0.0,
+        "mean_rel_err": float(rel_sum / n_normal) if n_normal else 0.0,
+    }
 
 
 def _ref_metrics(p: Pair, small, atol) -> dict:
@@ -185,7 +193,7 @@ def _fast_ref(pair: Pair, thresholds, small, atol, reference):
     rounded to D (the floors), from one fused pass; a reference output's from a second
     (fast.py). The judgement is the plain path's (`_judge_ratios`)."""
     if reference.pair is None and not all(k in (reference.metrics or {}) for k, _ in JUDGED):
-        return _fast(pair, thresholds, small, atol)     # judged by the single-run rule
+        return _fast(pair, thresholds, small, atol)  # judged by the single-run rule
     res = fast.run(pair, bm=(small, atol), bm_ideal=True, signs="eb")
     if res is None:
         return None
@@ -219,6 +227,5 @@ def _fast(pair: Pair, thresholds, small, atol):
     used: dict = {"small": small, "atol_bm": atol}
     reasons = single_run_reasons(pair, extra, thresholds, used)
     status = "error" if reasons else "pass"
-    worst = (fast.worst(pair, "scaled", scaled_rms=fast.rms_or_none(pair))
-             if status != "pass" else ())
+    worst = fast.worst(pair, "scaled", scaled_rms=fast.rms_or_none(pair)) if status != "pass" else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, "single-run")

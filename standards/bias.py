@@ -75,11 +75,13 @@ blocks, so a bias test costs a bounded pass whatever the output's size; where no
 pass runs anyway (the thousandth standard), only the sampled blocks are read
 (fast.sampled_bias).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from . import fast
+from .dtypes import Array
 from .fast import QUANTILE_SAMPLE, BiasSums
 from .metrics import Pair, sign_balance_z
 
@@ -88,7 +90,7 @@ __all__ = ["bias_metrics", "bias_reasons", "judge_bias", "grouped_z", "statistic
 _KEYS = ("bias_ulp", "bias_z", "scale_bias_ulp", "scale_bias_z")
 #: the statistics are computed on a sample of at least this many elements (fewer than
 #: twice as many; single_run.py rule 4 says why that loses nothing)
-STAT_SAMPLE = 2 ** 20
+STAT_SAMPLE = 2**20
 #: how far (ULPs of D) two correct kernels' roundings of a group's shared quantity can
 #: shift its elements apart: half an ULP each (module docstring, "Groups")
 SHARED_ROUNDING_ULP = 1.0
@@ -108,12 +110,15 @@ def statistics(sums, prefix: str = "") -> dict:
     """The four bias metrics from fast.BiasSums' totals (both paths of every standard)."""
     pos, neg, outward, inward, n_upper, signed_sum, scale_sum = sums
     n_upper = max(n_upper, 1)
-    return {f"{prefix}bias_ulp": signed_sum / n_upper, f"{prefix}bias_z": sign_balance_z(pos, neg),
-            f"{prefix}scale_bias_ulp": scale_sum / n_upper,
-            f"{prefix}scale_bias_z": sign_balance_z(outward, inward)}
+    return {
+        f"{prefix}bias_ulp": signed_sum / n_upper,
+        f"{prefix}bias_z": sign_balance_z(pos, neg),
+        f"{prefix}scale_bias_ulp": scale_sum / n_upper,
+        f"{prefix}scale_bias_z": sign_balance_z(outward, inward),
+    }
 
 
-def _clustered_z(signs: np.ndarray, groups: np.ndarray) -> float:
+def _clustered_z(signs: Array, groups: Array) -> float:
     """Cluster-robust sign-test z: |sum_g S_g| / sqrt(sum_g S_g**2)."""
     per_group = np.bincount(groups, weights=signs)
     spread = float(np.dot(per_group, per_group))
@@ -129,23 +134,29 @@ def grouped_z(pair: Pair, metrics: dict, prefix: str = "") -> dict:
         return metrics
     ids = groups if groups.min() >= 0 else np.unique(groups, return_inverse=True)[1]
     additive = np.sign(pair.df - pair.bf_rounded)
-    return {**metrics, f"{prefix}bias_z": _clustered_z(additive, ids),
-            f"{prefix}scale_bias_z": _clustered_z(additive * np.sign(pair.bf), ids),
-            f"{prefix}bias_z_elements": metrics[f"{prefix}bias_z"],
-            f"{prefix}scale_bias_z_elements": metrics[f"{prefix}scale_bias_z"]}
+    return {
+        **metrics,
+        f"{prefix}bias_z": _clustered_z(additive, ids),
+        f"{prefix}scale_bias_z": _clustered_z(additive * np.sign(pair.bf), ids),
+        f"{prefix}bias_z_elements": metrics[f"{prefix}bias_z"],
+        f"{prefix}scale_bias_z_elements": metrics[f"{prefix}scale_bias_z"],
+    }
 
 
 def abs_b_quantile(pair: Pair, quantile: float) -> float:
     """A quantile of |b| over the finite elements (strided sample beyond QUANTILE_SAMPLE)."""
+
     def compute():
         step = max(1, pair.abs_b.size // QUANTILE_SAMPLE)
         return float(np.quantile(pair.abs_b[::step], quantile, method="lower"))
+
     return pair.cached(("abs_b_quantile", quantile), compute)
 
 
 def bias_metrics(pair: Pair) -> dict:
     """The bias of d against b_D over the sample (the same numbers as the single-run
     rule's, which computes them in its own pass)."""
+
     def compute():
         if pair.n_finite == 0:
             return dict.fromkeys(_KEYS, 0.0)
@@ -154,6 +165,7 @@ def bias_metrics(pair: Pair) -> dict:
         for part in blocks:
             sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part], pair.abs_b[part])
         return grouped_z(pair, statistics(sums.sums))
+
     return pair.cached("bias_metrics", compute)
 
 
@@ -171,31 +183,34 @@ def bias_reasons(metrics: dict, z_limit: float, ulp_limit: float, reference: dic
             tests.append((metrics[f"{name}_z_elements"], max(ulp_limit, SHARED_ROUNDING_ULP), ""))
         for z, limit, counted in tests:
             if z > z_limit and abs(excess) > limit:
-                against = (f"{excess:+.3g} ULP beyond the reference run's {reference[f'ref_{name}_ulp']:+.3g}"
-                           if reference is not None else "against the bench rounded to D")
-                reasons.append(f"systematic {what} bias: {name}_ulp {mean:+.3g} ULP, {against} (limit {limit:.3g}), "
-                               f"with sign-test z {z:.3g} > {z_limit:.3g}" + (f" by {counted}" if counted else ""))
+                against = (
+                    f"{excess:+.3g} ULP beyond the reference run's {reference[f'ref_{name}_ulp']:+.3g}"
+                    if reference is not None
+                    else "against the bench rounded to D"
+                )
+                reasons.append(
+                    f"systematic {what} bias: {name}_ulp {mean:+.3g} ULP, {against} (limit {limit:.3g}), "
+                    f"with sign-test z {z:.3g} > {z_limit:.3g}" + (f" by {counted}" if counted else "")
+                )
                 break
     return reasons
 
 
-def judge_bias(pair: Pair, reference, thresholds, used: dict, limit_key: str,
-               computed: dict | None = None) -> tuple[dict, list[str]]:
+def judge_bias(pair: Pair, reference, thresholds, used: dict, limit_key: str, computed: dict | None = None) -> tuple[dict, list[str]]:
     """A standard's bias test: against the reference run's own bias where there is one (
     `ref_bias_ulp`), against b_D with the standard's own limit `limit_key` without one,
     not at all against a baseline's metrics. `computed`: the single-run metrics a fused
     pass already has. -> (metrics to report, reasons)."""
     z_limit = thresholds["sr_bias_z"]
-    if pair.n <= z_limit ** 2:
-        return {}, []   # a sign test over n elements has z <= sqrt(n): it cannot fail
+    if pair.n <= z_limit**2:
+        return {}, []  # a sign test over n elements has z <= sqrt(n): it cannot fail
     if reference is not None:
         if reference.pair is None:
             return {}, []
         metrics = bias_metrics(pair)
         reference_metrics = {f"ref_{key}": value for key, value in bias_metrics(reference.pair).items()}
         used.update(ref_bias_ulp=thresholds["ref_bias_ulp"], sr_bias_z=z_limit)
-        return ({**metrics, **reference_metrics},
-                bias_reasons(metrics, z_limit, thresholds["ref_bias_ulp"], reference_metrics))
+        return ({**metrics, **reference_metrics}, bias_reasons(metrics, z_limit, thresholds["ref_bias_ulp"], reference_metrics))
     metrics = grouped_z(pair, computed) if computed is not None else bias_metrics(pair)
     used.update({limit_key: thresholds[limit_key], "sr_bias_z": z_limit})
     return metrics, bias_reasons(metrics, z_limit, thresholds[limit_key])

@@ -31,6 +31,7 @@ standard takes the plain path, which handles inf/NaN agreement. The plain path i
 for small outputs (no fixed overhead for the plugin's usual tiny tensors) and is the
 reference the fast path is tested against (tests/standards/test_fast_path.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,6 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from .dtypes import Array
+
 __all__ = ["FAST_MIN_N", "CHUNK", "run", "raw_views", "fast_ok"]
 
 #: outputs smaller than this take the plain path (tests lower it to exercise this one)
@@ -50,7 +53,7 @@ FAST_MIN_N = 1 << 16
 CHUNK = 1 << 16
 #: the quantile of |b| is estimated on at most this many evenly strided elements
 #: (both paths: single_run.py reads it here)
-QUANTILE_SAMPLE = 2 ** 16
+QUANTILE_SAMPLE = 2**16
 _EXP_MASK = np.int64(0x7FF0000000000000)
 _FAST_DTYPES = ("float64", "float32", "float16", "bfloat16")
 #: clip of signed ULP errors in the bias statistics (keeps cancellation noise bounded)
@@ -89,19 +92,18 @@ def _in_halves(work, n: int) -> list:
     if n >= 4 * CHUNK and _threads() > 1:
         step = -(-n // 2 // CHUNK) * CHUNK
         pool = _get_pool()
-        return [f.result() for f in [pool.submit(work, lo, min(lo + step, n))
-                                     for lo in range(0, n, step)]]
+        return [f.result() for f in [pool.submit(work, lo, min(lo + step, n)) for lo in range(0, n, step)]]
     return [work(0, n)]
 
 
-def _raw(x) -> np.ndarray:
+def _raw(x) -> Array:
     """A flat numpy view (no copy where possible) in a numpy dtype holding x exactly."""
     if isinstance(x, torch.Tensor):
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
         if t.dtype == torch.bfloat16:
-            t = t.to(torch.float32)           # exact
+            t = t.to(torch.float32)  # exact
         return t.contiguous().reshape(-1).numpy()
     return np.ascontiguousarray(x).reshape(-1)
 
@@ -127,41 +129,40 @@ class _Spec:
     """What one pass computes; attributes left None are skipped."""
 
     def __init__(self, **kw):
-        self.rel_lt: tuple = ()          # count rel_err < x for each x
-        self.thr = None                  # (rtol, small, atol): n_small, rel_bad, abs_bad
-        self.bm = None                   # (small, atol): benchmark metrics
-        self.bm_ideal = False            # with bm: the same of the bench rounded to D
-        self.ulp_t = None                # T: max/sum/count(> T) of own-ULP error
-        self.signs = False               # pos, neg, outward, inward vs bench rounded to D
-                                         # ("eb": pos, neg only; outward, inward stay 0)
-        self.scaled_rms = None           # rms: scaled ULP error at max(|b|, rms)
-        self.top = None                  # (q, floor*rms): max own-ULP error over |b| >= q
-        self.th_scaled = None            # allowed factor (ulps*eps) with rms: thousandth
-        self.abs_scaled = None           # (floor*rms, ulps*eps) for absolute threshold
-        self.legacy = False              # cosine sums and max_abs_err
-        self.offend = None               # "rel" | "score" | "scaled" | "ulp"
-        self.sample = 1                  # sums of statistics over every sample-th chunk
-        self.bias = None                 # q: BiasSums over the sampled chunks
-        self.sumsq = False               # sum of b**2 (run_with_rms)
-        self.top_seen = [0.0]            # the largest top error any thread has found: a
-                                         # chunk whose max is below cannot change it
-        self.offend_seen = [0.0]         # _Top's bound, shared by the threads
+        self.rel_lt: tuple = ()  # count rel_err < x for each x
+        self.thr = None  # (rtol, small, atol): n_small, rel_bad, abs_bad
+        self.bm = None  # (small, atol): benchmark metrics
+        self.bm_ideal = False  # with bm: the same of the bench rounded to D
+        self.ulp_t = None  # T: max/sum/count(> T) of own-ULP error
+        self.signs = False  # pos, neg, outward, inward vs bench rounded to D
+        # ("eb": pos, neg only; outward, inward stay 0)
+        self.scaled_rms = None  # rms: scaled ULP error at max(|b|, rms)
+        self.top = None  # (q, floor*rms): max own-ULP error over |b| >= q
+        self.th_scaled = None  # allowed factor (ulps*eps) with rms: thousandth
+        self.abs_scaled = None  # (floor*rms, ulps*eps) for absolute threshold
+        self.legacy = False  # cosine sums and max_abs_err
+        self.offend = None  # "rel" | "score" | "scaled" | "ulp"
+        self.sample = 1  # sums of statistics over every sample-th chunk
+        self.bias = None  # q: BiasSums over the sampled chunks
+        self.sumsq = False  # sum of b**2 (run_with_rms)
+        self.top_seen = [0.0]  # the largest top error any thread has found: a
+        # chunk whose max is below cannot change it
+        self.offend_seen = [0.0]  # _Top's bound, shared by the threads
         for k, v in kw.items():
             setattr(self, k, v)
 
 
-def _bench_in_d(bc: np.ndarray, info, buf):
+def _bench_in_d(bc: Array, info, buf):
     if info.name == "float64":
         return bc
     if info.name == "bfloat16":
-        return torch.from_numpy(np.ascontiguousarray(bc)).to(torch.bfloat16).to(
-            torch.float32).numpy()
+        return torch.from_numpy(np.ascontiguousarray(bc)).to(torch.bfloat16).to(torch.float32).numpy()
     out = buf[: bc.size]
     np.copyto(out, bc, casting="unsafe")
     return out
 
 
-def _diff_into(dc: np.ndarray, bc: np.ndarray, diff: np.ndarray, b8: np.ndarray) -> np.ndarray:
+def _diff_into(dc: Array, bc: Array, diff: Array, b8: Array) -> Array:
     """diff = d - b and b8 = b in float64, exactly as np.subtract(dc, bc, dtype=float64),
     but each operand cast by copyto first: a ufunc casting its inputs itself is 3-4x
     slower (2**16 float32 - float64 elements: 77 us vs 10 + 20 us). -> b in float64 (bc
@@ -193,34 +194,33 @@ def sampled_bias(pair, q: float, sample: int):
         buf = np.empty(cap, d.dtype if info.name != "bfloat16" else np.float32)
         diff, ab = np.empty(cap), np.empty(cap)
         for o in part:
-            dc, bc = d[o:o + CHUNK], b[o:o + CHUNK]
+            dc, bc = d[o : o + CHUNK], b[o : o + CHUNK]
             m = dc.size
             diff, ab = diff[:m], ab[:m]
             b8 = _diff_into(dc, bc, diff, ab)
             bd = _bench_in_d(bc, info, buf)
             # inf/NaN on either side make the sum inf/NaN (so may a finite overflow: then
             # the plain path judges, correctly, only slower)
-            if not (math.isfinite(float(diff.sum())) and math.isfinite(float(bd.max()))
-                    and math.isfinite(float(bd.min()))):
+            if not (math.isfinite(float(diff.sum())) and math.isfinite(float(bd.max())) and math.isfinite(float(bd.min()))):
                 return None
             sums.add(dc, bd, bc, diff, np.abs(b8, out=ab))
         return sums.sums
 
     halves = [starts[::2], starts[1::2]] if len(starts) >= 4 and _threads() > 1 else [starts]
-    parts = [future.result() for future in [_get_pool().submit(work, half) for half in halves]] \
-        if len(halves) > 1 else [work(starts)]
+    parts = [future.result() for future in [_get_pool().submit(work, half) for half in halves]] if len(halves) > 1 else [work(starts)]
     if any(part is None for part in parts):
         return None
-    return [sum(values) for values in zip(*parts)]
+    return [sum(values) for values in zip(*parts, strict=False)]
 
 
 def _ulp_scalar(x: float, info) -> float:
     """ULP of D at |x| (metrics.ulp_of for one value)."""
     from .metrics import ulp_of
+
     return float(ulp_of(np.array([abs(float(x))]), info)[0])
 
 
-def _pow2_into(abs_vals: np.ndarray, out: np.ndarray, clamp: float) -> np.ndarray:
+def _pow2_into(abs_vals: Array, out: Array, clamp: float) -> Array:
     """max(2**floor(log2|x|), clamp) from the exponent bits of float64 x (sign ignored).
 
     With clamp = 2**e_min this is the ULP of D times 2**m (metrics.ulp_of: a subnormal x
@@ -233,7 +233,7 @@ def _pow2_into(abs_vals: np.ndarray, out: np.ndarray, clamp: float) -> np.ndarra
     """
     bits = out.view(np.int64)
     np.bitwise_and(abs_vals.view(np.int64), _EXP_MASK, out=bits)
-    if out.size and float(out.min()) < clamp:   # a reduction is 4x cheaper than maximum
+    if out.size and float(out.min()) < clamp:  # a reduction is 4x cheaper than maximum
         np.maximum(out, clamp, out=out)
     return out
 
@@ -251,9 +251,9 @@ class BiasSums:
 
     def __init__(self, info, q: float, size: int) -> None:
         self.info, self.q = info, q
-        self.unit = 2.0 ** info.mantissa_bits             # ULPs per 2**e (_pow2_into)
-        self.clamp = 2.0 ** info.e_min
-        cap = min(CHUNK, size)                            # the largest block
+        self.unit = 2.0**info.mantissa_bits  # ULPs per 2**e (_pow2_into)
+        self.clamp = 2.0**info.e_min
+        cap = min(CHUNK, size)  # the largest block
         self.signed, self.w, self.tmp = (np.empty(cap) for _ in range(3))
         self.masks = [np.empty(cap, bool) for _ in range(5)]
         self.sums = [0, 0, 0, 0, 0, 0.0, 0.0]
@@ -280,7 +280,7 @@ class BiasSums:
         up_pos = int(count(np.logical_and(up, pos, out=tmp)))
         down_pos = int(count(np.logical_and(down, pos, out=tmp)))
         no_zero = float(abs_b.min()) > 0.0
-        if no_zero:                                       # b < 0 wherever not b > 0
+        if no_zero:  # b < 0 wherever not b > 0
             up_neg, down_neg = n_up - up_pos, n_down - down_pos
         else:
             np.less(b, 0, out=neg)
@@ -288,7 +288,7 @@ class BiasSums:
             down_neg = int(count(np.logical_and(down, neg, out=tmp)))
         s[2] += up_pos + down_neg
         s[3] += down_pos + up_neg
-        np.divide(diff, _pow2_into(abs_b, w, self.clamp), out=signed)   # exact
+        np.divide(diff, _pow2_into(abs_b, w, self.clamp), out=signed)  # exact
         lim = BIAS_CLIP / self.unit
         if not -lim <= float(signed.min()) <= float(signed.max()) <= lim:
             np.minimum(signed, lim, out=signed)
@@ -298,21 +298,21 @@ class BiasSums:
         s[4] += n_upper
         if n_upper == 0:
             return
-        np.copyto(w, upper)                               # masked sums as dot products
+        np.copyto(w, upper)  # masked sums as dot products
         total = self.unit * _dot(signed, w, prod)
         s[5] += total
-        if no_zero or self.q > 0.0:       # every upper element is > 0 or < 0
+        if no_zero or self.q > 0.0:  # every upper element is > 0 or < 0
             np.copyto(w, np.logical_and(upper, pos, out=down))
             s[6] += 2.0 * self.unit * _dot(signed, w, prod) - total
         else:
-            for sign, mask in ((1, np.logical_and(upper, pos, out=down)),
-                               (-1, np.logical_and(upper, np.less(b, 0, out=neg), out=tmp))):
+            for sign, mask in ((1, np.logical_and(upper, pos, out=down)), (-1, np.logical_and(upper, np.less(b, 0, out=neg), out=tmp))):
                 np.copyto(w, mask)
                 s[6] += sign * self.unit * _dot(signed, w, prod)
 
 
-def _add_normal_sums(acc: list, at: int, err: np.ndarray, rel: np.ndarray, normal: np.ndarray | None,
-                     none_normal: bool, scratch: np.ndarray, tmp: np.ndarray) -> None:
+def _add_normal_sums(
+    acc: list, at: int, err: Array, rel: Array, normal: Array | None, none_normal: bool, scratch: Array, tmp: Array
+) -> None:
     """The benchmark standard's sums over a chunk's normal elements (|b| > small), added
     to acc[at:at + 3]: sum of err**2, max and sum of rel. `normal` is the 0/1 mask, None
     when every element is normal; masked sums multiply by it (into `scratch`, which may
@@ -328,7 +328,7 @@ def _add_normal_sums(acc: list, at: int, err: np.ndarray, rel: np.ndarray, norma
     acc[at + 2] += float(rel.sum())
 
 
-def _dot(a: np.ndarray, b: np.ndarray, tmp: np.ndarray) -> float:
+def _dot(a: Array, b: Array, tmp: Array) -> float:
     """sum(a * b) by numpy's own loops, not np.dot: that calls the BLAS, whose threads
     contend with the pool's (measured: the two-thread pass 2.5x slower than one thread,
     with OpenBLAS)."""
@@ -351,13 +351,13 @@ class _Top:
     def thr(self) -> float:
         return self.items[-1][0] if len(self.items) >= self.k else 0.0
 
-    def update(self, score: np.ndarray, offset: int) -> None:
+    def update(self, score: Array, offset: int) -> None:
         thr, floor = self.thr(), self.shared[0]
         if score.size == 0 or not (score.max() > thr and score.max() >= floor):
             return
         idx = np.flatnonzero(score > thr if floor <= thr else score >= floor)
         if idx.size > 4 * self.k:
-            part = np.argpartition(score[idx], -self.k)[-self.k:]
+            part = np.argpartition(score[idx], -self.k)[-self.k :]
             idx = idx[part]
         self.merge([(float(score[i]), int(i) + offset) for i in idx])
         if len(self.items) >= self.k:
@@ -367,7 +367,7 @@ class _Top:
         self.items = sorted(self.items + list(items), key=lambda t: (-t[0], t[1]))[: self.k]
 
 
-def _work(d: np.ndarray, b: np.ndarray, lo: int, hi: int, info, tiny: float, spec: _Spec):
+def _work(d: Array, b: Array, lo: int, hi: int, info, tiny: float, spec: _Spec):
     with np.errstate(all="ignore"):
         return _work_inner(d, b, lo, hi, info, tiny, spec)
 
@@ -391,7 +391,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
     if spec.signs:
         r["signs"] = [0, 0, 0, 0]
     if spec.scaled_rms is not None:
-        r["scaled"] = [0.0, 0.0, 0]        # max; sum and count over the sampled chunks
+        r["scaled"] = [0.0, 0.0, 0]  # max; sum and count over the sampled chunks
     if spec.top is not None:
         r["top"] = 0.0
     if spec.th_scaled is not None:
@@ -403,10 +403,16 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
     if spec.sumsq:
         r["sumsq"] = 0.0
     top = _Top(shared=spec.offend_seen)
-    need_rel = bool(spec.rel_lt) or spec.thr is not None or spec.bm is not None \
-        or spec.th_scaled is not None or spec.abs_scaled is not None or spec.offend == "rel"
+    need_rel = (
+        bool(spec.rel_lt)
+        or spec.thr is not None
+        or spec.bm is not None
+        or spec.th_scaled is not None
+        or spec.abs_scaled is not None
+        or spec.offend == "rel"
+    )
     need_own_ulp = spec.ulp_t is not None or spec.offend == "ulp"
-    unit = 2.0 ** info.mantissa_bits               # ULP errors are computed in 1/unit ULP
+    unit = 2.0**info.mantissa_bits  # ULP errors are computed in 1/unit ULP
     ulp_floor = 2.0 ** (info.e_min - info.mantissa_bits)
     # ulp(max(|b|, y)) = max(ulp(|b|), ulp(y)): the scaled error and the top check's are
     # |d - b| over the own ULP floored at ulp(rms), resp. ulp(floor*rms)
@@ -415,20 +421,25 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
         scaled_floor = max(ulp_floor, _ulp_scalar(spec.scaled_rms, info))
     if spec.top is not None:
         top_floor = max(ulp_floor, _ulp_scalar(spec.top[1], info))
-        u_q = _ulp_scalar(spec.top[0], info)     # over |b| >= q every own ULP is >= u_q
+        u_q = _ulp_scalar(spec.top[0], info)  # over |b| >= q every own ULP is >= u_q
         # where the floors are <= u_q the top check's error IS the scaled (own) error there
-        top_src = ("scaled" if scaled_floor is not None and max(scaled_floor, top_floor) <= u_q
-                   else "own" if need_own_ulp and top_floor <= u_q else "separate")
-    need_ae = (need_rel or spec.legacy or scaled_floor is not None or top_src == "separate"
-               or not need_own_ulp)
+        top_src = (
+            "scaled"
+            if scaled_floor is not None and max(scaled_floor, top_floor) <= u_q
+            else "own"
+            if need_own_ulp and top_floor <= u_q
+            else "separate"
+        )
+    need_ae = need_rel or spec.legacy or scaled_floor is not None or top_src == "separate" or not need_own_ulp
     bias = BiasSums(info, spec.bias, hi - lo) if spec.bias is not None else None
     for o in range(lo, hi, C):
-        dc, bc = d[o:o + C], b[o:o + C]
+        dc, bc = d[o : o + C], b[o : o + C]
         m = dc.size
         if m != C:
             diff, ae, ab, rel, t1, t2, t3, t4, sq, bdbuf, m1, m2, m3, m4 = (
-                x[:m] for x in (diff, ae, ab, rel, t1, t2, t3, t4, sq, bdbuf, m1, m2, m3, m4))
-        bd = None                                         # the bench rounded to D
+                x[:m] for x in (diff, ae, ab, rel, t1, t2, t3, t4, sq, bdbuf, m1, m2, m3, m4)
+            )
+        bd = None  # the bench rounded to D
         sampled = (o // C) % spec.sample == 0
         np.abs(_diff_into(dc, bc, diff, ab), out=ab)
         r["max_ab"] = max(r["max_ab"], float(ab.max()))
@@ -436,7 +447,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
             r["sumsq"] += _dot(ab, ab, sq)
         if need_ae:
             np.abs(diff, out=ae)
-            if not need_own_ulp and scaled_floor is None:   # else their maxima check it
+            if not need_own_ulp and scaled_floor is None:  # else their maxima check it
                 r["fin"] += float(ae.sum())
         if need_rel:
             np.add(ab, tiny, out=t1)
@@ -455,7 +466,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
         small_n = 0
         if spec.thr is not None:
             rtol, small, atol = spec.thr
-            np.less_equal(ab, small, out=m1)              # small mask
+            np.less_equal(ab, small, out=m1)  # small mask
             small_n = int(np.count_nonzero(m1))
             th = r["thr"]
             th[0] += small_n
@@ -487,16 +498,16 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
             small, atol = spec.bm
             bm = r["bm"]
             ns = 0
-            if float(ab.min()) <= small:                   # a reduction, cheaper than
-                np.less_equal(ab, small, out=m1)           # a mask and its count
+            if float(ab.min()) <= small:  # a reduction, cheaper than
+                np.less_equal(ab, small, out=m1)  # a mask and its count
                 ns = int(np.count_nonzero(m1))
             bm[0] += ns
             if ns:
                 np.greater(ae, atol, out=m2)
                 bm[1] += int(np.count_nonzero(m2 & m1))
-                np.logical_not(m1, out=m1)                 # normal mask
+                np.logical_not(m1, out=m1)  # normal mask
             _add_normal_sums(bm, 2, ae, rel, m1 if ns else None, ns == m, t1, sq)
-            if spec.bm_ideal:       # benchmark.py's `_ideal`: d = the bench rounded to D
+            if spec.bm_ideal:  # benchmark.py's `_ideal`: d = the bench rounded to D
                 bd = _bench_in_d(bc, info, bdbuf)
                 ia, ir = t2, t3
                 np.subtract(bd, bc, out=ia, dtype=f8)
@@ -509,7 +520,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
                     np.greater(ia, atol, out=m4)
                     np.logical_and(m3, m4, out=m4)
                     bi[0] += int(np.count_nonzero(m4))
-                    np.logical_not(m3, out=m3)             # normal mask
+                    np.logical_not(m3, out=m3)  # normal mask
                 _add_normal_sums(bi, 1, ia, ir, m3 if ns else None, ns == m, ia, sq)
         if spec.th_scaled is not None:
             rms, fac = spec.th_scaled
@@ -519,7 +530,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
             np.less(rel, 0.001, out=m2)
             np.logical_or(m1, m2, out=m1)
             r["th_scaled"] += int(np.count_nonzero(m1))
-        cmax = smax = 0.0              # divisions by powers of two are exact
+        cmax = smax = 0.0  # divisions by powers of two are exact
         if need_own_ulp:
             err = t2
             np.divide(diff, _pow2_into(ab, t1, ulp_floor * unit), out=err)
@@ -556,7 +567,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
                 src, src_max = (t3, smax) if top_src == "scaled" else (t2, cmax)
             if src_max > max(r["top"], spec.top_seen[0]):  # else no top element beats it
                 np.greater_equal(ab, spec.top[0], out=m1)
-                np.multiply(src, m1, out=t4)              # errors are >= 0
+                np.multiply(src, m1, out=t4)  # errors are >= 0
                 r["top"] = max(r["top"], float(t4.max()))
                 spec.top_seen[0] = max(spec.top_seen[0], r["top"])
         if spec.signs:
@@ -568,14 +579,14 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
             up, down = int(np.count_nonzero(m1)), int(np.count_nonzero(m2))
             s[0] += up
             s[1] += down
-        if spec.signs and spec.signs != "eb":         # "eb": the error balance's counts only
+        if spec.signs and spec.signs != "eb":  # "eb": the error balance's counts only
             np.greater(bc, 0, out=m3)
             np.logical_and(m1, m3, out=m4)
             up_pos = int(np.count_nonzero(m4))
             np.logical_and(m2, m3, out=m4)
             down_pos = int(np.count_nonzero(m4))
             if float(ab.min()) > 0.0:
-                up_neg, down_neg = up - up_pos, down - down_pos      # no b == 0
+                up_neg, down_neg = up - up_pos, down - down_pos  # no b == 0
             else:
                 np.less(bc, 0, out=m3)
                 np.logical_and(m1, m3, out=m4)
@@ -594,7 +605,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
     r["offenders"] = top.items
     if bias is not None:
         r["bias"] = bias.sums
-    for key in ("ulp", "scaled"):                         # max and sum back to ULPs
+    for key in ("ulp", "scaled"):  # max and sum back to ULPs
         if key in r:
             r[key][0] *= unit
             r[key][1] *= unit
@@ -611,7 +622,7 @@ def _merge(parts: list[dict]) -> dict:
         out["rel_lt"] = {k: v + p["rel_lt"][k] for k, v in out["rel_lt"].items()}
         for key in ("thr", "signs", "bias"):
             if key in out:
-                out[key] = [a + b for a, b in zip(out[key], p[key])]
+                out[key] = [a + b for a, b in zip(out[key], p[key], strict=False)]
         if "bm" in out:
             a, b = out["bm"], p["bm"]
             out["bm"] = [a[0] + b[0], a[1] + b[1], a[2] + b[2], max(a[3], b[3]), a[4] + b[4]]
@@ -675,11 +686,10 @@ def worst(pair, offend: str, **kw) -> tuple:
 
 
 #: relative margin of the float32 pre-test of thousandth_count (see there)
-_TH_MARGIN = 2.0 ** -10
+_TH_MARGIN = 2.0**-10
 
 
-def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None,
-                     sample: int = 1) -> tuple[int, list | None] | None:
+def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None, sample: int = 1) -> tuple[int, list | None] | None:
     """(#elements with rel_err < limit, exactly as metrics.Pair counts them; with bias_q,
     the BiasSums of the statistical sample -- every `sample`-th chunk, as sampled_bias
     takes it -- added while each sampled chunk is in cache, else None); None: not all
@@ -700,7 +710,7 @@ def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None,
     The sample's bias sums in the same pass save a second read of those chunks and a
     second dispatch to the threads (the thousandth standard alone: 24-26 -> ~17 ms).
     """
-    if pair.info.name == "float64" or not 2.0 ** -24 / limit < _TH_MARGIN / 2:
+    if pair.info.name == "float64" or not 2.0**-24 / limit < _TH_MARGIN / 2:
         return None
     d, b = raw_views(pair)
     n = d.size
@@ -723,11 +733,11 @@ def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None,
                 bdbuf = np.empty(min(C, n), d.dtype if info.name != "bfloat16" else np.float32)
             count, finite, babs = 0, True, 0.0
             for o in range(lo, hi, C):
-                dc, bc = d[o:o + C], b[o:o + C]
+                dc, bc = d[o : o + C], b[o : o + C]
                 m = dc.size
                 if m != C:
                     bb, r, ok, ok2 = bb[:m], r[:m], ok[:m], ok2[:m]
-                np.copyto(bb, bc, casting="unsafe")       # cheaper than the division casting
+                np.copyto(bb, bc, casting="unsafe")  # cheaper than the division casting
                 if same_d:
                     np.divide(dc, bb, out=r)
                 else:
@@ -735,17 +745,16 @@ def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None,
                 np.greater(r, lo_r, out=ok)
                 np.less(r, hi_r, out=ok2)
                 np.logical_and(ok, ok2, out=ok)
-                if bmax is not None:               # NaN in the bench: undecided below
+                if bmax is not None:  # NaN in the bench: undecided below
                     babs = max(babs, float(bc.max()), -float(bc.min()))
                 k = int(np.count_nonzero(ok))
                 chunk_finite = True
-                if k < m:                                 # undecided: the float64 formula
+                if k < m:  # undecided: the float64 formula
                     idx = np.flatnonzero(~ok)
                     dd = dc[idx].astype(np.float64)
                     b8 = bc[idx].astype(np.float64)
                     # as the float32 pass before: d finite, b finite in float32
-                    chunk_finite = bool(np.isfinite(dd).all()) and bool(
-                        np.isfinite(bc[idx].astype(np.float32)).all())
+                    chunk_finite = bool(np.isfinite(dd).all()) and bool(np.isfinite(bc[idx].astype(np.float32)).all())
                     finite = finite and chunk_finite
                     rel = np.abs(dd - b8) / (np.abs(b8) + tiny)
                     k += int(np.count_nonzero(rel < limit))
@@ -753,31 +762,32 @@ def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None,
                 if bias is not None and chunk_finite and (o // C) % sample == 0:
                     diff_m, ab_m = diff[:m], ab[:m]
                     b64 = _diff_into(dc, bc, diff_m, ab_m)
-                    b_d = bb if info.name == "float32" else _bench_in_d(bc, info, bdbuf)   # bb: b in float32
+                    b_d = bb if info.name == "float32" else _bench_in_d(bc, info, bdbuf)  # bb: b in float32
                     bias.add(dc, b_d, bc, diff_m, np.abs(b64, out=ab_m))
             return count, finite, babs, bias.sums if bias is not None else None
 
     parts = _in_halves(work, n)
-    if not all(p[1] for p in parts) or (bmax is not None and
-                                        not max(p[2] for p in parts) <= bmax):
+    if not all(p[1] for p in parts) or (bmax is not None and not max(p[2] for p in parts) <= bmax):
         pair._cache["fast_nonfinite"] = True
         return None
     pair.mark_all_finite()
-    sums = [sum(values) for values in zip(*(p[3] for p in parts))] if bias_q is not None else None
+    sums = [sum(values) for values in zip(*(p[3] for p in parts), strict=False)] if bias_q is not None else None
     return sum(p[0] for p in parts), sums
 
 
 def bench_sumsq(pair) -> float:
     """sum(b**2) over the bench in float64 (cached)."""
+
     def compute():
         _, b = raw_views(pair)
         if b.dtype == np.float64:
             return float(np.dot(b, b))
         total = 0.0
         for o in range(0, b.size, 1 << 20):
-            c = b[o:o + (1 << 20)].astype(np.float64)
+            c = b[o : o + (1 << 20)].astype(np.float64)
             total += float(np.dot(c, c))
         return total
+
     return pair.cached("fast_sumsq", compute)
 
 
@@ -800,6 +810,7 @@ def run_with_rms(pair, spec: dict, scaled: bool, top: tuple | None = None) -> di
     computed in the pass itself, and the pass is repeated with the exact RMS only where
     the guess's ULPs differ from it (an RMS within the guess's error of a power of two).
     """
+
     def with_rms(rms: float) -> dict:
         out = dict(spec, scaled_rms=rms) if scaled else dict(spec)
         if top is not None:
@@ -818,8 +829,7 @@ def run_with_rms(pair, spec: dict, scaled: bool, top: tuple | None = None) -> di
     if rms is None:
         return None
     factors = ([1.0] if scaled else []) + ([top[1]] if top is not None else [])
-    if all(_ulp_scalar(f * guess, pair.info) == _ulp_scalar(f * rms, pair.info)
-           for f in factors):
+    if all(_ulp_scalar(f * guess, pair.info) == _ulp_scalar(f * rms, pair.info) for f in factors):
         return res
     return run(pair, **with_rms(rms))
 
@@ -831,13 +841,15 @@ def _sample_rms(pair) -> float:
     return rms if math.isfinite(rms) and rms > 0 else 1.0
 
 
-def _abs_b_sample(pair) -> np.ndarray:
+def _abs_b_sample(pair) -> Array:
     """|b| at every (n // QUANTILE_SAMPLE)-th element in float64: the plain path's
     quantile sample (cached)."""
+
     def compute():
         _, b = raw_views(pair)
         step = max(1, b.size // QUANTILE_SAMPLE)
         return np.abs(b[::step]).astype(np.float64, copy=False)
+
     return pair.cached("fast_abs_b_sample", compute)
 
 
@@ -850,7 +862,7 @@ def abs_b_quantiles(pair, qs) -> list[float]:
     return [float(v) for v in _kth_values(sample, ks)]
 
 
-def _kth_values(x: np.ndarray, ks) -> list:
+def _kth_values(x: Array, ks) -> list:
     """Exact k-th smallest values (0-based) of x, without partitioning all of x.
 
     A sorted strided subsample brackets each rank; only the elements inside the bracket
@@ -880,10 +892,12 @@ def _kth_values(x: np.ndarray, ks) -> list:
 def offenders(pair, items) -> tuple:
     """Offender tuples from (score, flat index) pairs."""
     from .verdict import Offender
+
     d, b = raw_views(pair)
     shape = pair.shape or ()
-    return tuple(Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (),
-                          float(d[i]), float(b[i])) for s, i in items if s > 0)
+    return tuple(
+        Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(d[i]), float(b[i])) for s, i in items if s > 0
+    )
 
 
 def binary_scan(pair, k: int = 5) -> tuple[int, list]:
@@ -895,9 +909,9 @@ def binary_scan(pair, k: int = 5) -> tuple[int, list]:
         with np.errstate(all="ignore"):
             buf = np.empty(CHUNK, d.dtype if info.name != "bfloat16" else np.float32)
             ne = np.empty(CHUNK, bool)
-            count, first = 0, []
+            count, first = 0, list[int]()
             for o in range(lo, hi, CHUNK):
-                dc, bc = d[o:o + CHUNK], b[o:o + CHUNK]
+                dc, bc = d[o : o + CHUNK], b[o : o + CHUNK]
                 bd = _bench_in_d(bc, info, buf)
                 out = ne[: dc.size]
                 np.not_equal(dc, bd, out=out)

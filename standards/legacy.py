@@ -17,22 +17,23 @@ which applies them with those three fixes: infinities of the same sign agree, an
 unexpected inf/NaN is an error, and in fp16/bf16 the 双千 warning is raised only for
 error beyond the bench's own rounding to D.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import fast
+from .dtypes import Array
 from .metrics import Pair
 
 NAME = "legacy"
-LEGACY_KEYS = ("cosine", "max_abs_err", "rel_err_hundredth", "rel_err_thousandth",
-               "rel_err_ten_thousandth")
+LEGACY_KEYS = ("cosine", "max_abs_err", "rel_err_hundredth", "rel_err_thousandth", "rel_err_ten_thousandth")
 
 
-def _cosine(d: np.ndarray, b: np.ndarray) -> float:
+def _cosine(d: Array, b: Array) -> float:
     nd, nb = float(np.max(np.abs(d), initial=0.0)), float(np.max(np.abs(b), initial=0.0))
     if nd == 0.0 and nb == 0.0:
         return 1.0
@@ -45,6 +46,7 @@ def _cosine(d: np.ndarray, b: np.ndarray) -> float:
 
 def legacy_metrics(pair: Pair) -> dict:
     """The five legacy metrics (computed once per pair)."""
+
     def compute():
         res = _fast_legacy(pair)
         if res is not None:
@@ -56,6 +58,7 @@ def legacy_metrics(pair: Pair) -> dict:
             "rel_err_thousandth": pair.rel_err_share_below(0.001),
             "rel_err_ten_thousandth": pair.rel_err_share_below(0.0001),
         }
+
     return pair.cached("legacy", compute)
 
 
@@ -72,13 +75,16 @@ def _fast_legacy(pair: Pair) -> dict | None:
     dd, bb, db, max_abs = res["legacy"]
     if 1e-280 < dd < 1e280 and 1e-280 < bb < 1e280:
         cos = min(1.0, max(-1.0, db / (math.sqrt(dd) * math.sqrt(bb))))
-    else:                          # all-zero side or extreme magnitudes: the plain way
+    else:  # all-zero side or extreme magnitudes: the plain way
         cos = _cosine(pair.df, pair.bf)
     lt = res["rel_lt"]
-    return {"cosine": cos, "max_abs_err": float(max_abs),
-            "rel_err_hundredth": lt[0.01] / pair.n,
-            "rel_err_thousandth": lt[0.001] / pair.n,
-            "rel_err_ten_thousandth": lt[0.0001] / pair.n}
+    return {
+        "cosine": cos,
+        "max_abs_err": float(max_abs),
+        "rel_err_hundredth": lt[0.01] / pair.n,
+        "rel_err_thousandth": lt[0.001] / pair.n,
+        "rel_err_ten_thousandth": lt[0.0001] / pair.n,
+    }
 
 
 def legacy(pair: Pair, thresholds: Mapping[str, float], reference=None):
@@ -108,17 +114,21 @@ def legacy(pair: Pair, thresholds: Mapping[str, float], reference=None):
             if thousandth <= 0.999:
                 reasons.append(f"rel_err_thousandth {thousandth:.6g} <= 0.999")
             elif metrics["rel_err_ten_thousandth"] <= 0.9999:
-                warnings.append(f"rel_err_ten_thousandth "
-                                f"{metrics['rel_err_ten_thousandth']:.6g} <= 0.9999")
+                warnings.append(f"rel_err_ten_thousandth {metrics['rel_err_ten_thousandth']:.6g} <= 0.9999")
     status = "error" if reasons else ("warning" if warnings else "pass")
-    used = {"cosine": 0.99, "max_abs_err": 0.001, "rel_err_hundredth": 0.99,
-            "rel_err_thousandth": 0.999, "rel_err_ten_thousandth": 0.9999}
-    return pair.verdict(status, NAME, metrics, used, reasons + warnings,
-                        pair.offenders(pair.rel_err),
-                        reference.kind if reference is not None else "single-run")
+    used = {"cosine": 0.99, "max_abs_err": 0.001, "rel_err_hundredth": 0.99, "rel_err_thousandth": 0.999, "rel_err_ten_thousandth": 0.9999}
+    return pair.verdict(
+        status,
+        NAME,
+        metrics,
+        used,
+        reasons + warnings,
+        pair.offenders(pair.rel_err),
+        reference.kind if reference is not None else "single-run",
+    )
 
 
-def msprobe_legacy_status(bench: np.ndarray, device: np.ndarray, dtype_name: str) -> str:
+def msprobe_legacy_status(bench: Array, device: Array, dtype_name: str) -> str:
     """A faithful model of run_ut's legacy verdict, flaws included (for comparison only).
 
     NaN cosine is let through, NaN/inf differences poison max_abs_err and the shares.
@@ -129,10 +139,10 @@ def msprobe_legacy_status(bench: np.ndarray, device: np.ndarray, dtype_name: str
         if d.size > 1:
             nd, nb, eps = np.max(np.abs(d)), np.max(np.abs(b)), np.finfo(float).eps
             if nd <= eps and nb <= eps:
-                pass                                   # all zero: cosine not judged
+                pass  # all zero: cosine not judged
             elif nd <= eps or nb <= eps:
                 return "error"
-            else:                                      # NaN maxima land here too
+            else:  # NaN maxima land here too
                 dn, bn = d / nd, b / nb
                 cos = np.dot(dn, bn) / (np.linalg.norm(dn) * np.linalg.norm(bn))
                 if not math.isnan(cos) and not cos > 0.99:
@@ -140,8 +150,7 @@ def msprobe_legacy_status(bench: np.ndarray, device: np.ndarray, dtype_name: str
         abs_err = np.abs(d - b)
         if np.max(abs_err) < 0.001:
             return "pass"
-        tiny = 2.0 ** -8 if dtype_name == "bfloat16" else (
-            2.0 ** -23 if dtype_name == "float16" else 2.0 ** -52)
+        tiny = 2.0**-8 if dtype_name == "bfloat16" else (2.0**-23 if dtype_name == "float16" else 2.0**-52)
         rel = abs_err / (np.abs(b) + tiny)
 
         def share(limit: float) -> float:

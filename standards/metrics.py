@@ -18,6 +18,7 @@ elements are judged by agreement (`inf_nan_disagree`): NaN==NaN agrees, infiniti
 the same sign agree, and otherwise both values are clipped to D's finite range and agree
 when their relative error is <= rtol.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,13 +27,13 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from .dtypes import DtypeInfo
+from .dtypes import Array, DtypeInfo
 from .verdict import Offender, Verdict
 
 __all__ = ["Pair", "round_to_dtype", "ulp_of", "sign_balance_z"]
 
 
-def round_to_dtype(values: np.ndarray, info: DtypeInfo) -> np.ndarray:
+def round_to_dtype(values: Array, info: DtypeInfo) -> Array:
     """`values` (float64) rounded to nearest-even in D and returned as float64."""
     if info.name == "float64":
         return values
@@ -52,15 +53,15 @@ def round_to_dtype(values: np.ndarray, info: DtypeInfo) -> np.ndarray:
     return rounded
 
 
-def ulp_of(abs_values: np.ndarray, info: DtypeInfo) -> np.ndarray:
+def ulp_of(abs_values: Array, info: DtypeInfo) -> Array:
     """ULP of D at each |value| (spec): 2**(max(floor(log2|x|), e_min) - m), e_min where x==0."""
-    _, exp = np.frexp(abs_values)          # x = f * 2**exp, f in [0.5, 1): floor(log2 x) = exp-1
+    _, exp = np.frexp(abs_values)  # x = f * 2**exp, f in [0.5, 1): floor(log2 x) = exp-1
     exp = np.maximum(exp - 1, info.e_min)  # x == 0 gives exp 0 -> -1 -> e_min for every D
     exp[abs_values == 0] = info.e_min
     return np.ldexp(1.0, exp - info.mantissa_bits)
 
 
-def _flat64(x) -> np.ndarray:
+def _flat64(x) -> Array:
     if isinstance(x, torch.Tensor):
         t = x.detach()
         if t.device.type != "cpu":
@@ -84,8 +85,7 @@ class Pair:
     build the result with `pair.verdict(...)`.
     """
 
-    def __init__(self, bench, device, info: DtypeInfo, *,
-                 bench_dtype: str, device_dtype: str, path: str = "") -> None:
+    def __init__(self, bench, device, info: DtypeInfo, *, bench_dtype: str, device_dtype: str, path: str = "") -> None:
         # bench/device: numpy arrays or torch tensors in their own dtypes; the float64
         # copies `d` and `b` are made only when read (the fused path never reads them)
         self.shape = tuple(device.shape)
@@ -96,23 +96,23 @@ class Pair:
         self.device_dtype = device_dtype
         self.path = path
         self.n = math.prod(self.shape)
-        self.exact: tuple[np.ndarray, np.ndarray] | None = None   # raw integer/bool values
-        self.want_legacy = False     # set by the registry: fuse legacy sums into the pass
-        self.terms_src = None        # set by the registry: each element's terms' magnitude
-        self.groups_src = None       # set by the registry: each element's group (bias.py)
+        self.exact: tuple[Array, Array] | None = None  # raw integer/bool values
+        self.want_legacy = False  # set by the registry: fuse legacy sums into the pass
+        self.terms_src = None  # set by the registry: each element's terms' magnitude
+        self.groups_src = None  # set by the registry: each element's group (bias.py)
         if info.name == "bfloat16":
-            self.tiny = 2.0 ** -8
+            self.tiny = 2.0**-8
         else:
-            self.tiny = 2.0 ** -52 if bench_dtype == "float64" else 2.0 ** -23
+            self.tiny = 2.0**-52 if bench_dtype == "float64" else 2.0**-23
         self._cache: dict = {}
 
     @cached_property
-    def d(self) -> np.ndarray:
+    def d(self) -> Array:
         """The device values as a flat float64 array (exact)."""
         return _flat64(self.device_src)
 
     @cached_property
-    def b(self) -> np.ndarray:
+    def b(self) -> Array:
         """The bench values as a flat float64 array."""
         return _flat64(self.bench_src)
 
@@ -124,15 +124,25 @@ class Pair:
         self.__dict__.setdefault("finite_index", None)
 
     # ----------------------------------------------------------------- building verdicts
-    def verdict(self, status: str, standard: str, metrics: dict, thresholds: dict,
-                reasons=(), worst=(), reference: str = "single-run") -> Verdict:
+    def verdict(
+        self, status: str, standard: str, metrics: dict, thresholds: dict, reasons=(), worst=(), reference: str = "single-run"
+    ) -> Verdict:
         """A Verdict about this pair (fills path, dtypes and shape)."""
-        return Verdict(status=status, standard=standard, metrics=metrics,
-                       thresholds=dict(thresholds), reasons=tuple(reasons), worst=tuple(worst),
-                       reference=reference, path=self.path, device_dtype=self.device_dtype,
-                       bench_dtype=self.bench_dtype, shape=self.shape)
+        return Verdict(
+            status=status,
+            standard=standard,
+            metrics=metrics,
+            thresholds=dict(thresholds),
+            reasons=tuple(reasons),
+            worst=tuple(worst),
+            reference=reference,
+            path=self.path,
+            device_dtype=self.device_dtype,
+            bench_dtype=self.bench_dtype,
+            shape=self.shape,
+        )
 
-    def offenders(self, score: np.ndarray, *, on_finite: bool = True, k: int = 5) -> tuple:
+    def offenders(self, score: Array, *, on_finite: bool = True, k: int = 5) -> tuple:
         """The k elements with the largest `score` (> 0), nonfinite disagreements first."""
         picked: list[int] = [int(i) for i in self.inf_nan_disagree_index[:k]]
         if len(picked) < k and score.size:
@@ -144,17 +154,18 @@ class Pair:
                 top = self.finite_index[top]
             picked.extend(int(i) for i in top[: k - len(picked)])
         shape = self.shape or ()
-        return tuple(Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (),
-                              float(self.d[i]), float(self.b[i])) for i in picked)
+        return tuple(
+            Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(self.d[i]), float(self.b[i])) for i in picked
+        )
 
     # ----------------------------------------------------------------- masks
     @cached_property
-    def b_rounded(self) -> np.ndarray:
+    def b_rounded(self) -> Array:
         """The bench rounded to D: the best answer any kernel in D can give."""
         return round_to_dtype(self.b, self.info)
 
     @cached_property
-    def both_finite(self) -> np.ndarray:
+    def both_finite(self) -> Array:
         return np.isfinite(self.d) & np.isfinite(self.b_rounded)
 
     @cached_property
@@ -162,20 +173,20 @@ class Pair:
         return bool(self.both_finite.all())
 
     @cached_property
-    def finite_index(self) -> np.ndarray | None:
+    def finite_index(self) -> Array | None:
         """Flat indices of both_finite elements; None when all are (no copy needed)."""
         return None if self.all_finite else np.flatnonzero(self.both_finite)
 
     @cached_property
-    def df(self) -> np.ndarray:
+    def df(self) -> Array:
         return self.d if self.all_finite else self.d[self.both_finite]
 
     @cached_property
-    def bf(self) -> np.ndarray:
+    def bf(self) -> Array:
         return self.b if self.all_finite else self.b[self.both_finite]
 
     @cached_property
-    def bf_rounded(self) -> np.ndarray:
+    def bf_rounded(self) -> Array:
         return self.b_rounded if self.all_finite else self.b_rounded[self.both_finite]
 
     @cached_property
@@ -188,24 +199,24 @@ class Pair:
 
     # ----------------------------------------------------------------- errors
     @cached_property
-    def diff(self) -> np.ndarray:
+    def diff(self) -> Array:
         """Signed d - b over both_finite elements."""
         return self.df - self.bf
 
     @cached_property
-    def abs_err(self) -> np.ndarray:
+    def abs_err(self) -> Array:
         return np.abs(self.diff)
 
     @cached_property
-    def abs_b(self) -> np.ndarray:
+    def abs_b(self) -> Array:
         return np.abs(self.bf)
 
     @cached_property
-    def rel_err(self) -> np.ndarray:
+    def rel_err(self) -> Array:
         return self.abs_err / (self.abs_b + self.tiny)
 
     @cached_property
-    def terms(self) -> np.ndarray | None:
+    def terms(self) -> Array | None:
         """Per finite element, the magnitude of the terms that made it, or None.
 
         A correct kernel's error in an element is bounded by what it combined: the sum
@@ -220,25 +231,24 @@ class Pair:
         return np.fmax(np.where(np.isfinite(terms), terms, 0.0), self.abs_b)
 
     @cached_property
-    def groups(self) -> np.ndarray | None:
+    def groups(self) -> Array | None:
         """Per finite element, the id of the group that shares its rounded normaliser
         (bias.grouped_z), or None: every element a group of its own."""
         if self.groups_src is None:
             return None
-        ids = np.asarray(self.groups_src.cpu() if hasattr(self.groups_src, "cpu") else self.groups_src,
-                         dtype=np.int64).reshape(-1)
+        ids = np.asarray(self.groups_src.cpu() if hasattr(self.groups_src, "cpu") else self.groups_src, dtype=np.int64).reshape(-1)
         return ids if self.all_finite else ids[self.both_finite]
 
     @cached_property
-    def ulp(self) -> np.ndarray:
+    def ulp(self) -> Array:
         """ULP of D at each finite bench value (spec's ULP definition)."""
         return ulp_of(self.abs_b, self.info)
 
     @cached_property
-    def ulp_err(self) -> np.ndarray:
+    def ulp_err(self) -> Array:
         return self.abs_err / self.ulp
 
-    def small_mask(self, small: float) -> np.ndarray:
+    def small_mask(self, small: float) -> Array:
         """|b| <= small over the finite elements (cached per threshold)."""
         key = ("small", small)
         if key not in self._cache:
@@ -246,7 +256,7 @@ class Pair:
         return self._cache[key]
 
     # ----------------------------------------------------------------- inf / nan
-    def inf_nan_agree(self, rtol: float) -> np.ndarray:
+    def inf_nan_agree(self, rtol: float) -> Array:
         """For each inf_nan element: do d and b agree? (spec's agreement rule)."""
         key = ("agree", rtol)
         if key not in self._cache:
@@ -264,7 +274,7 @@ class Pair:
         return self._cache[key]
 
     @cached_property
-    def inf_nan_disagree_index(self) -> np.ndarray:
+    def inf_nan_disagree_index(self) -> Array:
         """Flat indices of inf/nan elements that disagree at D's own rtol."""
         if self.n_inf_nan == 0:
             return np.zeros(0, dtype=np.int64)
@@ -282,11 +292,13 @@ class Pair:
         bad = self.inf_nan_disagree_index
         if bad.size == 0:
             return None
-        d, b = self.d[bad], self.b[bad]
+        d = self.d[bad]
         n_dev = int((~np.isfinite(d)).sum())
-        return (f"{bad.size} inf/NaN element(s) disagree with the bench "
-                f"({n_dev} non-finite on the device, {bad.size - n_dev} on the bench side only)"
-                f"; an unexpected NaN/inf is always an error")
+        return (
+            f"{bad.size} inf/NaN element(s) disagree with the bench "
+            f"({n_dev} non-finite on the device, {bad.size - n_dev} on the bench side only)"
+            f"; an unexpected NaN/inf is always an error"
+        )
 
     # ----------------------------------------------------------------- cached scalars
     def cached(self, key, compute):
@@ -297,11 +309,13 @@ class Pair:
 
     def error_balance(self) -> float:
         """eb = |#(d > b_D) - #(d < b_D)| / N over the both_finite elements."""
+
         def compute():
             if self.n_finite == 0:
                 return 0.0
             pos, neg = self.sign_counts
             return abs(pos - neg) / self.n_finite
+
         return self.cached("eb", compute)
 
     @cached_property
@@ -313,6 +327,7 @@ class Pair:
 
     def rel_err_share_below(self, limit: float) -> float:
         """Share of ALL elements with rel_err < limit; agreeing inf/nan count as 0 error."""
+
         def compute():
             if self.n == 0:
                 return 1.0
@@ -320,4 +335,5 @@ class Pair:
             if self.n_inf_nan:
                 good += int(self.inf_nan_agree(self.info.defaults["rtol"]).sum())
             return good / self.n
+
         return self.cached(("share", limit), compute)

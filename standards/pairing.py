@@ -6,16 +6,17 @@ dtype. Any mismatch is reported with its path ("[0]", "[1]['k']") instead of a l
 Leaves are visited depth-first in the device's order (mapping keys in the device's
 insertion order), which is the stable "flatten order" of Verdict.outputs.
 """
+
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-from .dtypes import DTYPES, dtype_name, is_float_name
+from .dtypes import DTYPES, Array, dtype_name, is_float_name
 
 __all__ = ["Leaf", "Mismatch", "pair_leaves", "to_array"]
 
@@ -28,8 +29,8 @@ class Leaf:
     numpy) and the original dtypes."""
 
     path: str
-    bench: np.ndarray
-    device: np.ndarray
+    bench: Array | torch.Tensor
+    device: Array | torch.Tensor
     bench_dtype: str
     device_dtype: str
 
@@ -50,7 +51,7 @@ def _is_leaf(x: Any) -> bool:
     return isinstance(x, (torch.Tensor, np.ndarray) + _SCALARS)
 
 
-def to_array(x: Any) -> tuple[np.ndarray, str]:
+def to_array(x: Any) -> tuple[Array | torch.Tensor, str]:
     """(values, dtype name): real floats are returned as they are (a torch tensor or a
     numpy array, converted to float64 only when a standard reads them), ints/bools as
     exact numpy arrays.
@@ -65,7 +66,7 @@ def to_array(x: Any) -> tuple[np.ndarray, str]:
         if t.is_complex():
             return torch.view_as_real(t.resolve_conj()).to(torch.float64).numpy(), name
         if t.is_floating_point():
-            return t, name          # kept as is: converted lazily (metrics.Pair / fast)
+            return t, name  # kept as is: converted lazily (metrics.Pair / fast)
         return t.resolve_neg().numpy(), name
     if isinstance(x, bool):
         return np.asarray(x, dtype=np.bool_), "bool"
@@ -104,14 +105,13 @@ def _leaf(path: str, bench: Any, device: Any) -> Leaf | Mismatch:
     d, dname = to_array(device)
     where = path or "output"
     if _kind(bname) != _kind(dname):
-        return Mismatch(path, "error", f"{where}: dtype mismatch: device {dname}, bench {bname}",
-                        dname, bname, tuple(d.shape))
+        return Mismatch(path, "error", f"{where}: dtype mismatch: device {dname}, bench {bname}", dname, bname, tuple(d.shape))
     if _kind(dname) in ("float", "complex") and _bits(bname) < _bits(dname):
-        return Mismatch(path, "error", f"{where}: bench dtype {bname} is narrower than the "
-                        f"device's {dname}", dname, bname, tuple(d.shape))
+        return Mismatch(path, "error", f"{where}: bench dtype {bname} is narrower than the device's {dname}", dname, bname, tuple(d.shape))
     if b.shape != d.shape:
-        return Mismatch(path, "error", f"{where}: shape mismatch: device {tuple(d.shape)}, "
-                        f"bench {tuple(b.shape)}", dname, bname, tuple(d.shape))
+        return Mismatch(
+            path, "error", f"{where}: shape mismatch: device {tuple(d.shape)}, bench {tuple(b.shape)}", dname, bname, tuple(d.shape)
+        )
     return Leaf(path, b, d, bname, dname)
 
 
@@ -133,35 +133,34 @@ def pair_leaves(bench: Any, device: Any, path: str = "") -> Iterator[Leaf | Mism
         if set(dkeys) != bkeys:
             missing = sorted(map(repr, bkeys - set(dkeys)))
             extra = sorted(map(repr, set(dkeys) - bkeys))
-            yield Mismatch(path, "error", f"{where}: keys differ: missing on the device "
-                           f"{missing}, extra on the device {extra}")
+            yield Mismatch(path, "error", f"{where}: keys differ: missing on the device {missing}, extra on the device {extra}")
             return
         for key in dkeys:
             yield from pair_leaves(bench[key], device[key], f"{path}[{key!r}]")
         return
-    if (isinstance(device, Sequence) and isinstance(bench, Sequence)
-            and not isinstance(device, (str, bytes)) and not isinstance(bench, (str, bytes))):
+    if (
+        isinstance(device, Sequence)
+        and isinstance(bench, Sequence)
+        and not isinstance(device, (str, bytes))
+        and not isinstance(bench, (str, bytes))
+    ):
         if len(device) != len(bench):
-            yield Mismatch(path, "error", f"{where}: length mismatch: device {len(device)}, "
-                           f"bench {len(bench)}")
+            yield Mismatch(path, "error", f"{where}: length mismatch: device {len(device)}, bench {len(bench)}")
             return
-        for i, (b, d) in enumerate(zip(bench, device)):
+        for i, (b, d) in enumerate(zip(bench, device, strict=True)):
             yield from pair_leaves(b, d, f"{path}[{i}]")
         return
-    if _is_leaf(device) or _is_leaf(bench) or isinstance(device, (Mapping, Sequence)) \
-            or isinstance(bench, (Mapping, Sequence)):
-        if not (isinstance(device, (str, bytes)) and isinstance(bench, (str, bytes))):
-            yield Mismatch(path, "error", f"{where}: structure mismatch: device "
-                           f"{type(device).__name__}, bench {type(bench).__name__}")
-            return
+    if (_is_leaf(device) or _is_leaf(bench) or isinstance(device, (Mapping, Sequence)) or isinstance(bench, (Mapping, Sequence))) and not (
+        isinstance(device, (str, bytes)) and isinstance(bench, (str, bytes))
+    ):
+        yield Mismatch(path, "error", f"{where}: structure mismatch: device {type(device).__name__}, bench {type(bench).__name__}")
+        return
     # not numeric (str, dtype, device, slice, ...): equality or nothing
     try:
         equal = bool(device == bench)
-    except Exception:                                    # noqa: BLE001 - any odd __eq__
+    except Exception:  # noqa: BLE001 - any odd __eq__
         equal = False
     if equal:
-        yield Mismatch(path, "skip", f"{where}: non-numeric output "
-                       f"{type(device).__name__} {device!r}, equal on both sides")
+        yield Mismatch(path, "skip", f"{where}: non-numeric output {type(device).__name__} {device!r}, equal on both sides")
     else:
-        yield Mismatch(path, "error", f"{where}: non-numeric output differs: device "
-                       f"{device!r}, bench {bench!r}")
+        yield Mismatch(path, "error", f"{where}: non-numeric output differs: device {device!r}, bench {bench!r}")

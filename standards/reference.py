@@ -6,10 +6,11 @@ by an earlier trusted run (kind "baseline"). Standards ask it for the reference 
 their metrics with `metrics_for(compute)`, where `compute(pair) -> dict` is the
 standard's own metric function, so a reference is judged exactly like the device.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from .metrics import Pair
 
@@ -18,9 +19,9 @@ __all__ = ["Reference"]
 
 @dataclass
 class Reference:
-    kind: str                                # "reference" | "baseline"
-    pair: Pair | None = None                 # reference output vs the same bench
-    metrics: Mapping[str, float] | None = None   # recorded metrics (baseline)
+    kind: str  # "reference" | "baseline"
+    pair: Pair | None = None  # reference output vs the same bench
+    metrics: Mapping[str, float] | None = None  # recorded metrics (baseline)
 
     def metrics_for(self, compute: Callable[[Pair], dict]) -> dict:
         """The reference's values of the metrics `compute` produces for the device."""

@@ -10,16 +10,17 @@ Rules: bool/integer outputs -> binary_consistency always; an API not in the tabl
 benchmark. Thresholds: dtype defaults (dtypes.py) < `*` rows < rows of the exact dtype,
 later files overriding earlier ones.
 """
+
 from __future__ import annotations
 
 import copy
 import csv
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -51,13 +52,16 @@ SHIPPED_STANDARDS: dict[str, StandardFunc] = {
 }
 FALLBACK = "benchmark"
 _default_lock = threading.Lock()
-_default: "Registry | None" = None
+_default: Registry | None = None
 
 
 def _read_rows(path) -> list[dict]:
     with open(path, newline="", encoding="utf-8-sig") as fh:
-        return [{(k or "").strip(): (v or "").strip() for k, v in row.items()}
-                for row in csv.DictReader(fh) if any((v or "").strip() for v in row.values())]
+        return [
+            {(k or "").strip(): (v or "").strip() for k, v in row.items()}
+            for row in csv.DictReader(fh)
+            if any((v or "").strip() for v in row.values())
+        ]
 
 
 class Registry:
@@ -71,11 +75,11 @@ class Registry:
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def default(cls) -> "Registry":
+    def default(cls) -> Registry:
         """A fresh copy of the shipped tables (parsed once), safe for the caller to mutate."""
         return copy.deepcopy(_shipped())
 
-    def __deepcopy__(self, memo) -> "Registry":
+    def __deepcopy__(self, memo) -> Registry:
         new = Registry.__new__(Registry)
         new.standards = dict(self.standards)
         new.routes = dict(self.routes)
@@ -94,8 +98,7 @@ class Registry:
             if row.get("threshold"):
                 if not row.get("value"):
                     raise ValueError(f"{path}: threshold {row['threshold']!r} of {api} has no value")
-                self.set_threshold(api, row.get("dtype") or "*", row["threshold"],
-                                   float(row["value"]))
+                self.set_threshold(api, row.get("dtype") or "*", row["threshold"], float(row["value"]))
 
     # ----------------------------------------------------------------- mutation
     def register_standard(self, name: str, func: StandardFunc) -> None:
@@ -135,28 +138,39 @@ class Registry:
         return cached
 
     # ----------------------------------------------------------------- judging
-    def check(self, bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None,
-              groups: Any = None) -> Verdict:
+    def check(self, bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None, groups: Any = None) -> Verdict:
         """Judge a (possibly nested) device output against its bench. See package docs."""
         baseline, ref_leaves, ref_problem = _parse_reference(bench, reference)
-        term_leaves = {} if terms is None else {
-            leaf.path: leaf.device for leaf in pair_leaves(bench, terms) if isinstance(leaf, Leaf)}
+        term_leaves = {} if terms is None else {leaf.path: leaf.device for leaf in pair_leaves(bench, terms) if isinstance(leaf, Leaf)}
         verdicts = []
         for item in pair_leaves(bench, device):
             if isinstance(item, Mismatch):
-                verdicts.append(Verdict(status=item.status, standard="structure",
-                                        reasons=(item.reason,), path=item.path,
-                                        device_dtype=item.device_dtype,
-                                        bench_dtype=item.bench_dtype, shape=item.shape))
+                verdicts.append(
+                    Verdict(
+                        status=item.status,
+                        standard="structure",
+                        reasons=(item.reason,),
+                        path=item.path,
+                        device_dtype=item.device_dtype,
+                        bench_dtype=item.bench_dtype,
+                        shape=item.shape,
+                    )
+                )
                 continue
             ref = None
             if ref_problem is not None:
-                verdicts.append(Verdict(status="error", standard="structure",
-                                        reasons=(ref_problem,), path=item.path,
-                                        reference="reference",
-                                        device_dtype=item.device_dtype,
-                                        bench_dtype=item.bench_dtype,
-                                        shape=tuple(item.device.shape)))
+                verdicts.append(
+                    Verdict(
+                        status="error",
+                        standard="structure",
+                        reasons=(ref_problem,),
+                        path=item.path,
+                        reference="reference",
+                        device_dtype=item.device_dtype,
+                        bench_dtype=item.bench_dtype,
+                        shape=tuple(item.device.shape),
+                    )
+                )
                 continue
             if baseline is not None:
                 if item.path in baseline:
@@ -178,7 +192,7 @@ class Registry:
         floating = is_float_name(leaf.device_dtype)
         info = dtype_info(leaf.device_dtype if floating else "float64")
         pair = _make_pair(leaf, info)
-        pair.want_legacy = floating       # lets a fused pass compute the legacy sums too
+        pair.want_legacy = floating  # lets a fused pass compute the legacy sums too
         if floating and terms is not None and tuple(terms.shape) == tuple(leaf.device.shape):
             pair.terms_src = terms
         if floating and groups is not None and tuple(groups.shape) == tuple(leaf.device.shape):
@@ -188,18 +202,25 @@ class Registry:
             reference = ref
         elif isinstance(ref, Leaf):
             if ref.device.shape != leaf.device.shape:
-                return Verdict(status="error", standard=name, path=leaf.path,
-                               reasons=(f"{leaf.path or 'output'}: reference shape "
-                                        f"{tuple(ref.device.shape)} differs from the device's "
-                                        f"{tuple(leaf.device.shape)}",),
-                               reference="reference", device_dtype=leaf.device_dtype,
-                               bench_dtype=leaf.bench_dtype, shape=tuple(leaf.device.shape))
+                return Verdict(
+                    status="error",
+                    standard=name,
+                    path=leaf.path,
+                    reasons=(
+                        f"{leaf.path or 'output'}: reference shape "
+                        f"{tuple(ref.device.shape)} differs from the device's "
+                        f"{tuple(leaf.device.shape)}",
+                    ),
+                    reference="reference",
+                    device_dtype=leaf.device_dtype,
+                    bench_dtype=leaf.bench_dtype,
+                    shape=tuple(leaf.device.shape),
+                )
             ref_info = dtype_info(ref.device_dtype) if is_float_name(ref.device_dtype) else info
-            reference = Reference("reference", pair=_make_pair(
-                Leaf(leaf.path, leaf.bench, ref.device, leaf.bench_dtype, ref.device_dtype),
-                ref_info))
-            reference.pair.terms_src = pair.terms_src
-            reference.pair.groups_src = pair.groups_src
+            reference_pair = _make_pair(Leaf(leaf.path, leaf.bench, ref.device, leaf.bench_dtype, ref.device_dtype), ref_info)
+            reference_pair.terms_src = pair.terms_src
+            reference_pair.groups_src = pair.groups_src
+            reference = Reference("reference", pair=reference_pair)
         with np.errstate(all="ignore"):
             verdict = func(pair, self.thresholds_for(api, leaf.device_dtype), reference)
             if floating and pair.n:
@@ -212,20 +233,32 @@ class Registry:
 def _make_pair(leaf: Leaf, info) -> Pair:
     floating = is_float_name(leaf.device_dtype)
     if floating:
-        pair = Pair(leaf.bench, leaf.device, info, bench_dtype=leaf.bench_dtype,
-                    device_dtype=leaf.device_dtype, path=leaf.path)
+        pair = Pair(leaf.bench, leaf.device, info, bench_dtype=leaf.bench_dtype, device_dtype=leaf.device_dtype, path=leaf.path)
     else:
-        pair = Pair(leaf.bench.astype(np.float64), leaf.device.astype(np.float64), info,
-                    bench_dtype=leaf.bench_dtype, device_dtype=leaf.device_dtype, path=leaf.path)
+        assert isinstance(leaf.bench, np.ndarray) and isinstance(leaf.device, np.ndarray)  # integers and bools: numpy (to_array)
+        pair = Pair(
+            leaf.bench.astype(np.float64),
+            leaf.device.astype(np.float64),
+            info,
+            bench_dtype=leaf.bench_dtype,
+            device_dtype=leaf.device_dtype,
+            path=leaf.path,
+        )
         pair.exact = (leaf.bench, leaf.device)
     return pair
 
 
 def _looks_like_baseline(reference: Any) -> bool:
-    return (isinstance(reference, Mapping) and len(reference) > 0 and all(
-        isinstance(k, str) and isinstance(v, Mapping)
-        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
-        for k, v in reference.items()))
+    return (
+        isinstance(reference, Mapping)
+        and len(reference) > 0
+        and all(
+            isinstance(k, str)
+            and isinstance(v, Mapping)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
+            for k, v in reference.items()
+        )
+    )
 
 
 def _parse_reference(bench: Any, reference: Any):
@@ -233,8 +266,8 @@ def _parse_reference(bench: Any, reference: Any):
     if reference is None:
         return None, None, None
     if isinstance(reference, Verdict):
-        leaves = reference.outputs or (reference,)
-        return {v.path: dict(v.metrics) for v in leaves}, None, None
+        verdicts = reference.outputs or (reference,)
+        return {v.path: dict(v.metrics) for v in verdicts}, None, None
     if _looks_like_baseline(reference):
         return {k: dict(v) for k, v in reference.items()}, None, None
     leaves: dict = {}
@@ -252,12 +285,23 @@ def _combine(verdicts: list[Verdict]) -> Verdict:
     worst = next((v for v in verdicts if v.status == status), verdicts[0]) if verdicts else None
     if worst is None:
         return Verdict(status="skip", standard="structure", reasons=("empty structure",))
-    reasons = tuple(r if r.startswith(v.path or "\0") else f"{v.path or 'output'}: {r}"
-                    for v in verdicts if v.status == status for r in v.reasons)
-    return Verdict(status=status, standard=worst.standard, metrics=dict(worst.metrics),
-                   thresholds=dict(worst.thresholds), reasons=reasons, worst=worst.worst,
-                   reference=worst.reference, path="", device_dtype=worst.device_dtype,
-                   bench_dtype=worst.bench_dtype, shape=worst.shape, outputs=tuple(verdicts))
+    reasons = tuple(
+        r if r.startswith(v.path or "\0") else f"{v.path or 'output'}: {r}" for v in verdicts if v.status == status for r in v.reasons
+    )
+    return Verdict(
+        status=status,
+        standard=worst.standard,
+        metrics=dict(worst.metrics),
+        thresholds=dict(worst.thresholds),
+        reasons=reasons,
+        worst=worst.worst,
+        reference=worst.reference,
+        path="",
+        device_dtype=worst.device_dtype,
+        bench_dtype=worst.bench_dtype,
+        shape=worst.shape,
+        outputs=tuple(verdicts),
+    )
 
 
 def _shipped() -> Registry:

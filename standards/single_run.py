@@ -84,6 +84,7 @@ test_calibration.py): correct CPU forward kernels, valid fp32 rewrites and autog
 BACKWARD kernels in fp32/fp16/bf16 -> 0 errors, 0 warnings; planted faults -> all errors
 (counts in test_calibration.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -91,14 +92,15 @@ import math
 import numpy as np
 
 from . import fast
-from .bias import STAT_SAMPLE, abs_b_quantile, bias_reasons, grouped_z, sample_blocks, sample_step, statistics
-from .dtypes import DtypeInfo
+from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistics here (tests read it from this module)
+from .bias import abs_b_quantile, bias_reasons, grouped_z, sample_blocks, sample_step, statistics
+from .dtypes import Array, DtypeInfo
 from .metrics import Pair, ulp_of
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
 
 
-def _rms(values: np.ndarray) -> float:
+def _rms(values: Array) -> float:
     if values.size == 0:
         return 0.0
     peak = float(np.max(np.abs(values)))
@@ -114,7 +116,7 @@ def output_rms(pair: Pair) -> float:
     return pair.cached("rms", lambda: _rms(pair.bf))
 
 
-def tolerance_scale(pair: Pair, floor: float = 1.0) -> np.ndarray:
+def tolerance_scale(pair: Pair, floor: float = 1.0) -> Array:
     """The magnitude each finite element's rounding is judged at: max(|b|, floor x rms(b)),
     and the element's terms' magnitude where the caller measured it (Pair.terms): an
     element that cancelled below its terms carries their rounding, not its own. Never
@@ -128,66 +130,70 @@ def at_least_normal(scale: float, info: DtypeInfo) -> float:
     (its subnormals are evenly spaced), so a correctly rounded output of subnormals is up
     to half that spacing off, 50% of a value one spacing large (a float16 conv gradient
     from gradients scaled into the subnormals failed the thousandth standard so)."""
-    return max(scale, 2.0 ** info.e_min)
+    return max(scale, 2.0**info.e_min)
 
 
-def scaled_ulp_err(pair: Pair) -> np.ndarray:
+def scaled_ulp_err(pair: Pair) -> Array:
     """|d - b| in ULPs of D at tolerance_scale, per finite element (cached)."""
     return pair.cached("scaled_ulp_err", lambda: pair.abs_err / ulp_of(tolerance_scale(pair), pair.info))
 
 
 def max_top_ulp_err(pair: Pair, quantile: float, floor: float) -> float:
     """Max own-magnitude ULP error over the elements with |b| >= quantile of |b|."""
+
     def compute():
         top = pair.abs_b >= abs_b_quantile(pair, quantile)
         scale = tolerance_scale(pair, floor)[top]
         return float((pair.abs_err[top] / ulp_of(scale, pair.info)).max())
+
     return pair.cached(("top_ulp", quantile, floor), compute)
 
 
 def single_run_metrics(pair: Pair) -> dict:
     """Our own metrics of the single-run rule (names distinct from the spec's)."""
+
     def compute():
         if pair.n_finite == 0:
-            return {"max_scaled_ulp_err": 0.0, "mean_scaled_ulp_err": 0.0,
-                    "max_top_ulp_err": 0.0, "bias_ulp": 0.0, "bias_z": 0.0,
-                    "scale_bias_ulp": 0.0, "scale_bias_z": 0.0}
+            return {
+                "max_scaled_ulp_err": 0.0,
+                "mean_scaled_ulp_err": 0.0,
+                "max_top_ulp_err": 0.0,
+                "bias_ulp": 0.0,
+                "bias_z": 0.0,
+                "scale_bias_ulp": 0.0,
+                "scale_bias_z": 0.0,
+            }
         defaults = pair.info.defaults
         scaled = scaled_ulp_err(pair)
         blocks = sample_blocks(pair.n_finite)
         sums = fast.BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
         for part in blocks:
-            sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part],
-                     pair.abs_b[part])
+            sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part], pair.abs_b[part])
         return {
             "max_scaled_ulp_err": float(scaled.max()),
-            "mean_scaled_ulp_err": sum(float(scaled[part].sum()) for part in blocks)
-            / sum(part.stop - part.start for part in blocks),
-            "max_top_ulp_err": max_top_ulp_err(pair, defaults["sr_top_quantile"],
-                                               defaults["sr_scale_floor"]),
+            "mean_scaled_ulp_err": sum(float(scaled[part].sum()) for part in blocks) / sum(part.stop - part.start for part in blocks),
+            "max_top_ulp_err": max_top_ulp_err(pair, defaults["sr_top_quantile"], defaults["sr_scale_floor"]),
             **grouped_z(pair, statistics(sums.sums)),
         }
+
     return pair.cached("single_run_metrics", compute)
 
 
-def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict,
-                       bias_limit: str = "sr_bias_ulp") -> list[str]:
+def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict, bias_limit: str = "sr_bias_ulp") -> list[str]:
     """Reasons the single-run rule fails (empty list: pass); copies its limits into `used`.
     `bias_limit`: the threshold that bounds the bias means (a standard's own, bias.py)."""
     reasons: list[str] = []
     thresholds = used
-    for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp", "sr_max_top_ulp", bias_limit,
-                "sr_bias_z"):
+    for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp", "sr_max_top_ulp", bias_limit, "sr_bias_z"):
         used[key] = limits.get(key, pair.info.defaults[key])
     mean_limit = thresholds["sr_mean_scaled_ulp"] * (1 + 2 / math.sqrt(max(pair.n_finite, 1)))
     for key, limit, what in (
-            ("max_scaled_ulp_err", thresholds["sr_max_scaled_ulp"], "at max(|b|, rms(b))"),
-            ("mean_scaled_ulp_err", mean_limit, "at max(|b|, rms(b)), mean"),
-            ("max_top_ulp_err", thresholds["sr_max_top_ulp"], "of their own magnitude in the "
-                                                               "largest 10% of elements")):
+        ("max_scaled_ulp_err", thresholds["sr_max_scaled_ulp"], "at max(|b|, rms(b))"),
+        ("mean_scaled_ulp_err", mean_limit, "at max(|b|, rms(b)), mean"),
+        ("max_top_ulp_err", thresholds["sr_max_top_ulp"], "of their own magnitude in the largest 10% of elements"),
+    ):
         if metrics[key] > limit:
-            reasons.append(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} "
-                           f"({what})")
+            reasons.append(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} ({what})")
     reasons.extend(bias_reasons(metrics, thresholds["sr_bias_z"], thresholds[bias_limit]))
     return reasons
 
@@ -202,8 +208,7 @@ def fast_single_run(pair: Pair, spec: dict, scaled: bool, top: bool = True):
     fast.BiasSums in the pass, while each chunk is in cache, as the plain path feeds it.
     """
     defaults = pair.info.defaults
-    q_half, *q_top = fast.abs_b_quantiles(
-        pair, (0.5, defaults["sr_top_quantile"]) if top else (0.5,))
+    q_half, *q_top = fast.abs_b_quantiles(pair, (0.5, defaults["sr_top_quantile"]) if top else (0.5,))
     spec = dict(spec, sample=sample_step(pair.n), bias=q_half)
     if scaled or top:
         top_scale = (q_top[0], defaults["sr_scale_floor"]) if top else None

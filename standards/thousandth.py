@@ -15,15 +15,16 @@ so `scaled_thousandth` (= max(rel_err_thousandth, that share)) is computed and r
 only when rel_err_thousandth is below it. Unexpected inf/NaN is always an error. The
 worst elements (by rel_err) are named only in a verdict that is not a pass.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import fast
-from .metrics import Pair
 from .bias import judge_bias, sample_step, statistics
+from .metrics import Pair
 from .single_run import at_least_normal, tolerance_scale
 
 NAME = "thousandth"
@@ -32,7 +33,7 @@ NAME = "thousandth"
 def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
     """Judge a convolution by the share of elements within 0.1%."""
     limit = thresholds["thousandth_min"]
-    if fast.fast_ok(pair):       # a reference changes only the verdict's kind here
+    if fast.fast_ok(pair):  # a reference changes only the verdict's kind here
         verdict = _fast(pair, thresholds, limit, reference)
         if verdict is not None:
             return verdict
@@ -47,15 +48,16 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
     if pair.n:
         ulps = thresholds["sr_thousandth_ulp"]
         used.update(scaled_thousandth=limit, sr_thousandth_ulp=ulps)
-        if share < limit:           # the scaled share only matters (and is reported) then
+        if share < limit:  # the scaled share only matters (and is reported) then
             allowed = tolerance_scale(pair) * (ulps * pair.info.eps)
             good = int(np.count_nonzero((pair.abs_err < allowed) | (pair.rel_err < 0.001)))
             if pair.n_inf_nan:
                 good += int(pair.inf_nan_agree(pair.info.defaults["rtol"]).sum())
             metrics["scaled_thousandth"] = judged = max(share, good / pair.n)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
-    return _finish(pair, {**metrics, **bias}, used, reasons + bias_failed, judged, share, limit,
-                   lambda: pair.offenders(pair.rel_err), reference)
+    return _finish(
+        pair, {**metrics, **bias}, used, reasons + bias_failed, judged, share, limit, lambda: pair.offenders(pair.rel_err), reference
+    )
 
 
 def _fast(pair: Pair, thresholds, limit, reference=None):
@@ -85,25 +87,30 @@ def _fast(pair: Pair, thresholds, limit, reference=None):
         metrics["scaled_thousandth"] = judged = max(share, res["th_scaled"] / pair.n)
     used = {"rel_err_thousandth": limit, "scaled_thousandth": limit, "sr_thousandth_ulp": ulps}
     computed = None
-    if reference is None:           # the bias sums of the sample alone, from the raw arrays
-        if sums is None:            # (the float32 pre-test has them)
+    if reference is None:  # the bias sums of the sample alone, from the raw arrays
+        if sums is None:  # (the float32 pre-test has them)
+            assert q_half is not None  # computed above for a check without a reference
             sums = fast.sampled_bias(pair, q_half, sample_step(pair.n))
         if sums is None:
             return None
         computed = statistics(sums)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", computed)
-    return _finish(pair, {**metrics, **bias}, used, bias_failed, judged, share, limit,
-                   lambda: fast.worst(pair, "rel"), reference)
+    return _finish(pair, {**metrics, **bias}, used, bias_failed, judged, share, limit, lambda: fast.worst(pair, "rel"), reference)
 
 
 def _finish(pair, metrics, used, reasons, judged, share, limit, worst, reference):
     """The verdict; `worst` (a callable) is evaluated only for a verdict that is not a pass."""
     if judged < limit:
-        reasons.append(f"rel_err_thousandth {share:.6g} < {limit:.6g}: "
-                       f"more than {1 - limit:.3%} of elements are off by 0.1% or more"
-                       + (f" (and {metrics['scaled_thousandth']:.6g} within "
-                          f"{used['sr_thousandth_ulp']:g} ULP at the output's scale)"
-                          if "scaled_thousandth" in metrics else ""))
+        reasons.append(
+            f"rel_err_thousandth {share:.6g} < {limit:.6g}: "
+            f"more than {1 - limit:.3%} of elements are off by 0.1% or more"
+            + (
+                f" (and {metrics['scaled_thousandth']:.6g} within {used['sr_thousandth_ulp']:g} ULP at the output's scale)"
+                if "scaled_thousandth" in metrics
+                else ""
+            )
+        )
     status = "error" if reasons else "pass"
-    return pair.verdict(status, NAME, metrics, used, reasons, worst() if status != "pass" else (),
-                        reference.kind if reference is not None else "single-run")
+    return pair.verdict(
+        status, NAME, metrics, used, reasons, worst() if status != "pass" else (), reference.kind if reference is not None else "single-run"
+    )

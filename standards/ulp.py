@@ -36,18 +36,18 @@ Conditioned (the caller gave each element's terms' magnitude t, Pair.terms): msp
   and any blocked or pairwise order beyond. In float32 it is the rule before, to within a
   factor of 2 (32 ULP of float32 at t is 2**-19 t to 2**-18 t; 64 u_acc t is 2**-18 t).
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
-from .bias import judge_bias
-from .dtypes import DtypeInfo
-from .metrics import Pair
-from .single_run import (fast_max_top_ulp_err, fast_single_run, max_top_ulp_err,
-                         single_run_metrics, single_run_reasons)
 from . import fast
+from .bias import judge_bias
+from .dtypes import Array, DtypeInfo
+from .metrics import Pair
+from .single_run import fast_max_top_ulp_err, fast_single_run, max_top_ulp_err, single_run_metrics, single_run_reasons
 
 NAME = "ulp"
 #: how many unit roundoffs of the accumulator, times the terms' magnitude, a correct
@@ -60,15 +60,17 @@ def ulp_metrics(pair: Pair, threshold: float) -> dict:
     if pair.n_finite == 0:
         return {"max_ulp_err": 0.0, "mean_ulp_err": 0.0, "ulp_err_proportion": 0.0}
     err = pair.ulp_err
-    return {"max_ulp_err": float(err.max()), "mean_ulp_err": float(err.mean()),
-            "ulp_err_proportion": float(np.count_nonzero(err > threshold) / err.size)}
+    return {
+        "max_ulp_err": float(err.max()),
+        "mean_ulp_err": float(err.mean()),
+        "ulp_err_proportion": float(np.count_nonzero(err > threshold) / err.size),
+    }
 
 
 def _fast_ulp_metrics(pair: Pair, res: dict) -> dict:
     """ulp_metrics from a fused pass (fast.py) over an all-finite pair."""
     u = res["ulp"]
-    return {"max_ulp_err": float(u[0]), "mean_ulp_err": u[1] / pair.n,
-            "ulp_err_proportion": float(u[2] / pair.n)}
+    return {"max_ulp_err": float(u[0]), "mean_ulp_err": u[1] / pair.n, "ulp_err_proportion": float(u[2] / pair.n)}
 
 
 def _ref_metrics(p: Pair, threshold: float) -> dict:
@@ -80,7 +82,7 @@ def _ref_metrics(p: Pair, threshold: float) -> dict:
     return ulp_metrics(p, threshold)
 
 
-def accumulation_allowance(terms: np.ndarray, info: DtypeInfo) -> np.ndarray:
+def accumulation_allowance(terms: Array, info: DtypeInfo) -> Array:
     """What the accumulator's rounding may cost each element: ACCUMULATION_KAPPA unit
     roundoffs of float32 (float64 for a float64 D) at its terms' magnitude."""
     unit = 2.0 ** -(max(info.mantissa_bits, 23) + 1)
@@ -93,14 +95,16 @@ def conditioned_ulp_metrics(pair: Pair, threshold: float) -> dict:
     if pair.n_finite == 0 or pair.terms is None:
         return {"cond_max_ulp_err": 0.0, "cond_mean_ulp_err": 0.0, "cond_ulp_err_proportion": 0.0}
     err = np.maximum(pair.abs_err - accumulation_allowance(pair.terms, pair.info), 0.0) / pair.ulp
-    return {"cond_max_ulp_err": float(err.max()), "cond_mean_ulp_err": float(err.mean()),
-            "cond_ulp_err_proportion": float(np.count_nonzero(err > threshold) / err.size)}
+    return {
+        "cond_max_ulp_err": float(err.max()),
+        "cond_mean_ulp_err": float(err.mean()),
+        "cond_ulp_err_proportion": float(np.count_nonzero(err > threshold) / err.size),
+    }
 
 
 def _absolute_pass(metrics: dict, thresholds: Mapping[str, float], is_fp32_like: bool) -> bool:
     if is_fp32_like:
-        return (metrics["mean_ulp_err"] < thresholds["ulp_mean_max"]
-                or metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"])
+        return metrics["mean_ulp_err"] < thresholds["ulp_mean_max"] or metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
     return metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
 
 
@@ -111,19 +115,14 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
     if fp32_like:
         used["ulp_mean_max"] = thresholds["ulp_mean_max"]
     sr = None
-    if fast.fast_ok(pair):                 # one fused pass (fast.py); None: plain path
-        if reference is not None and (reference.pair is not None or "ulp_err_proportion"
-                                      in (reference.metrics or {})):
+    if fast.fast_ok(pair):  # one fused pass (fast.py); None: plain path
+        if reference is not None and (reference.pair is not None or "ulp_err_proportion" in (reference.metrics or {})):
             # judged against the reference: only the ULP metrics, no single-run rule
             res = fast.run(pair, ulp_t=used["ulp_threshold"])
             sr = (res, None) if res is not None else None
         else:
-            sr = fast_single_run(pair, {"ulp_t": used["ulp_threshold"]}, scaled=False,
-                                 top=False)
-    if sr is not None:
-        metrics = _fast_ulp_metrics(pair, sr[0])
-    else:
-        metrics = ulp_metrics(pair, used["ulp_threshold"])
+            sr = fast_single_run(pair, {"ulp_t": used["ulp_threshold"]}, scaled=False, top=False)
+    metrics = _fast_ulp_metrics(pair, sr[0]) if sr is not None else ulp_metrics(pair, used["ulp_threshold"])
     reasons: list[str] = []
     nonfinite = pair.unexpected_nonfinite_reason()
     if nonfinite:
@@ -132,15 +131,13 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
     if pair.terms is not None:
         conditioned = conditioned_ulp_metrics(pair, used["ulp_threshold"])
         metrics.update(conditioned)
-        ok = ok or _absolute_pass({key.removeprefix("cond_"): value for key, value in conditioned.items()},
-                                  used, fp32_like)
+        ok = ok or _absolute_pass({key.removeprefix("cond_"): value for key, value in conditioned.items()}, used, fp32_like)
     kind = "single-run"
     if reference is not None:
         kind = reference.kind
         ref = reference.metrics_for(lambda p: _ref_metrics(p, used["ulp_threshold"]))
         if "ulp_err_proportion" in ref:
-            ratio = metrics["ulp_err_proportion"] / max(abs(ref["ulp_err_proportion"]),
-                                                         used["ulp_floor"])
+            ratio = metrics["ulp_err_proportion"] / max(abs(ref["ulp_err_proportion"]), used["ulp_floor"])
             metrics["ref_ulp_err_proportion"] = float(ref["ulp_err_proportion"])
             metrics["ulp_err_proportion_ratio"] = ratio
             used["ulp_err_proportion_ratio"] = 1.0
@@ -152,22 +149,24 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
             reasons.append("reference lacks ulp_err_proportion; judged by the single-run rule")
             kind = "single-run"
     if not ok:
-        rule = (f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} "
-                f"and " if fp32_like else "")
-        reasons.append(f"{rule}ulp_err_proportion {metrics['ulp_err_proportion']:.4g} >= "
-                       f"{used['ulp_prop_max']:.4g} (share of elements over "
-                       f"{used['ulp_threshold']:g} ULP)"
-                       + (f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1"
-                          if "ulp_err_proportion_ratio" in metrics else "")
-                       + (f"; at the terms' magnitude: cond_mean_ulp_err {metrics['cond_mean_ulp_err']:.4g}, "
-                          f"cond_ulp_err_proportion {metrics['cond_ulp_err_proportion']:.4g}"
-                          if "cond_ulp_err_proportion" in metrics else ""))
+        rule = f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} and " if fp32_like else ""
+        reasons.append(
+            f"{rule}ulp_err_proportion {metrics['ulp_err_proportion']:.4g} >= "
+            f"{used['ulp_prop_max']:.4g} (share of elements over "
+            f"{used['ulp_threshold']:g} ULP)"
+            + (f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1" if "ulp_err_proportion_ratio" in metrics else "")
+            + (
+                f"; at the terms' magnitude: cond_mean_ulp_err {metrics['cond_mean_ulp_err']:.4g}, "
+                f"cond_ulp_err_proportion {metrics['cond_ulp_err_proportion']:.4g}"
+                if "cond_ulp_err_proportion" in metrics
+                else ""
+            )
+        )
     if kind == "single-run":
-        extra = sr[1] if sr is not None else single_run_metrics(pair)
-        if extra["max_top_ulp_err"] is None:       # fused path: judged, never reported
+        extra = sr[1] if sr is not None and sr[1] is not None else single_run_metrics(pair)
+        if extra["max_top_ulp_err"] is None:  # fused path: judged, never reported
             extra = dict(extra, max_top_ulp_err=_top_or_bound(pair, metrics, thresholds))
-        metrics.update({k: extra[k] for k in ("bias_ulp", "bias_z", "scale_bias_ulp",
-                                               "scale_bias_z")})
+        metrics.update({k: extra[k] for k in ("bias_ulp", "bias_z", "scale_bias_ulp", "scale_bias_z")})
         bias_only = dict(extra, max_scaled_ulp_err=0.0, mean_scaled_ulp_err=0.0)
         # matrix products have no shared normaliser: their own (tighter) bias limit
         reasons.extend(single_run_reasons(pair, bias_only, thresholds, used, bias_limit="ulp_bias_ulp"))
@@ -175,9 +174,8 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
             used.pop(key, None)
     status = "error" if reasons else "pass"
     worst = ()
-    if status != "pass":            # named only where a failure message shows them
-        worst = (fast.worst(pair, "ulp") if sr is not None else
-                 pair.offenders(pair.ulp_err) if pair.n_finite or pair.n_inf_nan else ())
+    if status != "pass":  # named only where a failure message shows them
+        worst = fast.worst(pair, "ulp") if sr is not None else pair.offenders(pair.ulp_err) if pair.n_finite or pair.n_inf_nan else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, kind)
 
 

@@ -3,6 +3,7 @@
 A Verdict is plain data (frozen) so it can be pickled across xdist workers, written to
 CSV rows and compared in tests; `message()` renders the failure text users read.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,7 +18,8 @@ STATUS_ORDER = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
 class Offender(NamedTuple):
     """One badly matching element: its index in the output, device and bench values."""
 
-    index: tuple[int, ...]
+    # the element's index: a field named as msprobe names it, which shadows tuple.index
+    index: tuple[int, ...]  # type: ignore[assignment]
     device: float
     bench: float
 
@@ -56,12 +58,14 @@ class Verdict:
     def message(self) -> str:
         """Readable multi-line text: standard, each metric vs threshold, reasons, worst elements."""
         where = self.path or "output"
-        lines = [f"{where}: {self.status} by {self.standard} standard "
-                 f"({self.reference}; device {self.device_dtype or '?'}, "
-                 f"bench {self.bench_dtype or '?'}, shape {tuple(self.shape)})"]
+        lines = [
+            f"{where}: {self.status} by {self.standard} standard "
+            f"({self.reference}; device {self.device_dtype or '?'}, "
+            f"bench {self.bench_dtype or '?'}, shape {tuple(self.shape)})"
+        ]
         for reason in self.reasons:
             lines.append(f"  reason: {reason}")
-        if self.outputs:   # a structure: its leaves carry the numbers
+        if self.outputs:  # a structure: its leaves carry the numbers
             for out in self.outputs:
                 if out.status in ("error", "warning"):
                     lines.append("")

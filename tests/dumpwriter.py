@@ -38,8 +38,13 @@ class DumpWriter:
                 stats.update(Max=wide.max().item(), Min=wide.min().item(), Mean=wide.mean().item(), Norm=wide.norm().item())
             else:
                 stats.update(Max=int(tensor.max()), Min=int(tensor.min()))
-        value = {"type": "torch.Tensor", "dtype": str(tensor.dtype), "shape": list(tensor.shape), **stats,
-                 "requires_grad": tensor.dtype.is_floating_point}
+        value = {
+            "type": "torch.Tensor",
+            "dtype": str(tensor.dtype),
+            "shape": list(tensor.shape),
+            **stats,
+            "requires_grad": tensor.dtype.is_floating_point,
+        }
         if self.task == "tensor":
             file_name = f"{name}.pt"
             torch.save(tensor.detach().clone(), self.root / "dump_tensor_data" / file_name)

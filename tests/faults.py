@@ -3,7 +3,7 @@ the bench (which runs at raised precision) still computes the truth."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -25,8 +25,9 @@ and in `FAULTS[name].citation` below.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -126,8 +127,15 @@ def tf32_conv(original: Callable) -> Callable:
         if input.dtype != torch.float32:
             return output
         with torch.no_grad():
-            wrong = original(round_to_tf32(input.detach()), round_to_tf32(weight.detach()),
-                             None if bias is None else bias.detach(), stride, padding, dilation, groups)
+            wrong = original(
+                round_to_tf32(input.detach()),
+                round_to_tf32(weight.detach()),
+                None if bias is None else bias.detach(),
+                stride,
+                padding,
+                dilation,
+                groups,
+            )
             return _overwrite(output, wrong)
 
     return faulty_conv2d
@@ -191,7 +199,9 @@ class _SoftmaxBackwardHalfAccumulator(torch.autograd.Function):
         products = aten._to_copy(aten.mul.Tensor(aten._to_copy(grad, dtype=f32), aten._to_copy(y, dtype=f32)), dtype=low)
         total = aten.select.int(products, dim, 0)
         for j in range(1, y.shape[dim]):  # the fault: the running sum is stored in the input dtype
-            total = aten._to_copy(aten.add.Tensor(aten._to_copy(total, dtype=f32), aten._to_copy(aten.select.int(products, dim, j), dtype=f32)), dtype=low)
+            total = aten._to_copy(
+                aten.add.Tensor(aten._to_copy(total, dtype=f32), aten._to_copy(aten.select.int(products, dim, j), dtype=f32)), dtype=low
+            )
         total = aten.unsqueeze(aten._to_copy(total, dtype=f32), dim)
         dx = aten.mul.Tensor(aten._to_copy(y, dtype=f32), aten.sub.Tensor(aten._to_copy(grad, dtype=f32), total))
         return aten._to_copy(dx, dtype=low), None
@@ -314,42 +324,104 @@ class ModelFault:
 FAULTS: dict[str, ModelFault] = {
     fault.name: fault
     for fault in [
-        ModelFault("bf16_truncation", torch.Tensor, "__add__", "Tensor.__add__.", (torch.bfloat16,), "forward",
-                   bf16_truncation,
-                   "tenstorrent/tt-metal#19882 'Replace truncating fp32->bf16 with tie-to-even rounding rule'",
-                   "<= 1 bf16 ulp, always toward zero, in ~1/3 of the elements (mean 0.34 ulp vs 0.21 for round-to-nearest): a bias"),
-        ModelFault("fp32_dot_toward_zero", torch.nn.functional, "linear", "Functional.linear.", (torch.float32,), "forward",
-                   fp32_dot_toward_zero,
-                   "Xilinx/mlir-aie#2983 'AIECoreToStandard: set conv_even rounding mode for bf16 matmul' (floor-rounded matmul: a bias; cf. ROCm/rocm-libraries#9176)",
-                   "<= 1 fp32 ulp of the exact product, always toward zero (mean 0.49 ulp; the CPU's own fp32 linear is off by 1.6-8 ulps on average): a bias"),
-        ModelFault("fp16_gemm_fp16_accumulation", torch.nn.functional, "linear", "Functional.linear.", (torch.float16,), "forward",
-                   fp16_gemm_fp16_accumulation,
-                   "pytorch/pytorch#123157 'Add support for CUBLAS_COMPUTE_16F for gemm operations in cudaBLAS' (see also #144441)",
-                   "mean 2-37 fp16 ulps, up to 7e3 ulps where the sum cancels (the correct kernel: <= 0.5 ulp)"),
-        ModelFault("tf32_conv", torch.nn.functional, "conv2d", "Functional.conv2d.", (torch.float32,), "forward",
-                   tf32_conv,
-                   "pytorch/pytorch#107514 'conv2d wrong results on 3090/3090ti' (cudnn.allow_tf32 on by default)",
-                   "relative ~1e-3: mean 1.2e4-1.7e4 fp32 ulps (the correct kernel: mean 2-7 ulps)"),
-        ModelFault("gelu_tanh_approximation", torch.nn.functional, "gelu", "Functional.gelu.", (torch.float32,), "forward+backward",
-                   gelu_tanh_approximation,
-                   "uxlfoundation/oneDNN#1122 'precision difference between Mkldnn Gelu and Gelu's erf algorithm'",
-                   "forward mean 1.5e3 fp32 ulps (relative ~2e-4), backward mean 2.6e4-8.7e4 ulps"),
-        ModelFault("softmax_low_precision_sum", torch.nn.functional, "softmax", "Functional.softmax.", (torch.bfloat16, torch.float16), "forward",
-                   softmax_low_precision_sum,
-                   "apache/mxnet#14072 'Fp16 support for softmax' (reduction in fp16; cf. huggingface/candle#3727)",
-                   "forward up to 2.3 bf16 ulps (mean 0.49 vs 0.25); its backward reads that output: mean 0.7-1.2 vs 0.5-0.6 ulp"),
-        ModelFault("softmax_backward_half_accumulator", torch.nn.functional, "softmax", "Functional.softmax.",
-                   (torch.float16, torch.bfloat16), "backward",
-                   softmax_backward_half_accumulator,
-                   "ROCm/MIOpen#3427 'Softmax log backward : Increase precision of fp16's accumulator to fp32'",
-                   "backward up to 8-17 fp16 ulps, mean 0.7-1.1 (the correct kernel: up to 3.3, mean 0.45-0.49)"),
-        ModelFault("embedding_backward_lost_duplicates", torch.nn.functional, "embedding", "Functional.embedding.", (torch.float32,), "backward",
-                   embedding_backward_lost_duplicates,
-                   "pytorch/pytorch#187687 'fix: aten embed bwd thread sync before proceeding to next batch' (cf. tenstorrent/tt-metal#6232)",
-                   "the rows of repeated tokens (2 of 5000, 32 of 80000 elements) lose all but one contribution: wrong by up to 100%+; the rest exact"),
-        ModelFault("maxpool_backward_all_ties", torch.nn.functional, "max_pool2d", "Functional.max_pool2d.", (torch.float32,), "backward",
-                   maxpool_backward_all_ties,
-                   "Theano/Theano#5248 'Backpropagation on max-pooling' (the gradient goes to all inputs equal to the max, unlike cuDNN; cf. apache/mxnet#18563)",
-                   "the 39 of 512 windows of zeros (after relu) pass their gradient to all 4 elements: 117 of 2048 gradient elements are the window's gradient (up to 0.028, mean 0.0095) instead of 0, relative L2 error 0.46; the rest exact"),
+        ModelFault(
+            "bf16_truncation",
+            torch.Tensor,
+            "__add__",
+            "Tensor.__add__.",
+            (torch.bfloat16,),
+            "forward",
+            bf16_truncation,
+            "tenstorrent/tt-metal#19882 'Replace truncating fp32->bf16 with tie-to-even rounding rule'",
+            "<= 1 bf16 ulp, always toward zero, in ~1/3 of the elements (mean 0.34 ulp vs 0.21 for round-to-nearest): a bias",
+        ),
+        ModelFault(
+            "fp32_dot_toward_zero",
+            torch.nn.functional,
+            "linear",
+            "Functional.linear.",
+            (torch.float32,),
+            "forward",
+            fp32_dot_toward_zero,
+            "Xilinx/mlir-aie#2983 'AIECoreToStandard: set conv_even rounding mode for bf16 matmul' (floor-rounded matmul: a bias; cf. ROCm/rocm-libraries#9176)",
+            "<= 1 fp32 ulp of the exact product, always toward zero (mean 0.49 ulp; the CPU's own fp32 linear is off by 1.6-8 ulps on average): a bias",
+        ),
+        ModelFault(
+            "fp16_gemm_fp16_accumulation",
+            torch.nn.functional,
+            "linear",
+            "Functional.linear.",
+            (torch.float16,),
+            "forward",
+            fp16_gemm_fp16_accumulation,
+            "pytorch/pytorch#123157 'Add support for CUBLAS_COMPUTE_16F for gemm operations in cudaBLAS' (see also #144441)",
+            "mean 2-37 fp16 ulps, up to 7e3 ulps where the sum cancels (the correct kernel: <= 0.5 ulp)",
+        ),
+        ModelFault(
+            "tf32_conv",
+            torch.nn.functional,
+            "conv2d",
+            "Functional.conv2d.",
+            (torch.float32,),
+            "forward",
+            tf32_conv,
+            "pytorch/pytorch#107514 'conv2d wrong results on 3090/3090ti' (cudnn.allow_tf32 on by default)",
+            "relative ~1e-3: mean 1.2e4-1.7e4 fp32 ulps (the correct kernel: mean 2-7 ulps)",
+        ),
+        ModelFault(
+            "gelu_tanh_approximation",
+            torch.nn.functional,
+            "gelu",
+            "Functional.gelu.",
+            (torch.float32,),
+            "forward+backward",
+            gelu_tanh_approximation,
+            "uxlfoundation/oneDNN#1122 'precision difference between Mkldnn Gelu and Gelu's erf algorithm'",
+            "forward mean 1.5e3 fp32 ulps (relative ~2e-4), backward mean 2.6e4-8.7e4 ulps",
+        ),
+        ModelFault(
+            "softmax_low_precision_sum",
+            torch.nn.functional,
+            "softmax",
+            "Functional.softmax.",
+            (torch.bfloat16, torch.float16),
+            "forward",
+            softmax_low_precision_sum,
+            "apache/mxnet#14072 'Fp16 support for softmax' (reduction in fp16; cf. huggingface/candle#3727)",
+            "forward up to 2.3 bf16 ulps (mean 0.49 vs 0.25); its backward reads that output: mean 0.7-1.2 vs 0.5-0.6 ulp",
+        ),
+        ModelFault(
+            "softmax_backward_half_accumulator",
+            torch.nn.functional,
+            "softmax",
+            "Functional.softmax.",
+            (torch.float16, torch.bfloat16),
+            "backward",
+            softmax_backward_half_accumulator,
+            "ROCm/MIOpen#3427 'Softmax log backward : Increase precision of fp16's accumulator to fp32'",
+            "backward up to 8-17 fp16 ulps, mean 0.7-1.1 (the correct kernel: up to 3.3, mean 0.45-0.49)",
+        ),
+        ModelFault(
+            "embedding_backward_lost_duplicates",
+            torch.nn.functional,
+            "embedding",
+            "Functional.embedding.",
+            (torch.float32,),
+            "backward",
+            embedding_backward_lost_duplicates,
+            "pytorch/pytorch#187687 'fix: aten embed bwd thread sync before proceeding to next batch' (cf. tenstorrent/tt-metal#6232)",
+            "the rows of repeated tokens (2 of 5000, 32 of 80000 elements) lose all but one contribution: wrong by up to 100%+; the rest exact",
+        ),
+        ModelFault(
+            "maxpool_backward_all_ties",
+            torch.nn.functional,
+            "max_pool2d",
+            "Functional.max_pool2d.",
+            (torch.float32,),
+            "backward",
+            maxpool_backward_all_ties,
+            "Theano/Theano#5248 'Backpropagation on max-pooling' (the gradient goes to all inputs equal to the max, unlike cuDNN; cf. apache/mxnet#18563)",
+            "the 39 of 512 windows of zeros (after relu) pass their gradient to all 4 elements: 117 of 2048 gradient elements are the window's gradient (up to 0.028, mean 0.0095) instead of 0, relative L2 error 0.46; the rest exact",
+        ),
     ]
 }

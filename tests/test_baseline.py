@@ -11,7 +11,7 @@ import pytest
 import torch
 from faults import scaled_in
 
-from pytest_msprobe.judge.baseline import Baseline, CallMetrics, FILE_NAME, compare, read_msprobe_details
+from pytest_msprobe.judge.baseline import FILE_NAME, Baseline, CallMetrics, compare, read_msprobe_details
 
 STATS = "torch_mlpcnn_statistics_bf16"
 
@@ -100,8 +100,9 @@ def test_msprobe_details_csv_becomes_the_reference(copy_dump, run_dump, tmp_path
     assert result.by_outcome("failed") == {}
 
 
-def test_the_baseline_finds_its_dump_from_another_folder_and_place(clean_baseline, run_dump, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_the_baseline_finds_its_dump_from_another_folder_and_place(
+    clean_baseline, run_dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     """Saved in one folder, used from another with the dump copied elsewhere: the calls
     are found by the dump's identity, not by their path from the rootdir."""
     dump, folder = clean_baseline

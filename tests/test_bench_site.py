@@ -46,8 +46,11 @@ def _flags() -> dict[str, object]:
     matmul = torch.backends.cuda.matmul
     out = {name: getattr(matmul, name) for name in REDUCTIONS + ("allow_fp16_accumulation",) if hasattr(matmul, name)}
     out.update({name: owner().fp32_precision for name, owner in precision._fp32_precision_api()})
-    out.update(matmul_tf32=_read(lambda: matmul.allow_tf32), cudnn_tf32=_read(lambda: torch.backends.cudnn.allow_tf32),
-               precision=_read(torch.get_float32_matmul_precision))
+    out.update(
+        matmul_tf32=_read(lambda: matmul.allow_tf32),
+        cudnn_tf32=_read(lambda: torch.backends.cudnn.allow_tf32),
+        precision=_read(torch.get_float32_matmul_precision),
+    )
     return out
 
 
@@ -102,7 +105,7 @@ CASES = [
     # api, input dtypes (and shape), raised?, accelerator bench?, the label says
     ("Functional.linear", [H, H], BIG, True, True, CUDA_LABEL),
     ("Functional.linear", [L, L], BIG, True, True, CUDA_LABEL),
-    ("Torch.matmul", [L, torch.float32], BIG, True, True, CUDA_LABEL),          # mixed: float32 throughout
+    ("Torch.matmul", [L, torch.float32], BIG, True, True, CUDA_LABEL),  # mixed: float32 throughout
     ("Aten.mm.default", [H, H], BIG, True, True, CUDA_LABEL),
     ("Functional.linear", [torch.float32, torch.float32], BIG, True, False, "bench on the CPU in float64"),
     ("Torch.matmul", [H, torch.float64], BIG, True, False, "bench on the CPU in float64"),
@@ -113,8 +116,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "dtypes", "shape", "raised", "accelerator", "label"), CASES,
-                         ids=[f"{c[0]}-{'-'.join(str(d).removeprefix('torch.') for d in c[1])}-{c[2][0]}" for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "dtypes", "shape", "raised", "accelerator", "label"),
+    CASES,
+    ids=[f"{c[0]}-{'-'.join(str(d).removeprefix('torch.') for d in c[1])}-{c[2][0]}" for c in CASES],
+)
 def test_which_calls_get_the_accelerator_bench(name, dtypes, shape, raised, accelerator, label) -> None:
     inputs = _inputs(*(torch.ones(shape, dtype=dtype) for dtype in dtypes))
     device, bench, reference = PytorchReplay().runs(_api(name, raise_bench=raised), inputs, _settings("cuda"))
@@ -154,10 +160,16 @@ def test_pytest_msprobe_bench_cpu_keeps_every_bench_on_the_cpu(monkeypatch) -> N
 
 def _recording(seen: list[dict[str, object]]):
     def function(x, w):
-        seen.append({"matmul_tf32": torch.backends.cuda.matmul.allow_tf32, "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-                     "precision": torch.get_float32_matmul_precision(),
-                     **{name: getattr(torch.backends.cuda.matmul, name) for name in REDUCTIONS}})
+        seen.append(
+            {
+                "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+                "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+                "precision": torch.get_float32_matmul_precision(),
+                **{name: getattr(torch.backends.cuda.matmul, name) for name in REDUCTIONS},
+            }
+        )
         return F.linear(x, w)
+
     return function
 
 
@@ -173,8 +185,12 @@ def test_switches_are_strict_inside_a_bench_run_and_restored_after_it() -> None:
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     seen: list[dict[str, object]] = []
     function = _recording(seen)
-    run = Run(_api("Functional.linear", function), function, Placement(torch.device("cpu"), {H: torch.float32}),
-              context=functools.partial(precision.strict_float32, "cuda"))
+    run = Run(
+        _api("Functional.linear", function),
+        function,
+        Placement(torch.device("cpu"), {H: torch.float32}),
+        context=functools.partial(precision.strict_float32, "cuda"),
+    )
     x, w = torch.randn(4, 8).half(), torch.randn(3, 8).half()
     inputs = _inputs(x, w)
     inputs.grads = [torch.randn(4, 3).half()]
@@ -187,6 +203,7 @@ def test_switches_are_strict_inside_a_bench_run_and_restored_after_it() -> None:
     def raising(*args):
         assert torch.get_float32_matmul_precision() == "highest"
         raise RuntimeError("the bench kernel failed")
+
     failing = dataclasses.replace(run, function=raising)
     with pytest.raises(RuntimeError, match="the bench kernel failed"):
         failing.forward(inputs)
@@ -216,16 +233,19 @@ def test_settings_made_with_torch_s_newer_api_are_restored_exactly() -> None:
 def _ignoring(*attributes: str):
     """cuda_switches whose setters of these do nothing: what a torch build or a wrapper
     that drops the setting would do."""
+
     def switches() -> list[precision.Switch]:
-        return [dataclasses.replace(s, set=lambda value: None) if s.name.endswith(attributes) else s
-                for s in precision.cuda_switches()]
+        return [dataclasses.replace(s, set=lambda value: None) if s.name.endswith(attributes) else s for s in precision.cuda_switches()]
+
     return switches
 
 
 # cuBLAS's TF32 has two setters, each of which turns it off: both must be lost
-IGNORED = {"matmul.allow_tf32": ("matmul.allow_tf32", "get_float32_matmul_precision()"),
-           "cudnn.allow_tf32": ("cudnn.allow_tf32",),
-           "allow_bf16_reduced_precision_reduction": ("allow_bf16_reduced_precision_reduction",)}
+IGNORED = {
+    "matmul.allow_tf32": ("matmul.allow_tf32", "get_float32_matmul_precision()"),
+    "cudnn.allow_tf32": ("cudnn.allow_tf32",),
+    "allow_bf16_reduced_precision_reduction": ("allow_bf16_reduced_precision_reduction",),
+}
 
 
 @pytest.mark.parametrize("attribute", list(IGNORED))
@@ -243,9 +263,8 @@ def test_a_switch_that_does_not_take_refuses_the_accelerator_bench(attribute, mo
     assert bench.placement.device.type == "cpu"
     assert bench.site.startswith("bench on the CPU: strict float32 refused on cuda:0: ")
     assert f"{attribute} is True after setting it to False" in bench.site
-    with pytest.raises(precision.StrictFloat32Refused, match=attribute):
-        with precision.strict_float32("cuda"):
-            pass
+    with pytest.raises(precision.StrictFloat32Refused, match=attribute), precision.strict_float32("cuda"):
+        pass
     assert _flags() == user
 
 
@@ -266,12 +285,15 @@ def test_a_check_that_fails_at_run_time_skips_the_call_instead_of_judging_it(mon
         replay("forward", api, _inputs(x, w), device, bench, None, framework="pytorch")
 
 
-@pytest.mark.parametrize(("variable", "value", "refused"), [
-    ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1", True),   # NGC containers: TF32 in cuBLAS whatever the flags say
-    ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "0", False),
-    ("NVIDIA_TF32_OVERRIDE", "0", False),              # disables TF32 everywhere: fine
-    ("NVIDIA_TF32_OVERRIDE", "1", True),
-])
+@pytest.mark.parametrize(
+    ("variable", "value", "refused"),
+    [
+        ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1", True),  # NGC containers: TF32 in cuBLAS whatever the flags say
+        ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "0", False),
+        ("NVIDIA_TF32_OVERRIDE", "0", False),  # disables TF32 everywhere: fine
+        ("NVIDIA_TF32_OVERRIDE", "1", True),
+    ],
+)
 def test_tf32_forced_by_the_environment_refuses_the_accelerator_bench(variable, value, refused, monkeypatch) -> None:
     monkeypatch.setenv(variable, value)
     site = precision.bench_site("cuda", "cuda:0", "Functional.linear", {H: torch.float32}, {H}, "ulp", 1 << 20)
@@ -288,8 +310,9 @@ def test_the_verdict_and_the_record_say_where_the_bench_ran(write_dump, monkeypa
     from pytest_msprobe.judge.record import output_results
 
     x, w = torch.randn(64, 32), torch.randn(16, 32)
-    dump = write_dump({"Functional.linear.0.forward": {
-        "input_args": [_stats(x), _stats(w)], "input_kwargs": {}, "output": [_stats(F.linear(x, w))]}})
+    dump = write_dump(
+        {"Functional.linear.0.forward": {"input_args": [_stats(x), _stats(w)], "input_kwargs": {}, "output": [_stats(F.linear(x, w))]}}
+    )
     index = read_index(dump)
     name = CallName("Functional", "linear", 0, "forward")
     plain = check_call(index, name, _settings("cpu"))
@@ -298,6 +321,7 @@ def test_the_verdict_and_the_record_say_where_the_bench_ran(write_dump, monkeypa
     def labelled(self, api, inputs, settings):
         device, bench, reference = original(self, api, inputs, settings)
         return device, dataclasses.replace(bench, site="bench on the CPU (labelled by the test)"), reference
+
     monkeypatch.setattr(PytorchReplay, "runs", labelled)
     result = check_call(index, name, _settings("cpu"))
     assert result.verdict.status == plain.verdict.status == "pass"
@@ -306,8 +330,16 @@ def test_the_verdict_and_the_record_say_where_the_bench_ran(write_dump, monkeypa
 
 
 def _stats(t: torch.Tensor) -> dict[str, object]:
-    return {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape), "Max": t.max().item(),
-            "Min": t.min().item(), "Mean": t.mean().item(), "Norm": t.norm().item(), "requires_grad": True}
+    return {
+        "type": "torch.Tensor",
+        "dtype": str(t.dtype),
+        "shape": list(t.shape),
+        "Max": t.max().item(),
+        "Min": t.min().item(),
+        "Mean": t.mean().item(),
+        "Norm": t.norm().item(),
+        "requires_grad": True,
+    }
 
 
 # --- on a device ------------------------------------------------------------------
@@ -333,7 +365,7 @@ def test_cuda_bench_is_as_exact_as_the_cpu_bench_and_tf32_is_not() -> None:
     cpu = F.linear(x.float(), w.float()).double()
     with precision.strict_float32("cuda"):
         gpu = F.linear(x.float().cuda(), w.float().cuda()).cpu().double()
-    eps32 = 2.0 ** -24
+    eps32 = 2.0**-24
     cpu_err = float(((cpu - exact).abs() / scale).max())
     gpu_err = float(((gpu - exact).abs() / scale).max())
     assert cpu_err < 64 * eps32 and gpu_err < 64 * eps32, (cpu_err, gpu_err)

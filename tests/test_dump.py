@@ -61,7 +61,9 @@ def test_byte_offsets_survive_non_ascii_text(tmp_path: Path) -> None:
 
 def test_special_floats_are_read(tmp_path: Path) -> None:
     path = tmp_path / "dump.json"
-    path.write_text('{"task": "statistics", "data": {"Torch.exp.0.forward": {"input_args": [{"type": "float", "value": -Infinity}, {"type": "float", "value": NaN}]}}}')
+    path.write_text(
+        '{"task": "statistics", "data": {"Torch.exp.0.forward": {"input_args": [{"type": "float", "value": -Infinity}, {"type": "float", "value": NaN}]}}}'
+    )
     record = read_index(path).read_record(read_index(path).entries[0])
     assert record["input_args"][0]["value"] == float("-inf")
 

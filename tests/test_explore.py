@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from explore_faults import FAULTS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from explore_faults import FAULTS
 from pytest_msprobe.dump.index import read_index
 from pytest_msprobe.judge.call import read_inputs
 from pytest_msprobe.run.neighbourhood import Neighbourhood
@@ -31,8 +31,11 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "mlpcnn_tensor_fp32" / "du
 
 
 def _records(out: Path) -> dict[str, dict]:
-    return {record["call"]: record for journal in out.glob("msprobe_records_*.jsonl")
-            for record in map(json.loads, journal.read_text().splitlines())}
+    return {
+        record["call"]: record
+        for journal in out.glob("msprobe_records_*.jsonl")
+        for record in map(json.loads, journal.read_text().splitlines())
+    }
 
 
 def test_the_cpu_kernels_pass_every_explored_call_of_the_example_dump(run_dump, tmp_path):
@@ -42,8 +45,11 @@ def test_the_cpu_kernels_pass_every_explored_call_of_the_example_dump(run_dump, 
     assert not [name for name, call in run.calls.items() if call.warnings]
     records = _records(tmp_path)
     assert all(name.endswith(".explore") for name in records)
-    judged = [int(re.search(r"(\d+) examples around the call judged", record["message"])[1])
-              for record in records.values() if record["status"] == "pass"]
+    judged = [
+        int(re.search(r"(\d+) examples around the call judged", record["message"])[1])
+        for record in records.values()
+        if record["status"] == "pass"
+    ]
     assert sum(judged) > 20 * 40  # nearly every call got its 20 examples
 
 
@@ -69,8 +75,7 @@ def test_exploration_finds_a_fault_the_dumped_step_does_not_trip(fault_name, run
 
 def _comparable(out: Path) -> dict[str, tuple[str, str]]:
     """Each record's status and message, its example's path made relative to `out`."""
-    return {name: (record["status"], record["message"].replace(str(out), "OUT"))
-            for name, record in _records(out).items()}
+    return {name: (record["status"], record["message"].replace(str(out), "OUT")) for name, record in _records(out).items()}
 
 
 def test_a_rerun_finds_and_shrinks_to_the_same_example(run_dump, tmp_path, monkeypatch):
@@ -112,8 +117,9 @@ def _fingerprints(value: object) -> list[str]:
 def test_the_search_does_not_depend_on_the_modules_the_process_imported(run_dump, tmp_path, monkeypatch):
     """hypothesis draws some values from the constants of every local module the process
     imported: a module full of them, imported between two runs, changes no example."""
-    import pytest_msprobe.judge.explore as explore
     from hypothesis.internal.conjecture import providers
+
+    import pytest_msprobe.judge.explore as explore
 
     examples: dict[str, list[str]] = {"before": [], "after": []}
     replay = explore.replay_inputs
@@ -147,8 +153,9 @@ def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path):
     the bench's own infinity says every kernel overflows there (the device gave NaN):
     such examples are discarded, not failures."""
     dump = Path(__file__).parent / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json"
-    run = run_dump(dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", "Torch.rsqrt.0.backward",
-                   f"--msprobe-out={tmp_path}")
+    run = run_dump(
+        dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", "Torch.rsqrt.0.backward", f"--msprobe-out={tmp_path}"
+    )
     explored = run.calls["Torch.rsqrt.0.backward.explore"]
     assert explored.outcome == "passed", explored.text
     assert int(re.search(r"(\d+) discarded", _records(tmp_path)["Torch.rsqrt.0.backward.explore"]["message"])[1]) > 0
@@ -156,10 +163,12 @@ def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path):
 
 def _erfc_gelu(original):
     """gelu as 0.5 x erfc(-x / sqrt(2)): no cancellation in the left tail (float32 only)."""
+
     def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
         if x.dtype != torch.float32 or approximate != "none":
             return original(x, approximate=approximate)
         return 0.5 * x * torch.special.erfc(-x * 0.5**0.5)
+
     return gelu
 
 
@@ -199,8 +208,16 @@ def test_subnormal_intermediates_times_a_large_gradient_are_excused(run_dump, tm
     writer = DumpWriter(tmp_path / "dump", "tensor")
     writer.forward("Functional.layer_norm.0", [x, [64], w, b], {}, out.detach())
     writer.backward("Functional.layer_norm.0", [g], [leaf.grad, weight.grad, bias.grad])
-    run = run_dump(writer.write(), "--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore",
-                   "-k", "backward", f"--msprobe-out={tmp_path / 'out'}")
+    run = run_dump(
+        writer.write(),
+        "--msprobe-device=cpu",
+        "--msprobe-explore=1",
+        "-m",
+        "explore",
+        "-k",
+        "backward",
+        f"--msprobe-out={tmp_path / 'out'}",
+    )
     explored = run.calls["Functional.layer_norm.0.backward.explore"]
     assert explored.outcome == "passed", explored.text
 
@@ -218,13 +235,24 @@ def test_the_failing_example_is_kept_in_the_database_and_replayed_first(run_dump
 def test_save_failed_and_scripts_take_the_minimal_example(run_dump, tmp_path, monkeypatch):
     FAULTS["reciprocal_then_root"].patch(monkeypatch)
     saved, scripts = tmp_path / "failed", tmp_path / "scripts"
-    run = run_dump(EXAMPLE, "-k", "Torch.rsqrt.0.forward", "--msprobe-device=cpu", "--msprobe-explore=100",
-                   f"--msprobe-out={tmp_path / 'out'}", f"--msprobe-save-failed={saved}", f"--msprobe-scripts={scripts}")
+    run = run_dump(
+        EXAMPLE,
+        "-k",
+        "Torch.rsqrt.0.forward",
+        "--msprobe-device=cpu",
+        "--msprobe-explore=100",
+        f"--msprobe-out={tmp_path / 'out'}",
+        f"--msprobe-save-failed={saved}",
+        f"--msprobe-scripts={scripts}",
+    )
     assert run.calls["Torch.rsqrt.0.forward.explore"].outcome == "failed"
     assert sorted(path.name for path in saved.iterdir()) == ["Torch.rsqrt.0.forward.explore"]
     inputs = torch.load(saved / "Torch.rsqrt.0.forward.explore" / "inputs.pt", weights_only=True)
-    explored = read_inputs(read_index(Path(re.search(r"--msprobe-dump=(\S+)", run.calls["Torch.rsqrt.0.forward.explore"].text)[1])),
-                           read_index(EXAMPLE).entry("Torch.rsqrt.0.forward").name, 10**7)
+    explored = read_inputs(
+        read_index(Path(re.search(r"--msprobe-dump=(\S+)", run.calls["Torch.rsqrt.0.forward.explore"].text)[1])),
+        read_index(EXAMPLE).entry("Torch.rsqrt.0.forward").name,
+        10**7,
+    )
     assert torch.equal(inputs["input_args.0"], explored.args[0])  # the explored input, not the dumped one
     script = (scripts / "Torch.rsqrt.0.forward.explore.py").read_text()
     assert "explored" in script and "Torch.rsqrt.0.forward" in script
@@ -238,11 +266,14 @@ def test_result_files_hold_the_explored_rows(run_dump, tmp_path):
     assert rows["Functional.linear.0.explore"].split(",")[1:3] == ["pass", "pass"]
 
 
-@pytest.mark.parametrize(("args", "problem"), [
-    (("--msprobe-explore=-1",), "must be at least 0"),
-    (("--msprobe-explore=many",), "expected a whole number of examples"),
-    (("--msprobe-explore=5", "--msprobe-offline"), "drop --msprobe-offline"),
-])
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (("--msprobe-explore=-1",), "must be at least 0"),
+        (("--msprobe-explore=many",), "expected a whole number of examples"),
+        (("--msprobe-explore=5", "--msprobe-offline"), "drop --msprobe-offline"),
+    ],
+)
 def test_bad_explore_options_are_usage_errors(args, problem, pytester):
     result = pytester.runpytest(f"--msprobe-dump={EXAMPLE}", "--msprobe-device=cpu", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -280,12 +311,23 @@ def test_empty_tensors_only_where_the_framework_takes_them(smallest_size):
 @settings(max_examples=60, deadline=None, database=None)
 @given(data=st.data())
 def test_variants_keep_the_call_and_its_valid_inputs(data):
-    space, leaves = _space(data.draw(st.sampled_from(["Functional.embedding.0.forward", "Torch.where.0.forward",
-                                                      "Functional.layer_norm.0.backward", "Functional.cross_entropy.0.forward"])))
+    space, leaves = _space(
+        data.draw(
+            st.sampled_from(
+                [
+                    "Functional.embedding.0.forward",
+                    "Torch.where.0.forward",
+                    "Functional.layer_norm.0.backward",
+                    "Functional.cross_entropy.0.forward",
+                ]
+            )
+        )
+    )
     variant = data.draw(space.variants())
-    assert [key for key in variant.forward if key not in ("input_args", "input_kwargs")] == \
-        [key for key in space.forward if key not in ("input_args", "input_kwargs")]
-    for leaf, (name, tensor) in zip(leaves, variant.tensors.items()):
+    assert [key for key in variant.forward if key not in ("input_args", "input_kwargs")] == [
+        key for key in space.forward if key not in ("input_args", "input_kwargs")
+    ]
+    for leaf, tensor in zip(leaves, variant.tensors.values(), strict=True):
         assert tensor.dtype == leaf.tensor.dtype
         if not tensor.is_floating_point() and tensor.numel() and leaf.tensor.numel():
             assert leaf.tensor.min() <= tensor.min() and tensor.max() <= leaf.tensor.max()  # indexes in range, masks boolean
@@ -296,7 +338,7 @@ def test_variants_keep_the_call_and_its_valid_inputs(data):
 def test_the_simplest_variant_is_the_dumped_call():
     space, leaves = _space("Functional.layer_norm.0.backward")
     simplest = _simplest(space)
-    assert all(torch.equal(tensor, leaf.tensor) for tensor, leaf in zip(simplest.tensors.values(), leaves))
+    assert all(torch.equal(tensor, leaf.tensor) for tensor, leaf in zip(simplest.tensors.values(), leaves, strict=True))
 
 
 def _simplest(space: Neighbourhood):
@@ -311,6 +353,7 @@ def test_kernels_that_crash_on_disagreeing_sizes_are_explored_at_their_dumped_sh
     the input's; the [explore] table keeps its shapes, so exploring it runs to the end.
     (In a subprocess: without the table this run would die, not fail.)"""
     dump = Path(__file__).parent / "dumps" / "models" / "lstm_tensor_fp32" / "dump.json"
-    result = pytester.runpytest_subprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-explore=50",
-                                           "-m", "explore", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(
+        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-p", "no:cacheprovider"
+    )
     result.assert_outcomes(passed=6)  # Torch.lstm, Functional.linear, Functional.cross_entropy: forward and backward

@@ -1,4 +1,5 @@
 """run/groups.py: which elements of a call share one rounded quantity, per API."""
+
 import pytest
 import torch
 
@@ -24,29 +25,35 @@ def test_collapsed_numbers_the_kept_dimensions():
 X = torch.randn(2, 3, 4, 5)
 
 
-@pytest.mark.parametrize(("call", "args", "kwargs", "sizes"), [
-    ("Functional.softmax.0.forward", (X,), {"dim": 1}, [3] * 40),
-    ("Functional.softmax.0.forward", (X, -1), {}, [5] * 24),
-    ("Torch.log_softmax.0.backward", (X, 2), {}, [4] * 30),
-    ("Functional.layer_norm.0.forward", (X, (4, 5)), {}, [20] * 6),
-    ("Functional.rms_norm.0.forward", (X, [5]), {}, [5] * 24),
-    ("Functional.batch_norm.0.backward", (X, None, None), {}, [40] * 3),
-    ("Functional.instance_norm.0.forward", (X,), {}, [20] * 6),
-    ("Functional.group_norm.0.forward", (torch.randn(2, 6, 4), 3), {}, [8] * 6),
-    ("Tensor.__truediv__.0.forward", (X, 3.0), {}, [120]),
-    ("Torch.div.0.forward", (X, torch.tensor(2.0)), {}, [120]),
-])
+@pytest.mark.parametrize(
+    ("call", "args", "kwargs", "sizes"),
+    [
+        ("Functional.softmax.0.forward", (X,), {"dim": 1}, [3] * 40),
+        ("Functional.softmax.0.forward", (X, -1), {}, [5] * 24),
+        ("Torch.log_softmax.0.backward", (X, 2), {}, [4] * 30),
+        ("Functional.layer_norm.0.forward", (X, (4, 5)), {}, [20] * 6),
+        ("Functional.rms_norm.0.forward", (X, [5]), {}, [5] * 24),
+        ("Functional.batch_norm.0.backward", (X, None, None), {}, [40] * 3),
+        ("Functional.instance_norm.0.forward", (X,), {}, [20] * 6),
+        ("Functional.group_norm.0.forward", (torch.randn(2, 6, 4), 3), {}, [8] * 6),
+        ("Tensor.__truediv__.0.forward", (X, 3.0), {}, [120]),
+        ("Torch.div.0.forward", (X, torch.tensor(2.0)), {}, [120]),
+    ],
+)
 def test_groups_per_api(call, args, kwargs, sizes):
     ids = _groups(call, *args, **kwargs)
     assert ids.shape == args[0].shape
     assert _sizes(ids) == sizes
 
 
-@pytest.mark.parametrize(("call", "args"), [
-    ("Torch.div.0.forward", (X, torch.rand(2, 3, 4, 5) + 1)),   # a tensor divisor: independent
-    ("Functional.linear.0.forward", (X, torch.randn(3, 5))),     # not in the table
-    ("Functional.softmax.0.forward", (3.0,)),                     # not a tensor
-    ("Functional.group_norm.0.forward", (X, "three")),            # a form the table does not read
-])
+@pytest.mark.parametrize(
+    ("call", "args"),
+    [
+        ("Torch.div.0.forward", (X, torch.rand(2, 3, 4, 5) + 1)),  # a tensor divisor: independent
+        ("Functional.linear.0.forward", (X, torch.randn(3, 5))),  # not in the table
+        ("Functional.softmax.0.forward", (3.0,)),  # not a tensor
+        ("Functional.group_norm.0.forward", (X, "three")),  # a form the table does not read
+    ],
+)
 def test_no_groups(call, args):
     assert _groups(call, *args) is None

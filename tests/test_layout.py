@@ -135,7 +135,10 @@ def test_imports_follow_a_calls_path():
 
 
 def test_every_subpackage_says_what_it_owns_and_may_import():
-    for folder in [PACKAGE_DIRS["pytest_msprobe"], *sorted(p for p in PACKAGE_DIRS["pytest_msprobe"].rglob("*") if p.is_dir() and (p / "__init__.py").exists())]:
+    for folder in [
+        PACKAGE_DIRS["pytest_msprobe"],
+        *sorted(p for p in PACKAGE_DIRS["pytest_msprobe"].rglob("*") if p.is_dir() and (p / "__init__.py").exists()),
+    ]:
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text("utf-8"))) or ""
         assert len(doc) > 100, f"{folder}/__init__.py needs a docstring saying what the subpackage owns"
         if folder != PACKAGE_DIRS["pytest_msprobe"]:
@@ -150,35 +153,42 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
     return {"pytest_msprobe": tmp_path / "pytest_msprobe"}
 
 
-@pytest.mark.parametrize("files,expected", [
-    ({"dump/index.py": "from pytest_msprobe.run import replay\n", "run/replay.py": ""}, "dump/ comes before run/"),
-    ({"run/replay.py": "def f():\n    from pytest_msprobe.results.writer import x\n", "results/writer.py": ""}, "run/ comes before results/"),
-    ({"judge/call.py": "import pytest\n"}, "only the pytest layer"),
-    ({"standards/fast.py": "from pytest_msprobe.dump import index\n", "dump/index.py": ""}, "library imports no stage"),
-    ({"standards/fast.py": "from .single_run import X\n", "standards/single_run.py": "from . import fast\n"}, "import cycle"),
-], ids=["reading-imports-running", "lazy-running-imports-results", "pytest-outside-plugin", "library-imports-stage", "cycle"])
+@pytest.mark.parametrize(
+    "files,expected",
+    [
+        ({"dump/index.py": "from pytest_msprobe.run import replay\n", "run/replay.py": ""}, "dump/ comes before run/"),
+        (
+            {"run/replay.py": "def f():\n    from pytest_msprobe.results.writer import x\n", "results/writer.py": ""},
+            "run/ comes before results/",
+        ),
+        ({"judge/call.py": "import pytest\n"}, "only the pytest layer"),
+        ({"standards/fast.py": "from pytest_msprobe.dump import index\n", "dump/index.py": ""}, "library imports no stage"),
+        ({"standards/fast.py": "from .single_run import X\n", "standards/single_run.py": "from . import fast\n"}, "import cycle"),
+    ],
+    ids=["reading-imports-running", "lazy-running-imports-results", "pytest-outside-plugin", "library-imports-stage", "cycle"],
+)
 def test_a_planted_violation_is_found(tmp_path, files, expected):
     found = violations(_plant(tmp_path, {"__init__.py": "", **files}))
     assert any(expected in problem for problem in found), found
 
 
-@pytest.mark.parametrize("old,new,name", [
-    ("pytest_msprobe.outcome", "pytest_msprobe.judge.outcome", "AccuracyWarning"),
-    ("pytest_msprobe.report_writer", "pytest_msprobe.results.writer", "ResultWriter"),
-    ("pytest_msprobe.options", "pytest_msprobe.plugin.options", "OPTIONS"),
-    ("pytest_msprobe.dump", "pytest_msprobe.dump.index", "read_index"),
-    ("pytest_msprobe.results", "pytest_msprobe.judge.record", "ResultRecord"),
-    ("pytest_msprobe.scripts", "pytest_msprobe.scripts.writer", "write_script"),
-])
-def test_old_import_paths_still_work_and_name_the_new_place(old, new, name):
-    with pytest.warns(DeprecationWarning, match=f"moved to {new}"):
-        value = getattr(importlib.import_module(old), name)
-    assert value is getattr(importlib.import_module(new), name)
+@pytest.mark.parametrize("old", ["pytest_msprobe.outcome", "pytest_msprobe.report_writer", "pytest_msprobe.options"])
+def test_the_flat_layouts_module_paths_are_gone(old):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+
+
+@pytest.mark.parametrize(
+    "package,name",
+    [("pytest_msprobe.dump", "read_index"), ("pytest_msprobe.results", "ResultRecord"), ("pytest_msprobe.scripts", "write_script")],
+)
+def test_a_subpackage_answers_no_old_module_attribute(package, name):
+    assert not hasattr(importlib.import_module(package), name)
 
 
 def test_new_import_paths_warn_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        from pytest_msprobe.dump import values  # a submodule, not an old attribute
-        from pytest_msprobe.judge.outcome import AccuracyWarning  # noqa: F401
+        from pytest_msprobe.dump import values  # a submodule
+        from pytest_msprobe.judge.outcome import AccuracyWarning  # noqa: F401 (imported to see that importing warns nothing)
     assert values.__name__ == "pytest_msprobe.dump.values"

@@ -17,13 +17,19 @@ import json
 from pathlib import Path
 
 import pytest
-
 from model_faults import FAULTS
 
 MODELS = Path(__file__).parent / "dumps" / "models"
-TENSOR_DUMPS = ["transformer12_tensor_fp32", "transformer12_tensor_bf16", "transformer12_tensor_fp16",
-                "convbn_tensor_fp32", "gru_tensor_fp32", "lstm_tensor_fp32", "embedattn_tensor_fp32",
-                "embedattn_tensor_bf16"]
+TENSOR_DUMPS = [
+    "transformer12_tensor_fp32",
+    "transformer12_tensor_bf16",
+    "transformer12_tensor_fp16",
+    "convbn_tensor_fp32",
+    "gru_tensor_fp32",
+    "lstm_tensor_fp32",
+    "embedattn_tensor_fp32",
+    "embedattn_tensor_bf16",
+]
 STATISTICS_DUMPS = ["transformer12_statistics_bf16"]
 MODES = {"single-run": (), "offline": ("--msprobe-offline",)}
 RUNS = [(name, "single-run") for name in TENSOR_DUMPS + STATISTICS_DUMPS] + [(name, "offline") for name in TENSOR_DUMPS]
@@ -64,8 +70,13 @@ def _faulty_calls(fault, calls: list[str], judged: set[str]) -> set[str]:
 #   (standards/benchmark.py), which the offline checks of correct layer_norm gradients
 #   need (ratios up to 3.7x between two correct summation orders).
 BELOW_FLOOR = {"softmax_low_precision_sum", "softmax_backward_half_accumulator"}
-FAULT_RUNS = [pytest.param(name, mode, marks=pytest.mark.xfail(strict=True, reason="below the measured floor: see BELOW_FLOOR"))
-              if name in BELOW_FLOOR else (name, mode) for name in sorted(FAULTS) for mode in MODES]
+FAULT_RUNS = [
+    pytest.param(name, mode, marks=pytest.mark.xfail(strict=True, reason="below the measured floor: see BELOW_FLOOR"))
+    if name in BELOW_FLOOR
+    else (name, mode)
+    for name in sorted(FAULTS)
+    for mode in MODES
+]
 
 
 @pytest.mark.parametrize(("fault_name", "mode"), FAULT_RUNS)

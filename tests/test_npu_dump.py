@@ -33,7 +33,12 @@ def calls() -> list[tuple[str, list, dict, bool]]:
         ("npu_swiglu", [make(4, 64, seed=9)], {"dim": -1}, True),
         ("npu_fusion_attention", [q, k, v, 4, "BSH"], {"atten_mask": causal, "scale": 0.25, "sparse_mode": 0}, True),
         ("fast_gelu", [make(8, 16, seed=10)], {}, True),
-        ("npu_scaled_masked_softmax", [make(2, 2, 8, 8, seed=11), torch.rand(2, 2, 8, 8, generator=torch.Generator().manual_seed(12)) > 0.8], {"scale": 0.5}, False),
+        (
+            "npu_scaled_masked_softmax",
+            [make(2, 2, 8, 8, seed=11), torch.rand(2, 2, 8, 8, generator=torch.Generator().manual_seed(12)) > 0.8],
+            {"scale": 0.5},
+            False,
+        ),
         ("npu_layer_norm_eval", [make(4, 32, seed=13), [32], make(32, seed=14), make(32, seed=15)], {"eps": 1e-5}, False),
         ("npu_mish", [make(8, 16, seed=16)], {}, False),
         ("npu_linear", [make(4, 32, seed=17), make(16, 32, seed=18), make(16, seed=19)], {}, False),
@@ -85,8 +90,7 @@ def test_conftest_hook_registers_a_custom_op(tmp_path: Path, pytester: pytest.Py
     writer.forward("NPU.my_fused_scale.0", [x], {}, x * 2)
     dump = writer.write()
     pytester.makeconftest(
-        "def pytest_msprobe_register_bench_functions(registry):\n"
-        "    registry.register('my_fused_scale', lambda x: x * 2, replace=True)\n"
+        "def pytest_msprobe_register_bench_functions(registry):\n    registry.register('my_fused_scale', lambda x: x * 2, replace=True)\n"
     )
     pytester.runpytest(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-q").assert_outcomes(passed=1)
 

@@ -3,8 +3,8 @@ output file fails exactly that call; the untouched dump passes with no warning."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch

@@ -20,8 +20,12 @@ from dumpwriter import DumpWriter
 
 from pytest_msprobe.results.msprobe_csv import DETAILS_HEADER
 
-KERNEL, INPUT, NON_FINITE_INPUTS, CORRECT = ("Functional.softmax.0.forward", "Torch.exp.0.forward", "Torch.exp.1.forward",
-                                             "Functional.softmax.1.forward")
+KERNEL, INPUT, NON_FINITE_INPUTS, CORRECT = (
+    "Functional.softmax.0.forward",
+    "Torch.exp.0.forward",
+    "Torch.exp.1.forward",
+    "Functional.softmax.1.forward",
+)
 
 
 def overflow_dump(root: Path, task: str) -> Path:
@@ -49,12 +53,13 @@ def details_rows(folder: Path) -> tuple[list[str], dict[str, dict]]:
     [path] = folder.glob("accuracy_checking_details_*.csv")
     with open(path, encoding="utf-8-sig", newline="") as handle:
         rows = list(csv.reader(handle))
-    return rows[0], {row[0]: dict(zip(rows[0], row)) for row in rows[1:]}
+    return rows[0], {row[0]: dict(zip(rows[0], row, strict=False)) for row in rows[1:]}
 
 
 @pytest.mark.parametrize("task,mode", [("statistics", "online"), ("tensor", "online"), ("tensor", "offline")])
-def test_kernel_overflow_fails_and_input_overflow_is_a_note(task: str, mode: str, tmp_path: Path, run_dump,
-                                                            pytester: pytest.Pytester) -> None:
+def test_kernel_overflow_fails_and_input_overflow_is_a_note(
+    task: str, mode: str, tmp_path: Path, run_dump, pytester: pytest.Pytester
+) -> None:
     extra = ["--msprobe-offline"] if mode == "offline" else ["--msprobe-device=cpu"]
     result = run_dump(overflow_dump(tmp_path / task, task), *extra)
     assert set(result.by_outcome("failed")) == {KERNEL}

@@ -35,8 +35,12 @@ def test_silent_without_a_dump_option(pytester: pytest.Pytester) -> None:
 
 def test_help_states_the_defaults(pytester: pytest.Pytester) -> None:
     text = " ".join(pytester.runpytest("--help").stdout.str().split())
-    for flag, default in (("--msprobe-device=MSPROBE_DEVICE", "auto"), ("--msprobe-out=PATH", "msprobe-out"),
-                          ("--msprobe-timeout=MSPROBE_TIMEOUT", "300"), ("--msprobe-max-elements=MSPROBE_MAX_ELEMENTS", "268435456")):
+    for flag, default in (
+        ("--msprobe-device=MSPROBE_DEVICE", "auto"),
+        ("--msprobe-out=PATH", "msprobe-out"),
+        ("--msprobe-timeout=MSPROBE_TIMEOUT", "300"),
+        ("--msprobe-max-elements=MSPROBE_MAX_ELEMENTS", "268435456"),
+    ):
         described = text.split(flag, 1)[1].split(" --", 1)[0]
         assert f"(default: {default})" in described, (flag, described)
 
@@ -67,7 +71,9 @@ def test_verbose_shows_the_node_id_that_deselect_takes(pytester: pytest.Pytester
     shown = pytester.runpytest(dump, "--msprobe-device=cpu", "-v", "-p", "no:cacheprovider")
     shown.stdout.fnmatch_lines(["rope/dump.json::Torch.cat.8.forward PASSED*"])
     assert "::Torch::cat::" not in shown.stdout.str()
-    left = pytester.runpytest(dump, "--msprobe-device=cpu", "-q", "-p", "no:cacheprovider", "--deselect", "rope/dump.json::Torch.cat.8.forward")
+    left = pytester.runpytest(
+        dump, "--msprobe-device=cpu", "-q", "-p", "no:cacheprovider", "--deselect", "rope/dump.json::Torch.cat.8.forward"
+    )
     left.assert_outcomes(passed=2, deselected=1)
 
 
@@ -112,8 +118,9 @@ def test_ini_options_work_like_flags(pytester: pytest.Pytester, local) -> None:
 def test_ini_paths_are_relative_to_the_ini_file(pytester: pytest.Pytester, local, monkeypatch: pytest.MonkeyPatch) -> None:
     """`pytest` in a subfolder of the project finds the dump and writes the results
     where the ini file says, as pytest's own path options do."""
-    pytester.makeini(f"[pytest]\nmsprobe_dump = {local('npu_rope_statistics_fp16', 'step0')}\nmsprobe_device = cpu\n"
-                     "msprobe_out = results\n")
+    pytester.makeini(
+        f"[pytest]\nmsprobe_dump = {local('npu_rope_statistics_fp16', 'step0')}\nmsprobe_device = cpu\nmsprobe_out = results\n"
+    )
     monkeypatch.chdir(pytester.mkdir("sub"))
     pytester.runpytest("-q", "-p", "no:cacheprovider").assert_outcomes(passed=3)
     assert list((pytester.path / "results").glob("msprobe_records_*.jsonl"))
@@ -124,9 +131,24 @@ def test_a_dump_inside_the_repository_runs_from_any_folder(tmp_path: Path) -> No
     """Naming a dump of this repository from elsewhere makes pytest load the
     repository's conftest.py as a nested one: that must not stop the user's run."""
     example = Path(__file__).parents[1] / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
-    done = subprocess.run([sys.executable, "-m", "pytest", f"--msprobe-dump={example}", "--msprobe-device=cpu", "-q",
-                           "-p", "no:cacheprovider", "-k", "linear.0.forward"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"--msprobe-dump={example}",
+            "--msprobe-device=cpu",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "linear.0.forward",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "1 passed" in done.stdout
 
@@ -137,25 +159,37 @@ def test_unknown_device_is_a_usage_error(pytester: pytest.Pytester, local) -> No
     result.stderr.fnmatch_lines(["*unknown device 'tpu': choose auto, cpu, cuda or npu*"])
 
 
-@pytest.mark.parametrize("rows, says", [
-    ("api,standard\nlinear,nosuch\n", "API 'linear' is routed to standard 'nosuch', which is not registered"),
-    ("api,dtype,threshold,value\nlinear,*,rmse_ratoi,2\n", "threshold 'rmse_ratoi' of 'linear' is read by no standard (did you mean 'rmse_ratio'?)"),
-    ("api,dtype,threshold,value\nlinear,float128,rtol,2\n", "threshold of 'linear' for dtype 'float128': not a floating dtype"),
-], ids=["unknown_standard", "unknown_threshold", "unknown_dtype"])
+@pytest.mark.parametrize(
+    "rows, says",
+    [
+        ("api,standard\nlinear,nosuch\n", "API 'linear' is routed to standard 'nosuch', which is not registered"),
+        (
+            "api,dtype,threshold,value\nlinear,*,rmse_ratoi,2\n",
+            "threshold 'rmse_ratoi' of 'linear' is read by no standard (did you mean 'rmse_ratio'?)",
+        ),
+        ("api,dtype,threshold,value\nlinear,float128,rtol,2\n", "threshold of 'linear' for dtype 'float128': not a floating dtype"),
+    ],
+    ids=["unknown_standard", "unknown_threshold", "unknown_dtype"],
+)
 def test_a_standards_file_is_checked_at_start_up(pytester: pytest.Pytester, local, rows: str, says: str) -> None:
     pytester.makefile(".csv", standards=rows)
-    result = pytester.runpytest(f"--msprobe-dump={local(STATS)}", "--msprobe-device=cpu", "--msprobe-standards=standards.csv",
-                                "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        f"--msprobe-dump={local(STATS)}", "--msprobe-device=cpu", "--msprobe-standards=standards.csv", "-p", "no:cacheprovider"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert says in result.stderr.str()
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 
 def test_a_standard_of_ones_own_may_read_thresholds_of_its_own(pytester: pytest.Pytester, local) -> None:
-    pytester.makeconftest("def pytest_msprobe_register_standards(registry):\n"
-                          "    registry.register_standard('mine', lambda pair, thresholds, reference=None: None)\n")
+    pytester.makeconftest(
+        "def pytest_msprobe_register_standards(registry):\n"
+        "    registry.register_standard('mine', lambda pair, thresholds, reference=None: None)\n"
+    )
     pytester.makefile(".csv", standards="api,standard,dtype,threshold,value\nlinear,mine,*,my_limit,2\n")
-    result = pytester.runpytest(f"--msprobe-dump={local(STATS)}", "--msprobe-standards=standards.csv", "--co", "-q", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        f"--msprobe-dump={local(STATS)}", "--msprobe-standards=standards.csv", "--co", "-q", "-p", "no:cacheprovider"
+    )
     assert result.ret == pytest.ExitCode.OK, result.stderr.str()
 
 
@@ -206,14 +240,13 @@ def test_last_failed_reruns_only_the_failed_call(pytester: pytest.Pytester, loca
 
 def junit_properties(path: Path) -> dict[str, dict[str, str]]:
     tree = ET.parse(path)
-    return {
-        case.get("name"): {prop.get("name"): prop.get("value") for prop in case.iter("property")}
-        for case in tree.iter("testcase")
-    }
+    return {case.get("name"): {prop.get("name"): prop.get("value") for prop in case.iter("property")} for case in tree.iter("testcase")}
 
 
 def test_junit_carries_status_standard_and_metrics(pytester: pytest.Pytester, local) -> None:
-    pytester.runpytest(f"--msprobe-dump={local(STATS)}", "--msprobe-device=cpu", "-q", "--junitxml=out.xml", "-k", "linear.0.forward or topk")
+    pytester.runpytest(
+        f"--msprobe-dump={local(STATS)}", "--msprobe-device=cpu", "-q", "--junitxml=out.xml", "-k", "linear.0.forward or topk"
+    )
     props = junit_properties(pytester.path / "out.xml")
     linear = props["Functional.linear.0.forward"]
     assert linear["msprobe_status"] == "pass" and linear["msprobe_standard"] == "ulp"

@@ -40,8 +40,9 @@ def nondeterministic(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch)
     linear_dump(pytester.path / "dump")
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess("--msprobe-dump=dump", "--msprobe-device=cpu", "-p", "split_k_linear",
-                                             "-p", "no:cacheprovider", "-q", *args)
+        return pytester.runpytest_subprocess(
+            "--msprobe-dump=dump", "--msprobe-device=cpu", "-p", "split_k_linear", "-p", "no:cacheprovider", "-q", *args
+        )
 
     return run
 
@@ -74,7 +75,7 @@ def test_a_nondeterministic_kernel_fails_forward_and_backward(nondeterministic, 
     with open(details_file, encoding="utf-8-sig", newline="") as handle:
         header, *rows = list(csv.reader(handle))
     assert tuple(header) == DETAILS_HEADER
-    row = next(dict(zip(header, row)) for row in rows if row[0] == "Functional.linear.0.forward.output.0")
+    row = next(dict(zip(header, row, strict=False)) for row in rows if row[0] == "Functional.linear.0.forward.output.0")
     assert row["Status"] == "error" and row["Message"].startswith("nondeterministic: ")
 
 
@@ -85,11 +86,14 @@ def test_one_run_or_a_deterministic_kernel_passes(nondeterministic, pytester: py
     assert set(result.by_outcome("passed")) == set(LINEAR + EXP)
 
 
-@pytest.mark.parametrize("args,says", [
-    (["--msprobe-repeat=0"], "must be at least 1"),
-    (["--msprobe-repeat=twice"], "expected a whole number of device runs"),
-    (["--msprobe-repeat=2", "--msprobe-offline"], "--msprobe-offline runs no device"),
-])
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (["--msprobe-repeat=0"], "must be at least 1"),
+        (["--msprobe-repeat=twice"], "expected a whole number of device runs"),
+        (["--msprobe-repeat=2", "--msprobe-offline"], "--msprobe-offline runs no device"),
+    ],
+)
 def test_bad_repeat_is_a_usage_error(args: list[str], says: str, pytester: pytest.Pytester) -> None:
     linear_dump(pytester.path / "dump")
     result = pytester.runpytest("--msprobe-dump=dump", *args)

@@ -53,7 +53,9 @@ def test_correct_softmax_gradients_pass_against_the_saved_in_d_bench(tmp_path: P
         spelled = str(dtype).removeprefix("torch.")
         # softmax's input gradient has terms (run/terms.py): that re-judgement comes first and suffices
         assert result.calls[f"{call}.backward"].properties["msprobe_reference"] in (
-            f"single-run, forward results saved in {spelled}", "single-run, conditioned on the terms' magnitudes")
+            f"single-run, forward results saved in {spelled}",
+            "single-run, conditioned on the terms' magnitudes",
+        )
         assert result.calls[f"{call}.forward"].properties["msprobe_reference"] == "single-run"
 
 
@@ -78,4 +80,6 @@ def test_a_baseline_of_these_calls_judges_the_rerun_alike(tmp_path: Path, run_du
         spelled = str(dtype).removeprefix("torch.")
         # with softmax's input-gradient terms the recorded metrics may already be met against the plain bench
         assert rerun.calls[f"{call}.backward"].properties["msprobe_reference"] in (
-            f"baseline, forward results saved in {spelled}", "baseline")
+            f"baseline, forward results saved in {spelled}",
+            "baseline",
+        )

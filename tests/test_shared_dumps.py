@@ -73,7 +73,10 @@ def test_a_statistics_calls_verdict_does_not_depend_on_its_index(write_dump, run
     a broadcast product summed over the batch, which cancels) were 19 errors before the
     conditioned verdicts (scaled_err_ratio 0.25 > 0)."""
     data = json.loads((Path(__file__).parent / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json").read_text())["data"]
-    copies = {f"Tensor.__mul__.{1000 + k}.{direction}": data[f"Tensor.__mul__.1.{direction}"]
-              for k in range(200) for direction in ("forward", "backward")}
+    copies = {
+        f"Tensor.__mul__.{1000 + k}.{direction}": data[f"Tensor.__mul__.1.{direction}"]
+        for k in range(200)
+        for direction in ("forward", "backward")
+    }
     result = run_dump(write_dump(copies), "--msprobe-device=cpu")
     assert len(result.by_outcome("passed")) == 400, {call: o.text for call, o in result.calls.items() if o.outcome != "passed"}

@@ -19,9 +19,15 @@ SHIPPED = sorted(DUMPS.rglob("*.pt"))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-            and a.storage_offset() == b.storage_offset() and a.requires_grad == b.requires_grad
-            and torch.equal(_bytes(a), _bytes(b)))
+    return (
+        type(a) is type(b)
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.requires_grad == b.requires_grad
+        and torch.equal(_bytes(a), _bytes(b))
+    )
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -37,10 +43,18 @@ def test_every_shipped_tensor_file_reads_as_torch_reads_it() -> None:
         assert _same(fast, torch.load(path, map_location="cpu", weights_only=True)), path
 
 
-@pytest.mark.parametrize("value", [torch.arange(12.0).reshape(3, 4)[:, 1:3], torch.tensor(2.5, dtype=torch.bfloat16),
-                                   torch.zeros(0, 3, dtype=torch.float16), torch.tensor([True, False]),
-                                   torch.arange(6, dtype=torch.int64).reshape(2, 3).t(), torch.ones(2, requires_grad=True)],
-                         ids=["view", "scalar_bf16", "empty_fp16", "bool", "transposed_int64", "requires_grad"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.arange(12.0).reshape(3, 4)[:, 1:3],
+        torch.tensor(2.5, dtype=torch.bfloat16),
+        torch.zeros(0, 3, dtype=torch.float16),
+        torch.tensor([True, False]),
+        torch.arange(6, dtype=torch.int64).reshape(2, 3).t(),
+        torch.ones(2, requires_grad=True),
+    ],
+    ids=["view", "scalar_bf16", "empty_fp16", "bool", "transposed_int64", "requires_grad"],
+)
 def test_views_dtypes_and_empty_tensors(tmp_path: Path, value: torch.Tensor) -> None:
     path = tmp_path / "t.pt"
     torch.save(value, path)

@@ -1,5 +1,6 @@
 """Each element's terms' magnitude (run/terms.py): the bench on absolute values for sums
 of products, per-API formulas for the normalisations' parameters, nothing elsewhere."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,7 @@ class _Spec:
 
 
 def _inputs(args, kwargs=None, grads=None) -> Inputs:
-    leaves = [TensorLeaf(f"input_args[{i}]", _Spec(), arg, "test") for i, arg in enumerate(args)
-              if isinstance(arg, torch.Tensor)]
+    leaves = [TensorLeaf(f"input_args[{i}]", _Spec(), arg, "test") for i, arg in enumerate(args) if isinstance(arg, torch.Tensor)]
     return Inputs(list(args), dict(kwargs or {}), leaves, grads)
 
 

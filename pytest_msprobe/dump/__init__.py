@@ -7,10 +7,6 @@ format (`writer`: the examples exploration finds).
 May import: `pytest_msprobe.errors`. Never pytest, never a later stage.
 """
 
-from pytest_msprobe._moved import old_attributes
-
 #: the largest tensor (elements) a call may create unless the user says otherwise: a
 #: larger one is refused before it is allocated (--msprobe-max-elements, --max-elements)
 DEFAULT_MAX_ELEMENTS = 2**28
-
-__getattr__ = old_attributes(__name__)  # pytest_msprobe.dump was the module dump.index

@@ -16,10 +16,9 @@ import json
 import os
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from dataclasses import dataclass
 
 from pytest_msprobe.dump.index import DIRECTIONS, DumpIndex, read_index
 from pytest_msprobe.errors import DumpError
@@ -95,8 +94,9 @@ def cached_summary(dump: Path, folder: Path) -> DumpSummary | None:
     header = _stored_current_header(dump, folder)
     if header is None:
         return None
-    return DumpSummary(dump, int(header["calls"]), header["task"], header["framework"], int(header["modules"]),
-                       list(header["skipped_names"]))
+    return DumpSummary(
+        dump, int(header["calls"]), header["task"], header["framework"], int(header["modules"]), list(header["skipped_names"])
+    )
 
 
 def _stored_current_header(dump: Path, folder: Path) -> dict[str, Any] | None:
@@ -110,7 +110,7 @@ def _stored_current_header(dump: Path, folder: Path) -> dict[str, Any] | None:
         if not raw.startswith(b"\x93NUMPY"):
             return None
         width = 2 if raw[6] == 1 else 4  # the description's length field: 2 bytes in .npy 1.0, 4 after
-        start = 8 + width + int.from_bytes(raw[8:8 + width], "little")
+        start = 8 + width + int.from_bytes(raw[8 : 8 + width], "little")
         header = json.loads(raw[start:].decode("utf-8"))
     except (OSError, ValueError, KeyError, IndexError, UnicodeDecodeError, zipfile.BadZipFile):
         return None
@@ -132,13 +132,23 @@ def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
             return None  # damaged: a short column, or an api that is not in the header
         prefixes = [f"{api_type}.{api_name}." for api_type, api_name in apis]
         suffixes = tuple(f".{direction}" for direction in DIRECTIONS)
-        names = [f"{prefixes[api]}{number}{suffixes[backward]}" for api, number, backward
-                 in zip(columns["api"].tolist(), columns["number"].tolist(), columns["backward"].tolist())]
+        names = [
+            f"{prefixes[api]}{number}{suffixes[backward]}"
+            for api, number, backward in zip(columns["api"].tolist(), columns["number"].tolist(), columns["backward"].tolist(), strict=True)
+        ]
     except (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError, zipfile.BadZipFile):
         return None
-    return DumpIndex(path=dump, task=header["task"], level=header["level"], framework=header["framework"],
-                     names=names, apis=apis, modules=header["modules"], skipped_names=header["skipped_names"],
-                     **{name: column.astype(dtype, copy=False) for (name, column), dtype in zip(columns.items(), COLUMNS.values())})
+    return DumpIndex(
+        path=dump,
+        task=header["task"],
+        level=header["level"],
+        framework=header["framework"],
+        names=names,
+        apis=apis,
+        modules=header["modules"],
+        skipped_names=header["skipped_names"],
+        **{name: column.astype(dtype, copy=False) for (name, column), dtype in zip(columns.items(), COLUMNS.values(), strict=True)},
+    )
 
 
 def _current_header(arrays: Any, key: dict[str, object]) -> dict[str, Any] | None:
@@ -153,11 +163,22 @@ def _write(path: Path, index: DumpIndex, key: dict[str, object]) -> None:
     only costs the next collection a parse."""
     import numpy as np
 
-    header = {"format": FORMAT, "key": key, "dump": str(index.path), "task": index.task, "level": index.level,
-              "framework": index.framework, "calls": len(index), "modules": index.modules,
-              "skipped_names": index.skipped_names, "apis": index.apis}
-    arrays = {"header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
-              **{name: getattr(index, name) for name in COLUMNS}}
+    header = {
+        "format": FORMAT,
+        "key": key,
+        "dump": str(index.path),
+        "task": index.task,
+        "level": index.level,
+        "framework": index.framework,
+        "calls": len(index),
+        "modules": index.modules,
+        "skipped_names": index.skipped_names,
+        "apis": index.apis,
+    }
+    arrays = {
+        "header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
+        **{name: getattr(index, name) for name in COLUMNS},
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

@@ -9,10 +9,11 @@ deselected tests.
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections import Counter
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from pytest_msprobe.dump.index import CallName
 
@@ -40,14 +41,14 @@ def read_config(path: Path) -> AccCheckConfig:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise FilterConfigError(f"--msprobe-config {path}: cannot be read as JSON ({exc})") from exc
-    section = next((data[name] for name in CONFIG_SECTIONS if isinstance(data, dict) and name in data), {})
+    section: object = next((data[name] for name in CONFIG_SECTIONS if isinstance(data, dict) and name in data), {})
     if not isinstance(section, dict):
         raise FilterConfigError(f"--msprobe-config {path}: the {'/'.join(CONFIG_SECTIONS)} section must be an object")
     lists = {}
     for key in ("white_list", "black_list"):
         value = section.get(key) or []
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise FilterConfigError(f"--msprobe-config {path}: {key} must be a list of API names, e.g. [\"conv2d\", \"linear\"]")
+            raise FilterConfigError(f'--msprobe-config {path}: {key} must be a list of API names, e.g. ["conv2d", "linear"]')
         lists[key] = tuple(value)
     error_data_path = section.get("error_data_path")
     if error_data_path is not None and not isinstance(error_data_path, str):
@@ -91,19 +92,22 @@ def signature(record: Any) -> str:
     return json.dumps(strip(arguments), sort_keys=True, default=str)
 
 
-def dedup(calls: Iterable[tuple[Hashable, CallName]], read_signature: Callable[[Hashable, CallName], str]) -> dict[tuple[Hashable, str], int]:
+DumpKey = TypeVar("DumpKey", bound=Hashable)  # how the caller names a dump (its path)
+
+
+def dedup(calls: Iterable[tuple[DumpKey, CallName]], read_signature: Callable[[DumpKey, CallName], str]) -> dict[tuple[DumpKey, str], int]:
     """Keep the first test of each (dump, API, direction, signature): kept test (dump,
     test name) -> how many tests it stands for, itself included, so that the counts
     add up to the tests given. A backward test's signature is its call's forward's (the
     arguments it differentiates), so a call's two directions are kept or dropped
     together, except where the call kept for a forward has no backward: then the first
     backward of that signature is kept on its own (every dumped direction is checked)."""
-    by_call: dict[tuple[Hashable, str], list[CallName]] = {}
+    by_call: dict[tuple[DumpKey, str], list[CallName]] = {}
     for dump, name in calls:
         by_call.setdefault((dump, name.call), []).append(name)
-    keepers: dict[tuple[Hashable, str, str, str, str], tuple[Hashable, str]] = {}
-    counts: Counter[tuple[Hashable, str]] = Counter()
-    for (dump, call), names in by_call.items():
+    keepers: dict[tuple[DumpKey, str, str, str, str], tuple[DumpKey, str]] = {}
+    counts: Counter[tuple[DumpKey, str]] = Counter()
+    for (dump, _call), names in by_call.items():
         first = min(names, key=lambda name: name.direction != "forward")
         signature = read_signature(dump, first)
         for name in names:

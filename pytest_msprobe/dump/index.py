@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from pytest_msprobe.errors import CallError, DumpError
 
@@ -26,6 +27,12 @@ DIRECTIONS = ("forward", "backward")
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
+
+
+def _after_whitespace(text: str, pos: int) -> int:
+    match = _WHITESPACE.match(text, pos)
+    assert match is not None  # a run of zero or more: it matches at any position
+    return match.end()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +59,7 @@ class CallName:
     def __str__(self) -> str:
         return f"{self.call}.{self.direction}"
 
-    def sibling(self, direction: str) -> "CallName":
+    def sibling(self, direction: str) -> CallName:
         return CallName(self.api_type, self.api_name, self.index, direction)
 
 
@@ -114,8 +121,7 @@ class DumpIndex:
         return CallName(api_type, api_name, int(self.number[position]), DIRECTIONS[int(self.backward[position])])
 
     def entry_at(self, position: int) -> IndexEntry:
-        return IndexEntry(self.call_at(position), int(self.start[position]), int(self.end[position]),
-                          int(self.numel[position]))
+        return IndexEntry(self.call_at(position), int(self.start[position]), int(self.end[position]), int(self.numel[position]))
 
     @property
     def entries(self) -> list[IndexEntry]:
@@ -134,6 +140,13 @@ class DumpIndex:
             self.__dict__["_positions_cache"] = cache
         return cache
 
+    def entry_of(self, name: str) -> IndexEntry:
+        """The entry of a call the index holds (KeyError for a name it does not)."""
+        entry = self.entry(name)
+        if entry is None:
+            raise KeyError(name)
+        return entry
+
     def read_record(self, entry: IndexEntry) -> dict[str, Any]:
         """One call's full record, read from its byte span of the file."""
         with open(self.path, "rb") as handle:
@@ -142,7 +155,9 @@ class DumpIndex:
         try:
             record = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CallError(f"{self.path}: the record of {entry.name} no longer parses ({exc}); was the file changed during the run?") from exc
+            raise CallError(
+                f"{self.path}: the record of {entry.name} no longer parses ({exc}); was the file changed during the run?"
+            ) from exc
         if not isinstance(record, dict):
             raise CallError(f"{self.path}: the record of {entry.name} is a {type(record).__name__}, not an object")
         return record
@@ -174,16 +189,18 @@ def read_index(path: Path) -> DumpIndex:
     except _ScanError as exc:
         raise DumpError(f"{path}: is not a valid dump.json: {exc}") from exc
     if "data" not in header:
-        raise DumpError(f"{path}: has no \"data\" object; is it msprobe's dump.json?")
+        raise DumpError(f'{path}: has no "data" object; is it msprobe\'s dump.json?')
     if not calls.names:
-        raise DumpError(f"{path}: holds no API calls ({calls.modules} Module/Cell entries, {len(calls.skipped_names)} other keys); "
-                        "dump with level L1 or mix to check API calls")
+        raise DumpError(
+            f"{path}: holds no API calls ({calls.modules} Module/Cell entries, {len(calls.skipped_names)} other keys); "
+            "dump with level L1 or mix to check API calls"
+        )
     task = _header_str(path, header, "task", None)
     if task not in ("tensor", "statistics"):
-        raise DumpError(f"{path}: \"task\" is {header.get('task')!r}; expected \"tensor\" or \"statistics\"")
+        raise DumpError(f'{path}: "task" is {header.get("task")!r}; expected "tensor" or "statistics"')
     framework = _header_str(path, header, "framework", "pytorch")
     if framework not in ("pytorch", "mindspore"):
-        raise DumpError(f"{path}: \"framework\" is {framework!r}; expected \"pytorch\" or \"mindspore\"")
+        raise DumpError(f'{path}: "framework" is {framework!r}; expected "pytorch" or "mindspore"')
     return calls.index(path, task, _header_str(path, header, "level", "L1"), framework)
 
 
@@ -192,7 +209,7 @@ def _header_str(path: Path, header: dict, key: str, default: str | None) -> str:
     if value is None and default is not None:
         return default
     if not isinstance(value, str):
-        raise DumpError(f"{path}: \"{key}\" is {value!r}; expected a string")
+        raise DumpError(f'{path}: "{key}" is {value!r}; expected a string')
     return value
 
 
@@ -209,21 +226,32 @@ class _Calls:
     def add(self, name: CallName, start: int, end: int, numel: int) -> None:
         self.names.append(str(name))
         api = self.apis.setdefault((name.api_type, name.api_name), len(self.apis))
-        for column, value in zip(self.columns, (api, name.index, name.direction == "backward", start, end, numel)):
+        for column, value in zip(self.columns, (api, name.index, name.direction == "backward", start, end, numel), strict=True):
             column.append(value)
 
     def index(self, path: Path, task: str, level: str, framework: str) -> DumpIndex:
         import numpy as np
 
         api, number, backward, start, end, numel = self.columns
-        return DumpIndex(path=path, task=task, level=level, framework=framework, names=self.names, apis=list(self.apis),
-                         api=np.array(api, dtype=np.int32), number=np.array(number, dtype=np.int64),
-                         backward=np.array(backward, dtype=bool), start=np.array(start, dtype=np.int64),
-                         end=np.array(end, dtype=np.int64), numel=np.array(numel, dtype=np.int64),
-                         modules=self.modules, skipped_names=self.skipped_names)
+        return DumpIndex(
+            path=path,
+            task=task,
+            level=level,
+            framework=framework,
+            names=self.names,
+            apis=list(self.apis),
+            api=np.array(api, dtype=np.int32),
+            number=np.array(number, dtype=np.int64),
+            backward=np.array(backward, dtype=bool),
+            start=np.array(start, dtype=np.int64),
+            end=np.array(end, dtype=np.int64),
+            numel=np.array(numel, dtype=np.int64),
+            modules=self.modules,
+            skipped_names=self.skipped_names,
+        )
 
 
-def _index_data(text: str, pos: int, offsets: "_ByteOffsets", calls: _Calls) -> int:
+def _index_data(text: str, pos: int, offsets: _ByteOffsets, calls: _Calls) -> int:
     def visit(key: str, value_start: int) -> int:
         value, value_end = _decode(text, value_start, key)
         name = parse_call_name(key)
@@ -235,7 +263,7 @@ def _index_data(text: str, pos: int, offsets: "_ByteOffsets", calls: _Calls) -> 
             calls.skipped_names.append(key)
         return value_end
 
-    if not text.startswith("{", _WHITESPACE.match(text, pos).end()):
+    if not text.startswith("{", _after_whitespace(text, pos)):
         raise _ScanError('"data" is not an object')
     return _walk_object(text, pos, visit)
 
@@ -273,25 +301,27 @@ def _decode(text: str, pos: int, key: str) -> tuple[Any, int]:
 def _walk_object(text: str, pos: int, visit: Callable[[str, int], int]) -> int:
     """Walk the JSON object at `pos`, calling visit(key, value_start) -> value_end for
     each member, and return the end of the object."""
-    pos = _WHITESPACE.match(text, pos).end()
+    pos = _after_whitespace(text, pos)
     if not text.startswith("{", pos):
         raise _ScanError(f"expected an object at character {pos}")
-    pos = _WHITESPACE.match(text, pos + 1).end()
+    pos = _after_whitespace(text, pos + 1)
     if text.startswith("}", pos):
         return pos + 1
     while True:
         if not text.startswith('"', pos):
             raise _ScanError(_unexpected(text, pos, "a key"))
         try:
-            key, pos = json.decoder.scanstring(text, pos + 1)
+            # json.decoder.scanstring is the decoder's own string scanner (C where built);
+            # typeshed does not declare it
+            key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
         except json.JSONDecodeError as exc:
             raise _ScanError(exc.msg) from exc
-        pos = _WHITESPACE.match(text, pos).end()
+        pos = _after_whitespace(text, pos)
         if not text.startswith(":", pos):
             raise _ScanError(_unexpected(text, pos, f"':' after key {key!r}"))
-        pos = _WHITESPACE.match(text, visit(key, _WHITESPACE.match(text, pos + 1).end())).end()
+        pos = _after_whitespace(text, visit(key, _after_whitespace(text, pos + 1)))
         if text.startswith(",", pos):
-            pos = _WHITESPACE.match(text, pos + 1).end()
+            pos = _after_whitespace(text, pos + 1)
         elif text.startswith("}", pos):
             return pos + 1
         else:
@@ -318,6 +348,6 @@ class _ByteOffsets:
             return char
         if char < self._last_char:
             self._last_char = self._last_byte = 0
-        self._last_byte += len(self._text[self._last_char:char].encode("utf-8"))
+        self._last_byte += len(self._text[self._last_char : char].encode("utf-8"))
         self._last_char = char
         return self._last_byte

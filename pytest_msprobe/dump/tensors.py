@@ -30,16 +30,43 @@ from pytest_msprobe.errors import CallError, CallSkip
 
 # Every dtype spelling a dump may use, PyTorch's and MindSpore's, mapped to torch.
 DTYPES: dict[str, torch.dtype] = {
-    **{f"torch.{name}": getattr(torch, name) for name in (
-        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
-        "uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
-    ) if hasattr(torch, name)},
-    "torch.double": torch.float64, "torch.float": torch.float32, "torch.half": torch.float16,
-    "torch.long": torch.int64, "torch.int": torch.int32,
-    "Float64": torch.float64, "Float32": torch.float32, "Float16": torch.float16,
-    "BFloat16": torch.bfloat16, "Int64": torch.int64, "Int32": torch.int32, "Int16": torch.int16,
-    "Int8": torch.int8, "UInt8": torch.uint8, "Bool": torch.bool,
-    "Complex64": torch.complex64, "Complex128": torch.complex128,
+    **{
+        f"torch.{name}": getattr(torch, name)
+        for name in (
+            "float64",
+            "float32",
+            "float16",
+            "bfloat16",
+            "int64",
+            "int32",
+            "int16",
+            "int8",
+            "uint8",
+            "bool",
+            "complex64",
+            "complex128",
+            "float8_e4m3fn",
+            "float8_e5m2",
+        )
+        if hasattr(torch, name)
+    },
+    "torch.double": torch.float64,
+    "torch.float": torch.float32,
+    "torch.half": torch.float16,
+    "torch.long": torch.int64,
+    "torch.int": torch.int32,
+    "Float64": torch.float64,
+    "Float32": torch.float32,
+    "Float16": torch.float16,
+    "BFloat16": torch.bfloat16,
+    "Int64": torch.int64,
+    "Int32": torch.int32,
+    "Int16": torch.int16,
+    "Int8": torch.int8,
+    "UInt8": torch.uint8,
+    "Bool": torch.bool,
+    "Complex64": torch.complex64,
+    "Complex128": torch.complex128,
 }
 
 TENSOR_SUFFIXES = (".pt", ".npy")
@@ -166,10 +193,18 @@ _LOADERS = {".pt": _load_pt, ".npy": _load_npy}
 # reason.
 
 _STORAGE_DTYPES = {
-    "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
-    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
-    "ComplexFloatStorage": torch.complex64, "ComplexDoubleStorage": torch.complex128,
+    "FloatStorage": torch.float32,
+    "DoubleStorage": torch.float64,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+    "ComplexFloatStorage": torch.complex64,
+    "ComplexDoubleStorage": torch.complex128,
 }
 
 
@@ -188,8 +223,9 @@ class _Storage:
     dtype: torch.dtype
 
 
-def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
-                    backward_hooks: Any, metadata: Any = None) -> torch.Tensor:
+def _rebuild_tensor(
+    storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any, backward_hooks: Any, metadata: Any = None
+) -> torch.Tensor:
     """torch._utils._rebuild_tensor_v2 for a plain tensor: a view of the storage's bytes
     (set_ checks that it lies inside them); hooks or metadata make the file not plain."""
     if not isinstance(storage, _Storage) or backward_hooks or metadata:
@@ -222,8 +258,16 @@ class _TensorUnpickler(pickle.Unpickler):
         return found
 
     def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageName)
-                and isinstance(pid[2], str) and pid[2].isdigit() and type(pid[4]) is int and pid[4] >= 0):
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and isinstance(pid[1], _StorageName)
+            and isinstance(pid[2], str)
+            and pid[2].isdigit()
+            and type(pid[4]) is int
+            and pid[4] >= 0
+        ):
             raise _NotPlain(repr(pid)[:80])
         dtype, record = pid[1].dtype, f"data/{pid[2]}"
         size = pid[4] * dtype.itemsize
@@ -263,8 +307,11 @@ def load_failure(exc: BaseException) -> str:
     if not any("Weights only load failed" in line for line in lines):
         first = next((line for line in lines if line), "")
         return f"{type(exc).__name__}: {first[:300]}"
-    kept = [line.removeprefix("WeightsUnpickler error:").strip() for line in lines
-            if line and not any(advice in line for advice in TORCH_ADVICE)]
+    kept = [
+        line.removeprefix("WeightsUnpickler error:").strip()
+        for line in lines
+        if line and not any(advice in line for advice in TORCH_ADVICE)
+    ]
     reason = next((line for line in kept if line), "the unpickler refused it")
     reason = reason.split(". Please use", 1)[0].removesuffix(".")  # the allowlisting advice
     return f"{REFUSED} ({reason[:300]})"
@@ -322,6 +369,7 @@ def _generate_float(spec: TensorSpec, generator: np.random.Generator, where: str
         high, low = 1.0, -1.0
     elif high is None or low is None:
         high = low = high if high is not None else low
+    assert high is not None and low is not None  # both set above where either was missing
     if low > high:
         raise CallError(f"{where}: statistics Min={low} > Max={high}")
     finfo = torch.finfo(spec.dtype)
@@ -336,7 +384,7 @@ def _generate_float(spec: TensorSpec, generator: np.random.Generator, where: str
     values[positions[0]] = high
     if spec.numel > 1:
         values[positions[1]] = low
-    for slot, special in zip(positions[2:], specials):
+    for slot, special in zip(positions[2:], specials, strict=False):
         values[slot] = special
     if specials and spec.numel <= 2:
         values[positions[0]] = specials[0]

@@ -6,14 +6,14 @@ unknown type skips that call only, with the type named.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.dump.tensors import (
     TensorSpec,
     check_size,
@@ -23,6 +23,7 @@ from pytest_msprobe.dump.tensors import (
     tensor_spec,
     torch_dtype,
 )
+from pytest_msprobe.errors import CallError, CallSkip
 
 
 @dataclass(frozen=True)
@@ -93,14 +94,16 @@ def _plain(expected: tuple[type, ...]) -> Callable[[dict, DecodeContext, str], A
         item = value.get("value")
         if not isinstance(item, expected) or (bool not in expected and isinstance(item, bool)):
             raise CallError(f"{ctx.call} {path}: {value.get('type')} value {item!r} is not a {expected[0].__name__}")
-        return expected[0](item) if expected[0] is float else item
+        return float(item) if expected[0] is float and isinstance(item, (int, float)) else item
 
     return decode_plain
 
 
 def _slice(value: dict, ctx: DecodeContext, path: str) -> slice:
     bounds = value.get("value")
-    if not (isinstance(bounds, list) and len(bounds) == 3 and all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds)):
+    if not (
+        isinstance(bounds, list) and len(bounds) == 3 and all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds)
+    ):
         raise CallError(f"{ctx.call} {path}: slice value {bounds!r} is not [start, stop, step]")
     return slice(*bounds)
 
@@ -147,10 +150,7 @@ def _tensor(value: dict, ctx: DecodeContext, path: str) -> torch.Tensor:
     return ctx.tensor(value, path)
 
 
-NUMPY_SCALARS = {
-    name: getattr(np, name)
-    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_")
-}
+NUMPY_SCALARS = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_")}
 
 
 def _numpy_scalar(value: dict, ctx: DecodeContext, path: str) -> Any:
@@ -185,4 +185,3 @@ _DECODERS: dict[str, Callable[[dict, DecodeContext, str], Any]] = {
     "torch.ProcessGroup": _process_group,
     "ProcessGroup": _process_group,
 }
-

@@ -27,14 +27,20 @@ def tensor_entry(tensor: torch.Tensor, data_name: str, *, kind: str = "torch.Ten
         real = wide.real if tensor.dtype.is_complex else wide
         stats.update(Max=real.max().item(), Min=real.min().item(), Mean=real.mean().item(), Norm=wide.norm().item())
     elif tensor.numel():
-        stats.update(Max=int(tensor.max()), Min=int(tensor.min()), Mean=tensor.double().mean().item(),
-                     Norm=tensor.double().norm().item())
-    return {"type": kind, "dtype": str(tensor.dtype), "shape": list(tensor.shape), **stats,
-            "requires_grad": requires_grad, "data_name": data_name}
+        stats.update(Max=int(tensor.max()), Min=int(tensor.min()), Mean=tensor.double().mean().item(), Norm=tensor.double().norm().item())
+    return {
+        "type": kind,
+        "dtype": str(tensor.dtype),
+        "shape": list(tensor.shape),
+        **stats,
+        "requires_grad": requires_grad,
+        "data_name": data_name,
+    }
 
 
-def write_tensor_dump(folder: Path, records: dict[str, dict[str, Any]], tensors: dict[str, torch.Tensor],
-                      framework: str = "pytorch") -> Path:
+def write_tensor_dump(
+    folder: Path, records: dict[str, dict[str, Any]], tensors: dict[str, torch.Tensor], framework: str = "pytorch"
+) -> Path:
     """`folder/dump.json` holding `records` (call name -> record) and every tensor as
     `folder/dump_tensor_data/<data_name>` (torch.save: loaded with weights_only=True);
     returns the dump.json path."""

@@ -29,9 +29,10 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import ResultRecord
@@ -61,11 +62,14 @@ class CallMetrics:
     outputs: dict[str, dict[str, float]]  # output path -> metric -> value
 
     def to_json(self, dump: str, call: str) -> str:
-        return json.dumps({"dump": dump, "call": call, "status": self.status, "standard": self.standard,
-                           "outputs": self.outputs}, sort_keys=True, separators=(",", ":"))
+        return json.dumps(
+            {"dump": dump, "call": call, "status": self.status, "standard": self.standard, "outputs": self.outputs},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
 
     @classmethod
-    def of(cls, record: ResultRecord) -> "CallMetrics":
+    def of(cls, record: ResultRecord) -> CallMetrics:
         outputs = {}
         for output in record.outputs:
             kept = KEY_METRICS.get(output.standard, ())  # the metrics its verdict turns on
@@ -89,11 +93,15 @@ class DumpMatch:
     def note(self, source: str) -> str | None:
         """What the user must be told about this match, None when nothing."""
         if self.recorded_as is None:
-            return (f"{source} has no record of the dump {self.key}: its calls are all judged as new. "
-                    "Was the baseline recorded with another dump? Record one of this dump with --msprobe-baseline-save")
+            return (
+                f"{source} has no record of the dump {self.key}: its calls are all judged as new. "
+                "Was the baseline recorded with another dump? Record one of this dump with --msprobe-baseline-save"
+            )
         if self.changed:
-            return (f"{source}: the dump {self.key} is not the one the baseline was recorded with (its SHA-256 differs): "
-                    "its calls are compared with the records of the dump that lay there")
+            return (
+                f"{source}: the dump {self.key} is not the one the baseline was recorded with (its SHA-256 differs): "
+                "its calls are compared with the records of the dump that lay there"
+            )
         return None
 
 
@@ -167,7 +175,7 @@ class Baseline:
         return path
 
     @classmethod
-    def read(cls, folder: Path) -> "Baseline":
+    def read(cls, folder: Path) -> Baseline:
         path = folder / FILE_NAME if folder.is_dir() else folder
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
@@ -194,7 +202,7 @@ class Baseline:
 def _common_tail(first: str, second: str) -> int:
     """How many trailing path parts two keys share (rank1/dump.json ~ step0/rank1/dump.json)."""
     count = 0
-    for a, b in zip(reversed(Path(first).parts), reversed(Path(second).parts)):
+    for a, b in zip(reversed(Path(first).parts), reversed(Path(second).parts), strict=False):
         if a != b:
             break
         count += 1
@@ -206,7 +214,7 @@ def _relabelled(verdict: Any, label: str) -> Any:
     ("baseline, forward results saved in ..." keeps its tail)."""
     reference = verdict.reference
     if reference == BASELINE_LABEL or reference.startswith(BASELINE_LABEL + ","):
-        reference = label + reference[len(BASELINE_LABEL):]
+        reference = label + reference[len(BASELINE_LABEL) :]
     return dataclasses.replace(verdict, reference=reference, outputs=tuple(_relabelled(output, label) for output in verdict.outputs))
 
 
@@ -261,14 +269,15 @@ def largest_growth(current: CallMetrics, recorded: CallMetrics) -> tuple[float |
 
 
 def _any_error(recorded: CallMetrics) -> bool:
-    return any(value for metrics in recorded.outputs.values() for key, value in metrics.items()
-               if key not in HIGHER_IS_BETTER and key != "eb")
+    return any(
+        value for metrics in recorded.outputs.values() for key, value in metrics.items() if key not in HIGHER_IS_BETTER and key != "eb"
+    )
 
 
 # --- the environment a baseline was recorded in ------------------------------------
 
 
-def environment(dumps: Iterable[tuple[str, Path]], device: str, versions: dict[str, str] | None = None) -> dict[str, Any]:
+def environment(dumps: Iterable[tuple[str, Path]], device: str, versions: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """What produced the metrics: versions (this process's, unless given: the xdist
     controller imports no torch and takes a worker's), device, and which dumps (by content)."""
     if versions is None:

@@ -5,19 +5,30 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
-from pytest_msprobe.run.precision import BenchSite, bench_site, strict_float32
 from pytest_msprobe.run.groups import groups_of
+from pytest_msprobe.run.precision import BenchSite, bench_site, strict_float32
+from pytest_msprobe.run.replay import (
+    Inputs,
+    Placement,
+    Results,
+    Run,
+    bench_dtypes,
+    decode_backward,
+    decode_forward,
+    evaluated,
+    replay,
+    saved_in_device_dtype,
+)
 from pytest_msprobe.run.terms import term_magnitudes
-from pytest_msprobe.run.replay import (Inputs, Placement, Results, Run, bench_dtypes, decode_backward, decode_forward, evaluated,
-                                   replay, saved_in_device_dtype)
-from pytest_msprobe.dump.values import DecodeContext
 
 
 @dataclass(frozen=True)
@@ -82,8 +93,14 @@ class PytorchReplay:
         dtypes = bench_dtypes(inputs, api.raise_bench)
         site = self.bench_site(api, inputs, settings, dtypes)
         if site.accelerator:  # float16/bfloat16 in strict float32 on the accelerator (run/precision.py)
-            bench = Run(api, api.bench_fn, Placement(backend.torch_device(settings.device_index), dtypes), backend.synchronize,
-                        context=functools.partial(strict_float32, backend.name), site=site.label)
+            bench = Run(
+                api,
+                api.bench_fn,
+                Placement(backend.torch_device(settings.device_index), dtypes),
+                backend.synchronize,
+                context=functools.partial(strict_float32, backend.name),
+                site=site.label,
+            )
         else:
             bench = Run(api, api.bench_fn, Placement(cpu, dtypes), site=site.label)
         reference = Run(api, api.bench_fn, Placement(cpu)) if backend.name != "cpu" else None
@@ -98,9 +115,17 @@ class PytorchReplay:
         leaves = [leaf.tensor for leaf in inputs.leaves if leaf.tensor.dtype.is_floating_point]
         floating = {tensor.dtype for tensor in leaves}
         low = sorted(floating & {torch.float16, torch.bfloat16}, key=str)
-        standard = settings.registry.standard_for(CallName(*api.name.split(".", 1), 0, "forward").operator, low[0]) if low else ""
-        return bench_site(settings.backend.name, f"{settings.backend.name}:{settings.device_index}", api.name, dtypes,
-                          floating, standard, sum(tensor.numel() for tensor in leaves))
+        api_type, api_name = api.name.split(".", 1)
+        standard = settings.registry.standard_for(CallName(api_type, api_name, 0, "forward").operator, low[0]) if low else ""
+        return bench_site(
+            settings.backend.name,
+            f"{settings.backend.name}:{settings.device_index}",
+            api.name,
+            dtypes,
+            floating,
+            standard,
+            sum(tensor.numel() for tensor in leaves),
+        )
 
     def reference_in_dump_dtype(self, api: Api, settings: Settings) -> Run:
         """Offline, the reference: torch's CPU kernel in the dump's dtypes."""
@@ -139,8 +164,15 @@ def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replaye
     return replay_inputs(index.framework, framework, name, api, inputs, settings, dumped)
 
 
-def replay_inputs(framework_name: str, framework: Any, name: CallName, api: Api, inputs: Inputs, settings: Settings,
-                  dumped: tuple[Any, Any, str] | None = None) -> Replayed:
+def replay_inputs(
+    framework_name: str,
+    framework: Any,
+    name: CallName,
+    api: Api,
+    inputs: Inputs,
+    settings: Settings,
+    dumped: tuple[Any, Any, str] | None = None,
+) -> Replayed:
     """Run decoded inputs on every side: the dumped call's, or inputs made near them
     (judge/explore.py). `dumped`: offline_runs' device, reference and label."""
     device, bench, reference = framework.runs(api, inputs, settings)
@@ -195,8 +227,9 @@ def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, 
     return judged_results(registry, name, results, bench=bench, framework=framework, recorded=recorded)[0]
 
 
-def judged_results(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str,
-                   recorded: Any = None) -> tuple[Any, Results]:
+def judged_results(
+    registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None
+) -> tuple[Any, Results]:
     """judge(); a call judged error whose outputs are sums of products is judged again
     with each element's terms' magnitude (run/terms.py: one more bench evaluation, only
     here); and a backward call still judged error without a reference run (by the
@@ -224,7 +257,7 @@ def _aligned(terms: Any, bench: Any) -> Any:
     """The terms with the bench's structure: None where offline alignment left a
     gradient out of the comparison."""
     if isinstance(terms, tuple) and isinstance(bench, tuple) and len(terms) == len(bench):
-        return tuple(None if b is None else t for t, b in zip(terms, bench))
+        return tuple(None if b is None else t for t, b in zip(terms, bench, strict=True))
     return terms
 
 
@@ -234,8 +267,9 @@ def relabelled(verdict: Any, how: str) -> Any:
     return dataclasses.replace(verdict, reference=f"{verdict.reference}, {how}", outputs=outputs)
 
 
-def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Results, bench: Any, framework: str,
-                                  recorded: Any, terms: Any = None, groups: Any = None) -> tuple[Any, Results] | None:
+def _against_saved_in_device_dtype(
+    registry: Any, name: CallName, results: Results, bench: Any, framework: str, recorded: Any, terms: Any = None, groups: Any = None
+) -> tuple[Any, Results] | None:
     """The verdict against replay.saved_in_device_dtype's bench, with those results, if
     it is not an error there, else None (the error against the plain bench stands)."""
     inputs = results.inputs
@@ -249,7 +283,9 @@ def _against_saved_in_device_dtype(registry: Any, name: CallName, results: Resul
     verdict = judge(registry, name, again, recorded, terms, groups)
     if verdict.status == "error":
         return None
-    return relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}"), again
+    saved_in = saved_in_d.saved_in
+    assert saved_in is not None  # saved_in_device_dtype's bench saves in the device's dtype
+    return relabelled(verdict, f"forward results saved in {str(saved_in[1]).removeprefix('torch.')}"), again
 
 
 def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Any) -> tuple[Any, Any, str]:
@@ -272,20 +308,17 @@ def align_offline(results: Results) -> Results:
     if isinstance(bench, tuple) and not isinstance(device, tuple):
         device = (device,)
     if isinstance(bench, tuple) and isinstance(device, tuple) and len(bench) == len(device):
-        bench = tuple(None if d is None else b for b, d in zip(bench, device))
+        bench = tuple(None if d is None else b for b, d in zip(bench, device, strict=True))
         if isinstance(results.reference, tuple) and len(results.reference) == len(device):
-            results.reference = tuple(None if d is None else r for r, d in zip(results.reference, device))
+            results.reference = tuple(None if d is None else r for r, d in zip(results.reference, device, strict=True))
     results.device, results.bench = device, bench
     return results
 
 
-def judge(registry: Any, name: CallName, results: Results, recorded: Any = None, terms: Any = None,
-          groups: Any = None) -> Any:
+def judge(registry: Any, name: CallName, results: Results, recorded: Any = None, terms: Any = None, groups: Any = None) -> Any:
     """The verdict against the bench; against recorded baseline metrics when given,
     else against the reference run where there is one; conditioned on the elements'
     terms' magnitudes when given; the bias tests counting the groups of elements that
     share a rounded normaliser when given (run/groups.py)."""
     reference = recorded if recorded is not None else results.reference
-    return registry.check(results.bench, results.device, api=name.operator, reference=reference, terms=terms,
-                          groups=groups)
-
+    return registry.check(results.bench, results.device, api=name.operator, reference=reference, terms=terms, groups=groups)

@@ -20,13 +20,15 @@ import dataclasses
 import hashlib
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from unittest import mock
 
 import torch
-from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings as hypothesis_settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject
+from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
@@ -34,13 +36,11 @@ from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.dump.writer import write_tensor_dump
 from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.judge.call import FRAMEWORKS, CallResult, Replayed, Settings, judge, read_inputs, relabelled, replay_inputs, verdict_for
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX
-from pytest_msprobe.judge.call import (FRAMEWORKS, CallResult, Replayed, Settings, relabelled, judge, read_inputs, replay_inputs,
-                                       verdict_for)
 from pytest_msprobe.run.apis import fixed_shape_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
-from pytest_msprobe.run.replay import (DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs,
-                                      tree_map)
+from pytest_msprobe.run.replay import DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs, tree_map
 from pytest_msprobe.run.terms import term_magnitudes
 
 VALUES_SHOWN = 8  # a tensor of at most this many elements is shown whole
@@ -63,8 +63,8 @@ class _Search:
     judged: int = 0
     discarded: int = 0
     first_discard: str = ""
-    first: Any = None  # (variant, CallResult) of the first judged example: the dumped call's inputs
-    warning: Any = None  # (variant, CallResult) of the first example judged warning
+    first: tuple[Variant, CallResult] | None = None  # the first judged example: the dumped call's inputs
+    warning: tuple[Variant, CallResult] | None = None  # the first example judged warning
 
 
 class ExampleFailed(Exception):
@@ -82,10 +82,16 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
     framework = FRAMEWORKS[index.framework]()
     api = framework.resolve(name, settings.backend)
     dumped = read_inputs(index, name, settings.max_elements)
-    forward = index.read_record(index.entry(str(name.sibling("forward"))))
-    backward = index.read_record(index.entry(str(name))) if name.direction == "backward" else None
-    space = Neighbourhood(forward, backward, dumped.leaves, settings.max_elements,
-                          resizable=name.operator not in fixed_shape_apis(), smallest_size=framework.smallest_size)
+    forward = index.read_record(index.entry_of(str(name.sibling("forward"))))
+    backward = index.read_record(index.entry_of(str(name))) if name.direction == "backward" else None
+    space = Neighbourhood(
+        forward,
+        backward,
+        dumped.leaves,
+        settings.max_elements,
+        resizable=name.operator not in fixed_shape_apis(),
+        smallest_size=framework.smallest_size,
+    )
     label = f"{name}{EXPLORED_SUFFIX}"
     search = _Search()
     settings = dataclasses.replace(settings, registry=without_bias_tests(settings.registry, name.operator))
@@ -96,8 +102,10 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
         replayed = replay_inputs(index.framework, framework, name, api, inputs, settings)
         verdict = verdict_for(settings.registry, name, replayed.results, bench=replayed.bench, framework=index.framework)
         if verdict.status == "error" and beyond_range(name, replayed, index.framework):
-            raise CallSkip("its exact result, or an intermediate a correct kernel cannot avoid, is beyond the range of "
-                           "the device's dtype: the input's overflow")
+            raise CallSkip(
+                "its exact result, or an intermediate a correct kernel cannot avoid, is beyond the range of "
+                "the device's dtype: the input's overflow"
+            )
         if verdict.status == "error":
             verdict = _conditioned(settings, name, replayed, index.framework, verdict)
         return CallResult(label, verdict, replayed.label, describe(variant))
@@ -128,8 +136,10 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
     except FlakyFailure as flaky:
         return _flaky(flaky, index, name, plan)
     except Unsatisfiable:
-        raise CallSkip(f"no valid input found around the call: the bench rejected every example it was given "
-                       f"({search.discarded}), e.g. {search.first_discard}") from None
+        raise CallSkip(
+            f"no valid input found around the call: the bench rejected every example it was given "
+            f"({search.discarded}), e.g. {search.first_discard}"
+        ) from None
     if search.first is None:
         raise CallSkip(f"no valid input found around the call ({search.discarded} discarded), e.g. {search.first_discard}")
     count = f"{search.judged} examples around the call judged, {search.discarded} discarded"
@@ -145,15 +155,23 @@ def _hypothesis_test(probe: Any, space: Neighbourhood, plan: Plan, key: str, lab
     cost is its own), its database keyed by the dump and the call."""
     database = DirectoryBasedExampleDatabase(plan.database) if plan.database is not None else None
     chosen = hypothesis_settings(
-        max_examples=plan.examples, deadline=None, database=database, derandomize=False,
-        suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
-        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink), print_blob=False)
+        max_examples=plan.examples,
+        deadline=None,
+        database=database,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        verbosity=Verbosity.quiet,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+        print_blob=False,
+    )
     # hypothesis.seed() would also switch the database off (its deterministic modes do):
     # the seed is set where seed() sets it, the database kept, so a failure found once
     # is replayed first the next time.
     probe._hypothesis_internal_use_seed = int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big")
     test = chosen(given(space.variants())(probe))
-    test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
+    # hypothesis's handle on the wrapped test, which its type stubs do not declare
+    test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
     return test
 
 
@@ -170,8 +188,7 @@ def _no_local_constants() -> Iterator[None]:
     if not hasattr(providers, "_get_local_constants"):  # a hypothesis without local constants
         yield
         return
-    with mock.patch.object(providers, "_get_local_constants", providers.Constants), \
-            mock.patch.object(providers, "CONSTANTS_CACHE", {}):
+    with mock.patch.object(providers, "_get_local_constants", providers.Constants), mock.patch.object(providers, "CONSTANTS_CACHE", {}):
         yield
 
 
@@ -197,8 +214,13 @@ def _flaky(flaky: FlakyFailure, index: DumpIndex, name: CallName, plan: Plan) ->
     if not failures or failures[0].result is None:
         raise CallError(f"an explored example failed once and passed when replayed: {flaky}") from flaky
     result = _failed(failures[0], index, name, plan)
-    return dataclasses.replace(result, notes=["the example failed once and PASSED when replayed on the same input: "
-                                               "the device is not deterministic (see --msprobe-repeat)", *result.notes])
+    return dataclasses.replace(
+        result,
+        notes=[
+            "the example failed once and PASSED when replayed on the same input: the device is not deterministic (see --msprobe-repeat)",
+            *result.notes,
+        ],
+    )
 
 
 # The dtypes whose rounding-bias tests exploration leaves out (standards/bias.py).
@@ -249,13 +271,15 @@ def _conditioned(settings: Settings, name: CallName, replayed: Replayed, framewo
 
     longest = max((size for leaf in results.inputs.leaves for size in leaf.tensor.shape), default=1)
     flushed = longest * _largest_incoming(results.inputs)
-    allowed = _pairwise(lambda delta, device: EXCUSED_SENSITIVITY * delta + flushed * torch.finfo(device.dtype).smallest_normal,
-                        sensitivity, results.device)
+    allowed = _pairwise(
+        lambda delta, device: EXCUSED_SENSITIVITY * delta + flushed * torch.finfo(device.dtype).smallest_normal, sensitivity, results.device
+    )
     device = _excused(results.device, results.bench, allowed)
     terms = term_magnitudes(name, replayed.bench, results.inputs, framework)
     again = judge(settings.registry, name, dataclasses.replace(results, device=device), None, terms)
-    return verdict if again.status == "error" else relabelled(again, "errors within 16x the inputs' rounding (and flushed "
-                                                                      "subnormals) excused")
+    return (
+        verdict if again.status == "error" else relabelled(again, "errors within 16x the inputs' rounding (and flushed subnormals) excused")
+    )
 
 
 def _largest_incoming(inputs: Any) -> float:
@@ -269,9 +293,14 @@ def _largest_incoming(inputs: Any) -> float:
 def _excused(device: Any, bench: Any, allowed: Any) -> Any:
     """The device's outputs with the error within `allowed` taken off (NaN stays NaN)."""
     if isinstance(device, (list, tuple)) and isinstance(bench, (list, tuple)) and isinstance(allowed, (list, tuple)):
-        return tuple(_excused(d, b, a) for d, b, a in zip(device, bench, allowed))
-    if not (isinstance(device, torch.Tensor) and isinstance(bench, torch.Tensor) and isinstance(allowed, torch.Tensor)
-            and device.is_floating_point() and device.shape == bench.shape == allowed.shape):
+        return tuple(_excused(d, b, a) for d, b, a in zip(device, bench, allowed, strict=False))
+    if not (
+        isinstance(device, torch.Tensor)
+        and isinstance(bench, torch.Tensor)
+        and isinstance(allowed, torch.Tensor)
+        and device.is_floating_point()
+        and device.shape == bench.shape == allowed.shape
+    ):
         return device
     error = device.double() - bench.double()
     kept = error - torch.maximum(torch.minimum(error, allowed), -allowed)
@@ -311,6 +340,7 @@ def _rounded(unit: float, seed: int) -> Any:
     def move(original: torch.Tensor, raised: torch.Tensor) -> torch.Tensor:
         signs = torch.randint(0, 2, raised.shape, generator=generator).to(raised.dtype) * 2 - 1
         return raised * (1 + unit * signs)
+
     return move
 
 
@@ -328,8 +358,12 @@ def _change(name: CallName, replayed: Replayed, framework: str, move: Any) -> An
             return value
         return move(value, value.to(bench.placement.dtypes.get(value.dtype, value.dtype)))
 
-    perturbed = dataclasses.replace(inputs, args=tree_map(moved, inputs.args), kwargs=tree_map(moved, inputs.kwargs),
-                                    grads=tree_map(moved, inputs.grads) if inputs.grads is not None else None)
+    perturbed = dataclasses.replace(
+        inputs,
+        args=tree_map(moved, inputs.args),
+        kwargs=tree_map(moved, inputs.kwargs),
+        grads=tree_map(moved, inputs.grads) if inputs.grads is not None else None,
+    )
     again = evaluated(dataclasses.replace(bench, placement=Placement(bench.placement.device)), name.direction, perturbed, framework)
     if again is None:
         return None
@@ -340,9 +374,14 @@ def _pairwise(function: Any, left: Any, right: Any) -> Any:
     """function(l, r) over two outputs of one structure (None where a side is not a
     floating tensor of the same shape)."""
     if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)) and len(left) == len(right):
-        return tuple(_pairwise(function, l, r) for l, r in zip(left, right))
-    if (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor) and left.is_floating_point()
-            and right.is_floating_point() and left.shape == right.shape):
+        return tuple(_pairwise(function, l, r) for l, r in zip(left, right, strict=True))
+    if (
+        isinstance(left, torch.Tensor)
+        and isinstance(right, torch.Tensor)
+        and left.is_floating_point()
+        and right.is_floating_point()
+        and left.shape == right.shape
+    ):
         return function(left, right)
     return None
 

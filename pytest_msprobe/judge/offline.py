@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from pytest_msprobe.dump.cache import DumpSummary
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext, decode
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
@@ -27,12 +28,12 @@ from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, tensors_in, tre
 DEVICE_LABEL = "dump (offline: the dumped outputs are the device result)"
 
 
-def require_tensor_task(index: DumpIndex) -> None:
+def require_tensor_task(index: DumpIndex | DumpSummary) -> None:
     """One message for the whole dump when it cannot be checked offline."""
     if index.task != "tensor":
         raise DumpError(
             f"{index.path} is a statistics dump: it records only Max/Min/Mean/Norm of the outputs, "
-            "so --msprobe-offline has no device result to check; dump with task \"tensor\", "
+            'so --msprobe-offline has no device result to check; dump with task "tensor", '
             "or run without --msprobe-offline to replay the calls on a device"
         )
 
@@ -47,7 +48,7 @@ class DumpedRun:
     graph_run: Run  # the call on the CPU in the dump's dtypes, to read its autograd node
 
     def _recorded(self, key: str) -> list[Any]:
-        record = self.index.read_record(self.index.entry(str(self.name)))
+        record = self.index.read_record(self.index.entry_of(str(self.name)))
         values = record.get(key)
         if not isinstance(values, list):
             raise CallError(f"{self.name}: the record's {key!r} is not a list of outputs")
@@ -68,7 +69,7 @@ class DumpedRun:
             )
         wanted = sum(needs_grad)
         matched: list[Any] = [None] * wanted
-        for edge, grad in zip(edges, dumped):
+        for edge, grad in zip(edges, dumped, strict=False):
             if edge is not None and isinstance(grad, torch.Tensor):
                 matched[edge] = grad
         if all(grad is None for grad in matched):
@@ -84,7 +85,7 @@ def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | N
     the gradient-receiving inputs it is, or None where the edge goes elsewhere."""
     args, kwargs = tree_map(run.placement, inputs.args), tree_map(run.placement, inputs.kwargs)
     leaves = [t for t in tensors_in((args, kwargs))]
-    wanted = [t for t, flag in zip(leaves, needs_grad) if flag]
+    wanted = [t for t, flag in zip(leaves, needs_grad, strict=False) if flag]
     for tensor in wanted:
         tensor.requires_grad_(True)
     with torch.enable_grad():
@@ -93,7 +94,6 @@ def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | N
     if first is None:
         raise CallSkip("the call's output has no autograd node: no gradient to compare")
     position = {id(tensor): number for number, tensor in enumerate(wanted)}
-    return [
-        position.get(id(getattr(node, "variable", None))) if node is not None else None
-        for node, _ in first.grad_fn.next_functions
-    ]
+    node_of_output = first.grad_fn
+    assert node_of_output is not None  # first was chosen for having one
+    return [position.get(id(getattr(node, "variable", None))) if node is not None else None for node, _ in node_of_output.next_functions]

@@ -4,7 +4,8 @@ broken input, device failure), its failure text, and the test's properties."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
@@ -31,8 +32,7 @@ class CallFailed(Exception):
     """A call judged `error` (or a broken call): the message is the whole report."""
 
 
-def judge_call(index: DumpIndex, name: CallName, settings: Any, check: Callable[[], Any] | None = None,
-               suffix: str = "") -> ResultRecord:
+def judge_call(index: DumpIndex, name: CallName, settings: Any, check: Callable[[], Any] | None = None, suffix: str = "") -> ResultRecord:
     """Check one call and describe the result, whatever happened. `check` replaces
     the check of the dumped call (judge/explore.py's search around it); its record is
     named with `suffix` (`.explore`)."""
@@ -50,7 +50,11 @@ def judge_call(index: DumpIndex, name: CallName, settings: Any, check: Callable[
     except CallError as exc:
         record = ResultRecord(status="error", standard="", reference="", message=f"{label}: bad input: {exc}", **base)
     except DeviceFailed as exc:
-        message = isolation.out_of_memory_text(index, name, exc, device) if isolation.is_out_of_memory(exc, settings.backend) else f"{label}: {exc}"
+        message = (
+            isolation.out_of_memory_text(index, name, exc, device)
+            if isolation.is_out_of_memory(exc, settings.backend)
+            else f"{label}: {exc}"
+        )
         record = ResultRecord(status="error", standard="", reference="", message=message, **base)
     else:
         verdict = result.verdict
@@ -104,7 +108,20 @@ def _worst_output(record: ResultRecord) -> Any:
 
 def crash_record(dump: str, call: str, device: str, worker: str, timeout: float) -> ResultRecord:
     """The error record of a call whose process died while running it."""
-    hang = f", or it hung in a kernel past the hard deadline ({isolation.HARD_DEADLINE_FACTOR} x --msprobe-timeout={timeout:g} s)" if timeout > 0 else ""
-    return ResultRecord(dump=dump, call=call, status="error", standard="", reference="", device=device,
-                        message=(f"{call}: the process replaying it (xdist worker {worker}) died: a crash such as a segfault or "
-                                 f"abort{hang}. The run went on in a new worker. Rerun this call alone (-n 0 -k) to see its output."))
+    hang = (
+        f", or it hung in a kernel past the hard deadline ({isolation.HARD_DEADLINE_FACTOR} x --msprobe-timeout={timeout:g} s)"
+        if timeout > 0
+        else ""
+    )
+    return ResultRecord(
+        dump=dump,
+        call=call,
+        status="error",
+        standard="",
+        reference="",
+        device=device,
+        message=(
+            f"{call}: the process replaying it (xdist worker {worker}) died: a crash such as a segfault or "
+            f"abort{hang}. The run went on in a new worker. Rerun this call alone (-n 0 -k) to see its output."
+        ),
+    )

@@ -27,7 +27,8 @@ cannot be paired is not re-checked.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -81,15 +82,19 @@ def _non_finite_stats(value: Any) -> str:
     if not isinstance(value, dict) or not str(value.get("type", "")).endswith("Tensor"):
         return ""
     keys = EXTREMES if any(isinstance(value.get(key), (int, float)) for key in EXTREMES) else SUMS
-    found = [f"{key}={value[key]}" for key in keys
-             if isinstance(value.get(key), (int, float)) and not isinstance(value.get(key), bool) and not math.isfinite(value[key])]
+    found = [
+        f"{key}={value[key]}"
+        for key in keys
+        if isinstance(value.get(key), (int, float)) and not isinstance(value.get(key), bool) and not math.isfinite(value[key])
+    ]
     return ", ".join(found)
 
 
 def _finite(inputs: Inputs) -> bool:
     """Every floating input (incoming gradients included) and float argument finite."""
-    if any(not bool(torch.isfinite(leaf.tensor).all()) for leaf in inputs.leaves
-           if leaf.tensor.is_floating_point() or leaf.tensor.is_complex()):
+    if any(
+        not bool(torch.isfinite(leaf.tensor).all()) for leaf in inputs.leaves if leaf.tensor.is_floating_point() or leaf.tensor.is_complex()
+    ):
         return False
     scalars: list[float] = []
     tree_map(lambda value: scalars.append(value) if isinstance(value, float) else None, (inputs.args, inputs.kwargs))
@@ -101,7 +106,9 @@ def _bench_outputs(results: Results, bench: Any, direction: str, framework: str,
     where their count matches; a backward's gradients through the autograd graph."""
     if direction == "forward":
         leaves = list(pair_leaves(results.bench, results.bench))  # a None output is a Mismatch: no value
-        return {position: (leaf.path, getattr(leaf, "device", None)) for position, leaf in enumerate(leaves)} if len(leaves) == count else {}
+        return (
+            {position: (leaf.path, getattr(leaf, "device", None)) for position, leaf in enumerate(leaves)} if len(leaves) == count else {}
+        )
     if not isinstance(bench, Run) or not isinstance(results.bench, tuple):
         return {}  # a MindSpore bench without a torch twin has no torch graph to read
     try:
@@ -127,12 +134,16 @@ def _classified(path: str, bench: torch.Tensor, dtype: torch.dtype, stats: str, 
     elif not bool(torch.isfinite(bench.to(dtype)).all()):
         why = f"max |bench| = {max_abs:.5g} in {raised}, beyond {name}'s largest finite value {largest:.5g}"
     else:
-        text = (f"the dumped output holds inf/NaN ({stats}) where the bench on {inputs} stays within "
-                f"{name}'s range (max |bench| = {max_abs:.5g} in {raised}, largest finite {largest:.5g}): the kernel "
-                "overflowed inside (an intermediate in a narrow type: an exp without the max subtracted, a sum of "
-                "squares); an error whatever the replay here gave")
+        text = (
+            f"the dumped output holds inf/NaN ({stats}) where the bench on {inputs} stays within "
+            f"{name}'s range (max |bench| = {max_abs:.5g} in {raised}, largest finite {largest:.5g}): the kernel "
+            "overflowed inside (an intermediate in a narrow type: an exp without the max subtracted, a sum of "
+            "squares); an error whatever the replay here gave"
+        )
         return Finding("kernel overflow", path, True, text, {"overflow": "kernel", **columns})
-    text = (f"the dumped output holds inf/NaN ({stats}) and so does any correct kernel on {inputs}: {why}. "
-            "The inputs' range is the problem (the model's: a loss scale or logits too large for the dtype), not the "
-            "kernel's")
+    text = (
+        f"the dumped output holds inf/NaN ({stats}) and so does any correct kernel on {inputs}: {why}. "
+        "The inputs' range is the problem (the model's: a loss scale or logits too large for the dtype), not the "
+        "kernel's"
+    )
     return Finding("input overflow", path, False, text, {"overflow": "input", **columns})

@@ -54,7 +54,7 @@ class ResultRecord:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ResultRecord":
+    def from_dict(cls, data: dict[str, Any]) -> ResultRecord:
         outputs = [OutputResult(**item) for item in data.get("outputs", [])]
         return cls(**{**data, "outputs": outputs})
 

@@ -13,7 +13,8 @@ NaNs with the same payload are equal, -0.0 and +0.0 differ.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,14 +64,24 @@ def bit_differences(first: Any, others: list[Any], runs: int) -> list[Finding]:
 def _leaf_difference(first: Leaf, agains: list[Leaf | Mismatch | None], runs: int) -> Finding | None:
     base = _tensor(first.device)
     changed = torch.zeros(base.shape, dtype=torch.bool)
-    largest, example = (0.0, 0.0), ""
+    largest: tuple[float, ...] = (0.0, 0.0)
+    example = ""
     for again in agains:
         other = _tensor(again.device) if isinstance(again, Leaf) else None
         if other is None or other.dtype != base.dtype:
-            how = (f"{again.reason} (the first run is 'bench', another 'device')" if isinstance(again, Mismatch)
-                   else f"{first.device_dtype} in the first run, {again and again.device_dtype} in another")
-            return _finding(first.path, f"the output changed between {runs} runs of the device on the same inputs: {how}",
-                            runs, base.numel(), math.nan, math.nan)
+            how = (
+                f"{again.reason} (the first run is 'bench', another 'device')"
+                if isinstance(again, Mismatch)
+                else f"{first.device_dtype} in the first run, {again and again.device_dtype} in another"
+            )
+            return _finding(
+                first.path,
+                f"the output changed between {runs} runs of the device on the same inputs: {how}",
+                runs,
+                base.numel(),
+                math.nan,
+                math.nan,
+            )
         differs = _bits(base) != _bits(other)
         if not bool(differs.any()):
             continue
@@ -84,19 +95,28 @@ def _leaf_difference(first: Leaf, agains: list[Leaf | Mismatch | None], runs: in
     max_abs, max_ulp = largest
     # the dtype its bits were compared in: complex values as float64 pairs (pair_leaves)
     compared = str(base.dtype).removeprefix("torch.")
-    size = (f"max |difference| {max_abs:.3g}, max {max_ulp:.0f} ULP of {compared}" if max_abs > 0
-            else "no finite value changed: signs of zero, infinities or NaN payloads did")
+    size = (
+        f"max |difference| {max_abs:.3g}, max {max_ulp:.0f} ULP of {compared}"
+        if max_abs > 0
+        else "no finite value changed: signs of zero, infinities or NaN payloads did"
+    )
     differing = int(changed.sum())
-    text = (f"{differing} of {base.numel()} elements differ bitwise between {runs} runs of the device on the same inputs "
-            f"({size}; first {example}). Nondeterministic kernels are the usual cause: atomic adds that sum in a "
-            "different order each run (split-K matrix products, scatter/index_add, weight gradients); the accuracy "
-            "verdict is the first run's")
+    text = (
+        f"{differing} of {base.numel()} elements differ bitwise between {runs} runs of the device on the same inputs "
+        f"({size}; first {example}). Nondeterministic kernels are the usual cause: atomic adds that sum in a "
+        "different order each run (split-K matrix products, scatter/index_add, weight gradients); the accuracy "
+        "verdict is the first run's"
+    )
     return _finding(first.path, text, runs, differing, max_abs, max_ulp)
 
 
 def _finding(path: str, text: str, runs: int, differing: int, max_abs: float, max_ulp: float) -> Finding:
-    columns = {"repeat_runs": runs, "nondeterministic_elements": differing, "nondeterministic_max_abs_diff": max_abs,
-               "nondeterministic_max_ulp_diff": max_ulp}
+    columns = {
+        "repeat_runs": runs,
+        "nondeterministic_elements": differing,
+        "nondeterministic_max_abs_diff": max_abs,
+        "nondeterministic_max_ulp_diff": max_ulp,
+    }
     return Finding("nondeterministic", path, True, text, columns)
 
 

@@ -29,12 +29,15 @@ def routing_problems(registry: Any) -> list[str]:
     problems = []
     for api, standard in sorted(registry.routes.items()):
         if standard not in registry.standards:
-            problems.append(f"API {api!r} is routed to standard {standard!r}, which is not registered "
-                            f"(registered: {', '.join(sorted(registry.standards))})")
+            problems.append(
+                f"API {api!r} is routed to standard {standard!r}, which is not registered "
+                f"(registered: {', '.join(sorted(registry.standards))})"
+            )
     for (api, dtype), thresholds in sorted(registry.overrides.items()):
         if dtype != "*" and dtype not in DTYPES:
-            problems.append(f"threshold of {api!r} for dtype {dtype!r}: not a floating dtype "
-                            f"(use one of {', '.join(sorted(DTYPES))}, or * for all)")
+            problems.append(
+                f"threshold of {api!r} for dtype {dtype!r}: not a floating dtype (use one of {', '.join(sorted(DTYPES))}, or * for all)"
+            )
         if registry.routes.get(api, FALLBACK) not in SHIPPED_STANDARDS:
             continue
         for name in sorted(set(thresholds) - SHIPPED_THRESHOLDS):

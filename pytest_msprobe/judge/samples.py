@@ -25,9 +25,13 @@ outputs keep only `worst`: their standard counts differing elements, nothing to 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pytest_msprobe.standards.dtypes import Array
 
 SAMPLE_SIZE = 1024
 HEATMAP_CELLS = 48
@@ -41,9 +45,11 @@ def element_samples(bench: Any, device: Any, verdict: Any, statuses: Iterable[st
 
     wanted = frozenset(statuses)
     leaves = verdict.outputs or (verdict,)
-    return [{"output": position, **output_sample(item, leaf)}
-            for position, (item, leaf) in enumerate(zip(pair_leaves(bench, device), leaves))
-            if leaf.status in wanted and isinstance(item, Leaf)]
+    return [
+        {"output": position, **output_sample(item, leaf)}
+        for position, (item, leaf) in enumerate(zip(pair_leaves(bench, device), leaves, strict=False))
+        if leaf.status in wanted and isinstance(item, Leaf)
+    ]
 
 
 def output_sample(leaf: Any, verdict: Any) -> dict[str, Any]:
@@ -58,14 +64,19 @@ def output_sample(leaf: Any, verdict: Any) -> dict[str, Any]:
     bench, device = _flat(leaf.bench), _flat(leaf.device)
     chosen = sample_indices(size)
     rms = _rms(bench, size)
-    sample = {"flat": chosen.tolist(), "bench": _gather(bench, chosen).tolist(), "device": _gather(device, chosen).tolist(),
-              "worst": worst, "rms": rms}
+    sample = {
+        "flat": chosen.tolist(),
+        "bench": _gather(bench, chosen).tolist(),
+        "device": _gather(device, chosen).tolist(),
+        "worst": worst,
+        "rms": rms,
+    }
     if len(shape) >= 2 and size:
         sample["heatmap"] = heatmap(bench, device, shape, dtype_info(leaf.device_dtype), rms)
     return sample
 
 
-def sample_indices(size: int) -> np.ndarray:
+def sample_indices(size: int) -> Array:
     """SAMPLE_SIZE sorted flat indices (all of them below that), the same for a size in
     every run: the generator is seeded with the size."""
     if size <= SAMPLE_SIZE:
@@ -73,13 +84,13 @@ def sample_indices(size: int) -> np.ndarray:
     return np.sort(np.random.default_rng(size).choice(size, SAMPLE_SIZE, replace=False))
 
 
-def scaled_errors(bench: np.ndarray, device: np.ndarray, info: Any, rms: float) -> np.ndarray:
+def scaled_errors(bench: Array, device: Array, info: Any, rms: float) -> Array:
     """|d - b| in ULPs of D at max(|b|, rms) (the single-run rule's scale); an inf/NaN
     that the bench rounded to D shares is no error, any other is infinite."""
     from pytest_msprobe.standards.metrics import round_to_dtype, ulp_of
 
     with np.errstate(all="ignore"):
-        errors = np.abs(device - bench) / ulp_of(np.maximum(np.abs(bench), rms), info)
+        errors: Array = np.abs(device - bench) / ulp_of(np.maximum(np.abs(bench), rms), info)
     odd = ~np.isfinite(errors)
     if odd.any():
         rounded, values = round_to_dtype(bench[odd], info), device[odd]
@@ -105,7 +116,7 @@ def heatmap(bench: Any, device: Any, shape: tuple[int, ...], info: Any, rms: flo
     return {"rows": rows, "cols": cols, "grid": [[float(f"{value:.3g}") for value in line] for line in grid]}
 
 
-def _fold(cells: np.ndarray, errors: np.ndarray, column: int, cols: int, col_starts: np.ndarray) -> None:
+def _fold(cells: Array, errors: Array, column: int, cols: int, col_starts: Array) -> None:
     """Fold consecutive elements starting at `column` of a row into the cells' maxima:
     a partial first row, whole rows (their maximum per column), a partial last row."""
     head = min(errors.size, (cols - column) % cols)
@@ -113,18 +124,18 @@ def _fold(cells: np.ndarray, errors: np.ndarray, column: int, cols: int, col_sta
         _fold_row_piece(cells, errors[:head], column, col_starts)
     whole = (errors.size - head) // cols
     if whole:
-        _fold_row_piece(cells, errors[head:head + whole * cols].reshape(whole, cols).max(axis=0), 0, col_starts)
-    tail = errors[head + whole * cols:]
+        _fold_row_piece(cells, errors[head : head + whole * cols].reshape(whole, cols).max(axis=0), 0, col_starts)
+    tail = errors[head + whole * cols :]
     if tail.size:
         _fold_row_piece(cells, tail, 0, col_starts)
 
 
-def _fold_row_piece(cells: np.ndarray, values: np.ndarray, column: int, col_starts: np.ndarray) -> None:
+def _fold_row_piece(cells: Array, values: Array, column: int, col_starts: Array) -> None:
     """values sit at columns column .. column + len - 1 of one row."""
     first = int(np.searchsorted(col_starts, column, side="right")) - 1
     last = int(np.searchsorted(col_starts, column + values.size - 1, side="right")) - 1
-    cuts = np.concatenate(([column], col_starts[first + 1:last + 1])) - column
-    np.maximum(cells[first:last + 1], np.maximum.reduceat(values, cuts), out=cells[first:last + 1])
+    cuts = np.concatenate(([column], col_starts[first + 1 : last + 1])) - column
+    np.maximum(cells[first : last + 1], np.maximum.reduceat(values, cuts), out=cells[first : last + 1])
 
 
 def _flat(values: Any) -> Any:
@@ -132,14 +143,14 @@ def _flat(values: Any) -> Any:
     return values.detach().reshape(-1) if hasattr(values, "detach") else np.asarray(values).reshape(-1)
 
 
-def _chunk(flat: Any, start: int, stop: int) -> np.ndarray:
+def _chunk(flat: Any, start: int, stop: int) -> Array:
     import torch
 
     part = flat[start:stop]
     return part.to(torch.float64).numpy() if isinstance(part, torch.Tensor) else np.asarray(part, dtype=np.float64)
 
 
-def _gather(flat: Any, indices: np.ndarray) -> np.ndarray:
+def _gather(flat: Any, indices: Array) -> Array:
     import torch
 
     if isinstance(flat, torch.Tensor):

@@ -33,9 +33,11 @@ class BaselinePlugin:
         self.judged_by = options.path(config, "msprobe_baseline")
         self.update = bool(options.get(config, "msprobe_baseline_update"))
         if self.update and self.judged_by is None:
-            raise pytest.UsageError("--msprobe-baseline-update needs --msprobe-baseline=DIR, the baseline to update "
-                                    "(to record a new baseline of every call, use --msprobe-baseline-save=DIR)")
-        self.current: dict[tuple[str, str], CallMetrics] = {}
+            raise pytest.UsageError(
+                "--msprobe-baseline-update needs --msprobe-baseline=DIR, the baseline to update "
+                "(to record a new baseline of every call, use --msprobe-baseline-save=DIR)"
+            )
+        self.current: dict[tuple[str | None, str], CallMetrics] = {}
 
     @pytest.hookimpl(tryfirst=True)  # before the report writer takes the record off the report
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -46,7 +48,10 @@ class BaselinePlugin:
             return
         from pytest_msprobe.plugin.reports import record_data
 
-        record = ResultRecord.from_dict(record_data(data))
+        attached = record_data(data)
+        if attached is None:
+            return
+        record = ResultRecord.from_dict(attached)
         dump_key = report.nodeid.rsplit("::", 1)[0]
         self.current[(dump_key, record.call)] = CallMetrics.of(record)
 
@@ -88,8 +93,7 @@ class BaselinePlugin:
                 present = set(read_index(path).names)
             except DumpError:
                 continue
-            gone += [f"{key}::{call}" for (dump, call) in recorded.calls
-                     if dump == recorded.recorded_key(key) and call not in present]
+            gone += [f"{key}::{call}" for (dump, call) in recorded.calls if dump == recorded.recorded_key(key) and call not in present]
         return sorted(gone)
 
 
@@ -97,10 +101,15 @@ def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> 
     counts = Counter(change.kind for change in changes)
     lines = []
     if changes and counts["new"] == len(changes) and not updated:
-        lines.append(f"WARNING: the baseline has a record of none of the {len(changes)} calls that ran: nothing was "
-                     "compared (see the warnings: it was recorded with other dumps?)")
-    lines += [", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new")) +
-              f", {len(vanished)} vanished" + (" (baseline updated with this run)" if updated else "")]
+        lines.append(
+            f"WARNING: the baseline has a record of none of the {len(changes)} calls that ran: nothing was "
+            "compared (see the warnings: it was recorded with other dumps?)"
+        )
+    lines += [
+        ", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new"))
+        + f", {len(vanished)} vanished"
+        + (" (baseline updated with this run)" if updated else "")
+    ]
     regressions = sorted((c for c in changes if c.kind == "regression"), key=lambda c: -(c.ratio or 0.0))
     for change in regressions[:SHOWN_REGRESSIONS]:
         growth = f", {change.metric} {change.ratio:.3g}x the baseline" if change.ratio is not None else ""
@@ -109,4 +118,3 @@ def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> 
         lines.append(f"  ... and {len(regressions) - SHOWN_REGRESSIONS} more regressions")
     lines += [f"  vanished {name}" for name in vanished[:SHOWN_REGRESSIONS]]
     return lines
-

@@ -56,8 +56,11 @@ class HtmlPlugin:
         if self.written is not None:
             terminalreporter.write_line(f"msprobe html report: {self.written}")
         elif self.problem:
-            terminalreporter.write_line(f"msprobe html report: not written ({self.problem}); rebuild it with "
-                                        f"msprobe-report {self.reports.writer.files.folder} -o {self.target}", red=True)
+            terminalreporter.write_line(
+                f"msprobe html report: not written ({self.problem}); rebuild it with "
+                f"msprobe-report {self.reports.writer.files.folder} -o {self.target}",
+                red=True,
+            )
 
     def _title(self) -> str:
         dumps = [bestrelpath(self.config.rootpath, path) for path in session_state(self.config).dumps]

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_msprobe.dump.cache import cached_summary, load_index
-from pytest_msprobe.dump.index import CallName, DIRECTIONS, DumpIndex
+from pytest_msprobe.dump.index import DIRECTIONS, CallName, DumpIndex
 from pytest_msprobe.errors import DumpError
-from pytest_msprobe.plugin import options
 from pytest_msprobe.judge.outcome import AccuracyWarning, CallFailed, judge_call, properties
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
+from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.run.mindspore.tables import require_mindspore
 
+if TYPE_CHECKING:
+    from _pytest._code.code import TerminalRepr
 
 RESULT_KEY = pytest.StashKey[ResultRecord]()
 #: the name of the one test a dump that cannot be checked gets: `<dump.json>::collection`
@@ -72,12 +75,13 @@ class DumpFile(pytest.File):
         state.unparsed_names.extend(index.skipped_names)
         api_types = [api_type.lower() for api_type, _ in index.apis]
         explore = options.explore_examples(self.config)
-        for position, (name, api, backward) in enumerate(zip(index.names, index.api.tolist(), index.backward.tolist())):
+        for position, (name, api, backward) in enumerate(zip(index.names, index.api.tolist(), index.backward.tolist(), strict=True)):
             markers = (DIRECTIONS[backward], "api_" + api_types[api])
             yield CallItem.from_parent(self, name=name, index=index, position=position, markers=markers)
             if explore:
-                yield ExploreItem.from_parent(self, name=name + EXPLORED_SUFFIX, index=index, position=position,
-                                              markers=(*markers, "explore"), examples=explore)
+                yield ExploreItem.from_parent(
+                    self, name=name + EXPLORED_SUFFIX, index=index, position=position, markers=(*markers, "explore"), examples=explore
+                )
 
 
 class CallItem(pytest.Item):
@@ -127,7 +131,7 @@ class CallItem(pytest.Item):
         if record.status == "warning":
             warnings.warn(AccuracyWarning(record.message), stacklevel=1)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | TerminalRepr:
         if isinstance(excinfo.value, CallFailed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
@@ -163,8 +167,13 @@ class ExploreItem(CallItem):
         from pytest_msprobe.judge.explore import explore_call
 
         settings = session_state(self.config).settings()
-        return judge_call(self.index, self.call, settings, check=lambda: explore_call(self.index, self.call, settings, self.plan()),
-                          suffix=EXPLORED_SUFFIX)
+        return judge_call(
+            self.index,
+            self.call,
+            settings,
+            check=lambda: explore_call(self.index, self.call, settings, self.plan()),
+            suffix=EXPLORED_SUFFIX,
+        )
 
     def replayable(self) -> tuple[DumpIndex, CallName] | None:
         """The minimal failing example's one-call dump, once this test failed."""

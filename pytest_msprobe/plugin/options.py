@@ -16,6 +16,7 @@ import pytest
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 
+
 @dataclass(frozen=True)
 class Option:
     name: str  # the ini name; the flag is --msprobe-<name with dashes>
@@ -44,30 +45,64 @@ OPTIONS = (
     Option("msprobe_baseline_save", "record every call's metrics, and the environment, as a baseline in this folder", "path"),
     Option("msprobe_baseline", "judge every call against the baseline recorded in this folder; report regressions", "path"),
     Option("msprobe_baseline_update", "with --msprobe-baseline: rewrite the baseline records of the calls that ran", "bool", False),
-    Option("msprobe_reference_csv", "an msprobe accuracy_checking_details CSV (run_ut on another device) used as each call's reference", "path"),
-    Option("msprobe_resume", "skip calls whose results are already in --msprobe-out's newest run, append the rest to its files", "bool", False),
+    Option(
+        "msprobe_reference_csv", "an msprobe accuracy_checking_details CSV (run_ut on another device) used as each call's reference", "path"
+    ),
+    Option(
+        "msprobe_resume", "skip calls whose results are already in --msprobe-out's newest run, append the rest to its files", "bool", False
+    ),
     Option("msprobe_config", "msprobe's config.json: its acc_check (run_ut) white_list, black_list and error_data_path apply", "path"),
     Option("msprobe_white_list", "check only these APIs, comma separated (linear,conv2d or Functional.linear)"),
     Option("msprobe_black_list", "never check these APIs, comma separated"),
     Option("msprobe_dedup", "check one call per API and argument signature (dtypes, shapes, non-tensor arguments)", "bool", False),
-    Option("msprobe_save_failed", "folder for the inputs and outputs of failed calls (.pt for torch.load(weights_only=True) + call.json)", "path"),
+    Option(
+        "msprobe_save_failed",
+        "folder for the inputs and outputs of failed calls (.pt for torch.load(weights_only=True) + call.json)",
+        "path",
+    ),
     Option("msprobe_scripts", "folder for a standalone script (DIR/<call name>.py) reproducing every failed call", "path"),
-    Option("msprobe_scripts_all", "write a script for every selected call, not only the failed ones (needs --msprobe-scripts)", "bool", False),
-    Option("msprobe_html", "write a self-contained HTML report of the run to this file: counts, environment, a sortable "
-           "table of every call, and plots of each failing or warning call's elements"),
-    Option("msprobe_html_all", "the HTML report plots every call's outputs, not only failing and warning ones (needs "
-           "--msprobe-html)", "bool", False),
-    Option("msprobe_devices", "device ids the xdist workers are spread over round robin, e.g. 0,1,2,3 (they index into "
-           "CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES when those are set); default: every visible device"),
-    Option("msprobe_shard", "run a deterministic 1/N of the calls: I/N with I in 1..N (a CI matrix or several hosts; "
-           "join their results with msprobe-merge)"),
-    Option("msprobe_explore", "explore every selected call with up to N hypothesis examples around its dumped inputs "
-           "(larger, smaller, offset, extreme and special values, other sizes): one more test per call, "
-           "<call name>.explore; a failure is shrunk to a minimal input (0: off)", default="0"),
-    Option("msprobe_repeat", "run the device this many times on each call's inputs and fail a call whose outputs differ "
-           "bitwise between runs (nondeterministic kernels); online only", default="1"),
-    Option("msprobe_timeout", "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
-           "stuck inside a kernel for 2 to 2.5 times as long ends its process (under -n, xdist replaces the worker)", default="300"),
+    Option(
+        "msprobe_scripts_all", "write a script for every selected call, not only the failed ones (needs --msprobe-scripts)", "bool", False
+    ),
+    Option(
+        "msprobe_html",
+        "write a self-contained HTML report of the run to this file: counts, environment, a sortable "
+        "table of every call, and plots of each failing or warning call's elements",
+    ),
+    Option(
+        "msprobe_html_all",
+        "the HTML report plots every call's outputs, not only failing and warning ones (needs --msprobe-html)",
+        "bool",
+        False,
+    ),
+    Option(
+        "msprobe_devices",
+        "device ids the xdist workers are spread over round robin, e.g. 0,1,2,3 (they index into "
+        "CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES when those are set); default: every visible device",
+    ),
+    Option(
+        "msprobe_shard",
+        "run a deterministic 1/N of the calls: I/N with I in 1..N (a CI matrix or several hosts; join their results with msprobe-merge)",
+    ),
+    Option(
+        "msprobe_explore",
+        "explore every selected call with up to N hypothesis examples around its dumped inputs "
+        "(larger, smaller, offset, extreme and special values, other sizes): one more test per call, "
+        "<call name>.explore; a failure is shrunk to a minimal input (0: off)",
+        default="0",
+    ),
+    Option(
+        "msprobe_repeat",
+        "run the device this many times on each call's inputs and fail a call whose outputs differ "
+        "bitwise between runs (nondeterministic kernels); online only",
+        default="1",
+    ),
+    Option(
+        "msprobe_timeout",
+        "seconds one call may run (0: no limit): past it the call errors and the run goes on; a call "
+        "stuck inside a kernel for 2 to 2.5 times as long ends its process (under -n, xdist replaces the worker)",
+        default="300",
+    ),
 )
 
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
@@ -159,8 +194,10 @@ def explore_examples(config: pytest.Config) -> int:
     inputs, which a dump has no outputs for: it needs the device, not --msprobe-offline."""
     examples = whole_number(config, "msprobe_explore", "examples", 0)
     if examples and get(config, "msprobe_offline"):
-        raise pytest.UsageError("--msprobe-explore replays inputs the dump has no outputs for, so it needs the device under "
-                                "test: drop --msprobe-offline (explore on the machine that has the device)")
+        raise pytest.UsageError(
+            "--msprobe-explore replays inputs the dump has no outputs for, so it needs the device under "
+            "test: drop --msprobe-offline (explore on the machine that has the device)"
+        )
     return examples
 
 
@@ -168,8 +205,10 @@ def repeat(config: pytest.Config) -> int:
     """--msprobe-repeat: how many times the device runs each call (1: once, no check)."""
     value = whole_number(config, "msprobe_repeat", "device runs", 1)
     if value > 1 and get(config, "msprobe_offline"):
-        raise pytest.UsageError("--msprobe-repeat runs the device again on each call's inputs, and --msprobe-offline "
-                                "runs no device (the dumped outputs are the device's, one run): drop one of them")
+        raise pytest.UsageError(
+            "--msprobe-repeat runs the device again on each call's inputs, and --msprobe-offline "
+            "runs no device (the dumped outputs are the device's, one run): drop one of them"
+        )
     return value
 
 

@@ -24,19 +24,33 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_msprobe.dump import filters
+from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.results.summary import Summary
-from pytest_msprobe.results.writer import (Entry, OutFolderLock, ResultFilesError, ResultWriter, RunFiles, read_journal,
-                                           read_sessions, record_key, write_sessions)
+from pytest_msprobe.results.writer import (
+    Entry,
+    OutFolderLock,
+    ResultFilesError,
+    ResultWriter,
+    RunFiles,
+    read_journal,
+    read_sessions,
+    record_key,
+    write_sessions,
+)
+
+if TYPE_CHECKING:
+    from pytest_msprobe.plugin.items import CallItem
 
 # pytest_msprobe.plugin.items is imported where it is used, as plugin/__init__.py does: the node classes
 # are then those of the session that collected the items.
@@ -60,7 +74,7 @@ class ReportOptions:
     save_failed: Path | None
 
     @classmethod
-    def from_config(cls, config: pytest.Config) -> "ReportOptions":
+    def from_config(cls, config: pytest.Config) -> ReportOptions:
         """The options, falling back to --msprobe-config's acc_check/run_ut section for
         the lists and the failed-data folder."""
         config_file = options.path(config, "msprobe_config")
@@ -124,11 +138,13 @@ class ReportPlugin:
         if not (self.options.white_list or self.options.black_list or self.options.dedup or self.done):
             return  # nothing to leave out: no pass over (maybe 200,000) items
         calls = [item for item in items if isinstance(item, CallItem)]
-        reasons = {item: filters.list_reason(item.call, self.options.white_list, self.options.black_list)
-                   for item in calls if not isinstance(item, ExploreItem)}
+        reasons = {
+            item: filters.list_reason(item.call, self.options.white_list, self.options.black_list)
+            for item in calls
+            if not isinstance(item, ExploreItem)
+        }
         if self.options.dedup:
-            represents = filters.dedup(((item.path, item.call) for item, reason in reasons.items() if reason is None),
-                                       self._signature)
+            represents = filters.dedup(((item.path, item.call) for item, reason in reasons.items() if reason is None), self._signature)
             for item, reason in reasons.items():
                 count = represents.get((item.path, str(item.call)))
                 if reason is None and count is None:
@@ -159,15 +175,15 @@ class ReportPlugin:
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         self.selected = len(ids)
 
-    def _signature(self, dump: Path, name: Any) -> str:
+    def _signature(self, dump: Path, name: CallName) -> str:
         index = session_state(self.config).indexes[dump]
-        return filters.signature(index.read_record(index.entry(str(name))))
+        return filters.signature(index.read_record(index.entry_of(str(name))))
 
     # --- results: made where the test runs, written by the single writer -----------
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-        from pytest_msprobe.plugin.items import CallItem, RESULT_KEY
+        from pytest_msprobe.plugin.items import RESULT_KEY, CallItem
 
         report = yield
         if call.when == "call" and isinstance(item, CallItem):
@@ -184,7 +200,8 @@ class ReportPlugin:
         data = record_data(report.__dict__.pop(REPORT_ATTRIBUTE, None))  # the controller keeps no records in memory
         if data is None:
             return
-        entry = Entry(ResultRecord.from_dict(data), dict(report.user_properties).get(REPRESENTS_PROPERTY, 1))
+        represents = dict(report.user_properties).get(REPRESENTS_PROPERTY, 1)  # an int, set in collection
+        entry = Entry(ResultRecord.from_dict(data), represents if isinstance(represents, int) else 1)
         node = getattr(report, "node", None)  # the xdist worker that ran it: its device, should it die
         if node is not None:
             session_state(self.config).worker_devices.setdefault(node.gateway.id, entry.record.device)
@@ -202,7 +219,7 @@ class ReportPlugin:
         if reporter is not None and self.config.get_verbosity() >= 0:
             reporter.write_line(self.summary.progress(self.selected))
 
-    def _save_failed(self, item: Any, record: ResultRecord, report: pytest.TestReport) -> None:
+    def _save_failed(self, item: CallItem, record: ResultRecord, report: pytest.TestReport) -> None:
         """Failing to save is reported on the test, never a new failure of it."""
         from pytest_msprobe.results.failed_data import save_failed_call
 
@@ -211,8 +228,9 @@ class ReportPlugin:
             source = item.replayable()
             if source is None:
                 return
-            folder = save_failed_call(self.options.save_failed, *source, session_state(item.config).settings(), record,
-                                      label=item.record_name)
+            folder = save_failed_call(
+                self.options.save_failed, *source, session_state(item.config).settings(), record, label=item.record_name
+            )
         except Exception as exc:  # noqa: BLE001 - any failure here must not change the test's outcome
             report.sections.append(("msprobe failed data", f"could not save {item.record_name}: {type(exc).__name__}: {exc}"))
         else:
@@ -266,8 +284,12 @@ def record_session(files: RunFiles, config: pytest.Config, started: str, duratio
     from pytest_msprobe.judge.baseline import environment
 
     state = session_state(config)
-    session = {"started": started, "duration": round(duration, 3), "command": ["pytest", *config.invocation_params.args],
-               "environment": environment((), state.device_label(), state.environment_versions())}
+    session = {
+        "started": started,
+        "duration": round(duration, 3),
+        "command": ["pytest", *config.invocation_params.args],
+        "environment": environment((), state.device_label(), state.environment_versions()),
+    }
     write_sessions(files, [*read_sessions(files), session])
 
 
@@ -275,5 +297,12 @@ def _crashed(item: Any, call: pytest.CallInfo[None], outcome: str) -> ResultReco
     """The record of a test whose check raised instead of returning one."""
     excinfo = call.excinfo
     cause = f"{excinfo.type.__name__}: {excinfo.value}" if excinfo else "no result was recorded"
-    return ResultRecord(dump=str(item.path), call=item.record_name, status=STATUS_OF_OUTCOME[outcome], standard="",
-                        reference="", device="", message=f"{item.record_name}: the check raised {cause}")
+    return ResultRecord(
+        dump=str(item.path),
+        call=item.record_name,
+        status=STATUS_OF_OUTCOME[outcome],
+        standard="",
+        reference="",
+        device="",
+        message=f"{item.record_name}: the check raised {cause}",
+    )

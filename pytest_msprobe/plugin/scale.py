@@ -3,8 +3,9 @@ isolation. Registered by plugin/__init__.py only when a dump is given."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generator
+from typing import Any
 
 import pytest
 from _pytest.pathlib import bestrelpath
@@ -21,7 +22,7 @@ class ScaleOptions:
     timeout: float
 
     @classmethod
-    def from_config(cls, config: pytest.Config) -> "ScaleOptions":
+    def from_config(cls, config: pytest.Config) -> ScaleOptions:
         raw = options.get(config, "msprobe_timeout")
         try:
             timeout = float(raw or 0)
@@ -59,6 +60,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 # --- the xdist controller: where each worker runs (workers.HostRanks) ------------
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
@@ -149,17 +151,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if shard is not None:
         part, total = shard
         mine = [scheduling.shard_of(str(item.call), total) == part for item in calls]
-        dropped = [item for item, keep in zip(calls, mine) if not keep]
+        dropped = [item for item, keep in zip(calls, mine, strict=True) if not keep]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
-            calls = [item for item, keep in zip(calls, mine) if keep]
+            calls = [item for item, keep in zip(calls, mine, strict=True) if keep]
         config.stash[SHARD_DROPPED_KEY] = len(dropped)
     dist = getattr(config.option, "dist", "no")
     if workers.worker_number(config) is not None and dist == "worksteal":
         calls = scheduling.worksteal_blocks(calls, workers.worker_count(config))
     elif workers.worker_number(config) is not None and dist == "load":
         calls = scheduling.heavy_first(calls)
-    items[:] = others + calls
+    items[:] = [*others, *calls]
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
@@ -175,7 +177,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     inputs, the bench), errors with its own record; the run goes on."""
     from pytest_msprobe.judge import outcome
     from pytest_msprobe.judge.record import ResultRecord
-    from pytest_msprobe.plugin.items import CallItem, RESULT_KEY
+    from pytest_msprobe.plugin.items import RESULT_KEY, CallItem
 
     if not isinstance(item, CallItem):
         return (yield)
@@ -194,8 +196,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         device = settings.backend.describe(settings.device_index)
         message = isolation.out_of_memory_text(item.index, item.call, exc, device)
     isolation.release_memory(settings.backend)
-    item.stash[RESULT_KEY] = ResultRecord(dump=str(item.path), call=item.record_name, status="error", standard="",
-                                          reference="", device=device, message=message)
+    item.stash[RESULT_KEY] = ResultRecord(
+        dump=str(item.path), call=item.record_name, status="error", standard="", reference="", device=device, message=message
+    )
     raise outcome.CallFailed(message)
 
 
@@ -207,16 +210,16 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     from pytest_msprobe.plugin.items import headline
     from pytest_msprobe.plugin.reports import REPORT_ATTRIBUTE
 
-    config = report.node.config  # type: ignore[attr-defined]  # the crashed WorkerController
+    config = report.node.config  # the crashed WorkerController
     state = session_state(config)
     relpath, _, call = crashitem.partition("::")
     dumps = {bestrelpath(config.rootpath, dump): dump for dump in state.dumps}
     if relpath not in dumps:
         return
-    worker = report.node.gateway.id  # type: ignore[attr-defined]
+    worker = report.node.gateway.id
     device = state.worker_devices.get(worker) or _planned_device(config, worker)
     record = outcome.crash_record(str(dumps[relpath]), call, device, worker, config.stash[SCALE_KEY].timeout)
-    report.when = "call"  # type: ignore[assignment]  # the call phase is where it died
+    report.when = "call"  # the call phase is where it died
     report.location = (relpath, None, headline(crashitem, call))  # as the item names itself
     report.longrepr = record.message
     report.user_properties.append(("msprobe_device", device))

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -68,7 +69,9 @@ def parse_shard(raw: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise pytest.UsageError(f"--msprobe-shard {raw!r}: expected I/N, e.g. 1/4 ... 4/4") from None
     if total < 1 or not 1 <= part <= total:
-        raise pytest.UsageError(f"--msprobe-shard {raw!r}: I must be between 1 and N, e.g. 1/{max(total, 1)} ... {max(total, 1)}/{max(total, 1)}")
+        raise pytest.UsageError(
+            f"--msprobe-shard {raw!r}: I must be between 1 and N, e.g. 1/{max(total, 1)} ... {max(total, 1)}/{max(total, 1)}"
+        )
     return part, total
 
 

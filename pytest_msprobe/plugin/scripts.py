@@ -5,9 +5,10 @@ worker holds the dump index). plugin/__init__.py registers this module when a du
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generator
+from typing import Any
 
 import pytest
 
@@ -50,7 +51,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     chosen = item.config.stash.get(SCRIPTS_KEY, None)
     if chosen is None or call.when != "call" or not (chosen.every or report.failed):
         return report
-    from pytest_msprobe.plugin.items import CallItem, RESULT_KEY
+    from pytest_msprobe.plugin.items import RESULT_KEY, CallItem
     from pytest_msprobe.scripts.writer import write_script
 
     if not isinstance(item, CallItem):
@@ -61,8 +62,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         source = item.replayable()
         if source is None:
             return report
-        path = write_script(*source, chosen.folder, max_elements=session_state(item.config).settings().max_elements,
-                            standards_csv=chosen.standards_csv, judged=judged, file_name=item.record_name)
+        path = write_script(
+            *source,
+            chosen.folder,
+            max_elements=session_state(item.config).settings().max_elements,
+            standards_csv=chosen.standards_csv,
+            judged=judged,
+            file_name=item.record_name,
+        )
     except Exception as exc:  # noqa: BLE001 - a script that cannot be written must not change the test's outcome
         report.sections.append(("msprobe script", f"could not write the script of {item.record_name}: {type(exc).__name__}: {exc}"))
     else:

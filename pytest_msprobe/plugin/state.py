@@ -146,8 +146,7 @@ def _backend(config: pytest.Config) -> tuple[Any, int]:
 
 def _custom_routes(config: pytest.Config) -> bool:
     """A --msprobe-standards file or a conftest's pytest_msprobe_register_standards."""
-    return bool(options.path(config, "msprobe_standards")) or bool(
-        config.hook.pytest_msprobe_register_standards.get_hookimpls())
+    return bool(options.path(config, "msprobe_standards")) or bool(config.hook.pytest_msprobe_register_standards.get_hookimpls())
 
 
 def _registry(config: pytest.Config) -> Any:
@@ -197,8 +196,9 @@ def _recorded_metrics(config: pytest.Config, dumps: list[Path]) -> Any:
     try:
         recorded = Baseline.read(folder) if folder and folder.exists() else Baseline()
         if folder and not folder.exists() and not updating:
-            raise BaselineError(f"{folder}: no baseline there; record one with --msprobe-baseline-save "
-                                "or create it with --msprobe-baseline-update")
+            raise BaselineError(
+                f"{folder}: no baseline there; record one with --msprobe-baseline-save or create it with --msprobe-baseline-update"
+            )
         if imported:
             recorded.calls.update(read_msprobe_details(imported).calls)  # keyed (None, call): after the baseline's own
     except BaselineError as exc:

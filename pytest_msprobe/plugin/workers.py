@@ -85,12 +85,15 @@ def parse_device_ids(raw: str | None, backend: Any) -> list[int]:
     if ids is None:
         return list(range(count))
     accelerator = ACCELERATORS.get(backend.name)
-    visible = os.environ.get(accelerator.visible_env) if accelerator else None
+    visible_env = accelerator.visible_env if accelerator else None
+    visible = os.environ.get(visible_env) if visible_env else None
     for device in ids:
         if not 0 <= device < count:
-            where = f" ({accelerator.visible_env}={visible!r}: ids count within that list)" if visible is not None else ""
-            raise pytest.UsageError(f"--msprobe-devices {raw!r}: there is no {backend.name} device {device}; "
-                                    f"{count} {'is' if count == 1 else 'are'} visible, numbered 0..{count - 1}{where}")
+            where = f" ({visible_env}={visible!r}: ids count within that list)" if visible is not None else ""
+            raise pytest.UsageError(
+                f"--msprobe-devices {raw!r}: there is no {backend.name} device {device}; "
+                f"{count} {'is' if count == 1 else 'are'} visible, numbered 0..{count - 1}{where}"
+            )
     return ids
 
 
@@ -212,7 +215,11 @@ def place_worker(config: pytest.Config, backend: Any) -> int:
     # (pytester, an IDE) gives them back when it ends, even if its configure failed.
     config.add_cleanup(lambda: torch.set_num_threads(previous_torch))
     if previous_blas is not None:
-        config.add_cleanup(lambda: set_blas_threads(previous_blas))
+
+        def restore_blas_threads() -> None:
+            set_blas_threads(previous_blas)
+
+        config.add_cleanup(restore_blas_threads)
     return device_of(ids, worker_rank(config))
 
 
@@ -234,9 +241,11 @@ def replay_threads(cpu_only: bool, devices: int) -> int:
 
 
 # (get, set) C functions of a BLAS library's thread count (what threadpoolctl calls).
-BLAS_THREAD_FUNCTIONS = (("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
-                         ("openblas_get_num_threads", "openblas_set_num_threads"),
-                         ("MKL_Get_Max_Threads", "MKL_Set_Num_Threads"))
+BLAS_THREAD_FUNCTIONS = (
+    ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+    ("openblas_get_num_threads", "openblas_set_num_threads"),
+    ("MKL_Get_Max_Threads", "MKL_Set_Num_Threads"),
+)
 
 
 def set_blas_threads(threads: int) -> int | None:

@@ -8,7 +8,3 @@ matplotlib figures `plots`).
 May import: `dump`, `run`, `judge`, `errors`, `standards`. Never pytest, never `scripts`
 or `plugin`.
 """
-
-from pytest_msprobe._moved import old_attributes
-
-__getattr__ = old_attributes(__name__)  # pytest_msprobe.results was the module judge.record

@@ -12,15 +12,16 @@ reference of metrics not kept), there is no line, and the caption says so.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from pytest_msprobe.judge.record import OutputResult
 
 TOLERANCE_POINTS = 64
-ULP_FLOOR = 2.0 ** -6  # histogram: smaller ULP errors (exact elements too) fall in its first bin
+ULP_FLOOR = 2.0**-6  # histogram: smaller ULP errors (exact elements too) fall in its first bin
 MAX_BINS = 40
 
 
@@ -72,14 +73,18 @@ def plot_data(output: OutputResult, sample: dict[str, Any]) -> PlotData | None:
     tolerance = tolerance_of(output, float(sample.get("rms", 0.0)))
     heat = sample.get("heatmap")
     return PlotData(
-        magnitude=magnitude, error=error,
-        worst_magnitude=np.abs(worst[worst_ok, 1]), worst_error=worst_error[worst_ok],
+        magnitude=magnitude,
+        error=error,
+        worst_magnitude=np.abs(worst[worst_ok, 1]),
+        worst_error=worst_error[worst_ok],
         tolerance=_curve_points(tolerance, magnitude, worst[worst_ok, 1]),
-        ulp_counts=counts, ulp_edges=edges,
+        ulp_counts=counts,
+        ulp_edges=edges,
         ulp_limit=output.thresholds.get("ulp_threshold") if output.standard == "ulp" else None,
         dtype=output.device_dtype,
         grid=np.asarray(heat["grid"], dtype=np.float64) if heat else None,
-        rows=int(heat["rows"]) if heat else 0, cols=int(heat["cols"]) if heat else 0,
+        rows=int(heat["rows"]) if heat else 0,
+        cols=int(heat["cols"]) if heat else 0,
     )
 
 
@@ -99,15 +104,22 @@ def caption(output: OutputResult, sample: dict[str, Any], data: PlotData) -> str
     size = math.prod(output.shape) if output.shape else 1
     taken = len(sample.get("flat", ()))
     drawn = data.magnitude.size
-    parts = [f"{taken} of {size} elements" + (" (a fixed random sample)" if taken < size else "")
-             + (f", {taken - drawn} with an inf/NaN not drawn" if drawn < taken else "")]
+    parts = [
+        f"{taken} of {size} elements"
+        + (" (a fixed random sample)" if taken < size else "")
+        + (f", {taken - drawn} with an inf/NaN not drawn" if drawn < taken else "")
+    ]
     parts.append(tolerance_of(output, float(sample.get("rms", 0.0))).text)
-    parts.append(f"histogram: errors in ULPs of {output.device_dtype} at each element's magnitude "
-                 f"(below {ULP_FLOOR:g} ULP, exact ones included, in the first bin)")
+    parts.append(
+        f"histogram: errors in ULPs of {output.device_dtype} at each element's magnitude "
+        f"(below {ULP_FLOOR:g} ULP, exact ones included, in the first bin)"
+    )
     if data.grid is not None:
-        parts.append(f"heatmap: the largest error in each cell (ULPs of {output.device_dtype} at max(|bench|, rms)) "
-                     f"over all {data.rows} x {data.cols} elements (rows: all leading dimensions); "
-                     "grey: no error, red: an inf/NaN on one side")
+        parts.append(
+            f"heatmap: the largest error in each cell (ULPs of {output.device_dtype} at max(|bench|, rms)) "
+            f"over all {data.rows} x {data.cols} elements (rows: all leading dimensions); "
+            "grey: no error, red: an inf/NaN on one side"
+        )
     return "; ".join(parts) + "."
 
 
@@ -151,21 +163,23 @@ def _absolute_threshold(thresholds: dict, metrics: dict, info: Any, rms: float) 
     def curve(x: np.ndarray) -> np.ndarray:
         return np.maximum(np.where(x > small, rtol * x, atol), allowed * np.maximum(x, floor * rms))
 
-    return Tolerance(curve, text + f", or {ulps:g} ULP of {info.name} at max(|bench|, {floor:.3g} x rms) "
-                     "(all elements must be within)")
+    return Tolerance(curve, text + f", or {ulps:g} ULP of {info.name} at max(|bench|, {floor:.3g} x rms) (all elements must be within)")
 
 
 def _accumulative_error(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
     bound, small = thresholds["bound"], thresholds["small"]
-    return Tolerance(lambda x: np.where(x > small, bound * x, bound),
-                     f"dashed: rel_err {bound:.3g} above |bench| {small:.3g}, abs_err {bound:.3g} below "
-                     "(all elements must be within; the error balance is judged too)")
+    return Tolerance(
+        lambda x: np.where(x > small, bound * x, bound),
+        f"dashed: rel_err {bound:.3g} above |bench| {small:.3g}, abs_err {bound:.3g} below "
+        "(all elements must be within; the error balance is judged too)",
+    )
 
 
 def _ulp(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
     limit, share = thresholds["ulp_threshold"], thresholds["ulp_prop_max"]
-    return Tolerance(lambda x: limit * _ulps_at(info, x),
-                     f"dashed: {limit:g} ULP of {info.name} (at most a share {share:.3g} of elements above it)")
+    return Tolerance(
+        lambda x: limit * _ulps_at(info, x), f"dashed: {limit:g} ULP of {info.name} (at most a share {share:.3g} of elements above it)"
+    )
 
 
 def _thousandth(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
@@ -175,22 +189,27 @@ def _thousandth(thresholds: dict, metrics: dict, info: Any, rms: float) -> Toler
         return Tolerance(lambda x: 0.001 * x, text)
     ulps = thresholds["sr_thousandth_ulp"]
     allowed = ulps * info.eps
-    return Tolerance(lambda x: np.maximum(0.001 * x, allowed * np.maximum(x, rms)),
-                     text + f", or {ulps:g} ULP of {info.name} at max(|bench|, rms)")
+    return Tolerance(
+        lambda x: np.maximum(0.001 * x, allowed * np.maximum(x, rms)), text + f", or {ulps:g} ULP of {info.name} at max(|bench|, rms)"
+    )
 
 
 def _benchmark(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
     if "sr_max_scaled_ulp" in thresholds:
         limit = thresholds["sr_max_scaled_ulp"]
-        return Tolerance(lambda x: limit * _ulps_at(info, np.maximum(x, rms)),
-                         f"dashed: {limit:g} ULP of {info.name} at max(|bench|, rms), the single-run rule's largest "
-                         "error (its mean, top decile and bias are judged too)")
+        return Tolerance(
+            lambda x: limit * _ulps_at(info, np.maximum(x, rms)),
+            f"dashed: {limit:g} ULP of {info.name} at max(|bench|, rms), the single-run rule's largest "
+            "error (its mean, top decile and bias are judged too)",
+        )
     if "max_rel_err_ratio" in thresholds and "ref_max_rel_err" in metrics:
         ratio, small, atol = thresholds["max_rel_err_ratio"], thresholds["small"], thresholds["atol_bm"]
         allowed = ratio * metrics["ref_max_rel_err"]
-        return Tolerance(lambda x: np.where(x > small, allowed * x, atol),
-                         f"dashed: {ratio:g} x the reference's max_rel_err ({allowed:.3g}) above |bench| {small:.3g}, "
-                         f"abs_err {atol:.3g} below (the mean, rmse and small-value ratios are judged too)")
+        return Tolerance(
+            lambda x: np.where(x > small, allowed * x, atol),
+            f"dashed: {ratio:g} x the reference's max_rel_err ({allowed:.3g}) above |bench| {small:.3g}, "
+            f"abs_err {atol:.3g} below (the mean, rmse and small-value ratios are judged too)",
+        )
     return Tolerance(None, "the benchmark standard judged ratios to recorded metrics: no per-element line")
 
 
@@ -202,5 +221,6 @@ TOLERANCES: dict[str, Callable[[dict, dict, Any, float], Tolerance]] = {
     "thousandth": _thousandth,
     "benchmark": _benchmark,
     "binary_consistency": lambda thresholds, metrics, info, rms: Tolerance(
-        None, "binary consistency: any difference is an error (no tolerance)"),
+        None, "binary consistency: any difference is an error (no tolerance)"
+    ),
 }

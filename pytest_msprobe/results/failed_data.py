@@ -49,8 +49,7 @@ def flat_tensors(value: Any, prefix: str = "") -> dict[str, Any]:
     return dict(sorted(found.items()))
 
 
-def save_failed_call(folder: Path, index: DumpIndex, name: CallName, settings: Any, record: ResultRecord,
-                     label: str | None = None) -> Path:
+def save_failed_call(folder: Path, index: DumpIndex, name: CallName, settings: Any, record: ResultRecord, label: str | None = None) -> Path:
     """Write the call's folder (named `label`, else the call) and return it. A call that
     cannot be decoded or run again still gets its call.json, with the reason its tensors
     are missing."""
@@ -76,11 +75,20 @@ def save_failed_call(folder: Path, index: DumpIndex, name: CallName, settings: A
     forward = index.entry(str(name.sibling("forward")))
     backward = index.entry(str(name.sibling("backward")))
     description = {
-        "call": str(name), "api_type": name.api_type, "api_name": name.api_name, "direction": name.direction,
-        "dump": str(index.path), "framework": index.framework, "task": index.task,
-        "status": record.status, "standard": record.standard, "reference": record.reference,
-        "device": record.device, "message": record.message,
-        "files": sorted(f"{side}.pt" for side in tensors), "not_saved": missing,
+        "call": str(name),
+        "api_type": name.api_type,
+        "api_name": name.api_name,
+        "direction": name.direction,
+        "dump": str(index.path),
+        "framework": index.framework,
+        "task": index.task,
+        "status": record.status,
+        "standard": record.standard,
+        "reference": record.reference,
+        "device": record.device,
+        "message": record.message,
+        "files": sorted(f"{side}.pt" for side in tensors),
+        "not_saved": missing,
         "forward_record": index.read_record(forward) if forward else None,
         "backward_record": index.read_record(backward) if backward and name.direction == "backward" else None,
     }

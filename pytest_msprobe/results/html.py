@@ -29,10 +29,11 @@ import shlex
 import string
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from pytest_msprobe.judge.baseline import Baseline, CallMetrics, Change, compare
 from pytest_msprobe.judge.outcome import KEY_METRICS
@@ -140,16 +141,19 @@ GROUPS: tuple[tuple[str, Callable[[ResultRecord], str]], ...] = (
 
 def _summary(records: list[ResultRecord]) -> str:
     by_status = Counter(record.status for record in records)
-    status_rows = "".join(f'<tr><td><span class="badge {status}">{status}</span></td><td class="n">{by_status[status]}</td></tr>'
-                          for status in STATUSES)
-    tables = [f'<table><tr><th>status</th><th>calls</th></tr>{status_rows}</table>']
+    status_rows = "".join(
+        f'<tr><td><span class="badge {status}">{status}</span></td><td class="n">{by_status[status]}</td></tr>' for status in STATUSES
+    )
+    tables = [f"<table><tr><th>status</th><th>calls</th></tr>{status_rows}</table>"]
     for title, group in GROUPS:
         counts: dict[str, Counter[str]] = {}
         for record in records:
             counts.setdefault(group(record), Counter())[record.status] += 1
         head = "".join(f"<th>{status}</th>" for status in STATUSES)
-        body = "".join(f"<tr><td>{_e(name)}</td>" + "".join(f'<td class="n">{counter[status] or ""}</td>' for status in STATUSES)
-                       + "</tr>" for name, counter in sorted(counts.items()))
+        body = "".join(
+            f"<tr><td>{_e(name)}</td>" + "".join(f'<td class="n">{counter[status] or ""}</td>' for status in STATUSES) + "</tr>"
+            for name, counter in sorted(counts.items())
+        )
         tables.append(f"<table><tr><th>{_e(title)}</th>{head}</tr>{body}</table>")
     return f'<div class="counts">{"".join(tables)}</div>'
 
@@ -174,7 +178,7 @@ def _environment(sessions: Sequence[dict]) -> str:
     env = last.get("environment", {}) or {}
     items = "".join(f"<div><dt>{_e(name)}</dt><dd>{_e(value(env) or 'not used')}</dd></div>" for name, value in ENVIRONMENT_ROWS)
     command = last.get("command")
-    shown = f'<p>command: <code>{_e(shlex.join(str(part) for part in command))}</code></p>' if command else ""
+    shown = f"<p>command: <code>{_e(shlex.join(str(part) for part in command))}</code></p>" if command else ""
     return f'<dl class="environment">{items}</dl>{shown}'
 
 
@@ -190,10 +194,20 @@ def _table_rows(records: list[ResultRecord], anchors: dict[int, str]) -> dict[st
     def word(value: str) -> int:
         return strings.setdefault(value, len(strings))
 
-    rows = [[record.call, word(record.status), word(record.standard), word(_dtype(record)), key_metrics(record),
-             "" if record.status == "pass" else failing_metric(record), word(record.reference),
-             round(record.duration * 1e3, 1), anchors.get(id(record), "")]
-            for record in records]
+    rows = [
+        [
+            record.call,
+            word(record.status),
+            word(record.standard),
+            word(_dtype(record)),
+            key_metrics(record),
+            "" if record.status == "pass" else failing_metric(record),
+            word(record.reference),
+            round(record.duration * 1e3, 1),
+            anchors.get(id(record), ""),
+        ]
+        for record in records
+    ]
     return {"strings": list(strings), "rows": rows}
 
 
@@ -239,12 +253,18 @@ def _figures(records: list[ResultRecord]) -> dict[tuple[int, int], tuple[str, st
                     captions.append(caption(record.outputs[position], sample, data))
                     datas.append(data)
     svgs = plots.render_all(datas)
-    return {key: (plots.inline_svg(svg, f"f{number}-"), text)
-            for number, (key, svg, text) in enumerate(zip(keys, svgs, captions))}
+    return {
+        key: (plots.inline_svg(svg, f"f{number}-"), text) for number, (key, svg, text) in enumerate(zip(keys, svgs, captions, strict=False))
+    }
 
 
-def _details(records: list[ResultRecord], anchors: dict[int, str], figures: dict[tuple[int, int], tuple[str, str]],
-             baselines: list[tuple[str, "BaselineIndex"]], scripts: dict[str, Path]) -> str:
+def _details(
+    records: list[ResultRecord],
+    anchors: dict[int, str],
+    figures: dict[tuple[int, int], tuple[str, str]],
+    baselines: list[tuple[str, BaselineIndex]],
+    scripts: dict[str, Path],
+) -> str:
     if not records:
         return ""
     sections = [_call_section(record, anchors[id(record)], figures, baselines, scripts) for record in records]
@@ -252,17 +272,30 @@ def _details(records: list[ResultRecord], anchors: dict[int, str], figures: dict
     return f'<section id="details"><h2>{title}</h2>{"".join(sections)}</section>'
 
 
-def _call_section(record: ResultRecord, anchor: str, figures: dict[tuple[int, int], tuple[str, str]],
-                  baselines: list[tuple[str, "BaselineIndex"]], scripts: dict[str, Path]) -> str:
+def _call_section(
+    record: ResultRecord,
+    anchor: str,
+    figures: dict[tuple[int, int], tuple[str, str]],
+    baselines: list[tuple[str, BaselineIndex]],
+    scripts: dict[str, Path],
+) -> str:
     samples = {sample.get("output"): sample for sample in record.samples}
-    meta = " · ".join(part for part in (f"standard {record.standard}" if record.standard else "",
-                                         f"reference {record.reference}" if record.reference else "",
-                                         f"device {record.device}" if record.device else "",
-                                         f"{record.duration * 1e3:.1f} ms") if part)
+    meta = " · ".join(
+        part
+        for part in (
+            f"standard {record.standard}" if record.standard else "",
+            f"reference {record.reference}" if record.reference else "",
+            f"device {record.device}" if record.device else "",
+            f"{record.duration * 1e3:.1f} ms",
+        )
+        if part
+    )
     status = _e(record.status)
-    parts = [f'<section class="call {status}" id="{anchor}">',
-             f'<h3><span class="badge {status}">{status}</span> {_e(record.call)}</h3>',
-             f'<p class="muted">{_e(meta)}<br>dump {_e(record.dump)}</p>']
+    parts = [
+        f'<section class="call {status}" id="{anchor}">',
+        f'<h3><span class="badge {status}">{status}</span> {_e(record.call)}</h3>',
+        f'<p class="muted">{_e(meta)}<br>dump {_e(record.dump)}</p>',
+    ]
     shown = [output for output in record.outputs if output.status in BAD or output.index in samples]
     if record.status != "pass" and not any(output.reasons for output in shown):  # else each output says why
         parts.append(f'<p class="why">{_e(failing_metric(record))}</p>')
@@ -273,8 +306,9 @@ def _call_section(record: ResultRecord, anchor: str, figures: dict[tuple[int, in
     parts += [f'<p class="muted">{_e(sample["error"])}</p>' for sample in record.samples if "error" in sample]
     if baselines:
         parts.append(_trend(record, baselines))
-    parts.append("<h4>Inputs</h4>" + (f'<pre>{_e(chr(10).join(record.origins))}</pre>' if record.origins
-                                       else '<p class="muted">none recorded</p>'))
+    parts.append(
+        "<h4>Inputs</h4>" + (f"<pre>{_e(chr(10).join(record.origins))}</pre>" if record.origins else '<p class="muted">none recorded</p>')
+    )
     parts.append(f"<h4>Reproduce</h4><pre>{_e(reproduce(record, scripts))}</pre>")
     if not record.samples:  # without samples its worst elements are only in the message
         parts.append(f"<details><summary>the test's message</summary><pre>{_e(record.message)}</pre></details>")
@@ -282,8 +316,10 @@ def _call_section(record: ResultRecord, anchor: str, figures: dict[tuple[int, in
 
 
 def _output_part(output: OutputResult, sample: dict | None, figure: tuple[str, str] | None) -> str:
-    title = (f"{output.path or 'output'} · {output.status} by {output.standard} · {output.device_dtype} "
-             f"(bench {output.bench_dtype}) · shape {tuple(output.shape)}")
+    title = (
+        f"{output.path or 'output'} · {output.status} by {output.standard} · {output.device_dtype} "
+        f"(bench {output.bench_dtype}) · shape {tuple(output.shape)}"
+    )
     parts = [f"<h4>{_e(title)}</h4>", _metrics_table(output)]
     if output.reasons and output.status != "pass":
         parts.append("".join(f'<p class="why">{_e(reason[:600])}</p>' for reason in output.reasons[:4]))
@@ -299,15 +335,24 @@ def _output_part(output: OutputResult, sample: dict | None, figure: tuple[str, s
 # "min" must reach it, "abs" its magnitude must not exceed it. A metric limited by a
 # threshold of its own name is "max" unless it is a share of good elements.
 LIMITS = {
-    "mean_ulp_err": ("ulp_mean_max", "max"), "ulp_err_proportion": ("ulp_prop_max", "max"),
-    "max_scaled_ulp_err": ("sr_max_scaled_ulp", "max"), "mean_scaled_ulp_err": ("sr_mean_scaled_ulp", "max"),
-    "max_top_ulp_err": ("sr_max_top_ulp", "max"), "bias_ulp": ("sr_bias_ulp", "abs"),
-    "scale_bias_ulp": ("sr_bias_ulp", "abs"), "bias_z": ("sr_bias_z", "max"), "scale_bias_z": ("sr_bias_z", "max"),
-    "rel_err_thousandth": ("rel_err_thousandth", "min"), "scaled_thousandth": ("scaled_thousandth", "min"),
+    "mean_ulp_err": ("ulp_mean_max", "max"),
+    "ulp_err_proportion": ("ulp_prop_max", "max"),
+    "max_scaled_ulp_err": ("sr_max_scaled_ulp", "max"),
+    "mean_scaled_ulp_err": ("sr_mean_scaled_ulp", "max"),
+    "max_top_ulp_err": ("sr_max_top_ulp", "max"),
+    "bias_ulp": ("sr_bias_ulp", "abs"),
+    "scale_bias_ulp": ("sr_bias_ulp", "abs"),
+    "bias_z": ("sr_bias_z", "max"),
+    "scale_bias_z": ("sr_bias_z", "max"),
+    "rel_err_thousandth": ("rel_err_thousandth", "min"),
+    "scaled_thousandth": ("scaled_thousandth", "min"),
 }
 SIGNS = {"max": "≤", "min": "≥", "abs": "|.| ≤"}
-BEYOND = {"max": lambda value, limit: value > limit, "min": lambda value, limit: value < limit,
-          "abs": lambda value, limit: abs(value) > limit}
+BEYOND = {
+    "max": lambda value, limit: value > limit,
+    "min": lambda value, limit: value < limit,
+    "abs": lambda value, limit: abs(value) > limit,
+}
 
 
 def metric_limit(output: OutputResult, key: str) -> tuple[float | None, str]:
@@ -323,19 +368,24 @@ def _metrics_table(output: OutputResult) -> str:
         used.add(LIMITS.get(key, (key,))[0])
         beyond = output.status in BAD and limit is not None and _finite(value) and BEYOND[how](value, limit)
         shown = "" if limit is None else f"{SIGNS[how]} {_number(limit)}"
-        rows.append(f'<tr><td>{_e(key)}</td><td class="v{" over" if beyond else ""}">{_number(value)}</td>'
-                    f'<td class="v">{_e(shown)}</td></tr>')
+        rows.append(
+            f'<tr><td>{_e(key)}</td><td class="v{" over" if beyond else ""}">{_number(value)}</td><td class="v">{_e(shown)}</td></tr>'
+        )
     table = f'<table class="metrics"><tr><th>metric</th><th>value</th><th>limit</th></tr>{"".join(rows)}</table>'
     other = ", ".join(f"{key} {_number(value)}" for key, value in output.thresholds.items() if key not in used)
     return table + (f'<p class="muted">other thresholds: {_e(other)}</p>' if other else "")
 
 
 def _worst_table(worst: list) -> str:
-    rows = "".join(f'<tr><td class="v">{_e(index)}</td><td class="v">{_e(repr(device))}</td><td class="v">{_e(repr(bench))}</td>'
-                   f'<td class="v">{_number(abs(device - bench)) if _finite(device, bench) else "inf/NaN"}</td></tr>'
-                   for index, device, bench in worst)
-    return ('<h4>Worst elements</h4><table class="worst"><tr><th>index</th><th>device</th><th>bench</th>'
-            f"<th>|device - bench|</th></tr>{rows}</table>")
+    rows = "".join(
+        f'<tr><td class="v">{_e(index)}</td><td class="v">{_e(repr(device))}</td><td class="v">{_e(repr(bench))}</td>'
+        f'<td class="v">{_number(abs(device - bench)) if _finite(device, bench) else "inf/NaN"}</td></tr>'
+        for index, device, bench in worst
+    )
+    return (
+        '<h4>Worst elements</h4><table class="worst"><tr><th>index</th><th>device</th><th>bench</th>'
+        f"<th>|device - bench|</th></tr>{rows}</table>"
+    )
 
 
 def _finite(*values: float) -> bool:
@@ -351,8 +401,10 @@ def reproduce(record: ResultRecord, scripts: dict[str, Path]) -> str:
     dump = shlex.quote(record.dump)
     kind = record.device.split(":")[0].split(" ")[0]
     device = f" --msprobe-device={kind}" if kind in DEVICE_KINDS else ""
-    return (f"pytest --msprobe-dump={dump}{device} {shlex.quote(f'{record.dump}::{record.call}')}\n"
-            f"msprobe-script {dump} {shlex.quote(record.call)} -o msprobe-scripts")
+    return (
+        f"pytest --msprobe-dump={dump}{device} {shlex.quote(f'{record.dump}::{record.call}')}\n"
+        f"msprobe-script {dump} {shlex.quote(record.call)} -o msprobe-scripts"
+    )
 
 
 def _scripts(folder: Path | None) -> dict[str, Path]:
@@ -406,22 +458,31 @@ def _baseline_section(records: list[ResultRecord], index: BaselineIndex, label: 
     rows = []
     for record, change, recorded in regressions[:SHOWN_REGRESSIONS]:
         growth = f"{change.metric} {change.ratio:.3g}x" if change.ratio is not None else ""
-        rows.append(f"<tr><td class=\"mono\">{_e(record.call)}</td><td>{_e(change.was)} → {_e(change.now)}</td>"
-                    f"<td>{_e(growth)}</td><td>{_now_vs_then(CallMetrics.of(record), recorded)}</td></tr>")
-    table = ("<table><tr><th>call</th><th>status</th><th>largest growth</th><th>metrics now / baseline</th></tr>"
-             + "".join(rows) + "</table>") if rows else '<p class="muted">no regression</p>'
+        rows.append(
+            f'<tr><td class="mono">{_e(record.call)}</td><td>{_e(change.was)} → {_e(change.now)}</td>'
+            f"<td>{_e(growth)}</td><td>{_now_vs_then(CallMetrics.of(record), recorded)}</td></tr>"
+        )
+    table = (
+        ("<table><tr><th>call</th><th>status</th><th>largest growth</th><th>metrics now / baseline</th></tr>" + "".join(rows) + "</table>")
+        if rows
+        else '<p class="muted">no regression</p>'
+    )
     more = f'<p class="muted">... and {len(regressions) - SHOWN_REGRESSIONS} more</p>' if len(regressions) > SHOWN_REGRESSIONS else ""
     created = index.baseline.environment.get("created", "")
-    return (f'<section id="baseline"><h2>Against the baseline</h2><p>{_e(label)}{_e(f" (recorded {created})" if created else "")}: '
-            f"{_e(head)}</p>{table}{more}</section>")
+    return (
+        f'<section id="baseline"><h2>Against the baseline</h2><p>{_e(label)}{_e(f" (recorded {created})" if created else "")}: '
+        f"{_e(head)}</p>{table}{more}</section>"
+    )
 
 
 def _now_vs_then(now: CallMetrics, then: CallMetrics | None) -> str:
     lines = []
     for path, metrics in now.outputs.items():
         before = then.outputs.get(path, {}) if then is not None else {}
-        lines += [f"{path or 'output'} {key}: {_number(value)} / {_number(before[key]) if key in before else '-'}"
-                  for key, value in metrics.items()]
+        lines += [
+            f"{path or 'output'} {key}: {_number(value)} / {_number(before[key]) if key in before else '-'}"
+            for key, value in metrics.items()
+        ]
     return _e("; ".join(lines))
 
 
@@ -434,9 +495,15 @@ def _trend(record: ResultRecord, baselines: list[tuple[str, BaselineIndex]]) -> 
         return ""
     head = "".join(f"<th>{_e(label)}</th>" for label, _ in columns)
     status = "".join(f"<td>{_e(metrics.status if metrics else '-')}</td>" for _, metrics in columns)
-    body = "".join(f"<tr><td>{_e((path or 'output') + ' ' + key)}</td>" + "".join(
-        f'<td class="v">{_number(metrics.outputs.get(path, {})[key]) if metrics and key in metrics.outputs.get(path, {}) else "-"}</td>'
-        for _, metrics in columns) + "</tr>" for path, key in keys)
+    body = "".join(
+        f"<tr><td>{_e((path or 'output') + ' ' + key)}</td>"
+        + "".join(
+            f'<td class="v">{_number(metrics.outputs.get(path, {})[key]) if metrics and key in metrics.outputs.get(path, {}) else "-"}</td>'
+            for _, metrics in columns
+        )
+        + "</tr>"
+        for path, key in keys
+    )
     return f'<h4>Across the baselines</h4><table class="metrics"><tr><th></th>{head}</tr><tr><td>status</td>{status}</tr>{body}</table>'
 
 

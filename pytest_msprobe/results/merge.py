@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-from pytest_msprobe.results.writer import (Entry, JOURNAL_PREFIX, ResultFilesError, ResultWriter, RunFiles, read_journal, read_sessions,
-                                           record_key, write_sessions)
+from pytest_msprobe.results.writer import (
+    JOURNAL_PREFIX,
+    Entry,
+    ResultFilesError,
+    ResultWriter,
+    RunFiles,
+    read_journal,
+    read_sessions,
+    record_key,
+    write_sessions,
+)
 
 
 def journal_of(source: Path) -> Path:
@@ -47,8 +56,10 @@ class SourceRead:
     def line(self) -> str:
         text = f"read {self.records} records from {self.journal}"
         if self.older:
-            text += (f" (the newest of {len(self.older) + 1} runs in {self.source}; not read: "
-                     f"{', '.join(path.name for path in self.older)}: name a journal file to merge it too)")
+            text += (
+                f" (the newest of {len(self.older) + 1} runs in {self.source}; not read: "
+                f"{', '.join(path.name for path in self.older)}: name a journal file to merge it too)"
+            )
         return text
 
 
@@ -121,13 +132,21 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     from pytest_msprobe.judge.baseline import BaselineError
     from pytest_msprobe.results.html import ReportContext, read_baselines, write_report
 
-    parser = argparse.ArgumentParser(prog="msprobe-report", description="Write the HTML report of result folders "
-                                     "(--msprobe-out folders or msprobe_records_*.jsonl journals; several are merged).")
+    parser = argparse.ArgumentParser(
+        prog="msprobe-report",
+        description="Write the HTML report of result folders "
+        "(--msprobe-out folders or msprobe_records_*.jsonl journals; several are merged).",
+    )
     parser.add_argument("sources", nargs="+", type=Path, help="--msprobe-out folders or msprobe_records_*.jsonl files")
     parser.add_argument("-o", "--out", type=Path, default=Path("msprobe-report.html"), help="the HTML file to write")
     parser.add_argument("--scripts", type=Path, help="the run's --msprobe-scripts folder: its scripts are the reproduce commands")
-    parser.add_argument("--baseline", type=Path, action="append", default=[],
-                        help="a --msprobe-baseline-save folder (repeatable: the trend runs over all, the newest is compared with)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        default=[],
+        help="a --msprobe-baseline-save folder (repeatable: the trend runs over all, the newest is compared with)",
+    )
     parser.add_argument("--title", default="pytest-msprobe report")
     args = parser.parse_args(argv)
     try:

@@ -23,12 +23,16 @@ import io
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-SVG_RC = {
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
+SVG_RC: dict[RcKeyType, Any] = {  # Any: rc values are of each key's own type
     "svg.fonttype": "none",  # text as text: small, selectable
     "svg.hashsalt": "msprobe",  # the same ids in every run: a report is reproducible
     "font.size": 8,
@@ -111,7 +115,7 @@ def inline_svg(svg: str, prefix: str) -> str:
     """An SVG document made fit to sit inline in a page beside others: no prolog or
     metadata, ids prefixed (two figures' clip paths must not collide), coordinates to
     one decimal, no indentation, fonts from the page's CSS."""
-    svg = svg[svg.index("<svg"):]
+    svg = svg[svg.index("<svg") :]
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
     svg = re.sub(r'<g id="[^"]*">', "<g>", svg)  # group ids are never referred to
     svg = re.sub(r"font-family: [^;\"]*;? ?|font-size: 8px;? ?", "", svg)  # the page's CSS sets both
@@ -220,8 +224,7 @@ def _draw_scatter(canvas: Canvas, data: Any) -> None:
     x_low, x_high = _log_range(x)
     y_low, y_high = _log_range(y)
     canvas.points.set_offsets(np.column_stack([np.maximum(data.magnitude, x_low), np.maximum(data.error, y_low)]))
-    canvas.worst.set_offsets(np.column_stack([np.maximum(data.worst_magnitude, x_low), np.maximum(data.worst_error, y_low)])
-                             .reshape(-1, 2))
+    canvas.worst.set_offsets(np.column_stack([np.maximum(data.worst_magnitude, x_low), np.maximum(data.worst_error, y_low)]).reshape(-1, 2))
     visible = data.tolerance is not None
     canvas.tolerance.set_visible(visible)
     if visible:
@@ -257,13 +260,14 @@ def _draw_heatmap(canvas: Canvas, data: Any) -> None:
     low = max(math.floor(math.log10(positive.min())) if positive.size else high - 1, high - 6)
     low = min(low, high - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        shown = (np.log10(np.maximum(grid, 10.0 ** low)) - low) / (high - low)
+        shown = (np.log10(np.maximum(grid, 10.0**low)) - low) / (high - low)
     shown = np.where(grid > 0, shown, -1.0)
     canvas.image.set_data(np.where(np.isinf(grid), 2.0, shown))
     canvas.image.set_extent((0, data.cols, data.rows, 0))
     step = math.ceil((high - low) / (TICKS - 1))
     decades = list(range(high, low - 1, -step))[::-1]
-    canvas.colorbar.set_ticks([(decade - low) / (high - low) for decade in decades],
-                              labels=[_power_of_ten(10.0 ** decade, None) for decade in decades])
+    canvas.colorbar.set_ticks(
+        [(decade - low) / (high - low) for decade in decades], labels=[_power_of_ten(10.0**decade, None) for decade in decades]
+    )
     canvas.heatmap.set_xlim(0, data.cols)
     canvas.heatmap.set_ylim(data.rows, 0)

@@ -31,8 +31,14 @@ def badness(record: ResultRecord) -> tuple[int, float, str]:
 def failing_metric(record: ResultRecord) -> str:
     """The first reason of the first output with the call's status, else the message's
     first line (a call that failed before any comparison), cut to one short line."""
-    text = next((f"{output.path or 'output'}: {output.reasons[0]}" for output in record.outputs
-                 if output.status == record.status and output.reasons), record.message)
+    text = next(
+        (
+            f"{output.path or 'output'}: {output.reasons[0]}"
+            for output in record.outputs
+            if output.status == record.status and output.reasons
+        ),
+        record.message,
+    )
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= LINE_CUT else line[:LINE_CUT] + " ..."
 
@@ -58,11 +64,11 @@ class Summary:
         if resumed:
             self.resumed_status[record.status] += 1
         if represents > 1:
-            item = (represents, record.call)
+            repeated = (represents, record.call)
             if len(self.most_repeated) < MOST_REPEATED_SHOWN:
-                heapq.heappush(self.most_repeated, item)
+                heapq.heappush(self.most_repeated, repeated)
             else:
-                heapq.heappushpop(self.most_repeated, item)
+                heapq.heappushpop(self.most_repeated, repeated)
         if record.status in ("error", "warning"):
             item = (badness(record), record.call, failing_metric(record))
             if len(self.worst) < WORST_SHOWN:
@@ -101,8 +107,10 @@ class Summary:
         if failing:
             lines.append(f"{failing} of the calls from the resumed run failed: they count in the exit status")
         if self.represented > total:
-            lines.append(f"dedup: these {total} tests stand for {self.represented} dumped tests (a call's forward and "
-                         "backward count apart); the most repeated:")
+            lines.append(
+                f"dedup: these {total} tests stand for {self.represented} dumped tests (a call's forward and "
+                "backward count apart); the most repeated:"
+            )
             lines += [f"  {call}: {count}" for count, call in sorted(self.most_repeated, reverse=True)]
         lines += _table("by standard", self.by_standard) + _table("by api type", self.by_api_type)
         if self.worst:
@@ -113,6 +121,5 @@ class Summary:
 
 
 def _table(title: str, counts: dict[str, Counter[str]]) -> list[str]:
-    rows = [f"  {name:<22} " + "  ".join(f"{s} {counter[s]}" for s in STATUSES if counter[s])
-            for name, counter in sorted(counts.items())]
+    rows = [f"  {name:<22} " + "  ".join(f"{s} {counter[s]}" for s in STATUSES if counter[s]) for name, counter in sorted(counts.items())]
     return [f"{title}:", *rows] if rows else []

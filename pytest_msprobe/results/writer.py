@@ -31,13 +31,22 @@ import io
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from pytest_msprobe.results.msprobe_csv import (DETAILS_HEADER, DETAILS_PREFIX, ENCODING, RESULT_HEADER, RESULT_PREFIX,
-                                       details_rows, output_name, result_row)
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
+from pytest_msprobe.results.msprobe_csv import (
+    DETAILS_HEADER,
+    DETAILS_PREFIX,
+    ENCODING,
+    RESULT_HEADER,
+    RESULT_PREFIX,
+    details_rows,
+    output_name,
+    result_row,
+)
 
 JOURNAL_PREFIX = "msprobe_records_"
 METRICS_PREFIX = "accuracy_checking_metrics_"
@@ -65,12 +74,12 @@ class RunFiles:
     run = property(lambda self: self._file(RUN_PREFIX, ".json"))
 
     @classmethod
-    def of_journal(cls, journal: Path) -> "RunFiles":
+    def of_journal(cls, journal: Path) -> RunFiles:
         """The run a journal belongs to (its timestamp names the other files)."""
-        return cls(journal.parent, journal.name[len(JOURNAL_PREFIX):-len(".jsonl")])
+        return cls(journal.parent, journal.name[len(JOURNAL_PREFIX) : -len(".jsonl")])
 
     @classmethod
-    def new(cls, folder: Path) -> "RunFiles":
+    def new(cls, folder: Path) -> RunFiles:
         """A fresh timestamp (msprobe's %Y%m%d%H%M%S), suffixed if that second is taken;
         reserved by creating its (empty) journal, which fails if another run did first."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -81,13 +90,13 @@ class RunFiles:
         return files
 
     @classmethod
-    def all(cls, folder: Path) -> list["RunFiles"]:
+    def all(cls, folder: Path) -> list[RunFiles]:
         """Every run in a folder, oldest first (by the timestamps of their journals)."""
-        stamps = sorted(path.name[len(JOURNAL_PREFIX):-len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl"))
+        stamps = sorted(path.name[len(JOURNAL_PREFIX) : -len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl"))
         return [cls(folder, stamp) for stamp in stamps]
 
     @classmethod
-    def latest(cls, folder: Path) -> "RunFiles | None":
+    def latest(cls, folder: Path) -> RunFiles | None:
         """The newest run in a folder (by its journal's timestamp), None if there is none."""
         runs = cls.all(folder)
         return runs[-1] if runs else None
@@ -121,15 +130,18 @@ class OutFolderLock:
         except ImportError:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+", encoding="utf-8")
+        # held open while the run lasts: the lock is the open handle (release() closes it)
+        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             handle.close()
-            raise ResultFilesError(f"{self.path.parent} is in use by another run ({holder}); give each run that goes on at the "
-                                   "same time its own --msprobe-out, and join their results with msprobe-merge") from None
+            raise ResultFilesError(
+                f"{self.path.parent} is in use by another run ({holder}); give each run that goes on at the "
+                "same time its own --msprobe-out, and join their results with msprobe-merge"
+            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -159,7 +171,7 @@ class Entry:
         return json.dumps({**self.record.to_dict(), "represents": self.represents})
 
     @classmethod
-    def from_json(cls, line: bytes | str) -> "Entry":
+    def from_json(cls, line: bytes | str) -> Entry:
         data = json.loads(line)
         represents = data.pop("represents", 1)
         return cls(ResultRecord.from_dict(data), represents)
@@ -181,8 +193,10 @@ def read_journal(path: Path) -> list[Entry]:
         except (ValueError, TypeError, AttributeError) as exc:
             if number == len(lines):  # no newline after it: torn by a kill
                 continue
-            raise ResultFilesError(f"{path}: line {number} is not a result record ({exc}); the file was edited or "
-                                   "damaged: delete that line, or run without --msprobe-resume to start over") from exc
+            raise ResultFilesError(
+                f"{path}: line {number} is not a result record ({exc}); the file was edited or "
+                "damaged: delete that line, or run without --msprobe-resume to start over"
+            ) from exc
         entries[record_key(entry.record)] = entry
     return list(entries.values())
 
@@ -214,13 +228,30 @@ def metrics_rows(entry: Entry) -> list[dict]:
     pandas.read_json(path, lines=True) gives one DataFrame of the whole run."""
     record = entry.record
     call, direction = split_direction(record.call)
-    base = {"dump": record.dump, "call": call, "direction": direction, "device": record.device,
-            "represents": entry.represents, "duration": record.duration}
+    base = {
+        "dump": record.dump,
+        "call": call,
+        "direction": direction,
+        "device": record.device,
+        "represents": entry.represents,
+        "duration": record.duration,
+    }
     return [
-        {**base, "name": output_name(record.call, output), "output": output.index, "path": output.path,
-         "status": output.status, "standard": output.standard, "reference": output.reference,
-         "device_dtype": output.device_dtype, "bench_dtype": output.bench_dtype, "shape": output.shape,
-         **output.metrics, **{f"threshold_{key}": value for key, value in output.thresholds.items()}, **output.findings}
+        {
+            **base,
+            "name": output_name(record.call, output),
+            "output": output.index,
+            "path": output.path,
+            "status": output.status,
+            "standard": output.standard,
+            "reference": output.reference,
+            "device_dtype": output.device_dtype,
+            "bench_dtype": output.bench_dtype,
+            "shape": output.shape,
+            **output.metrics,
+            **{f"threshold_{key}": value for key, value in output.thresholds.items()},
+            **output.findings,
+        }
         for output in record.outputs
     ]
 
@@ -246,10 +277,11 @@ class ResultWriter:
         files.folder.mkdir(parents=True, exist_ok=True)
         previous = list(previous)
         self._rewrite(previous)
-        self._journal = open(files.journal, "a", encoding="utf-8", newline="\n")
-        self._details_file = open(files.details, "a", encoding="utf-8", newline="")
+        # SIM115: appended to for the writer's lifetime, closed by close()
+        self._journal = open(files.journal, "a", encoding="utf-8", newline="\n")  # noqa: SIM115
+        self._details_file = open(files.details, "a", encoding="utf-8", newline="")  # noqa: SIM115
         self._details = csv.writer(self._details_file)
-        self._metrics = open(files.metrics, "a", encoding="utf-8", newline="\n")
+        self._metrics = open(files.metrics, "a", encoding="utf-8", newline="\n")  # noqa: SIM115
         self._flushed = time.monotonic()
         for entry in previous:
             self._remember(entry.record)
@@ -271,9 +303,15 @@ class ResultWriter:
         """Write the result CSV from every call's statuses and close the files."""
         for handle in (self._journal, self._details_file, self._metrics):
             handle.close()
-        rows = [result_row(call, status.status.get("forward"), status.status.get("backward"),
-                           (status.message.get("forward", ""), status.message.get("backward", "")))
-                for (_, call), status in self.calls.items()]
+        rows = [
+            result_row(
+                call,
+                status.status.get("forward"),
+                status.status.get("backward"),
+                (status.message.get("forward", ""), status.message.get("backward", "")),
+            )
+            for (_, call), status in self.calls.items()
+        ]
         _replace(self.files.result, _csv_text(RESULT_HEADER, rows), ENCODING)
 
     def _remember(self, record: ResultRecord) -> None:
@@ -284,8 +322,7 @@ class ResultWriter:
 
     def _rewrite(self, entries: list[Entry]) -> None:
         """Start the files afresh from these entries: headers, then their rows."""
-        _replace(self.files.details,
-                 _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]), ENCODING)
+        _replace(self.files.details, _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]), ENCODING)
         _replace(self.files.metrics, "".join(json.dumps(row) + "\n" for entry in entries for row in metrics_rows(entry)))
         _replace(self.files.journal, "".join(entry.to_json() + "\n" for entry in entries))
 

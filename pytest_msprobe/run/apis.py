@@ -10,8 +10,9 @@ import functools
 import importlib.resources
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.errors import CallSkip
@@ -128,7 +129,9 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Any] 
     """
     api_name = name.api_name
     if api_name in pytorch_table()["random"]:
-        raise CallSkip(f"{name.api_type}.{api_name} draws random numbers the dump does not record: its output cannot be compared element by element")
+        raise CallSkip(
+            f"{name.api_type}.{api_name} draws random numbers the dump does not record: its output cannot be compared element by element"
+        )
     raise_bench = api_name not in pytorch_table()["not_raised"]
     if name.api_type == "NPU":
         return _resolve_npu(api_name, npu_ops, raise_bench)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 AUTOLOAD_HINT = (
     "torch_npu is installed but cannot be imported (it needs Ascend's CANN libraries). "
@@ -59,8 +60,13 @@ class Accelerator:
 
 
 ACCELERATORS = {
-    "npu": Accelerator("npu", "torch_npu", "ASCEND_RT_VISIBLE_DEVICES",
-                       "Install pytest-msprobe[npu] (torch_npu) with Ascend's CANN set up (source set_env.sh).", AUTOLOAD_HINT),
+    "npu": Accelerator(
+        "npu",
+        "torch_npu",
+        "ASCEND_RT_VISIBLE_DEVICES",
+        "Install pytest-msprobe[npu] (torch_npu) with Ascend's CANN set up (source set_env.sh).",
+        AUTOLOAD_HINT,
+    ),
     "cuda": Accelerator("cuda", None, "CUDA_VISIBLE_DEVICES", "Install a CUDA build of torch."),
 }
 
@@ -143,7 +149,7 @@ class AcceleratorBackend(Backend):
         torch_npu = importlib.import_module("torch_npu")
         op = getattr(torch_npu, api_name, None)
         if op is None:
-            op = getattr(getattr(import_torch().ops, "npu"), api_name, None)
+            op = getattr(import_torch().ops.npu, api_name, None)
         return op if callable(op) else None
 
     def is_out_of_memory(self, exc: BaseException) -> bool:

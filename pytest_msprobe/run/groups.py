@@ -93,8 +93,7 @@ GROUPS: dict[str, GroupsOf] = {
     "batch_norm": _channels,
     "instance_norm": _instances,
     "group_norm": _norm_groups,
-    **dict.fromkeys(("div", "div_", "divide", "true_divide", "__truediv__", "__itruediv__", "__div__"),
-                    _by_a_scalar),
+    **dict.fromkeys(("div", "div_", "divide", "true_divide", "__truediv__", "__itruediv__", "__div__"), _by_a_scalar),
 }
 
 
@@ -104,8 +103,9 @@ def groups_of(name: CallName, bench: Any, inputs: Inputs) -> torch.Tensor | None
     numbered = GROUPS.get(name.operator)
     if numbered is None or not inputs.args or not isinstance(inputs.args[0], torch.Tensor):
         return None
-    args, kwargs = (torch_form(bench, list(inputs.args), dict(inputs.kwargs)) if isinstance(bench, Run)
-                    else (list(inputs.args), dict(inputs.kwargs)))
+    args, kwargs = (
+        torch_form(bench, list(inputs.args), dict(inputs.kwargs)) if isinstance(bench, Run) else (list(inputs.args), dict(inputs.kwargs))
+    )
     try:
         return numbered(args, kwargs)
     except (TypeError, ValueError, IndexError, RuntimeError):

@@ -25,7 +25,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 
@@ -86,7 +87,8 @@ class HardDeadline:
             self.idle_since = None
             if self.expires < now + hard:
                 slack = hard / 4
-                faulthandler.dump_traceback_later(hard + slack, exit=True, file=sys.__stderr__)
+                # sys.__stderr__ is None only in an interpreter started without one (pythonw), never a test run's
+                faulthandler.dump_traceback_later(hard + slack, exit=True, file=sys.__stderr__)  # type: ignore[arg-type]
                 self.expires = now + hard + slack
                 self.poll = min(1.0, slack / 2)
         if self.thread is None or not self.thread.is_alive():
@@ -147,7 +149,8 @@ def end_process() -> None:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
-            stream.flush()
+            if stream is not None:
+                stream.flush()
     os._exit(0)
 
 
@@ -165,10 +168,12 @@ def out_of_memory_text(index: DumpIndex, name: CallName, exc: BaseException, dev
     sizes = tensor_sizes(index, name)
     total = sum(size for _, size in sizes)
     largest = "; ".join(f"{where} {_size(size)}" for where, size in sizes[:4])
-    return (f"{name}: out of memory on {device}: {type(cause).__name__}: {failure}\n"
-            f"the call's tensors take {_size(total)} (largest: {largest or 'none recorded'}); the memory was released "
-            "and the run went on. Run this call alone or on a device with more free memory (fewer workers per device: "
-            "--msprobe-devices), or skip calls this large with a lower --msprobe-max-elements.")
+    return (
+        f"{name}: out of memory on {device}: {type(cause).__name__}: {failure}\n"
+        f"the call's tensors take {_size(total)} (largest: {largest or 'none recorded'}); the memory was released "
+        "and the run went on. Run this call alone or on a device with more free memory (fewer workers per device: "
+        "--msprobe-devices), or skip calls this large with a lower --msprobe-max-elements."
+    )
 
 
 def tensor_sizes(index: DumpIndex, name: CallName) -> list[tuple[str, int]]:

@@ -25,8 +25,9 @@ dumped call: the first regime is "dumped", sizes toward 0 and 1, exponents towar
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -148,9 +149,18 @@ def _specials(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.r
     return rows.reshape(values.shape), f"{count} of {rows.shape[0]} rows set to {special[0]}"
 
 
-REGIMES = tuple(Regime(name, make) for name, make in (
-    ("dumped", _dumped), ("scaled", _scaled), ("offset", _offset), ("extreme", _extreme), ("tiny", _tiny),
-    ("zeros", _zeros), ("specials", _specials)))
+REGIMES = tuple(
+    Regime(name, make)
+    for name, make in (
+        ("dumped", _dumped),
+        ("scaled", _scaled),
+        ("offset", _offset),
+        ("extreme", _extreme),
+        ("tiny", _tiny),
+        ("zeros", _zeros),
+        ("specials", _specials),
+    )
+)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -161,8 +171,15 @@ class Neighbourhood:
     """The variants of one call: built from its records and its decoded dumped inputs
     (their leaves, in the order decoding found them)."""
 
-    def __init__(self, forward: dict[str, Any], backward: dict[str, Any] | None, leaves: list[TensorLeaf],
-                 max_elements: int, resizable: bool = True, smallest_size: int = 0) -> None:
+    def __init__(
+        self,
+        forward: dict[str, Any],
+        backward: dict[str, Any] | None,
+        leaves: list[TensorLeaf],
+        max_elements: int,
+        resizable: bool = True,
+        smallest_size: int = 0,
+    ) -> None:
         self.forward, self.backward, self.leaves = forward, backward, leaves
         found = _count_tensors(self._recorded())
         if found != len(leaves):
@@ -205,9 +222,11 @@ class Neighbourhood:
             name = next(rename)
             return tensor_entry(tensors[name], name, kind=value["type"], requires_grad=bool(value.get("requires_grad", False)))
 
-        forward = {**self.forward,
-                   "input_args": _mapped(self.forward.get("input_args", []), replace, sizes),
-                   "input_kwargs": _mapped(self.forward.get("input_kwargs", {}), replace, sizes)}
+        forward = {
+            **self.forward,
+            "input_args": _mapped(self.forward.get("input_args", []), replace, sizes),
+            "input_kwargs": _mapped(self.forward.get("input_kwargs", {}), replace, sizes),
+        }
         backward = None
         if self.backward is not None:
             backward = {**self.backward, "input": _mapped(self.backward.get("input", []), replace, sizes)}
@@ -220,8 +239,9 @@ class Neighbourhood:
         return {size: draw(st.integers(self.smallest_size, 2 * size)) for size in self.sizes}
 
 
-def _leaf_values(draw: st.DrawFn, leaf: TensorLeaf, shape: tuple[int, ...], seed: int, regime: Regime,
-                 rng: np.random.Generator) -> tuple[torch.Tensor, str]:
+def _leaf_values(
+    draw: st.DrawFn, leaf: TensorLeaf, shape: tuple[int, ...], seed: int, regime: Regime, rng: np.random.Generator
+) -> tuple[torch.Tensor, str]:
     """The leaf's tensor in this variant: the dumped one where nothing moves it."""
     dumped = leaf.tensor
     same = shape == tuple(dumped.shape) and seed == 0

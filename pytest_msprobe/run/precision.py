@@ -64,8 +64,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ENV_BENCH = "PYTEST_MSPROBE_BENCH"
 #: rule 6: smaller calls keep the CPU bench
@@ -92,8 +93,7 @@ class Switch:
 
 
 def _attr_switch(owner: Callable[[], Any], path: str, attribute: str, strict: Any) -> Switch:
-    return Switch(f"{path}.{attribute}", lambda: getattr(owner(), attribute),
-                  lambda value: setattr(owner(), attribute, value), strict)
+    return Switch(f"{path}.{attribute}", lambda: getattr(owner(), attribute), lambda value: setattr(owner(), attribute, value), strict)
 
 
 @functools.cache
@@ -105,8 +105,7 @@ def cuda_switches() -> list[Switch]:
     switches = [
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_tf32", False),
         _attr_switch(lambda: torch.backends.cudnn, "torch.backends.cudnn", "allow_tf32", False),
-        Switch("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision,
-               torch.set_float32_matmul_precision, "highest"),
+        Switch("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, "highest"),
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_fp16_reduced_precision_reduction", False),
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_bf16_reduced_precision_reduction", False),
     ]
@@ -122,9 +121,14 @@ def _fp32_precision_api() -> list[tuple[str, Callable[[], Any]]]:
     import torch
 
     backends = torch.backends
-    owners = [("torch.backends", lambda: backends), ("torch.backends.cuda.matmul", lambda: backends.cuda.matmul),
-              ("torch.backends.cudnn", lambda: backends.cudnn), ("torch.backends.cudnn.conv", lambda: backends.cudnn.conv),
-              ("torch.backends.cudnn.rnn", lambda: backends.cudnn.rnn)]
+    owners = [
+        ("torch.backends", lambda: backends),
+        ("torch.backends.cuda.matmul", lambda: backends.cuda.matmul),
+        ("torch.backends.cudnn", lambda: backends.cudnn),
+        # conv and rnn: torch's newer API, which its type stubs do not declare yet
+        ("torch.backends.cudnn.conv", lambda: backends.cudnn.conv),  # type: ignore[attr-defined]
+        ("torch.backends.cudnn.rnn", lambda: backends.cudnn.rnn),
+    ]
     return [(name, owner) for name, owner in owners if _has(owner, "fp32_precision")]
 
 
@@ -132,8 +136,11 @@ def _fp32_precision_api() -> list[tuple[str, Callable[[], Any]]]:
 def npu_switches() -> list[Switch]:
     import torch
 
-    return [_attr_switch(lambda: torch.npu.matmul, "torch.npu.matmul", "allow_hf32", False),
-            _attr_switch(lambda: torch.npu.conv, "torch.npu.conv", "allow_hf32", False)]
+    return [
+        # torch.npu: added to torch by torch_npu, which has no type information
+        _attr_switch(lambda: torch.npu.matmul, "torch.npu.matmul", "allow_hf32", False),  # type: ignore[attr-defined]
+        _attr_switch(lambda: torch.npu.conv, "torch.npu.conv", "allow_hf32", False),  # type: ignore[attr-defined]
+    ]
 
 
 def _npu_precision_mode() -> str:
@@ -154,6 +161,11 @@ def _has(owner: Callable[[], Any], attribute: str) -> bool:
     return True
 
 
+def _fp32_precision_of(owner: Callable[[], Any]) -> Callable[[], Any]:
+    """A reader of the owner's fp32_precision setting (one reader per owner)."""
+    return lambda: owner().fp32_precision
+
+
 def _read(get: Callable[[], Any]) -> tuple[bool, Any]:
     try:
         return True, get()
@@ -172,7 +184,7 @@ def problems(backend_name: str, switches: list[Switch]) -> list[str]:
             found.append(f"{switch.name} is {value!r} after setting it to {switch.strict!r}")
     if backend_name == "cuda":
         for name, owner in _fp32_precision_api():
-            ok, value = _read(lambda: owner().fp32_precision)
+            ok, value = _read(_fp32_precision_of(owner))
             if not ok or value in _REDUCED:
                 found.append(f"{name}.fp32_precision is {value!r}")
         for variable in ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE"):
@@ -182,9 +194,11 @@ def problems(backend_name: str, switches: list[Switch]) -> list[str]:
     if backend_name == "npu":
         ok, mode = _read(_npu_precision_mode)
         if not ok or mode != "must_keep_origin_dtype":
-            found.append(f"the ACL precision mode is {mode if ok else 'unreadable'}, not must_keep_origin_dtype "
-                         "(float32 matrix operators may run in float16): set torch_npu.npu.set_option("
-                         "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench")
+            found.append(
+                f"the ACL precision mode is {mode if ok else 'unreadable'}, not must_keep_origin_dtype "
+                "(float32 matrix operators may run in float16): set torch_npu.npu.set_option("
+                "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench"
+            )
     return found
 
 
@@ -196,8 +210,7 @@ def strict_float32(backend_name: str) -> Iterator[None]:
     raise)."""
     switches = SWITCHES[backend_name]()
     saved = [(switch, _read(switch.get)) for switch in switches]
-    saved_api = [(owner, _read(lambda owner=owner: owner().fp32_precision))
-                 for _, owner in (_fp32_precision_api() if backend_name == "cuda" else [])]
+    saved_api = [(owner, _read(_fp32_precision_of(owner))) for _, owner in (_fp32_precision_api() if backend_name == "cuda" else [])]
     try:
         for switch in switches:
             with contextlib.suppress(Exception):  # a setter that fails is reported by the read-back below
@@ -223,8 +236,7 @@ def float32_bench(dtypes: dict[Any, Any], floating_inputs: set[Any]) -> bool:
     import torch
 
     low = {torch.float16, torch.bfloat16}
-    return bool(dtypes) and bool(floating_inputs & low) and all(
-        dtypes.get(dtype, dtype) == torch.float32 for dtype in floating_inputs)
+    return bool(dtypes) and bool(floating_inputs & low) and all(dtypes.get(dtype, dtype) == torch.float32 for dtype in floating_inputs)
 
 
 @dataclass(frozen=True)
@@ -237,8 +249,9 @@ class BenchSite:
     label: str
 
 
-def bench_site(backend_name: str, device: str, api_name: str, dtypes: dict[Any, Any], floating_inputs: set[Any],
-               standard: str, elements: int) -> BenchSite:
+def bench_site(
+    backend_name: str, device: str, api_name: str, dtypes: dict[Any, Any], floating_inputs: set[Any], standard: str, elements: int
+) -> BenchSite:
     """Rules 1-7 for one call (device: the accelerator as the verdict names it;
     elements: how many its floating inputs hold)."""
     if backend_name not in SWITCHES:
@@ -250,8 +263,7 @@ def bench_site(backend_name: str, device: str, api_name: str, dtypes: dict[Any, 
         import torch
 
         raised = {dtypes.get(dtype, dtype) for dtype in floating_inputs}
-        return BenchSite(False, f"{cpu} in float64" if torch.float64 in raised else
-                         cpu if dtypes else f"{cpu} (not raised)")
+        return BenchSite(False, f"{cpu} in float64" if torch.float64 in raised else cpu if dtypes else f"{cpu} (not raised)")
     if api_name.startswith("NPU."):
         return BenchSite(False, f"{cpu} (an NPU fused operator's reference)")
     if standard == "binary_consistency":

@@ -8,12 +8,12 @@ every run, each run gets its own copies, and nothing is kept after the call.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
-from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.dump.values import DecodeContext, RecordedDevice, TensorLeaf, decode
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import Api
@@ -54,7 +54,7 @@ def decode_backward(forward: dict[str, Any], backward: dict[str, Any], ctx: Deco
     inputs = decode_forward(forward, ctx)
     grads = backward.get("input")
     if not isinstance(grads, list):
-        raise CallError(f"{ctx.call}: the backward record's \"input\" (incoming gradients) is not a list")
+        raise CallError(f'{ctx.call}: the backward record\'s "input" (incoming gradients) is not a list')
     inputs.grads = [decode(value, ctx, f"backward.input[{i}]") for i, value in enumerate(grads)]
     inputs.leaves = ctx.leaves
     inputs.recorded_outputs = backward.get("output")
@@ -157,7 +157,7 @@ class Run:
     def _backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
         args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
         leaves = [t for t in tensors_in((args, kwargs))]
-        wanted = [t for t, flag in zip(leaves, needs_grad) if flag]
+        wanted = [t for t, flag in zip(leaves, needs_grad, strict=False) if flag]
         for tensor in wanted:
             tensor.requires_grad_(True)
         if self.api.in_place:
@@ -200,8 +200,10 @@ def saved_in_device_dtype(bench: Run, inputs: Inputs) -> Run | None:
     float16/bfloat16 softmax gradient is within 0.5 ULP. None unless every floating
     input has one dtype D that the bench raises."""
     floats = {leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.dtype.is_floating_point}
-    device_dtype = floats.pop() if len(floats) == 1 else None
-    raised = bench.placement.dtypes.get(device_dtype) if device_dtype is not None else None
+    if len(floats) != 1:
+        return None
+    device_dtype = floats.pop()
+    raised = bench.placement.dtypes.get(device_dtype)
     return replace(bench, saved_in=(raised, device_dtype)) if raised is not None else None
 
 
@@ -230,7 +232,7 @@ def _pair_gradients(outputs: list[Any], grads: list[Any], placement: Placement) 
     if len(grads) != len(outputs):
         grads = _grads_by_shape(outputs, grads)
     paired_outputs, paired_grads = [], []
-    for position, (output, grad) in enumerate(zip(outputs, grads)):
+    for position, (output, grad) in enumerate(zip(outputs, grads, strict=False)):
         if grad is None or not isinstance(output, torch.Tensor) or not output.requires_grad:
             continue
         if tuple(grad.shape) != tuple(output.shape):
@@ -252,8 +254,7 @@ def _grads_by_shape(outputs: list[Any], grads: list[Any]) -> list[Any]:
             continue
         matches = [i for i in range(start, len(outputs)) if shapes[i] == tuple(grad.shape)]
         if len(grads) > len(outputs) or len(matches) != 1:
-            raise CallSkip(f"the dump has {len(grads)} incoming gradients for {len(outputs)} forward outputs; cannot pair "
-                           "them by shape")
+            raise CallSkip(f"the dump has {len(grads)} incoming gradients for {len(outputs)} forward outputs; cannot pair them by shape")
         paired[matches[0]], start = grad, matches[0] + 1
     return paired
 
@@ -340,4 +341,3 @@ class DeviceFailed(Exception):
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0][:500] if lines else ""
-

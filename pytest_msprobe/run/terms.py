@@ -95,7 +95,7 @@ def _layer_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dic
     g_hat = (g * w if isinstance(w, torch.Tensor) else g).abs()
     x_hat, terms = _centred_terms(x, dims, argument(args, kwargs, 4, "eps", 1e-5), g_hat)
     weight, bias = _affine_terms(x_hat, g, dims)
-    return {"input": terms, "weight": weight.reshape(x.shape[dims[0]:]), "bias": bias.reshape(x.shape[dims[0]:])}
+    return {"input": terms, "weight": weight.reshape(x.shape[dims[0] :]), "bias": bias.reshape(x.shape[dims[0] :])}
 
 
 def _softmax(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -116,7 +116,7 @@ def _rms_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
     eps = argument(args, kwargs, 3, "eps") or torch.finfo(x.dtype).eps
     weight, _ = _affine_terms(_normalized(x, dims, eps, centred=False), g, dims)
-    return {"weight": weight.reshape(x.shape[dims[0]:])}
+    return {"weight": weight.reshape(x.shape[dims[0] :])}
 
 
 def _group_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -205,5 +205,4 @@ def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -
         return None
     by_tensor = {id(argument(torch_args, torch_kwargs, position, key)): found.get(key) for position, key in enumerate(names)}
     leaves = [by_tensor.get(id(tensor)) for tensor in tensors_in((args, kwargs))]
-    return tuple(terms for terms, flag in zip(leaves, needs_grad(inputs, framework)) if flag)
-
+    return tuple(terms for terms, flag in zip(leaves, needs_grad(inputs, framework), strict=False) if flag)

@@ -12,9 +12,10 @@ import argparse
 import dataclasses
 import json
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pytest_msprobe.dump.index import DIRECTIONS, parse_call_name
 from pytest_msprobe.errors import CallError, CallSkip
@@ -60,20 +61,41 @@ class Outcome:
 
 def parse_args(call: ScriptCall, argv: list[str] | None) -> argparse.Namespace:
     default_direction = call.name.rsplit(".", 1)[-1]
-    parser = argparse.ArgumentParser(description=f"Reproduce {call.name} of an msprobe dump: run it on the device "
-                                     "and on the raised-precision CPU bench, and judge it as pytest-msprobe does.")
+    parser = argparse.ArgumentParser(
+        description=f"Reproduce {call.name} of an msprobe dump: run it on the device "
+        "and on the raised-precision CPU bench, and judge it as pytest-msprobe does."
+    )
     parser.add_argument("--device", default="auto", help="auto (npu, else cuda, else cpu), cpu, cuda or npu (default: auto)")
-    parser.add_argument("--direction", choices=DIRECTIONS, default=default_direction,
-                        help=f"replay the forward call or its backward (default: {default_direction}, as the test)")
-    parser.add_argument("--dump-dir", type=Path, default=Path(call.dump_dir),
-                        help="the folder holding dump.json and dump_tensor_data/ (default: where the dump was)")
-    parser.add_argument("--generate", action="store_true",
-                        help="generate every input from its recorded statistics, even where the dump saved the tensor")
-    parser.add_argument("--seeds", type=int, default=0, metavar="N",
-                        help="also run N other seeds of the generated inputs (the first run is always the test's)")
-    parser.add_argument("--repeat", type=int, default=1, metavar="K",
-                        help="run the device K times on the same inputs and fail if its outputs differ bitwise between "
-                             "runs (a nondeterministic kernel), as --msprobe-repeat does (default: 1, once)")
+    parser.add_argument(
+        "--direction",
+        choices=DIRECTIONS,
+        default=default_direction,
+        help=f"replay the forward call or its backward (default: {default_direction}, as the test)",
+    )
+    parser.add_argument(
+        "--dump-dir",
+        type=Path,
+        default=Path(call.dump_dir),
+        help="the folder holding dump.json and dump_tensor_data/ (default: where the dump was)",
+    )
+    parser.add_argument(
+        "--generate", action="store_true", help="generate every input from its recorded statistics, even where the dump saved the tensor"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N other seeds of the generated inputs (the first run is always the test's)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run the device K times on the same inputs and fail if its outputs differ bitwise between "
+        "runs (a nondeterministic kernel), as --msprobe-repeat does (default: 1, once)",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every run's verdict and metrics to FILE")
     parser.add_argument("--traceback", action="store_true", help="show the traceback of an unexpected exception")
     args = parser.parse_args(argv)
@@ -148,15 +170,23 @@ def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args:
     for finding in findings:
         print(f"  {finding.path or 'output'}: {finding.reason}")
     status = status_with(verdict.status, findings)
-    return Outcome(variant, status, f"{verdict.status} by the {verdict.standard} standard" + "".join(
-        f"; error: {finding.kind}" for finding in findings if finding.fails), verdict, findings)
+    return Outcome(
+        variant,
+        status,
+        f"{verdict.status} by the {verdict.standard} standard"
+        + "".join(f"; error: {finding.kind}" for finding in findings if finding.fails),
+        verdict,
+        findings,
+    )
 
 
-def _check(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace,
-           variant: int) -> tuple[Any, list[Finding]]:
+def _check(
+    call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int
+) -> tuple[Any, list[Finding]]:
     """check_call's steps, with the script's own inputs and API function: the verdict,
     and what --repeat found."""
     call_name = parse_call_name(name)
+    assert call_name is not None, name  # msprobe-script writes scripts of API calls only
     framework = FRAMEWORKS[call.framework]()
     api = framework.resolve(call_name, chosen)
     if call.call_api is not None:
@@ -181,9 +211,11 @@ def _said(outcome: Outcome) -> Outcome:
 
 def _print_verdict(verdict: Any) -> None:
     leaves = verdict.outputs or (verdict,)
-    for leaf, result in zip(leaves, output_results(verdict)):
-        print(f"  {result.path or 'output'}: {result.status} by the {result.standard} standard ({result.reference}); "
-              f"shape {result.shape}, device {result.device_dtype}, bench {result.bench_dtype}")
+    for leaf, result in zip(leaves, output_results(verdict), strict=False):
+        print(
+            f"  {result.path or 'output'}: {result.status} by the {result.standard} standard ({result.reference}); "
+            f"shape {result.shape}, device {result.device_dtype}, bench {result.bench_dtype}"
+        )
         for key, value in result.metrics.items():
             limit = result.thresholds.get(key)
             print(f"      {key:<24} {value:.8g}" + (f"  (threshold {limit:.6g})" if limit is not None else ""))

@@ -128,12 +128,12 @@ def call_api(*args, **kwargs):
     implementation) to experiment."""
     return $expression(*args, **kwargs)''')
 
-RESOLVED_CALL = Template('''\
+RESOLVED_CALL = Template("""\
 # $call_comment is resolved as the test resolves it:
 $how
 # Set call_api to a function of (*args, **kwargs) to run that on both sides instead.
-call_api = None''')
+call_api = None""")
 
-NOT_RUNNABLE_CALL = '''\
+NOT_RUNNABLE_CALL = """\
 # This call cannot be replayed (see CANNOT_RUN above).
-call_api = None'''
+call_api = None"""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
-from pytest_msprobe.dump.index import CallName, DumpIndex, parse_call_name, read_index
+from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.apis import resolve_pytorch
 from pytest_msprobe.scripts.template import NOT_RUNNABLE_CALL, RESOLVED_CALL, SCRIPT, TORCH_CALL
@@ -33,11 +33,15 @@ from pytest_msprobe.scripts.template import NOT_RUNNABLE_CALL, RESOLVED_CALL, SC
 SUPPORT_PACKAGE = "_msprobe_support"
 
 # Support files every script embeds: (package, path inside it, file patterns). Its
-# root __init__.py is written by _support_literal (the real one installs import aliases).
+# root __init__.py is written by _support_literal (the real one describes every stage).
 CORE_SUPPORT = (
-    ("pytest_msprobe", "", ("errors.py", "_moved.py")),
+    ("pytest_msprobe", "", ("errors.py",)),
     ("pytest_msprobe.dump", "dump", ("__init__.py", "index.py", "tensors.py", "values.py")),
-    ("pytest_msprobe.run", "run", ("__init__.py", "apis.py", "replay.py", "terms.py", "groups.py", "devices.py", "precision.py", "api_tables/pytorch.toml")),
+    (
+        "pytest_msprobe.run",
+        "run",
+        ("__init__.py", "apis.py", "replay.py", "terms.py", "groups.py", "devices.py", "precision.py", "api_tables/pytorch.toml"),
+    ),
     ("pytest_msprobe.judge", "judge", ("__init__.py", "call.py", "record.py", "findings.py", "repeat.py")),
     ("pytest_msprobe.scripts", "scripts", ("__init__.py", "runtime.py")),
     ("pytest_msprobe.standards", "standards", ("*.py", "tables/*.csv")),
@@ -67,8 +71,16 @@ class ScriptError(Exception):
     """A script cannot be written (an unknown call name): the message says why."""
 
 
-def write_script(index: DumpIndex, call_name: str | CallName, out_dir: Path, *, max_elements: int = DEFAULT_MAX_ELEMENTS,
-                 standards_csv: str | None = None, judged: str | None = None, file_name: str | None = None) -> Path:
+def write_script(
+    index: DumpIndex,
+    call_name: str | CallName,
+    out_dir: Path,
+    *,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    standards_csv: str | None = None,
+    judged: str | None = None,
+    file_name: str | None = None,
+) -> Path:
     """Write `out_dir/<call name>.py` (`<file_name>.py` where given) and return its path.
 
     A call that cannot run (unknown API, no forward record) still gets a script, one
@@ -115,12 +127,13 @@ def script_file_name(name: CallName | str) -> str:
 
 
 def _known_call(index: DumpIndex, call_name: str) -> CallName:
-    if index.entry(call_name) is None:
+    entry = index.entry(call_name)
+    if entry is None:
         names = index.names
         close = difflib.get_close_matches(call_name, names, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else f" (it has {len(names)} calls, e.g. {names[0]})"
         raise ScriptError(f"{call_name!r} is not a call of {index.path}{hint}")
-    return index.entry(call_name).name
+    return entry.name
 
 
 def _record(index: DumpIndex, name: CallName) -> dict[str, Any] | None:
@@ -157,7 +170,9 @@ def _support_literal(framework: str, name: CallName) -> str:
 def _package_files(package: str, prefix: str, patterns: tuple[str, ...]) -> list[tuple[str, str]]:
     """The package's files matching the patterns, as (path in the support package,
     text with the package renamed), read from wherever it is installed."""
-    root = Path(importlib.import_module(package).__file__).parent
+    module_file = importlib.import_module(package).__file__
+    assert module_file is not None, package  # a package on disk, never a namespace package
+    root = Path(module_file).parent
     found = []
     for pattern in patterns:
         for path in sorted(root.glob(pattern)):

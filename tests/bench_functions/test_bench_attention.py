@@ -44,8 +44,11 @@ def band_mask(sq, skv, pre, nxt, origin="upper_left"):
 
 def qkv(b=2, n1=4, n2=2, sq=24, skv=24, d=16, dv=16, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, n1, sq, d, generator=g, dtype=dtype), torch.randn(b, n2, skv, d, generator=g, dtype=dtype),
-            torch.randn(b, n2, skv, dv, generator=g, dtype=dtype))
+    return (
+        torch.randn(b, n1, sq, d, generator=g, dtype=dtype),
+        torch.randn(b, n2, skv, d, generator=g, dtype=dtype),
+        torch.randn(b, n2, skv, dv, generator=g, dtype=dtype),
+    )
 
 
 def to_layout(x, layout):
@@ -97,8 +100,9 @@ def test_layouts(layout, small_blocks):
 
 
 @pytest.mark.parametrize("sq,skv", [(24, 24), (16, 30), (30, 16)])
-@pytest.mark.parametrize("mode,pre,nxt", [
-    (0, 5, 3), (0, 2147483647, 0), (0, 9, -3), (0, -3, 7), (2, 0, 0), (3, 0, 0), (4, 6, 2), (4, 6, -2)])
+@pytest.mark.parametrize(
+    "mode,pre,nxt", [(0, 5, 3), (0, 2147483647, 0), (0, 9, -3), (0, -3, 7), (2, 0, 0), (3, 0, 0), (4, 6, 2), (4, 6, -2)]
+)
 def test_sparse_modes(mode, pre, nxt, sq, skv, small_blocks):
     q, k, v = qkv(sq=sq, skv=skv)
     if mode == 0:
@@ -110,15 +114,13 @@ def test_sparse_modes(mode, pre, nxt, sq, skv, small_blocks):
         mask, given = band_mask(sq, skv, max(sq, skv), 0, "lower_right"), COMPRESSED
     else:
         mask, given = band_mask(sq, skv, pre, nxt, "lower_right"), COMPRESSED
-    out, smax, ssum = fa(q, k, v, 4, "BNSD", scale=0.2, atten_mask=given, sparse_mode=mode,
-                         pre_tockens=pre, next_tockens=nxt)[:3]
+    out, smax, ssum = fa(q, k, v, 4, "BNSD", scale=0.2, atten_mask=given, sparse_mode=mode, pre_tockens=pre, next_tockens=nxt)[:3]
     expected, s = naive(q, k, v, scale=0.2, mask=mask)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     visible = ~mask.all(dim=-1)  # rows with at least one key
     row_max = s.amax(dim=-1)
     torch.testing.assert_close(smax[..., 0][..., visible], row_max[..., visible])
-    torch.testing.assert_close(ssum[..., 0][..., visible],
-                               torch.exp(s - row_max.unsqueeze(-1)).sum(-1)[..., visible])
+    torch.testing.assert_close(ssum[..., 0][..., visible], torch.exp(s - row_max.unsqueeze(-1)).sum(-1)[..., visible])
     assert torch.all(out[..., ~visible, :] == 0)
 
 
@@ -158,11 +160,22 @@ def test_tnd_varlen(mode):
     v = torch.randn(sum(kvlen), n2, d, generator=g, dtype=torch.float64)
     pre, nxt = 4, 1
     mask_arg = None if mode == 0 else COMPRESSED
-    out, smax = fa(q, k, v, n1, "TND", atten_mask=mask_arg, sparse_mode=mode, pre_tockens=pre, next_tockens=nxt,
-                   actual_seq_qlen=np.cumsum(qlen).tolist(), actual_seq_kvlen=np.cumsum(kvlen).tolist())[:2]
+    out, smax = fa(
+        q,
+        k,
+        v,
+        n1,
+        "TND",
+        atten_mask=mask_arg,
+        sparse_mode=mode,
+        pre_tockens=pre,
+        next_tockens=nxt,
+        actual_seq_qlen=np.cumsum(qlen).tolist(),
+        actual_seq_kvlen=np.cumsum(kvlen).tolist(),
+    )[:2]
     assert smax.shape == (n1, sum(qlen), 8)  # documented default NTD
     q0 = k0 = 0
-    for batch, (sq, skv) in enumerate(zip(qlen, kvlen)):
+    for batch, (sq, skv) in enumerate(zip(qlen, kvlen, strict=True)):
         if mode == 0:
             mask = None
         elif mode == 2 or (mode == 8 and batch > 0):
@@ -171,9 +184,9 @@ def test_tnd_varlen(mode):
             mask = band_mask(sq, skv, max(sq, skv), 0, "lower_right")
         else:  # the last (mode 7) / first (mode 8) batch is a lower-right band
             mask = band_mask(sq, skv, pre, nxt, "lower_right")
-        qb, kb, vb = (t.transpose(0, 1).unsqueeze(0) for t in (q[q0:q0 + sq], k[k0:k0 + skv], v[k0:k0 + skv]))
+        qb, kb, vb = (t.transpose(0, 1).unsqueeze(0) for t in (q[q0 : q0 + sq], k[k0 : k0 + skv], v[k0 : k0 + skv]))
         expected = naive(qb, kb, vb, mask=mask)[0][0].transpose(0, 1)
-        torch.testing.assert_close(out[q0:q0 + sq], expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out[q0 : q0 + sq], expected, rtol=1e-12, atol=1e-12)
         q0, k0 = q0 + sq, k0 + skv
 
 
@@ -196,8 +209,18 @@ def test_gradcheck_float64(small_blocks):
     mask = band_mask(5, 7, 3, 1)
 
     def f(q, k, v, pse):
-        return fa(to_layout(q, "BSH"), to_layout(k, "BSH"), to_layout(v, "BSH"), 4, "BSH", pse=pse,
-                  atten_mask=mask, scale=0.7, pre_tockens=3, next_tockens=1)[0]
+        return fa(
+            to_layout(q, "BSH"),
+            to_layout(k, "BSH"),
+            to_layout(v, "BSH"),
+            4,
+            "BSH",
+            pse=pse,
+            atten_mask=mask,
+            scale=0.7,
+            pre_tockens=3,
+            next_tockens=1,
+        )[0]
 
     assert torch.autograd.gradcheck(f, (q, k, v, pse))
 
@@ -210,10 +233,19 @@ def test_grad_op_matches_autograd_of_naive(layout):
     expected, _ = naive(q, k, v, scale=0.4, mask=mask, pse=pse)
     dy = torch.randn_like(expected)
     grads = torch.autograd.grad(expected, (q, k, v, pse), dy)
-    dq, dk, dv, dpse = fa_grad(to_layout(q.detach(), layout), to_layout(k.detach(), layout),
-                               to_layout(v.detach(), layout), to_layout(dy, layout), 4, layout,
-                               pse=pse.detach(), atten_mask=COMPRESSED, sparse_mode=3, scale_value=0.4)
-    for got, want in zip((dq, dk, dv), grads[:3]):
+    dq, dk, dv, dpse = fa_grad(
+        to_layout(q.detach(), layout),
+        to_layout(k.detach(), layout),
+        to_layout(v.detach(), layout),
+        to_layout(dy, layout),
+        4,
+        layout,
+        pse=pse.detach(),
+        atten_mask=COMPRESSED,
+        sparse_mode=3,
+        scale_value=0.4,
+    )
+    for got, want in zip((dq, dk, dv), grads[:3], strict=True):
         torch.testing.assert_close(got, to_layout(want, layout), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(dpse, grads[3], rtol=1e-10, atol=1e-12)
     assert fa_grad(q.detach(), k.detach(), v.detach(), expected.detach(), 4, "BNSD")[3].numel() == 0
@@ -231,7 +263,7 @@ def test_low_precision_smoke(dtype):
 def test_1024_tokens_chunked_never_builds_the_full_score_matrix(monkeypatch):
     """Forward and backward of a 1024-token attention: every score block stays within the
     budget (far below the 8 x 1024 x 1024 scores), and the result matches SDPA."""
-    monkeypatch.setattr(fa_module, "score_block_elements", 2 ** 20)
+    monkeypatch.setattr(fa_module, "score_block_elements", 2**20)
     largest = []
     real_scores = fa_module._scores
 
@@ -245,7 +277,7 @@ def test_1024_tokens_chunked_never_builds_the_full_score_matrix(monkeypatch):
     q, k, v = (torch.randn(1, 8, 1024, 64, generator=g, requires_grad=True) for _ in range(3))
     out = fa(q, k, v, 8, "BNSD", scale=0.125, atten_mask=COMPRESSED, sparse_mode=3)[0]
     out.sum().backward()
-    assert max(largest) <= 2 ** 20 < 8 * 1024 * 1024 and len(largest) >= 16
+    assert max(largest) <= 2**20 < 8 * 1024 * 1024 and len(largest) >= 16
     q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
     expected = F.scaled_dot_product_attention(q2, k2, v2, scale=0.125, is_causal=True)
     expected.sum().backward()

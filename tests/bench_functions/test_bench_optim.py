@@ -23,12 +23,12 @@ def test_apply_adam_is_torch_adam_with_epsilon_hat(t):
     p = torch.nn.Parameter(var.clone())
     p.grad = grad.clone()
     # TF/CANN ApplyAdam adds eps to sqrt(v_t) before bias correction: torch's eps is eps / sqrt(1 - b2^t)
-    opt = torch.optim.Adam([p], lr=lr, betas=(b1, b2), eps=eps / (1 - b2 ** t) ** 0.5)
+    opt = torch.optim.Adam([p], lr=lr, betas=(b1, b2), eps=eps / (1 - b2**t) ** 0.5)
     opt.state[p] = {"step": torch.tensor(float(t - 1)), "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
     opt.step()
     out = (var.clone(), m.clone(), v.clone())
-    result = get("npu_apply_adam")(b1 ** t, b2 ** t, lr, b1, b2, eps, grad, False, False, out=out)
-    assert all(r is o for r, o in zip(result, out))  # updated in place and returned
+    result = get("npu_apply_adam")(b1**t, b2**t, lr, b1, b2, eps, grad, False, False, out=out)
+    assert all(r is o for r, o in zip(result, out, strict=True))  # updated in place and returned
     torch.testing.assert_close(result[0], p.detach(), rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(result[1], opt.state[p]["exp_avg"])
     torch.testing.assert_close(result[2], opt.state[p]["exp_avg_sq"])
@@ -37,11 +37,10 @@ def test_apply_adam_is_torch_adam_with_epsilon_hat(t):
 def test_apply_adam_nesterov_formula():
     var, m, v, grad = state()
     lr, b1, b2, eps, t = 1e-3, 0.8, 0.99, 1e-8, 3
-    out = get("npu_apply_adam")(torch.tensor(b1 ** t), b2 ** t, lr, b1, b2, eps, grad, None, True,
-                                out=(var.clone(), m.clone(), v.clone()))
+    out = get("npu_apply_adam")(torch.tensor(b1**t), b2**t, lr, b1, b2, eps, grad, None, True, out=(var.clone(), m.clone(), v.clone()))
     m_t = b1 * m + (1 - b1) * grad
-    v_t = b2 * v + (1 - b2) * grad ** 2
-    lr_t = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
+    v_t = b2 * v + (1 - b2) * grad**2
+    lr_t = lr * (1 - b2**t) ** 0.5 / (1 - b1**t)
     torch.testing.assert_close(out[0], var - lr_t * (m_t * b1 + (1 - b1) * grad) / (v_t.sqrt() + eps))
 
 
@@ -59,9 +58,20 @@ def test_apply_adam_w_is_torch_adamw(maximize, amsgrad):
         st["max_exp_avg_sq"] = max_v.clone()
     opt.state[p] = st
     opt.step()
-    result = get("npu_apply_adam_w")(b1 ** (t - 1), b2 ** (t - 1), lr, wd, b1, b2, eps, grad,
-                                     max_v if amsgrad else None, amsgrad, maximize,
-                                     out=(var.clone(), m.clone(), v.clone()))
+    result = get("npu_apply_adam_w")(
+        b1 ** (t - 1),
+        b2 ** (t - 1),
+        lr,
+        wd,
+        b1,
+        b2,
+        eps,
+        grad,
+        max_v if amsgrad else None,
+        amsgrad,
+        maximize,
+        out=(var.clone(), m.clone(), v.clone()),
+    )
     torch.testing.assert_close(result[0], p.detach(), rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(result[1], opt.state[p]["exp_avg"])
     torch.testing.assert_close(result[2], opt.state[p]["exp_avg_sq"])

@@ -9,10 +9,26 @@ import torch
 from pytest_msprobe import bench_functions
 from pytest_msprobe.bench_functions import BenchFunction, Registry
 
-REQUIRED = ["npu_fusion_attention", "npu_fusion_attention_grad", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
-            "npu_scaled_masked_softmax", "fast_gelu", "npu_fast_gelu", "npu_linear", "npu_confusion_transpose",
-            "npu_layer_norm_eval", "npu_apply_adam", "npu_apply_adam_w", "npu_group_norm_silu", "npu_mish",
-            "npu_moe_gating_top_k_softmax", "npu_sort_v2", "matmul_backward"]
+REQUIRED = [
+    "npu_fusion_attention",
+    "npu_fusion_attention_grad",
+    "npu_rms_norm",
+    "npu_rotary_mul",
+    "npu_swiglu",
+    "npu_scaled_masked_softmax",
+    "fast_gelu",
+    "npu_fast_gelu",
+    "npu_linear",
+    "npu_confusion_transpose",
+    "npu_layer_norm_eval",
+    "npu_apply_adam",
+    "npu_apply_adam_w",
+    "npu_group_norm_silu",
+    "npu_mish",
+    "npu_moe_gating_top_k_softmax",
+    "npu_sort_v2",
+    "matmul_backward",
+]
 
 
 def test_required_ops_present_with_attributes():
@@ -86,7 +102,10 @@ def _cases(dtype):
     mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
     state = (r(8), r(8) * 0.1, r(8).abs() * 0.01)
     return {
-        "npu_fusion_attention": ((r(1, 2, 16, 8), r(1, 2, 16, 8), r(1, 2, 16, 8), 2, "BNSD"), dict(atten_mask=mask, sparse_mode=2, scale=0.3)),
+        "npu_fusion_attention": (
+            (r(1, 2, 16, 8), r(1, 2, 16, 8), r(1, 2, 16, 8), 2, "BNSD"),
+            dict(atten_mask=mask, sparse_mode=2, scale=0.3),
+        ),
         "npu_fusion_attention_grad": ((r(1, 16, 16), r(1, 16, 16), r(1, 16, 16), r(1, 16, 16), 2, "BSH"), dict(scale_value=0.3)),
         "npu_rms_norm": ((r(4, 8), r(8)), {}),
         "npu_rotary_mul": ((r(1, 2, 4, 8), r(1, 1, 4, 8), r(1, 1, 4, 8)), {}),

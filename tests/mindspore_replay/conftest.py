@@ -3,7 +3,8 @@ runs (the run_dump fixture) unload every module a run imported: keep MindSpore's
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from _pytest import pytester

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy
 import pytest
@@ -46,7 +47,9 @@ def test_shipped_dump_passes_on_the_cpu(dump: str, copy_dump: Callable[[str], Pa
 
 @needs_mindspore
 @pytest.mark.parametrize("dump", SHIPPED)
-def test_planted_fault_fails_exactly_its_calls(dump: str, copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_planted_fault_fails_exactly_its_calls(
+    dump: str, copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     exp = mindspore.mint.exp
     monkeypatch.setattr(mindspore.mint, "exp", lambda input: exp(input) * 1.001)
     result = run_dump(copy_dump(dump), "--msprobe-device=cpu")
@@ -74,7 +77,9 @@ def test_offline_judges_as_online_against_mindspores_own_cpu_kernel(copy_dump: C
 
 
 @needs_mindspore
-def test_device_raising_is_the_calls_error(copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_raising_is_the_calls_error(
+    copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A genuinely wrong MindSpore call is an error, not a missing-kernel skip."""
 
     def broken(input: Any) -> Any:
@@ -131,7 +136,9 @@ def test_a_folder_named_mindspore_is_not_mindspore(tmp_path: Path, monkeypatch: 
 
 
 @needs_mindspore
-def test_numpy_2_is_refused_with_the_install_line(copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_numpy_2_is_refused_with_the_install_line(
+    copy_dump: Callable[[str], Path], run_dump: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import importlib.metadata
 
     real_version = importlib.metadata.version

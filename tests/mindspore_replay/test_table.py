@@ -11,9 +11,9 @@ import torch
 
 mindspore = pytest.importorskip("mindspore")
 
-from pytest_msprobe.run.devices import Backend  # noqa: E402
 from pytest_msprobe.dump.index import CallName  # noqa: E402
 from pytest_msprobe.errors import CallSkip  # noqa: E402
+from pytest_msprobe.run.devices import Backend  # noqa: E402
 from pytest_msprobe.run.mindspore.replay import MindsporeReplay  # noqa: E402
 from pytest_msprobe.run.mindspore.tables import mindspore_table  # noqa: E402
 from pytest_msprobe.run.replay import Inputs, tree_map  # noqa: E402

@@ -13,6 +13,7 @@ class Planted:
         def planted(status: str) -> Any:
             def judge(pair: Any, thresholds: Any, reference: Any = None) -> Any:
                 return pair.verdict(status, f"planted_{status}", {"cosine": -0.5}, {}, [PLANTED_REASON, "+second\nline"])
+
             return judge
 
         for status, api in (("error", "linear"), ("warning", "silu")):

@@ -7,8 +7,16 @@ from typing import Any
 
 
 def tensor(shape: list[int], dtype: str = "torch.float32", requires_grad: bool = True) -> dict[str, Any]:
-    return {"type": "torch.Tensor", "dtype": dtype, "shape": shape, "Max": 1.0, "Min": -1.0, "Mean": 0.0, "Norm": 1.0,
-            "requires_grad": requires_grad}
+    return {
+        "type": "torch.Tensor",
+        "dtype": dtype,
+        "shape": shape,
+        "Max": 1.0,
+        "Min": -1.0,
+        "Mean": 0.0,
+        "Norm": 1.0,
+        "requires_grad": requires_grad,
+    }
 
 
 def many_calls(count: int, shape: list[int] | None = None) -> dict[str, Any]:
@@ -19,15 +27,19 @@ def many_calls(count: int, shape: list[int] | None = None) -> dict[str, Any]:
     for i in range(count):
         kind = i % 4
         if kind == 0:
-            data[f"Torch.add.{i}.forward"] = {"input_args": [tensor(shape), tensor(shape)], "input_kwargs": {},
-                                              "output": [tensor(shape)]}
+            data[f"Torch.add.{i}.forward"] = {"input_args": [tensor(shape), tensor(shape)], "input_kwargs": {}, "output": [tensor(shape)]}
         elif kind == 1:
             data[f"Functional.silu.{i}.forward"] = {"input_args": [tensor(shape)], "input_kwargs": {}, "output": [tensor(shape)]}
-            data[f"Functional.silu.{i}.backward"] = {"input": [tensor(shape, requires_grad=False)],
-                                                     "output": [tensor(shape, requires_grad=False)]}
+            data[f"Functional.silu.{i}.backward"] = {
+                "input": [tensor(shape, requires_grad=False)],
+                "output": [tensor(shape, requires_grad=False)],
+            }
         elif kind == 2:
-            data[f"Torch.matmul.{i}.forward"] = {"input_args": [tensor([shape[0], 4]), tensor([4, shape[1]])],
-                                                 "input_kwargs": {}, "output": [tensor(shape)]}
+            data[f"Torch.matmul.{i}.forward"] = {
+                "input_args": [tensor([shape[0], 4]), tensor([4, shape[1]])],
+                "input_kwargs": {},
+                "output": [tensor(shape)],
+            }
         else:
             data[f"Tensor.abs.{i}.forward"] = {"input_args": [tensor(shape)], "input_kwargs": {}, "output": [tensor(shape)]}
     return data

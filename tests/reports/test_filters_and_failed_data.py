@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from planted import Planted
+from synthetic import many_calls, tensor
+
 from pytest_msprobe.dump.filters import AccCheckConfig, FilterConfigError, read_config
 from pytest_msprobe.results.msprobe_csv import MAX_CELL, metric_text, neutralise
-from synthetic import many_calls, tensor
 
 
 def selected(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()) -> tuple[list[str], pytest.HookRecorder]:
-    recorder = pytester.inline_run(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
-                                   "--msprobe-out=out", *args, plugins=list(plugins))
+    recorder = pytester.inline_run(
+        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider", "--msprobe-out=out", *args, plugins=list(plugins)
+    )
     names = [report.nodeid.rsplit("::", 1)[-1] for report in recorder.getreports("pytest_runtest_logreport") if report.when == "call"]
     return sorted(names), recorder
 
@@ -53,13 +54,26 @@ def test_a_bad_config_is_a_usage_error_that_says_what_to_fix(tmp_path: Path) -> 
 def test_dedup_keeps_one_call_per_signature_and_says_how_many_it_stands_for(pytester: pytest.Pytester, write_dump) -> None:
     data = many_calls(8)  # two of each API, same shapes
     data["Torch.add.9.forward"] = {"input_args": [tensor([5]), tensor([5])], "input_kwargs": {}, "output": [tensor([5])]}
-    data["Torch.add.10.forward"] = {"input_args": [tensor([2, 3]), {"type": "int", "value": 2}], "input_kwargs": {},
-                                    "output": [tensor([2, 3])]}
+    data["Torch.add.10.forward"] = {
+        "input_args": [tensor([2, 3]), {"type": "int", "value": 2}],
+        "input_kwargs": {},
+        "output": [tensor([2, 3])],
+    }
     names, recorder = selected(pytester, write_dump(data), "--msprobe-dedup", "-rA")
-    assert names == ["Functional.silu.1.backward", "Functional.silu.1.forward", "Tensor.abs.3.forward", "Torch.add.0.forward",
-                     "Torch.add.10.forward", "Torch.add.9.forward", "Torch.matmul.2.forward"]
-    represents = {report.nodeid.rsplit("::", 1)[-1]: dict(report.user_properties).get("msprobe_represents")
-                  for report in recorder.getreports("pytest_runtest_logreport") if report.when == "call"}
+    assert names == [
+        "Functional.silu.1.backward",
+        "Functional.silu.1.forward",
+        "Tensor.abs.3.forward",
+        "Torch.add.0.forward",
+        "Torch.add.10.forward",
+        "Torch.add.9.forward",
+        "Torch.matmul.2.forward",
+    ]
+    represents = {
+        report.nodeid.rsplit("::", 1)[-1]: dict(report.user_properties).get("msprobe_represents")
+        for report in recorder.getreports("pytest_runtest_logreport")
+        if report.when == "call"
+    }
     assert represents["Torch.add.0.forward"] == 2 and represents["Functional.silu.1.backward"] == 2
     assert represents["Torch.add.9.forward"] == 1
 
@@ -68,14 +82,27 @@ def test_dedup_counts_add_up_to_the_dumped_tests_and_every_direction_is_checked(
     """A silu call without a backward comes first: it stands for the forwards, and the
     first silu backward is kept for the backwards (was: every silu backward dropped, and
     the summary's total off)."""
-    data = {"Functional.silu.99.forward": {"input_args": [tensor([2, 3])], "input_kwargs": {}, "output": [tensor([2, 3])]},
-            **many_calls(8)}  # 11 tests
-    result = pytester.runpytest_inprocess(f"--msprobe-dump={write_dump(data)}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
-                                          "--msprobe-out=out", "--msprobe-dedup", "-rA")
+    data = {
+        "Functional.silu.99.forward": {"input_args": [tensor([2, 3])], "input_kwargs": {}, "output": [tensor([2, 3])]},
+        **many_calls(8),
+    }  # 11 tests
+    result = pytester.runpytest_inprocess(
+        f"--msprobe-dump={write_dump(data)}",
+        "--msprobe-device=cpu",
+        "-p",
+        "no:cacheprovider",
+        "--msprobe-out=out",
+        "--msprobe-dedup",
+        "-rA",
+    )
     result.assert_outcomes(passed=5, deselected=6)
-    result.stdout.fnmatch_lines(["dedup: these 5 tests stand for 11 dumped tests*the most repeated:",
-                                 "  Functional.silu.99.forward: 3",
-                                 "*PASSED*Functional.silu.1.backward*"])
+    result.stdout.fnmatch_lines(
+        [
+            "dedup: these 5 tests stand for 11 dumped tests*the most repeated:",
+            "  Functional.silu.99.forward: 3",
+            "*PASSED*Functional.silu.1.backward*",
+        ]
+    )
 
 
 def test_failed_calls_are_saved_as_safe_tensors_and_a_call_description(pytester: pytest.Pytester, write_dump) -> None:
@@ -94,10 +121,21 @@ def test_failed_calls_are_saved_as_safe_tensors_and_a_call_description(pytester:
     assert device["output.0"].dtype == torch.float32 and bench["output.0"].dtype == torch.float64
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("=1+2", "'=1+2"), ("+1", "'+1"), ("-1", "'-1"), ("@SUM(A1)", "'@SUM(A1)"), ("＝1", "'＝1"), ("\tx", "'\tx"),
-    ("a=1", "a=1"), ("双千指标 ok", "双千指标 ok"), ("first\n=second\n", "first | =second"), ("\n=hidden", "'=hidden"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("=1+2", "'=1+2"),
+        ("+1", "'+1"),
+        ("-1", "'-1"),
+        ("@SUM(A1)", "'@SUM(A1)"),
+        ("＝1", "'＝1"),
+        ("\tx", "'\tx"),
+        ("a=1", "a=1"),
+        ("双千指标 ok", "双千指标 ok"),
+        ("first\n=second\n", "first | =second"),
+        ("\n=hidden", "'=hidden"),
+    ],
+)
 def test_cells_are_neutralised_and_kept_on_one_line(text: str, expected: str) -> None:
     assert neutralise(text) == expected
 

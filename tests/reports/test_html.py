@@ -19,8 +19,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,7 +33,8 @@ from pytest_msprobe.judge.samples import element_samples, scaled_errors
 from pytest_msprobe.results import plots
 from pytest_msprobe.results.elements import plot_data, tolerance_of
 from pytest_msprobe.results.html import report_html
-from pytest_msprobe.results.merge import main as msprobe_merge, report_main as msprobe_report
+from pytest_msprobe.results.merge import main as msprobe_merge
+from pytest_msprobe.results.merge import report_main as msprobe_report
 from pytest_msprobe.results.writer import RunFiles, read_journal
 from pytest_msprobe.standards import check
 from pytest_msprobe.standards.dtypes import dtype_info
@@ -67,7 +69,7 @@ def test_samples_are_bounded_deterministic_and_the_heatmap_finds_a_wrong_block(m
     monkeypatch.setattr(samples, "CHUNK", 37)
     errors = scaled_errors(bench.numpy().ravel(), device.double().numpy().ravel(), dtype_info("float32"), sample["rms"])
     rows, cols = np.arange(49) * 300 // 48, [*(np.arange(48) * 700 // 48), 700]
-    expected = [[errors.reshape(300, 700)[rows[i]:rows[i + 1], cols[j]:cols[j + 1]].max() for j in range(48)] for i in range(48)]
+    expected = [[errors.reshape(300, 700)[rows[i] : rows[i + 1], cols[j] : cols[j + 1]].max() for j in range(48)] for i in range(48)]
     (chunked,) = element_samples(bench, device, verdict, {"error"})
     assert np.allclose(chunked["heatmap"]["grid"], expected, rtol=6e-3)  # cells keep 3 digits
     assert element_samples(bench, device, verdict, {"warning"}) == []  # only the asked statuses
@@ -107,7 +109,11 @@ def test_the_tolerance_line_is_where_the_standard_judges(api: str, standard: str
     rms = float(bench.pow(2).mean().sqrt())
     line = torch.from_numpy(tolerance_of(output_results(judged)[0], rms).curve(bench.abs().numpy()))
     signs = torch.where(torch.rand(bench.shape, generator=generator) < 0.5, -1.0, 1.0).double()
-    where = torch.ones_like(bench) if moved == "every" else torch.zeros_like(bench).index_put_((torch.tensor([3]), torch.tensor([5])), torch.tensor(1.0, dtype=torch.float64))
+    where = (
+        torch.ones_like(bench)
+        if moved == "every"
+        else torch.zeros_like(bench).index_put_((torch.tensor([3]), torch.tensor([5])), torch.tensor(1.0, dtype=torch.float64))
+    )
 
     def moved_by(factor: float) -> torch.Tensor:
         return (bench + where * signs * factor * line).to(dtype)
@@ -147,7 +153,7 @@ def test_a_figure_is_the_same_whatever_was_drawn_before() -> None:
     plots.render(_plots((8, 9, 10), 1.2))
     assert plots.render(first) == alone
     assert dict(matplotlib.rcParams) == settings and matplotlib.get_backend() == backend
-    assert "<image" in alone and alone.count("<g id=\"axes_") == 4  # scatter, histogram, heatmap, colorbar
+    assert "<image" in alone and alone.count('<g id="axes_') == 4  # scatter, histogram, heatmap, colorbar
 
 
 def test_figures_drawn_by_processes_are_the_figures_drawn_here(monkeypatch) -> None:
@@ -177,10 +183,18 @@ def table_rows(page: str) -> list[list[Any]]:
 
 
 def run_pytest(folder: Path, *args: str, planted: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLANTED_LINEAR), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--msprobe-device=cpu", "--msprobe-out=out",
-               *(["-p", "planted_linear"] if planted else []), *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLANTED_LINEAR), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--msprobe-device=cpu",
+        "--msprobe-out=out",
+        *(["-p", "planted_linear"] if planted else []),
+        *args,
+    ]
     return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -190,8 +204,9 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     samples travel from the workers in the records), with scripts and a report."""
     folder = tmp_path_factory.mktemp("faulty")
     shutil.copytree(DUMPS / "torch_mlpcnn_tensor_fp32", folder / "dump")
-    done = run_pytest(folder, "--msprobe-dump=dump/dump.json", "-n", "2", "--msprobe-scripts=scripts",
-                      "--msprobe-html=report.html", planted=True)
+    done = run_pytest(
+        folder, "--msprobe-dump=dump/dump.json", "-n", "2", "--msprobe-scripts=scripts", "--msprobe-html=report.html", planted=True
+    )
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout[-3000:] + done.stderr[-3000:]
     records = [entry.record for entry in read_journal(RunFiles.latest(folder / "out").journal)]
     faulty = sorted(record.call for record in records if record.status == "error")
@@ -204,9 +219,9 @@ def test_the_run_names_its_report_and_the_page_holds_the_faulty_calls_first(faul
     page = faulty_run["report"].read_text("utf-8")
     rows = table_rows(page)
     assert len(rows) == len(faulty_run["records"])
-    assert sorted(row[0] for row in rows[:len(faulty_run["faulty"])]) == faulty_run["faulty"]
+    assert sorted(row[0] for row in rows[: len(faulty_run["faulty"])]) == faulty_run["faulty"]
     sections = re.findall(r'<section class="call error" id="(call-\d+)">(.*?)</section>', page, re.S)
-    assert [re.search(r"</span> ([^<]+)</h3>", body).group(1) for _, body in sections] == [row[0] for row in rows[:len(sections)]]
+    assert [re.search(r"</span> ([^<]+)</h3>", body).group(1) for _, body in sections] == [row[0] for row in rows[: len(sections)]]
     assert len(sections) == len(faulty_run["faulty"])
     for _, body in sections:
         assert "<figure" in body and "<svg" in body and "Worst elements" in body
@@ -218,11 +233,15 @@ def test_the_run_names_its_report_and_the_page_holds_the_faulty_calls_first(faul
 def test_the_report_is_rebuilt_and_merged_from_the_result_folder(faulty_run, tmp_path: Path) -> None:
     folder = faulty_run["folder"]
     title = "pytest-msprobe: dump/dump.json"
-    assert msprobe_report([str(folder / "out"), "-o", str(tmp_path / "again.html"), "--scripts", str(folder / "scripts"),
-                           "--title", title]) == 0
+    assert (
+        msprobe_report([str(folder / "out"), "-o", str(tmp_path / "again.html"), "--scripts", str(folder / "scripts"), "--title", title])
+        == 0
+    )
     written = re.compile(r"report written [0-9: -]+")
     assert written.sub("", (tmp_path / "again.html").read_text("utf-8")) == written.sub("", faulty_run["report"].read_text("utf-8"))
-    assert msprobe_merge([str(folder / "out"), str(folder / "out"), "-o", str(tmp_path / "merged"), "--html", str(tmp_path / "m.html")]) == 0
+    assert (
+        msprobe_merge([str(folder / "out"), str(folder / "out"), "-o", str(tmp_path / "merged"), "--html", str(tmp_path / "m.html")]) == 0
+    )
     merged = (tmp_path / "m.html").read_text("utf-8")
     assert sorted(row[0] for row in table_rows(merged)) == sorted(record.call for record in faulty_run["records"])
     assert merged.count("<figure") == faulty_run["report"].read_text("utf-8").count("<figure")
@@ -338,7 +357,7 @@ def test_in_the_browser_the_planted_fault_comes_first_with_its_plots(browser, fa
     faulty = faulty_run["faulty"]
     rows = opened.rows()
     assert len(rows) == len(faulty_run["records"])
-    assert sorted(row[0] for row in rows[:len(faulty)]) == faulty and {row[2] for row in rows[:len(faulty)]} == {"error"}
+    assert sorted(row[0] for row in rows[: len(faulty)]) == faulty and {row[2] for row in rows[: len(faulty)]} == {"error"}
     sections = opened.page.locator("section.call.error")
     assert sections.count() == len(faulty)
     for number in range(sections.count()):
@@ -370,7 +389,7 @@ def test_in_the_browser_the_table_sorts_and_filters(browser, faulty_run, tmp_pat
     times = [float(row[8]) for row in opened.rows()]
     assert times == sorted(times)
     page.click("#calls-table th:text-is('status')")  # worst status first
-    assert [row[2] for row in opened.rows()][:len(faulty_run["faulty"])] == ["error"] * len(faulty_run["faulty"])
+    assert [row[2] for row in opened.rows()][: len(faulty_run["faulty"])] == ["error"] * len(faulty_run["faulty"])
     page.fill("#search", "conv1d")
     rows = opened.rows()
     assert rows and all("conv1d" in row[0] for row in rows) and len(rows) == sum("conv1d" in name for name in names)

@@ -14,11 +14,11 @@ from typing import Any
 import pandas
 import pytest
 import torch  # noqa: F401 - imported before any in-process run: pytester's runs then never unload it
-
 from planted import Planted
+from synthetic import many_calls
+
 from pytest_msprobe.results.msprobe_csv import DETAILS_HEADER, METRIC_COLUMNS, RESULT_HEADER
 from pytest_msprobe.results.writer import RunFiles
-from synthetic import many_calls
 
 LEGACY = {"cosine", "max_abs_err", "rel_err_hundredth", "rel_err_thousandth", "rel_err_ten_thousandth"}
 # msprobe fills, per standard, the legacy columns (float outputs) and its own; the rest a space.
@@ -31,9 +31,12 @@ FILLED = {
     "benchmark": {"small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err", "eb"},
 }
 COLUMN_OF = dict(METRIC_COLUMNS)
+
+
 def run(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()) -> tuple[Any, RunFiles]:
-    result = pytester.inline_run(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
-                                 "--msprobe-out=out", *args, plugins=list(plugins))
+    result = pytester.inline_run(
+        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider", "--msprobe-out=out", *args, plugins=list(plugins)
+    )
     files = RunFiles.latest(pytester.path / "out")
     assert files is not None
     return result, files
@@ -53,9 +56,27 @@ def fp32_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     dump = Path(__file__).parents[1] / "dumps" / "torch_mlpcnn_tensor_fp32" / "dump.json"
     junit = folder / "junit.xml"
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "pytest", f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "planted",
-                           "-p", "no:cacheprovider", f"--msprobe-out={folder / 'out'}", f"--junitxml={junit}", "-q"],
-                          cwd=dump.parents[3], capture_output=True, text=True, timeout=300, env=environment)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"--msprobe-dump={dump}",
+            "--msprobe-device=cpu",
+            "-p",
+            "planted",
+            "-p",
+            "no:cacheprovider",
+            f"--msprobe-out={folder / 'out'}",
+            f"--junitxml={junit}",
+            "-q",
+        ],
+        cwd=dump.parents[3],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout[-3000:] + done.stderr[-3000:]
     return {"files": RunFiles.latest(folder / "out"), "junit": junit}
 
@@ -65,7 +86,7 @@ def test_details_csv_has_msprobes_columns_filled_as_msprobe_fills_them(fp32_run)
     assert tuple(rows[0]) == DETAILS_HEADER
     frame = pandas.read_csv(fp32_run["files"].details, encoding="utf-8-sig", keep_default_na=False, dtype=str)
     assert len(frame) > 40
-    standards = dict(zip(*pandas.read_json(fp32_run["files"].metrics, lines=True)[["name", "standard"]].T.values))
+    standards = dict(zip(*pandas.read_json(fp32_run["files"].metrics, lines=True)[["name", "standard"]].T.values, strict=True))
     seen = set()
     for _, row in frame.iterrows():
         standard = standards[row["API Name"]]
@@ -144,35 +165,52 @@ def test_an_error_fails_the_run_and_a_warning_only_under_strict(pytester: pytest
 
 def test_summary_counts_names_the_worst_and_the_files(fp32_run, pytester: pytest.Pytester, write_dump) -> None:
     dump = write_dump(many_calls(8))
-    result = pytester.runpytest_inprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
-                                          "--msprobe-out=out", "--msprobe-white-list=add,silu", plugins=[Planted()])
-    result.stdout.fnmatch_lines([
-        "*msprobe summary*",
-        "6 tests, 2 pass, 4 warning",
-        "6 run here in * s (* calls/s)",
-        "by standard:",
-        "*planted_warning*warning 4",
-        "by api type:",
-        "worst calls:",
-        "  Functional.silu.*: *=HYPERLINK* ...",
-        "results: *accuracy_checking_result_*.csv",
-    ])
+    result = pytester.runpytest_inprocess(
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+        "-p",
+        "no:cacheprovider",
+        "--msprobe-out=out",
+        "--msprobe-white-list=add,silu",
+        plugins=[Planted()],
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*msprobe summary*",
+            "6 tests, 2 pass, 4 warning",
+            "6 run here in * s (* calls/s)",
+            "by standard:",
+            "*planted_warning*warning 4",
+            "by api type:",
+            "worst calls:",
+            "  Functional.silu.*: *=HYPERLINK* ...",
+            "results: *accuracy_checking_result_*.csv",
+        ]
+    )
     assert "PASSED" not in result.stdout.str()
-    worst = result.outlines[result.outlines.index("worst calls:") + 1:][:4]
+    worst = result.outlines[result.outlines.index("worst calls:") + 1 :][:4]
     assert all(len(line) < 400 for line in worst), worst
 
 
 def test_deselected_calls_are_not_called_left_to_run(pytester: pytest.Pytester, write_dump) -> None:
     dump = write_dump(many_calls(8))  # 10 tests
-    result = pytester.runpytest_inprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider",
-                                          "--msprobe-out=out", "-k", "add")
+    result = pytester.runpytest_inprocess(
+        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider", "--msprobe-out=out", "-k", "add"
+    )
     result.stdout.fnmatch_lines(["2 tests, 2 pass", "2 run here in * s (* calls/s)"])
     assert "not run" not in result.stdout.str()
 
 
 def test_a_run_that_checks_nothing_says_so_and_writes_nothing(pytester: pytest.Pytester, write_dump) -> None:
-    result = pytester.runpytest_inprocess(f"--msprobe-dump={write_dump(many_calls(2))}", "--msprobe-device=cpu", "-p",
-                                          "no:cacheprovider", "--msprobe-out=out", "-k", "nothing_matches")
+    result = pytester.runpytest_inprocess(
+        f"--msprobe-dump={write_dump(many_calls(2))}",
+        "--msprobe-device=cpu",
+        "-p",
+        "no:cacheprovider",
+        "--msprobe-out=out",
+        "-k",
+        "nothing_matches",
+    )
     result.stdout.fnmatch_lines(["results: none written (no call ran)"])
     assert not list((pytester.path / "out").glob("accuracy_checking_*"))
 
@@ -185,8 +223,17 @@ def test_progress_line_tells_done_pace_and_time_left() -> None:
     summary.started -= 10.0
     for number in range(20):
         status = "error" if number == 3 else "pass"
-        summary.add(ResultRecord(dump="d", call=f"Torch.exp.{number}.forward", status=status, standard="benchmark",
-                                 reference="single-run", device="cpu", message=""))
+        summary.add(
+            ResultRecord(
+                dump="d",
+                call=f"Torch.exp.{number}.forward",
+                status=status,
+                standard="benchmark",
+                reference="single-run",
+                device="cpu",
+                message="",
+            )
+        )
     line = summary.progress(100)
     assert line.startswith("msprobe: 20/100 calls in 10 s (2.0 calls/s)")
     assert "about 40 s left" in line and "1 errors so far" in line

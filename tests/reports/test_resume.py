@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch  # noqa: F401 - imported before the in-process runs: pytester's runs then never unload it
+from synthetic import many_calls
 
 from pytest_msprobe.results.merge import main as merge_main
 from pytest_msprobe.results.writer import ResultFilesError, RunFiles, read_journal
-from synthetic import many_calls
 
 CALLS = 120  # 150 tests: a lone run takes a few seconds after startup
 
@@ -32,8 +32,18 @@ def write(folder: Path, data: dict) -> Path:
 
 
 def pytest_command(dump: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", f"--msprobe-dump={dump}", "--msprobe-device=cpu", f"--msprobe-out={out}",
-            "-q", "-p", "no:cacheprovider", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+        f"--msprobe-out={out}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *extra,
+    ]
 
 
 def run(dump: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -42,8 +52,9 @@ def run(dump: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 def kill_midway(dump: Path, out: Path, *extra: str, rows: int = 20) -> None:
     """Start a run and SIGKILL it (workers included) once its details file has rows."""
-    process = subprocess.Popen(pytest_command(dump, out, *extra), cwd=dump.parent, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        pytest_command(dump, out, *extra), cwd=dump.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + 90
     try:
         while time.monotonic() < deadline and process.poll() is None:
@@ -102,8 +113,9 @@ def test_a_killed_run_resumes_to_the_clean_runs_files(clean, tmp_path: Path, wor
 
 def test_a_torn_last_line_is_dropped_and_other_damage_named(tmp_path: Path) -> None:
     journal = tmp_path / "msprobe_records_1.jsonl"
-    line = json.dumps({"dump": "d", "call": "Torch.add.0.forward", "status": "pass", "standard": "", "reference": "",
-                       "device": "cpu", "message": ""})
+    line = json.dumps(
+        {"dump": "d", "call": "Torch.add.0.forward", "status": "pass", "standard": "", "reference": "", "device": "cpu", "message": ""}
+    )
     journal.write_text(line + "\n" + line[:25])
     assert [entry.record.call for entry in read_journal(journal)] == ["Torch.add.0.forward"]
     journal.write_text(line[:25] + "\n" + line + "\n")
@@ -115,14 +127,16 @@ class AddErrs:
     """A plugin (passed to in-process runs) under which every Torch.add call errors."""
 
     def pytest_msprobe_register_standards(self, registry) -> None:
-        registry.register_standard("always_error", lambda pair, thresholds, reference=None:
-                                   pair.verdict("error", "always_error", {}, {}, ["planted error"]))
+        registry.register_standard(
+            "always_error", lambda pair, thresholds, reference=None: pair.verdict("error", "always_error", {}, {}, ["planted error"])
+        )
         registry.set_api_standard("add", "always_error")
 
 
 def inline(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()) -> pytest.HookRecorder:
-    return pytester.inline_run(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-out=out", "-p", "no:cacheprovider",
-                               *args, plugins=list(plugins))
+    return pytester.inline_run(
+        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-out=out", "-p", "no:cacheprovider", *args, plugins=list(plugins)
+    )
 
 
 def test_a_run_that_checks_nothing_leaves_nothing_to_resume_from(pytester: pytest.Pytester, tmp_path: Path) -> None:
@@ -176,15 +190,27 @@ def test_merge_joins_shards_and_keeps_the_last_record_of_a_repeat(tmp_path: Path
     first, second = tmp_path / "a", tmp_path / "b"
     for folder, calls in ((first, ["Torch.add.0.forward", "Torch.add.1.forward"]), (second, ["Torch.add.1.forward"])):
         folder.mkdir()
-        records = [{"dump": "d", "call": call, "status": "error" if folder == second else "pass", "standard": "",
-                    "reference": "", "device": "cpu", "message": ""} for call in calls]
+        records = [
+            {
+                "dump": "d",
+                "call": call,
+                "status": "error" if folder == second else "pass",
+                "standard": "",
+                "reference": "",
+                "device": "cpu",
+                "message": "",
+            }
+            for call in calls
+        ]
         (folder / "msprobe_records_20250101000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (first / "msprobe_records_20240101000000.jsonl").write_text("")  # an older run in the same folder
     assert merge_main(["-o", str(tmp_path / "merged"), str(first), str(second)]) == 0
     said = capsys.readouterr().out
     assert "1 tests found in several sources" in said
-    assert f"read 2 records from {first / 'msprobe_records_20250101000000.jsonl'} (the newest of 2 runs in {first}; " \
-           "not read: msprobe_records_20240101000000.jsonl" in said
+    assert (
+        f"read 2 records from {first / 'msprobe_records_20250101000000.jsonl'} (the newest of 2 runs in {first}; "
+        "not read: msprobe_records_20240101000000.jsonl" in said
+    )
     assert f"read 1 records from {second / 'msprobe_records_20250101000000.jsonl'}\n" in said
     assert "wrote 2 records to" in said
     merged = files_by_call(tmp_path / "merged")
@@ -201,9 +227,20 @@ def test_each_record_is_in_the_journal_on_disk_when_added(tmp_path: Path) -> Non
 
     writer = ResultWriter(RunFiles.new(tmp_path))
     for number in range(3):
-        writer.add(Entry(ResultRecord(dump="dump.json", call=f"Torch.add.{number}.forward", status="pass",
-                                      standard="absolute_threshold", reference="single-run", device="cpu",
-                                      message="pass"), 1))
+        writer.add(
+            Entry(
+                ResultRecord(
+                    dump="dump.json",
+                    call=f"Torch.add.{number}.forward",
+                    status="pass",
+                    standard="absolute_threshold",
+                    reference="single-run",
+                    device="cpu",
+                    message="pass",
+                ),
+                1,
+            )
+        )
         on_disk = read_journal(writer.files.journal)  # another handle: sees only what was flushed
         assert [entry.record.call for entry in on_disk] == [f"Torch.add.{n}.forward" for n in range(number + 1)]
     writer.close()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch  # noqa: F401 - imported before pytester's in-process runs, which must not import it a second time

@@ -13,9 +13,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from pytest_msprobe.plugin import workers
 DUMPS = Path(__file__).parents[1] / "dumps"
 
 # Each worker writes the host and rank the controller gave it, and the device it took.
-PLACEMENT = '''
+PLACEMENT = """
 import json
 from pathlib import Path
 
@@ -38,10 +39,11 @@ def pytest_collection_finish(session):
         found = {"host": given.get("msprobe_host_name"), "rank": given.get("msprobe_host_rank"),
                  "device_index": session_state(config).device_index}
         Path(__file__).parent.joinpath(f"placed-{given['workerid']}.json").write_text(json.dumps(found))
-'''
+"""
 
 
 # --- the controller's record of hosts and ranks --------------------------------------
+
 
 @dataclass
 class FakeChannel:
@@ -97,8 +99,10 @@ def test_a_workers_rank_counts_the_workers_of_its_own_host() -> None:
 def test_only_a_process_of_its_own_is_ended_early() -> None:
     """A socket server runs its workers in its own process, one after another."""
     ranks = workers.HostRanks(expected=3)
-    nodes = [FakeNode(FakeGateway(f"gw{k}", ("a/1", "a"), FakeSpec(*spec))) for k, spec in
-             enumerate([(True, None), (False, "user@gpu-b"), (False, None)])]
+    nodes = [
+        FakeNode(FakeGateway(f"gw{k}", ("a/1", "a"), FakeSpec(*spec)))
+        for k, spec in enumerate([(True, None), (False, "user@gpu-b"), (False, None)])
+    ]
     for node in nodes:
         ranks.place(node)
     assert [node.workerinput[workers.OWN_PROCESS] for node in nodes] == [True, True, False]
@@ -151,6 +155,7 @@ def test_a_hosts_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- runs: --tx popen and --tx socket against -n 0 ------------------------------------
 
+
 @pytest.fixture
 def dump_folder(pytester: pytest.Pytester) -> Path:
     shutil.copytree(DUMPS / "torch_mlpcnn_tensor_fp32", pytester.path / "dump")
@@ -162,8 +167,16 @@ def _options(folder: Path, out: str) -> list[str]:
     """Every path absolute and every option one argument: a socket worker runs in the
     socket server's folder, and xdist rewrites a separate path argument of a non-popen
     worker relative to its rsync roots."""
-    return [f"--msprobe-dump={folder / 'dump'}", "--msprobe-device=cpu", f"--msprobe-out={folder / out}",
-            f"--rootdir={folder}", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    return [
+        f"--msprobe-dump={folder / 'dump'}",
+        "--msprobe-device=cpu",
+        f"--msprobe-out={folder / out}",
+        f"--rootdir={folder}",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+    ]
 
 
 def _placed(folder: Path) -> dict[str, dict[str, Any]]:
@@ -172,8 +185,7 @@ def _placed(folder: Path) -> dict[str, dict[str, Any]]:
 
 def test_tx_popen_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump_folder: Path, comparable_records) -> None:
     serial = pytester.runpytest_subprocess(*_options(dump_folder, "out0"), timeout=300)
-    parallel = pytester.runpytest_subprocess(*_options(dump_folder, "outtx"), "--tx", "2*popen", "--dist", "load",
-                                             timeout=300)
+    parallel = pytester.runpytest_subprocess(*_options(dump_folder, "outtx"), "--tx", "2*popen", "--dist", "load", timeout=300)
     assert serial.ret == parallel.ret == pytest.ExitCode.OK, parallel.stdout.str()[-3000:]
     assert comparable_records(dump_folder / "out0") == comparable_records(dump_folder / "outtx")
     host = socket.gethostname()
@@ -188,8 +200,14 @@ def socket_server(pytester: pytest.Pytester) -> Iterator[subprocess.Popen]:
     stopped after the test."""
     env = {**os.environ, "MSPROBE_HOST": "socket-host"}
     env.pop("PYTEST_XDIST_WORKER", None)
-    server = subprocess.Popen([sys.executable, "-u", "-m", "execnet.script.socketserver", "127.0.0.1:0"],
-                              cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "execnet.script.socketserver", "127.0.0.1:0"],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         port = None
         deadline = time.monotonic() + 30
@@ -207,18 +225,22 @@ def socket_server(pytester: pytest.Pytester) -> Iterator[subprocess.Popen]:
         server.stdout.close()
 
 
-def test_tx_socket_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump_folder: Path,
-                                                  socket_server: subprocess.Popen, comparable_records) -> None:
+def test_tx_socket_workers_give_the_results_of_n0(
+    pytester: pytest.Pytester, dump_folder: Path, socket_server: subprocess.Popen, comparable_records
+) -> None:
     serial = pytester.runpytest_subprocess(*_options(dump_folder, "out0"), timeout=300)
-    parallel = pytester.runpytest_subprocess(*_options(dump_folder, "outtx"), "--tx", f"socket=127.0.0.1:{socket_server.port}",
-                                             "--tx", "popen", "--dist", "load", timeout=300)
+    parallel = pytester.runpytest_subprocess(
+        *_options(dump_folder, "outtx"), "--tx", f"socket=127.0.0.1:{socket_server.port}", "--tx", "popen", "--dist", "load", timeout=300
+    )
     assert serial.ret == parallel.ret == pytest.ExitCode.OK, parallel.stdout.str()[-3000:]
     assert comparable_records(dump_folder / "out0") == comparable_records(dump_folder / "outtx")
     host = socket.gethostname()
-    parallel.stdout.fnmatch_lines([f"msprobe: 2 workers, dist=load; host socket-host: gw0->cpu; host {host}: gw1->cpu; "
-                                   "1 CPU thread(s) each"])
+    parallel.stdout.fnmatch_lines(
+        [f"msprobe: 2 workers, dist=load; host socket-host: gw0->cpu; host {host}: gw1->cpu; 1 CPU thread(s) each"]
+    )
     placed = _placed(dump_folder)
     # each the first worker of its host: rank 0, device 0 of its host
-    assert placed == {"gw0": {"host": "socket-host", "rank": 0, "device_index": 0},
-                      "gw1": {"host": host, "rank": 0, "device_index": 0}}, placed
+    assert placed == {"gw0": {"host": "socket-host", "rank": 0, "device_index": 0}, "gw1": {"host": host, "rank": 0, "device_index": 0}}, (
+        placed
+    )
     assert socket_server.poll() is None  # the server, which ran its worker in its own process, serves on

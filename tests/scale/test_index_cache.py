@@ -37,8 +37,7 @@ def test_the_cache_holds_arrays_only(make_dump, tmp_path: Path) -> None:
         assert all(arrays[name].dtype != object for name in arrays.files)
 
 
-def test_a_rewritten_dump_of_the_same_size_and_mtime_is_parsed_again(make_dump, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rewritten_dump_of_the_same_size_and_mtime_is_parsed_again(make_dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dump = make_dump(tmp_path / "dump", 20)
     index_cache.load_index(dump, tmp_path / "cache")
     stat = dump.stat()

@@ -12,7 +12,7 @@ import pytest
 
 # rows of a float32 Torch.exp input -> the fault planted there (the bench runs in
 # float64, so it stays healthy and only the device run is hit).
-PLANTED = '''
+PLANTED = """
 import os, signal, time
 from pathlib import Path
 
@@ -58,19 +58,26 @@ values.generate_tensor = planted_generate
 def pytest_collection_finish(session):
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     Path(f"threads-{worker}.txt").write_text(str(torch.get_num_threads()))
-'''
+"""
 HEALTHY = (2, 4, 6, 8, 10, 11)
 
 
 def tensor(shape: list[int]) -> dict[str, Any]:
-    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": shape, "Max": 1.0, "Min": -1.0, "Mean": 0.0,
-            "Norm": 1.0, "requires_grad": False}
+    return {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": shape,
+        "Max": 1.0,
+        "Min": -1.0,
+        "Mean": 0.0,
+        "Norm": 1.0,
+        "requires_grad": False,
+    }
 
 
 def exp_dump(folder: Path, rows: tuple[int, ...]) -> Path:
     """Torch.exp.{rows}.forward for each number of rows."""
-    data = {f"Torch.exp.{n}.forward": {"input_args": [tensor([n, 4])], "input_kwargs": {}, "output": [tensor([n, 4])]}
-            for n in rows}
+    data = {f"Torch.exp.{n}.forward": {"input_args": [tensor([n, 4])], "input_kwargs": {}, "output": [tensor([n, 4])]} for n in rows}
     (folder / "dump").mkdir()
     path = folder / "dump" / "dump.json"
     path.write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch", "data": data}))
@@ -80,8 +87,9 @@ def exp_dump(folder: Path, rows: tuple[int, ...]) -> Path:
 def test_faults_stay_with_their_calls_under_xdist(pytester: pytest.Pytester, records) -> None:
     pytester.makeconftest(PLANTED)
     exp_dump(pytester.path, (3, 5, 7, 9, *HEALTHY))
-    result = pytester.runpytest_subprocess("--msprobe-dump=dump", "-n", "2", "--msprobe-timeout=2", "-p", "no:cacheprovider",
-                                           "--msprobe-out=out", timeout=240)
+    result = pytester.runpytest_subprocess(
+        "--msprobe-dump=dump", "-n", "2", "--msprobe-timeout=2", "-p", "no:cacheprovider", "--msprobe-out=out", timeout=240
+    )
     found = records(pytester.path / "out")
     assert set(found) == {f"Torch.exp.{n}.forward" for n in (3, 5, 7, 9, *HEALTHY)}, result.stdout.str()
     assert all(found[f"Torch.exp.{n}.forward"].status == "pass" for n in HEALTHY)
@@ -100,8 +108,9 @@ def test_faults_stay_with_their_calls_under_xdist(pytester: pytest.Pytester, rec
 def test_timeout_and_out_of_memory_without_xdist(pytester: pytest.Pytester, records) -> None:
     pytester.makeconftest(PLANTED)
     exp_dump(pytester.path, (3, 5, 13, 2, 4))
-    result = pytester.runpytest_subprocess("--msprobe-dump=dump", "--msprobe-timeout=2", "-p", "no:cacheprovider",
-                                           "--msprobe-out=out", timeout=120)
+    result = pytester.runpytest_subprocess(
+        "--msprobe-dump=dump", "--msprobe-timeout=2", "-p", "no:cacheprovider", "--msprobe-out=out", timeout=120
+    )
     result.assert_outcomes(failed=3, passed=2)
     found = records(pytester.path / "out")
     assert "still running after --msprobe-timeout=2 s" in found["Torch.exp.3.forward"].message

@@ -29,7 +29,7 @@ def test_worksteal_blocks_are_balanced_and_heavy_first(workers: int) -> None:
     blocks, start, left = [], 0, len(items)
     for remaining in range(workers, 0, -1):  # the sizes xdist's worksteal cuts the list into
         size = left // remaining
-        blocks.append(laid_out[start:start + size])
+        blocks.append(laid_out[start : start + size])
         start, left = start + size, left - size
     weights = [sum(scheduling.weight(item) for item in block) for block in blocks]
     heaviest_call = max(scheduling.weight(item) for item in items)

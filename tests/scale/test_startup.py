@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-
 DUMPS = Path(__file__).parents[1] / "dumps"
 
 # Each process of the run writes which heavy modules it imported, at its very end.
-MODULES = '''
+MODULES = """
 import sys, json
 from pathlib import Path
 
@@ -28,7 +27,7 @@ def pytest_unconfigure(config):
     worker = config.workerinput["workerid"] if hasattr(config, "workerinput") else "main"
     heavy = [name for name in ("torch", "hypothesis", "sympy", "pytest_msprobe.standards") if name in sys.modules]
     Path(f"modules-{worker}.json").write_text(json.dumps(heavy))
-'''
+"""
 
 
 def _imported(folder: Path) -> dict[str, list[str]]:
@@ -62,23 +61,24 @@ def test_the_controller_imports_no_torch(pytester: pytest.Pytester, small_dump: 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_device_the_workers_cannot_use_is_one_failure(pytester: pytest.Pytester, small_dump: str) -> None:
-    result = pytester.runpytest_subprocess(small_dump, "--msprobe-device=cuda", "-n", "2", "-p", "no:cacheprovider",
-                                           timeout=300)
+    result = pytester.runpytest_subprocess(small_dump, "--msprobe-device=cuda", "-n", "2", "-p", "no:cacheprovider", timeout=300)
     text = result.stdout.str() + result.stderr.str()
     assert result.ret != pytest.ExitCode.OK
     assert text.count("--msprobe-device: no cuda device is available") == 2, text  # the error and its summary line
-    result.stdout.fnmatch_lines(["*ERROR collecting dump/dump.json*", "--msprobe-device: no cuda device is available",
-                                 "*1 error in*"])
+    result.stdout.fnmatch_lines(["*ERROR collecting dump/dump.json*", "--msprobe-device: no cuda device is available", "*1 error in*"])
     assert "Traceback" not in text and "crashed" not in text and "replacing" not in text, text
 
 
-@pytest.mark.parametrize("args, says", [
-    (("--msprobe-device=tpu",), "--msprobe-device: unknown device 'tpu': choose auto, cpu, cuda or npu"),
-    (("--msprobe-devices=0;1",), "--msprobe-devices '0;1': expected device ids separated by commas"),
-    (("--msprobe-max-elements=many",), "--msprobe-max-elements 'many': expected a whole number of elements"),
-], ids=["device", "device_ids", "max_elements"])
-def test_the_controller_still_refuses_bad_options(pytester: pytest.Pytester, small_dump: str, args: tuple[str, ...],
-                                                  says: str) -> None:
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--msprobe-device=tpu",), "--msprobe-device: unknown device 'tpu': choose auto, cpu, cuda or npu"),
+        (("--msprobe-devices=0;1",), "--msprobe-devices '0;1': expected device ids separated by commas"),
+        (("--msprobe-max-elements=many",), "--msprobe-max-elements 'many': expected a whole number of elements"),
+    ],
+    ids=["device", "device_ids", "max_elements"],
+)
+def test_the_controller_still_refuses_bad_options(pytester: pytest.Pytester, small_dump: str, args: tuple[str, ...], says: str) -> None:
     result = pytester.runpytest_subprocess(small_dump, *args, "-n", "2", "-p", "no:cacheprovider", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert says in result.stderr.str()
@@ -87,8 +87,9 @@ def test_the_controller_still_refuses_bad_options(pytester: pytest.Pytester, sma
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_dump_session_does_not_import_hypothesis(pytester: pytest.Pytester, small_dump: str, workers: str) -> None:
     pytester.makeconftest(MODULES)
-    result = pytester.runpytest_subprocess(small_dump, "--msprobe-device=cpu", "-n", workers, "-p", "no:cacheprovider",
-                                           "-k", "linear", timeout=300)
+    result = pytester.runpytest_subprocess(
+        small_dump, "--msprobe-device=cpu", "-n", workers, "-p", "no:cacheprovider", "-k", "linear", timeout=300
+    )
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
     imported = _imported(pytester.path)
     assert imported and not any("hypothesis" in modules for modules in imported.values()), imported
@@ -98,7 +99,8 @@ def test_hypothesis_still_summarizes_a_session_with_other_tests(pytester: pytest
     """Only a session of dump calls alone leaves hypothesis's summary out."""
     pytester.makeconftest(MODULES)
     pytester.makepyfile(test_other="def test_other():\n    pass\n")
-    result = pytester.runpytest_subprocess(small_dump, "--msprobe-device=cpu", "-p", "no:cacheprovider", "-k",
-                                           "linear or other", "dump", "test_other.py", timeout=300)
+    result = pytester.runpytest_subprocess(
+        small_dump, "--msprobe-device=cpu", "-p", "no:cacheprovider", "-k", "linear or other", "dump", "test_other.py", timeout=300
+    )
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
     assert "hypothesis" in _imported(pytester.path)["main"]  # its plugin's summary imports it, as without a dump

@@ -58,12 +58,14 @@ def _dump(pytester: pytest.Pytester) -> str:
     pytester.path.joinpath("dump", "dump.json").write_text(
         '{"task": "statistics", "level": "L1", "framework": "pytorch", "data": {"Torch.exp.0.forward": '
         '{"input_args": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1, "Min": 0, '
-        '"Mean": 0.5, "Norm": 1, "requires_grad": false}], "input_kwargs": {}, "output": []}}}')
+        '"Mean": 0.5, "Norm": 1, "requires_grad": false}], "input_kwargs": {}, "output": []}}}'
+    )
     return "--msprobe-dump=dump"
 
 
-@pytest.mark.parametrize(("args", "dist"), [(("-n", "2"), "worksteal"), (("-n", "2", "--dist", "load"), "load"),
-                                            (("-n", "2", "-d"), "load")])
+@pytest.mark.parametrize(
+    ("args", "dist"), [(("-n", "2"), "worksteal"), (("-n", "2", "--dist", "load"), "load"), (("-n", "2", "-d"), "load")]
+)
 def test_n_alone_steals_work(pytester: pytest.Pytester, args: tuple[str, ...], dist: str) -> None:
     result = pytester.runpytest(_dump(pytester), "--co", "-p", "no:cacheprovider", *args)
     result.stdout.fnmatch_lines([f"msprobe: 2 workers, dist={dist}; host *: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"])

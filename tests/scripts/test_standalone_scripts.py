@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.scripts.writer import main as msprobe_script, script_file_name, write_script
+from pytest_msprobe.scripts.writer import main as msprobe_script
+from pytest_msprobe.scripts.writer import script_file_name, write_script
 
 HERE = Path(__file__).parent
 DUMPS = HERE.parent / "dumps"
@@ -47,7 +48,11 @@ def bare_python(script: Path, *args: str, fault: str | None = None) -> subproces
     `fault` names a module of this folder that plants a fault first (planted_linear)."""
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": os.pathsep.join([str(SITE_PACKAGES), str(HERE)]), "GLOG_v": "3"}
     if fault:
-        command = ["-c", f"import {fault}, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')", str(script)]
+        command = [
+            "-c",
+            f"import {fault}, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+            str(script),
+        ]
     else:
         command = [str(script)]
     return subprocess.run([sys.executable, "-S", *command, *args], cwd=script.parent, env=env, capture_output=True, text=True, timeout=300)
@@ -55,8 +60,14 @@ def bare_python(script: Path, *args: str, fault: str | None = None) -> subproces
 
 def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(HERE)}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--msprobe-device=cpu", "--msprobe-out=out", *args],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--msprobe-device=cpu", "--msprobe-out=out", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def journal(folder: Path) -> dict[tuple[str, str], dict[str, Any]]:
@@ -73,7 +84,7 @@ def same_number(a: float, b: float) -> bool:
 def assert_same_judgement(script_run: dict[str, Any], record: dict[str, Any]) -> None:
     assert script_run["status"] == record["status"], (script_run["message"], record["message"])
     assert len(script_run["outputs"]) == len(record["outputs"])
-    for mine, theirs in zip(script_run["outputs"], record["outputs"]):
+    for mine, theirs in zip(script_run["outputs"], record["outputs"], strict=True):
         for key in ("status", "standard", "reference", "device_dtype", "bench_dtype", "shape", "thresholds"):
             assert mine[key] == theirs[key], key
         assert mine["metrics"].keys() == theirs["metrics"].keys()
@@ -83,7 +94,9 @@ def assert_same_judgement(script_run: dict[str, Any], record: dict[str, Any]) ->
 
 def test_bare_interpreter_cannot_import_the_plugin() -> None:
     env = {**os.environ, "PYTHONPATH": str(SITE_PACKAGES)}
-    done = subprocess.run([sys.executable, "-S", "-c", "import torch; import pytest_msprobe"], cwd="/", env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", "import torch; import pytest_msprobe"], cwd="/", env=env, capture_output=True, text=True
+    )
     assert "No module named 'pytest_msprobe'" in done.stderr
 
 
@@ -95,7 +108,9 @@ def every_call_scripted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for dump in dumps:
         shutil.copytree(DUMPS / dump, folder / dump)
     selected = " or ".join(call for _, call in CHOSEN)
-    done = run_pytest(folder, *(f"--msprobe-dump={d}" for d in dumps), "--msprobe-scripts=scripts", "--msprobe-scripts-all", "-q", "-k", selected)
+    done = run_pytest(
+        folder, *(f"--msprobe-dump={d}" for d in dumps), "--msprobe-scripts=scripts", "--msprobe-scripts-all", "-q", "-k", selected
+    )
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     return folder
 
@@ -132,7 +147,9 @@ def test_planted_fault_fails_the_test_and_its_script(tmp_path: Path) -> None:
     done = run_pytest(tmp_path, "--msprobe-dump=dump", "-p", "planted_linear", "--msprobe-scripts=scripts", "-q")
     records = journal(tmp_path)
     failed = {call for (_, call), r in records.items() if r["status"] == "error"}
-    assert done.returncode == 1 and {c for c in failed if c.startswith("Functional.linear.")} == {c for _, c in records if c.startswith("Functional.linear.")}
+    assert done.returncode == 1 and {c for c in failed if c.startswith("Functional.linear.")} == {
+        c for _, c in records if c.startswith("Functional.linear.")
+    }
     assert sorted(p.name for p in (tmp_path / "scripts").glob("*.py")) == sorted(f"{c}.py" for c in failed)  # failed calls only
     script = tmp_path / "scripts" / "Functional.linear.0.forward.py"
     assert "error by the" in script.read_text().split('"""', 1)[0]  # its header quotes the test's verdict
@@ -146,8 +163,17 @@ def test_planted_fault_fails_the_test_and_its_script(tmp_path: Path) -> None:
 def test_a_nondeterministic_kernel_fails_the_repeated_test_and_script(tmp_path: Path) -> None:
     """--msprobe-repeat and a script's --repeat share the check (judge/repeat.py)."""
     shutil.copytree(DUMPS / "torch_mlpcnn_tensor_fp32", tmp_path / "dump")
-    done = run_pytest(tmp_path, "--msprobe-dump=dump", "-p", "split_k_linear", "--msprobe-repeat=3", "-k", "linear.0.forward",
-                      "--msprobe-scripts=scripts", "-q")
+    done = run_pytest(
+        tmp_path,
+        "--msprobe-dump=dump",
+        "-p",
+        "split_k_linear",
+        "--msprobe-repeat=3",
+        "-k",
+        "linear.0.forward",
+        "--msprobe-scripts=scripts",
+        "-q",
+    )
     record = journal(tmp_path)[("dump", "Functional.linear.0.forward")]
     assert done.returncode == 1 and record["status"] == "error" and "nondeterministic" in record["message"]
     script = tmp_path / "scripts" / "Functional.linear.0.forward.py"
@@ -169,15 +195,30 @@ def test_seeds_and_generated_inputs(tmp_path: Path) -> None:
 
 
 def test_bad_input_gives_an_explanation_not_a_traceback(write_dump, run_dump, tmp_path: Path) -> None:
-    tensor = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 3], "Max": 1.0, "Min": -1.0, "Mean": 0.0, "Norm": 1.0,
-              "requires_grad": False}
-    dump = write_dump({
-        "Torch.exp.0.forward": {"input_args": [{**tensor, "data_name": "gone.pt"}], "input_kwargs": {}, "output": [tensor]},
-        "Torch.exp.1.forward": {"input_args": [{**tensor, "data_name": "../../escape.pt"}], "input_kwargs": {}, "output": [tensor]},
-        "Torch.exp.2.forward": {"input_args": [{"type": "mystery", "value": 1}], "input_kwargs": {}, "output": [tensor]},
-        "Torch.dropout.0.forward": {"input_args": [tensor, {"type": "float", "value": 0.5}, {"type": "bool", "value": True}], "input_kwargs": {}, "output": [tensor]},
-        "Torch.exp'''\nimport os.0.forward": {"input_args": [tensor], "input_kwargs": {}, "output": [tensor]},
-    }, task="tensor")
+    tensor = {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [2, 3],
+        "Max": 1.0,
+        "Min": -1.0,
+        "Mean": 0.0,
+        "Norm": 1.0,
+        "requires_grad": False,
+    }
+    dump = write_dump(
+        {
+            "Torch.exp.0.forward": {"input_args": [{**tensor, "data_name": "gone.pt"}], "input_kwargs": {}, "output": [tensor]},
+            "Torch.exp.1.forward": {"input_args": [{**tensor, "data_name": "../../escape.pt"}], "input_kwargs": {}, "output": [tensor]},
+            "Torch.exp.2.forward": {"input_args": [{"type": "mystery", "value": 1}], "input_kwargs": {}, "output": [tensor]},
+            "Torch.dropout.0.forward": {
+                "input_args": [tensor, {"type": "float", "value": 0.5}, {"type": "bool", "value": True}],
+                "input_kwargs": {},
+                "output": [tensor],
+            },
+            "Torch.exp'''\nimport os.0.forward": {"input_args": [tensor], "input_kwargs": {}, "output": [tensor]},
+        },
+        task="tensor",
+    )
     index = read_index(dump)
     tests = run_dump(dump, "--msprobe-device=cpu").calls
     expected = {
@@ -189,7 +230,7 @@ def test_bad_input_gives_an_explanation_not_a_traceback(write_dump, run_dump, tm
     }
     scripts = {call: write_script(index, call, tmp_path / "scripts") for call in expected}
     with ThreadPoolExecutor(2) as pool:
-        runs = dict(zip(scripts, pool.map(lambda script: bare_python(script, "--device", "cpu"), scripts.values())))
+        runs = dict(zip(scripts, pool.map(lambda script: bare_python(script, "--device", "cpu"), scripts.values()), strict=True))
     for call, (status, kind, why) in expected.items():
         script, done = scripts[call], runs[call]
         assert script.parent == tmp_path / "scripts" and script.name == script_file_name(index.entry(call).name)

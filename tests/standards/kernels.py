@@ -3,9 +3,9 @@
 Each case: (api, fn, make_inputs). The device runs fn on inputs in D; the bench runs the
 same fn on the inputs raised (fp16/bf16 -> fp32, fp32 -> fp64), as the plugin does.
 """
+
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,20 +31,21 @@ def _ce(x, t):
 
 # api -> list of (fn, inputs(g)); integer inputs are not cast
 CORRECT = {
-    "linear": [(F.linear, lambda g: (rn(g, 16, 64), rn(g, 8, 64))),
-               (F.linear, lambda g: (rn(g, 32, 4096), rn(g, 16, 4096), rn(g, 16)))],
+    "linear": [(F.linear, lambda g: (rn(g, 16, 64), rn(g, 8, 64))), (F.linear, lambda g: (rn(g, 32, 4096), rn(g, 16, 4096), rn(g, 16)))],
     "matmul": [(torch.matmul, lambda g: (rn(g, 24, 1024, scale=30), rn(g, 1024, 12)))],
     "bmm": [(torch.bmm, lambda g: (rn(g, 4, 16, 512), rn(g, 4, 512, 8)))],
     "conv1d": [(F.conv1d, lambda g: (rn(g, 2, 16, 64), rn(g, 8, 16, 3)))],
     "conv2d": [(F.conv2d, lambda g: (rn(g, 2, 8, 16, 16), rn(g, 8, 8, 3, 3)))],
-    "softmax": [(lambda x: F.softmax(x, -1), lambda g: (rn(g, 8, 4096, scale=5),)),
-                (lambda x: F.softmax(x, -1), lambda g: (rn(g, 64, 16),))],
+    "softmax": [
+        (lambda x: F.softmax(x, -1), lambda g: (rn(g, 8, 4096, scale=5),)),
+        (lambda x: F.softmax(x, -1), lambda g: (rn(g, 64, 16),)),
+    ],
     "log_softmax": [(lambda x: F.log_softmax(x, -1), lambda g: (rn(g, 8, 2048, scale=3),))],
-    "layer_norm": [(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
-                    lambda g: (rn(g, 16, 1024, scale=100) + 50, rn(g, 1024), rn(g, 1024)))],
+    "layer_norm": [
+        (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), lambda g: (rn(g, 16, 1024, scale=100) + 50, rn(g, 1024), rn(g, 1024)))
+    ],
     "cumsum": [(lambda x: torch.cumsum(x, -1), lambda g: (rn(g, 4, 2048),))],
-    "sum": [(lambda x: torch.sum(x, -1), lambda g: (rn(g, 64, 4096, scale=1000),)),
-            (torch.sum, lambda g: (rn(g, 3),))],
+    "sum": [(lambda x: torch.sum(x, -1), lambda g: (rn(g, 64, 4096, scale=1000),)), (torch.sum, lambda g: (rn(g, 3),))],
     "mean": [(lambda x: torch.mean(x, 0), lambda g: (rn(g, 3000, 16) + 3,))],
     "exp": [(torch.exp, lambda g: (rn(g, 4096, scale=4),))],
     "log": [(torch.log, lambda g: (pos(g, 4096, lo=1e-3, hi=1e3),))],
@@ -52,24 +53,19 @@ CORRECT = {
     "gelu": [(F.gelu, lambda g: (rn(g, 4096, scale=3),))],
     "tanh": [(torch.tanh, lambda g: (rn(g, 4096, scale=2),))],
     "sigmoid": [(torch.sigmoid, lambda g: (rn(g, 4096, scale=5),))],
-    "pow": [(lambda x: torch.pow(x, 2.5), lambda g: (pos(g, 4096),)),
-            (lambda x: torch.pow(x, 3), lambda g: (rn(g, 4096, scale=20),))],
+    "pow": [(lambda x: torch.pow(x, 2.5), lambda g: (pos(g, 4096),)), (lambda x: torch.pow(x, 3), lambda g: (rn(g, 4096, scale=20),))],
     "rsqrt": [(torch.rsqrt, lambda g: (pos(g, 4096, lo=1e-2, hi=1e4),))],
-    "cross_entropy": [(_ce, lambda g: (rn(g, 64, 1000, scale=3),
-                                       torch.randint(0, 1000, (64,), generator=g)))],
-    "embedding": [(F.embedding, lambda g: (torch.randint(0, 100, (32,), generator=g),
-                                           rn(g, 100, 64)))],
+    "cross_entropy": [(_ce, lambda g: (rn(g, 64, 1000, scale=3), torch.randint(0, 1000, (64,), generator=g)))],
+    "embedding": [(F.embedding, lambda g: (torch.randint(0, 100, (32,), generator=g), rn(g, 100, 64)))],
     "max_pool1d": [(lambda x: F.max_pool1d(x, 3), lambda g: (rn(g, 2, 8, 96),))],
     "mul": [(torch.mul, lambda g: (rn(g, 4096, scale=100), rn(g, 4096)))],
     "add": [(torch.add, lambda g: (rn(g, 4096, scale=1e3), rn(g, 4096)))],
     "div": [(torch.div, lambda g: (rn(g, 4096), pos(g, 4096)))],
     "__truediv__": [(lambda a, b: a / b, lambda g: (rn(g, 4096), pos(g, 4096)))],
-    "where": [(lambda c, a, b: torch.where(c, a, b),
-               lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)))],
+    "where": [(lambda c, a, b: torch.where(c, a, b), lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)))],
     "topk": [(lambda x: torch.topk(x, 10), lambda g: (rn(g, 16, 500),))],
     "sort": [(lambda x: torch.sort(x, stable=True, dim=-1), lambda g: (rn(g, 16, 300),))],
-    "masked_fill": [(lambda x, m: x.masked_fill(m, float("-inf")),
-                     lambda g: (rn(g, 8, 64), torch.rand(8, 64, generator=g) > 0.7))],
+    "masked_fill": [(lambda x, m: x.masked_fill(m, float("-inf")), lambda g: (rn(g, 8, 64), torch.rand(8, 64, generator=g) > 0.7))],
 }
 
 
@@ -110,8 +106,7 @@ def correct_cases(seeds=(0, 1)):
 
 def correct_terms(seeds=(0, 1)) -> dict:
     """name -> terms' magnitude of the correct_cases whose API sums products."""
-    return {name: terms_of(fn, inputs, dtype) for name, api, fn, inputs, dtype in _forward_runs(seeds)
-            if api in SUMS_OF_PRODUCTS}
+    return {name: terms_of(fn, inputs, dtype) for name, api, fn, inputs, dtype in _forward_runs(seeds) if api in SUMS_OF_PRODUCTS}
 
 
 def summation_orders(seed=1):
@@ -128,12 +123,14 @@ def summation_orders(seed=1):
         xd, wd, bd = (t.to(dtype).float() for t in (x, w, b))
         bench = F.linear(*cast((xd, wd, bd), torch.float32))
         terms = terms_of(fn, (x, w, b), dtype)
-        orders = {f"splitK{parts}-{way}": sum(xs[:, k::parts] @ ws[:, k::parts].T for k in range(parts))
-                  for parts in (2, 8, 16)
-                  for way, xs, ws in (("forward", xd, wd), ("reversed", xd.flip(1), wd.flip(1)))}
+        orders = {
+            f"splitK{parts}-{way}": sum(xs[:, k::parts] @ ws[:, k::parts].T for k in range(parts))
+            for parts in (2, 8, 16)
+            for way, xs, ws in (("forward", xd, wd), ("reversed", xd.flip(1), wd.flip(1)))
+        }
         sequential = torch.zeros(x.shape[0], w.shape[0])
         for k in range(x.shape[1]):
-            sequential = sequential + xd[:, k:k + 1] * wd[:, k:k + 1].T
+            sequential = sequential + xd[:, k : k + 1] * wd[:, k : k + 1].T
         orders["sequential"] = sequential
         for order, acc in orders.items():
             yield f"linear-{order}-{str(dtype)[6:]}", "linear", bench, (acc + bd).to(dtype), terms
@@ -178,7 +175,7 @@ def lower_precision_accumulate(x, w, dtype, acc_dtype, chunk=16):
     """x @ w.T with the running sum rounded to acc_dtype every `chunk` terms."""
     acc = torch.zeros(x.shape[0], w.shape[0], dtype=acc_dtype)
     for k in range(0, x.shape[1], chunk):
-        part = x[:, k:k + chunk].float() @ w[:, k:k + chunk].float().T
+        part = x[:, k : k + chunk].float() @ w[:, k : k + chunk].float().T
         acc = (acc.float() + part).to(acc_dtype)
     return acc.to(dtype)
 
@@ -211,8 +208,7 @@ def faults_with_terms(seed=0):
         bm, dm = run_pair(torch.mul, (a, b2), dtype)
         bsm, dsm = run_pair(lambda v: F.softmax(v, -1), (rn(g, 8, 512),), dtype)
         # 1 escaped NaN
-        for api, bench, dev in (("linear", bl, dl), ("exp", be, de), ("mul", bm, dm),
-                                ("softmax", bsm, dsm)):
+        for api, bench, dev in (("linear", bl, dl), ("exp", be, de), ("mul", bm, dm), ("softmax", bsm, dsm)):
             bad = dev.clone().reshape(-1)
             bad[5] = float("nan")
             out.append((f"nan-{api}-{dn}", api, bench, bad.reshape(dev.shape)))
@@ -228,27 +224,23 @@ def faults_with_terms(seed=0):
         out.append((f"lowinputs-exp-{dn}", "exp", be, torch.exp(t.to(dtype).to(low).to(dtype))))
         # 4 reduction accumulated in a lower precision
         acc = dtype if dtype != torch.float32 else torch.bfloat16
-        out.append((f"lowacc-linear-{dn}", "linear", bl,
-                    lower_precision_accumulate(x.to(dtype), w.to(dtype), dtype, acc)))
+        out.append((f"lowacc-linear-{dn}", "linear", bl, lower_precision_accumulate(x.to(dtype), w.to(dtype), dtype, acc)))
         ones = torch.ones(1, s.shape[1])
-        out.append((f"lowacc-sum-{dn}", "sum", bs,
-                    lower_precision_accumulate(s.to(dtype), ones, dtype, acc).reshape(-1)))
+        out.append((f"lowacc-sum-{dn}", "sum", bs, lower_precision_accumulate(s.to(dtype), ones, dtype, acc).reshape(-1)))
         # 5 systematic bias of some tens of ulps
-        for api, bench, dev in (("linear", bl, dl), ("exp", be, de), ("mul", bm, dm),
-                                ("sum", bs, ds)):
-            biased = (dev.double() * (1 + 30 * 2.0 ** -m)).to(dtype)
+        for api, bench, dev in (("linear", bl, dl), ("exp", be, de), ("mul", bm, dm), ("sum", bs, ds)):
+            biased = (dev.double() * (1 + 30 * 2.0**-m)).to(dtype)
             out.append((f"bias30-{api}-{dn}", api, bench, biased))
         # 6 rounding toward zero instead of to nearest (fp16/bf16: computed in fp32)
         if dtype != torch.float32:
             for api, bench in (("exp", be), ("gelu", bg), ("linear", bl), ("softmax", bsm)):
                 out.append((f"rtz-{api}-{dn}", api, bench, round_toward_zero(bench, dtype)))
         # 7 one element wrong
-        for api, bench, dev in (("linear", bl, dl), ("exp", be, de), ("mul", bm, dm),
-                                ("gelu", bg, dg)):
+        for api, bench, dev in (("linear", bl, dl), ("exp", be, de), ("mul", bm, dm), ("gelu", bg, dg)):
             bad = dev.clone().reshape(-1)
             mag = bench.to(dtype).double().reshape(-1).abs()
             mag[~torch.isfinite(mag)] = 0
-            i = int(torch.argsort(mag)[int(0.9 * mag.numel())])   # 90th percentile
+            i = int(torch.argsort(mag)[int(0.9 * mag.numel())])  # 90th percentile
             bad[i] = bad[i] * 1.25
             out.append((f"onewrong-{api}-{dn}", api, bench, bad.reshape(dev.shape)))
         terms = {"linear": terms_of(F.linear, (x, w), dtype)}
@@ -263,27 +255,25 @@ def faults_with_terms(seed=0):
 BACKWARD = {
     "conv1d": [(F.conv1d, lambda g: (rn(g, 4, 16, 10), rn(g, 8, 16, 3), rn(g, 8)))],
     "conv2d": [(F.conv2d, lambda g: (rn(g, 2, 8, 12, 12), rn(g, 8, 8, 3, 3)))],
-    "softmax": [(lambda x: F.softmax(x, -1), lambda g: (rn(g, 4, 5, 5, scale=2),)),
-                (lambda x: F.softmax(x, -1), lambda g: (rn(g, 8, 1024, scale=3),))],
+    "softmax": [
+        (lambda x: F.softmax(x, -1), lambda g: (rn(g, 4, 5, 5, scale=2),)),
+        (lambda x: F.softmax(x, -1), lambda g: (rn(g, 8, 1024, scale=3),)),
+    ],
     "log_softmax": [(lambda x: F.log_softmax(x, -1), lambda g: (rn(g, 16, 512, scale=3),))],
-    "layer_norm": [(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
-                    lambda g: (rn(g, 4, 5, 8), rn(g, 8), rn(g, 8))),
-                   (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
-                    lambda g: (rn(g, 32, 256, scale=10) + 5, rn(g, 256), rn(g, 256)))],
-    "rsqrt": [(torch.rsqrt, lambda g: (pos(g, 4, 1, lo=1.0, hi=50.0),)),
-              (torch.rsqrt, lambda g: (pos(g, 4096, lo=1e-2, hi=1e3),))],
-    "embedding": [(lambda i, w: F.embedding(i, w), lambda g: (torch.randint(0, 50, (4, 64), generator=g),
-                                                             rn(g, 50, 16)))],
+    "layer_norm": [
+        (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), lambda g: (rn(g, 4, 5, 8), rn(g, 8), rn(g, 8))),
+        (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), lambda g: (rn(g, 32, 256, scale=10) + 5, rn(g, 256), rn(g, 256))),
+    ],
+    "rsqrt": [(torch.rsqrt, lambda g: (pos(g, 4, 1, lo=1.0, hi=50.0),)), (torch.rsqrt, lambda g: (pos(g, 4096, lo=1e-2, hi=1e3),))],
+    "embedding": [(lambda i, w: F.embedding(i, w), lambda g: (torch.randint(0, 50, (4, 64), generator=g), rn(g, 50, 16)))],
     "linear": [(F.linear, lambda g: (rn(g, 64, 256), rn(g, 32, 256), rn(g, 32)))],
     "matmul": [(torch.matmul, lambda g: (rn(g, 8, 64, 128), rn(g, 128, 32)))],
     "silu": [(F.silu, lambda g: (rn(g, 4096, scale=4),))],
     "gelu": [(F.gelu, lambda g: (rn(g, 4096, scale=3),))],
-    "cross_entropy": [(_ce, lambda g: (rn(g, 32, 100, scale=3),
-                                       torch.randint(0, 100, (32,), generator=g)))],
+    "cross_entropy": [(_ce, lambda g: (rn(g, 32, 100, scale=3), torch.randint(0, 100, (32,), generator=g)))],
     "mean": [(lambda x: torch.mean(x, -1), lambda g: (rn(g, 64, 512),))],
     "cumsum": [(lambda x: torch.cumsum(x, -1), lambda g: (rn(g, 8, 1024),))],
-    "where": [(lambda c, a, b: torch.where(c, a * b, a),
-               lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)))],
+    "where": [(lambda c, a, b: torch.where(c, a * b, a), lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)))],
     "mul": [(torch.mul, lambda g: (rn(g, 4096, scale=10), rn(g, 4096)))],
     "div": [(torch.div, lambda g: (rn(g, 4096), pos(g, 4096)))],
 }
@@ -295,6 +285,7 @@ def grad_pair(fn, inputs, grad_seed, dtype):
     The device differentiates in `dtype` with grad_output in `dtype`; the bench runs
     autograd on the same values raised, as the plugin replays a backward call.
     """
+
     def grads(xs):
         xs = tuple(t.detach().requires_grad_(True) if t.is_floating_point() else t for t in xs)
         out = fn(*xs)
@@ -302,7 +293,8 @@ def grad_pair(fn, inputs, grad_seed, dtype):
         if g_dtype[0] is not None:
             g = g.to(g_dtype[0]).to(out.dtype)
         return torch.autograd.grad(out, [t for t in xs if t.is_floating_point()], g)
-    g_dtype = [dtype]               # grad_output is a D tensor on both sides
+
+    g_dtype = [dtype]  # grad_output is a D tensor on both sides
     dev_in = cast(inputs, dtype)
     return grads(cast(dev_in, RAISE[dtype])), grads(dev_in)
 

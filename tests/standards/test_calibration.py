@@ -7,12 +7,11 @@ magnitude. Measured (2 seeds x 31 forward kernels x 3 dtypes + 9 valid fp32 rewr
 outputs, plus 2 seeds x 20 autograd BACKWARD set-ups x 3 dtypes = 120 gradient calls;
 60 planted faults over fp32/fp16/bf16): false alarms 0/347, detection 60/60.
 """
+
 import pytest
+from kernels import backward_cases, correct_cases, correct_terms, faults_with_terms, summation_orders, valid_rewrites
 
 from pytest_msprobe.standards import check
-
-from kernels import (backward_cases, correct_cases, correct_terms, faults_with_terms, summation_orders,
-                     valid_rewrites)
 
 TERMS = correct_terms()
 CORRECT = [(*case, TERMS.get(case[0])) for case in correct_cases()]
@@ -22,8 +21,12 @@ ORDERS = list(summation_orders())
 FAULTS = faults_with_terms()
 
 
-CORRECT_OUTPUTS = ([("forward", *c) for c in CORRECT] + [("rewrite", *c) for c in REWRITES]
-                   + [("order", *c) for c in ORDERS] + [("backward", *c) for c in BACKWARD])
+CORRECT_OUTPUTS = (
+    [("forward", *c) for c in CORRECT]
+    + [("rewrite", *c) for c in REWRITES]
+    + [("order", *c) for c in ORDERS]
+    + [("backward", *c) for c in BACKWARD]
+)
 
 
 def judged(api, bench, device, terms):
@@ -35,8 +38,7 @@ def judged(api, bench, device, terms):
     return verdict
 
 
-@pytest.mark.parametrize("kind,name,api,bench,device,terms", CORRECT_OUTPUTS,
-                         ids=[f"{c[0]}-{c[1]}" for c in CORRECT_OUTPUTS])
+@pytest.mark.parametrize("kind,name,api,bench,device,terms", CORRECT_OUTPUTS, ids=[f"{c[0]}-{c[1]}" for c in CORRECT_OUTPUTS])
 def test_correct_output_passes_without_warning(kind, name, api, bench, device, terms):
     """A correct CPU kernel (forward or gradient), a valid float32 rewrite, or another
     float32 summation order of a reduced-precision matrix product."""
@@ -82,9 +84,12 @@ def _softmax_grad(dtype, seed: int):
     return grad(torch.float32), grad(dtype)
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (single_run.py, 'Known limits'): the gradient cancels "
-                   "(y * (g - sum(g * y)) with g near constant) far below the scale of its terms, and the "
-                   "float16/bfloat16 rounding of the saved softmax output costs tens of ULPs at the output's scale")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit (single_run.py, 'Known limits'): the gradient cancels "
+    "(y * (g - sum(g * y)) with g near constant) far below the scale of its terms, and the "
+    "float16/bfloat16 rounding of the saved softmax output costs tens of ULPs at the output's scale",
+)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_softmax_grad_of_a_near_constant_upstream_gradient_passes(dtype):
     import torch

@@ -3,6 +3,7 @@
 Each correct case below failed before conditioning or the noise floor existed, each
 fault passed before the bias tests existed; both directions are asserted.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -42,7 +43,7 @@ def test_a_cancelled_sum_fails_at_its_own_magnitude_and_passes_at_its_terms():
     assert conditioned.metrics["cond_mean_ulp_err"] < 1
 
 
-@pytest.mark.parametrize("factor", [1 + 2.0 ** -5, 1 + 2.0 ** -12])
+@pytest.mark.parametrize("factor", [1 + 2.0**-5, 1 + 2.0**-12])
 def test_a_wrong_sum_still_fails_at_its_terms(factor):
     g = torch.randn(512, 64, generator=_generator(1))
     bench, terms = g.double().sum(0), g.double().abs().sum(0)
@@ -98,7 +99,9 @@ def test_float32_dot_toward_zero_is_an_error_with_a_reference():
     faulty = _round_toward_zero(bench, torch.float32)  # accumulated exactly, rounded toward zero
     assert check(bench, reference, api="matmul", reference=x.flip(1) @ w.flip(1).T).status == "pass"
     verdict = check(bench, faulty, api="matmul", reference=reference)
-    assert verdict.status == "error" and verdict.metrics["scale_bias_ulp"] - verdict.metrics["ref_scale_bias_ulp"] < -0.25, verdict.message()
+    assert verdict.status == "error" and verdict.metrics["scale_bias_ulp"] - verdict.metrics["ref_scale_bias_ulp"] < -0.25, (
+        verdict.message()
+    )
 
 
 def test_float32_dot_toward_zero_without_a_reference():
@@ -119,15 +122,14 @@ def test_two_correct_kernels_differing_by_reduction_order_agree_with_a_reference
     bench = (g.double() * x.double()).sum(0)
     device = (g * x).flip(0).cumsum(0)[-1]
     reference = (g * x).sum(0)
-    verdict = check(bench, device, api="layer_norm", reference=reference,
-                    terms=(g.double() * x.double()).abs().sum(0))
+    verdict = check(bench, device, api="layer_norm", reference=reference, terms=(g.double() * x.double()).abs().sum(0))
     assert verdict.status == "pass", verdict.message()
 
 
 def test_a_few_ulp_scale_fault_is_an_error_with_a_reference():
     x = torch.randn(4096, generator=_generator(8)).half()
     bench, reference = torch.exp(x.float()), torch.exp(x)
-    faulty = (bench.double() * (1 + 2 * 2.0 ** -10)).half()
+    faulty = (bench.double() * (1 + 2 * 2.0**-10)).half()
     verdict = check(bench, faulty, api="exp", reference=reference)
     assert verdict.status == "error" and "beyond the reference run" in verdict.message()
 

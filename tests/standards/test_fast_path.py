@@ -8,15 +8,15 @@ small elements, inf/NaN (which falls back to the plain path) and every dtype.
 Counts, statuses, reasons and thresholds must be identical; sums (means, rmse, bias)
 may differ by summation order only.
 """
+
 import math
 
 import numpy as np
 import pytest
 import torch
+from kernels import backward_cases, correct_cases, faults, valid_rewrites
 
 from pytest_msprobe.standards import check, fast
-
-from kernels import backward_cases, correct_cases, faults, valid_rewrites
 
 APIS = ("relu", "add", "matmul", "conv2d", "cumsum", "exp")
 
@@ -30,21 +30,19 @@ def _judge_both(monkeypatch, bench, device, api):
 
 
 def _same(plain, fused):
-    for a, c in zip(plain.outputs or (plain,), fused.outputs or (fused,)):
+    for a, c in zip(plain.outputs or (plain,), fused.outputs or (fused,), strict=True):
         where = (a.path, a.standard)
         assert a.status == c.status, where
         assert list(a.metrics) == list(c.metrics), where
         for key, x in a.metrics.items():
             y = c.metrics[key]
-            assert x == y or (math.isfinite(x) and math.isclose(x, y, rel_tol=1e-9,
-                                                                abs_tol=1e-12)), (where, key, x, y)
+            assert x == y or (math.isfinite(x) and math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)), (where, key, x, y)
         assert a.thresholds == c.thresholds, where
         assert len(a.reasons) == len(c.reasons), where
         assert len(a.worst) == len(c.worst), where
 
 
-CORPUS = (list(correct_cases(seeds=(0,))) + list(valid_rewrites())
-          + list(backward_cases(seeds=(0,))) + list(faults()))
+CORPUS = list(correct_cases(seeds=(0,))) + list(valid_rewrites()) + list(backward_cases(seeds=(0,))) + list(faults())
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -56,16 +54,16 @@ def test_corpus_same_verdicts_both_paths(monkeypatch, api):
 def _synthetic(dtype, n, seed=0):
     g = torch.Generator().manual_seed(seed)
     b = torch.randn(n, generator=g, dtype=torch.float64) * 3
-    b[::97] *= 1e-7                                   # small elements
+    b[::97] *= 1e-7  # small elements
     b[5] = 0.0
     d = b.to(dtype).clone()
-    d[n // 3] = d[n // 3] * 1.01                      # one wrong element
+    d[n // 3] = d[n // 3] * 1.01  # one wrong element
     return b, d
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_large_outputs_same_verdicts_and_worst(monkeypatch, dtype):
-    n = 4 * fast.CHUNK + 1234                         # two threads and a partial chunk
+    n = 4 * fast.CHUNK + 1234  # two threads and a partial chunk
     b, d = _synthetic(dtype, n)
     calls = []
     real_run = fast.run
@@ -79,17 +77,16 @@ def test_large_outputs_same_verdicts_and_worst(monkeypatch, dtype):
             # ulp, thousandth and benchmark name them only for a failure message
             assert fused.worst == plain.worst == (), api
     bad = d.clone()
-    k = bad[::10].numel()                             # every standard fails: worst named
-    bad[::10] = (bad[::10].double() * torch.linspace(1.1, 1.3, k, dtype=torch.float64)
-                 ).to(dtype)                          # distinct errors: no ties in the top 5
+    k = bad[::10].numel()  # every standard fails: worst named
+    bad[::10] = (bad[::10].double() * torch.linspace(1.1, 1.3, k, dtype=torch.float64)).to(dtype)  # distinct errors: no ties in the top 5
     for api in APIS:
         plain, fused = _judge_both(monkeypatch, b, bad, api)
         _same(plain, fused)
         assert fused.status == "error", api
         if api != "relu":
             assert fused.worst and fused.worst[0] == plain.worst[0], api
-    assert calls                                      # the fused pass did run
-    for api in APIS:                                  # a correct output passes both ways
+    assert calls  # the fused pass did run
+    for api in APIS:  # a correct output passes both ways
         plain, fused = _judge_both(monkeypatch, b, b.to(dtype).clone(), api)
         _same(plain, fused)
 
@@ -111,7 +108,7 @@ def test_binary_offenders_are_the_first_differing(monkeypatch):
     d = b.to(torch.float32).clone()
     for i in (7, n - 3, 3 * fast.CHUNK + 1):
         d[i] += 1
-    d[11] = b[11] = float("nan")                      # NaN matches NaN
+    d[11] = b[11] = float("nan")  # NaN matches NaN
     plain, fused = _judge_both(monkeypatch, b, d, "relu")
     _same(plain, fused)
     assert [o.index for o in fused.worst] == [(7,), (3 * fast.CHUNK + 1,), (n - 3,)]
@@ -122,7 +119,7 @@ def test_kth_values_exact():
     x = np.random.default_rng(0).standard_normal(300_000) ** 2
     ks = [0, 12345, 150_000, 299_999]
     assert fast._kth_values(x, ks) == [np.sort(x)[k] for k in ks]
-    sorted_x = np.sort(x)                             # adversarial order for the subsample
+    sorted_x = np.sort(x)  # adversarial order for the subsample
     assert fast._kth_values(sorted_x, ks) == [sorted_x[k] for k in ks]
 
 
@@ -137,7 +134,7 @@ def _judge_both_ref(monkeypatch, bench, device, api, reference):
 
 def _same_ref(plain, fused):
     _same(plain, fused)
-    for a, c in zip(plain.outputs or (plain,), fused.outputs or (fused,)):
+    for a, c in zip(plain.outputs or (plain,), fused.outputs or (fused,), strict=True):
         assert a.reference == c.reference, a.path
         assert a.reasons == c.reasons, (a.path, a.reasons, c.reasons)
 
@@ -150,15 +147,15 @@ def _noisy(b, dtype, ulps, seed):
     return (b * (1 + noise)).to(dtype)
 
 
-REF_APIS = ("exp", "matmul")                          # benchmark, ulp
+REF_APIS = ("exp", "matmul")  # benchmark, ulp
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_reference_outputs_and_baseline_same_verdicts(monkeypatch, dtype):
-    n = 4 * fast.CHUNK + 1234                         # two threads and a partial chunk
+    n = 4 * fast.CHUNK + 1234  # two threads and a partial chunk
     b, _ = _synthetic(dtype, n, seed=2)
-    ref = _noisy(b, dtype, 2.0, seed=3)               # another implementation
-    good = _noisy(b, dtype, 1.0, seed=4)              # better than the reference
+    ref = _noisy(b, dtype, 2.0, seed=3)  # another implementation
+    good = _noisy(b, dtype, 1.0, seed=4)  # better than the reference
     # far worse: fails every ratio (fp32 ULP: also msprobe's mean < 64 ULP rule)
     bad = _noisy(b, dtype, 400.0 if dtype == torch.float32 else 40.0, seed=5)
     calls = []
@@ -166,7 +163,7 @@ def test_reference_outputs_and_baseline_same_verdicts(monkeypatch, dtype):
     monkeypatch.setattr(fast, "run", lambda *a, **k: calls.append(k) or real_run(*a, **k))
     for api in APIS:
         monkeypatch.setattr(fast, "FAST_MIN_N", 1 << 62)
-        base = {"": dict(check(b, ref, api=api).metrics)}   # a baseline's recorded metrics
+        base = {"": dict(check(b, ref, api=api).metrics)}  # a baseline's recorded metrics
         for reference, kind in ((ref, "reference"), (base, "baseline")):
             statuses = []
             for device in (good, bad):
@@ -190,15 +187,14 @@ def test_reference_structure_and_nonfinite_fall_back(monkeypatch):
     b, _ = _synthetic(torch.float32, n, seed=6)
     ref = _noisy(b, torch.float32, 2.0, seed=7)
     dev = _noisy(b, torch.float32, 3.0, seed=8)
-    for api in REF_APIS:                              # a structure of outputs
+    for api in REF_APIS:  # a structure of outputs
         bench = {"a": b, "b": [b * 2]}
-        plain, fused = _judge_both_ref(monkeypatch, bench, {"a": dev, "b": [dev * 2]}, api,
-                                       {"a": ref, "b": [ref * 2]})
+        plain, fused = _judge_both_ref(monkeypatch, bench, {"a": dev, "b": [dev * 2]}, api, {"a": ref, "b": [ref * 2]})
         _same_ref(plain, fused)
     nan_ref = ref.clone()
-    nan_ref[17] = float("nan")                        # the reference's pass declines
+    nan_ref[17] = float("nan")  # the reference's pass declines
     inf_dev = dev.clone()
-    inf_dev[3] = float("inf")                         # the device's pass declines
+    inf_dev[3] = float("inf")  # the device's pass declines
     for api in REF_APIS:
         for device, reference in ((dev, nan_ref), (inf_dev, ref), (inf_dev, nan_ref)):
             plain, fused = _judge_both_ref(monkeypatch, b, device, api, reference)

@@ -4,13 +4,13 @@ Two correct kernels that round a row's normaliser differently shift the whole ro
 way: by elements the sign test is certain, by rows it is not. A bias of every element
 (rounding toward zero) stays certain by rows too, once there are enough of them.
 """
+
 import pytest
 import torch
+from kernels import round_toward_zero
 
 from pytest_msprobe.run.groups import collapsed
 from pytest_msprobe.standards import check
-
-from kernels import round_toward_zero
 
 #: per-row relative shifts in float32 ULPs, the sign pattern measured between two
 #: correct torch CPU paths on a real layer_norm (standards/bias.py)
@@ -21,7 +21,7 @@ def _rows_rounded_apart():
     """(bench, device, reference) of 16 rows of 32: the device scales each row by its
     own rounded normaliser, the reference rounds correctly."""
     bench = torch.randn(16, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    shift = torch.tensor(ROW_SHIFTS, dtype=torch.float64)[:, None] * 2.0 ** -23
+    shift = torch.tensor(ROW_SHIFTS, dtype=torch.float64)[:, None] * 2.0**-23
     return bench, (bench * (1 + shift)).float(), bench.float()
 
 
@@ -38,8 +38,9 @@ def test_a_shared_row_rounding_fails_by_elements_and_passes_by_rows():
 def test_rounding_every_element_toward_zero_fails_by_rows(dtype):
     bench = torch.randn(64, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 3
     raised = bench if dtype == torch.float32 else bench.float()
-    verdict = check(raised, round_toward_zero(raised, dtype), api="layer_norm", reference=raised.to(dtype),
-                    groups=collapsed((64, 32), (1,)))
+    verdict = check(
+        raised, round_toward_zero(raised, dtype), api="layer_norm", reference=raised.to(dtype), groups=collapsed((64, 32), (1,))
+    )
     assert verdict.status == "error", verdict.message()
     assert verdict.metrics["scale_bias_z"] > 5
 

@@ -1,19 +1,31 @@
 """Routing tables, user overrides, nested pairing and references."""
+
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
 from pytest_msprobe.standards import Offender, Registry, Verdict, check
 
 
-@pytest.mark.parametrize("api,standard", [
-    ("linear", "ulp"), ("__matmul__", "ulp"), ("baddbmm_", "ulp"), ("add_", "absolute_threshold"),
-    ("__iadd__", "absolute_threshold"), ("__radd__", "absolute_threshold"),
-    ("__rmul__", "absolute_threshold"), ("__truediv__", "absolute_threshold"),
-    ("conv2d", "thousandth"), ("masked_fill_", "binary_consistency"), ("relu", "binary_consistency"),
-    ("npu_fusion_attention", "benchmark"), ("unknown_api", "benchmark")])
+@pytest.mark.parametrize(
+    "api,standard",
+    [
+        ("linear", "ulp"),
+        ("__matmul__", "ulp"),
+        ("baddbmm_", "ulp"),
+        ("add_", "absolute_threshold"),
+        ("__iadd__", "absolute_threshold"),
+        ("__radd__", "absolute_threshold"),
+        ("__rmul__", "absolute_threshold"),
+        ("__truediv__", "absolute_threshold"),
+        ("conv2d", "thousandth"),
+        ("masked_fill_", "binary_consistency"),
+        ("relu", "binary_consistency"),
+        ("npu_fusion_attention", "benchmark"),
+        ("unknown_api", "benchmark"),
+    ],
+)
 def test_routing(api, standard):
     assert Registry.default().standard_for(api, torch.float16) == standard
 
@@ -30,7 +42,7 @@ def test_grading_levels_and_absolute_table():
     assert reg.thresholds_for("matmul", "float32")["rmse_ratio"] == 1.2
     assert reg.thresholds_for("exp", "float32")["mean_rel_err_ratio"] == 2
     assert reg.thresholds_for("__iadd__", "bfloat16")["rtol"] == 4e-3
-    assert reg.thresholds_for("relu", "bfloat16")["rtol"] == 2 ** -8
+    assert reg.thresholds_for("relu", "bfloat16")["rtol"] == 2**-8
 
 
 def test_default_is_a_fresh_copy_and_user_file(tmp_path):
@@ -38,13 +50,12 @@ def test_default_is_a_fresh_copy_and_user_file(tmp_path):
     reg.set_api_standard("linear", "benchmark")
     assert Registry.default().standard_for("linear", "float32") == "ulp"
     f = tmp_path / "mine.csv"
-    f.write_text("api,standard,dtype,threshold,value\nmy_op,binary_consistency,,,\n"
-                 "exp,,float32,sr_max_scaled_ulp,0.25\n")
+    f.write_text("api,standard,dtype,threshold,value\nmy_op,binary_consistency,,,\nexp,,float32,sr_max_scaled_ulp,0.25\n")
     reg.load_file(f)
     assert reg.standard_for("my_op", "float32") == "binary_consistency"
     b = torch.linspace(0.5, 2, 100, dtype=torch.float64)
-    assert reg.check(b, (b * (1 + 2 ** -23)).float(), api="exp").status == "error"
-    assert check(b, (b * (1 + 2 ** -23)).float(), api="exp").status == "pass"
+    assert reg.check(b, (b * (1 + 2**-23)).float(), api="exp").status == "error"
+    assert check(b, (b * (1 + 2**-23)).float(), api="exp").status == "pass"
 
 
 def test_register_user_standard():
@@ -52,11 +63,12 @@ def test_register_user_standard():
 
     def always_warn(pair, thresholds, reference):
         return pair.verdict("warning", "mine", {"n": float(pair.n)}, {}, ("mine",))
+
     reg.register_standard("mine", always_warn)
     reg.set_api_standard("foo", "mine")
     v = reg.check(torch.ones(3, dtype=torch.float64), torch.ones(3), api="foo")
     assert (v.status, v.standard, v.metrics["n"]) == ("warning", "mine", 3.0)
-    assert "cosine" in v.metrics                       # legacy metrics always reported
+    assert "cosine" in v.metrics  # legacy metrics always reported
 
 
 def test_nested_structure_and_mismatches():
@@ -88,7 +100,7 @@ def test_reference_tensors_and_baseline():
     good = ref.clone()
     v = check(bench, good, api="exp", reference=ref)
     assert v.status == "pass" and v.reference == "reference" and v.metrics["ref_rmse"] >= 0
-    noisy = (bench.double() * (1 + 4 * 2.0 ** -10)).half()
+    noisy = (bench.double() * (1 + 4 * 2.0**-10)).half()
     v = check(bench, noisy, api="exp", reference=ref)
     assert v.status == "error" and v.metrics["rmse_ratio"] > 2
     base = check(bench, good, api="exp")

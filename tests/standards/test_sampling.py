@@ -7,12 +7,12 @@ correct output passes, faults that only the bias statistics catch are still erro
 paths take the same sample (same verdicts and metrics), and an RMS guessed in the wrong
 binade makes the fused pass repeat itself rather than change a result.
 """
+
 import pytest
 import torch
+from kernels import round_toward_zero
 
 from pytest_msprobe.standards import check, fast, single_run
-
-from kernels import round_toward_zero
 
 N = 2 * single_run.STAT_SAMPLE + 12345
 
@@ -35,7 +35,7 @@ def _assert_same(plain, fused):
 
 def _bench(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.exp(torch.randn(N, generator=g))       # a raised (float32) bench
+    return torch.exp(torch.randn(N, generator=g))  # a raised (float32) bench
 
 
 def test_sample_is_a_strict_subset():
@@ -62,8 +62,9 @@ def test_correct_output_passes_and_bias_faults_fail(monkeypatch, dtype, api):
     assert any("systematic scale" in r for r in fused.reasons), fused.reasons
 
     # an additive bias of half an ULP at the output's RMS, rounded to nearest
-    ulp_rms = float(2.0 ** torch.floor(torch.log2(bench.double().square().mean().sqrt()))
-                    * 2.0 ** -{torch.float16: 10, torch.bfloat16: 7}[dtype])
+    ulp_rms = float(
+        2.0 ** torch.floor(torch.log2(bench.double().square().mean().sqrt())) * 2.0 ** -{torch.float16: 10, torch.bfloat16: 7}[dtype]
+    )
     shifted = (bench.double() + 0.5 * ulp_rms).to(dtype)
     plain, fused = _both(monkeypatch, bench, shifted, api)
     _assert_same(plain, fused)
@@ -75,7 +76,7 @@ def test_rms_guess_in_another_binade_repeats_the_pass(monkeypatch):
     bench = torch.randn(N, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     # large elements between the quantile sample's: the sample's RMS is ~1, the output's ~8
     step = N // fast.QUANTILE_SAMPLE
-    bench[step // 2::step] = 200.0
+    bench[step // 2 :: step] = 200.0
     device = bench.to(torch.float32)
     passes = []
     real_run = fast.run
@@ -83,4 +84,4 @@ def test_rms_guess_in_another_binade_repeats_the_pass(monkeypatch):
     plain, fused = _both(monkeypatch, bench, device, "exp")
     _assert_same(plain, fused)
     assert fused.status == "pass"
-    assert [k.get("sumsq", False) for k in passes] == [True, False]   # guessed, then exact
+    assert [k.get("sumsq", False) for k in passes] == [True, False]  # guessed, then exact

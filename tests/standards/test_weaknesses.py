@@ -1,5 +1,5 @@
 """The spec's known weaknesses: each shown on msprobe's legacy rules, and fixed here."""
-import numpy as np
+
 import torch
 import torch.nn.functional as F
 
@@ -24,8 +24,8 @@ def test_correct_bfloat16_is_not_a_warning():
     bench, device = F.gelu(x.float()), F.gelu(x)
     assert msprobe_legacy_status(bench.numpy(), device.float().numpy(), "bfloat16") == "warning"
     v = check(bench, device, api="gelu")
-    assert v.status == "pass" and "rel_err_thousandth" in v.metrics   # reported, not judged
-    assert check(bench, device, api="conv2d").status == "pass"        # thousandth fixed too
+    assert v.status == "pass" and "rel_err_thousandth" in v.metrics  # reported, not judged
+    assert check(bench, device, api="conv2d").status == "pass"  # thousandth fixed too
     assert check(bench, device, api="legacy_only_x").status == "pass"
 
 
@@ -43,12 +43,12 @@ def test_systematic_bias_is_an_error():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4096, generator=g) * 3
     bench = torch.exp(x.double())
-    device = (bench * (1 + 30 * 2.0 ** -23)).float()          # every element ~30 ulp too large
+    device = (bench * (1 + 30 * 2.0**-23)).float()  # every element ~30 ulp too large
     assert msprobe_legacy_status(bench.numpy(), device.numpy(), "float32") == "pass"
     v = check(bench, device, api="exp")
     assert v.status == "error" and any("bias" in r for r in v.reasons)
     xh = x.half()
     bh = torch.exp(xh.float())
-    dh = (bh.double() * (1 + 3 * 2.0 ** -10)).half()           # 3 ulp in fp16
+    dh = (bh.double() * (1 + 3 * 2.0**-10)).half()  # 3 ulp in fp16
     assert msprobe_legacy_status(bh.numpy(), dh.float().numpy(), "float16") != "error"
     assert check(bh, dh, api="exp").status == "error"

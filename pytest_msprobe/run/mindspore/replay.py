@@ -16,8 +16,9 @@ import contextlib
 import functools
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -36,9 +37,16 @@ GOLDEN = {torch.float16: torch.float64, torch.bfloat16: torch.float64, torch.flo
 
 # torch dtype -> MindSpore dtype attribute (bfloat16 crosses numpy as float32).
 MINDSPORE_DTYPES = {
-    torch.float16: "float16", torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
-    torch.int8: "int8", torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
-    torch.uint8: "uint8", torch.bool: "bool_",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.bfloat16: "bfloat16",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.bool: "bool_",
 }
 
 # What MindSpore raises (a RuntimeError) when its build has no kernel for an operator,
@@ -101,7 +109,9 @@ def missing_kernel_is_skip(target: str) -> Iterator[None]:
         if kernel is None:
             raise
         version = import_mindspore().__version__
-        raise CallSkip(f"MindSpore {version} has no {kernel} kernel on {target} for these inputs: run on a device target that has one") from None
+        raise CallSkip(
+            f"MindSpore {version} has no {kernel} kernel on {target} for these inputs: run on a device target that has one"
+        ) from None
 
 
 # --- the torch twin -----------------------------------------------------------------
@@ -115,14 +125,14 @@ class TorchTwin:
     spec: TwinSpec
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs = self.torch_arguments(list(args), kwargs)
-        return self.function(*args, **kwargs)
+        torch_args, torch_kwargs = self.torch_arguments(list(args), kwargs)
+        return self.function(*torch_args, **torch_kwargs)
 
     def torch_arguments(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """MindSpore's arguments as the torch function takes them (the same objects: the
         terms' formulas in run/terms.py read them by torch's names)."""
         if self.spec.params:
-            kwargs = {**dict(zip(self.spec.params[1:], args[1:])), **kwargs}
+            kwargs = {**dict(zip(self.spec.params[1:], args[1:], strict=False)), **kwargs}
             args = args[:1]
         kwargs = {self.spec.rename.get(key, key): value for key, value in kwargs.items()}
         return args, {**self.spec.defaults, **kwargs}
@@ -221,7 +231,7 @@ class MindsporeRun:
         chosen: list[int] = []
 
         def call(*primals: Any) -> tuple[Any, ...]:
-            substitutes = dict(zip(wanted, primals))
+            substitutes = dict(zip(wanted, primals, strict=False))
             counter = iter(range(len(leaves)))
 
             def substitute(item: Any) -> Any:
@@ -244,7 +254,7 @@ def _outputs_with_gradients(mindspore: Any, outputs: list[Any], sens: list[Any])
     if len(sens) != len(outputs):
         raise CallSkip(f"the dump has {len(sens)} incoming gradients for {len(outputs)} forward outputs; cannot pair them")
     chosen = []
-    for position, (output, grad) in enumerate(zip(outputs, sens)):
+    for position, (output, grad) in enumerate(zip(outputs, sens, strict=False)):
         if grad is None or not isinstance(output, mindspore.Tensor) or not output.is_floating_point():
             continue
         if tuple(grad.shape) != tuple(output.shape):

@@ -1,0 +1,90 @@
+"""Every script in benchmarks/ runs: a command-line script answers `--help`, a plugin or
+a script without options imports, and the one script that needs msprobe's own Python
+(msprobe_acc_check_cpu.py, which runs acc_check as it is imported) compiles.
+
+All in one fresh interpreter (torch is imported once, not once per script): each
+script runs there as `python benchmarks/<script>.py` would run it, benchmarks/ first
+on sys.path.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+# how each script is checked; a new script must be named here
+HELP = "help"  # runs as __main__ with --help: argparse prints its usage and exits 0
+IMPORT = "import"  # imported (a plugin, or a script without options whose main measures)
+COMPILE = "compile"  # compiled only: it needs msprobe's Python, and runs as it is imported
+SCRIPTS = {
+    "bench_attention.py": HELP,
+    "bench_baseline.py": HELP,
+    "bench_explore.py": HELP,
+    "bench_html.py": HELP,
+    "bench_large_calls.py": HELP,
+    "bench_percall.py": HELP,
+    "bench_reports.py": IMPORT,
+    "bench_scale.py": HELP,
+    "bench_standards.py": HELP,
+    "bench_startup.py": HELP,
+    "bench_transformer.py": HELP,
+    "bench_verdicts.py": HELP,
+    "compiled_kernels.py": IMPORT,
+    "explore_findings.py": IMPORT,
+    "kernel_diversity.py": HELP,
+    "make_dump.py": HELP,
+    "make_transformer_dump.py": HELP,
+    "msprobe_acc_check_cpu.py": COMPILE,
+    "probe_plugin.py": IMPORT,
+}
+
+DRIVER = r"""
+import contextlib, io, json, runpy, sys, traceback
+folder, checks = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, folder)
+results = {}
+for name, how in checks.items():
+    path = f"{folder}/{name}"
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            if how == "compile":
+                compile(open(path, encoding="utf-8").read(), path, "exec")
+            elif how == "import":
+                runpy.run_path(path, run_name=name.removesuffix(".py"))
+            else:
+                sys.argv = [path, "--help"]
+                try:
+                    runpy.run_path(path, run_name="__main__")
+                except SystemExit as stop:
+                    if stop.code not in (0, None):
+                        raise
+                if "usage:" not in out.getvalue():
+                    raise AssertionError("--help printed no usage")
+        results[name] = None
+    except BaseException:
+        results[name] = traceback.format_exc()[-3000:] + out.getvalue()[-2000:]
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def test_every_benchmark_script_is_checked():
+    assert sorted(path.name for path in BENCHMARKS.glob("*.py")) == sorted(SCRIPTS)
+
+
+def test_every_benchmark_script_runs():
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(BENCHMARKS), json.dumps(SCRIPTS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=BENCHMARKS.parent,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = {name: error for name, error in json.loads(lines[-1].removeprefix("RESULTS ")).items() if error}
+    assert not failed, "\n\n".join(f"{name}:\n{error}" for name, error in failed.items())
