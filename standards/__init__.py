@@ -14,17 +14,30 @@ fused chunked pass that judges large outputs quickly in fast.py.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .metrics import Pair
 from .reference import Reference
 from .registry import Registry, shipped_registry
 from .verdict import Offender, Verdict
 
+if TYPE_CHECKING:
+    import torch
+
+    from .dtypes import Array
+
 __all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
 
 
-def check(bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None, groups: Any = None) -> Verdict:
+def check(
+    bench: object,
+    device: object,
+    *,
+    api: str,
+    reference: object = None,
+    terms: object = None,
+    groups: Array | torch.Tensor | None = None,
+) -> Verdict:
     """Judge `device` against its raised-precision `bench` by the standard routed for `api`.
 
     bench/device: torch tensors, numpy arrays, Python scalars, None, or nested

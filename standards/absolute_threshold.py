@@ -21,7 +21,8 @@ beyond both, and must be 0. A 30-ULP bias or one element 25% off is still an err
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,10 +31,14 @@ from .bias import judge_bias, sample_step, statistics
 from .metrics import Pair
 from .single_run import at_least_normal, tolerance_scale
 
+if TYPE_CHECKING:
+    from .reference import Reference
+    from .verdict import Verdict
+
 NAME = "absolute_threshold"
 
 
-def absolute_threshold_metrics(pair: Pair, rtol: float, small: float, atol: float) -> dict:
+def absolute_threshold_metrics(pair: Pair, rtol: float, small: float, atol: float) -> dict[str, float]:
     """The three ratios of the absolute-threshold rule, for the given tolerances."""
     small_mask = pair.small_mask(small)
     n_small = int(np.count_nonzero(small_mask))
@@ -47,7 +52,7 @@ def absolute_threshold_metrics(pair: Pair, rtol: float, small: float, atol: floa
     }
 
 
-def threshold_reasons(metrics: dict, limits: dict, judged=None) -> list[str]:
+def threshold_reasons(metrics: dict[str, float], limits: dict[str, float], judged: Iterable[str] | None = None) -> list[str]:
     """Reasons for every judged ratio above zero (default: the spec's three)."""
     reasons = []
     whats = {
@@ -65,7 +70,7 @@ def threshold_reasons(metrics: dict, limits: dict, judged=None) -> list[str]:
     return reasons
 
 
-def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=None):
+def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
     """Judge elementwise arithmetic against D's rounding tolerance."""
     rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
     if fast.fast_ok(pair):  # a reference changes only the verdict's kind here
@@ -101,7 +106,7 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference=No
     )
 
 
-def fast_threshold_metrics(pair: Pair, res: dict) -> dict:
+def fast_threshold_metrics(pair: Pair, res: fast.Result) -> dict[str, float]:
     """absolute_threshold_metrics from a fused pass's (n_small, rel_bad, abs_bad)."""
     n_small, rel_bad, abs_bad = res["thr"]
     n_normal = pair.n - n_small
@@ -112,7 +117,9 @@ def fast_threshold_metrics(pair: Pair, res: dict) -> dict:
     }
 
 
-def _fast(pair: Pair, thresholds, rtol, small, atol, reference=None):
+def _fast(
+    pair: Pair, thresholds: Mapping[str, float], rtol: float, small: float, atol: float, reference: Reference | None = None
+) -> Verdict | None:
     """Large and all finite: one fused pass (fast.py)."""
     rms = fast.rms_or_none(pair)
     if rms is None:

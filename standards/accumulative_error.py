@@ -13,6 +13,7 @@ balance is also judged relative to sign(b): `scale_eb` = |#outward - #inward| / 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,10 +21,14 @@ from . import fast
 from .absolute_threshold import absolute_threshold_metrics, fast_threshold_metrics, threshold_reasons
 from .metrics import Pair, sign_balance_z
 
+if TYPE_CHECKING:
+    from .reference import Reference
+    from .verdict import Verdict
+
 NAME = "accumulative_error"
 
 
-def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference=None):
+def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
     """Judge a long reduction by bound(D) and error balance."""
     bound, small = thresholds["bound"], thresholds["accumulative_small"]
     res = None

@@ -78,12 +78,18 @@ pass runs anyway (the thousandth standard), only the sampled blocks are read
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import fast
 from .dtypes import Array
 from .fast import QUANTILE_SAMPLE, BiasSums
 from .metrics import Pair, sign_balance_z
+
+if TYPE_CHECKING:
+    from .reference import Reference
 
 __all__ = ["bias_metrics", "bias_reasons", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
@@ -106,7 +112,7 @@ def sample_blocks(n: int) -> list[slice]:
     return [slice(lo, min(lo + fast.CHUNK, n)) for lo in range(0, n, fast.CHUNK * sample_step(n))]
 
 
-def statistics(sums, prefix: str = "") -> dict:
+def statistics(sums: Sequence[float], prefix: str = "") -> dict[str, float]:
     """The four bias metrics from fast.BiasSums' totals (both paths of every standard)."""
     pos, neg, outward, inward, n_upper, signed_sum, scale_sum = sums
     n_upper = max(n_upper, 1)
@@ -125,7 +131,7 @@ def _clustered_z(signs: Array, groups: Array) -> float:
     return abs(float(per_group.sum())) / np.sqrt(spread) if spread else 0.0
 
 
-def grouped_z(pair: Pair, metrics: dict, prefix: str = "") -> dict:
+def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[str, float]:
     """`metrics` with both sign tests' z counted by the pair's groups (module docstring),
     unchanged where it has none. Over every finite element: the groups' sums need all of
     a group's elements, not the sample's blocks."""
@@ -146,18 +152,18 @@ def grouped_z(pair: Pair, metrics: dict, prefix: str = "") -> dict:
 def abs_b_quantile(pair: Pair, quantile: float) -> float:
     """A quantile of |b| over the finite elements (strided sample beyond QUANTILE_SAMPLE)."""
 
-    def compute():
+    def compute() -> float:
         step = max(1, pair.abs_b.size // QUANTILE_SAMPLE)
         return float(np.quantile(pair.abs_b[::step], quantile, method="lower"))
 
     return pair.cached(("abs_b_quantile", quantile), compute)
 
 
-def bias_metrics(pair: Pair) -> dict:
+def bias_metrics(pair: Pair) -> dict[str, float]:
     """The bias of d against b_D over the sample (the same numbers as the single-run
     rule's, which computes them in its own pass)."""
 
-    def compute():
+    def compute() -> dict[str, float]:
         if pair.n_finite == 0:
             return dict.fromkeys(_KEYS, 0.0)
         blocks = sample_blocks(pair.n_finite)
@@ -169,7 +175,7 @@ def bias_metrics(pair: Pair) -> dict:
     return pair.cached("bias_metrics", compute)
 
 
-def bias_reasons(metrics: dict, z_limit: float, ulp_limit: float, reference: dict | None = None) -> list[str]:
+def bias_reasons(metrics: dict[str, float], z_limit: float, ulp_limit: float, reference: dict[str, float] | None = None) -> list[str]:
     """A reason per failed test: the device's sign test over its z limit AND its mean
     over the limit -- beyond the reference's own mean, when a reference run is given.
     Where the elements are grouped, the groups' test with that limit, and the elements'
@@ -196,7 +202,14 @@ def bias_reasons(metrics: dict, z_limit: float, ulp_limit: float, reference: dic
     return reasons
 
 
-def judge_bias(pair: Pair, reference, thresholds, used: dict, limit_key: str, computed: dict | None = None) -> tuple[dict, list[str]]:
+def judge_bias(
+    pair: Pair,
+    reference: Reference | None,
+    thresholds: Mapping[str, float],
+    used: dict[str, float],
+    limit_key: str,
+    computed: dict[str, float] | None = None,
+) -> tuple[dict[str, float], list[str]]:
     """A standard's bias test: against the reference run's own bias where there is one (
     `ref_bias_ulp`), against b_D with the standard's own limit `limit_key` without one,
     not at all against a baseline's metrics. `computed`: the single-run metrics a fused

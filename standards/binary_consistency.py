@@ -8,17 +8,21 @@ this only forgives the raise), NaN matches NaN, and -inf matches -inf.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import fast
 from .metrics import Pair
-from .verdict import Offender
+from .verdict import Offender, Verdict
+
+if TYPE_CHECKING:
+    from .reference import Reference
 
 NAME = "binary_consistency"
 
 
-def binary_consistency(pair: Pair, thresholds: Mapping[str, float], reference=None):
+def binary_consistency(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
     """Judge an exact op: any differing element is an error."""
     exact = getattr(pair, "exact", None)
     if exact is None and fast.fast_ok(pair):
@@ -42,7 +46,7 @@ def binary_consistency(pair: Pair, thresholds: Mapping[str, float], reference=No
     return _verdict(pair, n_bad, worst, reference)
 
 
-def _verdict(pair: Pair, n_bad: int, worst, reference):
+def _verdict(pair: Pair, n_bad: int, worst: tuple[Offender, ...], reference: Reference | None) -> Verdict:
     rate = n_bad / pair.n if pair.n else 0.0
     metrics = {"error_rate": rate}
     reasons = []

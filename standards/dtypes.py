@@ -19,6 +19,8 @@ import torch
 #: An array of the standards: of the device's dtype (float16 ... float64, integers, bool)
 #: or the bench's float64, of any shape; Any: the dtype is the call's, known at run time.
 Array: TypeAlias = np.ndarray[Any, np.dtype[Any]]
+#: what names a dtype: a torch or numpy dtype, a numpy scalar type, or a name ("fp16")
+DtypeLike: TypeAlias = "torch.dtype | np.dtype[Any] | type[np.generic] | type[float] | str"  # np.dtype[Any]: any numpy dtype
 
 __all__ = ["DtypeInfo", "dtype_info", "dtype_name", "is_float_name", "DTYPES"]
 
@@ -31,8 +33,8 @@ class DtypeInfo:
     mantissa_bits: int  # m(D): stored fraction bits
     e_min: int  # exponent of the smallest normal number
     max_finite: float  # largest finite value (clip target for inf/nan agreement)
-    torch_dtype: Any  # the torch dtype used to round a bench to D
-    defaults: dict  # threshold name -> default value for this dtype
+    torch_dtype: torch.dtype  # the torch dtype used to round a bench to D
+    defaults: dict[str, float]  # threshold name -> default value for this dtype
 
     @property
     def eps(self) -> float:
@@ -42,22 +44,22 @@ class DtypeInfo:
 
 def _defaults(
     *,
-    small,
-    rtol,
-    small_atol,
-    ulp_threshold,
-    ulp_floor,
-    ulp_prop_max,
-    bound,
-    eb_max,
-    atol_bm,
-    sr_max_scaled_ulp,
-    sr_mean_scaled_ulp,
-    sr_bias_ulp=0.2,
-    sr_thousandth_ulp=4.0,
-    at_bias_ulp=0.2,
-    ulp_bias_ulp=0.2,
-) -> dict:
+    small: float,
+    rtol: float,
+    small_atol: float,
+    ulp_threshold: float,
+    ulp_floor: float,
+    ulp_prop_max: float,
+    bound: float,
+    eb_max: float,
+    atol_bm: float,
+    sr_max_scaled_ulp: float,
+    sr_mean_scaled_ulp: float,
+    sr_bias_ulp: float = 0.2,
+    sr_thousandth_ulp: float = 4.0,
+    at_bias_ulp: float = 0.2,
+    ulp_bias_ulp: float = 0.2,
+) -> dict[str, float]:
     return {
         # absolute threshold (spec 2)
         "rtol": rtol,
@@ -211,7 +213,7 @@ _ALIASES = {
 }
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: DtypeLike) -> str:
     """Canonical name of a torch dtype, numpy dtype or string ("torch.float32" -> "float32")."""
     if isinstance(dtype, torch.dtype):
         return str(dtype).removeprefix("torch.")
@@ -221,7 +223,7 @@ def dtype_name(dtype: Any) -> str:
     return np.dtype(dtype).name
 
 
-def dtype_info(dtype: Any) -> DtypeInfo:
+def dtype_info(dtype: DtypeLike) -> DtypeInfo:
     """DtypeInfo of a floating dtype; complex dtypes map to their real part's."""
     name = dtype_name(dtype)
     name = {"complex64": "float32", "complex128": "float64", "complex32": "float16"}.get(name, name)

@@ -37,12 +37,19 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import numpy as np
 import torch
 
-from .dtypes import Array
+from .dtypes import Array, DtypeInfo
+
+if TYPE_CHECKING:
+    from .metrics import Pair
+    from .reference import Reference
+    from .verdict import Offender
 
 __all__ = ["FAST_MIN_N", "CHUNK", "run", "raw_views", "fast_ok"]
 
@@ -58,6 +65,12 @@ _EXP_MASK = np.int64(0x7FF0000000000000)
 _FAST_DTYPES = ("float64", "float32", "float16", "bfloat16")
 #: clip of signed ULP errors in the bias statistics (keeps cancellation noise bounded)
 BIAS_CLIP = 64.0
+
+#: what one pass computed, by name (see `_work_inner`): counts, sums and maxima, lists of
+#: them, offenders; Any: each key's value has its own type, read by the standard that asked
+Result: TypeAlias = dict[str, Any]
+
+_T = TypeVar("_T")
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -85,7 +98,7 @@ def _get_pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def _in_halves(work, n: int) -> list:
+def _in_halves(work: Callable[[int, int], _T], n: int) -> list[_T]:
     """work(lo, hi) over [0, n): in two threads, chunk-aligned halves, when n is large.
     (Measured: 16 smaller tasks, to balance a core shared with another process, were
     5-15% slower than halves on every standard.)"""
@@ -96,7 +109,7 @@ def _in_halves(work, n: int) -> list:
     return [work(0, n)]
 
 
-def _raw(x) -> Array:
+def _raw(x: Array | torch.Tensor) -> Array:
     """A flat numpy view (no copy where possible) in a numpy dtype holding x exactly."""
     if isinstance(x, torch.Tensor):
         t = x.detach()
@@ -108,12 +121,12 @@ def _raw(x) -> Array:
     return np.ascontiguousarray(x).reshape(-1)
 
 
-def raw_views(pair):
+def raw_views(pair: Pair) -> tuple[Array, Array]:
     """(device, bench) flat numpy arrays in their own dtypes, cached on the pair."""
     return pair.cached("fast_raw", lambda: (_raw(pair.device_src), _raw(pair.bench_src)))
 
 
-def fast_ok(pair, reference=None) -> bool:
+def fast_ok(pair: Pair, reference: Reference | None = None) -> bool:
     """May this pair take the fused path? The shipped standards ask without their
     reference (all have a fused reference mode); passing one keeps the old answer, no.
     A pair with terms (a conditioned re-judgement, only of calls the cheap rule failed)
@@ -128,22 +141,22 @@ def fast_ok(pair, reference=None) -> bool:
 class _Spec:
     """What one pass computes; attributes left None are skipped."""
 
-    def __init__(self, **kw):
-        self.rel_lt: tuple = ()  # count rel_err < x for each x
-        self.thr = None  # (rtol, small, atol): n_small, rel_bad, abs_bad
-        self.bm = None  # (small, atol): benchmark metrics
+    def __init__(self, **kw: object) -> None:
+        self.rel_lt: tuple[float, ...] = ()  # count rel_err < x for each x
+        self.thr: tuple[float, float, float] | None = None  # (rtol, small, atol): n_small, rel_bad, abs_bad
+        self.bm: tuple[float, float] | None = None  # (small, atol): benchmark metrics
         self.bm_ideal = False  # with bm: the same of the bench rounded to D
-        self.ulp_t = None  # T: max/sum/count(> T) of own-ULP error
-        self.signs = False  # pos, neg, outward, inward vs bench rounded to D
+        self.ulp_t: float | None = None  # T: max/sum/count(> T) of own-ULP error
+        self.signs: bool | str = False  # pos, neg, outward, inward vs bench rounded to D
         # ("eb": pos, neg only; outward, inward stay 0)
-        self.scaled_rms = None  # rms: scaled ULP error at max(|b|, rms)
-        self.top = None  # (q, floor*rms): max own-ULP error over |b| >= q
-        self.th_scaled = None  # allowed factor (ulps*eps) with rms: thousandth
-        self.abs_scaled = None  # (floor*rms, ulps*eps) for absolute threshold
+        self.scaled_rms: float | None = None  # rms: scaled ULP error at max(|b|, rms)
+        self.top: tuple[float, float] | None = None  # (q, floor*rms): max own-ULP error over |b| >= q
+        self.th_scaled: tuple[float, float] | None = None  # allowed factor (ulps*eps) with rms: thousandth
+        self.abs_scaled: tuple[float, float] | None = None  # (floor*rms, ulps*eps) for absolute threshold
         self.legacy = False  # cosine sums and max_abs_err
-        self.offend = None  # "rel" | "score" | "scaled" | "ulp"
+        self.offend: str | None = None  # "rel" | "score" | "scaled" | "ulp"
         self.sample = 1  # sums of statistics over every sample-th chunk
-        self.bias = None  # q: BiasSums over the sampled chunks
+        self.bias: float | None = None  # q: BiasSums over the sampled chunks
         self.sumsq = False  # sum of b**2 (run_with_rms)
         self.top_seen = [0.0]  # the largest top error any thread has found: a
         # chunk whose max is below cannot change it
@@ -152,7 +165,7 @@ class _Spec:
             setattr(self, k, v)
 
 
-def _bench_in_d(bc: Array, info, buf):
+def _bench_in_d(bc: Array, info: DtypeInfo, buf: Array) -> Array:
     if info.name == "float64":
         return bc
     if info.name == "bfloat16":
@@ -179,7 +192,7 @@ def _diff_into(dc: Array, bc: Array, diff: Array, b8: Array) -> Array:
     return b8
 
 
-def sampled_bias(pair, q: float, sample: int):
+def sampled_bias(pair: Pair, q: float, sample: int) -> list[float] | None:
     """BiasSums over every `sample`-th chunk only, converted from the raw arrays (the
     other chunks are never read), the chunks shared by two threads: the bias statistics
     without a full pass. None where a sampled chunk holds an inf/NaN (the plain path's
@@ -188,7 +201,7 @@ def sampled_bias(pair, q: float, sample: int):
     info = pair.info
     starts = list(range(0, d.size, CHUNK * sample))
 
-    def work(part: list[int]):
+    def work(part: list[int]) -> list[float] | None:
         sums = BiasSums(info, q, d.size)
         cap = min(CHUNK, d.size)
         buf = np.empty(cap, d.dtype if info.name != "bfloat16" else np.float32)
@@ -213,7 +226,7 @@ def sampled_bias(pair, q: float, sample: int):
     return [sum(values) for values in zip(*parts, strict=False)]
 
 
-def _ulp_scalar(x: float, info) -> float:
+def _ulp_scalar(x: float, info: DtypeInfo) -> float:
     """ULP of D at |x| (metrics.ulp_of for one value)."""
     from .metrics import ulp_of
 
@@ -249,16 +262,16 @@ class BiasSums:
             elements, the same times sign(b)]
     """
 
-    def __init__(self, info, q: float, size: int) -> None:
+    def __init__(self, info: DtypeInfo, q: float, size: int) -> None:
         self.info, self.q = info, q
         self.unit = 2.0**info.mantissa_bits  # ULPs per 2**e (_pow2_into)
         self.clamp = 2.0**info.e_min
         cap = min(CHUNK, size)  # the largest block
         self.signed, self.w, self.tmp = (np.empty(cap) for _ in range(3))
         self.masks = [np.empty(cap, bool) for _ in range(5)]
-        self.sums = [0, 0, 0, 0, 0, 0.0, 0.0]
+        self.sums: list[float] = [0, 0, 0, 0, 0, 0.0, 0.0]
 
-    def add(self, d, b_d, b, diff, abs_b) -> None:
+    def add(self, d: Array, b_d: Array, b: Array, diff: Array, abs_b: Array) -> None:
         """One block (at most CHUNK elements, all finite).
 
         Measured per 2**16-element block (numpy 1.26): comparisons and logical ops on
@@ -311,7 +324,7 @@ class BiasSums:
 
 
 def _add_normal_sums(
-    acc: list, at: int, err: Array, rel: Array, normal: Array | None, none_normal: bool, scratch: Array, tmp: Array
+    acc: list[float], at: int, err: Array, rel: Array, normal: Array | None, none_normal: bool, scratch: Array, tmp: Array
 ) -> None:
     """The benchmark standard's sums over a chunk's normal elements (|b| > small), added
     to acc[at:at + 3]: sum of err**2, max and sum of rel. `normal` is the 0/1 mask, None
@@ -343,7 +356,7 @@ class _Top:
     has kept, so a score below it can be in no thread's answer (a thread starting afresh
     would otherwise keep, and partition, nearly every element of its first chunks)."""
 
-    def __init__(self, k=5, shared=None):
+    def __init__(self, k: int = 5, shared: list[float] | None = None) -> None:
         self.k = k
         self.items: list[tuple[float, int]] = []
         self.shared = shared if shared is not None else [0.0]
@@ -363,22 +376,22 @@ class _Top:
         if len(self.items) >= self.k:
             self.shared[0] = max(self.shared[0], self.items[-1][0])
 
-    def merge(self, items) -> None:
+    def merge(self, items: Iterable[tuple[float, int]]) -> None:
         self.items = sorted(self.items + list(items), key=lambda t: (-t[0], t[1]))[: self.k]
 
 
-def _work(d: Array, b: Array, lo: int, hi: int, info, tiny: float, spec: _Spec):
+def _work(d: Array, b: Array, lo: int, hi: int, info: DtypeInfo, tiny: float, spec: _Spec) -> Result:
     with np.errstate(all="ignore"):
         return _work_inner(d, b, lo, hi, info, tiny, spec)
 
 
-def _work_inner(d, b, lo, hi, info, tiny, spec):
+def _work_inner(d: Array, b: Array, lo: int, hi: int, info: DtypeInfo, tiny: float, spec: _Spec) -> Result:
     C = CHUNK
     f8 = np.float64
     diff, ae, ab, rel, t1, t2, t3, t4, sq = (np.empty(C, f8) for _ in range(9))
     bdbuf = np.empty(C, d.dtype if info.name != "bfloat16" else np.float32)
     m1, m2, m3, m4 = (np.empty(C, bool) for _ in range(4))
-    r: dict = {"fin": 0.0, "max_ab": 0.0}
+    r: Result = {"fin": 0.0, "max_ab": 0.0}
     lt = {x: 0 for x in spec.rel_lt}
     if spec.thr is not None:
         r["thr"] = [0, 0, 0]
@@ -421,7 +434,8 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
         scaled_floor = max(ulp_floor, _ulp_scalar(spec.scaled_rms, info))
     if spec.top is not None:
         top_floor = max(ulp_floor, _ulp_scalar(spec.top[1], info))
-        u_q = _ulp_scalar(spec.top[0], info)  # over |b| >= q every own ULP is >= u_q
+        top_q = spec.top[0]
+        u_q = _ulp_scalar(top_q, info)  # over |b| >= q every own ULP is >= u_q
         # where the floors are <= u_q the top check's error IS the scaled (own) error there
         top_src = (
             "scaled"
@@ -566,7 +580,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
             else:
                 src, src_max = (t3, smax) if top_src == "scaled" else (t2, cmax)
             if src_max > max(r["top"], spec.top_seen[0]):  # else no top element beats it
-                np.greater_equal(ab, spec.top[0], out=m1)
+                np.greater_equal(ab, top_q, out=m1)
                 np.multiply(src, m1, out=t4)  # errors are >= 0
                 r["top"] = max(r["top"], float(t4.max()))
                 spec.top_seen[0] = max(spec.top_seen[0], r["top"])
@@ -614,7 +628,7 @@ def _work_inner(d, b, lo, hi, info, tiny, spec):
     return r
 
 
-def _merge(parts: list[dict]) -> dict:
+def _merge(parts: list[Result]) -> Result:
     out = dict(parts[0])
     for p in parts[1:]:
         out["fin"] += p["fin"]
@@ -651,7 +665,7 @@ def _merge(parts: list[dict]) -> dict:
     return out
 
 
-def run(pair, **kw) -> dict | None:
+def run(pair: Pair, **kw: object) -> Result | None:
     """One fused pass computing what `kw` asks (see _Spec); None if not all finite.
 
     Adds the legacy metrics' sums when the registry announced it will want them
@@ -673,12 +687,12 @@ def run(pair, **kw) -> dict | None:
     return res
 
 
-def keep_sign_counts(pair, res: dict) -> None:
+def keep_sign_counts(pair: Pair, res: Result) -> None:
     """Give a pass's (#(d > b_D), #(d < b_D)) to the pair: its error balance reads them."""
     pair.__dict__.setdefault("sign_counts", tuple(res["signs"][:2]))
 
 
-def worst(pair, offend: str, **kw) -> tuple:
+def worst(pair: Pair, offend: str, **kw: object) -> tuple[Offender, ...]:
     """The five worst elements by `offend` ("rel", "score", "ulp", "scaled"): a second
     pass, run only for a verdict that is not a pass (its message shows them)."""
     res = run(pair, offend=offend, **kw)
@@ -689,7 +703,9 @@ def worst(pair, offend: str, **kw) -> tuple:
 _TH_MARGIN = 2.0**-10
 
 
-def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None, sample: int = 1) -> tuple[int, list | None] | None:
+def thousandth_count(
+    pair: Pair, limit: float = 0.001, bias_q: float | None = None, sample: int = 1
+) -> tuple[int, list[float] | None] | None:
     """(#elements with rel_err < limit, exactly as metrics.Pair counts them; with bias_q,
     the BiasSums of the statistical sample -- every `sample`-th chunk, as sampled_bias
     takes it -- added while each sampled chunk is in cache, else None); None: not all
@@ -721,7 +737,7 @@ def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None, sa
     tiny = pair.tiny
     same_d = d.dtype == np.float32
 
-    def work(lo, hi):
+    def work(lo: int, hi: int) -> tuple[int, bool, float, list[float] | None]:
         with np.errstate(all="ignore"):
             C = CHUNK
             bb, r = np.empty(C, np.float32), np.empty(C, np.float32)
@@ -775,10 +791,10 @@ def thousandth_count(pair, limit: float = 0.001, bias_q: float | None = None, sa
     return sum(p[0] for p in parts), sums
 
 
-def bench_sumsq(pair) -> float:
+def bench_sumsq(pair: Pair) -> float:
     """sum(b**2) over the bench in float64 (cached)."""
 
-    def compute():
+    def compute() -> float:
         _, b = raw_views(pair)
         if b.dtype == np.float64:
             return float(np.dot(b, b))
@@ -791,7 +807,7 @@ def bench_sumsq(pair) -> float:
     return pair.cached("fast_sumsq", compute)
 
 
-def rms_or_none(pair) -> float | None:
+def rms_or_none(pair: Pair) -> float | None:
     """RMS of the bench, when the plain formula is safe (no over/underflow); else None."""
     n = pair.n
     s = bench_sumsq(pair)
@@ -800,7 +816,7 @@ def rms_or_none(pair) -> float | None:
     return float(math.sqrt(s / n))
 
 
-def run_with_rms(pair, spec: dict, scaled: bool, top: tuple | None = None) -> dict | None:
+def run_with_rms(pair: Pair, spec: dict[str, object], scaled: bool, top: tuple[float, float] | None = None) -> Result | None:
     """run(pair, **spec) with the single-run rule's scales of the bench's RMS: scaled_rms
     = rms if `scaled`, top = (q, f * rms) for top = (q, f). The pass reads them only
     through ULPs of D (`_work_inner`), so any RMS in the same binades gives the same result.
@@ -811,7 +827,7 @@ def run_with_rms(pair, spec: dict, scaled: bool, top: tuple | None = None) -> di
     the guess's ULPs differ from it (an RMS within the guess's error of a power of two).
     """
 
-    def with_rms(rms: float) -> dict:
+    def with_rms(rms: float) -> dict[str, object]:
         out = dict(spec, scaled_rms=rms) if scaled else dict(spec)
         if top is not None:
             out["top"] = (top[0], top[1] * rms)
@@ -834,26 +850,27 @@ def run_with_rms(pair, spec: dict, scaled: bool, top: tuple | None = None) -> di
     return run(pair, **with_rms(rms))
 
 
-def _sample_rms(pair) -> float:
+def _sample_rms(pair: Pair) -> float:
     """RMS of the quantile sample of |b|: a guess at the bench's (1.0 if it overflows)."""
     with np.errstate(all="ignore"):
         rms = float(np.sqrt(np.mean(np.square(_abs_b_sample(pair)))))
     return rms if math.isfinite(rms) and rms > 0 else 1.0
 
 
-def _abs_b_sample(pair) -> Array:
+def _abs_b_sample(pair: Pair) -> Array:
     """|b| at every (n // QUANTILE_SAMPLE)-th element in float64: the plain path's
     quantile sample (cached)."""
 
-    def compute():
+    def compute() -> Array:
         _, b = raw_views(pair)
         step = max(1, b.size // QUANTILE_SAMPLE)
-        return np.abs(b[::step]).astype(np.float64, copy=False)
+        sample: Array = np.abs(b[::step]).astype(np.float64, copy=False)
+        return sample
 
     return pair.cached("fast_abs_b_sample", compute)
 
 
-def abs_b_quantiles(pair, qs) -> list[float]:
+def abs_b_quantiles(pair: Pair, qs: Iterable[float]) -> list[float]:
     """Quantiles ('lower') of |b| on the strided sample the plain path uses (all finite)."""
     sample = _abs_b_sample(pair)
     n = sample.size
@@ -862,7 +879,7 @@ def abs_b_quantiles(pair, qs) -> list[float]:
     return [float(v) for v in _kth_values(sample, ks)]
 
 
-def _kth_values(x: Array, ks) -> list:
+def _kth_values(x: Array, ks: list[int]) -> list[float]:
     """Exact k-th smallest values (0-based) of x, without partitioning all of x.
 
     A sorted strided subsample brackets each rank; only the elements inside the bracket
@@ -874,7 +891,7 @@ def _kth_values(x: Array, ks) -> list:
         return [part[k] for k in ks]
     sub = np.sort(x[::32])
     margin = 4.0 * math.sqrt(sub.size) + 8
-    out = []
+    out: list[float] = []
     for k in ks:
         r = k / n * sub.size
         lo = sub[max(0, int(r - margin))]
@@ -889,7 +906,7 @@ def _kth_values(x: Array, ks) -> list:
     return out
 
 
-def offenders(pair, items) -> tuple:
+def offenders(pair: Pair, items: Iterable[tuple[float, int]]) -> tuple[Offender, ...]:
     """Offender tuples from (score, flat index) pairs."""
     from .verdict import Offender
 
@@ -900,12 +917,12 @@ def offenders(pair, items) -> tuple:
     )
 
 
-def binary_scan(pair, k: int = 5) -> tuple[int, list]:
+def binary_scan(pair: Pair, k: int = 5) -> tuple[int, list[int]]:
     """(#elements with d != b rounded to D, NaN matching NaN; the first k such indices)."""
     d, b = raw_views(pair)
     info = pair.info
 
-    def work(lo, hi):
+    def work(lo: int, hi: int) -> tuple[int, list[int]]:
         with np.errstate(all="ignore"):
             buf = np.empty(CHUNK, d.dtype if info.name != "bfloat16" else np.float32)
             ne = np.empty(CHUNK, bool)

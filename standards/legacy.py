@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import fast
 from .dtypes import Array
 from .metrics import Pair
+
+if TYPE_CHECKING:
+    from .reference import Reference
+    from .verdict import Verdict
 
 NAME = "legacy"
 LEGACY_KEYS = ("cosine", "max_abs_err", "rel_err_hundredth", "rel_err_thousandth", "rel_err_ten_thousandth")
@@ -44,10 +49,10 @@ def _cosine(d: Array, b: Array) -> float:
     return min(1.0, max(-1.0, cos))
 
 
-def legacy_metrics(pair: Pair) -> dict:
+def legacy_metrics(pair: Pair) -> dict[str, float]:
     """The five legacy metrics (computed once per pair)."""
 
-    def compute():
+    def compute() -> dict[str, float]:
         res = _fast_legacy(pair)
         if res is not None:
             return res
@@ -62,7 +67,7 @@ def legacy_metrics(pair: Pair) -> dict:
     return pair.cached("legacy", compute)
 
 
-def _fast_legacy(pair: Pair) -> dict | None:
+def _fast_legacy(pair: Pair) -> dict[str, float] | None:
     """The legacy metrics from a fused pass (fast.py), reusing the standard's when fused."""
     res = pair._cache.get("fast_legacy")
     if res is None:
@@ -87,7 +92,7 @@ def _fast_legacy(pair: Pair) -> dict | None:
     }
 
 
-def legacy(pair: Pair, thresholds: Mapping[str, float], reference=None):
+def legacy(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
     """The legacy rules as a standard of their own, with the three fixes above."""
     metrics = dict(legacy_metrics(pair))
     reasons, warnings = [], []

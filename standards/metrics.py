@@ -22,7 +22,9 @@ when their relative error is <= rtol.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from functools import cached_property
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -31,6 +33,8 @@ from .dtypes import Array, DtypeInfo
 from .verdict import Offender, Verdict
 
 __all__ = ["Pair", "round_to_dtype", "ulp_of", "sign_balance_z"]
+
+_T = TypeVar("_T")
 
 
 def round_to_dtype(values: Array, info: DtypeInfo) -> Array:
@@ -58,10 +62,11 @@ def ulp_of(abs_values: Array, info: DtypeInfo) -> Array:
     _, exp = np.frexp(abs_values)  # x = f * 2**exp, f in [0.5, 1): floor(log2 x) = exp-1
     exp = np.maximum(exp - 1, info.e_min)  # x == 0 gives exp 0 -> -1 -> e_min for every D
     exp[abs_values == 0] = info.e_min
-    return np.ldexp(1.0, exp - info.mantissa_bits)
+    ulp: Array = np.ldexp(1.0, exp - info.mantissa_bits)
+    return ulp
 
 
-def _flat64(x) -> Array:
+def _flat64(x: Array | torch.Tensor) -> Array:
     if isinstance(x, torch.Tensor):
         t = x.detach()
         if t.device.type != "cpu":
@@ -70,7 +75,7 @@ def _flat64(x) -> Array:
     return np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
 
 
-def sign_balance_z(positive: int, negative: int) -> float:
+def sign_balance_z(positive: float, negative: float) -> float:
     """Sign-test z-score of an imbalance: |p - n| / sqrt(p + n); 0 when nothing differs."""
     total = positive + negative
     return abs(positive - negative) / math.sqrt(total) if total else 0.0
@@ -85,7 +90,16 @@ class Pair:
     build the result with `pair.verdict(...)`.
     """
 
-    def __init__(self, bench, device, info: DtypeInfo, *, bench_dtype: str, device_dtype: str, path: str = "") -> None:
+    def __init__(
+        self,
+        bench: Array | torch.Tensor,
+        device: Array | torch.Tensor,
+        info: DtypeInfo,
+        *,
+        bench_dtype: str,
+        device_dtype: str,
+        path: str = "",
+    ) -> None:
         # bench/device: numpy arrays or torch tensors in their own dtypes; the float64
         # copies `d` and `b` are made only when read (the fused path never reads them)
         self.shape = tuple(device.shape)
@@ -98,13 +112,15 @@ class Pair:
         self.n = math.prod(self.shape)
         self.exact: tuple[Array, Array] | None = None  # raw integer/bool values
         self.want_legacy = False  # set by the registry: fuse legacy sums into the pass
-        self.terms_src = None  # set by the registry: each element's terms' magnitude
-        self.groups_src = None  # set by the registry: each element's group (bias.py)
+        self.terms_src: Array | torch.Tensor | None = None  # set by the registry: each element's terms' magnitude
+        self.groups_src: Array | torch.Tensor | None = None  # set by the registry: each element's group (bias.py)
         if info.name == "bfloat16":
             self.tiny = 2.0**-8
         else:
             self.tiny = 2.0**-52 if bench_dtype == "float64" else 2.0**-23
-        self._cache: dict = {}
+        # Any: each entry is typed by the accessor that reads it (cached(), small_mask ...;
+        # fast.py and legacy.py keep their pass results here too)
+        self._cache: dict[Hashable, Any] = {}
 
     @cached_property
     def d(self) -> Array:
@@ -125,7 +141,14 @@ class Pair:
 
     # ----------------------------------------------------------------- building verdicts
     def verdict(
-        self, status: str, standard: str, metrics: dict, thresholds: dict, reasons=(), worst=(), reference: str = "single-run"
+        self,
+        status: str,
+        standard: str,
+        metrics: dict[str, float],
+        thresholds: Mapping[str, float],
+        reasons: Iterable[str] = (),
+        worst: Iterable[Offender] = (),
+        reference: str = "single-run",
     ) -> Verdict:
         """A Verdict about this pair (fills path, dtypes and shape)."""
         return Verdict(
@@ -142,7 +165,7 @@ class Pair:
             shape=self.shape,
         )
 
-    def offenders(self, score: Array, *, on_finite: bool = True, k: int = 5) -> tuple:
+    def offenders(self, score: Array, *, on_finite: bool = True, k: int = 5) -> tuple[Offender, ...]:
         """The k elements with the largest `score` (> 0), nonfinite disagreements first."""
         picked: list[int] = [int(i) for i in self.inf_nan_disagree_index[:k]]
         if len(picked) < k and score.size:
@@ -166,7 +189,8 @@ class Pair:
 
     @cached_property
     def both_finite(self) -> Array:
-        return np.isfinite(self.d) & np.isfinite(self.b_rounded)
+        mask: Array = np.isfinite(self.d) & np.isfinite(self.b_rounded)
+        return mask
 
     @cached_property
     def all_finite(self) -> bool:
@@ -191,7 +215,7 @@ class Pair:
 
     @cached_property
     def n_finite(self) -> int:
-        return self.df.size
+        return int(self.df.size)
 
     @cached_property
     def n_inf_nan(self) -> int:
@@ -213,7 +237,8 @@ class Pair:
 
     @cached_property
     def rel_err(self) -> Array:
-        return self.abs_err / (self.abs_b + self.tiny)
+        rel: Array = self.abs_err / (self.abs_b + self.tiny)
+        return rel
 
     @cached_property
     def terms(self) -> Array | None:
@@ -253,7 +278,8 @@ class Pair:
         key = ("small", small)
         if key not in self._cache:
             self._cache[key] = self.abs_b <= small
-        return self._cache[key]
+        mask: Array = self._cache[key]
+        return mask
 
     # ----------------------------------------------------------------- inf / nan
     def inf_nan_agree(self, rtol: float) -> Array:
@@ -271,7 +297,8 @@ class Pair:
                 with np.errstate(invalid="ignore"):
                     close = np.abs(dc - bc) / (np.abs(bc) + self.tiny) <= rtol
                 self._cache[key] = (dn & bn) | (~dn & ~bn & close)
-        return self._cache[key]
+        agree: Array = self._cache[key]
+        return agree
 
     @cached_property
     def inf_nan_disagree_index(self) -> Array:
@@ -301,16 +328,17 @@ class Pair:
         )
 
     # ----------------------------------------------------------------- cached scalars
-    def cached(self, key, compute):
+    def cached(self, key: Hashable, compute: Callable[[], _T]) -> _T:
         """Memoise a scalar metric shared between standards."""
         if key not in self._cache:
             self._cache[key] = compute()
-        return self._cache[key]
+        value: _T = self._cache[key]
+        return value
 
     def error_balance(self) -> float:
         """eb = |#(d > b_D) - #(d < b_D)| / N over the both_finite elements."""
 
-        def compute():
+        def compute() -> float:
             if self.n_finite == 0:
                 return 0.0
             pos, neg = self.sign_counts
@@ -328,7 +356,7 @@ class Pair:
     def rel_err_share_below(self, limit: float) -> float:
         """Share of ALL elements with rel_err < limit; agreeing inf/nan count as 0 error."""
 
-        def compute():
+        def compute() -> float:
             if self.n == 0:
                 return 1.0
             good = int(np.count_nonzero(self.rel_err < limit))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -44,14 +43,14 @@ class Mismatch:
     reason: str
     device_dtype: str = ""
     bench_dtype: str = ""
-    shape: tuple = ()
+    shape: tuple[int, ...] = ()
 
 
-def _is_leaf(x: Any) -> bool:
+def _is_leaf(x: object) -> bool:
     return isinstance(x, (torch.Tensor, np.ndarray) + _SCALARS)
 
 
-def to_array(x: Any) -> tuple[Array | torch.Tensor, str]:
+def to_array(x: object) -> tuple[Array | torch.Tensor, str]:
     """(values, dtype name): real floats are returned as they are (a torch tensor or a
     numpy array, converted to float64 only when a standard reads them), ints/bools as
     exact numpy arrays.
@@ -100,7 +99,7 @@ def _bits(name: str) -> int:
     return DTYPES[name].mantissa_bits if name in DTYPES else 0
 
 
-def _leaf(path: str, bench: Any, device: Any) -> Leaf | Mismatch:
+def _leaf(path: str, bench: object, device: object) -> Leaf | Mismatch:
     b, bname = to_array(bench)
     d, dname = to_array(device)
     where = path or "output"
@@ -115,7 +114,7 @@ def _leaf(path: str, bench: Any, device: Any) -> Leaf | Mismatch:
     return Leaf(path, b, d, bname, dname)
 
 
-def pair_leaves(bench: Any, device: Any, path: str = "") -> Iterator[Leaf | Mismatch]:
+def pair_leaves(bench: object, device: object, path: str = "") -> Iterator[Leaf | Mismatch]:
     """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order."""
     where = path or "output"
     if bench is None and device is None:

@@ -23,7 +23,7 @@ class Reference:
     pair: Pair | None = None  # reference output vs the same bench
     metrics: Mapping[str, float] | None = None  # recorded metrics (baseline)
 
-    def metrics_for(self, compute: Callable[[Pair], dict]) -> dict:
+    def metrics_for(self, compute: Callable[[Pair], dict[str, float]]) -> dict[str, float]:
         """The reference's values of the metrics `compute` produces for the device."""
         if self.pair is not None:
             return compute(self.pair)

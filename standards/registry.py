@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from .absolute_threshold import absolute_threshold
 from .accumulative_error import accumulative_error
 from .benchmark import benchmark
 from .binary_consistency import binary_consistency
-from .dtypes import dtype_info, dtype_name, is_float_name
+from .dtypes import DtypeInfo, dtype_info, dtype_name, is_float_name
 from .legacy import legacy, legacy_metrics
 from .metrics import Pair
 from .pairing import Leaf, Mismatch, pair_leaves
@@ -37,9 +37,14 @@ from .thousandth import thousandth
 from .ulp import ulp
 from .verdict import Verdict, worst_status
 
+if TYPE_CHECKING:
+    import torch
+
+    from .dtypes import Array, DtypeLike
+
 __all__ = ["Registry", "StandardFunc"]
 
-StandardFunc = Callable[[Pair, Mapping, "Reference | None"], Verdict]
+StandardFunc = Callable[[Pair, Mapping[str, float], "Reference | None"], Verdict]
 
 SHIPPED_STANDARDS: dict[str, StandardFunc] = {
     "binary_consistency": binary_consistency,
@@ -55,7 +60,7 @@ _default_lock = threading.Lock()
 _default: Registry | None = None
 
 
-def _read_rows(path) -> list[dict]:
+def _read_rows(path: str | Path) -> list[dict[str, str]]:
     with open(path, newline="", encoding="utf-8-sig") as fh:
         return [
             {(k or "").strip(): (v or "").strip() for k, v in row.items()}
@@ -79,7 +84,7 @@ class Registry:
         """A fresh copy of the shipped tables (parsed once), safe for the caller to mutate."""
         return copy.deepcopy(_shipped())
 
-    def __deepcopy__(self, memo) -> Registry:
+    def __deepcopy__(self, memo: dict[int, object]) -> Registry:
         new = Registry.__new__(Registry)
         new.standards = dict(self.standards)
         new.routes = dict(self.routes)
@@ -111,21 +116,21 @@ class Registry:
         """Route `api` to `standard` (which must be registered by the time it is used)."""
         self.routes[api] = standard
 
-    def set_threshold(self, api: str, dtype: Any, name: str, value: float) -> None:
+    def set_threshold(self, api: str, dtype: DtypeLike, name: str, value: float) -> None:
         """Override one threshold for `api` in `dtype` ("*" for every dtype)."""
         key = (api, "*" if dtype == "*" else dtype_name(dtype))
         self.overrides.setdefault(key, {})[name] = float(value)
         self._threshold_cache.clear()
 
     # ----------------------------------------------------------------- lookup
-    def standard_for(self, api: str, dtype: Any) -> str:
+    def standard_for(self, api: str, dtype: DtypeLike) -> str:
         """Name of the standard judging `api` outputs of `dtype`."""
         name = dtype_name(dtype)
         if not is_float_name(name):
             return "binary_consistency"
         return self.routes.get(api, FALLBACK)
 
-    def thresholds_for(self, api: str, dtype: Any) -> dict[str, float]:
+    def thresholds_for(self, api: str, dtype: DtypeLike) -> dict[str, float]:
         """Dtype defaults overlaid with the table's `*` rows, then exact-dtype rows."""
         name = dtype_name(dtype)
         key = (api, name)
@@ -138,7 +143,16 @@ class Registry:
         return cached
 
     # ----------------------------------------------------------------- judging
-    def check(self, bench: Any, device: Any, *, api: str, reference: Any = None, terms: Any = None, groups: Any = None) -> Verdict:
+    def check(
+        self,
+        bench: object,
+        device: object,
+        *,
+        api: str,
+        reference: object = None,
+        terms: object = None,
+        groups: Array | torch.Tensor | None = None,
+    ) -> Verdict:
         """Judge a (possibly nested) device output against its bench. See package docs."""
         baseline, ref_leaves, ref_problem = _parse_reference(bench, reference)
         term_leaves = {} if terms is None else {leaf.path: leaf.device for leaf in pair_leaves(bench, terms) if isinstance(leaf, Leaf)}
@@ -157,7 +171,7 @@ class Registry:
                     )
                 )
                 continue
-            ref = None
+            ref: Reference | Leaf | None = None
             if ref_problem is not None:
                 verdicts.append(
                     Verdict(
@@ -184,7 +198,14 @@ class Registry:
             return verdicts[0]
         return _combine(verdicts)
 
-    def _judge_leaf(self, leaf: Leaf, api: str, ref: Any, terms: Any = None, groups: Any = None) -> Verdict:
+    def _judge_leaf(
+        self,
+        leaf: Leaf,
+        api: str,
+        ref: Reference | Leaf | None,
+        terms: Array | torch.Tensor | None = None,
+        groups: Array | torch.Tensor | None = None,
+    ) -> Verdict:
         name = self.standard_for(api, leaf.device_dtype)
         func = self.standards.get(name)
         if func is None:
@@ -230,7 +251,7 @@ class Registry:
         return verdict
 
 
-def _make_pair(leaf: Leaf, info) -> Pair:
+def _make_pair(leaf: Leaf, info: DtypeInfo) -> Pair:
     floating = is_float_name(leaf.device_dtype)
     if floating:
         pair = Pair(leaf.bench, leaf.device, info, bench_dtype=leaf.bench_dtype, device_dtype=leaf.device_dtype, path=leaf.path)
@@ -248,7 +269,7 @@ def _make_pair(leaf: Leaf, info) -> Pair:
     return pair
 
 
-def _looks_like_baseline(reference: Any) -> bool:
+def _looks_like_baseline(reference: object) -> TypeGuard[Mapping[str, Mapping[str, float]]]:
     return (
         isinstance(reference, Mapping)
         and len(reference) > 0
@@ -261,7 +282,7 @@ def _looks_like_baseline(reference: Any) -> bool:
     )
 
 
-def _parse_reference(bench: Any, reference: Any):
+def _parse_reference(bench: object, reference: object) -> tuple[dict[str, dict[str, float]] | None, dict[str, Leaf] | None, str | None]:
     """-> (baseline {path: metrics} | None, reference leaves {path: Leaf} | None, problem)."""
     if reference is None:
         return None, None, None
@@ -270,7 +291,7 @@ def _parse_reference(bench: Any, reference: Any):
         return {v.path: dict(v.metrics) for v in verdicts}, None, None
     if _looks_like_baseline(reference):
         return {k: dict(v) for k, v in reference.items()}, None, None
-    leaves: dict = {}
+    leaves: dict[str, Leaf] = {}
     for item in pair_leaves(bench, reference):
         if isinstance(item, Mismatch):
             if item.status == "error":

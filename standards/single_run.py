@@ -88,6 +88,7 @@ BACKWARD kernels in fp32/fp16/bf16 -> 0 errors, 0 warnings; planted faults -> al
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -141,7 +142,7 @@ def scaled_ulp_err(pair: Pair) -> Array:
 def max_top_ulp_err(pair: Pair, quantile: float, floor: float) -> float:
     """Max own-magnitude ULP error over the elements with |b| >= quantile of |b|."""
 
-    def compute():
+    def compute() -> float:
         top = pair.abs_b >= abs_b_quantile(pair, quantile)
         scale = tolerance_scale(pair, floor)[top]
         return float((pair.abs_err[top] / ulp_of(scale, pair.info)).max())
@@ -149,10 +150,10 @@ def max_top_ulp_err(pair: Pair, quantile: float, floor: float) -> float:
     return pair.cached(("top_ulp", quantile, floor), compute)
 
 
-def single_run_metrics(pair: Pair) -> dict:
+def single_run_metrics(pair: Pair) -> dict[str, float]:
     """Our own metrics of the single-run rule (names distinct from the spec's)."""
 
-    def compute():
+    def compute() -> dict[str, float]:
         if pair.n_finite == 0:
             return {
                 "max_scaled_ulp_err": 0.0,
@@ -179,7 +180,9 @@ def single_run_metrics(pair: Pair) -> dict:
     return pair.cached("single_run_metrics", compute)
 
 
-def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict, bias_limit: str = "sr_bias_ulp") -> list[str]:
+def single_run_reasons(
+    pair: Pair, metrics: dict[str, float], limits: Mapping[str, float], used: dict[str, float], bias_limit: str = "sr_bias_ulp"
+) -> list[str]:
     """Reasons the single-run rule fails (empty list: pass); copies its limits into `used`.
     `bias_limit`: the threshold that bounds the bias means (a standard's own, bias.py)."""
     reasons: list[str] = []
@@ -198,12 +201,12 @@ def single_run_reasons(pair: Pair, metrics: dict, limits, used: dict, bias_limit
     return reasons
 
 
-def fast_single_run(pair: Pair, spec: dict, scaled: bool, top: bool = True):
+def fast_single_run(pair: Pair, spec: dict[str, object], scaled: bool, top: bool = True) -> tuple[fast.Result, dict[str, float]] | None:
     """The single-run metrics in one fused pass (fast.py), with the standard's own `spec`.
 
     -> (pass results, single_run_metrics-like dict) or None (take the plain path). With
     scaled=False the two scaled-ULP metrics are not computed (reported as 0); with
-    top=False neither is `max_top_ulp_err` (None: the caller bounds it, see ulp.py), and
+    top=False neither is `max_top_ulp_err` (left out: the caller bounds it, see ulp.py), and
     neither the RMS nor the top quantile is needed. The bias sample is fed to
     fast.BiasSums in the pass, while each chunk is in cache, as the plain path feeds it.
     """
@@ -217,12 +220,14 @@ def fast_single_run(pair: Pair, spec: dict, scaled: bool, top: bool = True):
         res = fast.run(pair, **spec)
     if res is None:
         return None
-    return res, {
+    metrics = {
         "max_scaled_ulp_err": float(res["scaled"][0]) if scaled else 0.0,
         "mean_scaled_ulp_err": res["scaled"][1] / res["scaled"][2] if scaled else 0.0,
-        "max_top_ulp_err": float(res["top"]) if top else None,
-        **grouped_z(pair, statistics(res["bias"])),
     }
+    if top:
+        metrics["max_top_ulp_err"] = float(res["top"])
+    metrics.update(grouped_z(pair, statistics(res["bias"])))
+    return res, metrics
 
 
 def fast_max_top_ulp_err(pair: Pair) -> float | None:

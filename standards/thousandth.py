@@ -18,7 +18,8 @@ worst elements (by rel_err) are named only in a verdict that is not a pass.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,10 +28,14 @@ from .bias import judge_bias, sample_step, statistics
 from .metrics import Pair
 from .single_run import at_least_normal, tolerance_scale
 
+if TYPE_CHECKING:
+    from .reference import Reference
+    from .verdict import Offender, Verdict
+
 NAME = "thousandth"
 
 
-def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
+def thousandth(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
     """Judge a convolution by the share of elements within 0.1%."""
     limit = thresholds["thousandth_min"]
     if fast.fast_ok(pair):  # a reference changes only the verdict's kind here
@@ -40,7 +45,7 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
     share = pair.rel_err_share_below(0.001)
     metrics = {"rel_err_thousandth": share}
     used = {"rel_err_thousandth": limit}
-    reasons = []
+    reasons: list[str] = []
     nonfinite = pair.unexpected_nonfinite_reason()
     if nonfinite:
         reasons.append(nonfinite)
@@ -60,7 +65,7 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference=None):
     )
 
 
-def _fast(pair: Pair, thresholds, limit, reference=None):
+def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: Reference | None = None) -> Verdict | None:
     """Large and all finite: a float32 pre-test (with the bias sums of the sample), else
     one fused pass (fast.py)."""
     sums = None
@@ -98,7 +103,17 @@ def _fast(pair: Pair, thresholds, limit, reference=None):
     return _finish(pair, {**metrics, **bias}, used, bias_failed, judged, share, limit, lambda: fast.worst(pair, "rel"), reference)
 
 
-def _finish(pair, metrics, used, reasons, judged, share, limit, worst, reference):
+def _finish(
+    pair: Pair,
+    metrics: dict[str, float],
+    used: dict[str, float],
+    reasons: list[str],
+    judged: float,
+    share: float,
+    limit: float,
+    worst: Callable[[], tuple[Offender, ...]],
+    reference: Reference | None,
+) -> Verdict:
     """The verdict; `worst` (a callable) is evaluated only for a verdict that is not a pass."""
     if judged < limit:
         reasons.append(

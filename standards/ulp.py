@@ -40,6 +40,7 @@ Conditioned (the caller gave each element's terms' magnitude t, Pair.terms): msp
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,13 +50,17 @@ from .dtypes import Array, DtypeInfo
 from .metrics import Pair
 from .single_run import fast_max_top_ulp_err, fast_single_run, max_top_ulp_err, single_run_metrics, single_run_reasons
 
+if TYPE_CHECKING:
+    from .reference import Reference
+    from .verdict import Offender, Verdict
+
 NAME = "ulp"
 #: how many unit roundoffs of the accumulator, times the terms' magnitude, a correct
 #: matrix product's accumulation may cost an element (module docstring: why 64)
 ACCUMULATION_KAPPA = 64.0
 
 
-def ulp_metrics(pair: Pair, threshold: float) -> dict:
+def ulp_metrics(pair: Pair, threshold: float) -> dict[str, float]:
     """max / mean ULP error and the share above `threshold`, over finite elements."""
     if pair.n_finite == 0:
         return {"max_ulp_err": 0.0, "mean_ulp_err": 0.0, "ulp_err_proportion": 0.0}
@@ -67,13 +72,13 @@ def ulp_metrics(pair: Pair, threshold: float) -> dict:
     }
 
 
-def _fast_ulp_metrics(pair: Pair, res: dict) -> dict:
+def _fast_ulp_metrics(pair: Pair, res: fast.Result) -> dict[str, float]:
     """ulp_metrics from a fused pass (fast.py) over an all-finite pair."""
     u = res["ulp"]
     return {"max_ulp_err": float(u[0]), "mean_ulp_err": u[1] / pair.n, "ulp_err_proportion": float(u[2] / pair.n)}
 
 
-def _ref_metrics(p: Pair, threshold: float) -> dict:
+def _ref_metrics(p: Pair, threshold: float) -> dict[str, float]:
     """A reference output's ULP metrics: fused where it may be, else plain."""
     if fast.fast_ok(p):
         res = fast.run(p, ulp_t=threshold)
@@ -89,7 +94,7 @@ def accumulation_allowance(terms: Array, info: DtypeInfo) -> Array:
     return ACCUMULATION_KAPPA * unit * terms
 
 
-def conditioned_ulp_metrics(pair: Pair, threshold: float) -> dict:
+def conditioned_ulp_metrics(pair: Pair, threshold: float) -> dict[str, float]:
     """ulp_metrics of each element's error beyond its accumulation allowance, in ULPs of
     D at |b|."""
     if pair.n_finite == 0 or pair.terms is None:
@@ -102,19 +107,19 @@ def conditioned_ulp_metrics(pair: Pair, threshold: float) -> dict:
     }
 
 
-def _absolute_pass(metrics: dict, thresholds: Mapping[str, float], is_fp32_like: bool) -> bool:
+def _absolute_pass(metrics: dict[str, float], thresholds: Mapping[str, float], is_fp32_like: bool) -> bool:
     if is_fp32_like:
         return metrics["mean_ulp_err"] < thresholds["ulp_mean_max"] or metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
     return metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
 
 
-def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
+def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
     """Judge a matrix product by its ULP error."""
     used = {k: thresholds[k] for k in ("ulp_threshold", "ulp_prop_max", "ulp_floor")}
     fp32_like = pair.info.mantissa_bits >= 23
     if fp32_like:
         used["ulp_mean_max"] = thresholds["ulp_mean_max"]
-    sr = None
+    sr: tuple[fast.Result, dict[str, float] | None] | None = None
     if fast.fast_ok(pair):  # one fused pass (fast.py); None: plain path
         if reference is not None and (reference.pair is not None or "ulp_err_proportion" in (reference.metrics or {})):
             # judged against the reference: only the ULP metrics, no single-run rule
@@ -164,7 +169,7 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
         )
     if kind == "single-run":
         extra = sr[1] if sr is not None and sr[1] is not None else single_run_metrics(pair)
-        if extra["max_top_ulp_err"] is None:  # fused path: judged, never reported
+        if "max_top_ulp_err" not in extra:  # fused path: judged, never reported
             extra = dict(extra, max_top_ulp_err=_top_or_bound(pair, metrics, thresholds))
         metrics.update({k: extra[k] for k in ("bias_ulp", "bias_z", "scale_bias_ulp", "scale_bias_z")})
         bias_only = dict(extra, max_scaled_ulp_err=0.0, mean_scaled_ulp_err=0.0)
@@ -173,13 +178,13 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference=None):
         for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp"):
             used.pop(key, None)
     status = "error" if reasons else "pass"
-    worst = ()
+    worst: tuple[Offender, ...] = ()
     if status != "pass":  # named only where a failure message shows them
         worst = fast.worst(pair, "ulp") if sr is not None else pair.offenders(pair.ulp_err) if pair.n_finite or pair.n_inf_nan else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, kind)
 
 
-def _top_or_bound(pair: Pair, metrics: dict, thresholds) -> float:
+def _top_or_bound(pair: Pair, metrics: dict[str, float], thresholds: Mapping[str, float]) -> float:
     """max_top_ulp_err for the single-run rule's check, computed only when it can fail.
 
     It is never above max_ulp_err (a coarser scale only lowers an element's ULP error),

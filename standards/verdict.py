@@ -6,6 +6,7 @@ CSV rows and compared in tests; `message()` renders the failure text users read.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -24,7 +25,7 @@ class Offender(NamedTuple):
     bench: float
 
 
-def worst_status(statuses) -> str:
+def worst_status(statuses: Iterable[str]) -> str:
     """error > warning > pass > skip; no statuses (or all skip) -> skip."""
     worst = "skip"
     for status in statuses:
@@ -39,16 +40,16 @@ class Verdict:
 
     status: str
     standard: str
-    metrics: dict = field(default_factory=dict)
-    thresholds: dict = field(default_factory=dict)
-    reasons: tuple = ()
-    worst: tuple = ()  # Offenders, for a verdict that is not a pass: only failures show them
+    metrics: dict[str, float] = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+    worst: tuple[Offender, ...] = ()  # Offenders, for a verdict that is not a pass: only failures show them
     reference: str = "single-run"
     path: str = ""
     device_dtype: str = ""
     bench_dtype: str = ""
-    shape: tuple = ()
-    outputs: tuple = ()
+    shape: tuple[int, ...] = ()
+    outputs: tuple[Verdict, ...] = ()
 
     @property
     def passed(self) -> bool:

@@ -18,10 +18,15 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pytest_msprobe.dump.index import DIRECTIONS, DumpIndex, read_index
+from pytest_msprobe.dump.index import DIRECTIONS, DumpIndex, Record, read_index
 from pytest_msprobe.errors import DumpError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import numpy as np
 
 CACHE_FOLDER = ".msprobe-index"
 FORMAT = 4  # bump when the arrays or the header change meaning
@@ -99,7 +104,7 @@ def cached_summary(dump: Path, folder: Path) -> DumpSummary | None:
     )
 
 
-def _stored_current_header(dump: Path, folder: Path) -> dict[str, Any] | None:
+def _stored_current_header(dump: Path, folder: Path) -> Record | None:
     """The cache's header if the cache is current, read without numpy: np.savez stores
     it as header.npy, a .npy preamble (magic, version, a length-prefixed description)
     and then the JSON's bytes."""
@@ -151,7 +156,7 @@ def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
     )
 
 
-def _current_header(arrays: Any, key: dict[str, object]) -> dict[str, Any] | None:
+def _current_header(arrays: Mapping[str, np.ndarray], key: dict[str, object]) -> Record | None:
     """The cache's header if it was written by this format for this very dump."""
     header = json.loads(arrays["header"].tobytes().decode("utf-8"))
     return header if header.get("format") == FORMAT and header.get("key") == key else None

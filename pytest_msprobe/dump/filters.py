@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from pytest_msprobe.dump.index import CallName
+from pytest_msprobe.dump.index import CallName, Json
 
 CONFIG_SECTIONS = ("acc_check", "run_ut")  # msprobe 26 renamed run_ut to acc_check
 # Keys of a tensor's record that describe its values, not its signature.
@@ -76,12 +76,12 @@ def list_reason(name: CallName, white_list: Sequence[str], black_list: Sequence[
     return None
 
 
-def signature(record: Any) -> str:
+def signature(record: Json) -> str:
     """A call's arguments without their values: types, dtypes, shapes, requires_grad
     and every non-tensor argument. Two calls of one API with equal signatures check the
     same kernel on the same kind of input."""
 
-    def strip(value: Any) -> Any:
+    def strip(value: Json) -> Json:
         if isinstance(value, dict):
             return {key: strip(item) for key, item in value.items() if key not in VALUE_KEYS}
         if isinstance(value, list):

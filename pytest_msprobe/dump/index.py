@@ -14,9 +14,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pytest_msprobe.errors import CallError, DumpError
+
+#: a value of dump.json as json.loads gives it. Any: JSON whose type depends on the field
+#: and the record's kind (a tensor's {"type", "dtype", ...}, lists, numbers, strings);
+#: the readers (dump/values.py, dump/tensors.py) check it where they use it
+Json: TypeAlias = Any
+#: one record of dump.json: {"input_args": [...], "input_kwargs": {...}, "output": [...]}
+Record: TypeAlias = dict[str, Json]
 
 if TYPE_CHECKING:  # numpy is imported where the columns are made: the xdist controller names calls, needs no arrays
     import numpy as np
@@ -147,7 +154,7 @@ class DumpIndex:
             raise KeyError(name)
         return entry
 
-    def read_record(self, entry: IndexEntry) -> dict[str, Any]:
+    def read_record(self, entry: IndexEntry) -> Record:
         """One call's full record, read from its byte span of the file."""
         with open(self.path, "rb") as handle:
             handle.seek(entry.start)
@@ -174,7 +181,7 @@ def read_index(path: Path) -> DumpIndex:
     except UnicodeDecodeError as exc:
         raise DumpError(f"{path}: is not UTF-8 text ({exc})") from exc
     offsets = _ByteOffsets(text, raw)
-    header: dict[str, Any] = {}
+    header: Record = {}
     calls = _Calls()
 
     def visit(key: str, pos: int) -> int:
@@ -268,7 +275,7 @@ def _index_data(text: str, pos: int, offsets: _ByteOffsets, calls: _Calls) -> in
     return _walk_object(text, pos, visit)
 
 
-def _numel(record: Any) -> int:
+def _numel(record: Json) -> int:
     """Elements of every tensor in a record: the cost estimate used to schedule."""
     total = 0
     stack = [record]
@@ -289,7 +296,7 @@ class _ScanError(Exception):
     """Where the JSON stops making sense; read_index names the file around it."""
 
 
-def _decode(text: str, pos: int, key: str) -> tuple[Any, int]:
+def _decode(text: str, pos: int, key: str) -> tuple[Json, int]:
     try:
         return _DECODER.raw_decode(text, pos)
     except json.JSONDecodeError as exc:

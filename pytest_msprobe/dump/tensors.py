@@ -21,12 +21,15 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pytest_msprobe.errors import CallError, CallSkip
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Json, Record
 
 # Every dtype spelling a dump may use, PyTorch's and MindSpore's, mapped to torch.
 DTYPES: dict[str, torch.dtype] = {
@@ -72,7 +75,7 @@ DTYPES: dict[str, torch.dtype] = {
 TENSOR_SUFFIXES = (".pt", ".npy")
 
 
-def torch_dtype(spelling: Any) -> torch.dtype:
+def torch_dtype(spelling: Json) -> torch.dtype:
     dtype = DTYPES.get(spelling) if isinstance(spelling, str) else None
     if dtype is None:
         raise CallSkip(f"unknown dtype {spelling!r}")
@@ -85,7 +88,7 @@ class TensorSpec:
 
     dtype: torch.dtype
     shape: tuple[int, ...]
-    stats: dict[str, Any]
+    stats: Record
     data_name: str
     requires_grad: bool
 
@@ -94,7 +97,7 @@ class TensorSpec:
         return math.prod(self.shape)
 
 
-def tensor_spec(value: dict[str, Any], where: str) -> TensorSpec:
+def tensor_spec(value: Record, where: str) -> TensorSpec:
     shape = value.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
         raise CallError(f"{where}: shape {shape!r} is not a list of non-negative integers")
@@ -219,12 +222,18 @@ class _StorageName:
 class _Storage:
     """A storage's bytes, as a persistent id names them, and their dtype."""
 
-    untyped: Any  # torch.UntypedStorage
+    untyped: torch.UntypedStorage
     dtype: torch.dtype
 
 
 def _rebuild_tensor(
-    storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any, backward_hooks: Any, metadata: Any = None
+    storage: object,
+    storage_offset: int,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+    backward_hooks: object,
+    metadata: object = None,
 ) -> torch.Tensor:
     """torch._utils._rebuild_tensor_v2 for a plain tensor: a view of the storage's bytes
     (set_ checks that it lies inside them); hooks or metadata make the file not plain."""
@@ -235,7 +244,7 @@ def _rebuild_tensor(
     return tensor
 
 
-_GLOBALS: dict[tuple[str, str], Any] = {
+_GLOBALS: dict[tuple[str, str], object] = {
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("collections", "OrderedDict"): collections.OrderedDict,
     **{("torch", name): _StorageName(dtype) for name, dtype in _STORAGE_DTYPES.items()},
@@ -247,17 +256,17 @@ class _NotPlain(Exception):
 
 
 class _TensorUnpickler(pickle.Unpickler):
-    def __init__(self, archive: Any) -> None:
+    def __init__(self, archive: torch._C.PyTorchFileReader) -> None:
         super().__init__(io.BytesIO(archive.get_record("data.pkl")))
         self.archive = archive
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> object:
         found = _GLOBALS.get((module, name))
         if found is None:
             raise _NotPlain(f"{module}.{name}")
         return found
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> _Storage:
         if not (
             isinstance(pid, tuple)
             and len(pid) == 5
@@ -273,7 +282,9 @@ class _TensorUnpickler(pickle.Unpickler):
         size = pid[4] * dtype.itemsize
         if self.archive.get_record_size(record) != size:
             raise _NotPlain(f"{record}: not {pid[4]} elements")
-        untyped = self.archive.get_storage_from_record(record, size, torch.UntypedStorage)._typed_storage()._untyped_storage
+        # torch's stub names a dtype; the reader takes a storage class, as torch.serialization passes it
+        storage = self.archive.get_storage_from_record(record, size, torch.UntypedStorage)  # type: ignore[arg-type]
+        untyped = storage._typed_storage()._untyped_storage
         return _Storage(untyped, dtype)
 
 
@@ -348,7 +359,7 @@ def _dtype_kind(dtype: torch.dtype) -> str:
     return "float" if dtype.is_floating_point else "int"
 
 
-def _number(stats: dict[str, Any], key: str, where: str) -> float | None:
+def _number(stats: Record, key: str, where: str) -> float | None:
     value = stats.get(key)
     if value is None:
         return None

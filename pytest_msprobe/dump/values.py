@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
+from pytest_msprobe.dump.index import Json, Record
 from pytest_msprobe.dump.tensors import (
     TensorSpec,
     check_size,
@@ -24,6 +25,11 @@ from pytest_msprobe.dump.tensors import (
     torch_dtype,
 )
 from pytest_msprobe.errors import CallError, CallSkip
+
+#: a decoded value, and what a replay passes and returns: a tensor, a Python or numpy
+#: scalar, None, a dtype, device, slice or Ellipsis, or a list/tuple/dict of them, as the
+#: API takes or returns. Any: no static type spans every API's arguments and outputs
+Value: TypeAlias = Any
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class DecodeContext:
     # used instead of files of that name
     provided: dict[str, tuple[torch.Tensor, str]] = field(default_factory=dict)
 
-    def tensor(self, value: dict[str, Any], path: str) -> torch.Tensor:
+    def tensor(self, value: Record, path: str) -> torch.Tensor:
         where = f"{self.call} {path}"
         spec = tensor_spec(value, where)
         check_size(spec, where, self.max_elements)
@@ -70,7 +76,7 @@ class DecodeContext:
         return tensor
 
 
-def decode(value: Any, ctx: DecodeContext, path: str) -> Any:
+def decode(value: Json, ctx: DecodeContext, path: str) -> Value:
     """The Python object for one recorded value (lists and dicts recurse)."""
     if value is None:
         return None
@@ -89,8 +95,8 @@ def decode(value: Any, ctx: DecodeContext, path: str) -> Any:
     return decoder(value, ctx, path)
 
 
-def _plain(expected: tuple[type, ...]) -> Callable[[dict, DecodeContext, str], Any]:
-    def decode_plain(value: dict, ctx: DecodeContext, path: str) -> Any:
+def _plain(expected: tuple[type, ...]) -> Callable[[Record, DecodeContext, str], Value]:
+    def decode_plain(value: Record, ctx: DecodeContext, path: str) -> Value:
         item = value.get("value")
         if not isinstance(item, expected) or (bool not in expected and isinstance(item, bool)):
             raise CallError(f"{ctx.call} {path}: {value.get('type')} value {item!r} is not a {expected[0].__name__}")
@@ -138,11 +144,11 @@ def _memory_format(value: dict, ctx: DecodeContext, path: str) -> torch.memory_f
     return MEMORY_FORMATS[name]
 
 
-def _process_group(value: dict, ctx: DecodeContext, path: str) -> Any:
+def _process_group(value: Record, ctx: DecodeContext, path: str) -> Value:
     raise CallSkip(f"{ctx.call} {path}: takes a process group (communication cannot be replayed in one process)")
 
 
-def _ellipsis(value: dict, ctx: DecodeContext, path: str) -> Any:
+def _ellipsis(value: Record, ctx: DecodeContext, path: str) -> Value:
     return Ellipsis
 
 
@@ -153,7 +159,7 @@ def _tensor(value: dict, ctx: DecodeContext, path: str) -> torch.Tensor:
 NUMPY_SCALARS = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_")}
 
 
-def _numpy_scalar(value: dict, ctx: DecodeContext, path: str) -> Any:
+def _numpy_scalar(value: Record, ctx: DecodeContext, path: str) -> Value:
     kind = value["type"].removeprefix("numpy.")
     maker = NUMPY_SCALARS.get(kind)
     item = value.get("value")
@@ -169,7 +175,7 @@ def _mindspore_dtype(value: dict, ctx: DecodeContext, path: str) -> torch.dtype:
 # The "type"s of a recorded tensor.
 TENSOR_TYPES = ("torch.Tensor", "mindspore.Tensor", "torch.nn.parameter.Parameter", "mindspore.Parameter")
 
-_DECODERS: dict[str, Callable[[dict, DecodeContext, str], Any]] = {
+_DECODERS: dict[str, Callable[[Record, DecodeContext, str], Value]] = {
     **{kind: _tensor for kind in TENSOR_TYPES},
     "int": _plain((int,)),
     "float": _plain((float, int)),

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from pytest_msprobe.dump.index import TENSOR_FOLDER
 
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Record
 
-def tensor_entry(tensor: torch.Tensor, data_name: str, *, kind: str = "torch.Tensor", requires_grad: bool = False) -> dict[str, Any]:
+
+def tensor_entry(tensor: torch.Tensor, data_name: str, *, kind: str = "torch.Tensor", requires_grad: bool = False) -> Record:
     """A tensor's record as msprobe writes it: dtype, shape, Max/Min/Mean/Norm (JSON
     Infinity/NaN where the tensor holds them) and the file holding its data."""
-    stats: dict[str, Any] = {"Max": None, "Min": None, "Mean": None, "Norm": None}
+    stats: Record = {"Max": None, "Min": None, "Mean": None, "Norm": None}
     if tensor.numel() and tensor.dtype == torch.bool:
         stats.update(Max=bool(tensor.any()), Min=bool(tensor.all()))
     elif tensor.numel() and (tensor.dtype.is_floating_point or tensor.dtype.is_complex):
@@ -38,9 +41,7 @@ def tensor_entry(tensor: torch.Tensor, data_name: str, *, kind: str = "torch.Ten
     }
 
 
-def write_tensor_dump(
-    folder: Path, records: dict[str, dict[str, Any]], tensors: dict[str, torch.Tensor], framework: str = "pytorch"
-) -> Path:
+def write_tensor_dump(folder: Path, records: dict[str, Record], tensors: dict[str, torch.Tensor], framework: str = "pytorch") -> Path:
     """`folder/dump.json` holding `records` (call name -> record) and every tensor as
     `folder/dump_tensor_data/<data_name>` (torch.save: loaded with weights_only=True);
     returns the dump.json path."""

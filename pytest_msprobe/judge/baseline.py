@@ -32,10 +32,14 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import ResultRecord
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Record
+    from pytest_msprobe.standards import Verdict
 
 FORMAT = "pytest-msprobe-baseline"
 VERSION = 1
@@ -111,7 +115,7 @@ class Baseline:
     from an msprobe CSV, which names no dump. `aliases` maps the keys of this run's
     dumps to the keys the baseline knows them by (see match_dumps)."""
 
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Record = field(default_factory=dict)
     calls: dict[tuple[str | None, str], CallMetrics] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
 
@@ -127,7 +131,7 @@ class Baseline:
         found = self.get(dump, call)
         return found.outputs if found is not None and found.outputs else None
 
-    def labelled(self, verdict: Any, dump: str, call: str) -> Any:
+    def labelled(self, verdict: Verdict, dump: str, call: str) -> Verdict:
         """The call's verdict with its reference named for what it is: the standards
         call any recorded metrics "baseline", also an msprobe details CSV's row."""
         if (self.recorded_key(dump), call) in self.calls:
@@ -139,7 +143,7 @@ class Baseline:
         the key it is recorded under: the recorded dump of the same content, the same
         key preferred (copies of one dump); else the same key (a dump made again);
         else none. A baseline that names no dumps (an older one) matches by key."""
-        recorded: dict[str, Any] = self.environment.get("dumps") or {}
+        recorded: Record = self.environment.get("dumps") or {}
         by_digest: dict[str, list[str]] = {}
         for key, identity in recorded.items():
             by_digest.setdefault(str(identity.get("sha256")), []).append(key)
@@ -209,7 +213,7 @@ def _common_tail(first: str, second: str) -> int:
     return count
 
 
-def _relabelled(verdict: Any, label: str) -> Any:
+def _relabelled(verdict: Verdict, label: str) -> Verdict:
     """The verdict, and each of its outputs, with a "baseline" reference called `label`
     ("baseline, forward results saved in ..." keeps its tail)."""
     reference = verdict.reference
@@ -277,7 +281,7 @@ def _any_error(recorded: CallMetrics) -> bool:
 # --- the environment a baseline was recorded in ------------------------------------
 
 
-def environment(dumps: Iterable[tuple[str, Path]], device: str, versions: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+def environment(dumps: Iterable[tuple[str, Path]], device: str, versions: Mapping[str, str | None] | None = None) -> Record:
     """What produced the metrics: versions (this process's, unless given: the xdist
     controller imports no torch and takes a worker's), device, and which dumps (by content)."""
     if versions is None:
@@ -311,7 +315,7 @@ def _cann_version() -> str | None:
     return home
 
 
-def dump_identity(path: Path) -> dict[str, Any]:
+def dump_identity(path: Path) -> Record:
     """What identifies a dump wherever it lies: its size and SHA-256 (read once per
     process while the file is unchanged)."""
     stat = path.stat()
@@ -319,7 +323,7 @@ def dump_identity(path: Path) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=64)
-def _identity(path: Path, size: int, mtime_ns: int) -> dict[str, Any]:
+def _identity(path: Path, size: int, mtime_ns: int) -> Record:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -376,7 +380,9 @@ def read_msprobe_details(path: Path) -> Baseline:
     return baseline
 
 
-def _is_number(text: Any) -> bool:
+def _is_number(text: str | None) -> bool:
+    if text is None:
+        return False  # as float(None)'s TypeError
     try:
         float(text)
     except (TypeError, ValueError):

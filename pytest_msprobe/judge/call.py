@@ -7,7 +7,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext
@@ -21,6 +21,7 @@ from pytest_msprobe.run.replay import (
     Placement,
     Results,
     Run,
+    Side,
     bench_dtypes,
     decode_backward,
     decode_forward,
@@ -30,6 +31,15 @@ from pytest_msprobe.run.replay import (
 )
 from pytest_msprobe.run.terms import term_magnitudes
 
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_msprobe.dump.index import Record
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.judge.findings import Finding
+    from pytest_msprobe.run.mindspore.replay import MindsporeReplay
+    from pytest_msprobe.standards import Registry, Verdict
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -38,25 +48,50 @@ class Settings:
     backend: Backend
     device_index: int
     max_elements: int
-    registry: Any  # pytest_msprobe.standards.Registry
+    registry: Registry
     device_request: str = "auto"  # --msprobe-device as given (MindSpore picks its own target on auto)
     offline: bool = False  # the dumped outputs are the device result
-    baseline: Any = None  # pytest_msprobe.judge.baseline.Baseline: recorded metrics to judge against
+    baseline: BaselineMetrics | None = None  # recorded metrics to judge against
     # verdict statuses whose outputs keep a sample of elements for the HTML report
     # (judge/samples.py); empty: none is taken and nothing is computed
     sample_statuses: frozenset[str] = frozenset()
     repeat: int = 1  # --msprobe-repeat: device runs compared bit for bit (judge/repeat.py); 1: one run
 
 
+#: a baseline's recorded metrics of a call: {output path: {metric: value}} (standards' reference=)
+Recorded: TypeAlias = dict[str, dict[str, float]]
+
+
+class BaselineMetrics(Protocol):
+    """The recorded metrics calls are judged against: judge/baseline.py's Baseline."""
+
+    def reference_for(self, dump: str, call: str) -> Recorded | None: ...
+
+    def labelled(self, verdict: Verdict, dump: str, call: str) -> Verdict: ...
+
+
+class Framework(Protocol):
+    """How a dump's framework resolves and runs its calls: PytorchReplay below, MindSpore's
+    MindsporeReplay (run/mindspore/replay.py)."""
+
+    smallest_size: int  # the smallest size its kernels take (exploration's neighbourhood)
+
+    def resolve(self, name: CallName, backend: Backend) -> Api: ...
+
+    def runs(self, api: Api, inputs: Inputs, settings: Settings) -> tuple[Side, Side, Side | None]: ...
+
+    def reference_in_dump_dtype(self, api: Api, settings: Settings) -> Side: ...
+
+
 @dataclass
 class CallResult:
     name: CallName | str  # a str names what was judged besides a dumped call (`<call>.explore`)
-    verdict: Any  # pytest_msprobe.standards.Verdict
+    verdict: Verdict
     device: str
     origins: list[str]
-    samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    samples: list[Record] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # lines the report adds after the inputs
-    findings: list[Any] = dataclasses.field(default_factory=list)  # judge.findings.Finding: repeat, overflow
+    findings: list[Finding] = dataclasses.field(default_factory=list)  # repeat, overflow
 
 
 def read_inputs(index: DumpIndex, name: CallName, max_elements: int) -> Inputs:
@@ -106,7 +141,7 @@ class PytorchReplay:
         reference = Run(api, api.bench_fn, Placement(cpu)) if backend.name != "cpu" else None
         return device, bench, reference
 
-    def bench_site(self, api: Api, inputs: Inputs, settings: Settings, dtypes: dict[Any, Any]) -> BenchSite:
+    def bench_site(self, api: Api, inputs: Inputs, settings: Settings, dtypes: dict[torch.dtype, torch.dtype]) -> BenchSite:
         """Where this call's bench runs: run/precision.py's rule."""
         import torch
 
@@ -134,14 +169,14 @@ class PytorchReplay:
         return Run(api, api.bench_fn, Placement(torch.device("cpu")))
 
 
-def _mindspore_replay() -> Any:
+def _mindspore_replay() -> MindsporeReplay:
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
 
     return MindsporeReplay()
 
 
 # framework of a dump -> how its calls are resolved and run (created on first use).
-FRAMEWORKS: dict[str, Callable[[], Any]] = {"pytorch": PytorchReplay, "mindspore": _mindspore_replay}
+FRAMEWORKS: dict[str, Callable[[], Framework]] = {"pytorch": PytorchReplay, "mindspore": _mindspore_replay}
 
 
 @dataclass
@@ -149,9 +184,9 @@ class Replayed:
     """A call run on every side, as its test judges it."""
 
     results: Results
-    bench: Any  # the bench Run (its re-judgements run it again)
+    bench: Side  # the bench run (its re-judgements run it again)
     label: str  # what the device was
-    device: Any = None  # the device Run (--msprobe-repeat runs it again); offline the dump's outputs
+    device: Side  # the device run (--msprobe-repeat runs it again); offline the dump's outputs
 
 
 def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replayed:
@@ -166,12 +201,12 @@ def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replaye
 
 def replay_inputs(
     framework_name: str,
-    framework: Any,
+    framework: Framework,
     name: CallName,
     api: Api,
     inputs: Inputs,
     settings: Settings,
-    dumped: tuple[Any, Any, str] | None = None,
+    dumped: tuple[Side, Side, str] | None = None,
 ) -> Replayed:
     """Run decoded inputs on every side: the dumped call's, or inputs made near them
     (judge/explore.py). `dumped`: offline_runs' device, reference and label."""
@@ -192,11 +227,12 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     results, bench, label, inputs = replayed.results, replayed.bench, replayed.label, replayed.results.inputs
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
     verdict, judged = judged_results(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
-    if recorded is not None:
+    if recorded is not None and settings.baseline is not None:  # recorded: read from the baseline
         verdict = settings.baseline.labelled(verdict, index.key, str(name))
-    if getattr(bench, "site", ""):  # where the bench ran, on an accelerator (run/precision.py)
-        verdict = relabelled(verdict, bench.site)
-    samples: list[dict[str, Any]] = []
+    site = getattr(bench, "site", "")  # where the bench ran, on an accelerator (run/precision.py)
+    if site:
+        verdict = relabelled(verdict, site)
+    samples: list[Record] = []
     if settings.sample_statuses:  # only for the HTML report: no cost without it
         from pytest_msprobe.judge.samples import element_samples
 
@@ -207,7 +243,7 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     return CallResult(name, verdict, label, inputs.origins, samples, findings=call_findings(replayed, name, index.framework, settings))
 
 
-def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Any]:
+def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Finding]:
     """The checks beside the standards: the overflow re-check (every run) and, with
     --msprobe-repeat, the device's bits over several runs (then its memory is freed)."""
     from pytest_msprobe.judge.overflow import overflow_findings
@@ -222,14 +258,16 @@ def call_findings(replayed: Replayed, name: CallName, framework: str, settings: 
     return found
 
 
-def verdict_for(registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None) -> Any:
+def verdict_for(
+    registry: Registry, name: CallName, results: Results, *, bench: Side, framework: str, recorded: Recorded | None = None
+) -> Verdict:
     """judged_results' verdict."""
     return judged_results(registry, name, results, bench=bench, framework=framework, recorded=recorded)[0]
 
 
 def judged_results(
-    registry: Any, name: CallName, results: Results, *, bench: Any, framework: str, recorded: Any = None
-) -> tuple[Any, Results]:
+    registry: Registry, name: CallName, results: Results, *, bench: Side, framework: str, recorded: Recorded | None = None
+) -> tuple[Verdict, Results]:
     """judge(); a call judged error whose outputs are sums of products is judged again
     with each element's terms' magnitude (run/terms.py: one more bench evaluation, only
     here); and a backward call still judged error without a reference run (by the
@@ -253,7 +291,7 @@ def judged_results(
     return verdict, results
 
 
-def _aligned(terms: Any, bench: Any) -> Any:
+def _aligned(terms: Value, bench: Value) -> Value:
     """The terms with the bench's structure: None where offline alignment left a
     gradient out of the comparison."""
     if isinstance(terms, tuple) and isinstance(bench, tuple) and len(terms) == len(bench):
@@ -261,15 +299,22 @@ def _aligned(terms: Any, bench: Any) -> Any:
     return terms
 
 
-def relabelled(verdict: Any, how: str) -> Any:
+def relabelled(verdict: Verdict, how: str) -> Verdict:
     """The verdict, its reference (and its outputs') saying how it was reached."""
     outputs = tuple(relabelled(output, how) for output in verdict.outputs)
     return dataclasses.replace(verdict, reference=f"{verdict.reference}, {how}", outputs=outputs)
 
 
 def _against_saved_in_device_dtype(
-    registry: Any, name: CallName, results: Results, bench: Any, framework: str, recorded: Any, terms: Any = None, groups: Any = None
-) -> tuple[Any, Results] | None:
+    registry: Registry,
+    name: CallName,
+    results: Results,
+    bench: Side,
+    framework: str,
+    recorded: Recorded | None,
+    terms: Value = None,
+    groups: torch.Tensor | None = None,
+) -> tuple[Verdict, Results] | None:
     """The verdict against replay.saved_in_device_dtype's bench, with those results, if
     it is not an error there, else None (the error against the plain bench stands)."""
     inputs = results.inputs
@@ -288,7 +333,7 @@ def _against_saved_in_device_dtype(
     return relabelled(verdict, f"forward results saved in {str(saved_in[1]).removeprefix('torch.')}"), again
 
 
-def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Any) -> tuple[Any, Any, str]:
+def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Framework) -> tuple[Side, Side, str]:
     """The dump's own outputs as the device; as the reference, the dump's framework on
     the CPU in the dump's dtypes (a MindSpore kernel is held to MindSpore's CPU kernel,
     not to torch's, as online). Which inputs a dumped gradient belongs to is read from
@@ -315,7 +360,14 @@ def align_offline(results: Results) -> Results:
     return results
 
 
-def judge(registry: Any, name: CallName, results: Results, recorded: Any = None, terms: Any = None, groups: Any = None) -> Any:
+def judge(
+    registry: Registry,
+    name: CallName,
+    results: Results,
+    recorded: Recorded | None = None,
+    terms: Value = None,
+    groups: torch.Tensor | None = None,
+) -> Verdict:
     """The verdict against the bench; against recorded baseline metrics when given,
     else against the reference run where there is one; conditioned on the elements'
     terms' magnitudes when given; the bias tests counting the groups of elements that

@@ -20,10 +20,10 @@ import dataclasses
 import hashlib
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 from unittest import mock
 
 import torch
@@ -42,6 +42,13 @@ from pytest_msprobe.run.apis import fixed_shape_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.run.replay import DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs, tree_map
 from pytest_msprobe.run.terms import term_magnitudes
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.standards import Registry, Verdict
+
+#: how exploration moves a floating input: (original, raised to the bench's dtype) -> moved
+Move: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 VALUES_SHOWN = 8  # a tensor of at most this many elements is shown whole
 
@@ -150,7 +157,7 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
     return dataclasses.replace(first, origins=[], notes=[f"{count}; none failed"])
 
 
-def _hypothesis_test(probe: Any, space: Neighbourhood, plan: Plan, key: str, label: str) -> Any:
+def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str) -> Value:
     """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's
     cost is its own), its database keyed by the dump and the call."""
     database = DirectoryBasedExampleDatabase(plan.database) if plan.database is not None else None
@@ -227,7 +234,7 @@ def _flaky(flaky: FlakyFailure, index: DumpIndex, name: CallName, plan: Plan) ->
 BIAS_TESTED = ("float16", "bfloat16", "float32", "float64")
 
 
-def without_bias_tests(registry: Any, api: str) -> Any:
+def without_bias_tests(registry: Registry, api: str) -> Registry:
     """The registry with `api`'s rounding-bias sign tests off (their z limit infinite).
 
     Those tests count element errors as independent. Explored inputs make them
@@ -247,7 +254,7 @@ def without_bias_tests(registry: Any, api: str) -> Any:
 EXCUSED_SENSITIVITY = 16
 
 
-def _conditioned(settings: Settings, name: CallName, replayed: Replayed, framework: str, verdict: Any) -> Any:
+def _conditioned(settings: Settings, name: CallName, replayed: Replayed, framework: str, verdict: Verdict) -> Verdict:
     """The verdict again, with each element's error excused up to EXCUSED_SENSITIVITY
     times its sensitivity to the inputs' rounding.
 
@@ -282,7 +289,7 @@ def _conditioned(settings: Settings, name: CallName, replayed: Replayed, framewo
     )
 
 
-def _largest_incoming(inputs: Any) -> float:
+def _largest_incoming(inputs: Value) -> float:
     """max(1, the largest |incoming gradient|): a backward multiplies its intermediates by
     it, a flushed one among them too (layer_norm's weight gradient sums g x_hat, and x_hat
     of subnormal inputs is subnormal itself)."""
@@ -290,7 +297,7 @@ def _largest_incoming(inputs: Any) -> float:
     return max([1.0, *(float(g.double().abs().nan_to_num(posinf=0.0, neginf=0.0).max()) for g in grads)])
 
 
-def _excused(device: Any, bench: Any, allowed: Any) -> Any:
+def _excused(device: Value, bench: Value, allowed: Value) -> Value:
     """The device's outputs with the error within `allowed` taken off (NaN stays NaN)."""
     if isinstance(device, (list, tuple)) and isinstance(bench, (list, tuple)) and isinstance(allowed, (list, tuple)):
         return tuple(_excused(d, b, a) for d, b, a in zip(device, bench, allowed, strict=False))
@@ -307,7 +314,7 @@ def _excused(device: Any, bench: Any, allowed: Any) -> Any:
     return (bench.double() + kept).to(device.dtype)
 
 
-def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Any | None:
+def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Value | None:
     """Element by element, in the bench's structure, the largest change of the bench's
     result when its inputs move as a correct kernel in D may move them: by a rounding,
     x (1 +- u) (u: D's unit roundoff) under a few random sign patterns, and with D's
@@ -319,7 +326,7 @@ def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Any
         return None
     unit = max(torch.finfo(dtype).eps for dtype in floats) / 2
     moves = [_rounded(unit, seed) for seed in range(SENSITIVITY_PATTERNS)] + [_flushed]
-    changes = [_change(name, replayed, framework, move) for move in moves]
+    changes = [_change(name, replayed, bench, framework, move) for move in moves]
     if any(change is None for change in changes):
         return None
     merged = changes[0]
@@ -333,7 +340,7 @@ def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Any
 SENSITIVITY_PATTERNS = 4
 
 
-def _rounded(unit: float, seed: int) -> Any:
+def _rounded(unit: float, seed: int) -> Move:
     """x (1 +- unit), signs at random: a rounding of every input."""
     generator = torch.Generator().manual_seed(seed)
 
@@ -349,11 +356,11 @@ def _flushed(original: torch.Tensor, raised: torch.Tensor) -> torch.Tensor:
     return torch.where(original.abs() < torch.finfo(original.dtype).smallest_normal, torch.zeros_like(raised), raised)
 
 
-def _change(name: CallName, replayed: Replayed, framework: str, move: Any) -> Any | None:
+def _change(name: CallName, replayed: Replayed, bench: Run, framework: str, move: Move) -> Value | None:
     """|bench(moved inputs) - bench(inputs)|, the inputs moved in the bench's precision."""
-    inputs, bench = replayed.results.inputs, replayed.bench
+    inputs = replayed.results.inputs
 
-    def moved(value: Any) -> Any:
+    def moved(value: Value) -> Value:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             return value
         return move(value, value.to(bench.placement.dtypes.get(value.dtype, value.dtype)))
@@ -370,7 +377,7 @@ def _change(name: CallName, replayed: Replayed, framework: str, move: Any) -> An
     return _pairwise(lambda a, b: (a.double() - b.double()).abs(), again, replayed.results.bench)
 
 
-def _pairwise(function: Any, left: Any, right: Any) -> Any:
+def _pairwise(function: Value, left: Value, right: Value) -> Value:
     """function(l, r) over two outputs of one structure (None where a side is not a
     floating tensor of the same shape)."""
     if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)) and len(left) == len(right):
@@ -404,7 +411,7 @@ def beyond_range(name: CallName, replayed: Replayed, framework: str) -> bool:
     floats = [leaf.tensor for leaf in results.inputs.leaves if leaf.tensor.is_floating_point()]
     finite = all(bool(torch.isfinite(tensor).all()) for tensor in floats)
 
-    def beyond(values: Any) -> bool:
+    def beyond(values: Value) -> bool:
         return any(_magnitude(value, finite) > largest for value in flat_outputs(values) if isinstance(value, torch.Tensor))
 
     if beyond(results.bench) or any(float(tensor.double().square().sum()) > largest for tensor in floats):
@@ -415,7 +422,7 @@ def beyond_range(name: CallName, replayed: Replayed, framework: str) -> bool:
     return name.direction == "backward" and beyond(_derivative(replayed, framework))
 
 
-def _derivative(replayed: Replayed, framework: str) -> tuple[Any, ...]:
+def _derivative(replayed: Replayed, framework: str) -> tuple[Value, ...]:
     """The gradients for unit incoming gradients: the derivative itself (a correct
     kernel computes it before it multiplies by the incoming gradient)."""
     inputs = replayed.results.inputs

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.record import OutputResult
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Json
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class Finding:
     path: str  # the output's path in the verdict's flatten order ("" for a lone output)
     fails: bool  # whether it makes the call an error
     text: str  # what was found and what it means, for the message and the output's reasons
-    columns: dict[str, Any]  # the output's columns in the metrics file
+    columns: dict[str, Json]  # the output's columns in the metrics file
 
     @property
     def reason(self) -> str:

@@ -15,7 +15,7 @@ that input; the rest are left out of the comparison, with the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +24,9 @@ from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext, decode
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, tensors_in, tree_map
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.values import Value
 
 DEVICE_LABEL = "dump (offline: the dumped outputs are the device result)"
 
@@ -47,7 +50,7 @@ class DumpedRun:
     max_elements: int
     graph_run: Run  # the call on the CPU in the dump's dtypes, to read its autograd node
 
-    def _recorded(self, key: str) -> list[Any]:
+    def _recorded(self, key: str) -> list[Value]:
         record = self.index.read_record(self.index.entry_of(str(self.name)))
         values = record.get(key)
         if not isinstance(values, list):
@@ -55,11 +58,11 @@ class DumpedRun:
         ctx = DecodeContext(self.index.tensor_dir, self.index.task, self.name.call, self.max_elements)
         return [decode(value, ctx, f"{self.name.direction}.{key}[{i}]") for i, value in enumerate(values)]
 
-    def forward(self, inputs: Inputs) -> Any:
+    def forward(self, inputs: Inputs) -> Value:
         outputs = self._recorded("output")
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
         dumped = self._recorded("output")
         edges = node_edges(self.graph_run, inputs, needs_grad)
         if len(edges) != len(dumped):
@@ -68,7 +71,7 @@ class DumpedRun:
                 f"{len(edges)} inputs: they cannot be paired with the call's inputs"
             )
         wanted = sum(needs_grad)
-        matched: list[Any] = [None] * wanted
+        matched: list[Value] = [None] * wanted
         for edge, grad in zip(edges, dumped, strict=False):
             if edge is not None and isinstance(grad, torch.Tensor):
                 matched[edge] = grad

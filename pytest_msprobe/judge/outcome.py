@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.findings import annotated, message_with, status_with
 from pytest_msprobe.judge.record import ResultRecord, output_results
 from pytest_msprobe.run import isolation
+
+if TYPE_CHECKING:
+    from pytest_msprobe.judge.call import CallResult, Settings
+    from pytest_msprobe.judge.record import OutputResult
 
 # The metrics each standard's verdict turns on: shown in JUnit properties, kept in baselines.
 KEY_METRICS = {
@@ -32,7 +36,9 @@ class CallFailed(Exception):
     """A call judged `error` (or a broken call): the message is the whole report."""
 
 
-def judge_call(index: DumpIndex, name: CallName, settings: Any, check: Callable[[], Any] | None = None, suffix: str = "") -> ResultRecord:
+def judge_call(
+    index: DumpIndex, name: CallName, settings: Settings, check: Callable[[], CallResult] | None = None, suffix: str = ""
+) -> ResultRecord:
     """Check one call and describe the result, whatever happened. `check` replaces
     the check of the dumped call (judge/explore.py's search around it); its record is
     named with `suffix` (`.explore`)."""
@@ -42,20 +48,22 @@ def judge_call(index: DumpIndex, name: CallName, settings: Any, check: Callable[
     started = time.perf_counter()
     label = f"{name}{suffix}"
     device = settings.backend.describe(settings.device_index)
-    base = {"dump": str(index.path), "call": label, "device": device}
+    dump = str(index.path)
     try:
         result = check() if check is not None else check_call(index, name, settings)
     except CallSkip as exc:
-        record = ResultRecord(status="skip", standard="", reference="", message=f"{label}: {exc}", **base)
+        record = ResultRecord(status="skip", standard="", reference="", message=f"{label}: {exc}", dump=dump, call=label, device=device)
     except CallError as exc:
-        record = ResultRecord(status="error", standard="", reference="", message=f"{label}: bad input: {exc}", **base)
+        record = ResultRecord(
+            status="error", standard="", reference="", message=f"{label}: bad input: {exc}", dump=dump, call=label, device=device
+        )
     except DeviceFailed as exc:
         message = (
             isolation.out_of_memory_text(index, name, exc, device)
             if isolation.is_out_of_memory(exc, settings.backend)
             else f"{label}: {exc}"
         )
-        record = ResultRecord(status="error", standard="", reference="", message=message, **base)
+        record = ResultRecord(status="error", standard="", reference="", message=message, dump=dump, call=label, device=device)
     else:
         verdict = result.verdict
         record = ResultRecord(
@@ -66,13 +74,15 @@ def judge_call(index: DumpIndex, name: CallName, settings: Any, check: Callable[
             outputs=annotated(output_results(verdict), result.findings),
             origins=result.origins,
             samples=result.samples,
-            **{**base, "device": result.device},
+            dump=dump,
+            call=label,
+            device=result.device,
         )
     record.duration = time.perf_counter() - started
     return record
 
 
-def _verdict_text(result: Any) -> str:
+def _verdict_text(result: CallResult) -> str:
     verdict = result.verdict
     notes = [f"  {note}" for note in result.notes]
     if verdict.status == "skip":
@@ -85,9 +95,9 @@ def _verdict_text(result: Any) -> str:
     return "\n".join(lines + notes)
 
 
-def properties(record: ResultRecord) -> list[tuple[str, Any]]:
+def properties(record: ResultRecord) -> list[tuple[str, object]]:
     """Flat (name, value) pairs: pytest's JUnit XML writes each as a <property>."""
-    pairs: list[tuple[str, Any]] = [
+    pairs: list[tuple[str, object]] = [
         ("msprobe_status", record.status),
         ("msprobe_standard", record.standard),
         ("msprobe_reference", record.reference),
@@ -101,7 +111,7 @@ def properties(record: ResultRecord) -> list[tuple[str, Any]]:
     return pairs
 
 
-def _worst_output(record: ResultRecord) -> Any:
+def _worst_output(record: ResultRecord) -> OutputResult | None:
     order = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
     return max(record.outputs, key=lambda output: order.get(output.status, 0), default=None)
 

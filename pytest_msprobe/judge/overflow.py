@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,12 +39,17 @@ from pytest_msprobe.judge.offline import node_edges
 from pytest_msprobe.run.replay import Inputs, Results, Run, needs_grad, tree_map
 from pytest_msprobe.standards.pairing import pair_leaves
 
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Json
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.replay import Side
+
 # Recorded statistics that say an output holds inf/NaN, in the order they are trusted.
 EXTREMES = ("Max", "Min")
 SUMS = ("Mean", "Norm")
 
 
-def overflow_findings(results: Results, bench: Any, direction: str, framework: str) -> list[Finding]:
+def overflow_findings(results: Results, bench: Side, direction: str, framework: str) -> list[Finding]:
     """A finding per dumped output that holds inf/NaN while every input is finite."""
     dumped = list(_flat(results.inputs.recorded_outputs or []))
     overflowed = {position: stats for position, stats in enumerate(map(_non_finite_stats, dumped)) if stats}
@@ -64,7 +69,7 @@ def overflow_findings(results: Results, bench: Any, direction: str, framework: s
     return findings
 
 
-def _flat(recorded: Any) -> Iterator[Any]:
+def _flat(recorded: Json) -> Iterator[Json]:
     """The recorded outputs in the order pair_leaves flattens the outputs."""
     if isinstance(recorded, list):
         for item in recorded:
@@ -76,7 +81,7 @@ def _flat(recorded: Any) -> Iterator[Any]:
         yield recorded
 
 
-def _non_finite_stats(value: Any) -> str:
+def _non_finite_stats(value: Json) -> str:
     """The recorded statistics of an output that say it holds inf/NaN ("Max=inf,
     Min=-inf"), or "" where it is finite (or not a recorded tensor)."""
     if not isinstance(value, dict) or not str(value.get("type", "")).endswith("Tensor"):
@@ -101,7 +106,7 @@ def _finite(inputs: Inputs) -> bool:
     return all(math.isfinite(value) for value in scalars)
 
 
-def _bench_outputs(results: Results, bench: Any, direction: str, framework: str, count: int) -> dict[int, tuple[str, Any]]:
+def _bench_outputs(results: Results, bench: Side, direction: str, framework: str, count: int) -> dict[int, tuple[str, Value]]:
     """Dumped output position -> (path, bench value). Forward outputs pair in order
     where their count matches; a backward's gradients through the autograd graph."""
     if direction == "forward":

@@ -4,7 +4,11 @@ read. It travels from xdist workers to the controller inside the test report."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Json, Record
+    from pytest_msprobe.standards import Verdict
 
 # The record (and test) of a call's exploration (judge/explore.py): `<call name>.explore`.
 EXPLORED_SUFFIX = ".explore"
@@ -27,7 +31,7 @@ class OutputResult:
     reasons: list[str]
     # columns of the checks beside the standards (judge/findings.py: nondeterministic_*,
     # overflow*) for the metrics file; empty where none found anything
-    findings: dict[str, Any] = field(default_factory=dict)
+    findings: dict[str, Json] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,9 +48,9 @@ class ResultRecord:
     duration: float = 0.0
     # Elements of some outputs for the HTML report's plots (judge/samples.py); empty,
     # and absent from to_dict, unless --msprobe-html asked for them.
-    samples: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Record] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Record:
         """Plain data for the report (dataclasses.asdict deep-copies: 5x slower here)."""
         data = {**vars(self), "outputs": [dict(vars(output)) for output in self.outputs], "origins": list(self.origins)}
         if not self.samples:
@@ -54,12 +58,12 @@ class ResultRecord:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ResultRecord:
+    def from_dict(cls, data: Record) -> ResultRecord:
         outputs = [OutputResult(**item) for item in data.get("outputs", [])]
         return cls(**{**data, "outputs": outputs})
 
 
-def output_results(verdict: Any) -> list[OutputResult]:
+def output_results(verdict: Verdict) -> list[OutputResult]:
     """The leaves of a Verdict, in the order the standards flattened them."""
     leaves = verdict.outputs or (verdict,)
     return [

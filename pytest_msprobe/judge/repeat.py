@@ -14,20 +14,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pytest_msprobe.judge.findings import Finding
-from pytest_msprobe.run.replay import DeviceFailed, Results, Run, step_for
+from pytest_msprobe.run.replay import DeviceFailed, Results, step_for
 from pytest_msprobe.standards.pairing import Leaf, Mismatch, pair_leaves
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.replay import Side
 
 # element size (bytes) -> the signed integer dtype its bits are viewed as
 BIT_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def repeat_findings(device: Run, results: Results, direction: str, framework: str, runs: int) -> list[Finding]:
+def repeat_findings(device: Side, results: Results, direction: str, framework: str, runs: int) -> list[Finding]:
     """--msprobe-repeat: run the device runs - 1 more times on the call's inputs and
     report every output whose bits differ from the first run's (whose verdict stands)."""
     if runs <= 1:
@@ -36,7 +40,7 @@ def repeat_findings(device: Run, results: Results, direction: str, framework: st
     return bit_differences(results.device, again, runs)
 
 
-def rerun(step: Callable[[Run], Any], device: Run, runs: int) -> list[Any]:
+def rerun(step: Callable[[Side], Value], device: Side, runs: int) -> list[Value]:
     """The device's outputs of runs 2..runs (the first is the replay's). The device
     raising now, after it ran once, is the call's error."""
     outputs = []
@@ -48,7 +52,7 @@ def rerun(step: Callable[[Run], Any], device: Run, runs: int) -> list[Any]:
     return outputs
 
 
-def bit_differences(first: Any, others: list[Any], runs: int) -> list[Finding]:
+def bit_differences(first: Value, others: list[Value], runs: int) -> list[Finding]:
     """Every output of `first` whose bits differ in any of `others` (runs in all), in
     flatten order."""
     paired = [{leaf.path: leaf for leaf in pair_leaves(first, other)} for other in others]
@@ -120,7 +124,7 @@ def _finding(path: str, text: str, runs: int, differing: int, max_abs: float, ma
     return Finding("nondeterministic", path, True, text, columns)
 
 
-def _tensor(value: Any) -> torch.Tensor:
+def _tensor(value: Value) -> torch.Tensor:
     """A leaf as pair_leaves gives it (a torch tensor, or numpy for integer, bool and
     complex values), as a torch tensor with the same bits."""
     return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))

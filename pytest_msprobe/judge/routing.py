@@ -11,16 +11,19 @@ never read. Checked once at start-up, a problem is one message that names it.
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.standards.dtypes import DTYPES
 from pytest_msprobe.standards.registry import FALLBACK, SHIPPED_STANDARDS
+
+if TYPE_CHECKING:
+    from pytest_msprobe.standards import Registry
 
 #: every threshold name a shipped standard reads (each floating dtype has all of them)
 SHIPPED_THRESHOLDS = frozenset(name for info in DTYPES.values() for name in info.defaults)
 
 
-def routing_problems(registry: Any) -> list[str]:
+def routing_problems(registry: Registry) -> list[str]:
     """What in the registry's routes and threshold overrides cannot work, one line each.
 
     A threshold of an API routed to a standard registered by a conftest.py may have any

@@ -26,19 +26,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from pytest_msprobe.standards.dtypes import Array
+    import torch
+
+    from pytest_msprobe.dump.index import Record
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.standards import Verdict
+    from pytest_msprobe.standards.dtypes import Array, DtypeInfo
+    from pytest_msprobe.standards.pairing import Leaf
+
+#: a leaf's values, flat: torch or numpy, in their own dtype (read a chunk at a time)
+Flat: TypeAlias = "torch.Tensor | Array"
 
 SAMPLE_SIZE = 1024
 HEATMAP_CELLS = 48
 CHUNK = 1 << 20  # elements converted to float64 at a time
 
 
-def element_samples(bench: Any, device: Any, verdict: Any, statuses: Iterable[str]) -> list[dict[str, Any]]:
+def element_samples(bench: Value, device: Value, verdict: Verdict, statuses: Iterable[str]) -> list[Record]:
     """A sample of each output whose verdict's status is in `statuses`, in the order of
     the verdict's outputs (the standards pair the leaves in this same order)."""
     from pytest_msprobe.standards.pairing import Leaf, pair_leaves
@@ -52,7 +61,7 @@ def element_samples(bench: Any, device: Any, verdict: Any, statuses: Iterable[st
     ]
 
 
-def output_sample(leaf: Any, verdict: Any) -> dict[str, Any]:
+def output_sample(leaf: Leaf, verdict: Verdict) -> Record:
     """The sample of one paired leaf (standards.pairing.Leaf) judged by `verdict`."""
     from pytest_msprobe.standards.dtypes import dtype_info, is_float_name
 
@@ -84,7 +93,7 @@ def sample_indices(size: int) -> Array:
     return np.sort(np.random.default_rng(size).choice(size, SAMPLE_SIZE, replace=False))
 
 
-def scaled_errors(bench: Array, device: Array, info: Any, rms: float) -> Array:
+def scaled_errors(bench: Array, device: Array, info: DtypeInfo, rms: float) -> Array:
     """|d - b| in ULPs of D at max(|b|, rms) (the single-run rule's scale); an inf/NaN
     that the bench rounded to D shares is no error, any other is infinite."""
     from pytest_msprobe.standards.metrics import round_to_dtype, ulp_of
@@ -99,7 +108,7 @@ def scaled_errors(bench: Array, device: Array, info: Any, rms: float) -> Array:
     return errors
 
 
-def heatmap(bench: Any, device: Any, shape: tuple[int, ...], info: Any, rms: float) -> dict[str, Any]:
+def heatmap(bench: Flat, device: Flat, shape: tuple[int, ...], info: DtypeInfo, rms: float) -> Record:
     """The largest scaled error in each cell of a grid over (rows, last dimension)."""
     cols = shape[-1]
     rows = math.prod(shape) // cols
@@ -138,19 +147,19 @@ def _fold_row_piece(cells: Array, values: Array, column: int, col_starts: Array)
     np.maximum(cells[first : last + 1], np.maximum.reduceat(values, cuts), out=cells[first : last + 1])
 
 
-def _flat(values: Any) -> Any:
+def _flat(values: Array | torch.Tensor) -> Flat:
     """A flat view (torch or numpy, own dtype) of a leaf's values."""
     return values.detach().reshape(-1) if hasattr(values, "detach") else np.asarray(values).reshape(-1)
 
 
-def _chunk(flat: Any, start: int, stop: int) -> Array:
+def _chunk(flat: Flat, start: int, stop: int) -> Array:
     import torch
 
     part = flat[start:stop]
     return part.to(torch.float64).numpy() if isinstance(part, torch.Tensor) else np.asarray(part, dtype=np.float64)
 
 
-def _gather(flat: Any, indices: Array) -> Array:
+def _gather(flat: Flat, indices: Array) -> Array:
     import torch
 
     if isinstance(flat, torch.Tensor):
@@ -158,7 +167,7 @@ def _gather(flat: Any, indices: Array) -> Array:
     return np.asarray(flat[indices], dtype=np.float64)
 
 
-def _rms(flat: Any, size: int) -> float:
+def _rms(flat: Flat, size: int) -> float:
     """RMS of the finite values, CHUNK at a time."""
     total, count = 0.0, 0
     for start in range(0, size, CHUNK):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _pytest.pathlib import bestrelpath
@@ -71,7 +70,7 @@ class BaselinePlugin:
             recorded.calls.update({(key(dump), call): metrics for (dump, call), metrics in self.current.items()})
             recorded.write(self.judged_by)
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         recorded = session_state(self.config).baseline
         if recorded is None or hasattr(self.config, "workerinput"):
             return

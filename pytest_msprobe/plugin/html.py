@@ -12,7 +12,7 @@ registered: the run costs what it did.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 from _pytest.pathlib import bestrelpath
@@ -20,13 +20,16 @@ from _pytest.pathlib import bestrelpath
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
 
+if TYPE_CHECKING:
+    from pytest_msprobe.plugin.reports import ReportPlugin
+
 TITLE_DUMPS = 3
 
 
 class HtmlPlugin:
-    def __init__(self, config: pytest.Config, reports: Any) -> None:
+    def __init__(self, config: pytest.Config, reports: ReportPlugin) -> None:
         self.config = config
-        self.reports = reports  # plugin.reports.ReportPlugin: its writer holds the run's files
+        self.reports = reports  # its writer holds the run's files
         base = Path(config.invocation_params.dir)
         self.target = base / options.get(config, "msprobe_html")
         scripts = options.get(config, "msprobe_scripts")
@@ -52,13 +55,14 @@ class HtmlPlugin:
             self.problem = f"{type(exc).__name__}: {exc}"
 
     @pytest.hookimpl(trylast=True)  # after the msprobe summary
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.written is not None:
             terminalreporter.write_line(f"msprobe html report: {self.written}")
         elif self.problem:
             terminalreporter.write_line(
                 f"msprobe html report: not written ({self.problem}); rebuild it with "
-                f"msprobe-report {self.reports.writer.files.folder} -o {self.target}",
+                # problem is set only where the writer wrote (pytest_sessionfinish)
+                f"msprobe-report {self.reports.writer.files.folder} -o {self.target}",  # type: ignore[union-attr]
                 red=True,
             )
 

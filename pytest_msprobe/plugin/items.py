@@ -11,7 +11,7 @@ import functools
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pytest
 
@@ -25,7 +25,12 @@ from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.run.mindspore.tables import require_mindspore
 
 if TYPE_CHECKING:
-    from _pytest._code.code import TerminalRepr
+    import os
+
+    from _pytest._code.code import TerminalRepr, TracebackStyle
+
+    from pytest_msprobe.dump.cache import DumpSummary
+    from pytest_msprobe.judge.explore import Plan
 
 RESULT_KEY = pytest.StashKey[ResultRecord]()
 #: the name of the one test a dump that cannot be checked gets: `<dump.json>::collection`
@@ -41,7 +46,15 @@ def _mark(name: str) -> pytest.MarkDecorator:
     return getattr(pytest.mark, name)
 
 
-def open_dump(config: pytest.Config, path: Path, summary: bool = False) -> Any:
+@overload
+def open_dump(config: pytest.Config, path: Path, summary: Literal[False] = False) -> DumpIndex: ...
+
+
+@overload
+def open_dump(config: pytest.Config, path: Path, summary: bool) -> DumpIndex | DumpSummary: ...
+
+
+def open_dump(config: pytest.Config, path: Path, summary: bool = False) -> DumpIndex | DumpSummary:
     """The dump's index (with `summary`: what its current cache says of it, where it has
     one: the xdist controller's summary line needs no columns), or DumpError saying why
     this run cannot check the dump."""
@@ -88,6 +101,7 @@ class CallItem(pytest.Item):
     """One dumped call: its dump's index and its position there (scheduling reads its
     size from the index columns; no lookup by name while collecting)."""
 
+    # Any: pytest.Item's own keyword arguments (name, parent, ...), passed on as they are
     def __init__(self, *, index: DumpIndex, position: int, markers: tuple[str, ...], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.index = index
@@ -131,12 +145,12 @@ class CallItem(pytest.Item):
         if record.status == "warning":
             warnings.warn(AccuracyWarning(record.message), stacklevel=1)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | TerminalRepr:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: TracebackStyle | None = None) -> str | TerminalRepr:
         if isinstance(excinfo.value, CallFailed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
+    def reportinfo(self) -> tuple[os.PathLike[str] | str, int | None, str]:
         return self.path, None, headline(self.nodeid, str(self.call))
 
 
@@ -145,7 +159,7 @@ class ExploreItem(CallItem):
     (judge/explore.py). Selected with its call: the lists, dedup, shards and -k see the
     same call."""
 
-    def __init__(self, *, examples: int, **kwargs: Any) -> None:
+    def __init__(self, *, examples: int, **kwargs: Any) -> None:  # Any: CallItem's
         super().__init__(**kwargs)
         self.examples = examples
 
@@ -157,7 +171,7 @@ class ExploreItem(CallItem):
     def timeout_factor(self) -> int:  # type: ignore[override]
         return 2 * self.examples  # each example, and as many again for shrinking a failure
 
-    def plan(self) -> Any:
+    def plan(self) -> Plan:
         from pytest_msprobe.judge.explore import Plan
 
         out = options.out_folder(self.config)
@@ -199,17 +213,17 @@ class UncheckedDump(pytest.Item):
     """The one test of a dump this run cannot check: it fails with the reason, and the
     other dumps of the run go on."""
 
-    def __init__(self, *, problem: str, **kwargs: Any) -> None:
+    def __init__(self, *, problem: str, **kwargs: Any) -> None:  # Any: pytest.Item's
         super().__init__(**kwargs)
         self.problem = problem
 
     def runtest(self) -> None:
         raise CallFailed(f"{self.problem}\n(no call of this dump was checked; the other dumps of the run were)")
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: TracebackStyle | None = None) -> str:
         return str(excinfo.value)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
+    def reportinfo(self) -> tuple[os.PathLike[str] | str, int | None, str]:
         return self.path, None, f"{self.path.name}: not checked"
 
 

@@ -22,7 +22,7 @@ class Option:
     name: str  # the ini name; the flag is --msprobe-<name with dashes>
     help: str
     kind: str = "string"  # "string", "bool", "path" (one file or folder), "paths" (repeatable)
-    default: Any = None
+    default: Any = None  # Any: of the option's kind (a str, a bool, a list), as parser.addini takes it
 
     @property
     def described(self) -> str:
@@ -126,7 +126,7 @@ def add_options(parser: pytest.Parser) -> None:
             parser.addini(option.name, option.described, default=option.default)
 
 
-def get(config: pytest.Config, name: str) -> Any:
+def get(config: pytest.Config, name: str) -> Any:  # Any: of the option's kind (a str, bool or list of paths)
     """The flag when given, else the ini value (whose default is the option's)."""
     value = config.getoption(name)
     return value if value is not None else config.getini(name)

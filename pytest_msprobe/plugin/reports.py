@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -50,6 +50,9 @@ from pytest_msprobe.results.writer import (
 )
 
 if TYPE_CHECKING:
+    from xdist.workermanage import WorkerController
+
+    from pytest_msprobe.dump.index import Record
     from pytest_msprobe.plugin.items import CallItem
 
 # pytest_msprobe.plugin.items is imported where it is used, as plugin/__init__.py does: the node classes
@@ -172,7 +175,7 @@ class ReportPlugin:
         return [f"msprobe: deselected {count} calls: {reason}" for reason, count in sorted(self.left_out.items())]
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+    def pytest_xdist_node_collection_finished(self, node: WorkerController, ids: list[str]) -> None:
         self.selected = len(ids)
 
     def _signature(self, dump: Path, name: CallName) -> str:
@@ -182,7 +185,9 @@ class ReportPlugin:
     # --- results: made where the test runs, written by the single writer -----------
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         from pytest_msprobe.plugin.items import RESULT_KEY, CallItem
 
         report = yield
@@ -248,7 +253,7 @@ class ReportPlugin:
             record_session(self.writer.files, self.config, self.started_at, time.monotonic() - self.summary.started)
         session.exitstatus = result_set_status(session.exitstatus, self.summary, self.options.strict)
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.writes:
             return
         paths = []
@@ -262,7 +267,7 @@ class ReportPlugin:
             terminalreporter.write_line(line)
 
 
-def record_data(attached: Any) -> dict[str, Any] | None:
+def record_data(attached: Record | str | None) -> Record | None:
     """A report's record as attached (REPORT_ATTRIBUTE): a dict, or a worker's JSON string."""
     return json.loads(attached) if isinstance(attached, str) else attached
 
@@ -293,7 +298,7 @@ def record_session(files: RunFiles, config: pytest.Config, started: str, duratio
     write_sessions(files, [*read_sessions(files), session])
 
 
-def _crashed(item: Any, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:
+def _crashed(item: CallItem, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:
     """The record of a test whose check raised instead of returning one."""
     excinfo = call.excinfo
     cause = f"{excinfo.type.__name__}: {excinfo.value}" if excinfo else "no result was recorded"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 from _pytest.pathlib import bestrelpath
@@ -14,6 +14,11 @@ from pytest_msprobe.dump.cache import ensure_cached
 from pytest_msprobe.plugin import options, scheduling, workers
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.run import isolation
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from xdist.workermanage import WorkerController
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
+def pytest_xdist_setupnodes(config: pytest.Config, specs: Sequence[object]) -> None:
     if RANKS_KEY in config.stash:
         config.stash[RANKS_KEY].expected = len(specs)
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
+def pytest_configure_node(node: WorkerController) -> None:
     """Before the worker's session starts: its host and its rank there, in its
     workerinput; once every worker is placed, the line that says where they run."""
     config = node.config
@@ -85,7 +90,7 @@ def pytest_configure_node(node: Any) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
+def pytest_testnodedown(node: WorkerController, error: object) -> None:
     """A worker finished (its environment, for the run's record) or died (its rank
     goes to the worker that replaces it)."""
     config = node.config
@@ -120,7 +125,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_unconfigure(config: pytest.Config) -> Generator[None, Any, Any]:
+def pytest_unconfigure(config: pytest.Config) -> Generator[None, None, None]:
     """An xdist worker in a process of its own ends it once every plugin is unconfigured,
     its results sent (isolation.end_process): the controller waits for each worker's exit."""
     result = yield
@@ -172,7 +177,7 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """A call past its timeout, or out of memory outside the device run (decoding its
     inputs, the bench), errors with its own record; the run goes on."""
     from pytest_msprobe.judge import outcome
@@ -203,7 +208,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: object) -> None:
     """xdist reports a call whose worker died with when="???" and no record; give it
     the call's error record, so that the result files hold it like any other."""
     from pytest_msprobe.judge import outcome

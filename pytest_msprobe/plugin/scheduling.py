@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -26,16 +26,26 @@ import pytest
 CALL_OVERHEAD_ELEMENTS = 100_000
 
 
-def weight(item: Any) -> int:
+class Weighed(Protocol):
+    """A scheduled item: a call with its elements (plugin/items.py's CallItem)."""
+
+    @property
+    def numel(self) -> int: ...
+
+
+_W = TypeVar("_W", bound=Weighed)
+
+
+def weight(item: Weighed) -> int:
     return item.numel + CALL_OVERHEAD_ELEMENTS
 
 
-def heavy_first(items: Sequence[Any]) -> list[Any]:
+def heavy_first(items: Sequence[_W]) -> list[_W]:
     """Heaviest first; equal weights keep the dump's order."""
     return [item for _, item in _by_weight(items)]
 
 
-def worksteal_blocks(items: Sequence[Any], workers: int) -> list[Any]:
+def worksteal_blocks(items: Sequence[_W], workers: int) -> list[_W]:
     """One block per worker, of the sizes xdist's worksteal gives them (len // workers
     for the first, the remainder spread over the last), filled greedily heaviest call
     to lightest block; each block heavy-first, so what is stolen from its tail is light."""
@@ -43,7 +53,7 @@ def worksteal_blocks(items: Sequence[Any], workers: int) -> list[Any]:
     for remaining in range(max(workers, 1), 0, -1):
         sizes.append(left // remaining)
         left -= sizes[-1]
-    blocks: list[list[Any]] = [[] for _ in sizes]
+    blocks: list[list[_W]] = [[] for _ in sizes]
     open_blocks = [(0, block) for block, size in enumerate(sizes) if size]
     heapq.heapify(open_blocks)
     for cost, item in _by_weight(items):
@@ -54,7 +64,7 @@ def worksteal_blocks(items: Sequence[Any], workers: int) -> list[Any]:
     return [item for block in blocks for item in block]
 
 
-def _by_weight(items: Sequence[Any]) -> list[tuple[int, Any]]:
+def _by_weight(items: Sequence[_W]) -> list[tuple[int, _W]]:
     weighted = [(weight(item), item) for item in items]
     weighted.sort(key=lambda pair: -pair[0])  # stable: equal weights keep the dump's order
     return weighted

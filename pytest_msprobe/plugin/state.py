@@ -19,6 +19,13 @@ import pytest
 
 from pytest_msprobe.plugin import options
 
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Record
+    from pytest_msprobe.judge.baseline import Baseline
+    from pytest_msprobe.judge.call import Settings
+    from pytest_msprobe.run.devices import Backend
+    from pytest_msprobe.standards import Registry
+
 if TYPE_CHECKING:  # the index (numpy) is imported only when a dump is collected
     from pytest_msprobe.dump.index import DumpIndex
 
@@ -40,9 +47,9 @@ class SessionState:
     only_dump_calls: bool | None = None
     # the xdist controller: each worker's device label and environment, as reported
     worker_devices: dict[str, str] = field(default_factory=dict)
-    worker_environment: dict[str, Any] | None = None
-    _settings: Any = None
-    _baseline: Any = _UNREAD
+    worker_environment: Record | None = None
+    _settings: Settings | None = None
+    _baseline: Any = _UNREAD  # Any: a Baseline, None, or _UNREAD until read (see baseline)
 
     @property
     def runs_calls(self) -> bool:
@@ -56,6 +63,8 @@ class SessionState:
         return bool(options.get(self.config, "msprobe_offline"))
 
     @property
+    # Any: a Baseline or None, whose str-typed dump keys plugin/baselines.py calls with the
+    # None key of calls outside any dump
     def baseline(self) -> Any:
         """The recorded metrics to judge against (judge.baseline.Baseline), or None;
         read once per process."""
@@ -91,7 +100,7 @@ class SessionState:
                 raise
             self.problem = str(exc)
 
-    def settings(self) -> Any:
+    def settings(self) -> Settings:
         """Built once per process that runs calls; a problem with the device or an
         option's file is a usage error that tells the user what to fix."""
         if self._settings is None:
@@ -130,7 +139,7 @@ class SessionState:
         return dict(self.worker_environment.get("versions", {}))
 
 
-def _backend(config: pytest.Config) -> tuple[Any, int]:
+def _backend(config: pytest.Config) -> tuple[Backend, int]:
     """The backend, with this process's device (its xdist worker's share) selected."""
     from pytest_msprobe.plugin.workers import place_worker
     from pytest_msprobe.run.devices import DeviceUnavailable, backend
@@ -149,7 +158,7 @@ def _custom_routes(config: pytest.Config) -> bool:
     return bool(options.path(config, "msprobe_standards")) or bool(config.hook.pytest_msprobe_register_standards.get_hookimpls())
 
 
-def _registry(config: pytest.Config) -> Any:
+def _registry(config: pytest.Config) -> Registry:
     """The shipped standards tables, the user's file over them, then conftest hooks;
     checked before any call is judged (judge.routing)."""
     from pytest_msprobe.judge.routing import routing_problems
@@ -181,7 +190,7 @@ def _register_bench_functions(config: pytest.Config) -> None:
     hook(registry=bench_functions.default_registry)
 
 
-def _recorded_metrics(config: pytest.Config, dumps: list[Path]) -> Any:
+def _recorded_metrics(config: pytest.Config, dumps: list[Path]) -> Baseline | None:
     """A baseline folder and/or an msprobe details CSV: metrics to judge against. The
     baseline's dumps are matched with this run's by identity; the controller warns
     about a dump the baseline does not know (judge.baseline.DumpMatch)."""

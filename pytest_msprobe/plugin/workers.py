@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_msprobe.plugin import options
+
+if TYPE_CHECKING:
+    from xdist.workermanage import WorkerController
+
+    from pytest_msprobe.run.devices import Backend
 
 # workerinput keys the controller sets for each worker (HostRanks.place)
 HOST_KEY, HOST_NAME, HOST_RANK = "msprobe_host", "msprobe_host_name", "msprobe_host_rank"
@@ -57,7 +62,7 @@ def worker_count(config: pytest.Config) -> int:
     return int(workerinput["workercount"]) if workerinput else 1
 
 
-def device_ids(config: pytest.Config, backend: Any) -> list[int]:
+def device_ids(config: pytest.Config, backend: Backend) -> list[int]:
     return parse_device_ids(options.get(config, "msprobe_devices"), backend)
 
 
@@ -75,7 +80,7 @@ def parse_device_list(raw: str | None) -> list[int] | None:
     return ids
 
 
-def parse_device_ids(raw: str | None, backend: Any) -> list[int]:
+def parse_device_ids(raw: str | None, backend: Backend) -> list[int]:
     """The ids of --msprobe-devices, checked against the devices the backend sees;
     every visible device by default."""
     from pytest_msprobe.run.devices import ACCELERATORS
@@ -157,7 +162,7 @@ class HostRanks:
     unanswered: dict[str, str] = field(default_factory=dict)  # worker id -> why its host could not say who it is
     shown: bool = False
 
-    def place(self, node: Any) -> None:
+    def place(self, node: WorkerController) -> None:
         """Ask the new worker's host who it is (a popen worker's is the controller's own)
         and give the worker the lowest rank free on that host, in its workerinput. A
         gateway that cannot answer is taken to run on the controller's host (one machine
@@ -202,7 +207,7 @@ class HostRanks:
         return [(name, workers) for (_, name), workers in grouped.items()]
 
 
-def place_worker(config: pytest.Config, backend: Any) -> int:
+def place_worker(config: pytest.Config, backend: Backend) -> int:
     """This process's device index, and its torch and BLAS threads, set before torch
     starts its pools (see replay_threads)."""
     import torch
@@ -298,7 +303,7 @@ def prefer_worksteal(config: pytest.Config) -> None:
 SHOWN_PER_HOST = 8
 
 
-def layout(config: pytest.Config, backend: Any) -> str:
+def layout(config: pytest.Config, backend: Backend) -> str:
     """The report header's line where this process knows the backend (a run without
     xdist, or `--collect-only` with -n): which worker would replay on which device, all
     on this host."""

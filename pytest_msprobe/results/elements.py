@@ -14,11 +14,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
 from pytest_msprobe.judge.record import OutputResult
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Record
+    from pytest_msprobe.standards.dtypes import DtypeInfo
+
+#: an output's metrics or thresholds, by name (judge/record.py's OutputResult)
+Metrics: TypeAlias = dict[str, float]
 
 TOLERANCE_POINTS = 64
 ULP_FLOOR = 2.0**-6  # histogram: smaller ULP errors (exact elements too) fall in its first bin
@@ -35,8 +42,8 @@ class PlotData:
     worst_magnitude: np.ndarray  # the standard's worst elements (finite ones)
     worst_error: np.ndarray
     tolerance: tuple[np.ndarray, np.ndarray] | None  # (|bench|, largest allowed error)
-    ulp_counts: np.ndarray | None  # histogram of the errors in ULPs of the device dtype
-    ulp_edges: np.ndarray | None
+    ulp_counts: np.ndarray  # histogram of the errors in ULPs of the device dtype
+    ulp_edges: np.ndarray
     ulp_limit: float | None  # the ULP standard's threshold, a vertical line
     dtype: str
     grid: np.ndarray | None  # heatmap cells (rows x cols), largest scaled ULP error
@@ -50,7 +57,7 @@ class Tolerance:
     text: str
 
 
-def plot_data(output: OutputResult, sample: dict[str, Any]) -> PlotData | None:
+def plot_data(output: OutputResult, sample: Record) -> PlotData | None:
     """The plots of a sampled output, or None where there is nothing to draw (an
     integer output keeps only its worst elements)."""
     from pytest_msprobe.standards.dtypes import dtype_info
@@ -99,7 +106,7 @@ def ulp_histogram(ulps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return counts, edges
 
 
-def caption(output: OutputResult, sample: dict[str, Any], data: PlotData) -> str:
+def caption(output: OutputResult, sample: Record, data: PlotData) -> str:
     """What the figure shows, in words: the sample, the tolerance line, the bins."""
     size = math.prod(output.shape) if output.shape else 1
     taken = len(sample.get("flat", ()))
@@ -146,13 +153,13 @@ def _curve_points(tolerance: Tolerance, magnitude: np.ndarray, worst_bench: np.n
     return xs, tolerance.curve(xs)
 
 
-def _ulps_at(info: Any, x: np.ndarray) -> np.ndarray:
+def _ulps_at(info: DtypeInfo, x: np.ndarray) -> np.ndarray:
     from pytest_msprobe.standards.metrics import ulp_of
 
     return ulp_of(np.asarray(x, dtype=np.float64), info)
 
 
-def _absolute_threshold(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
+def _absolute_threshold(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, rms: float) -> Tolerance:
     rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
     text = f"dashed: rel_err {rtol:.3g} above |bench| {small:.3g}, abs_err {atol:.3g} below"
     if "sr_abs_ulp" not in thresholds:
@@ -166,7 +173,7 @@ def _absolute_threshold(thresholds: dict, metrics: dict, info: Any, rms: float) 
     return Tolerance(curve, text + f", or {ulps:g} ULP of {info.name} at max(|bench|, {floor:.3g} x rms) (all elements must be within)")
 
 
-def _accumulative_error(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
+def _accumulative_error(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, rms: float) -> Tolerance:
     bound, small = thresholds["bound"], thresholds["small"]
     return Tolerance(
         lambda x: np.where(x > small, bound * x, bound),
@@ -175,14 +182,14 @@ def _accumulative_error(thresholds: dict, metrics: dict, info: Any, rms: float) 
     )
 
 
-def _ulp(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
+def _ulp(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, rms: float) -> Tolerance:
     limit, share = thresholds["ulp_threshold"], thresholds["ulp_prop_max"]
     return Tolerance(
         lambda x: limit * _ulps_at(info, x), f"dashed: {limit:g} ULP of {info.name} (at most a share {share:.3g} of elements above it)"
     )
 
 
-def _thousandth(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
+def _thousandth(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, rms: float) -> Tolerance:
     share = thresholds["rel_err_thousandth"]
     text = f"dashed: rel_err 0.001 (a share {share:.4g} of elements must be within)"
     if "sr_thousandth_ulp" not in thresholds:
@@ -194,7 +201,7 @@ def _thousandth(thresholds: dict, metrics: dict, info: Any, rms: float) -> Toler
     )
 
 
-def _benchmark(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolerance:
+def _benchmark(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, rms: float) -> Tolerance:
     if "sr_max_scaled_ulp" in thresholds:
         limit = thresholds["sr_max_scaled_ulp"]
         return Tolerance(
@@ -214,7 +221,7 @@ def _benchmark(thresholds: dict, metrics: dict, info: Any, rms: float) -> Tolera
 
 
 # standard -> its tolerance from (thresholds, metrics, device dtype info, rms of the bench)
-TOLERANCES: dict[str, Callable[[dict, dict, Any, float], Tolerance]] = {
+TOLERANCES: dict[str, Callable[[Metrics, Metrics, DtypeInfo, float], Tolerance]] = {
     "absolute_threshold": _absolute_threshold,
     "accumulative_error": _accumulative_error,
     "ulp": _ulp,

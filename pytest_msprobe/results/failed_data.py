@@ -17,24 +17,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.record import ResultRecord
 
+if TYPE_CHECKING:
+    import torch
 
-def flat_tensors(value: Any, prefix: str = "") -> dict[str, Any]:
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.judge.call import Settings
+
+
+def flat_tensors(value: Value, prefix: str = "") -> dict[str, torch.Tensor]:
     """Every tensor in a nested structure, by its path (`prefix.0.weight`), as a
     detached contiguous CPU torch tensor."""
 
-    def join(path: str, key: Any) -> str:
+    def join(path: str, key: object) -> str:
         return f"{path}.{key}" if path else str(key)
 
     import numpy
     import torch
 
-    found: dict[str, Any] = {}
+    found: dict[str, torch.Tensor] = {}
     stack = [(prefix, value)]
     while stack:
         path, item = stack.pop()
@@ -49,7 +55,9 @@ def flat_tensors(value: Any, prefix: str = "") -> dict[str, Any]:
     return dict(sorted(found.items()))
 
 
-def save_failed_call(folder: Path, index: DumpIndex, name: CallName, settings: Any, record: ResultRecord, label: str | None = None) -> Path:
+def save_failed_call(
+    folder: Path, index: DumpIndex, name: CallName, settings: Settings, record: ResultRecord, label: str | None = None
+) -> Path:
     """Write the call's folder (named `label`, else the call) and return it. A call that
     cannot be decoded or run again still gets its call.json, with the reason its tensors
     are missing."""
@@ -60,7 +68,7 @@ def save_failed_call(folder: Path, index: DumpIndex, name: CallName, settings: A
 
     target = folder / (label or str(name))
     target.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, dict[str, Any]] = {}
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
     missing = ""
     try:
         results = replay_call(index, name, settings).results  # offline: the dump's outputs are the device's

@@ -33,13 +33,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.baseline import Baseline, CallMetrics, Change, compare
 from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
 from pytest_msprobe.results.summary import STATUSES, badness, failing_metric
 from pytest_msprobe.results.writer import Entry
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Json, Record
 
 PAGE_ROWS = 500  # table rows drawn at once; "show more" draws more
 DEVICE_KINDS = ("cpu", "cuda", "npu")  # a record's device label starts with its --msprobe-device
@@ -159,7 +162,7 @@ def _summary(records: list[ResultRecord]) -> str:
 
 
 # environment row -> where the run file's environment has it
-ENVIRONMENT_ROWS: tuple[tuple[str, Callable[[dict], Any]], ...] = (
+ENVIRONMENT_ROWS: tuple[tuple[str, Callable[[Record], Json]], ...] = (
     ("device", lambda env: env.get("device")),
     ("torch", lambda env: env.get("versions", {}).get("torch")),
     ("torch_npu", lambda env: env.get("versions", {}).get("torch_npu")),
@@ -187,7 +190,7 @@ def _environment(sessions: Sequence[dict]) -> str:
 TABLE_COLUMNS = ("call", "direction", "status", "standard", "dtype", "key metrics", "why", "reference", "ms")
 
 
-def _table_rows(records: list[ResultRecord], anchors: dict[int, str]) -> dict[str, Any]:
+def _table_rows(records: list[ResultRecord], anchors: dict[int, str]) -> Record:
     """Rows as compact JSON for the page's script: repeated words once, in `strings`."""
     strings: dict[str, int] = {}
 
@@ -510,11 +513,11 @@ def _trend(record: ResultRecord, baselines: list[tuple[str, BaselineIndex]]) -> 
 # --- text ------------------------------------------------------------------------------
 
 
-def _e(value: Any) -> str:
+def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def packed_json(data: Any) -> str:
+def packed_json(data: Json) -> str:
     """JSON, gzipped and in base64, which the page unpacks (DecompressionStream): the
     rows of 20,000 calls are 2-3 MB of JSON, a fifth of that packed. Base64 cannot end
     its <script> element early; the fixed mtime keeps a report reproducible."""

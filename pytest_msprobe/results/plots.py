@@ -30,7 +30,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
+    from matplotlib.collections import PathCollection
+    from matplotlib.colorbar import Colorbar
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import StepPatch
     from matplotlib.typing import RcKeyType
+
+    from pytest_msprobe.results.elements import PlotData
 
 SVG_RC: dict[RcKeyType, Any] = {  # Any: rc values are of each key's own type
     "svg.fonttype": "none",  # text as text: small, selectable
@@ -53,20 +63,20 @@ DECIMALS = re.compile(r"(\d\.\d)\d+")
 class Canvas:
     """A figure made once per layout and reused: its axes and the artists updated."""
 
-    figure: Any
-    scatter: Any
-    points: Any
-    worst: Any
-    tolerance: Any
-    histogram: Any
-    bars: Any
-    ulp_limit: Any
-    heatmap: Any = None
-    image: Any = None
-    colorbar: Any = None
+    figure: Figure
+    scatter: Axes
+    points: PathCollection
+    worst: PathCollection
+    tolerance: Line2D
+    histogram: Axes
+    bars: StepPatch
+    ulp_limit: Line2D
+    heatmap: Axes | None = None
+    image: AxesImage | None = None
+    colorbar: Colorbar | None = None
 
 
-def render(data: Any) -> str:
+def render(data: PlotData) -> str:
     """An SVG document of one output's plots (elements.PlotData)."""
     import matplotlib
 
@@ -81,7 +91,7 @@ def render(data: Any) -> str:
     return buffer.getvalue()
 
 
-def render_all(datas: Sequence[Any]) -> list[str]:
+def render_all(datas: Sequence[PlotData]) -> list[str]:
     """render() of each, in order. A figure costs ~30 ms of Python in matplotlib, so
     on a machine of MIN_CPUS or more, many figures are shared out among processes; a
     pool that cannot start or breaks leaves the figures to this process."""
@@ -91,7 +101,7 @@ def render_all(datas: Sequence[Any]) -> list[str]:
     return rendered if rendered is not None else [render(data) for data in datas]
 
 
-def _in_processes(datas: Sequence[Any], processes: int) -> list[str] | None:
+def _in_processes(datas: Sequence[PlotData], processes: int) -> list[str] | None:
     """render() of each by a pool of `processes`; None if the pool cannot start or breaks."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -165,7 +175,7 @@ def _canvas(with_heatmap: bool) -> Canvas:
     return canvas
 
 
-def _heatmap_axes(canvas: Canvas, heatmap: Any) -> None:
+def _heatmap_axes(canvas: Canvas, heatmap: Axes) -> None:
     """The heatmap shows each cell's decade position between the figure's bounds on a
     fixed 0..1 scale, and only the colorbar's tick labels change per figure: a change
     of the image's limits would rebuild the colorbar (7 ms)."""
@@ -184,7 +194,7 @@ def _heatmap_axes(canvas: Canvas, heatmap: Any) -> None:
     canvas.heatmap, canvas.image, canvas.colorbar = heatmap, image, bar
 
 
-def _log_ticks(axis: Any, base: int = 10) -> None:
+def _log_ticks(axis: Axis, base: int = 10) -> None:
     """At most TICKS labelled powers of `base`, no minor ticks, plain-text labels
     (mathtext labels cost most of a figure's time)."""
     from matplotlib import ticker
@@ -194,18 +204,18 @@ def _log_ticks(axis: Any, base: int = 10) -> None:
     axis.set_minor_locator(ticker.NullLocator())
 
 
-def _power_of_ten(value: float, _position: Any) -> str:
+def _power_of_ten(value: float, _position: int | None) -> str:
     """1e-05 -> 1e-5."""
     return f"{value:.0e}".replace("e-0", "e-").replace("e+0", "e").replace("e+", "e")
 
 
-def _power_of_two(value: float, _position: Any) -> str:
+def _power_of_two(value: float, _position: int | None) -> str:
     """0.25, 1, 64, 1024; 2^20 beyond."""
     exponent = round(np.log2(value)) if value > 0 else 0
     return f"{value:g}" if -6 <= exponent <= 10 else f"2^{exponent}"
 
 
-def _labels(axes: Any, x_label: str, y_label: str) -> None:
+def _labels(axes: Axes, x_label: str, y_label: str) -> None:
     """Axis labels at fixed places: placing them by their tick labels' extents costs
     6 ms a figure (set_label_coords turns that off)."""
     axes.set_xlabel(x_label)
@@ -214,7 +224,7 @@ def _labels(axes: Any, x_label: str, y_label: str) -> None:
     axes.yaxis.set_label_coords(-0.22, 0.5)
 
 
-def _draw_scatter(canvas: Canvas, data: Any) -> None:
+def _draw_scatter(canvas: Canvas, data: PlotData) -> None:
     """Log-log: an exact element (error 0) sits on the floor below the smallest error
     shown, an element of bench 0 at the left edge."""
     x = np.concatenate([data.magnitude, data.worst_magnitude])
@@ -227,7 +237,7 @@ def _draw_scatter(canvas: Canvas, data: Any) -> None:
     canvas.worst.set_offsets(np.column_stack([np.maximum(data.worst_magnitude, x_low), np.maximum(data.worst_error, y_low)]).reshape(-1, 2))
     visible = data.tolerance is not None
     canvas.tolerance.set_visible(visible)
-    if visible:
+    if data.tolerance is not None:  # visible
         canvas.tolerance.set_data(*data.tolerance)
     canvas.scatter.set_xlim(x_low, x_high)
     canvas.scatter.set_ylim(y_low, y_high)
@@ -241,7 +251,7 @@ def _log_range(values: np.ndarray) -> tuple[float, float]:
     return low / 3, max(high * 3, low * 10)
 
 
-def _draw_histogram(canvas: Canvas, data: Any) -> None:
+def _draw_histogram(canvas: Canvas, data: PlotData) -> None:
     canvas.bars.set_data(data.ulp_counts, data.ulp_edges)
     canvas.histogram.set_xlim(float(data.ulp_edges[0]), float(data.ulp_edges[-1]))
     canvas.histogram.set_ylim(0, max(1, int(data.ulp_counts.max())) * 1.08)
@@ -250,10 +260,12 @@ def _draw_histogram(canvas: Canvas, data: Any) -> None:
         canvas.ulp_limit.set_xdata([data.ulp_limit, data.ulp_limit])
 
 
-def _draw_heatmap(canvas: Canvas, data: Any) -> None:
+def _draw_heatmap(canvas: Canvas, data: PlotData) -> None:
     """Cells on decades from the smallest positive to the largest finite error (at most
     six decades): 0 is "under" (grey), inf "over" (red)."""
-    grid = data.grid
+    grid, image, colorbar, heatmap = data.grid, canvas.image, canvas.colorbar, canvas.heatmap
+    # render draws a heatmap only for a grid, on a canvas made with one (_heatmap_axes)
+    assert grid is not None and image is not None and colorbar is not None and heatmap is not None
     finite = grid[np.isfinite(grid)]
     positive = finite[finite > 0]
     high = math.ceil(math.log10(positive.max())) if positive.size else 1
@@ -262,12 +274,12 @@ def _draw_heatmap(canvas: Canvas, data: Any) -> None:
     with np.errstate(divide="ignore", invalid="ignore"):
         shown = (np.log10(np.maximum(grid, 10.0**low)) - low) / (high - low)
     shown = np.where(grid > 0, shown, -1.0)
-    canvas.image.set_data(np.where(np.isinf(grid), 2.0, shown))
-    canvas.image.set_extent((0, data.cols, data.rows, 0))
+    image.set_data(np.where(np.isinf(grid), 2.0, shown))
+    image.set_extent((0, data.cols, data.rows, 0))
     step = math.ceil((high - low) / (TICKS - 1))
     decades = list(range(high, low - 1, -step))[::-1]
-    canvas.colorbar.set_ticks(
+    colorbar.set_ticks(
         [(decade - low) / (high - low) for decade in decades], labels=[_power_of_ten(10.0**decade, None) for decade in decades]
     )
-    canvas.heatmap.set_xlim(0, data.cols)
-    canvas.heatmap.set_ylim(data.rows, 0)
+    heatmap.set_xlim(0, data.cols)
+    heatmap.set_ylim(data.rows, 0)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
 from pytest_msprobe.results.msprobe_csv import (
@@ -121,7 +121,7 @@ class OutFolderLock:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / LOCK_FILE
-        self._handle: Any = None
+        self._handle: TextIO | None = None
 
     def acquire(self) -> None:
         """Lock the folder, or raise ResultFilesError naming the run that holds it."""

@@ -12,10 +12,18 @@ import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.errors import CallSkip
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
+
+    from pytest_msprobe.dump.index import Json
+    from pytest_msprobe.dump.values import Value
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -25,14 +33,14 @@ class Api:
     """The functions one call runs: on the device under test and on the bench."""
 
     name: str
-    device_fn: Callable[..., Any]
-    bench_fn: Callable[..., Any]
+    device_fn: Callable[..., Value]
+    bench_fn: Callable[..., Value]
     in_place: bool
     raise_bench: bool  # False where the bench must keep the device dtype (type_as)
 
 
 @functools.cache
-def _pytorch_toml() -> dict[str, Any]:
+def _pytorch_toml() -> dict[str, Json]:
     return tomllib.loads(importlib.resources.files("pytest_msprobe.run").joinpath("api_tables/pytorch.toml").read_text("utf-8"))
 
 
@@ -60,15 +68,15 @@ def is_in_place(api_name: str) -> bool:
     return api_name.endswith("_") and not api_name.startswith("_")
 
 
-def _namespace(module_path: str) -> Callable[[], Any]:
-    def load() -> Any:
+def _namespace(module_path: str) -> Callable[[], ModuleType]:
+    def load() -> ModuleType:
         return importlib.import_module(module_path)
 
     return load
 
 
-def _torch_attr(section: str, owner: Callable[[], Any]) -> Callable[[str], Callable[..., Any]]:
-    def resolve(api_name: str) -> Callable[..., Any]:
+def _torch_attr(section: str, owner: Callable[[], object]) -> Callable[[str], Callable[..., Value]]:
+    def resolve(api_name: str) -> Callable[..., Value]:
         if api_name not in pytorch_table()[section]:
             raise CallSkip(f"{section}.{api_name} is not in the replay table of {section} APIs")
         function = getattr(owner(), api_name, None)
@@ -79,19 +87,19 @@ def _torch_attr(section: str, owner: Callable[[], Any]) -> Callable[[str], Calla
     return resolve
 
 
-def _tensor_owner() -> Any:
+def _tensor_owner() -> type[torch.Tensor]:
     import torch
 
     return torch.Tensor
 
 
-def _vf_owner() -> Any:
+def _vf_owner() -> ModuleType:
     import torch
 
     return torch._VF
 
 
-def _aten(api_name: str) -> Callable[..., Any]:
+def _aten(api_name: str) -> Callable[..., Value]:
     """`Aten.add.Tensor` names an overload; torch.ops.aten holds only operators."""
     import torch
 
@@ -105,12 +113,12 @@ def _aten(api_name: str) -> Callable[..., Any]:
         raise CallSkip(f"Aten.{api_name} does not exist in this torch version") from None
 
 
-def _distributed(api_name: str) -> Callable[..., Any]:
+def _distributed(api_name: str) -> Callable[..., Value]:
     raise CallSkip(f"Distributed.{api_name} is communication between processes: it cannot be replayed in one")
 
 
 # api type of a PyTorch dump -> how its names resolve to a torch function.
-PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Any]]] = {
+PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Value]]] = {
     "Functional": _torch_attr("Functional", _namespace("torch.nn.functional")),
     "Torch": _torch_attr("Torch", _namespace("torch")),
     "Tensor": _torch_attr("Tensor", _tensor_owner),
@@ -120,7 +128,7 @@ PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Any]]] = {
 }
 
 
-def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Any] | None] | None) -> Api:
+def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value] | None] | None) -> Api:
     """The device and bench functions of a PyTorch call.
 
     `npu_ops` finds a torch_npu operator on the device under test (None when the
@@ -142,7 +150,7 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Any] 
     return Api(f"{name.api_type}.{api_name}", function, function, is_in_place(api_name), raise_bench)
 
 
-def _resolve_npu(api_name: str, npu_ops: Callable[[str], Callable[..., Any] | None] | None, raise_bench: bool) -> Api:
+def _resolve_npu(api_name: str, npu_ops: Callable[[str], Callable[..., Value] | None] | None, raise_bench: bool) -> Api:
     from pytest_msprobe import bench_functions
 
     if not _IDENTIFIER.match(api_name):

@@ -11,7 +11,14 @@ import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
+
+    from pytest_msprobe.dump.values import Value
 
 AUTOLOAD_HINT = (
     "torch_npu is installed but cannot be imported (it needs Ascend's CANN libraries). "
@@ -24,7 +31,7 @@ class DeviceUnavailable(Exception):
     """The chosen device cannot be used: a usage error that tells the user why."""
 
 
-def import_torch() -> Any:
+def import_torch() -> ModuleType:
     """torch, or a usage error that names the torch_npu autoload trap."""
     try:
         import torch
@@ -45,7 +52,7 @@ class Accelerator:
     install_hint: str  # what to do when the package (or the backend) is not installed
     broken_hint: str = ""  # what to do when the package is installed but fails to import
 
-    def module(self) -> Any:
+    def module(self) -> ModuleType:
         torch = import_torch()
         if self.package:
             try:
@@ -82,7 +89,7 @@ class Backend:
     def device_count(self) -> int:
         return 1
 
-    def torch_device(self, index: int = 0) -> Any:
+    def torch_device(self, index: int = 0) -> torch.device:
         return import_torch().device("cpu")
 
     def select(self, index: int) -> None:
@@ -97,7 +104,7 @@ class Backend:
     def describe(self, index: int = 0) -> str:
         return "cpu"
 
-    def find_op(self, api_name: str) -> Callable[..., Any] | None:
+    def find_op(self, api_name: str) -> Callable[..., Value] | None:
         """A device-specific fused operator (NPU.* calls); None where the device has none."""
         return None
 
@@ -111,7 +118,7 @@ class AcceleratorBackend(Backend):
         self.accelerator = accelerator
         self.name = accelerator.name
 
-    def _module(self) -> Any:
+    def _module(self) -> ModuleType:
         return self.accelerator.module()
 
     def check(self) -> None:
@@ -124,7 +131,7 @@ class AcceleratorBackend(Backend):
     def device_count(self) -> int:
         return int(self._module().device_count())
 
-    def torch_device(self, index: int = 0) -> Any:
+    def torch_device(self, index: int = 0) -> torch.device:
         return import_torch().device(self.name, index)
 
     def select(self, index: int) -> None:
@@ -143,7 +150,7 @@ class AcceleratorBackend(Backend):
             label = ""
         return f"{self.name}:{index}" + (f" ({label})" if label else "")
 
-    def find_op(self, api_name: str) -> Callable[..., Any] | None:
+    def find_op(self, api_name: str) -> Callable[..., Value] | None:
         if self.name != "npu":
             return None
         torch_npu = importlib.import_module("torch_npu")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
@@ -27,6 +27,8 @@ from pytest_msprobe.run.terms import argument, torch_form
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.replay import Side
 
 
 def collapsed(shape: tuple[int, ...], dims: tuple[int, ...]) -> torch.Tensor:
@@ -43,39 +45,39 @@ def _softmax_dim(x: torch.Tensor, dim: int | None) -> int:
     return 0 if x.dim() in (0, 1, 3) else 1
 
 
-def _rows(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+def _rows(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     """softmax and its kin: one group per row along `dim` (its sum)."""
     x = args[0]
     return collapsed(tuple(x.shape), (_softmax_dim(x, argument(args, kwargs, 1, "dim")),))
 
 
-def _normalized_rows(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+def _normalized_rows(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     """layer_norm, rms_norm: one group per row over the trailing normalized_shape."""
     x, normalized = args[0], argument(args, kwargs, 1, "normalized_shape")
     count = 1 if isinstance(normalized, int) else len(normalized)
     return collapsed(tuple(x.shape), tuple(range(x.dim() - count, x.dim())))
 
 
-def _channels(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+def _channels(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     """batch_norm: one group per channel (dim 1), its statistics over the batch."""
     x = args[0]
     return collapsed(tuple(x.shape), tuple(d for d in range(x.dim()) if d != 1))
 
 
-def _instances(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+def _instances(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     """instance_norm: one group per (sample, channel)."""
     x = args[0]
     return collapsed(tuple(x.shape), tuple(range(2, x.dim())))
 
 
-def _norm_groups(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+def _norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     """group_norm: one group per (sample, group of channels)."""
     x, groups = args[0], int(argument(args, kwargs, 1, "num_groups"))
     ids = torch.arange(x.shape[0] * groups).reshape(x.shape[0], groups, 1)
     return ids.expand(x.shape[0], groups, x[0].numel() // groups).reshape(x.shape)
 
 
-def _by_a_scalar(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+def _by_a_scalar(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
     """A division by one number: one group (its reciprocal); none by a tensor."""
     x, y = args[0], argument(args, kwargs, 1, "other")
     if not isinstance(x, torch.Tensor):
@@ -85,7 +87,7 @@ def _by_a_scalar(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor | None
     return None
 
 
-GroupsOf = Callable[[list[Any], dict[str, Any]], "torch.Tensor | None"]
+GroupsOf: TypeAlias = "Callable[[list[Value], dict[str, Value]], torch.Tensor | None]"
 
 GROUPS: dict[str, GroupsOf] = {
     **dict.fromkeys(("softmax", "log_softmax", "softmin", "_softmax", "_log_softmax"), _rows),
@@ -97,7 +99,7 @@ GROUPS: dict[str, GroupsOf] = {
 }
 
 
-def groups_of(name: CallName, bench: Any, inputs: Inputs) -> torch.Tensor | None:
+def groups_of(name: CallName, bench: Side, inputs: Inputs) -> torch.Tensor | None:
     """The group ids of the call's grouped outputs, None where its API has none (or its
     arguments are of a form the table does not read: its elements stay independent)."""
     numbered = GROUPS.get(name.operator)

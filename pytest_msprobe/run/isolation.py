@@ -26,9 +26,15 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from pytest_msprobe.dump.index import Json
+    from pytest_msprobe.run.devices import Backend
 
 HARD_DEADLINE_FACTOR = 2
 
@@ -47,7 +53,7 @@ def deadline(seconds: float) -> Iterator[None]:
         yield
         return
 
-    def expire(signum: int, frame: Any) -> None:
+    def expire(signum: int, frame: FrameType | None) -> None:
         raise CallTimeout(f"still running after --msprobe-timeout={seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -154,7 +160,7 @@ def end_process() -> None:
     os._exit(0)
 
 
-def is_out_of_memory(exc: BaseException, backend: Any) -> bool:
+def is_out_of_memory(exc: BaseException, backend: Backend) -> bool:
     """The device (or the host, for the CPU backend) ran out of memory, directly or as
     the cause the replay wrapped (replay.DeviceFailed)."""
     cause = getattr(exc, "cause", None)
@@ -189,7 +195,7 @@ def tensor_sizes(index: DumpIndex, name: CallName) -> list[tuple[str, int]]:
             record = index.read_record(entry) if entry is not None else {}
         except Exception:  # noqa: BLE001 - see the docstring
             continue
-        stack: list[tuple[str, Any]] = [(direction, record)]
+        stack: list[tuple[str, Json]] = [(direction, record)]
         while stack:
             path, value = stack.pop()
             if isinstance(value, dict) and isinstance(value.get("shape"), list) and "dtype" in value:
@@ -206,7 +212,7 @@ def tensor_sizes(index: DumpIndex, name: CallName) -> list[tuple[str, int]]:
     return sorted(sizes, key=lambda pair: -pair[1])
 
 
-def release_memory(backend: Any) -> None:
+def release_memory(backend: Backend) -> None:
     """After a failed call: drop what its frames held, then the device's cache."""
     gc.collect()
     backend.free()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from pytest_msprobe.dump.values import TENSOR_TYPES, TensorLeaf
 from pytest_msprobe.dump.writer import tensor_entry
 from pytest_msprobe.errors import CallSkip
 
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Json, Record
+
 # An explored call may grow to this many times its dumped elements (or this floor).
 GROWTH, FLOOR_ELEMENTS = 4, 1 << 14
 
@@ -46,8 +49,8 @@ GROWTH, FLOOR_ELEMENTS = 4, 1 << 14
 class Variant:
     """One explored input: the records to decode and the tensors they name."""
 
-    forward: dict[str, Any]
-    backward: dict[str, Any] | None
+    forward: Record
+    backward: Record | None
     tensors: dict[str, torch.Tensor]
     described: dict[str, str]  # data_name -> how its values were made
 
@@ -173,8 +176,8 @@ class Neighbourhood:
 
     def __init__(
         self,
-        forward: dict[str, Any],
-        backward: dict[str, Any] | None,
+        forward: Record,
+        backward: Record | None,
         leaves: list[TensorLeaf],
         max_elements: int,
         resizable: bool = True,
@@ -192,8 +195,8 @@ class Neighbourhood:
         has_specials = any(not torch.isfinite(leaf.tensor).all() for leaf in floats)
         self.regimes = tuple(regime for regime in REGIMES if regime.name != "specials" or has_specials)
 
-    def _recorded(self) -> list[Any]:
-        recorded: list[Any] = [self.forward.get("input_args", []), self.forward.get("input_kwargs", {})]
+    def _recorded(self) -> list[Json]:
+        recorded: list[Json] = [self.forward.get("input_args", []), self.forward.get("input_kwargs", {})]
         return recorded + ([self.backward.get("input", [])] if self.backward is not None else [])
 
     def variants(self) -> st.SearchStrategy[Variant]:
@@ -218,7 +221,7 @@ class Neighbourhood:
             reject()  # larger than exploring this call may make it
         rename = iter(tensors)
 
-        def replace(value: dict[str, Any]) -> dict[str, Any]:
+        def replace(value: Record) -> Record:
             name = next(rename)
             return tensor_entry(tensors[name], name, kind=value["type"], requires_grad=bool(value.get("requires_grad", False)))
 
@@ -256,7 +259,7 @@ def _leaf_values(
     return _tensor(moved, shape, dumped.dtype), ", ".join(filter(None, (source, how)))
 
 
-def _tensor(values: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _tensor(values: Json, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """numpy values (a 0-d result may be a numpy scalar) as a tensor of `shape`."""
     return torch.from_numpy(np.array(values).reshape(shape)).to(dtype)
 
@@ -269,7 +272,7 @@ def _resampled(values: np.ndarray, shape: tuple[int, ...], rng: np.random.Genera
     return flat[rng.integers(0, flat.size, size=shape)] if math.prod(shape) else np.zeros(shape, dtype=values.dtype)
 
 
-def _count_tensors(value: Any) -> int:
+def _count_tensors(value: Json) -> int:
     if isinstance(value, list):
         return sum(_count_tensors(item) for item in value)
     if isinstance(value, dict):
@@ -277,7 +280,7 @@ def _count_tensors(value: Any) -> int:
     return 0
 
 
-def _mapped(value: Any, replace: Callable[[dict[str, Any]], dict[str, Any]], sizes: dict[int, int]) -> Any:
+def _mapped(value: Json, replace: Callable[[Record], Record], sizes: dict[int, int]) -> Json:
     """The recorded value with its tensors replaced (in decoding order) and its shape
     arguments resized."""
     if isinstance(value, list):
@@ -296,5 +299,5 @@ def _mapped(value: Any, replace: Callable[[dict[str, Any]], dict[str, Any]], siz
     return value
 
 
-def _is_int(item: Any) -> bool:
+def _is_int(item: object) -> bool:
     return isinstance(item, dict) and item.get("type") == "int" and isinstance(item.get("value"), int)

@@ -66,7 +66,16 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+#: what reads a precision setting's owner: a torch.backends module or settings object,
+#: whose attributes torch adds at run time. Any: no stub declares them
+Owner: TypeAlias = Callable[[], Any]
+#: a precision setting's value: a flag (allow_tf32) or a level ("highest", "ieee")
+Setting: TypeAlias = bool | str
 
 ENV_BENCH = "PYTEST_MSPROBE_BENCH"
 #: rule 6: smaller calls keep the CPU bench
@@ -87,12 +96,12 @@ class Switch:
     bench needs."""
 
     name: str
-    get: Callable[[], Any]
-    set: Callable[[Any], None]
-    strict: Any
+    get: Callable[[], Setting]
+    set: Callable[[Any], None]  # Any: each setter takes its own kind of value (a bool, a str)
+    strict: Setting
 
 
-def _attr_switch(owner: Callable[[], Any], path: str, attribute: str, strict: Any) -> Switch:
+def _attr_switch(owner: Owner, path: str, attribute: str, strict: Setting) -> Switch:
     return Switch(f"{path}.{attribute}", lambda: getattr(owner(), attribute), lambda value: setattr(owner(), attribute, value), strict)
 
 
@@ -115,7 +124,7 @@ def cuda_switches() -> list[Switch]:
 
 
 @functools.cache
-def _fp32_precision_api() -> list[tuple[str, Callable[[], Any]]]:
+def _fp32_precision_api() -> list[tuple[str, Owner]]:
     """(name, owner) of each fp32_precision setting of torch's newer API, parents first
     (empty on a torch without it)."""
     import torch
@@ -153,7 +162,7 @@ def _npu_precision_mode() -> str:
 SWITCHES: dict[str, Callable[[], list[Switch]]] = {"cuda": cuda_switches, "npu": npu_switches}
 
 
-def _has(owner: Callable[[], Any], attribute: str) -> bool:
+def _has(owner: Owner, attribute: str) -> bool:
     try:
         getattr(owner(), attribute)
     except Exception:  # noqa: BLE001 - absent, or unreadable in this state
@@ -161,12 +170,12 @@ def _has(owner: Callable[[], Any], attribute: str) -> bool:
     return True
 
 
-def _fp32_precision_of(owner: Callable[[], Any]) -> Callable[[], Any]:
+def _fp32_precision_of(owner: Owner) -> Callable[[], Setting]:
     """A reader of the owner's fp32_precision setting (one reader per owner)."""
     return lambda: owner().fp32_precision
 
 
-def _read(get: Callable[[], Any]) -> tuple[bool, Any]:
+def _read(get: Callable[[], Setting]) -> tuple[bool, object]:
     try:
         return True, get()
     except Exception as exc:  # noqa: BLE001 - e.g. torch refusing a legacy read after a mixed new-API setting
@@ -230,7 +239,7 @@ def strict_float32(backend_name: str) -> Iterator[None]:
                     owner().fp32_precision = value
 
 
-def float32_bench(dtypes: dict[Any, Any], floating_inputs: set[Any]) -> bool:
+def float32_bench(dtypes: dict[torch.dtype, torch.dtype], floating_inputs: set[torch.dtype]) -> bool:
     """Rule 2: the raised bench gets float32 for every floating input (and float16 or
     bfloat16 is among them)."""
     import torch
@@ -250,7 +259,13 @@ class BenchSite:
 
 
 def bench_site(
-    backend_name: str, device: str, api_name: str, dtypes: dict[Any, Any], floating_inputs: set[Any], standard: str, elements: int
+    backend_name: str,
+    device: str,
+    api_name: str,
+    dtypes: dict[torch.dtype, torch.dtype],
+    floating_inputs: set[torch.dtype],
+    standard: str,
+    elements: int,
 ) -> BenchSite:
     """Rules 1-7 for one call (device: the accelerator as the verdict names it;
     elements: how many its floating inputs hold)."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Protocol
 
 import torch
 
-from pytest_msprobe.dump.values import DecodeContext, RecordedDevice, TensorLeaf, decode
+from pytest_msprobe.dump.index import Record
+from pytest_msprobe.dump.values import DecodeContext, RecordedDevice, TensorLeaf, Value, decode
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import Api
 
@@ -27,20 +28,20 @@ MIXED_RAISED = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 class Inputs:
     """A call's decoded arguments (CPU tensors in the dump's dtypes)."""
 
-    args: list[Any]
-    kwargs: dict[str, Any]
+    args: list[Value]
+    kwargs: dict[str, Value]
     leaves: list[TensorLeaf]
-    grads: list[Any] | None = None  # backward: the incoming gradient per forward output
+    grads: list[Value] | None = None  # backward: the incoming gradient per forward output
     # the record's "output" as dumped (forward outputs, or the gradients a backward
     # produced): the overflow re-check reads their statistics (judge/overflow.py)
-    recorded_outputs: list[Any] | None = None
+    recorded_outputs: list[Value] | None = None
 
     @property
     def origins(self) -> list[str]:
         return [f"{leaf.path}: {leaf.origin}" for leaf in self.leaves]
 
 
-def decode_forward(record: dict[str, Any], ctx: DecodeContext) -> Inputs:
+def decode_forward(record: Record, ctx: DecodeContext) -> Inputs:
     args = record.get("input_args", [])
     kwargs = record.get("input_kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
@@ -50,7 +51,7 @@ def decode_forward(record: dict[str, Any], ctx: DecodeContext) -> Inputs:
     return Inputs(decoded_args, decoded_kwargs, ctx.leaves, recorded_outputs=record.get("output"))
 
 
-def decode_backward(forward: dict[str, Any], backward: dict[str, Any], ctx: DecodeContext) -> Inputs:
+def decode_backward(forward: Record, backward: Record, ctx: DecodeContext) -> Inputs:
     inputs = decode_forward(forward, ctx)
     grads = backward.get("input")
     if not isinstance(grads, list):
@@ -73,7 +74,7 @@ def bench_dtypes(inputs: Inputs, raise_bench: bool) -> dict[torch.dtype, torch.d
     return dict(MIXED_RAISED) if len(floats - {torch.float64}) > 1 else dict(RAISED)
 
 
-def tree_map(function: Callable[[Any], Any], value: Any) -> Any:
+def tree_map(function: Callable[[Value], Value], value: Value) -> Value:
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         mapped = [tree_map(function, item) for item in value]
         return mapped if isinstance(value, list) else tuple(mapped)
@@ -89,7 +90,7 @@ class Placement:
     device: torch.device
     dtypes: dict[torch.dtype, torch.dtype] = field(default_factory=dict)
 
-    def __call__(self, value: Any) -> Any:
+    def __call__(self, value: Value) -> Value:
         if isinstance(value, torch.Tensor):
             return value.to(device=self.device, dtype=self.dtypes.get(value.dtype, value.dtype), copy=True)
         if isinstance(value, RecordedDevice):
@@ -97,7 +98,7 @@ class Placement:
         return value
 
 
-def to_cpu(value: Any) -> Any:
+def to_cpu(value: Value) -> Value:
     """Outputs detached on the CPU; torch's named tuples become plain tuples."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
@@ -109,16 +110,25 @@ def to_cpu(value: Any) -> Any:
 # --- running --------------------------------------------------------------------
 
 
-def tensors_in(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Value) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     tree_map(lambda item: found.append(item) if isinstance(item, torch.Tensor) else None, value)
     return found
 
 
-def flat_outputs(value: Any) -> list[Any]:
+def flat_outputs(value: Value) -> list[Value]:
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         return [item for part in value for item in flat_outputs(part)]
     return [value]
+
+
+class Side(Protocol):
+    """What runs a call on one side (device, bench or reference): Run here, MindSpore's
+    MindsporeRun (run/mindspore/replay.py), the dump's own outputs offline (judge/offline.py)."""
+
+    def forward(self, inputs: Inputs) -> Value: ...
+
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]: ...
 
 
 @dataclass
@@ -126,23 +136,23 @@ class Run:
     """One run of a call (device, bench or reference)."""
 
     api: Api
-    function: Callable[..., Any]
+    function: Callable[..., Value]
     placement: Placement
     synchronize: Callable[[], None] = lambda: None
     saved_in: tuple[torch.dtype, torch.dtype] | None = None  # (raised, D): see saved_in_device_dtype
     absolute: bool = False  # every floating value, incoming gradients too, as its |.|: see run/terms.py
     # entered around the run: an accelerator bench's strict float32 (run/precision.py)
-    context: Callable[[], Any] = contextlib.nullcontext
+    context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
     site: str = ""  # where a bench ran, for the verdict's reference text (run/precision.py)
 
-    def place(self, value: Any) -> Any:
+    def place(self, value: Value) -> Value:
         placed = tree_map(self.placement, value)
         return tree_map(_absolute, placed) if self.absolute else placed
 
-    def _incoming(self, grads: list[Any]) -> list[Any]:
+    def _incoming(self, grads: list[Value]) -> list[Value]:
         return tree_map(_absolute, grads) if self.absolute else grads
 
-    def forward(self, inputs: Inputs) -> Any:
+    def forward(self, inputs: Inputs) -> Value:
         with self.context():
             args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
             with torch.no_grad():
@@ -150,11 +160,11 @@ class Run:
             self.synchronize()
             return to_cpu(output)
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
         with self.context():
             return self._backward(inputs, needs_grad)
 
-    def _backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
+    def _backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
         args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
         leaves = [t for t in tensors_in((args, kwargs))]
         wanted = [t for t, flag in zip(leaves, needs_grad, strict=False) if flag]
@@ -218,17 +228,17 @@ def _saved_rounded(saved_in: tuple[torch.dtype, torch.dtype] | None) -> Iterator
         yield
 
 
-def _absolute(value: Any) -> Any:
+def _absolute(value: Value) -> Value:
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.abs()
     return abs(value) if isinstance(value, float) else value
 
 
-def _clone_tensor(value: Any) -> Any:
+def _clone_tensor(value: Value) -> Value:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
-def _pair_gradients(outputs: list[Any], grads: list[Any], placement: Placement) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _pair_gradients(outputs: list[Value], grads: list[Value], placement: Placement) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     if len(grads) != len(outputs):
         grads = _grads_by_shape(outputs, grads)
     paired_outputs, paired_grads = [], []
@@ -242,12 +252,12 @@ def _pair_gradients(outputs: list[Any], grads: list[Any], placement: Placement) 
     return paired_outputs, paired_grads
 
 
-def _grads_by_shape(outputs: list[Any], grads: list[Any]) -> list[Any]:
+def _grads_by_shape(outputs: list[Value], grads: list[Value]) -> list[Value]:
     """msprobe leaves out the gradients of outputs that got none (a GRU's h_n when only
     its output sequence is used): fewer gradients than outputs are given, in order, to the
     outputs of their shapes, where that choice is unique; the other outputs get None."""
     shapes = [tuple(output.shape) if isinstance(output, torch.Tensor) else None for output in outputs]
-    paired: list[Any] = [None] * len(outputs)
+    paired: list[Value] = [None] * len(outputs)
     start = 0
     for grad in grads:
         if grad is None:
@@ -275,13 +285,13 @@ def needs_grad(inputs: Inputs, framework: str) -> list[bool]:
 class Results:
     """The outputs of the runs of one call, on the CPU."""
 
-    device: Any
-    bench: Any
-    reference: Any | None
+    device: Value
+    bench: Value
+    reference: Value | None
     inputs: Inputs
 
 
-def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Run], Any]:
+def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Side], Value]:
     """What running the call means on any side: its forward, or its forward and the
     backpropagation of the incoming gradients into the inputs that required grad."""
     if direction == "forward":
@@ -292,7 +302,7 @@ def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Run], 
     return lambda run: run.backward(inputs, flags)
 
 
-def evaluated(run: Run, direction: str, inputs: Inputs, framework: str) -> Any | None:
+def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Value | None:
     """One more evaluation of the call on a side (a re-judgement's: the terms, the
     bench saving in D, exploration's bounds), None where it fails: the verdict then
     stands without it."""
@@ -302,7 +312,7 @@ def evaluated(run: Run, direction: str, inputs: Inputs, framework: str) -> Any |
         return None
 
 
-def replay(direction: str, api: Api, inputs: Inputs, device: Run, bench: Run, reference: Run | None, framework: str) -> Results:
+def replay(direction: str, api: Api, inputs: Inputs, device: Side, bench: Side, reference: Side | None, framework: str) -> Results:
     """Run the call on every side. The bench raising is a skip (no verdict possible);
     then the device raising is the call's error."""
     step = step_for(direction, inputs, framework)

@@ -25,7 +25,7 @@ Other APIs get no terms and keep the standards' output-scale rule.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,13 +33,17 @@ from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.run.apis import terms_table
 from pytest_msprobe.run.replay import Inputs, Run, evaluated, needs_grad, tensors_in, tree_map
 
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.replay import Side
+
 
 def has_terms(name: CallName) -> bool:
     """Whether the call's outputs (forward) or gradients (backward) are sums of products."""
     return name.operator in terms_table()[name.direction]
 
 
-def argument(args: list[Any], kwargs: dict[str, Any], position: int, name: str, default: Any = None) -> Any:
+def argument(args: list[Value], kwargs: dict[str, Value], position: int, name: str, default: Value = None) -> Value:
     return args[position] if len(args) > position else kwargs.get(name, default)
 
 
@@ -79,7 +83,7 @@ def _centred_terms(x: torch.Tensor, dims: tuple[int, ...], eps: float, g_hat: to
     return x_hat, inverse_sigma * (g_hat + mean(g_hat) + x_hat * mean(g_hat * x_hat))
 
 
-def _layer_norm_output(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+def _layer_norm_output(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     """layer_norm's output w x_hat + b: terms |w| |x_hat| + |b|, |x_hat| as _centred's."""
     x = args[0]
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
@@ -88,7 +92,7 @@ def _layer_norm_output(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     return x_hat * (w.abs() if isinstance(w, torch.Tensor) else 1) + (b.abs() if isinstance(b, torch.Tensor) else 0)
 
 
-def _layer_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _layer_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
     w = argument(args, kwargs, 2, "weight")
@@ -98,20 +102,20 @@ def _layer_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dic
     return {"input": terms, "weight": weight.reshape(x.shape[dims[0] :]), "bias": bias.reshape(x.shape[dims[0] :])}
 
 
-def _softmax(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _softmax(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """softmax's dx = y (g - sum(g y)): terms y (|g| + sum(|g| y))."""
     dim = argument(args, kwargs, 1, "dim")
     y = torch.softmax(args[0], dim)
     return {"input": y * (g.abs() + (g.abs() * y).sum(dim, keepdim=True))}
 
 
-def _log_softmax(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _log_softmax(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """log_softmax's dx = g - softmax(x) sum(g): terms |g| + softmax(x) sum(|g|)."""
     dim = argument(args, kwargs, 1, "dim")
     return {"input": g.abs() + torch.softmax(args[0], dim) * g.abs().sum(dim, keepdim=True)}
 
 
-def _rms_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _rms_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
     eps = argument(args, kwargs, 3, "eps") or torch.finfo(x.dtype).eps
@@ -119,7 +123,7 @@ def _rms_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[
     return {"weight": weight.reshape(x.shape[dims[0] :])}
 
 
-def _group_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _group_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
     groups = argument(args, kwargs, 1, "num_groups")
     grouped = x.reshape(x.shape[0], groups, -1)
@@ -128,7 +132,7 @@ def _group_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dic
     return {"weight": weight, "bias": bias}
 
 
-def _batch_norm(args: list[Any], kwargs: dict[str, Any], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _batch_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
     dims = tuple(d for d in range(x.dim()) if d != 1)
     eps = argument(args, kwargs, 7, "eps", 1e-5)
@@ -160,7 +164,7 @@ BACKWARD_TERMS = {
 }
 
 
-def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) -> Any | None:
+def term_magnitudes(name: CallName, bench: Side, inputs: Inputs, framework: str) -> Value | None:
     """The bench's outputs (or gradients) evaluated on absolute values, as absolute
     values: each element's sum(|terms|). None where the API is not in the table or
     the absolute evaluation fails (the verdict then stands without it)."""
@@ -182,14 +186,14 @@ def term_magnitudes(name: CallName, bench: Any, inputs: Inputs, framework: str) 
     return tree_map(lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result)
 
 
-def torch_form(bench: Run, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def torch_form(bench: Run, args: list[Value], kwargs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:
     """The arguments by torch's names and positions, which the formulas read: a MindSpore
     call's torch twin translates its own (softmax's axis is torch's dim)."""
     translate = getattr(bench.function, "torch_arguments", None)
     return translate(list(args), dict(kwargs)) if translate is not None else (list(args), kwargs)
 
 
-def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Any, ...] | None:
+def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Value, ...] | None:
     """The gradients' terms from BACKWARD_TERMS' formula, None for any tensor the
     formula does not name."""
     names, formula = BACKWARD_TERMS[name.operator]

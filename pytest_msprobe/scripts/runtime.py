@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import DIRECTIONS, parse_call_name
 from pytest_msprobe.errors import CallError, CallSkip
@@ -26,6 +26,11 @@ from pytest_msprobe.judge.repeat import repeat_findings
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.run.replay import DeviceFailed, Inputs, replay
 from pytest_msprobe.standards import Registry
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Record
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.standards import Verdict
 
 # A script's exit status, as its test's outcome: 0 passed (warnings too), 1 failed, 2 skipped.
 EXIT_STATUS = {"pass": 0, "warning": 0, "error": 1, "skip": 2}
@@ -43,7 +48,7 @@ class ScriptCall:
     has_backward: bool
     max_elements: int
     build_inputs: Callable[[str, Path, bool, int], Inputs]  # (direction, dump_dir, generate, variant)
-    call_api: Callable[..., Any] | None  # None: resolved as the plugin does (NPU and MindSpore calls)
+    call_api: Callable[..., Value] | None  # None: resolved as the plugin does (NPU and MindSpore calls)
     standards_csv: str | None = None  # the --msprobe-standards file in force, if any
     cannot_run: str | None = None  # why the generator could not make this call runnable
 
@@ -55,7 +60,7 @@ class Outcome:
     variant: int
     status: str
     message: str
-    verdict: Any = None
+    verdict: Verdict | None = None
     findings: list[Finding] = dataclasses.field(default_factory=list)
 
 
@@ -182,7 +187,7 @@ def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args:
 
 def _check(
     call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int
-) -> tuple[Any, list[Finding]]:
+) -> tuple[Verdict, list[Finding]]:
     """check_call's steps, with the script's own inputs and API function: the verdict,
     and what --repeat found."""
     call_name = parse_call_name(name)
@@ -209,7 +214,7 @@ def _said(outcome: Outcome) -> Outcome:
     return outcome
 
 
-def _print_verdict(verdict: Any) -> None:
+def _print_verdict(verdict: Verdict) -> None:
     leaves = verdict.outputs or (verdict,)
     for leaf, result in zip(leaves, output_results(verdict), strict=False):
         print(
@@ -229,7 +234,7 @@ def _print_verdict(verdict: Any) -> None:
                 print(f"      worst {list(offender.index)}: device {offender.device!r} vs bench {offender.bench!r}")
 
 
-def _as_json(name: str, outcome: Outcome) -> dict[str, Any]:
+def _as_json(name: str, outcome: Outcome) -> Record:
     results = annotated(output_results(outcome.verdict), outcome.findings) if outcome.verdict is not None else []
     outputs = [dataclasses.asdict(o) for o in results]
     return {"call": name, "variant": outcome.variant, "status": outcome.status, "message": outcome.message, "outputs": outputs}

@@ -22,13 +22,16 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.apis import resolve_pytorch
 from pytest_msprobe.scripts.template import NOT_RUNNABLE_CALL, RESOLVED_CALL, SCRIPT, TORCH_CALL
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Json, Record
 
 SUPPORT_PACKAGE = "_msprobe_support"
 
@@ -136,7 +139,7 @@ def _known_call(index: DumpIndex, call_name: str) -> CallName:
     return entry.name
 
 
-def _record(index: DumpIndex, name: CallName) -> dict[str, Any] | None:
+def _record(index: DumpIndex, name: CallName) -> Record | None:
     entry = index.entry(str(name))
     if entry is None:
         return None
@@ -181,7 +184,7 @@ def _package_files(package: str, prefix: str, patterns: tuple[str, ...]) -> list
     return found
 
 
-def _record_literal(record: dict[str, Any] | None) -> str:
+def _record_literal(record: Record | None) -> str:
     """A record as json.loads of readable JSON: one line per argument, so a shape is
     found and edited at a glance. JSON, not a Python literal: Infinity and NaN stay."""
     if record is None:
@@ -199,7 +202,7 @@ def _record_literal(record: dict[str, Any] | None) -> str:
     return f"json.loads({_text_literal('{' + chr(10) + (',' + chr(10)).join(lines) + chr(10) + '}' + chr(10))})"
 
 
-def _json(value: Any) -> str:
+def _json(value: Json) -> str:
     return json.dumps(value, ensure_ascii=True)
 
 

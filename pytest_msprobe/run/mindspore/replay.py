@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -28,6 +28,12 @@ from pytest_msprobe.run.apis import Api
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.mindspore.tables import INSTALL_HINT, TABLE_FILE, TwinSpec, mindspore_table
 from pytest_msprobe.run.replay import Inputs, Placement, Run, bench_dtypes, tree_map
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.devices import Backend
 
 # --msprobe-device backend -> MindSpore device target.
 TARGETS = {"cpu": "CPU", "npu": "Ascend", "cuda": "GPU"}
@@ -58,7 +64,7 @@ MISSING_KERNEL = (
 
 
 @functools.cache
-def import_mindspore() -> Any:
+def import_mindspore() -> ModuleType:
     """MindSpore, imported on the first MindSpore call only."""
     # MindSpore's C++ log repeats, on stderr, every failure the call's report already names.
     os.environ.setdefault("GLOG_v", "3")
@@ -70,7 +76,7 @@ def import_mindspore() -> Any:
 
 
 @functools.cache
-def configure(target: str, device_id: int) -> Any:
+def configure(target: str, device_id: int) -> ModuleType:
     """MindSpore set to run op by op on `target`; once per process, as MindSpore allows."""
     mindspore = import_mindspore()
     try:
@@ -121,14 +127,14 @@ def missing_kernel_is_skip(target: str) -> Iterator[None]:
 class TorchTwin:
     """A torch function called with MindSpore's arguments translated by the table."""
 
-    function: Callable[..., Any]
+    function: Callable[..., Value]
     spec: TwinSpec
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Value, **kwargs: Value) -> Value:
         torch_args, torch_kwargs = self.torch_arguments(list(args), kwargs)
         return self.function(*torch_args, **torch_kwargs)
 
-    def torch_arguments(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    def torch_arguments(self, args: list[Value], kwargs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:
         """MindSpore's arguments as the torch function takes them (the same objects: the
         terms' formulas in run/terms.py read them by torch's names)."""
         if self.spec.params:
@@ -138,9 +144,9 @@ class TorchTwin:
         return args, {**self.spec.defaults, **kwargs}
 
 
-def torch_function(path: str) -> Callable[..., Any]:
+def torch_function(path: str) -> Callable[..., Value]:
     """`torch.nn.functional.relu` -> the function (paths come from the table, not the dump)."""
-    value: Any = torch
+    value: Value = torch
     for part in path.split(".")[1:]:
         value = getattr(value, part)
     return value
@@ -149,10 +155,10 @@ def torch_function(path: str) -> Callable[..., Any]:
 # --- MindSpore runs -----------------------------------------------------------------
 
 
-def to_mindspore(mindspore: Any, dtypes: dict[torch.dtype, torch.dtype]) -> Callable[[Any], Any]:
+def to_mindspore(mindspore: ModuleType, dtypes: dict[torch.dtype, torch.dtype]) -> Callable[[Value], Value]:
     """A converter of one decoded value to what the MindSpore API takes."""
 
-    def convert(value: Any) -> Any:
+    def convert(value: Value) -> Value:
         if isinstance(value, torch.Tensor):
             tensor = value.to(dtypes.get(value.dtype, value.dtype))
             array = (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
@@ -166,13 +172,13 @@ def to_mindspore(mindspore: Any, dtypes: dict[torch.dtype, torch.dtype]) -> Call
     return convert
 
 
-def mindspore_dtype(mindspore: Any, dtype: torch.dtype) -> Any:
+def mindspore_dtype(mindspore: ModuleType, dtype: torch.dtype) -> object:
     if dtype not in MINDSPORE_DTYPES:
         raise CallSkip(f"dtype {dtype} has no MindSpore counterpart known to the replay")
     return getattr(mindspore, MINDSPORE_DTYPES[dtype])
 
 
-def to_torch(value: Any) -> Any:
+def to_torch(value: Value) -> Value:
     """MindSpore outputs as torch CPU tensors; reading them waits for the kernels, so a
     kernel's failure is raised here, inside the call."""
     mindspore = import_mindspore()
@@ -186,7 +192,7 @@ def to_torch(value: Any) -> Any:
     return value
 
 
-def _flat(value: Any) -> list[Any]:
+def _flat(value: Value) -> list[Value]:
     if isinstance(value, (list, tuple)):
         return [item for part in value for item in _flat(part)]
     return [value]
@@ -196,14 +202,14 @@ def _flat(value: Any) -> list[Any]:
 class MindsporeRun:
     """One run of a call through MindSpore, on its configured device target."""
 
-    function: Callable[..., Any]
+    function: Callable[..., Value]
     target: str
     dtypes: dict[torch.dtype, torch.dtype]
 
-    def _convert(self) -> Callable[[Any], Any]:
+    def _convert(self) -> Callable[[Value], Value]:
         leaf = to_mindspore(import_mindspore(), self.dtypes)
 
-        def convert(value: Any) -> Any:
+        def convert(value: Value) -> Value:
             # dump.json records tuples as lists, and MindSpore wants tuples (permute's dims)
             if isinstance(value, (list, tuple)):
                 return tuple(convert(item) for item in value)
@@ -213,28 +219,28 @@ class MindsporeRun:
 
         return convert
 
-    def forward(self, inputs: Inputs) -> Any:
+    def forward(self, inputs: Inputs) -> Value:
         convert = self._convert()
         args, kwargs = convert(inputs.args), convert(inputs.kwargs)
         with missing_kernel_is_skip(self.target):
             return to_torch(self.function(*args, **kwargs))
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Any, ...]:
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
         """MindSpore autodiff (vjp) with the dumped incoming gradients as sens."""
         mindspore = import_mindspore()
         convert = self._convert()
         tree = (convert(inputs.args), convert(inputs.kwargs))
-        leaves: list[Any] = []
+        leaves: list[Value] = []
         tree_map(lambda item: leaves.append(item) if isinstance(item, mindspore.Tensor) else None, tree)
         wanted = [position for position, flag in enumerate(needs_grad) if flag]
         sens = [None if grad is None else convert(grad) for grad in inputs.grads or []]
         chosen: list[int] = []
 
-        def call(*primals: Any) -> tuple[Any, ...]:
+        def call(*primals: Value) -> tuple[Value, ...]:
             substitutes = dict(zip(wanted, primals, strict=False))
             counter = iter(range(len(leaves)))
 
-            def substitute(item: Any) -> Any:
+            def substitute(item: Value) -> Value:
                 return substitutes.get(next(counter), item) if isinstance(item, mindspore.Tensor) else item
 
             args, kwargs = tree_map(substitute, tree)
@@ -248,7 +254,7 @@ class MindsporeRun:
             return tuple(to_torch(grad) for grad in (grads if isinstance(grads, tuple) else (grads,)))
 
 
-def _outputs_with_gradients(mindspore: Any, outputs: list[Any], sens: list[Any]) -> list[int]:
+def _outputs_with_gradients(mindspore: ModuleType, outputs: list[Value], sens: list[Value]) -> list[int]:
     """Positions of the outputs that receive an incoming gradient (as replay pairs them
     for torch: one gradient per forward output, None where it got none)."""
     if len(sens) != len(outputs):
@@ -268,11 +274,27 @@ def _outputs_with_gradients(mindspore: Any, outputs: list[Any], sens: list[Any])
 # --- the framework seam (pytest_msprobe.judge.call.FRAMEWORKS) ----------------------------
 
 
-def _mindspore_attribute(owner: str, api_name: str) -> Any:
+def _mindspore_attribute(owner: str, api_name: str) -> object:
     value = import_mindspore()
     for part in owner.split(".")[1:]:
         value = getattr(value, part)
     return getattr(value, api_name, None)
+
+
+class RunSettings(Protocol):
+    """What a MindSpore run reads of the call's settings (judge.call.Settings)."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def device_index(self) -> int: ...
+
+    @property
+    def device_request(self) -> str: ...
+
+    @property
+    def offline(self) -> bool: ...
 
 
 class MindsporeReplay:
@@ -304,7 +326,7 @@ class MindsporeReplay:
         bench = TorchTwin(torch_function(spec.torch), spec) if spec.torch else function
         return Api(label, function, bench, in_place=False, raise_bench=True)
 
-    def runs(self, api: Api, inputs: Inputs, settings: Any) -> tuple[Any, Any, Any]:
+    def runs(self, api: Api, inputs: Inputs, settings: RunSettings) -> tuple[MindsporeRun, MindsporeRun | Run, Run | None]:
         # Offline the device is the dump: MindSpore runs here only as bench or reference, on the CPU.
         target = "CPU" if settings.offline else device_target(settings.backend, settings.device_request)
         configure(target, 0 if settings.offline else settings.device_index)
@@ -316,7 +338,7 @@ class MindsporeReplay:
         reference = Run(api, api.bench_fn, Placement(cpu)) if target != "CPU" else None
         return device, bench, reference
 
-    def reference_in_dump_dtype(self, api: Api, settings: Any) -> MindsporeRun:
+    def reference_in_dump_dtype(self, api: Api, settings: RunSettings) -> MindsporeRun:
         """Offline, the reference: MindSpore's own CPU kernel in the dump's dtypes (its
         torch twin would hold a MindSpore kernel to torch's rounding)."""
         configure("CPU", 0)

@@ -13,9 +13,12 @@ import importlib.resources
 import importlib.util
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.errors import DumpError
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Json
 
 INSTALL_HINT = "pip install 'pytest-msprobe[mindspore]'"
 TABLE_FILE = "api_tables/mindspore.toml"
@@ -29,7 +32,7 @@ class TwinSpec:
     torch: str | None
     rename: dict[str, str] = field(default_factory=dict)
     params: tuple[str, ...] = ()
-    defaults: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Json] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def mindspore_table() -> MindsporeTable:
     return parse_table(tomllib.loads(text))
 
 
-def parse_table(data: dict[str, Any]) -> MindsporeTable:
+def parse_table(data: dict[str, Json]) -> MindsporeTable:
     """Check the table's shape, so a bad edit fails the table tests, not a user's run."""
     special = {"unreplayable", "random"}
     owners: dict[str, str] = {}
@@ -59,7 +62,7 @@ def parse_table(data: dict[str, Any]) -> MindsporeTable:
     return MindsporeTable(owners, apis, dict(data["unreplayable"]), frozenset(data["random"]["names"]))
 
 
-def _twin(where: str, entry: dict[str, Any]) -> TwinSpec:
+def _twin(where: str, entry: dict[str, Json]) -> TwinSpec:
     unknown = set(entry) - _ENTRY_KEYS
     if unknown:
         raise ValueError(f"{TABLE_FILE} {where}: unknown keys {sorted(unknown)} (allowed: {sorted(_ENTRY_KEYS)})")
