@@ -27,6 +27,12 @@ in two modes:
   that made the dump; the shipped dumps: torch, one thread, avx512 CPU) and the subprocess's
   path is the reference. Tensor dumps only: statistics dumps have no outputs to judge.
 
+The default dumps include the two MindSpore dumps under tests/dumps/ (mindspore_small_*):
+single-run runs MindSpore's CPU kernels as the device and torch's twins as the bench (the
+path's ATEN_CPU_CAPABILITY/OMP_NUM_THREADS reach torch; MindSpore's kernels keep their own);
+offline judges the dumped MindSpore outputs against MindSpore's CPU kernel. The plugin venv
+needs MindSpore for them (2.10 there); calls MindSpore's CPU build lacks skip.
+
 It reads ``<out>/accuracy_checking_result_*.csv`` (UTF-8 with BOM; columns ``API name``,
 ``Forward Test Success``, ``Backward Test Success``, ``Message``) and counts, forward and
 backward together, the statuses judged (pass/warning/error), errors, warnings and SKIPs per
@@ -35,23 +41,36 @@ failure; a run that leaves no result CSV is reported as such. Every error and wa
 kept with its call name and Message and printed. ``--csv``/``--markdown`` write the table,
 ``--events`` the errors/warnings.
 
-``--make-dump CAP`` (repeatable) first makes a new dump of transformer12 float32 with msprobe
-itself under ATEN_CPU_CAPABILITY=CAP (one thread), using ``--maker-python`` (a separate venv
-with ``torch==2.13.0`` and ``mindstudio-probe``), and adds it to the dumps to judge; its
-device path is then "CAP/1t (dump writer)".
+More device paths: ``--make MODEL:DTYPE:CAP:THREADS`` (repeatable; THREADS defaults to 1)
+first makes a new tensor dump of MODEL in DTYPE with msprobe itself, by
+``tests/dumps/models/make_dumps.py MODEL DTYPE OUTDIR --threads THREADS`` under
+ATEN_CPU_CAPABILITY=CAP, using ``--maker-python`` (a separate venv with ``torch==2.13.0`` and
+``mindstudio-probe``), and adds it to the dumps to judge; its device path is then
+"CAP/THREADSt (dump writer)". ``--make-dump CAP`` is the older short form of
+``--make MAKE_MODEL:MAKE_DTYPE:CAP:1``. A made dump is judged offline under every path;
+single-run does not depend on who wrote the dump (the device is the subprocess's path), so
+``--single-made first`` (default) runs it only on the first dump of each (model, dtype,
+task) in the run -- a shipped dump of the same model and dtype comes first, else the first
+made one; ``all`` runs it on every made dump, ``none`` on none. Each made dump's tensor
+files are compared bitwise with the first made dump of its model and dtype (are they other
+kernels' outputs?), and torch's own report of the maker's path is printed.
 
 Example::
 
     python benchmarks/kernel_diversity.py --markdown /tmp/kd/table.md
     python benchmarks/kernel_diversity.py --caps default avx512 --threads 1 \
         --modes offline tests/dumps/models/gru_tensor_fp32
+    python benchmarks/kernel_diversity.py --only-made --make widenorm:bfloat16:avx2:2 \
+        --make transformer12:float16:default:1 --events /tmp/kd/events.csv
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,8 +86,12 @@ EXTRA_DUMPS = (
     "tests/dumps/torch_mlpcnn_tensor_fp32",
     "tests/dumps/torch_mlpcnn_mix_tensor_fp16",
     "tests/dumps/torch_mlpcnn_statistics_bf16",
+    "tests/dumps/mindspore_small_tensor_fp32",
+    "tests/dumps/mindspore_small_statistics_fp32",
 )
 SHIPPED_WRITER = "avx512/1t (dump writer)"
+MINDSPORE_WRITER = "MindSpore (shipped dump writer)"
+SHORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 JUDGED = ("pass", "warning", "error")
 DIRECTIONS = {"Forward Test Success": "forward", "Backward Test Success": "backward"}
 
@@ -100,6 +123,9 @@ class Dump:
     name: str
     task: str
     writer: str = SHIPPED_WRITER
+    model: str = ""  # with dtype: the single-run key of --single-made first
+    dtype: str = ""
+    made: bool = False
 
 
 @dataclass
@@ -123,11 +149,7 @@ class RunResult:
 
 def default_dumps() -> list[Path]:
     """Every tensor/statistics dump under tests/dumps/models/ but faults/, plus EXTRA_DUMPS."""
-    models = sorted(
-        Path(p).parent
-        for p in glob.glob(str(REPO / "tests/dumps/models/*/dump.json"))
-        if Path(p).parent.name != "faults"
-    )
+    models = sorted(Path(p).parent for p in glob.glob(str(REPO / "tests/dumps/models/*/dump.json")) if Path(p).parent.name != "faults")
     return models + [REPO / extra for extra in EXTRA_DUMPS]
 
 
@@ -136,18 +158,29 @@ def read_dump(folder: Path, writer: str = SHIPPED_WRITER) -> Dump:
     with open(folder / "dump.json", encoding="utf-8") as handle:
         head = handle.read(4096)
     task = "statistics" if '"statistics"' in head.split('"data"')[0] else "tensor"
+    if '"mindspore"' in head.split('"data"')[0]:
+        writer = MINDSPORE_WRITER
     try:
         name = str(folder.resolve().relative_to(REPO))
     except ValueError:
         name = str(folder)
-    return Dump(folder=folder, name=name, task=task, writer=writer)
+    parsed = re.fullmatch(r"(\w+?)_(?:tensor|statistics)_(fp32|bf16|fp16)", folder.resolve().name)
+    model, dtype = (parsed[1], SHORT_DTYPES[parsed[2]]) if parsed else (name, "")
+    return Dump(folder=folder, name=name, task=task, writer=writer, model=model, dtype=dtype)
 
 
 def pytest_command(dump_json: Path, out: Path, offline: bool) -> list[str]:
     """The plugin run of one dump."""
     command = [
-        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-        f"--msprobe-dump={dump_json}", "--msprobe-device=cpu", f"--msprobe-out={out}",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--msprobe-dump={dump_json}",
+        "--msprobe-device=cpu",
+        f"--msprobe-out={out}",
     ]
     return command + (["--msprobe-offline"] if offline else [])
 
@@ -169,19 +202,26 @@ def count_statuses(frame: pd.DataFrame, result: RunResult) -> None:
         result.skips += int((statuses == "SKIP").sum())
         flagged = frame[statuses.isin(("error", "warning"))]
         for _, row in flagged.iterrows():
-            result.events.append({
-                "dump": result.dump, "mode": result.mode, "device": result.device,
-                "reference": result.reference, "call": row["API name"],
-                "direction": direction, "status": row[column].strip(),
-                "message": row["Message"],
-            })
+            result.events.append(
+                {
+                    "dump": result.dump,
+                    "mode": result.mode,
+                    "device": result.device,
+                    "reference": result.reference,
+                    "call": row["API name"],
+                    "direction": direction,
+                    "status": row[column].strip(),
+                    "message": row["Message"],
+                }
+            )
 
 
 def run_one(dump: Dump, mode: str, path: KernelPath, scratch: Path) -> RunResult:
     """Copy the dump, run the plugin under path's environment, count the result CSV."""
     offline = mode == "offline"
     result = RunResult(
-        dump=dump.name, mode=mode,
+        dump=dump.name,
+        mode=mode,
         device=dump.writer if offline else path.label,
         reference=path.label if offline else "none (single-run rules)",
     )
@@ -193,7 +233,11 @@ def run_one(dump: Dump, mode: str, path: KernelPath, scratch: Path) -> RunResult
     started = time.perf_counter()
     proc = subprocess.run(
         pytest_command(work / "dump" / "dump.json", out, offline),
-        check=False, cwd=work, env=path.env(), capture_output=True, text=True,
+        check=False,
+        cwd=work,
+        env=path.env(),
+        capture_output=True,
+        text=True,
     )
     result.seconds = time.perf_counter() - started
     result.exit_status = proc.returncode
@@ -207,28 +251,70 @@ def run_one(dump: Dump, mode: str, path: KernelPath, scratch: Path) -> RunResult
     return result
 
 
-def probe_path(path: KernelPath) -> str:
-    """What torch itself reports under path's environment: capability and thread count."""
-    code = ("import torch; print(torch.backends.cpu.get_cpu_capability(), "
-            "torch.get_num_threads())")
-    proc = subprocess.run([sys.executable, "-c", code], check=False, env=path.env(),
-                          capture_output=True, text=True)
+def probe_path(path: KernelPath, python: str = sys.executable, threads_call: bool = False) -> str:
+    """What torch itself reports under path's environment: capability and thread count
+    (threads_call: after torch.set_num_threads(path.threads), as make_dumps.py does)."""
+    set_threads = f"torch.set_num_threads({path.threads}); " if threads_call else ""
+    code = f"import torch; {set_threads}print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())"
+    proc = subprocess.run([python, "-c", code], check=False, env=path.env(), capture_output=True, text=True)
     return proc.stdout.strip() or proc.stderr.strip()[-200:]
 
 
-def make_dump(maker_python: str, cap: str, scratch: Path, model: str, dtype: str) -> Dump:
-    """A new msprobe dump made by tests/dumps/models/make_dumps.py under ATEN_CPU_CAPABILITY=cap."""
-    out = scratch / "made" / f"{model}_tensor_{dtype}_{cap}"
+@dataclass(frozen=True)
+class MakeSpec:
+    """A dump to make: MODEL:DTYPE:CAP[:THREADS]."""
+
+    model: str
+    dtype: str
+    cap: str
+    threads: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> MakeSpec:
+        parts = text.split(":")
+        if len(parts) not in (3, 4) or not all(parts):
+            raise argparse.ArgumentTypeError(f"--make wants MODEL:DTYPE:CAP[:THREADS], not {text!r}")
+        return cls(parts[0], parts[1], parts[2], int(parts[3]) if len(parts) == 4 else 1)
+
+
+def make_dump(maker_python: str, spec: MakeSpec, scratch: Path) -> Dump:
+    """A new msprobe dump made by tests/dumps/models/make_dumps.py under spec's path."""
+    out = scratch / "made" / f"{spec.model}_tensor_{spec.dtype}_{spec.cap}_{spec.threads}t"
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = KernelPath(cap, 1).env()
-    command = [maker_python, str(REPO / "tests/dumps/models/make_dumps.py"), model, dtype, str(out)]
-    proc = subprocess.run(command, check=False, cwd=out.parent, env=env,
-                          capture_output=True, text=True)
+    path = KernelPath(spec.cap, spec.threads)
+    command = [
+        maker_python,
+        str(REPO / "tests/dumps/models/make_dumps.py"),
+        spec.model,
+        spec.dtype,
+        str(out),
+        "--threads",
+        str(spec.threads),
+    ]
+    proc = subprocess.run(command, check=False, cwd=out.parent, env=path.env(), capture_output=True, text=True)
     if proc.returncode != 0 or not (out / "dump.json").exists():
-        raise RuntimeError(f"make_dumps.py under {cap} failed:\n{proc.stdout}\n{proc.stderr}")
-    return Dump(folder=out, name=f"made:{model}_tensor_{dtype}@{cap}", task="tensor",
-                writer=f"{cap}/1t (dump writer)")
+        raise RuntimeError(f"make_dumps.py under {path.label} failed:\n{proc.stdout}\n{proc.stderr}")
+    return Dump(
+        folder=out,
+        name=f"made:{spec.model}_tensor_{spec.dtype}@{path.label}",
+        task="tensor",
+        writer=f"{path.label} (dump writer)",
+        model=spec.model,
+        dtype=spec.dtype,
+        made=True,
+    )
+
+
+def differing_files(folder: Path, other: Path) -> str:
+    """How many tensor files of folder differ bitwise from other's (same names)."""
+    names = sorted(p.name for p in (folder / "dump_tensor_data").iterdir())
+    outputs = [n for n in names if ".output." in n]
+    _, diff, errors = filecmp.cmpfiles(folder / "dump_tensor_data", other / "dump_tensor_data", names, shallow=False)
+    diff_outputs = sum(".output." in n for n in diff)
+    return f"{len(diff)}/{len(names)} tensor files ({diff_outputs}/{len(outputs)} outputs) differ bitwise from {other.name}" + (
+        f", {len(errors)} missing" if errors else ""
+    )
 
 
 def modes_for(dump: Dump, modes: list[str]) -> list[str]:
@@ -236,10 +322,19 @@ def modes_for(dump: Dump, modes: list[str]) -> list[str]:
     return [m for m in modes if m == "single" or dump.task == "tensor"]
 
 
+def single_run_wanted(dump: Dump, policy: str, seen: set[tuple[str, str, str]]) -> bool:
+    """Single-run for a shipped dump always; for a made dump per --single-made."""
+    key = (dump.model, dump.dtype, dump.task)
+    first = key not in seen
+    seen.add(key)
+    if not dump.made:
+        return True
+    return policy == "all" or (policy == "first" and first)
+
+
 def summary_table(results: list[RunResult]) -> pd.DataFrame:
     """One row per (dump, mode, path)."""
-    columns = ["dump", "mode", "device", "reference", "rows", "judged", "errors",
-               "warnings", "skips", "exit_status", "seconds", "note"]
+    columns = ["dump", "mode", "device", "reference", "rows", "judged", "errors", "warnings", "skips", "exit_status", "seconds", "note"]
     frame = pd.DataFrame([{c: getattr(r, c) for c in columns} for r in results])
     frame["seconds"] = frame["seconds"].round(1)
     return frame
@@ -255,29 +350,52 @@ def to_markdown(frame: pd.DataFrame) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Judge correct dumps under every CPU kernel path "
-                    "(ATEN_CPU_CAPABILITY x OMP_NUM_THREADS): expect 0 errors, 0 warnings.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("dumps", nargs="*", type=Path,
-                        help="dump folders (holding dump.json); default: every shipped "
-                             "tensor/statistics dump but tests/dumps/models/faults")
-    parser.add_argument("--caps", nargs="+", default=["default", "avx2", "avx512"],
-                        help="ATEN_CPU_CAPABILITY values (default: default avx2 avx512)")
-    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2],
-                        help="OMP_NUM_THREADS values (default: 1 2)")
-    parser.add_argument("--modes", nargs="+", choices=["single", "offline"],
-                        default=["single", "offline"], help="modes (default: both)")
-    parser.add_argument("--scratch", type=Path, default=Path("/tmp/kd/runs"),
-                        help="where dump copies and outputs go (default /tmp/kd/runs)")
-    parser.add_argument("--make-dump", action="append", default=[], metavar="CAP",
-                        help="also make a transformer12 float32 dump with msprobe under "
-                             "ATEN_CPU_CAPABILITY=CAP and judge it offline (repeatable)")
-    parser.add_argument("--maker-python", default="/tmp/kd/msvenv/bin/python",
-                        help="python with torch==2.13.0 and mindstudio-probe for --make-dump")
-    parser.add_argument("--make-model", default="transformer12")
-    parser.add_argument("--make-dtype", default="float32")
-    parser.add_argument("--only-made", action="store_true",
-                        help="judge only the dumps made by --make-dump")
+        description="Judge correct dumps under every CPU kernel path (ATEN_CPU_CAPABILITY x OMP_NUM_THREADS): expect 0 errors, 0 warnings.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    parser.add_argument(
+        "dumps",
+        nargs="*",
+        type=Path,
+        help="dump folders (holding dump.json); default: every shipped "
+        "tensor/statistics dump under tests/dumps/models but faults/, "
+        "plus the torch and MindSpore dumps of EXTRA_DUMPS",
+    )
+    parser.add_argument(
+        "--caps", nargs="+", default=["default", "avx2", "avx512"], help="ATEN_CPU_CAPABILITY values (default: default avx2 avx512)"
+    )
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="OMP_NUM_THREADS values (default: 1 2)")
+    parser.add_argument("--modes", nargs="+", choices=["single", "offline"], default=["single", "offline"], help="modes (default: both)")
+    parser.add_argument(
+        "--scratch", type=Path, default=Path("/tmp/kd/runs"), help="where dump copies and outputs go (default /tmp/kd/runs)"
+    )
+    parser.add_argument(
+        "--make",
+        action="append",
+        default=[],
+        type=MakeSpec.parse,
+        metavar="MODEL:DTYPE:CAP[:THREADS]",
+        help="also make a tensor dump of MODEL (make_dumps.py --list) in DTYPE "
+        "(float32, bfloat16, float16) with msprobe under "
+        "ATEN_CPU_CAPABILITY=CAP and THREADS torch threads (default 1), "
+        "and judge it offline under every path (repeatable)",
+    )
+    parser.add_argument(
+        "--make-dump", action="append", default=[], metavar="CAP", help="short form: --make MAKE_MODEL:MAKE_DTYPE:CAP:1 (repeatable)"
+    )
+    parser.add_argument(
+        "--maker-python", default="/tmp/kd/msvenv/bin/python", help="python with torch==2.13.0 and mindstudio-probe for --make"
+    )
+    parser.add_argument("--make-model", default="transformer12", help="MODEL of --make-dump (default transformer12)")
+    parser.add_argument("--make-dtype", default="float32", help="DTYPE of --make-dump (default float32)")
+    parser.add_argument(
+        "--single-made",
+        choices=["first", "all", "none"],
+        default="first",
+        help="single-run of made dumps: on the first dump of each (model, dtype) in the run, shipped ones first (default); on all; none",
+    )
+    parser.add_argument("--only-made", action="store_true", help="judge only the dumps made by --make/--make-dump")
     parser.add_argument("--csv", type=Path, help="write the summary table here")
     parser.add_argument("--markdown", type=Path, help="write the summary table as markdown")
     parser.add_argument("--events", type=Path, help="write every error/warning here (CSV)")
@@ -287,11 +405,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def collect_dumps(args: argparse.Namespace) -> list[Dump]:
     """The shipped or given dumps, then the ones made under other paths."""
     dumps = [] if args.only_made else [read_dump(f) for f in (args.dumps or default_dumps())]
-    for cap in args.make_dump:
+    specs = args.make + [MakeSpec(args.make_model, args.make_dtype, cap) for cap in args.make_dump]
+    first_made: dict[tuple[str, str], Path] = {}
+    for spec in specs:
         started = time.perf_counter()
-        made = make_dump(args.maker_python, cap, args.scratch, args.make_model, args.make_dtype)
-        print(f"made {made.name} in {time.perf_counter() - started:.1f}s: {made.folder}",
-              flush=True)
+        made = make_dump(args.maker_python, spec, args.scratch)
+        seconds = time.perf_counter() - started
+        first = first_made.setdefault((spec.model, spec.dtype), made.folder)
+        compared = differing_files(made.folder, first) if first != made.folder else "first made"
+        reported = probe_path(KernelPath(spec.cap, spec.threads), args.maker_python, True)
+        print(f"made {made.name} in {seconds:.1f}s: {made.folder} (maker's torch reports {reported}; {compared})", flush=True)
         dumps.append(made)
     return dumps
 
@@ -305,30 +428,35 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter()
     dumps = collect_dumps(args)
     results: list[RunResult] = []
+    seen: set[tuple[str, str, str]] = set()
     for dump in dumps:
+        single = single_run_wanted(dump, args.single_made, seen)
         for mode in modes_for(dump, args.modes):
-            if dump.writer != SHIPPED_WRITER and mode == "single":
-                continue  # a made dump's point is its dumped outputs: offline only
+            if mode == "single" and not single:
+                continue  # single-run does not depend on who wrote the dump
             for path in paths:
                 result = run_one(dump, mode, path, args.scratch)
                 results.append(result)
-                print(f"{dump.name:45s} {mode:8s} {path.label:11s} judged={result.judged:4d} "
-                      f"errors={result.errors} warnings={result.warnings} skips={result.skips} "
-                      f"exit={result.exit_status} {result.seconds:.1f}s {result.note}", flush=True)
+                print(
+                    f"{dump.name:50s} {mode:8s} {path.label:11s} judged={result.judged:4d} "
+                    f"errors={result.errors} warnings={result.warnings} skips={result.skips} "
+                    f"exit={result.exit_status} {result.seconds:.1f}s {result.note}",
+                    flush=True,
+                )
     wall = time.perf_counter() - wall
     table = summary_table(results)
-    events = pd.DataFrame([e for r in results for e in r.events],
-                          columns=["dump", "mode", "device", "reference", "call",
-                                   "direction", "status", "message"])
-    with pd.option_context("display.max_rows", None, "display.width", 200,
-                           "display.max_columns", None, "display.max_colwidth", 60):
+    events = pd.DataFrame(
+        [e for r in results for e in r.events], columns=["dump", "mode", "device", "reference", "call", "direction", "status", "message"]
+    )
+    with pd.option_context("display.max_rows", None, "display.width", 200, "display.max_columns", None, "display.max_colwidth", 60):
         print(table.drop(columns=["note"]).to_string(index=False))
         print(f"\n{len(events)} errors/warnings")
     for event in events.itertuples(index=False):
-        print(f"- [{event.status}] {event.dump} {event.mode} device={event.device} "
-              f"reference={event.reference} {event.call} {event.direction}: {event.message}")
-    print(f"\ntotal: {len(results)} runs, {table['errors'].sum()} errors, "
-          f"{table['warnings'].sum()} warnings, wall {wall:.1f}s")
+        print(
+            f"- [{event.status}] {event.dump} {event.mode} device={event.device} "
+            f"reference={event.reference} {event.call} {event.direction}: {event.message}"
+        )
+    print(f"\ntotal: {len(results)} runs, {table['errors'].sum()} errors, {table['warnings'].sum()} warnings, wall {wall:.1f}s")
     if args.csv:
         table.to_csv(args.csv, index=False)
     if args.markdown:

@@ -6,14 +6,17 @@ Run with torch and mindstudio-probe installed (never torch_npu):
     python make_dumps.py --fault NAME --fault-dump OUTDIR   the fault table's model and dtype
     python make_dumps.py --all [--root DIR]      every shipped dump (and shipped fault dump)
     python make_dumps.py --list                  models, shipped dumps, the fault table
-MODEL: transformer12 transformer1 transformer_large convbn gru lstm embedattn; DTYPE: float32 bfloat16 float16.
+    python make_dumps.py MODEL DTYPE OUTDIR --threads N    dump with N torch threads (default 1)
+MODEL: transformer12 transformer1 transformer_large convbn gru lstm embedattn widenorm; DTYPE: float32 bfloat16 float16.
 
 The dump is rewritten to the portable layout: OUTDIR/dump.json, OUTDIR/dump_tensor_data/*.pt,
 OUTDIR/construct.json, with dump_data_dir set to a foreign path (a dump is always read on
 another machine) and stack.json dropped (it names files of the machine that made it).
 Seeds are fixed and torch runs with one thread while dumping (a reduction split over
 several threads rounds differently): rerunning the maker writes the same files on any
-machine. One dump per process (msprobe's debugger wraps the APIs once per process); --all
+machine. --threads N (default 1) dumps with N threads instead: another correct kernel path,
+for benchmarks/kernel_diversity.py; the shipped dumps (--all, --fault-dump) always use one
+thread. One dump per process (msprobe's debugger wraps the APIs once per process); --all
 and --fault-dump start subprocesses.
 
 --fault NAME plants one of the faulty kernels of tests/model_faults.py WHILE dumping: the
@@ -37,9 +40,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -126,7 +130,9 @@ class Recurrent(nn.Module):
         r = s.rnn
         h0 = torch.zeros(r.num_layers, x.shape[0], r.hidden_size, dtype=x.dtype)
         if isinstance(r, nn.LSTM):
-            out = torch.lstm(x, (h0, h0.clone()), r._flat_weights, r.bias, r.num_layers, r.dropout, r.training, r.bidirectional, r.batch_first)[0]
+            out = torch.lstm(
+                x, (h0, h0.clone()), r._flat_weights, r.bias, r.num_layers, r.dropout, r.training, r.bidirectional, r.batch_first
+            )[0]
         else:
             out = torch.gru(x, h0, r._flat_weights, r.bias, r.num_layers, r.dropout, r.training, r.bidirectional, r.batch_first)[0]
         return s.fc(out[:, -1])
@@ -149,6 +155,45 @@ class EmbedAttn(nn.Module):
         future = torch.ones(n, n, dtype=torch.bool).triu(1)
         attn = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
         return s.head(x + attn @ s.v(x))
+
+
+class WideNorm(nn.Module):
+    """Wide reductions: GEMMs with K = 4096 and normalisations in training mode.
+
+    x (8, 4096) -> layer_norm over the 4096 features, then three branches:
+    a linear 4096 -> 24 (K = 4096) and batch_norm (BatchNorm1d, batch statistics);
+    a matmul by a 4096 x 8 matrix (K = 4096);
+    the same row as 512 tokens of 8 features: a linear 8 -> 8 over the 4096 tokens (its
+    weight gradient sums over K = 4096), rms_norm over each sample's 512 x 8 values
+    (written out: pow, mean, add, rsqrt, mul -- msprobe 26.2 does not wrap F.rms_norm, its
+    torch list has npu_rms_norm only, so F.rms_norm runs but is not in the dump),
+    group_norm (8 channels in 4 groups of 2 x 512 values) and BatchNorm2d (8 channels, each
+    over 8 x 16 x 32 = 4096 values), averaged to 8 features. The 40 features are joined,
+    layer_norm'ed, rms_norm'ed (F.rms_norm: not dumped) and classified by a linear 40 -> 10."""
+
+    def __init__(s) -> None:
+        super().__init__()
+        s.ln_in = nn.LayerNorm(4096)
+        s.wide, s.bn1 = nn.Linear(4096, 24), nn.BatchNorm1d(24)
+        s.proj = nn.Parameter(torch.randn(4096, 8) / 64)
+        s.tok = nn.Linear(8, 8)
+        s.rms_tok = nn.Parameter(torch.ones(512, 8) + 0.1 * torch.randn(512, 8))
+        s.gn, s.bn2 = nn.GroupNorm(4, 8), nn.BatchNorm2d(8)
+        s.ln_out = nn.LayerNorm(40)
+        s.rms_out = nn.Parameter(torch.ones(40) + 0.1 * torch.randn(40))
+        s.head = nn.Linear(40, 10)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        x = s.ln_in(x)
+        wide = s.bn1(s.wide(x))
+        proj = torch.matmul(x, s.proj)
+        tok = s.tok(x.reshape(b, 512, 8))
+        tok = tok * torch.rsqrt(tok.pow(2).mean(dim=(1, 2), keepdim=True) + 1e-6) * s.rms_tok
+        tok = s.gn(tok.transpose(1, 2))  # (b, 8 channels, 512)
+        tok = s.bn2(tok.reshape(b, 8, 16, 32)).mean(dim=(2, 3))
+        h = s.ln_out(torch.cat([wide, proj, tok], dim=1))
+        return s.head(F.rms_norm(h, (40,), s.rms_out))
 
 
 def _token_ids(vocab: int, batch: int, seq: int) -> torch.Tensor:
@@ -176,20 +221,45 @@ def _per_token_labels(classes: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "transformer12": ModelSpec(lambda: Transformer(12), lambda: _token_ids(64, 1, 8), _per_token_labels(64),
-                               "embedding, add, 12 x (layer_norm, linear, matmul, mul, softmax, gelu, add), cross_entropy (msprobe 26.2 dumps no split/reshape/transpose)"),
-    "transformer1": ModelSpec(lambda: Transformer(1), lambda: _token_ids(64, 1, 8), _per_token_labels(64),
-                              "transformer12 with 1 block (the fault dumps: small)"),
+    "transformer12": ModelSpec(
+        lambda: Transformer(12),
+        lambda: _token_ids(64, 1, 8),
+        _per_token_labels(64),
+        "embedding, add, 12 x (layer_norm, linear, matmul, mul, softmax, gelu, add), cross_entropy (msprobe 26.2 dumps no split/reshape/transpose)",
+    ),
+    "transformer1": ModelSpec(
+        lambda: Transformer(1), lambda: _token_ids(64, 1, 8), _per_token_labels(64), "transformer12 with 1 block (the fault dumps: small)"
+    ),
     # not shipped (fp32 tensor dump ~1 GB): benchmarks/bench_large_calls.py makes it under /tmp
-    "transformer_large": ModelSpec(lambda: Transformer(2, vocab=1024, dim=1024, heads=16, mlp=4096, seq=512),
-                                   lambda: _token_ids(1024, 1, 512), _per_token_labels(1024),
-                                   "transformer12's block, hidden 1024, 16 heads, MLP 4096, sequence 512, 2 blocks"),
-    "convbn": ModelSpec(ConvBN, lambda: torch.randn(4, 3, 8, 8), _per_token_labels(10),
-                        "conv2d, batch_norm, relu, max_pool2d, flatten, linear, cross_entropy"),
+    "transformer_large": ModelSpec(
+        lambda: Transformer(2, vocab=1024, dim=1024, heads=16, mlp=4096, seq=512),
+        lambda: _token_ids(1024, 1, 512),
+        _per_token_labels(1024),
+        "transformer12's block, hidden 1024, 16 heads, MLP 4096, sequence 512, 2 blocks",
+    ),
+    "convbn": ModelSpec(
+        ConvBN,
+        lambda: torch.randn(4, 3, 8, 8),
+        _per_token_labels(10),
+        "conv2d, batch_norm, relu, max_pool2d, flatten, linear, cross_entropy",
+    ),
     "gru": ModelSpec(lambda: Recurrent(nn.GRU), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "GRU (2 layers), linear"),
     "lstm": ModelSpec(lambda: Recurrent(nn.LSTM), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "LSTM (2 layers), linear"),
-    "embedattn": ModelSpec(EmbedAttn, _repeated_token_ids, _per_token_labels(10),
-                           "embedding 5000 x 16 with repeated ids, linear, matmul, masked_fill(-inf, causal), softmax"),
+    "embedattn": ModelSpec(
+        EmbedAttn,
+        _repeated_token_ids,
+        _per_token_labels(10),
+        "embedding 5000 x 16 with repeated ids, linear, matmul, masked_fill(-inf, causal), softmax",
+    ),
+    # not shipped: for benchmarks/kernel_diversity.py (wide reductions under other kernel paths)
+    "widenorm": ModelSpec(
+        WideNorm,
+        lambda: torch.randn(8, 4096),
+        _per_token_labels(10),
+        "layer_norm (4096), linear 4096 -> 32, batch_norm 1d/2d (train), matmul K = 4096, "
+        "linear over 4096 tokens, rms_norm over 4096 written out (pow, mean, rsqrt, mul), group_norm, "
+        "mean, linear (msprobe 26.2 dumps neither F.rms_norm nor cat)",
+    ),
 }
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -215,22 +285,43 @@ SHIPPED = {
 # gradient summed row by row in bfloat16 (karpathy/llm.c#476) is, over 8 rows, no less
 # accurate than the CPU kernel's own.
 FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
-    "bf16_truncation": ("transformer1", "bfloat16",
-                        "tenstorrent/tt-metal#19882 'Replace truncating fp32->bf16 with tie-to-even rounding rule'"),
-    "fp32_dot_toward_zero": ("transformer1", "float32",
-                             "Xilinx/mlir-aie#2983 'AIECoreToStandard: set conv_even rounding mode for bf16 matmul' (directed rounding of a matmul)"),
-    "fp16_gemm_fp16_accumulation": ("transformer1", "float16",
-                                    "pytorch/pytorch#123157 'Add support for CUBLAS_COMPUTE_16F for gemm operations in cudaBLAS'"),
+    "bf16_truncation": (
+        "transformer1",
+        "bfloat16",
+        "tenstorrent/tt-metal#19882 'Replace truncating fp32->bf16 with tie-to-even rounding rule'",
+    ),
+    "fp32_dot_toward_zero": (
+        "transformer1",
+        "float32",
+        "Xilinx/mlir-aie#2983 'AIECoreToStandard: set conv_even rounding mode for bf16 matmul' (directed rounding of a matmul)",
+    ),
+    "fp16_gemm_fp16_accumulation": (
+        "transformer1",
+        "float16",
+        "pytorch/pytorch#123157 'Add support for CUBLAS_COMPUTE_16F for gemm operations in cudaBLAS'",
+    ),
     "tf32_conv": ("convbn", "float32", "pytorch/pytorch#107514 'conv2d wrong results on 3090/3090ti' (cudnn.allow_tf32 default)"),
-    "gelu_tanh_approximation": ("transformer1", "float32",
-                                "uxlfoundation/oneDNN#1122 'precision difference between Mkldnn Gelu and Gelu's erf algorithm'"),
+    "gelu_tanh_approximation": (
+        "transformer1",
+        "float32",
+        "uxlfoundation/oneDNN#1122 'precision difference between Mkldnn Gelu and Gelu's erf algorithm'",
+    ),
     "softmax_low_precision_sum": ("transformer1", "bfloat16", "apache/mxnet#14072 'Fp16 support for softmax' (reduction done in fp16)"),
-    "softmax_backward_half_accumulator": ("transformer1", "float16",
-                                          "ROCm/MIOpen#3427 'Softmax log backward : Increase precision of fp16's accumulator to fp32'"),
-    "embedding_backward_lost_duplicates": ("embedattn", "float32",
-                                           "pytorch/pytorch#187687 'fix: aten embed bwd thread sync before proceeding to next batch'"),
-    "maxpool_backward_all_ties": ("convbn", "float32",
-                                  "Theano/Theano#5248 'Backpropagation on max-pooling' (gradient to all inputs equal to the max, unlike cuDNN)"),
+    "softmax_backward_half_accumulator": (
+        "transformer1",
+        "float16",
+        "ROCm/MIOpen#3427 'Softmax log backward : Increase precision of fp16's accumulator to fp32'",
+    ),
+    "embedding_backward_lost_duplicates": (
+        "embedattn",
+        "float32",
+        "pytorch/pytorch#187687 'fix: aten embed bwd thread sync before proceeding to next batch'",
+    ),
+    "maxpool_backward_all_ties": (
+        "convbn",
+        "float32",
+        "Theano/Theano#5248 'Backpropagation on max-pooling' (gradient to all inputs equal to the max, unlike cuDNN)",
+    ),
 }
 
 # --- dumping --------------------------------------------------------------------
@@ -249,9 +340,15 @@ def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tenso
 
         seed_all(SEED)
         raw = tempfile.mkdtemp()
-        cfg = {"task": task, "dump_path": raw, "rank": [], "step": [], "level": "L1",
-               "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
-               "tensor": {"scope": [], "list": [], "data_mode": ["all"], "file_format": "pt"}}
+        cfg = {
+            "task": task,
+            "dump_path": raw,
+            "rank": [],
+            "step": [],
+            "level": "L1",
+            "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+            "tensor": {"scope": [], "list": [], "data_mode": ["all"], "file_format": "pt"},
+        }
         cfg_path = os.path.join(raw, "config.json")
         with open(cfg_path, "w") as handle:
             json.dump(cfg, handle)
@@ -287,8 +384,10 @@ def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tenso
     shutil.copy(os.path.join(srcdir, "construct.json"), outdir)
     shutil.rmtree(raw)
     size = sum(path.stat().st_size for path in outdir.rglob("*") if path.is_file())
-    print(f"{outdir}: {model_name} {dtype_name} {task}{' fault ' + fault if fault else ''}: "
-          f"{len(dump['data'])} entries, {size / 1e6:.2f} MB", flush=True)
+    print(
+        f"{outdir}: {model_name} {dtype_name} {task}{' fault ' + fault if fault else ''}: {len(dump['data'])} entries, {size / 1e6:.2f} MB",
+        flush=True,
+    )
     return dump
 
 
@@ -351,7 +450,7 @@ def _compare(correct: list[Any], dumped: list[Any], exact: list[Any]) -> list[st
     """Per output: how the dumped tensor differs from the correct kernel's, and both
     against the exact (float64) result, in ULPs of the output's dtype."""
     notes = []
-    for position, (good, seen, true) in enumerate(zip(correct, dumped, exact)):
+    for position, (good, seen, true) in enumerate(zip(correct, dumped, exact, strict=False)):
         if not isinstance(good, torch.Tensor) or not isinstance(seen, torch.Tensor):
             continue
         good, seen = good.detach(), seen.detach()
@@ -363,10 +462,12 @@ def _compare(correct: list[Any], dumped: list[Any], exact: list[Any]) -> list[st
         if count:
             signed = (seen.double() - true.double()) * torch.sign(true.double())
             toward_zero = float((signed[differ] < 0).double().mean())
-            notes.append(f"output {position} {tuple(seen.shape)} {str(seen.dtype).replace('torch.', '')}: "
-                         f"{count}/{seen.numel()} elements differ from the correct kernel; vs exact: dumped "
-                         f"{_describe(_ulp_errors(seen, true))}, correct kernel {_describe(_ulp_errors(good, true))}; "
-                         f"{toward_zero:.0%} of the differing elements are below the exact magnitude")
+            notes.append(
+                f"output {position} {tuple(seen.shape)} {str(seen.dtype).replace('torch.', '')}: "
+                f"{count}/{seen.numel()} elements differ from the correct kernel; vs exact: dumped "
+                f"{_describe(_ulp_errors(seen, true))}, correct kernel {_describe(_ulp_errors(good, true))}; "
+                f"{toward_zero:.0%} of the differing elements are below the exact magnitude"
+            )
     return notes
 
 
@@ -390,7 +491,9 @@ def _run_forward(function: Callable, record: dict[str, Any], tensor_dir: Path, e
     return list(output) if isinstance(output, (tuple, list)) else [output]
 
 
-def _run_backward(function: Callable, forward: dict[str, Any], backward: dict[str, Any], tensor_dir: Path, exact: bool = False) -> list[Any]:
+def _run_backward(
+    function: Callable, forward: dict[str, Any], backward: dict[str, Any], tensor_dir: Path, exact: bool = False
+) -> list[Any]:
     """The gradients msprobe records: those the autograd node producing the call's
     (first) output passes to its inputs, given the dumped incoming gradients."""
     args = decode(forward.get("input_args", []), tensor_dir)
@@ -404,7 +507,11 @@ def _run_backward(function: Callable, forward: dict[str, Any], backward: dict[st
         outputs = list(output) if isinstance(output, (tuple, list)) else [output]
         first = next(t for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None)
         first.grad_fn.register_hook(lambda grad_inputs, grad_outputs: captured.append(list(grad_inputs)))
-        pairs = [(o, g) for o, g in zip(outputs, grads_in) if isinstance(o, torch.Tensor) and o.requires_grad and isinstance(g, torch.Tensor)]
+        pairs = [
+            (o, g)
+            for o, g in zip(outputs, grads_in, strict=False)
+            if isinstance(o, torch.Tensor) and o.requires_grad and isinstance(g, torch.Tensor)
+        ]
         torch.autograd.backward([o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs])
     return captured[0]
 
@@ -441,8 +548,9 @@ def verify_fault(outdir: Path, fault: str, clean: dict[str, Any] | None = None) 
     for name, notes in findings:
         print(f"  {name}: {'; '.join(notes) if notes else 'identical to the correct kernel'}")
     if not hits:
-        raise SystemExit(f"FAULT NOT IN THE DUMP: no {'/'.join(wanted)} call of {spec.call_prefix}* in {outdir} "
-                         f"differs from the correct kernel")
+        raise SystemExit(
+            f"FAULT NOT IN THE DUMP: no {'/'.join(wanted)} call of {spec.call_prefix}* in {outdir} differs from the correct kernel"
+        )
     print(f"{fault}: in the dump ({len(hits)} {'/'.join(wanted)} calls of {spec.call_prefix}* differ from the correct kernel)")
     return findings
 
@@ -486,8 +594,10 @@ def list_everything() -> None:
     print("faults (tests/model_faults.py; dumps under tests/dumps/models/faults/<fault>/):")
     for fault, (model, dtype, citation) in FAULT_DUMPS.items():
         spec = model_faults.FAULTS[fault]
-        print(f"  {fault}: {spec.call_prefix}* {'/'.join(SHORT[str(d).replace('torch.', '')] for d in spec.dtypes)} "
-              f"{spec.direction}; dumped on {model} {dtype}; {citation}")
+        print(
+            f"  {fault}: {spec.call_prefix}* {'/'.join(SHORT[str(d).replace('torch.', '')] for d in spec.dtypes)} "
+            f"{spec.direction}; dumped on {model} {dtype}; {citation}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -497,13 +607,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("outdir", nargs="?", type=Path)
     parser.add_argument("--task", default="tensor", choices=["tensor", "statistics"])
     parser.add_argument("--fault", choices=sorted(model_faults.FAULTS))
-    parser.add_argument("--fault-dump", type=Path, metavar="OUTDIR",
-                        help="with --fault: dump the fault table's model and dtype for this fault into OUTDIR")
+    parser.add_argument(
+        "--fault-dump", type=Path, metavar="OUTDIR", help="with --fault: dump the fault table's model and dtype for this fault into OUTDIR"
+    )
     parser.add_argument("--all", action="store_true", help="regenerate every shipped dump under --root")
     parser.add_argument("--root", type=Path, default=HERE)
     parser.add_argument("--list", action="store_true")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch threads while dumping MODEL DTYPE OUTDIR (default 1; --all and --fault-dump subprocesses always use 1)",
+    )
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if args.list:
         list_everything()
     elif args.all:
