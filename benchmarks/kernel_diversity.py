@@ -98,19 +98,25 @@ DIRECTIONS = {"Forward Test Success": "forward", "Backward Test Success": "backw
 
 @dataclass(frozen=True)
 class KernelPath:
-    """One CPU kernel path: a vectorisation level and a thread count."""
+    """One CPU kernel path: a vectorisation level, a thread count and, where given, a cap
+    on the instruction set oneDNN's GEMM and convolution kernels may use (ONEDNN_MAX_CPU_ISA:
+    on an avx512_bf16 CPU, AVX512_CORE changes bfloat16 linear results and AVX2 float32
+    and bfloat16 convolutions too)."""
 
     cap: str
     threads: int
+    onednn_isa: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.cap}/{self.threads}t"
+        return f"{self.cap}/{self.threads}t" + (f"/onednn={self.onednn_isa}" if self.onednn_isa else "")
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["ATEN_CPU_CAPABILITY"] = self.cap
         env["OMP_NUM_THREADS"] = str(self.threads)
+        if self.onednn_isa:
+            env["ONEDNN_MAX_CPU_ISA"] = self.onednn_isa
         env.pop("PYTEST_ADDOPTS", None)
         return env
 
@@ -366,6 +372,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--caps", nargs="+", default=["default", "avx2", "avx512"], help="ATEN_CPU_CAPABILITY values (default: default avx2 avx512)"
     )
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="OMP_NUM_THREADS values (default: 1 2)")
+    parser.add_argument(
+        "--onednn-isa",
+        nargs="+",
+        default=[""],
+        help="ONEDNN_MAX_CPU_ISA caps, e.g. AVX512_CORE AVX2 ('' = no cap; default: no cap only)",
+    )
     parser.add_argument("--modes", nargs="+", choices=["single", "offline"], default=["single", "offline"], help="modes (default: both)")
     parser.add_argument(
         "--scratch", type=Path, default=Path("/tmp/kd/runs"), help="where dump copies and outputs go (default /tmp/kd/runs)"
@@ -422,7 +434,7 @@ def collect_dumps(args: argparse.Namespace) -> list[Dump]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.scratch.mkdir(parents=True, exist_ok=True)
-    paths = [KernelPath(cap, threads) for cap in args.caps for threads in args.threads]
+    paths = [KernelPath(cap, threads, isa) for cap in args.caps for threads in args.threads for isa in args.onednn_isa]
     for path in paths:
         print(f"path {path.label}: torch reports {probe_path(path)}", flush=True)
     wall = time.perf_counter()
