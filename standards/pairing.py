@@ -99,13 +99,13 @@ def _bits(name: str) -> int:
     return DTYPES[name].mantissa_bits if name in DTYPES else 0
 
 
-def _leaf(path: str, bench: object, device: object) -> Leaf | Mismatch:
+def _leaf(path: str, bench: object, device: object, any_precision: bool = False) -> Leaf | Mismatch:
     b, bname = to_array(bench)
     d, dname = to_array(device)
     where = path or "output"
     if _kind(bname) != _kind(dname):
         return Mismatch(path, "error", f"{where}: dtype mismatch: device {dname}, bench {bname}", dname, bname, tuple(d.shape))
-    if _kind(dname) in ("float", "complex") and _bits(bname) < _bits(dname):
+    if not any_precision and _kind(dname) in ("float", "complex") and _bits(bname) < _bits(dname):
         return Mismatch(path, "error", f"{where}: bench dtype {bname} is narrower than the device's {dname}", dname, bname, tuple(d.shape))
     if b.shape != d.shape:
         return Mismatch(
@@ -114,8 +114,10 @@ def _leaf(path: str, bench: object, device: object) -> Leaf | Mismatch:
     return Leaf(path, b, d, bname, dname)
 
 
-def pair_leaves(bench: object, device: object, path: str = "") -> Iterator[Leaf | Mismatch]:
-    """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order."""
+def pair_leaves(bench: object, device: object, path: str = "", any_precision: bool = False) -> Iterator[Leaf | Mismatch]:
+    """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order.
+    `any_precision`: the device side may be wider than the bench (each element's terms'
+    magnitudes, which a caller may give in float64 for a float32 bench)."""
     where = path or "output"
     if bench is None and device is None:
         yield Mismatch(path, "skip", f"{where}: None on both sides")
@@ -125,7 +127,7 @@ def pair_leaves(bench: object, device: object, path: str = "") -> Iterator[Leaf 
         yield Mismatch(path, "error", f"{where}: None on the {side} side only")
         return
     if _is_leaf(device) and _is_leaf(bench):
-        yield _leaf(path, bench, device)
+        yield _leaf(path, bench, device, any_precision)
         return
     if isinstance(device, Mapping) and isinstance(bench, Mapping):
         dkeys, bkeys = list(device.keys()), set(bench.keys())
@@ -135,7 +137,7 @@ def pair_leaves(bench: object, device: object, path: str = "") -> Iterator[Leaf 
             yield Mismatch(path, "error", f"{where}: keys differ: missing on the device {missing}, extra on the device {extra}")
             return
         for key in dkeys:
-            yield from pair_leaves(bench[key], device[key], f"{path}[{key!r}]")
+            yield from pair_leaves(bench[key], device[key], f"{path}[{key!r}]", any_precision)
         return
     if (
         isinstance(device, Sequence)
@@ -147,7 +149,7 @@ def pair_leaves(bench: object, device: object, path: str = "") -> Iterator[Leaf 
             yield Mismatch(path, "error", f"{where}: length mismatch: device {len(device)}, bench {len(bench)}")
             return
         for i, (b, d) in enumerate(zip(bench, device, strict=True)):
-            yield from pair_leaves(b, d, f"{path}[{i}]")
+            yield from pair_leaves(b, d, f"{path}[{i}]", any_precision)
         return
     if (_is_leaf(device) or _is_leaf(bench) or isinstance(device, (Mapping, Sequence)) or isinstance(bench, (Mapping, Sequence))) and not (
         isinstance(device, (str, bytes)) and isinstance(bench, (str, bytes))

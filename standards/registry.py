@@ -155,7 +155,11 @@ class Registry:
     ) -> Verdict:
         """Judge a (possibly nested) device output against its bench. See package docs."""
         baseline, ref_leaves, ref_problem = _parse_reference(bench, reference)
-        term_leaves = {} if terms is None else {leaf.path: leaf.device for leaf in pair_leaves(bench, terms) if isinstance(leaf, Leaf)}
+        term_leaves = (
+            {}
+            if terms is None
+            else {leaf.path: leaf.device for leaf in pair_leaves(bench, terms, any_precision=True) if isinstance(leaf, Leaf)}
+        )
         verdicts = []
         for item in pair_leaves(bench, device):
             if isinstance(item, Mismatch):

@@ -147,3 +147,19 @@ def test_outputs_among_the_subnormals_are_judged_at_their_spacing(size, api="con
     assert check(bench, rounded, api=api).status == "pass", check(bench, rounded, api=api).message()
     off = rounded.double() + 8 * spacing * (torch.arange(size) % 10 == 0)
     assert check(bench, off.to(dtype), api=api).status == "error"
+
+
+def test_terms_in_a_wider_dtype_than_the_bench_are_used():
+    """Magnitudes given in float64 for a float32 bench (a float16 device) condition the
+    verdict as float32 ones do; they were dropped without a word."""
+    import torch
+
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(16, 1024, generator=g).half(), torch.randn(8, 1024, generator=g).half()
+    bench, device = x.float() @ w.float().T, x @ w.T
+    terms = x.double().abs() @ w.double().abs().T
+    wide = check(bench, device, api="linear", terms=terms)
+    assert "cond_ulp_err_proportion" in wide.metrics
+    narrow = check(bench, device, api="linear", terms=terms.float())
+    assert wide.status == narrow.status
+    assert wide.metrics == pytest.approx(narrow.metrics, rel=1e-6)
