@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_verdicts import plugin_command  # benchmarks/ is on the path of a script run from it
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DUMP = Path("/tmp/msprobe-large/transformer_large_tensor_fp32/dump.json")
 
@@ -65,23 +67,7 @@ def make_dump(msprobe_python: str, dump: Path) -> None:
 
 
 def run_plugin(dump: Path, workers: int, out: Path) -> dict:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        f"--msprobe-dump={dump}",
-        "--msprobe-device=cpu",
-        f"--msprobe-out={out}",
-        "--rootdir",
-        str(dump.parent),
-        "-c",
-        os.devnull,
-        "-W",
-        "ignore",
-    ]
+    command = plugin_command(dump, out, "--rootdir", str(dump.parent), "-c", os.devnull, "-W", "ignore")
     if workers:
         command += ["-n", str(workers)]
     start = time.perf_counter()

@@ -70,24 +70,26 @@ def _env(tree: Path | None) -> dict[str, str]:
     return env
 
 
+def plugin_command(dump: Path, out: Path, *extra: str) -> list[str]:
+    """The plugin's run of one dump on the CPU in a process of its own: the one spelling
+    the benchmarks share (bench_large_calls, kernel_diversity import it)."""
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+        f"--msprobe-out={out}",
+        *extra,
+    ]
+
+
 def _dump_seconds(tree: Path | None, dump: Path, out: Path, extra: list[str]) -> tuple[float, int]:
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            f"--msprobe-dump={dump}",
-            "--msprobe-device=cpu",
-            f"--msprobe-out={out}",
-            "--rootdir",
-            str(dump.parent),
-            "-c",
-            os.devnull,
-            *extra,
-        ],
+        plugin_command(dump, out, "--rootdir", str(dump.parent), "-c", os.devnull, *extra),
         cwd=dump.parent,
         env=_env(tree),
         capture_output=True,

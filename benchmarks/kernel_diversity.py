@@ -79,6 +79,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from bench_verdicts import plugin_command  # benchmarks/ is on the path of a script run from it
 
 REPO = Path(__file__).resolve().parent.parent
 EXTRA_DUMPS = (
@@ -177,18 +178,7 @@ def read_dump(folder: Path, writer: str = SHIPPED_WRITER) -> Dump:
 
 def pytest_command(dump_json: Path, out: Path, offline: bool) -> list[str]:
     """The plugin run of one dump."""
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        f"--msprobe-dump={dump_json}",
-        "--msprobe-device=cpu",
-        f"--msprobe-out={out}",
-    ]
-    return command + (["--msprobe-offline"] if offline else [])
+    return plugin_command(dump_json, out, *(["--msprobe-offline"] if offline else []))
 
 
 def result_csv(out: Path) -> Path | None:
