@@ -15,14 +15,17 @@ from typing import Any
 from ._common import Unsupported
 from .adam import npu_apply_adam, npu_apply_adam_w
 from .confusion_transpose import npu_confusion_transpose
+from .dequant_swiglu_quant import npu_dequant_swiglu_quant
 from .fusion_attention import npu_fusion_attention, npu_fusion_attention_grad
 from .gelu import fast_gelu, npu_fast_gelu
 from .group_norm_silu import npu_group_norm_silu
+from .grouped_matmul import npu_grouped_matmul
 from .layer_norm import npu_layer_norm_eval
 from .linear import npu_linear
 from .matmul_backward import matmul_backward
 from .mish import npu_mish
 from .moe_gating import npu_moe_gating_top_k_softmax
+from .moe_routing import npu_moe_compute_expert_tokens, npu_moe_finalize_routing, npu_moe_gating_top_k, npu_moe_init_routing
 from .registry import BenchFunction, Registry
 from .rms_norm import npu_rms_norm
 from .rotary import npu_rotary_mul
@@ -47,6 +50,12 @@ BUILTIN: dict[str, Callable[..., Any]] = {
     "npu_group_norm_silu": npu_group_norm_silu,
     "npu_mish": npu_mish,
     "npu_moe_gating_top_k_softmax": npu_moe_gating_top_k_softmax,
+    "npu_moe_gating_top_k": npu_moe_gating_top_k,
+    "npu_moe_init_routing": npu_moe_init_routing,
+    "npu_moe_compute_expert_tokens": npu_moe_compute_expert_tokens,
+    "npu_moe_finalize_routing": npu_moe_finalize_routing,
+    "npu_grouped_matmul": npu_grouped_matmul,
+    "npu_dequant_swiglu_quant": npu_dequant_swiglu_quant,
     "npu_sort_v2": npu_sort_v2,
     "matmul_backward": matmul_backward,
 }

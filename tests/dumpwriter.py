@@ -25,6 +25,8 @@ class DumpWriter:
             return [self.value(item, f"{name}.{i}") for i, item in enumerate(value)]
         if value is None:
             return None
+        if isinstance(value, torch.dtype):
+            return {"type": "torch.dtype", "value": str(value)}
         kind = {bool: "bool", int: "int", float: "float", str: "str"}[type(value)]
         return {"type": kind, "value": value}
 

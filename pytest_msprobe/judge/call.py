@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.judge.written import Written, cut, cut_results, written
 from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.groups import groups_of
@@ -187,6 +188,8 @@ class Replayed:
     bench: Side  # the bench run (its re-judgements run it again)
     label: str  # what the device was
     device: Side  # the device run (--msprobe-repeat runs it again); offline the dump's outputs
+    written: Written | None = None  # the rows the kernel wrote, where it wrote part of an output (judge/written.py)
+    notes: list[str] = dataclasses.field(default_factory=list)  # the rows left out of the judgement
 
 
 def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replayed:
@@ -218,7 +221,9 @@ def replay_inputs(
         results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
     finally:
         settings.backend.free()
-    return Replayed(align_offline(results) if dumped is not None else results, bench, label, device)
+    where = written(name, inputs, framework_name)
+    results, notes = cut_results(align_offline(results) if dumped is not None else results, where)
+    return Replayed(results, bench, label, device, where, notes)
 
 
 def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
@@ -240,7 +245,8 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
             samples = element_samples(judged.bench, judged.device, verdict, settings.sample_statuses)
         except Exception as exc:  # noqa: BLE001 - the report says so; the verdict stands
             samples = [{"error": f"no element sample: {type(exc).__name__}: {exc}"}]
-    return CallResult(name, verdict, label, inputs.origins, samples, findings=call_findings(replayed, name, index.framework, settings))
+    findings = call_findings(replayed, name, index.framework, settings)
+    return CallResult(name, verdict, label, inputs.origins, samples, notes=replayed.notes, findings=findings)
 
 
 def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Finding]:
@@ -249,7 +255,8 @@ def call_findings(replayed: Replayed, name: CallName, framework: str, settings: 
     from pytest_msprobe.judge.overflow import overflow_findings
     from pytest_msprobe.judge.repeat import repeat_findings
 
-    found = overflow_findings(replayed.results, replayed.bench, name.direction, framework)
+    cut_outputs = replayed.written.rows if replayed.written is not None else {}
+    found = overflow_findings(replayed.results, replayed.bench, name.direction, framework, cut_outputs)
     if settings.repeat > 1:
         try:
             found += repeat_findings(replayed.device, replayed.results, name.direction, framework, settings.repeat)
@@ -279,7 +286,10 @@ def judged_results(
     verdict = judge(registry, name, results, recorded, groups=groups)
     if verdict.status != "error":
         return verdict, results
+    where = written(name, results.inputs, framework)  # re-evaluations are cut as the results were
     terms = _aligned(term_magnitudes(name, bench, results.inputs, framework), results.bench)
+    if terms is not None and where is not None:
+        terms = cut(terms, where)
     if terms is not None:
         conditioned = judge(registry, name, results, recorded, terms, groups)
         if conditioned.status != "error":
@@ -324,6 +334,9 @@ def _against_saved_in_device_dtype(
     grads = evaluated(saved_in_d, "backward", inputs, framework)
     if grads is None:
         return None  # the plain bench's error stands
+    where = written(name, inputs, framework)
+    if where is not None:
+        grads = cut(grads, where)
     again = dataclasses.replace(results, bench=grads)
     verdict = judge(registry, name, again, recorded, terms, groups)
     if verdict.status == "error":

@@ -27,7 +27,7 @@ cannot be paired is not re-checked.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,7 +36,7 @@ from pytest_msprobe.dump.tensors import DTYPES
 from pytest_msprobe.errors import CallSkip
 from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.offline import node_edges
-from pytest_msprobe.run.replay import Inputs, Results, Run, needs_grad, tree_map
+from pytest_msprobe.run.replay import Inputs, Results, Run, flat_outputs, needs_grad, tree_map
 from pytest_msprobe.standards.pairing import pair_leaves
 
 if TYPE_CHECKING:
@@ -49,10 +49,20 @@ EXTREMES = ("Max", "Min")
 SUMS = ("Mean", "Norm")
 
 
-def overflow_findings(results: Results, bench: Side, direction: str, framework: str) -> list[Finding]:
-    """A finding per dumped output that holds inf/NaN while every input is finite."""
+def overflow_findings(results: Results, bench: Side, direction: str, framework: str, cut: Collection[int] = ()) -> list[Finding]:
+    """A finding per dumped output that holds inf/NaN while every input is finite.
+
+    `cut`: positions of outputs whose unwritten rows were left out of the judgement
+    (judge/written.py): their recorded statistics cover leftover memory, so what they
+    hold is read from the written rows instead."""
     dumped = list(_flat(results.inputs.recorded_outputs or []))
     overflowed = {position: stats for position, stats in enumerate(map(_non_finite_stats, dumped)) if stats}
+    if cut:
+        device = flat_outputs(results.device)
+        for position in set(cut) & set(overflowed):
+            written = device[position] if position < len(device) else None
+            if isinstance(written, torch.Tensor) and bool(torch.isfinite(written).all()):
+                del overflowed[position]
     if not overflowed or not _finite(results.inputs):
         return []
     paired = _bench_outputs(results, bench, direction, framework, len(dumped))

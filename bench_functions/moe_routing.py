@@ -1,0 +1,173 @@
+"""CPU references of torch_npu's MoE routing operators: ``npu_moe_init_routing``,
+``npu_moe_compute_expert_tokens``, ``npu_moe_finalize_routing`` and ``npu_moe_gating_top_k``.
+
+Routing moves rows and counts them: its indices and counts are judged bit for bit (integer
+outputs), its gathered rows too; only ``npu_moe_finalize_routing`` (a weighted sum of k
+rows) and the gating's probabilities carry rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import Unsupported, compute_dtype, to_compute
+
+
+def _key_value_sort(expert_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted experts, flat positions in that order): a stable sort of the token-major
+    flattening, so tokens keep their order within an expert."""
+    flat = expert_idx.reshape(-1).long()
+    order = torch.sort(flat, stable=True)
+    return order.values, order.indices
+
+
+def npu_moe_init_routing(
+    x: torch.Tensor, row_idx: torch.Tensor, expert_idx: torch.Tensor, active_num: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the (token, slot) pairs by expert and gather each pair's token row.
+
+    Returns (expanded_x [min(rows, active_num) * k, H] in x's dtype, expanded_row_idx
+    [rows * k] int32 (where each row_idx value went), expanded_expert_idx [rows * k]
+    int32 (the experts sorted)).
+
+    Facts:
+    - torch_npu docs: npu_moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) -> (Tensor, Tensor, Tensor); x 2-D (NUM_ROWS, H) float16/bfloat16/float32; row_idx and expert_idx int32 (NUM_ROWS, K).
+    - torch_npu docs: expanded_expert_idx, sorted_row_idx = keyValueSort(expert_idx, row_idx); expanded_row_idx[sorted_row_idx[i]] = i; expanded_x[i] = x[sorted_row_idx[i] % num_rows]; expanded_x has min(NUM_ROWS, active_num) * k rows.
+
+    Choices:
+    - keyValueSort is stable over the token-major flattening (op-plugin's own golden of the v2 op sorts so): pairs of one expert keep their token order.
+    - Backward by autograd (rows gathered: their gradients summed back per token).
+    """
+    rows, k = expert_idx.shape
+    experts, positions = _key_value_sort(expert_idx)
+    sorted_row_idx = row_idx.reshape(-1).long()[positions]
+    expanded_row_idx = torch.empty_like(sorted_row_idx)
+    expanded_row_idx[sorted_row_idx] = torch.arange(sorted_row_idx.numel(), device=x.device)
+    active = min(rows, active_num) * k
+    expanded_x = x[sorted_row_idx[:active] % rows]
+    return expanded_x, expanded_row_idx.to(torch.int32), experts.to(torch.int32)
+
+
+def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: torch.Tensor, num_expert: int) -> torch.Tensor:
+    """For each expert e < num_expert, the position after its last row in the sorted
+    expert list: the cumulative token count group_list that npu_grouped_matmul reads.
+
+    Facts:
+    - torch_npu docs: npu_moe_compute_expert_tokens(Tensor sorted_expert_for_source_row, int num_expert) -> Tensor; input 1-D int32; expertTokens_i = BinarySearch(sortedExpertForSourceRow, numExpert): the last row each expert handles; output dtype the input's.
+
+    Choices:
+    - "The last row" is counted one past it (searchsorted right), so an expert with no rows repeats the previous total: the cumulative form group_list_type=0 expects.
+    """
+    experts = torch.arange(num_expert, device=sorted_expert_for_source_row.device, dtype=sorted_expert_for_source_row.dtype)
+    ends = torch.searchsorted(sorted_expert_for_source_row.contiguous(), experts, right=True)
+    return ends.to(sorted_expert_for_source_row.dtype)
+
+
+def npu_moe_finalize_routing(
+    expanded_permuted_rows: torch.Tensor,
+    skip1: torch.Tensor | None,
+    skip2: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scales: torch.Tensor | None,
+    expanded_src_to_dst_row: torch.Tensor,
+    export_for_source_row: torch.Tensor | None,
+    drop_pad_mode: int = 0,
+) -> torch.Tensor:
+    """out[i] = skip1[i] + skip2[i] + sum_k scales[i, k] * (rows[dst(i, k)] + bias[expert(i, k)]).
+
+    Facts:
+    - torch_npu docs: npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode=0) -> Tensor of shape (NUM_ROWS, H).
+    - torch_npu docs: out(i, j) = skip1(i, j) + skip2(i, j) + sum_k scales(i, k) * (expandPermutedROWs(expandedSrcRowToDstRow(i + k * num_rows), j) + bias(expertid, j)), expertid = exportForSourceRow(i, k).
+    - torch_npu docs: drop_pad_mode 0/2 drop-less with rows (NUM_ROWS * K, H); 1/3 drop-pad with rows (E, C, H) and -1 marking a dropped pair; 0/1 column-major (index i + k * num_rows), 2/3 row-major (index i * K + k).
+
+    Choices:
+    - Sum in float32 (float64 for float64 rows), rounded once; a dropped pair (-1) adds nothing; scales None means 1, bias needs export_for_source_row.
+    - Backward by autograd.
+    """
+    if drop_pad_mode not in (0, 1, 2, 3):
+        raise ValueError(f"drop_pad_mode must be 0..3, got {drop_pad_mode}")
+    dtype = compute_dtype(expanded_permuted_rows)
+    rows = expanded_permuted_rows.reshape(-1, expanded_permuted_rows.shape[-1]).to(dtype)
+    if scales is not None:
+        num_rows, k = scales.shape
+    elif export_for_source_row is not None:
+        num_rows, k = export_for_source_row.shape
+    elif skip1 is not None:
+        num_rows = skip1.shape[0]
+        k = expanded_src_to_dst_row.numel() // num_rows
+    else:
+        raise ValueError("npu_moe_finalize_routing needs scales, export_for_source_row or skip1 to know the number of rows")
+    dst = expanded_src_to_dst_row.reshape(-1).long()
+    dst = dst.reshape(k, num_rows).t() if drop_pad_mode in (0, 1) else dst.reshape(num_rows, k)
+    kept = dst >= 0
+    picked = rows[dst.clamp(min=0)]  # [num_rows, k, H]
+    if bias is not None:
+        if export_for_source_row is None:
+            raise ValueError("a bias needs export_for_source_row (the expert of each pair)")
+        picked = picked + to_compute(bias).to(dtype)[export_for_source_row.long()]
+    weights = scales.to(dtype) if scales is not None else torch.ones(num_rows, k, dtype=dtype, device=rows.device)
+    out = (picked * (weights * kept).unsqueeze(-1)).sum(dim=1)
+    for skip in (skip1, skip2):
+        if skip is not None:
+            out = out + skip.to(dtype)
+    return out.to(expanded_permuted_rows.dtype)
+
+
+def npu_moe_gating_top_k(
+    x: torch.Tensor,
+    k: int,
+    *,
+    bias: torch.Tensor | None = None,
+    k_group: int = 1,
+    group_count: int = 1,
+    group_select_mode: int = 0,
+    renorm: int = 0,
+    norm_type: int = 0,
+    out_flag: bool = False,
+    routed_scaling_factor: float = 1.0,
+    eps: float = 1e-20,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grouped top-k gating (DeepSeek-V3's): norm the logits, pick the k_group best expert
+    groups by the biased scores, then the k best experts within them; y is the unbiased
+    norm of those experts (sigmoid: renormalised to sum 1), times routed_scaling_factor.
+
+    Returns (y [rows, k] in x's dtype, expert_idx [rows, k] int32, norm_out [rows, E]
+    float32: written only with out_flag=True).
+
+    Facts:
+    - torch_npu docs: npu_moe_gating_top_k(x, k, *, bias=None, k_group=1, group_count=1, group_select_mode=0, renorm=0, norm_type=0, out_flag=False, routed_scaling_factor=1.0, eps=1e-20) -> (Tensor, Tensor, Tensor); x 2-D float16/bfloat16/float32; renorm only 0.
+    - torch_npu docs (equivalent computation): norm = softmax (norm_type 0) or sigmoid (1) in float32; scores = norm + bias; group score = max (group_select_mode 0) or sum of the top 2 (1) per group; the k_group best groups kept (stable order), the others -inf; expert_idx = the k best scores (stable order); y = norm at expert_idx, divided by (sum + eps) for sigmoid, times routed_scaling_factor; normOut is the norm, float32.
+
+    Choices:
+    - The norm in float32 (float64 for float64 x); normOut in float32 (float64 on a float64 bench) and, with out_flag False, not written by the kernel (written_rows names it, not judged).
+    """
+    if renorm != 0:
+        raise Unsupported(f"renorm={renorm}: the docs support only 0")
+    if norm_type not in (0, 1):
+        raise ValueError(f"norm_type must be 0 (softmax) or 1 (sigmoid), got {norm_type}")
+    rows, experts = x.shape
+    if group_count < 1 or experts % group_count:
+        raise ValueError(f"group_count={group_count} must divide the {experts} experts")
+    xc = to_compute(x)
+    norm = torch.softmax(xc, dim=-1) if norm_type == 0 else torch.sigmoid(xc)
+    scores = norm + to_compute(bias) if bias is not None else norm
+    grouped = scores.reshape(rows, group_count, -1)
+    group_score = grouped.amax(-1) if group_select_mode == 0 else torch.topk(grouped, 2, dim=-1).values.sum(-1)
+    best_groups = torch.sort(group_score, dim=-1, descending=True, stable=True).indices[:, :k_group]
+    keep = torch.zeros(rows, group_count, dtype=torch.bool, device=x.device).scatter(1, best_groups, True)
+    masked = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).reshape(rows, experts)
+    expert_idx = torch.sort(masked, dim=-1, descending=True, stable=True).indices[:, :k]
+    y = torch.gather(norm, 1, expert_idx)
+    if norm_type == 1:
+        y = y / (y.sum(-1, keepdim=True) + eps)
+    y = y * routed_scaling_factor
+    norm_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return y.to(x.dtype), expert_idx.to(torch.int32), norm.to(norm_dtype)
+
+
+def _gating_written(x: torch.Tensor, k: int, **kwargs: object) -> tuple[dict[int, int], dict[int, int], str]:
+    """normOut is written only with out_flag=True."""
+    return ({} if kwargs.get("out_flag") else {2: 0}), {}, "(out_flag=False)"
+
+
+npu_moe_gating_top_k.written_rows = _gating_written  # type: ignore[attr-defined]
