@@ -1,0 +1,61 @@
+"""A MoE layer's training step recorded as MindSpeed runs it on an NPU (tests/moe_dump.py):
+every call, forward and backward, in bfloat16 and float16, is judged, none skipped,
+with no error and no warning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from moe_dump import write_moe_dump
+
+from pytest_msprobe import bench_functions
+
+EXPECTED = {
+    "Functional.linear.0.forward",
+    "Functional.linear.0.backward",
+    "NPU.npu_moe_gating_top_k_softmax.0.forward",
+    "NPU.npu_moe_gating_top_k_softmax.0.backward",
+    "NPU.npu_moe_init_routing.0.forward",
+    "NPU.npu_moe_init_routing.0.backward",
+    "NPU.npu_moe_compute_expert_tokens.0.forward",
+    "NPU.npu_swiglu.0.forward",
+    "NPU.npu_swiglu.0.backward",
+    "NPU.npu_moe_finalize_routing.0.forward",
+    "NPU.npu_moe_finalize_routing.0.backward",
+    *{f"NPU.npu_grouped_matmul.{n}.forward" for n in range(6)},  # up, down, and two per backward
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_call_of_the_moe_step_is_judged_and_passes(dtype: torch.dtype, tmp_path: Path, run_dump) -> None:
+    result = run_dump(write_moe_dump(tmp_path / "dump", dtype), "--msprobe-device=cpu")
+    assert set(result.calls) == EXPECTED
+    assert {call: o.outcome for call, o in result.calls.items() if o.outcome != "passed"} == {}
+    assert {call: o.warnings for call, o in result.calls.items() if o.warnings} == {}
+
+
+def test_offline_the_dumped_outputs_pass_and_a_faulty_grouped_kernel_fails_its_calls(tmp_path: Path, run_dump, monkeypatch) -> None:
+    """The same dump judged offline (its recorded outputs as the device): the correct one
+    passes; made with a grouped kernel that multiplies each group's rows by the next
+    group's weight, exactly the group_type 0 calls fail (forward up and down, and the
+    input gradients of MindSpeed's backward); the k-grouped weight gradients, correct
+    for their inputs, pass."""
+    correct = run_dump(write_moe_dump(tmp_path / "correct", torch.bfloat16), "--msprobe-offline", "-k", "forward")
+    forward = {call for call in EXPECTED if call.endswith("forward")}
+    assert {call: o.outcome for call, o in correct.calls.items()} == dict.fromkeys(forward, "passed")
+
+    reference = bench_functions.get("npu_grouped_matmul")
+
+    def next_weight(x, weight, **kwargs):
+        shifted = list(weight[1:]) + list(weight[:1]) if kwargs.get("group_type") == 0 else weight
+        return reference(x, shifted, **kwargs)
+
+    registry = bench_functions.default_registry.copy()
+    registry.register("npu_grouped_matmul", next_weight, replace=True)
+    monkeypatch.setattr(bench_functions, "default_registry", registry)
+    dump = write_moe_dump(tmp_path / "faulty", torch.bfloat16)
+    monkeypatch.undo()
+    faulty = run_dump(dump, "--msprobe-offline", "-k", "forward")
+    assert set(faulty.by_outcome("failed")) == {f"NPU.npu_grouped_matmul.{n}.forward" for n in (0, 1, 2, 4)}
