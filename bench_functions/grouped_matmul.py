@@ -215,7 +215,7 @@ def npu_grouped_matmul(
     - Products in float32 for float16/bfloat16/float32 x (float64 for float64), rounded once to the output dtype; int8 products exactly in float64; an int64 scale is read as the float32 bits of its low word (torch_npu's packing).
     - int8/int32 outputs are rounded half to even and saturated; a floating output_dtype with floating x is x's dtype (the docs allow only that), so the raised bench keeps its precision.
     - Rows of a single output past group_list's total are zeros here and named by written_rows; a group of size 0 of group_type 2 gives a zero matrix.
-    - group_type 1 and the reserved activation_* arguments raise Unsupported; backward by autograd (grad_x = grad @ w^T per group, grad_w_i = x_i^T @ grad_i, MindSpeed's formulas).
+    - group_type 1, int4 x/weight (packed in int32) and the reserved activation_* arguments raise Unsupported; backward by autograd (grad_x = grad @ w^T per group, grad_w_i = x_i^T @ grad_i, MindSpeed's formulas).
     """
     if group_type == 1:
         raise Unsupported("group_type=1 (n-axis grouping) is documented as supported by no NPU")
@@ -225,6 +225,8 @@ def npu_grouped_matmul(
     if act is None:
         raise Unsupported(f"act_type={act_type} is not one of the documented activations {sorted(ACTIVATIONS)}")
     xs, ws, bs = list(x), list(weight), list(bias or [])
+    if any(t.dtype == torch.int32 for t in (*xs, *ws)):
+        raise Unsupported("int4 x or weight (packed into int32 by npu_quantize): its packing and NZ layout are not reproduced")
     split = (len(xs), len(xs) + len(ws))
 
     def compute(*flat: torch.Tensor) -> list[torch.Tensor]:
