@@ -106,6 +106,64 @@ def cases(dtype: torch.dtype, seed: int) -> list[Case]:
     ]
 
 
+def quantised_cases(seed: int) -> list[Case]:
+    """int8 x and weight with an int32 bias, a per-channel scale packed as int64 (float32
+    bits in the low word) and a per-token scale, bfloat16 out (formula 3); float16 x with
+    int8 weights dequantised per channel (formula 4)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-16, 16, (M, K), generator=g, dtype=torch.int8)
+    w = torch.randint(-16, 16, (len(COUNTS), K, N), generator=g, dtype=torch.int8)
+    bias = torch.randint(-100, 100, (len(COUNTS), N), generator=g, dtype=torch.int32)
+    scale = torch.rand(len(COUNTS), N, generator=g) * 1e-3
+    packed = scale.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    per_token = torch.rand(M, generator=g)
+    truth = torch.full((M, N), float("nan"), dtype=torch.float64)
+    for i, (start, end) in enumerate(spans(CUMULATIVE)):
+        acc = x[start:end].double() @ w[i].double() + bias[i].double()
+        truth[start:end] = acc * scale[i].double() * per_token[start:end, None].double()
+    xa = rand(M, K, seed=seed + 1, dtype=torch.float16)
+    wa = [torch.randint(-8, 8, (K, N), generator=g, dtype=torch.int8) for _ in COUNTS]
+    a_scale = [(torch.rand(N, generator=g) * 0.02).half() for _ in COUNTS]
+    a_offset = [torch.randn(N, generator=g).half() for _ in COUNTS]
+    antiquant = torch.cat(
+        [
+            xa[s:t].double() @ ((wi.double() + o.double()) * sc.double())
+            for (s, t), wi, sc, o in zip(spans(CUMULATIVE), wa, a_scale, a_offset, strict=True)
+        ]
+    )
+    return [
+        Case(
+            "int8_per_token",
+            [[x], [w]],
+            {
+                "bias": [bias],
+                "scale": [packed],
+                "per_token_scale": [per_token],
+                "group_list": torch.tensor(CUMULATIVE),
+                "split_item": 3,
+                "group_type": 0,
+                "output_dtype": torch.bfloat16,
+            },
+            [truth],
+            [CUMULATIVE[-1]],
+        ),
+        Case(
+            "antiquant_int8_weight",
+            [[xa], wa],
+            {
+                "antiquant_scale": a_scale,
+                "antiquant_offset": a_offset,
+                "group_list": torch.tensor(COUNTS),
+                "split_item": 2,
+                "group_type": 0,
+                "group_list_type": 1,
+            },
+            [antiquant],
+            [CUMULATIVE[-1]],
+        ),
+    ]
+
+
 def rounded(truth: torch.Tensor, dtype: torch.dtype, written: int | None, seed: int) -> torch.Tensor:
     """The truth correctly rounded; rows past `written` are leftover memory: huge
     values, inf and NaN."""
@@ -136,6 +194,11 @@ def correct_dump(root: Path, task: str = "tensor") -> tuple[Path, dict[str, Case
             write(writer, call, case, correct_outputs(case, dtype, seed=1000 + number))
             names[f"{call}.forward"] = case
             number += 1
+    for case, dtype in zip(quantised_cases(seed=500), (torch.bfloat16, torch.float16), strict=True):
+        call = f"NPU.npu_grouped_matmul.{number}"
+        write(writer, call, case, correct_outputs(case, dtype, seed=1000 + number))
+        names[f"{call}.forward"] = case
+        number += 1
     return writer.write(), names
 
 
