@@ -14,6 +14,8 @@ import pytest
 import torch
 from dumpwriter import DumpWriter
 
+from pytest_msprobe import bench_functions
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 K, N, M = 96, 16, 40
 CUMULATIVE = [6, 15, 15, 31]  # one empty group; 31 of the 40 rows written
@@ -338,3 +340,25 @@ def test_backward_input_and_per_group_weight_gradients(dtype: torch.dtype, tmp_p
         "NPU.npu_grouped_matmul.1.backward": "failed",
     }
     assert "past group_list's total: not written by the kernel" in messages(pytester)["NPU.npu_grouped_matmul.0.backward"]
+
+
+def test_repeat_compares_only_the_written_rows(tmp_path: Path, run_dump, monkeypatch) -> None:
+    """--msprobe-repeat on a kernel that leaves different leftover memory past the total
+    at each run (as an NPU does): the written rows agree bit for bit, so no finding."""
+    (case,) = [c for c in cases(torch.float16, seed=5) if c.name == "cumulative_split2_bias"]
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    write(writer, "NPU.npu_grouped_matmul.0", case, correct_outputs(case, torch.float16, seed=1))
+    dump = writer.write()
+    reference = bench_functions.get("npu_grouped_matmul")
+
+    def leftover_memory(x, weight, **kwargs):
+        [y] = reference(x, weight, **kwargs)
+        y[CUMULATIVE[-1] :] = torch.randn(y.shape[0] - CUMULATIVE[-1], y.shape[1]).to(y.dtype)
+        return [y]
+
+    leftover_memory.written_rows = reference.func.written_rows
+    registry = bench_functions.default_registry.copy()
+    registry.register("npu_grouped_matmul", leftover_memory, replace=True)
+    monkeypatch.setattr(bench_functions, "default_registry", registry)
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-repeat=3")
+    assert {call: o.outcome for call, o in result.calls.items()} == {"NPU.npu_grouped_matmul.0.forward": "passed"}

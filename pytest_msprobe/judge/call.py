@@ -259,7 +259,7 @@ def call_findings(replayed: Replayed, name: CallName, framework: str, settings: 
     found = overflow_findings(replayed.results, replayed.bench, name.direction, framework, cut_outputs)
     if settings.repeat > 1:
         try:
-            found += repeat_findings(replayed.device, replayed.results, name.direction, framework, settings.repeat)
+            found += repeat_findings(replayed.device, replayed.results, name.direction, framework, settings.repeat, replayed.written)
         finally:
             settings.backend.free()
     return found

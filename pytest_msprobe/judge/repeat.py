@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pytest_msprobe.judge.findings import Finding
+from pytest_msprobe.judge.written import Written, cut
 from pytest_msprobe.run.replay import DeviceFailed, Results, step_for
 from pytest_msprobe.standards.pairing import Leaf, Mismatch, pair_leaves
 
@@ -31,12 +32,16 @@ if TYPE_CHECKING:
 BIT_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def repeat_findings(device: Side, results: Results, direction: str, framework: str, runs: int) -> list[Finding]:
+def repeat_findings(device: Side, results: Results, direction: str, framework: str, runs: int, where: Written | None = None) -> list[Finding]:
     """--msprobe-repeat: run the device runs - 1 more times on the call's inputs and
-    report every output whose bits differ from the first run's (whose verdict stands)."""
+    report every output whose bits differ from the first run's (whose verdict stands).
+    `where`: the rows the kernel writes (judge/written.py); leftover memory past them
+    may differ from run to run, so the reruns are cut as the first run was."""
     if runs <= 1:
         return []
     again = rerun(step_for(direction, results.inputs, framework), device, runs)
+    if where is not None:
+        again = [cut(value, where) for value in again]
     return bit_differences(results.device, again, runs)
 
 
