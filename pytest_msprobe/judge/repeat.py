@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 BIT_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def repeat_findings(device: Side, results: Results, direction: str, framework: str, runs: int, where: Written | None = None) -> list[Finding]:
+def repeat_findings(
+    device: Side, results: Results, direction: str, framework: str, runs: int, where: Written | None = None
+) -> list[Finding]:
     """--msprobe-repeat: run the device runs - 1 more times on the call's inputs and
     report every output whose bits differ from the first run's (whose verdict stands).
     `where`: the rows the kernel writes (judge/written.py); leftover memory past them
