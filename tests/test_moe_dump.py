@@ -59,3 +59,23 @@ def test_offline_the_dumped_outputs_pass_and_a_faulty_grouped_kernel_fails_its_c
     monkeypatch.undo()
     faulty = run_dump(dump, "--msprobe-offline", "-k", "forward")
     assert set(faulty.by_outcome("failed")) == {f"NPU.npu_grouped_matmul.{n}.forward" for n in (0, 1, 2, 4)}
+
+
+def test_gating_top_k_norm_out_without_out_flag_is_not_judged(tmp_path: Path, run_dump, pytester) -> None:
+    """npu_moe_gating_top_k writes normOut only with out_flag=True: without it the dumped
+    normOut (leftover memory: NaN here) is left out, the other outputs judged."""
+    from dumpwriter import DumpWriter
+
+    reference = bench_functions.get("npu_moe_gating_top_k")
+    x, bias = torch.randn(8, 16, dtype=torch.float64).bfloat16(), (torch.randn(16, dtype=torch.float64) * 0.1).bfloat16()
+    kwargs = {"bias": bias, "k_group": 2, "group_count": 4, "group_select_mode": 1, "norm_type": 1, "routed_scaling_factor": 2.5}
+    y, idx, _ = reference(x.double(), 3, **{**kwargs, "bias": bias.double()})
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    writer.forward("NPU.npu_moe_gating_top_k.0", [x, 3], kwargs, (y.bfloat16(), idx, torch.full((8, 16), float("nan"))))
+    writer.forward("NPU.npu_moe_gating_top_k.1", [x, 3], kwargs, ((y * 1.05).bfloat16(), idx, torch.full((8, 16), float("nan"))))
+    result = run_dump(writer.write(), "--msprobe-offline")
+    assert {call: o.outcome for call, o in result.calls.items()} == {
+        "NPU.npu_moe_gating_top_k.0.forward": "passed",
+        "NPU.npu_moe_gating_top_k.1.forward": "failed",
+    }
+    assert not result.calls["NPU.npu_moe_gating_top_k.0.forward"].warnings
