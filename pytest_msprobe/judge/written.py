@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-import pytest_msprobe.bench_functions as bench_functions
 from pytest_msprobe.run.replay import Results, needs_grad, tree_map
 
 if TYPE_CHECKING:
@@ -39,6 +38,8 @@ def written(name: CallName, inputs: Inputs, framework: str) -> Written | None:
     full (or the reference cannot tell from these arguments: everything is judged)."""
     if name.api_type != "NPU":
         return None
+    import pytest_msprobe.bench_functions as bench_functions  # only NPU calls need it (a script embeds it for them only)
+
     reference = bench_functions.get(name.api_name)
     rows_of = getattr(reference.func, "written_rows", None) if reference is not None else None
     if rows_of is None:

@@ -23,6 +23,7 @@ from pytest_msprobe.judge.call import FRAMEWORKS, Settings, verdict_for
 from pytest_msprobe.judge.findings import Finding, annotated, status_with
 from pytest_msprobe.judge.record import output_results
 from pytest_msprobe.judge.repeat import repeat_findings
+from pytest_msprobe.judge.written import cut_results, written
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.run.replay import DeviceFailed, Inputs, replay
 from pytest_msprobe.standards import Registry
@@ -203,7 +204,11 @@ def _check(
     device, bench, reference = framework.runs(api, inputs, settings)
     try:
         results = replay(args.direction, api, inputs, device, bench, reference, framework=call.framework)
-        findings = repeat_findings(device, results, args.direction, call.framework, args.repeat)
+        where = written(call_name, inputs, call.framework)  # the rows a grouped kernel wrote, as the test judged
+        results, notes = cut_results(results, where)
+        for note in notes:
+            print(f"  {note}")
+        findings = repeat_findings(device, results, args.direction, call.framework, args.repeat, where)
     finally:
         chosen.free()
     return verdict_for(registry, call_name, results, bench=bench, framework=call.framework), findings

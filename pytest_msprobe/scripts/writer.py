@@ -45,7 +45,7 @@ CORE_SUPPORT = (
         "run",
         ("__init__.py", "apis.py", "replay.py", "terms.py", "groups.py", "devices.py", "precision.py", "api_tables/pytorch.toml"),
     ),
-    ("pytest_msprobe.judge", "judge", ("__init__.py", "call.py", "record.py", "findings.py", "repeat.py")),
+    ("pytest_msprobe.judge", "judge", ("__init__.py", "call.py", "record.py", "findings.py", "repeat.py", "written.py")),
     ("pytest_msprobe.scripts", "scripts", ("__init__.py", "runtime.py")),
     ("pytest_msprobe.standards", "standards", ("*.py", "tables/*.csv")),
 )
