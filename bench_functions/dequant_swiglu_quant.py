@@ -36,7 +36,7 @@ def npu_dequant_swiglu_quant(
     token (scale = max |row| / 127, out = round(row / scale)).
 
     Facts:
-    - torch_npu docs: npu_dequant_swiglu_quant(Tensor x, *, Tensor? weight_scale=None, Tensor? activation_scale=None, Tensor? bias=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? group_index=None, bool activate_left=False, int quant_mode=0) -> (Tensor, Tensor); x [TokensNum, 2H] int32 or bfloat16; weight_scale [groupNum, 2H] float32; activation_scale [TokensNum] float32; quant_scale [groupNum, H]; group_index int64 counts (count mode only); out int8 [TokensNum, H], scale float32 [TokensNum].
+    - torch_npu docs (op-plugin 7.x): npu_dequant_swiglu_quant(Tensor x, *, Tensor? weight_scale=None, Tensor? activation_scale=None, Tensor? bias=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? group_index=None, bool activate_left=False, int quant_mode=0) -> (Tensor, Tensor); x [TokensNum, 2H] int32 or bfloat16; weight_scale [groupNum, 2H] float32; activation_scale [TokensNum] float32; quant_scale [groupNum, H]; group_index int64 counts (count mode only); out int8 [TokensNum, H], scale float32 [TokensNum].
     - torch_npu docs: dequant x = x * weight_scale, x = x * activation_scale; activate_left=True: swish(first half) * second half, False: swish(second half) * first half; optional smooth quant out = out * quant_scale; quant_mode 0 static, 1 dynamic (the only mode with group_index); bias and quant_offset have no effect with group_index.
     - torch_npu docs: rows of out and scale past group_index's sum are not cleared (garbage, possibly inf/nan).
 

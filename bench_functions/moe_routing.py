@@ -31,7 +31,7 @@ def npu_moe_init_routing(
     int32 (the experts sorted)).
 
     Facts:
-    - torch_npu docs: npu_moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) -> (Tensor, Tensor, Tensor); x 2-D (NUM_ROWS, H) float16/bfloat16/float32; row_idx and expert_idx int32 (NUM_ROWS, K).
+    - torch_npu docs (op-plugin 7.x, the only version of the op; npu_moe_init_routing_v2 is another op, without row_idx): npu_moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) -> (Tensor, Tensor, Tensor); x 2-D (NUM_ROWS, H) float16/bfloat16/float32; row_idx and expert_idx int32 (NUM_ROWS, K).
     - torch_npu docs: expanded_expert_idx, sorted_row_idx = keyValueSort(expert_idx, row_idx); expanded_row_idx[sorted_row_idx[i]] = i; expanded_x[i] = x[sorted_row_idx[i] % num_rows]; expanded_x has min(NUM_ROWS, active_num) * k rows.
 
     Choices:
@@ -53,7 +53,7 @@ def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: torch.Tensor, nu
     expert list: the cumulative token count group_list that npu_grouped_matmul reads.
 
     Facts:
-    - torch_npu docs: npu_moe_compute_expert_tokens(Tensor sorted_expert_for_source_row, int num_expert) -> Tensor; input 1-D int32; expertTokens_i = BinarySearch(sortedExpertForSourceRow, numExpert): the last row each expert handles; output dtype the input's.
+    - torch_npu docs (op-plugin 7.x): npu_moe_compute_expert_tokens(Tensor sorted_expert_for_source_row, int num_expert) -> Tensor; input 1-D int32; expertTokens_i = BinarySearch(sortedExpertForSourceRow, numExpert): the last row each expert handles; output dtype the input's.
 
     Choices:
     - "The last row" is counted one past it (searchsorted right), so an expert with no rows repeats the previous total: the cumulative form group_list_type=0 expects.
@@ -76,7 +76,7 @@ def npu_moe_finalize_routing(
     """out[i] = skip1[i] + skip2[i] + sum_k scales[i, k] * (rows[dst(i, k)] + bias[expert(i, k)]).
 
     Facts:
-    - torch_npu docs: npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode=0) -> Tensor of shape (NUM_ROWS, H).
+    - torch_npu docs (op-plugin 7.x): npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode=0) -> Tensor of shape (NUM_ROWS, H).
     - torch_npu docs: out(i, j) = skip1(i, j) + skip2(i, j) + sum_k scales(i, k) * (expandPermutedROWs(expandedSrcRowToDstRow(i + k * num_rows), j) + bias(expertid, j)), expertid = exportForSourceRow(i, k).
     - torch_npu docs: drop_pad_mode 0/2 drop-less with rows (NUM_ROWS * K, H); 1/3 drop-pad with rows (E, C, H) and -1 marking a dropped pair; 0/1 column-major (index i + k * num_rows), 2/3 row-major (index i * K + k).
 
@@ -135,7 +135,7 @@ def npu_moe_gating_top_k(
     float32: written only with out_flag=True).
 
     Facts:
-    - torch_npu docs: npu_moe_gating_top_k(x, k, *, bias=None, k_group=1, group_count=1, group_select_mode=0, renorm=0, norm_type=0, out_flag=False, routed_scaling_factor=1.0, eps=1e-20) -> (Tensor, Tensor, Tensor); x 2-D float16/bfloat16/float32; renorm only 0.
+    - torch_npu docs (op-plugin 7.x; an older version marks norm_type 0 "not yet supported": its dumps hold norm_type 1, the same formula): npu_moe_gating_top_k(x, k, *, bias=None, k_group=1, group_count=1, group_select_mode=0, renorm=0, norm_type=0, out_flag=False, routed_scaling_factor=1.0, eps=1e-20) -> (Tensor, Tensor, Tensor); x 2-D float16/bfloat16/float32; renorm only 0.
     - torch_npu docs (equivalent computation): norm = softmax (norm_type 0) or sigmoid (1) in float32; scores = norm + bias; group score = max (group_select_mode 0) or sum of the top 2 (1) per group; the k_group best groups kept (stable order), the others -inf; expert_idx = the k best scores (stable order); y = norm at expert_idx, divided by (sum + eps) for sigmoid, times routed_scaling_factor; normOut is the norm, float32.
 
     Choices:
