@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ._common import Unsupported
-from .grouped_matmul import groups_of
+from .grouped_matmul import fitted_counts, groups_of
 
 
 def _group_rows(tensor: torch.Tensor | None, sizes: list[int], rows: int) -> torch.Tensor | None:
@@ -83,3 +83,19 @@ def written_rows(x: torch.Tensor, **kwargs: object) -> tuple[dict[int, int], dic
 
 
 npu_dequant_swiglu_quant.written_rows = written_rows  # type: ignore[attr-defined]
+
+
+def fit_generated(x: torch.Tensor, **kwargs: object) -> tuple[str, str]:
+    """A statistics dump's generated group_index (counts) made non-negative and within
+    x's rows, in place (see grouped_matmul.fit_generated)."""
+    group_index = kwargs.get("group_index")
+    if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.is_floating_point():
+        return "", ""
+    fitted = fitted_counts(group_index, x.shape[0])
+    if torch.equal(fitted, group_index):
+        return "", ""
+    group_index.copy_(fitted)
+    return "group_index", "made non-negative sizes within the rows"
+
+
+npu_dequant_swiglu_quant.fit_generated = fit_generated  # type: ignore[attr-defined]

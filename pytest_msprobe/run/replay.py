@@ -48,7 +48,28 @@ def decode_forward(record: Record, ctx: DecodeContext) -> Inputs:
         raise CallError(f"{ctx.call}: input_args must be a list and input_kwargs an object")
     decoded_args = [decode(value, ctx, f"input_args[{i}]") for i, value in enumerate(args)]
     decoded_kwargs = {key: decode(value, ctx, f"input_kwargs[{key!r}]") for key, value in kwargs.items()}
+    if ctx.task != "tensor" and ctx.call.startswith("NPU."):
+        _fit_generated(ctx, decoded_args, decoded_kwargs)
     return Inputs(decoded_args, decoded_kwargs, ctx.leaves, recorded_outputs=record.get("output"))
+
+
+def _fit_generated(ctx: DecodeContext, args: list[Value], kwargs: dict[str, Value]) -> None:
+    """Arguments generated from a statistics dump that index rows (a grouped kernel's
+    group_list) made ones the kernel can read, as the op's reference knows how
+    (bench_functions' fit_generated); the leaf's origin says what was done."""
+    import pytest_msprobe.bench_functions as bench_functions  # NPU calls only (a script embeds it for them only)
+
+    reference = bench_functions.get(ctx.call.removeprefix("NPU.").rsplit(".", 1)[0])
+    fit = getattr(reference.func, "fit_generated", None) if reference is not None else None
+    if fit is None:
+        return
+    try:
+        keyword, how = fit(*args, **kwargs)
+    except (TypeError, ValueError, IndexError, RuntimeError):
+        return  # as generated: the reference names what it cannot read
+    for leaf in ctx.leaves:
+        if keyword and leaf.path == f"input_kwargs[{keyword!r}]":
+            leaf.origin = f"{leaf.origin}, {how}"
 
 
 def decode_backward(forward: Record, backward: Record, ctx: DecodeContext) -> Inputs:

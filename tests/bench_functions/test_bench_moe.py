@@ -188,3 +188,23 @@ def test_dequant_swiglu_quant_dynamic_per_group() -> None:
     assert out.dtype == torch.int8 and out.shape == (tokens, h)
     written = get("npu_dequant_swiglu_quant").func.written_rows(x, group_index=group_index)
     assert written == ({0: 5, 1: 5}, {}, "past group_index's sum")
+
+
+def test_generated_group_lists_are_made_readable_in_place() -> None:
+    """What a statistics dump's replay does to a group_list generated at random."""
+    fit = get("npu_grouped_matmul").func.fit_generated
+    x, w = [rand(10, 4)], [rand(3, 4, 2)]
+    cumulative = torch.tensor([7, 2, 9])
+    assert fit(x, w, group_list=cumulative, group_type=0) == ("group_list", "sorted into a cumulative group_list")
+    assert cumulative.tolist() == [2, 7, 9]
+    counts = torch.tensor([8, -1, 12])
+    assert fit(x, w, group_list=counts, group_list_type=1)[0] == "group_list"
+    assert counts.tolist() == [4, 0, 6] and int(counts.sum()) <= 10
+    multi = torch.tensor([1, 1])
+    assert fit([rand(3, 4), rand(5, 4)], [rand(4, 2)] * 2, group_list=multi, group_list_type=0)[0] == "group_list"
+    assert multi.tolist() == [3, 8]
+    valid = torch.tensor([2, 5, 9])
+    assert fit(x, w, group_list=valid) == ("", "") and valid.tolist() == [2, 5, 9]
+    index = torch.tensor([9, 9])
+    assert get("npu_dequant_swiglu_quant").func.fit_generated(rand(10, 4), group_index=index)[0] == "group_index"
+    assert index.tolist() == [5, 5]
