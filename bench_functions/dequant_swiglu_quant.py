@@ -85,17 +85,17 @@ def written_rows(x: torch.Tensor, **kwargs: object) -> tuple[dict[int, int], dic
 npu_dequant_swiglu_quant.written_rows = written_rows  # type: ignore[attr-defined]
 
 
-def fit_generated(x: torch.Tensor, **kwargs: object) -> tuple[str, str]:
+def fit_generated(x: torch.Tensor, **kwargs: object) -> tuple[torch.Tensor | None, str]:
     """A statistics dump's generated group_index (counts) made non-negative and within
     x's rows, in place (see grouped_matmul.fit_generated)."""
     group_index = kwargs.get("group_index")
     if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.is_floating_point():
-        return "", ""
+        return None, ""
     fitted = fitted_counts(group_index, x.shape[0])
     if torch.equal(fitted, group_index):
-        return "", ""
+        return None, ""
     group_index.copy_(fitted)
-    return "group_index", "made non-negative sizes within the rows"
+    return group_index, "made non-negative sizes within the rows"
 
 
 npu_dequant_swiglu_quant.fit_generated = fit_generated  # type: ignore[attr-defined]

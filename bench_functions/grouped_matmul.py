@@ -385,16 +385,16 @@ def fitted_counts(counts: torch.Tensor, length: int) -> torch.Tensor:
     return counts if total <= length else counts * length // total
 
 
-def fit_generated(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **kwargs: object) -> tuple[str, str]:
+def fit_generated(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **kwargs: object) -> tuple[torch.Tensor | None, str]:
     """A statistics dump records only group_list's Max/Min/Mean/Norm, so the replay
     generates one at random within them; made here, in place, into a group_list the
     kernel can read: sorted where it is cumulative, sizes scaled down to the rows where
-    they are counts, and each x's rows where x is a list. -> (argument, what was done),
-    or ("", "") where nothing needed doing."""
+    they are counts, and each x's rows where x is a list. -> (the tensor changed, what
+    was done), or (None, "") where nothing needed doing."""
     group_list = kwargs.get("group_list")
     kind = kwargs.get("group_list_type", 0) or 0
     if not isinstance(group_list, torch.Tensor) or group_list.dim() != 1 or kind not in (0, 1) or group_list.is_floating_point():
-        return "", ""
+        return None, ""
     if len(x) > 1:
         counts = torch.tensor([t.shape[0] for t in x], dtype=group_list.dtype)
         fitted = counts.cumsum(0) if kind == 0 else counts
@@ -409,9 +409,9 @@ def fit_generated(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **k
         else:
             fitted, how = fitted_counts(group_list, length), "made non-negative sizes within the rows"
     if fitted.shape != group_list.shape or torch.equal(fitted, group_list):
-        return "", ""
+        return None, ""
     group_list.copy_(fitted)
-    return "group_list", how
+    return group_list, how
 
 
 npu_grouped_matmul.fit_generated = fit_generated  # type: ignore[attr-defined]

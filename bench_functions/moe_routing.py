@@ -41,11 +41,27 @@ def npu_moe_init_routing(
     rows, k = expert_idx.shape
     experts, positions = _key_value_sort(expert_idx)
     sorted_row_idx = row_idx.reshape(-1).long()[positions]
-    expanded_row_idx = torch.empty_like(sorted_row_idx)
+    expanded_row_idx = torch.full_like(sorted_row_idx, -1)  # a row_idx that is no permutation leaves holes
     expanded_row_idx[sorted_row_idx] = torch.arange(sorted_row_idx.numel(), device=x.device)
     active = min(rows, active_num) * k
     expanded_x = x[sorted_row_idx[:active] % rows]
     return expanded_x, expanded_row_idx.to(torch.int32), experts.to(torch.int32)
+
+
+def _fit_generated_row_idx(
+    x: torch.Tensor, row_idx: torch.Tensor, expert_idx: torch.Tensor, active_num: int
+) -> tuple[torch.Tensor | None, str]:
+    """A statistics dump's generated row_idx (random integers, not a permutation) set in
+    place to the one npu_moe_gating_top_k_softmax gives: arange(rows * k).reshape(k, rows).T."""
+    rows, k = row_idx.shape
+    documented = torch.arange(rows * k, dtype=row_idx.dtype).reshape(k, rows).t()
+    if torch.equal(row_idx, documented):
+        return None, ""
+    row_idx.copy_(documented)
+    return row_idx, "set to the gating's row_idx arange(rows * k).reshape(k, rows).T"
+
+
+npu_moe_init_routing.fit_generated = _fit_generated_row_idx  # type: ignore[attr-defined]
 
 
 def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: torch.Tensor, num_expert: int) -> torch.Tensor:

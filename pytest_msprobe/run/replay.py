@@ -64,11 +64,11 @@ def _fit_generated(ctx: DecodeContext, args: list[Value], kwargs: dict[str, Valu
     if fit is None:
         return
     try:
-        keyword, how = fit(*args, **kwargs)
+        changed, how = fit(*args, **kwargs)
     except (TypeError, ValueError, IndexError, RuntimeError):
         return  # as generated: the reference names what it cannot read
     for leaf in ctx.leaves:
-        if keyword and leaf.path == f"input_kwargs[{keyword!r}]":
+        if leaf.tensor is changed:
             leaf.origin = f"{leaf.origin}, {how}"
 
 

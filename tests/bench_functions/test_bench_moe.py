@@ -195,16 +195,19 @@ def test_generated_group_lists_are_made_readable_in_place() -> None:
     fit = get("npu_grouped_matmul").func.fit_generated
     x, w = [rand(10, 4)], [rand(3, 4, 2)]
     cumulative = torch.tensor([7, 2, 9])
-    assert fit(x, w, group_list=cumulative, group_type=0) == ("group_list", "sorted into a cumulative group_list")
+    assert fit(x, w, group_list=cumulative, group_type=0) == (cumulative, "sorted into a cumulative group_list")
     assert cumulative.tolist() == [2, 7, 9]
     counts = torch.tensor([8, -1, 12])
-    assert fit(x, w, group_list=counts, group_list_type=1)[0] == "group_list"
+    assert fit(x, w, group_list=counts, group_list_type=1)[0] is counts
     assert counts.tolist() == [4, 0, 6] and int(counts.sum()) <= 10
     multi = torch.tensor([1, 1])
-    assert fit([rand(3, 4), rand(5, 4)], [rand(4, 2)] * 2, group_list=multi, group_list_type=0)[0] == "group_list"
+    assert fit([rand(3, 4), rand(5, 4)], [rand(4, 2)] * 2, group_list=multi, group_list_type=0)[0] is multi
     assert multi.tolist() == [3, 8]
     valid = torch.tensor([2, 5, 9])
-    assert fit(x, w, group_list=valid) == ("", "") and valid.tolist() == [2, 5, 9]
+    assert fit(x, w, group_list=valid) == (None, "") and valid.tolist() == [2, 5, 9]
     index = torch.tensor([9, 9])
-    assert get("npu_dequant_swiglu_quant").func.fit_generated(rand(10, 4), group_index=index)[0] == "group_index"
+    assert get("npu_dequant_swiglu_quant").func.fit_generated(rand(10, 4), group_index=index)[0] is index
     assert index.tolist() == [5, 5]
+    row_idx = torch.tensor([[5, 5], [0, 1], [2, 2]], dtype=torch.int32)
+    assert get("npu_moe_init_routing").func.fit_generated(rand(3, 4), row_idx, row_idx.clone(), 3)[0] is row_idx
+    assert row_idx.tolist() == [[0, 3], [1, 4], [2, 5]]  # the gating's row_idx
