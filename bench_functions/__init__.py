@@ -25,7 +25,13 @@ from .linear import npu_linear
 from .matmul_backward import matmul_backward
 from .mish import npu_mish
 from .moe_gating import npu_moe_gating_top_k_softmax
-from .moe_routing import npu_moe_compute_expert_tokens, npu_moe_finalize_routing, npu_moe_gating_top_k, npu_moe_init_routing
+from .moe_routing import (
+    npu_moe_compute_expert_tokens,
+    npu_moe_finalize_routing,
+    npu_moe_gating_top_k,
+    npu_moe_init_routing,
+    npu_moe_init_routing_v2,
+)
 from .registry import BenchFunction, Registry
 from .rms_norm import npu_rms_norm
 from .rotary import npu_rotary_mul
@@ -52,6 +58,7 @@ BUILTIN: dict[str, Callable[..., Any]] = {
     "npu_moe_gating_top_k_softmax": npu_moe_gating_top_k_softmax,
     "npu_moe_gating_top_k": npu_moe_gating_top_k,
     "npu_moe_init_routing": npu_moe_init_routing,
+    "npu_moe_init_routing_v2": npu_moe_init_routing_v2,
     "npu_moe_compute_expert_tokens": npu_moe_compute_expert_tokens,
     "npu_moe_finalize_routing": npu_moe_finalize_routing,
     "npu_grouped_matmul": npu_grouped_matmul,

@@ -187,3 +187,143 @@ def _gating_written(x: torch.Tensor, k: int, **kwargs: object) -> tuple[dict[int
 
 
 npu_moe_gating_top_k.written_rows = _gating_written  # type: ignore[attr-defined]
+
+
+def _dynamic_quant(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row dynamic int8 quantisation: scale = max |row| / 127, round half to even."""
+    scale = rows.abs().amax(dim=-1) / 127.0
+    quantised = torch.round(rows / torch.where(scale > 0, scale, 1.0).unsqueeze(-1)).clamp(-128, 127).to(torch.int8)
+    return quantised, scale
+
+
+def npu_moe_init_routing_v2(
+    x: torch.Tensor,
+    expert_idx: torch.Tensor,
+    *,
+    scale: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    active_num: int = -1,
+    expert_capacity: int = -1,
+    expert_num: int = -1,
+    drop_pad_mode: int = 0,
+    expert_tokens_num_type: int = 0,
+    expert_tokens_num_flag: bool = False,
+    quant_mode: int = 0,
+    active_expert_range: list[int] | None = None,
+    row_idx_type: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the (token, slot) pairs of the active experts by expert, gather their rows,
+    count the tokens per expert; optionally quantise the rows dynamically.
+
+    Returns (expanded_x, expanded_row_idx int32, expert_token_cumsum_or_count int64,
+    expanded_scale float32): drop-less, expanded_x is [rows * k, H] whose first
+    `available` rows (pairs of an expert in active_expert_range) are written; drop-pad,
+    [expert_num, expert_capacity, H] with empty slots zero. ``written_rows`` names the rest.
+
+    Facts:
+    - torch_npu docs (op-plugin 7.x): npu_moe_init_routing_v2(Tensor x, Tensor expert_idx, *, Tensor? scale=None, Tensor? offset=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=0, int[2] active_expert_range=[], int row_idx_type=0) -> (Tensor, Tensor, Tensor, Tensor).
+    - torch_npu docs: expert_idx sorted (sorted_expert_idx, sorted_row_idx); expanded_row_idx maps expanded_x to x (row_idx_type 0 gather, 1 scatter); the first available_idx_num rows of expanded_x and expanded_row_idx are valid, available_idx_num = the pairs whose expert lies in active_expert_range; expert_tokens_num_type 0 cumsum, 1 count (shape [expert_end - expert_start]), 2 key_value ([expert_num, 2], the non-zero (expert, count) pairs at the head in order); quant_mode -1 none, 1 dynamic (0 static: not supported); expanded_scale without scale is meaningless.
+    - CANN's test golden of the kernel (ops-transformer moe_init_routing_v2): a stable argsort of the flattened expert_idx with experts below the range moved last; row_idx_type 0: expanded_row_idx[sorted[i]] = i for the available pairs, -1 elsewhere; 1: the sorted flat positions; expanded_x[i] = x[sorted[i] // k]; non-quant expanded_scale[i] = scale[sorted[i] // k]; dynamic quant multiplies by scale (one row, or a row per active expert) before scale = max|row| / 127; drop-pad keeps each expert's first expert_capacity pairs in slots e * capacity + j.
+
+    Choices:
+    - Rows and scales past the available pairs, the counts without expert_tokens_num_flag, the key_value pairs past the non-zero experts and expanded_scale without scale are zeros here and named by written_rows (not judged); active_num > 0 caps the rows gathered.
+    - Dynamic quantisation rounds half to even; quant_mode 0, offset and int8 x raise Unsupported.
+    """
+    if quant_mode == 0:
+        raise Unsupported("quant_mode=0 (static quantisation) is documented as not supported")
+    if offset is not None or not x.is_floating_point():
+        raise Unsupported("npu_moe_init_routing_v2 with an offset or int8 x: the docs call its outputs meaningless")
+    k = expert_idx.shape[1]
+    total = expert_idx.numel()
+    start, end = (active_expert_range or [0, expert_num if expert_num > 0 else int(expert_idx.max()) + 1])[:2]
+    if drop_pad_mode == 1:
+        start, end = 0, expert_num
+    flat = expert_idx.reshape(-1).long()
+    active = (flat >= start) & (flat < end)
+    available = int(active.sum())
+    keys = torch.where(flat < start, torch.iinfo(torch.int32).max, flat)
+    order = torch.sort(keys, stable=True)
+    sorted_experts, positions = order.values, order.indices
+    counts = torch.bincount(sorted_experts[:available] - start, minlength=end - start)[: end - start]
+    expert_tokens = _expert_tokens(counts, start, expert_num, expert_tokens_num_type, expert_tokens_num_flag)
+    compute = torch.float64 if x.dtype == torch.float64 or (scale is not None and scale.dtype == torch.float64) else torch.float32
+    if drop_pad_mode == 1:
+        slots = torch.full((expert_num * expert_capacity,), -1, dtype=torch.long)
+        rank = torch.arange(available) - torch.searchsorted(sorted_experts[:available], sorted_experts[:available])
+        kept = rank < expert_capacity
+        slots[sorted_experts[:available][kept] * expert_capacity + rank[kept]] = positions[:available][kept]
+        expanded_row_idx = torch.full((total,), -1, dtype=torch.long)
+        filled = slots >= 0
+        expanded_row_idx[slots[filled]] = torch.arange(slots.numel())[filled]
+        source_rows = slots.clamp(min=0) // k
+        slot_experts = torch.arange(slots.numel()) // max(expert_capacity, 1)
+    else:
+        used = available if active_num <= 0 else min(active_num, available)
+        if row_idx_type == 1:
+            expanded_row_idx = torch.cat([positions[:available], positions.new_zeros(total - available)])
+        else:
+            expanded_row_idx = torch.full((total,), -1, dtype=torch.long)
+            expanded_row_idx[positions[:available]] = torch.arange(available)
+        filled = torch.arange(total) < used
+        source_rows = torch.cat([positions[:used] // k, positions.new_zeros(total - used)])
+        slot_experts = torch.cat([sorted_experts[:used] - start, sorted_experts.new_zeros(total - used)])
+    gathered = torch.where(filled.unsqueeze(-1), x[source_rows], x.new_zeros(()))
+    expanded_scale = torch.zeros(gathered.shape[0], dtype=compute)
+    if quant_mode == 1:
+        values = gathered.to(compute)
+        if scale is not None:
+            smooth = scale.to(compute)
+            values = values * (smooth.reshape(1, -1) if smooth.shape[0] == 1 else smooth[slot_experts.clamp(0, smooth.shape[0] - 1)])
+        expanded_x, expanded_scale = _dynamic_quant(values)
+        expanded_x, expanded_scale = torch.where(filled.unsqueeze(-1), expanded_x, 0).to(torch.int8), expanded_scale * filled
+    else:
+        expanded_x = gathered
+        if scale is not None:
+            expanded_scale = torch.where(filled, scale.to(compute)[source_rows], 0.0)
+    if drop_pad_mode == 1:
+        expanded_x = expanded_x.reshape(expert_num, expert_capacity, -1)
+    return expanded_x, expanded_row_idx.to(torch.int32), expert_tokens, expanded_scale
+
+
+def _expert_tokens(counts: torch.Tensor, start: int, expert_num: int, kind: int, flag: bool) -> torch.Tensor:
+    """expert_token_cumsum_or_count: cumulative (0), counts (1), or the non-zero
+    (expert, count) pairs at the head of an [expert_num, 2] tensor (2)."""
+    if kind == 2:
+        nonzero = torch.nonzero(counts).flatten()
+        pairs = torch.stack([nonzero + start, counts[nonzero]], dim=1)
+        return torch.cat([pairs, pairs.new_zeros(max(expert_num, pairs.shape[0]) - pairs.shape[0], 2)]).to(torch.int64)
+    if kind not in (0, 1):
+        raise ValueError(f"expert_tokens_num_type must be 0, 1 or 2, got {kind}")
+    return (counts.cumsum(0) if kind == 0 else counts).to(torch.int64)
+
+
+def _v2_written(x: torch.Tensor, expert_idx: torch.Tensor, **kwargs: object) -> tuple[dict[int, int], dict[int, int], str]:
+    """The rows past the available pairs; unrequested counts; the key_value pairs past
+    the non-zero experts; expanded_scale without scale."""
+    if kwargs.get("drop_pad_mode", 0) == 1:
+        rows: dict[int, int] = {}
+    else:
+        num = kwargs.get("expert_num", -1)
+        given = kwargs.get("active_expert_range")
+        start, end = (
+            list(given)[:2]
+            if isinstance(given, (list, tuple)) and given
+            else [0, num if isinstance(num, int) and num > 0 else int(expert_idx.max()) + 1]
+        )
+        flat = expert_idx.reshape(-1)
+        available = int(((flat >= start) & (flat < end)).sum())
+        active_num = kwargs.get("active_num", -1)
+        used = available if not isinstance(active_num, int) or active_num <= 0 else min(active_num, available)
+        rows = {0: used, 3: used}
+        if kwargs.get("row_idx_type", 0) == 1:
+            rows[1] = available
+        if kwargs.get("expert_tokens_num_type", 0) == 2:
+            rows[2] = int((torch.bincount(flat[(flat >= start) & (flat < end)].long() - start) > 0).sum())
+    if not kwargs.get("expert_tokens_num_flag"):
+        rows[2] = 0
+    if kwargs.get("scale") is None and kwargs.get("quant_mode", 0) != 1:
+        rows[3] = 0
+    return rows, {}, "(past the pairs of the active experts, or not requested)"
+
+
+npu_moe_init_routing_v2.written_rows = _v2_written  # type: ignore[attr-defined]

@@ -79,3 +79,38 @@ def test_gating_top_k_norm_out_without_out_flag_is_not_judged(tmp_path: Path, ru
         "NPU.npu_moe_gating_top_k.1.forward": "failed",
     }
     assert not result.calls["NPU.npu_moe_gating_top_k.0.forward"].warnings
+
+
+def test_init_routing_v2_judges_only_the_available_pairs(tmp_path: Path, run_dump) -> None:
+    """npu_moe_init_routing_v2 writes the pairs of the active experts only: leftover memory
+    (NaN, garbage indices) past them is not judged; two gathered rows swapped fail."""
+    from dumpwriter import DumpWriter
+
+    reference = bench_functions.get("npu_moe_init_routing_v2")
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(3)).bfloat16()
+    expert_idx = torch.randint(0, 6, (6, 2), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
+    kwargs = {
+        "expert_num": 6,
+        "active_expert_range": [1, 4],
+        "expert_tokens_num_flag": True,
+        "expert_tokens_num_type": 2,
+        "quant_mode": -1,
+        "row_idx_type": 1,
+    }
+    expanded_x, row_idx, counts, scale = reference(x, expert_idx, **kwargs)
+    available = reference.func.written_rows(x, expert_idx, **kwargs)[0]
+    garbage_x, garbage_idx, garbage_counts = expanded_x.clone(), row_idx.clone(), counts.clone()
+    garbage_x[available[0] :] = float("nan")
+    garbage_idx[available[1] :] = 12345
+    garbage_counts[available[2] :] = -7
+    swapped = garbage_x.clone()
+    swapped[[0, 1]] = garbage_x[[1, 0]]
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    writer.forward("NPU.npu_moe_init_routing_v2.0", [x, expert_idx], kwargs, (garbage_x, garbage_idx, garbage_counts, scale))
+    writer.forward("NPU.npu_moe_init_routing_v2.1", [x, expert_idx], kwargs, (swapped, garbage_idx, garbage_counts, scale))
+    result = run_dump(writer.write(), "--msprobe-offline")
+    assert {call: o.outcome for call, o in result.calls.items()} == {
+        "NPU.npu_moe_init_routing_v2.0.forward": "passed",
+        "NPU.npu_moe_init_routing_v2.1.forward": "failed",
+    }
+    assert 0 < available[0] < 12 and not result.calls["NPU.npu_moe_init_routing_v2.0.forward"].warnings

@@ -211,3 +211,58 @@ def test_generated_group_lists_are_made_readable_in_place() -> None:
     row_idx = torch.tensor([[5, 5], [0, 1], [2, 2]], dtype=torch.int32)
     assert get("npu_moe_init_routing").func.fit_generated(rand(3, 4), row_idx, row_idx.clone(), 3)[0] is row_idx
     assert row_idx.tolist() == [[0, 3], [1, 4], [2, 5]]  # the gating's row_idx
+
+
+V2_EXPERTS = torch.tensor([[1, 3], [0, 2], [2, 1], [1, 1]], dtype=torch.int32)  # pairs 0-7, token = pair // 2
+
+
+def test_init_routing_v2_dropless_active_range() -> None:
+    """Experts 1 and 2 active: pairs 0, 5, 6, 7 (expert 1) then 3, 4 (expert 2) in order;
+    pair 1 (expert 3) and pair 2 (expert 0) are not available."""
+    x, scale = rand(4, 3), rand(4)
+    v2 = get("npu_moe_init_routing_v2")
+    kwargs = {"scale": scale, "expert_num": 4, "active_expert_range": [1, 3], "expert_tokens_num_flag": True, "quant_mode": -1}
+    expanded_x, row_idx, counts, expanded_scale = v2(x, V2_EXPERTS, expert_tokens_num_type=1, **kwargs)
+    tokens = [0, 2, 3, 3, 1, 2]
+    assert torch.equal(expanded_x[:6], x[tokens]) and expanded_x.shape == (8, 3)
+    assert row_idx.tolist() == [0, -1, -1, 4, 5, 1, 2, 3] and row_idx.dtype == torch.int32
+    assert counts.tolist() == [4, 2] and counts.dtype == torch.int64
+    assert torch.equal(expanded_scale[:6], scale[tokens])
+    assert v2(x, V2_EXPERTS, expert_tokens_num_type=0, **kwargs)[2].tolist() == [4, 6]
+    assert v2(x, V2_EXPERTS, expert_tokens_num_type=2, **kwargs)[2][:2].tolist() == [[1, 4], [2, 2]]
+    assert v2(x, V2_EXPERTS, expert_tokens_num_type=1, row_idx_type=1, **kwargs)[1][:6].tolist() == [0, 5, 6, 7, 3, 4]
+    written = v2.func.written_rows(x, V2_EXPERTS, expert_tokens_num_type=2, row_idx_type=1, **kwargs)
+    assert written[0] == {0: 6, 3: 6, 1: 6, 2: 2}
+
+
+def test_init_routing_v2_dynamic_quant_with_smooth_scale() -> None:
+    x, smooth = rand(4, 3), rand(2, 3).abs() + 0.5  # one smooth row per active expert (1, 2)
+    out, _, _, scales = get("npu_moe_init_routing_v2")(x, V2_EXPERTS, scale=smooth, expert_num=4, active_expert_range=[1, 3], quant_mode=1)
+    for i, (token, expert) in enumerate(zip([0, 2, 3, 3, 1, 2], [1, 1, 1, 1, 2, 2], strict=True)):
+        values = [float(x[token, j]) * float(smooth[expert - 1, j]) for j in range(3)]
+        step = max(abs(v) for v in values) / 127
+        assert float(scales[i]) == pytest.approx(step, rel=1e-12)
+        assert out[i].tolist() == [round(v / step) for v in values]
+    assert out.dtype == torch.int8
+
+
+def test_init_routing_v2_drop_pad_capacity() -> None:
+    """Capacity 2: expert 1 keeps pairs 0 and 5 (6 and 7 are dropped); slot e * 2 + j."""
+    x = rand(4, 3)
+    out, row_idx, counts, _ = get("npu_moe_init_routing_v2")(
+        x,
+        V2_EXPERTS,
+        expert_num=4,
+        expert_capacity=2,
+        drop_pad_mode=1,
+        expert_tokens_num_flag=True,
+        expert_tokens_num_type=1,
+        quant_mode=-1,
+    )
+    slots = {0: 1, 2: 0, 3: 2, 4: 1, 5: 2, 6: 0}  # slot -> token (pair // 2)
+    expected = torch.zeros(8, 3, dtype=torch.float64)
+    for slot, token in slots.items():
+        expected[slot] = x[token]
+    assert out.shape == (4, 2, 3) and torch.equal(out.reshape(8, 3), expected)
+    assert row_idx.tolist() == [2, 6, 0, 4, 5, 3, -1, -1]
+    assert counts.tolist() == [1, 4, 2, 1]
