@@ -11,6 +11,8 @@ call's report names the rows left out.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,20 +58,25 @@ def written(name: CallName, inputs: Inputs, framework: str) -> Written | None:
     return Written(rows, why) if rows else None
 
 
-def cut(value: Value, where: Written) -> Value:
-    """``value`` (a side's outputs) with each named output cut to its written rows."""
-    position = iter(range(1 << 62))
+def _numbered(value: Value, function: Callable[[int, Value], Value]) -> Value:
+    """``value`` with ``function(position, leaf)`` applied to each leaf, positions counted
+    over the flattened outputs (a single output is position 0)."""
+    position = itertools.count()
 
     def one(item: Value) -> Value:
-        number = next(position)
-        rows = where.rows.get(number)
-        if rows is None or not isinstance(item, torch.Tensor) or item.dim() == 0:
-            return item
-        return item[:rows]
+        return function(next(position), item)
 
-    if not isinstance(value, (list, tuple)):
-        return one(value)
-    return tree_map(one, value)
+    return tree_map(one, value) if isinstance(value, (list, tuple)) else one(value)
+
+
+def cut(value: Value, where: Written) -> Value:
+    """``value`` (a side's outputs) with each named output cut to its written rows."""
+
+    def one(number: int, item: Value) -> Value:
+        rows = where.rows.get(number)
+        return item[:rows] if rows is not None and isinstance(item, torch.Tensor) and item.dim() else item
+
+    return _numbered(value, one)
 
 
 def cut_results(results: Results, where: Written | None) -> tuple[Results, list[str]]:
@@ -77,26 +84,16 @@ def cut_results(results: Results, where: Written | None) -> tuple[Results, list[
     was left out of the judgement."""
     if where is None:
         return results, []
-    notes = [_note(number, tensor, rows, where.why) for number, tensor, rows in _named(results.bench, where)]
-    cut_sides = {side: cut(getattr(results, side), where) for side in ("device", "bench", "reference")}
-    return dataclasses.replace(results, **cut_sides), [note for note in notes if note]
+    notes: list[str] = []
 
-
-def _named(value: Value, where: Written) -> list[tuple[int, torch.Tensor, int]]:
-    found: list[tuple[int, torch.Tensor, int]] = []
-    position = iter(range(1 << 62))
-
-    def visit(item: Value) -> Value:
-        number = next(position)
+    def note(number: int, item: Value) -> Value:
         if isinstance(item, torch.Tensor) and number in where.rows:
-            found.append((number, item, where.rows[number]))
+            notes.append(_note(number, item, where.rows[number], where.why))
         return item
 
-    if isinstance(value, (list, tuple)):
-        tree_map(visit, value)
-    else:
-        visit(value)
-    return found
+    _numbered(results.bench, note)
+    cut_sides = {side: cut(getattr(results, side), where) for side in ("device", "bench", "reference")}
+    return dataclasses.replace(results, **cut_sides), [line for line in notes if line]
 
 
 def _note(number: int, tensor: torch.Tensor, rows: int, why: str) -> str:
