@@ -23,15 +23,20 @@ def npu_moe_gating_top_k_softmax(
     - torch_npu docs: y has x's dtype, expert_idx and row_idx are int32 with y's shape.
 
     Choices:
-    - Softmax in float32 (float64 for float64 x) and rounded to x's dtype before top-k, as op-plugin's own CPU test does; ties go to the lower expert number.
+    - Softmax in float32 (float64 for float64 x); the top k are chosen on those values and
+      only then rounded to x's dtype. Choosing on the rounded values would make the choice
+      between two experts whose probabilities round alike depend on the precision the
+      softmax ran in: a bfloat16 call replayed at float32 and at float64 then picks
+      different experts (a false alarm on the indices and the backward). Exact ties (equal
+      logits) go to the lower expert number at any precision.
     - 3-D x: the leading two axes are flattened into rows for row_idx, then reshaped back.
     """
     num_experts = x.shape[-1]
     if not 0 < k <= num_experts:
         raise ValueError(f"k must be in 1..{num_experts} (the number of experts), got {k}")
-    probs = torch.softmax(to_compute(x), dim=-1).to(x.dtype)
+    probs = torch.softmax(to_compute(x), dim=-1)
     order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[..., :k]
-    y = torch.gather(probs, -1, order)
+    y = torch.gather(probs, -1, order).to(x.dtype)
     expert_idx = order.to(torch.int32)
     if finished is not None:
         expert_idx = torch.where(finished.to(torch.bool).unsqueeze(-1), torch.full_like(expert_idx, num_experts), expert_idx)

@@ -28,9 +28,13 @@ EXPECTED = {
 }
 
 
+@pytest.mark.parametrize("task", ["tensor", "statistics"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_every_call_of_the_moe_step_is_judged_and_passes(dtype: torch.dtype, tmp_path: Path, run_dump) -> None:
-    result = run_dump(write_moe_dump(tmp_path / "dump", dtype), "--msprobe-device=cpu")
+def test_every_call_of_the_moe_step_is_judged_and_passes(dtype: torch.dtype, task: str, tmp_path: Path, run_dump) -> None:
+    """Statistics: inputs drawn anew, so bfloat16 gating rows where two experts'
+    probabilities round alike are common; the reference's choice must not depend on the
+    precision it ran in (bench_functions/moe_gating.py)."""
+    result = run_dump(write_moe_dump(tmp_path / "dump", dtype, task), "--msprobe-device=cpu")
     assert set(result.calls) == EXPECTED
     assert {call: o.outcome for call, o in result.calls.items() if o.outcome != "passed"} == {}
     assert {call: o.warnings for call, o in result.calls.items() if o.warnings} == {}
