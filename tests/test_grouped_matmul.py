@@ -6,7 +6,10 @@ and the report names those rows."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,42 +237,91 @@ def test_statistics_dump_replays_every_mode(tmp_path: Path, run_dump) -> None:
     assert not any(outcome.warnings for outcome in result.calls.values())
 
 
-def next_weight(case: Case) -> torch.Tensor:
-    """Each group's rows multiplied by the next group's weight."""
-    x, ws = case.args[0][0], case.args[1]
-    bias = case.kwargs["bias"]
-    out = torch.full((x.shape[0], N), float("nan"), dtype=torch.float64)
-    for i, (start, end) in enumerate(spans(CUMULATIVE)):
-        j = (i + 1) % len(ws)
-        out[start:end] = x[start:end].double() @ ws[j].double() + bias[i].double()
-    return out
+def exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.double() @ b.double()
 
 
-def counts_read_as_cumulative(case: Case) -> torch.Tensor:
-    """group_list [6, 15, 15, 31] (cumulative) read as counts [6, 15, 15, 31]: the groups
-    run past the rows, which the kernel cuts at M."""
-    x, ws = case.args[0][0], case.args[1]
-    bias = case.kwargs["bias"]
-    out = torch.full((x.shape[0], N), float("nan"), dtype=torch.float64)
-    start = 0
-    for i, count in enumerate(CUMULATIVE):
-        end = min(start + count, x.shape[0])
-        out[start:end] = x[start:end].double() @ ws[i].double() + bias[i].double()
-        start = end
-    return out
-
-
-def float16_accumulation(case: Case) -> torch.Tensor:
+def float16_accumulated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The products summed one term at a time in float16."""
-    x, ws = case.args[0][0], case.args[1]
-    bias = case.kwargs["bias"]
-    out = torch.full((x.shape[0], N), float("nan"), dtype=torch.float64)
-    for i, (start, end) in enumerate(spans(CUMULATIVE)):
-        acc = torch.zeros(end - start, N, dtype=torch.float16)
-        for k in range(K):
-            acc = acc + x[start:end, k : k + 1].half() * ws[i][k : k + 1].half()
-        out[start:end] = acc.double() + bias[i].double()
-    return out
+    acc = torch.zeros(*a.shape[:-1], b.shape[-1], dtype=torch.float16)
+    for k in range(a.shape[-1]):
+        acc = acc + a[..., k : k + 1].half() * b[k].half()
+    return acc.double()
+
+
+def group_ends(group_list: torch.Tensor | list[int], group_list_type: int, length: int, fault: str) -> list[int]:
+    """Where each group ends along the grouped axis; under that fault a cumulative
+    group_list (a Python list, or a tensor with group_list_type 0) is read as counts,
+    the groups cut at the axis' end."""
+    values = group_list.tolist() if isinstance(group_list, torch.Tensor) else list(group_list)
+    cumulative = not isinstance(group_list, torch.Tensor) or group_list_type == 0
+    if cumulative and fault != "cumulative_read_as_counts":
+        return values
+    return [min(end, length) for end in itertools.accumulate(values)]
+
+
+def planted_kernel(
+    fault: str,
+    x: list[torch.Tensor],
+    weight: list[torch.Tensor],
+    *,
+    bias: list[torch.Tensor] | None = None,
+    group_list: torch.Tensor | list[int] | None = None,
+    split_item: int = 0,
+    group_type: int = -1,
+    group_list_type: int = 0,
+    **_: object,
+) -> list[torch.Tensor]:
+    """A floating npu_grouped_matmul kernel written here, independently of
+    bench_functions: float64 products rounded once to x's dtype, with `fault` planted
+    (each group's rows times the next group's weight, a cumulative group_list read as
+    counts, or the products accumulated in float16; any other name: none)."""
+    ws = list(weight[0].unbind(0)) if len(weight) == 1 and weight[0].dim() == 3 else list(weight)
+    product = float16_accumulated if fault == "float16_accumulation" else exact
+    dtype = x[0].dtype
+    if group_type == 2:  # k-axis: x [M, K] and weight [K, N] split along K
+        assert group_list is not None
+        (a,), (b,) = x, ws
+        bounds = spans(group_ends(group_list, group_list_type, a.shape[1], fault))
+        return [torch.stack([product(a[:, s:t], b[s:t]) for s, t in bounds]).to(dtype)]
+    single = len(x) == 1 and group_list is not None
+    if single:
+        assert group_list is not None
+        parts = [x[0][s:t] for s, t in spans(group_ends(group_list, group_list_type, x[0].shape[0], fault))]
+    else:
+        parts = list(x)
+    shift = 1 if fault == "next_weight" else 0
+    ys = [product(part, ws[(i + shift) % len(ws)]) + (bias[i].double() if bias else 0) for i, part in enumerate(parts)]
+    if split_item in (0, 1):
+        return [y.to(dtype) for y in ys]
+    y = torch.cat(ys)
+    if single:  # rows past the groups: leftover memory
+        y = torch.cat([y, y.new_full((x[0].shape[0] - y.shape[0], y.shape[1]), float("nan"))])
+    return [y.to(dtype)]
+
+
+#: fault -> the modes of cases() it changes: every mode with more than one weight, every
+#: cumulative group_list (a Python list, or group_list_type 0), every mode
+SEVERAL_WEIGHTS = {"multi_x_split0", "list_group_list_split1", "cumulative_split2_bias", "counts_split3_3d_weight", "multi_x_single_out"}
+FAULTS = {
+    "next_weight": SEVERAL_WEIGHTS,
+    "cumulative_read_as_counts": {"list_group_list_split1", "cumulative_split2_bias"},
+    "float16_accumulation": SEVERAL_WEIGHTS | {"k_grouped_weight_grad"},
+}
+FAULT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def test_the_planted_kernel_is_the_truth_but_for_its_fault() -> None:
+    """Without a fault the planted kernel gives the float64 truth of every mode; each
+    fault changes exactly the modes FAULTS names."""
+    for case in cases(torch.float32, seed=3):
+        clean = planted_kernel("none", *case.args, **case.kwargs)
+        for out, truth, rows in zip(clean, case.truth, case.written or [None] * len(clean), strict=True):
+            assert torch.allclose(out[:rows].double(), truth[:rows], rtol=1e-5, atol=1e-5), case.name
+        for fault, modes in FAULTS.items():
+            faulty = planted_kernel(fault, *case.args, **case.kwargs)
+            same = all(f.shape == c.shape and torch.equal(f.nan_to_num(), c.nan_to_num()) for f, c in zip(faulty, clean, strict=True))
+            assert same == (case.name not in modes), (fault, case.name)
 
 
 def nan_inside(case: Case) -> torch.Tensor:
@@ -278,27 +330,67 @@ def nan_inside(case: Case) -> torch.Tensor:
     return out
 
 
-FAULTS = {
-    "next_weight": next_weight,
-    "counts_read_as_cumulative": counts_read_as_cumulative,
-    "float16_accumulation": float16_accumulation,
-    "nan_inside_written_rows": nan_inside,
-}
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_each_planted_fault_fails_its_call_and_only_it(dtype: torch.dtype, tmp_path: Path, run_dump) -> None:
-    (case,) = [c for c in cases(dtype, seed=7) if c.name == "cumulative_split2_bias"]
+@pytest.mark.parametrize("dtype", FAULT_DTYPES)
+def test_each_planted_fault_fails_its_calls_and_only_them(dtype: torch.dtype, tmp_path: Path, run_dump) -> None:
+    """Tensor task, offline: every mode's correct call passes; each fault's outputs
+    (garbage past the total, as a kernel leaves it) fail exactly the modes it changes;
+    a NaN inside the written rows fails."""
     writer = DumpWriter(tmp_path / "dump", "tensor")
-    write(writer, "NPU.npu_grouped_matmul.0", case, correct_outputs(case, dtype, seed=1))
-    faulty = {}
-    for number, (fault, make) in enumerate(FAULTS.items(), start=1):
-        call = f"NPU.npu_grouped_matmul.{number}"
-        write(writer, call, case, [rounded(make(case), dtype, CUMULATIVE[-1], seed=number)])
-        faulty[f"{call}.forward"] = fault
+    expected: dict[str, str] = {}
+    number = itertools.count()
+
+    def add(case: Case, outputs: list[torch.Tensor], outcome: str) -> None:
+        call = f"NPU.npu_grouped_matmul.{next(number)}"
+        write(writer, call, case, outputs)
+        expected[f"{call}.forward"] = outcome
+
+    for case in cases(dtype, seed=7):
+        written = case.written or [None] * len(case.truth)
+        add(case, correct_outputs(case, dtype, seed=1), "passed")
+        for fault in (fault for fault, modes in FAULTS.items() if case.name in modes):
+            faulty = planted_kernel(fault, *case.args, **case.kwargs)
+            add(case, [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(faulty, written, strict=True)], "failed")
+        if case.name == "cumulative_split2_bias":
+            add(case, [rounded(nan_inside(case), dtype, CUMULATIVE[-1], seed=3)], "failed")
     result = run_dump(writer.write(), "--msprobe-offline")
-    assert set(result.by_outcome("failed")) == set(faulty), {c: o.outcome for c, o in result.calls.items()}
-    assert result.calls["NPU.npu_grouped_matmul.0.forward"].outcome == "passed"
+    assert {call: o.outcome for call, o in result.calls.items()} == expected
+
+
+def on_the_device(kernel: Callable[..., list[torch.Tensor]]) -> Callable[..., list[torch.Tensor]]:
+    """`kernel` where x comes in a dump's dtype (the device-side run), the reference
+    elsewhere (the bench, raised to float32), with the reference's row and generation
+    rules."""
+    reference = bench_functions.get("npu_grouped_matmul")
+    assert reference is not None
+
+    def run(x: list[torch.Tensor], weight: list[torch.Tensor], **kwargs: object) -> list[torch.Tensor]:
+        return kernel(x, weight, **kwargs) if x[0].dtype in FAULT_DTYPES else reference(x, weight, **kwargs)
+
+    run.written_rows = reference.func.written_rows  # type: ignore[attr-defined]
+    run.fit_generated = reference.func.fit_generated  # type: ignore[attr-defined]
+    return run
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_statistics_dump_with_a_planted_kernel_fails_exactly_its_modes(fault: str, tmp_path: Path, run_dump, monkeypatch) -> None:
+    """Statistics task, replayed on the CPU with the planted kernel as the device (the
+    reference stays the bench), every floating mode in float16 and bfloat16: exactly the
+    modes the fault changes fail, the others pass with no warning."""
+    writer = DumpWriter(tmp_path / "dump", "statistics")
+    modes: dict[str, str] = {}
+    number = itertools.count()
+    for d, dtype in enumerate(FAULT_DTYPES):
+        for case in cases(dtype, seed=100 * d):
+            call = f"NPU.npu_grouped_matmul.{next(number)}"
+            write(writer, call, case, correct_outputs(case, dtype, seed=1))
+            modes[f"{call}.forward"] = case.name
+    registry = bench_functions.default_registry.copy()
+    registry.register("npu_grouped_matmul", on_the_device(functools.partial(planted_kernel, fault)), replace=True)
+    monkeypatch.setattr(bench_functions, "default_registry", registry)
+    result = run_dump(writer.write(), "--msprobe-device=cpu")
+    expected = {call: "failed" if mode in FAULTS[fault] else "passed" for call, mode in modes.items()}
+    assert {call: o.outcome for call, o in result.calls.items()} == expected
+    assert not any(o.warnings for o in result.calls.values() if o.outcome == "passed")
 
 
 def backward_truth(x: torch.Tensor, ws: list[torch.Tensor], grad: torch.Tensor, group_of_rows: list[tuple[int, int]]) -> list[torch.Tensor]:
