@@ -325,6 +325,8 @@ def _grouped(
         if len(xs) != n:
             raise ValueError(f"x holds {len(xs)} tensors for {n} weights and no group_list splits it")
         parts, part_tokens, picked = xs, [tokens[i] if tokens else None for i in range(n)], list(range(n))
+    if any(not 0 <= i < n for i in picked):
+        raise ValueError(f"group_list names weights {sorted(set(picked))} where the call has {n} (0..{n - 1})")
     ys = [_product(part, weights[i], per_weight[i], tok, act) for part, i, tok in zip(parts, picked, part_tokens, strict=True)]
     if split_item in (0, 1):
         return [_to_output(y, out_dtype) for y in ys]
@@ -389,25 +391,30 @@ def fit_generated(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **k
     """A statistics dump records only group_list's Max/Min/Mean/Norm, so the replay
     generates one at random within them; made here, in place, into a group_list the
     kernel can read: sorted where it is cumulative, sizes scaled down to the rows where
-    they are counts, and each x's rows where x is a list. -> (the tensor changed, what
-    was done), or (None, "") where nothing needed doing."""
+    they are counts, each x's rows where x is a list, and weight indices within the
+    weights where it holds [index, count] pairs. -> (the tensor changed, what was done),
+    or (None, "") where nothing needed doing."""
     group_list = kwargs.get("group_list")
     kind = kwargs.get("group_list_type", 0) or 0
-    if not isinstance(group_list, torch.Tensor) or group_list.dim() != 1 or kind not in (0, 1) or group_list.is_floating_point():
+    if not isinstance(group_list, torch.Tensor) or group_list.is_floating_point() or group_list.dim() != (2 if kind == 2 else 1):
         return None, ""
-    if len(x) > 1:
+    length = x[0].shape[1] if kwargs.get("group_type") == 2 else x[0].shape[0]
+    if kind == 2:
+        fitted = group_list.clone()
+        fitted[:, 0] = group_list[:, 0].clamp(0, len(_weights(weight)) - 1)
+        fitted[:, 1] = fitted_counts(group_list[:, 1], length)
+        how = "weight indices within the weights and sizes within the rows"
+    elif kind not in (0, 1):
+        return None, ""
+    elif len(x) > 1:
         counts = torch.tensor([t.shape[0] for t in x], dtype=group_list.dtype)
         fitted = counts.cumsum(0) if kind == 0 else counts
         how = "set to the rows of each x"
+    elif kind == 0:
+        fitted = fitted_counts(torch.diff(group_list.sort().values, prepend=group_list.new_zeros(1)), length).cumsum(0)
+        how = "sorted into a cumulative group_list"
     else:
-        length = x[0].shape[1] if kwargs.get("group_type") == 2 else x[0].shape[0]
-        if kind == 0:
-            fitted, how = (
-                fitted_counts(torch.diff(group_list.sort().values, prepend=group_list.new_zeros(1)), length).cumsum(0),
-                "sorted into a cumulative group_list",
-            )
-        else:
-            fitted, how = fitted_counts(group_list, length), "made non-negative sizes within the rows"
+        fitted, how = fitted_counts(group_list, length), "made non-negative sizes within the rows"
     if fitted.shape != group_list.shape or torch.equal(fitted, group_list):
         return None, ""
     group_list.copy_(fitted)

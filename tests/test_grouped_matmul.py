@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,10 +112,12 @@ def cases(dtype: torch.dtype, seed: int) -> list[Case]:
     ]
 
 
-def quantised_cases(seed: int) -> list[Case]:
-    """int8 x and weight with an int32 bias, a per-channel scale packed as int64 (float32
-    bits in the low word) and a per-token scale, bfloat16 out (formula 3); float16 x with
-    int8 weights dequantised per channel (formula 4)."""
+def quantised_cases(seed: int) -> list[tuple[Case, torch.dtype]]:
+    """(call, its output dtype): int8 x and weight with an int32 bias, a per-channel scale
+    packed as int64 (float32 bits in the low word) and a per-token scale, bfloat16 out
+    (formula 3); int8 out with an offset, group_list [[weight index, count], ...] (formula
+    2); the bare int32 product of a list of x; float16 x with int8 weights dequantised per
+    channel and bfloat16 x per group of K rows (formula 4); an activation (act_type)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(-16, 16, (M, K), generator=g, dtype=torch.int8)
     w = torch.randint(-16, 16, (len(COUNTS), K, N), generator=g, dtype=torch.int8)
@@ -136,47 +139,137 @@ def quantised_cases(seed: int) -> list[Case]:
             for (s, t), wi, sc, o in zip(spans(CUMULATIVE), wa, a_scale, a_offset, strict=True)
         ]
     )
+    pairs = [[2, 6], [0, 9], [3, 16]]  # weight index, rows: 31 of the 40 written
+    offset = torch.randn(len(COUNTS), N, generator=g)
+    int8_scale = torch.rand(len(COUNTS), N, generator=g) * 0.04 + 0.01
+    int8_out = torch.full((M, N), float("nan"), dtype=torch.float64)
+    for (start, end), (index, _) in zip(spans(list(itertools.accumulate(c for _, c in pairs))), pairs, strict=True):
+        acc = x[start:end].double() @ w[index].double() + bias[index].double()
+        int8_out[start:end] = acc * int8_scale[index].double() + offset[index].double()
+    xs = [torch.randint(-16, 16, (rows, K), generator=g, dtype=torch.int8) for rows in (5, 7)]
+    xb = rand(M, K, seed=seed + 2, dtype=torch.bfloat16)
+    wb = torch.randint(-8, 8, (len(COUNTS), K, N), generator=g, dtype=torch.int8)
+    g_scale = (torch.rand(len(COUNTS), 4, N, generator=g) * 0.02).bfloat16()  # 4 groups of 24 rows of K
+    g_offset = torch.randn(len(COUNTS), 4, N, generator=g).bfloat16()
+    b_bias = torch.randn(len(COUNTS), N, generator=g)
+    per_group = torch.cat(
+        [
+            xb[s:t].double()
+            @ ((wb[i].double() + g_offset[i].double().repeat_interleave(24, 0)) * g_scale[i].double().repeat_interleave(24, 0))
+            + b_bias[i].double()
+            for i, (s, t) in enumerate(spans(CUMULATIVE))
+        ]
+    )
+    xg = rand(M, K, seed=seed + 3, dtype=torch.float16)
+    wg = [rand(K, N, seed=seed + 4 + i, dtype=torch.float16) / K**0.5 for i in range(len(COUNTS))]
+    products = torch.cat([xg[s:t].double() @ wi.double() for (s, t), wi in zip(spans(CUMULATIVE), wg, strict=True)])
+    gelu_tanh = 0.5 * products * (1 + torch.tanh(math.sqrt(2 / math.pi) * (products + 0.044715 * products**3)))
     return [
-        Case(
-            "int8_per_token",
-            [[x], [w]],
-            {
-                "bias": [bias],
-                "scale": [packed],
-                "per_token_scale": [per_token],
-                "group_list": torch.tensor(CUMULATIVE),
-                "split_item": 3,
-                "group_type": 0,
-                "output_dtype": torch.bfloat16,
-            },
-            [truth],
-            [CUMULATIVE[-1]],
+        (
+            Case(
+                "int8_out_index_count",
+                [[x], [w]],
+                {
+                    "bias": [bias],
+                    "scale": [int8_scale.view(torch.int32).to(torch.int64) & 0xFFFFFFFF],
+                    "offset": [offset],
+                    "group_list": torch.tensor(pairs),
+                    "split_item": 2,
+                    "group_type": 0,
+                    "group_list_type": 2,
+                    "output_dtype": torch.int8,
+                },
+                [int8_out],
+                [CUMULATIVE[-1]],
+            ),
+            torch.int8,
         ),
-        Case(
-            "antiquant_int8_weight",
-            [[xa], wa],
-            {
-                "antiquant_scale": a_scale,
-                "antiquant_offset": a_offset,
-                "group_list": torch.tensor(COUNTS),
-                "split_item": 2,
-                "group_type": 0,
-                "group_list_type": 1,
-            },
-            [antiquant],
-            [CUMULATIVE[-1]],
+        (
+            Case(
+                "int32_out_multi_x",
+                [xs, [w[0], w[1]]],
+                {"split_item": 0, "group_type": -1, "output_dtype": torch.int32},
+                [xs[0].double() @ w[0].double(), xs[1].double() @ w[1].double()],
+            ),
+            torch.int32,
+        ),
+        (
+            Case(
+                "antiquant_per_group_bfloat16",
+                [[xb], [wb]],
+                {
+                    "bias": [b_bias],
+                    "antiquant_scale": [g_scale],
+                    "antiquant_offset": [g_offset],
+                    "group_list": torch.tensor(CUMULATIVE),
+                    "split_item": 3,
+                    "group_type": 0,
+                },
+                [torch.cat([per_group, per_group.new_full((M - CUMULATIVE[-1], N), float("nan"))])],
+                [CUMULATIVE[-1]],
+            ),
+            torch.bfloat16,
+        ),
+        (
+            Case(
+                "act_gelu_tanh",
+                [[xg], wg],
+                {"group_list": torch.tensor(CUMULATIVE), "split_item": 2, "group_type": 0, "act_type": 2},
+                [torch.cat([gelu_tanh, gelu_tanh.new_full((M - CUMULATIVE[-1], N), float("nan"))])],
+                [CUMULATIVE[-1]],
+            ),
+            torch.float16,
+        ),
+        (
+            Case(
+                "int8_per_token",
+                [[x], [w]],
+                {
+                    "bias": [bias],
+                    "scale": [packed],
+                    "per_token_scale": [per_token],
+                    "group_list": torch.tensor(CUMULATIVE),
+                    "split_item": 3,
+                    "group_type": 0,
+                    "output_dtype": torch.bfloat16,
+                },
+                [truth],
+                [CUMULATIVE[-1]],
+            ),
+            torch.bfloat16,
+        ),
+        (
+            Case(
+                "antiquant_int8_weight",
+                [[xa], wa],
+                {
+                    "antiquant_scale": a_scale,
+                    "antiquant_offset": a_offset,
+                    "group_list": torch.tensor(COUNTS),
+                    "split_item": 2,
+                    "group_type": 0,
+                    "group_list_type": 1,
+                },
+                [antiquant],
+                [CUMULATIVE[-1]],
+            ),
+            torch.float16,
         ),
     ]
 
 
 def rounded(truth: torch.Tensor, dtype: torch.dtype, written: int | None, seed: int) -> torch.Tensor:
-    """The truth correctly rounded; rows past `written` are leftover memory: huge
-    values, inf and NaN."""
-    out = truth.to(dtype)
+    """The truth correctly rounded (integers: half to even, saturated); rows past
+    `written` are leftover memory: huge values, inf and NaN (integers: any)."""
+    if dtype.is_floating_point:
+        out = truth.to(dtype)
+    else:
+        info = torch.iinfo(dtype)
+        out = truth.nan_to_num().round().clamp(info.min, info.max).to(dtype)
     if written is not None and written < out.shape[0]:
         garbage = rand(out.shape[0] - written, *out.shape[1:], seed=seed, dtype=torch.float64) * 6e4
         garbage[0, 0], garbage[-1, -1] = float("nan"), float("inf")
-        out[written:] = garbage.to(dtype)
+        out[written:] = garbage.to(dtype) if dtype.is_floating_point else garbage.nan_to_num().to(torch.int64).to(dtype)
     return out
 
 
@@ -199,7 +292,7 @@ def correct_dump(root: Path, task: str = "tensor") -> tuple[Path, dict[str, Case
             write(writer, call, case, correct_outputs(case, dtype, seed=1000 + number))
             names[f"{call}.forward"] = case
             number += 1
-    for case, dtype in zip(quantised_cases(seed=500), (torch.bfloat16, torch.float16), strict=True):
+    for case, dtype in quantised_cases(seed=500):
         call = f"NPU.npu_grouped_matmul.{number}"
         write(writer, call, case, correct_outputs(case, dtype, seed=1000 + number))
         names[f"{call}.forward"] = case

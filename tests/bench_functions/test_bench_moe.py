@@ -167,6 +167,8 @@ def test_grouped_matmul_rejects_what_it_cannot_replay() -> None:
     pairs = torch.tensor([[1, 2], [0, 4]])  # group_list_type 2: [weight index, count]
     [y] = gmm([x], [w], group_list=pairs, split_item=2, group_type=0, group_list_type=2)
     torch.testing.assert_close(y, torch.cat([x[:2] @ w[1], x[2:6] @ w[0]]))
+    with pytest.raises(ValueError, match=r"names weights \[0, 2\] where the call has 2"):
+        gmm([x], [w], group_list=torch.tensor([[2, 2], [0, 4]]), split_item=2, group_type=0, group_list_type=2)
 
 
 def test_dequant_swiglu_quant_dynamic_per_group() -> None:
@@ -203,6 +205,9 @@ def test_generated_group_lists_are_made_readable_in_place() -> None:
     multi = torch.tensor([1, 1])
     assert fit([rand(3, 4), rand(5, 4)], [rand(4, 2)] * 2, group_list=multi, group_list_type=0)[0] is multi
     assert multi.tolist() == [3, 8]
+    pairs = torch.tensor([[7, 6], [-2, 9]])  # group_list_type 2: [weight index, count]
+    assert fit(x, w, group_list=pairs, group_list_type=2)[0] is pairs
+    assert pairs.tolist() == [[2, 4], [0, 6]]
     valid = torch.tensor([2, 5, 9])
     assert fit(x, w, group_list=valid) == (None, "") and valid.tolist() == [2, 5, 9]
     index = torch.tensor([9, 9])
