@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import Unsupported, compute_dtype
+from ._common import Unsupported, compute_dtype, one_node
 from .gelu import fast_gelu
 
 #: act_type -> the activation the kernel applies to each product (torch_npu docs)
@@ -249,36 +249,7 @@ def npu_grouped_matmul(
 
     if not xs[0].is_floating_point():
         return compute(*xs, *ws, *bs)
-    return list(_OneNode.apply(compute, *xs, *ws, *bs))
-
-
-class _OneNode(torch.autograd.Function):
-    """The call as one autograd node whose inputs are x, weight and bias, in that order,
-    as torch_npu's own backward node of the op: a dump's gradients of the call pair with
-    its inputs through that node (judge/offline.py). Its backward differentiates the
-    same per-group formulas: grad_x_i = grad_i @ weight_i^T, grad_weight_i = x_i^T @ grad_i."""
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx, compute: Callable[..., list[torch.Tensor]], *tensors: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        ctx.compute = compute  # type: ignore[attr-defined]
-        ctx.save_for_backward(*tensors)
-        return tuple(compute(*tensors))
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        saved = ctx.saved_tensors  # type: ignore[attr-defined]
-        needs = ctx.needs_input_grad[1:]  # type: ignore[attr-defined]
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(need) for t, need in zip(saved, needs, strict=True)]
-            outputs = ctx.compute(*leaves)  # type: ignore[attr-defined]
-            pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True) if grad is not None and out.requires_grad]
-            wanted = [leaf for leaf in leaves if leaf.requires_grad]
-            found = iter(
-                torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True) if pairs and wanted else []
-            )
-        return (None, *[next(found, None) if leaf.requires_grad else None for leaf in leaves])
+    return list(one_node(compute, [*xs, *ws, *bs]))
 
 
 def _grouped(

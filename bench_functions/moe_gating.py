@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import to_compute
+from ._common import one_node, to_compute
 
 
 def npu_moe_gating_top_k_softmax(
@@ -30,10 +30,17 @@ def npu_moe_gating_top_k_softmax(
       different experts (a false alarm on the indices and the backward). Exact ties (equal
       logits) go to the lower expert number at any precision.
     - 3-D x: the leading two axes are flattened into rows for row_idx, then reshaped back.
+    - Backward by autograd, as one node (torch_npu's op is one): a dump's gradient of x pairs with x offline.
     """
     num_experts = x.shape[-1]
     if not 0 < k <= num_experts:
         raise ValueError(f"k must be in 1..{num_experts} (the number of experts), got {k}")
+    y, expert_idx, row_idx = one_node(lambda logits, done: _gating(logits, done, k), [x, finished])
+    return y, expert_idx, row_idx
+
+
+def _gating(x: torch.Tensor, finished: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    num_experts = x.shape[-1]
     probs = torch.softmax(to_compute(x), dim=-1)
     order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[..., :k]
     y = torch.gather(probs, -1, order).to(x.dtype)

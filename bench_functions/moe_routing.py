@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import Unsupported, compute_dtype, to_compute
+from ._common import Unsupported, compute_dtype, one_node, to_compute
 
 
 def _key_value_sort(expert_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +98,24 @@ def npu_moe_finalize_routing(
 
     Choices:
     - Sum in float32 (float64 for float64 rows), rounded once; a dropped pair (-1) adds nothing; scales None means 1, bias needs export_for_source_row.
-    - Backward by autograd.
+    - Backward by autograd, as one node (torch_npu's op is one): a dump's gradients pair with the call's inputs offline.
     """
+    values = [expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row]
+    (out,) = one_node(lambda *tensors: [_finalized(*tensors, drop_pad_mode=drop_pad_mode)], values)
+    return out
+
+
+def _finalized(
+    expanded_permuted_rows: torch.Tensor,
+    skip1: torch.Tensor | None,
+    skip2: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scales: torch.Tensor | None,
+    expanded_src_to_dst_row: torch.Tensor,
+    export_for_source_row: torch.Tensor | None,
+    *,
+    drop_pad_mode: int,
+) -> torch.Tensor:
     if drop_pad_mode not in (0, 1, 2, 3):
         raise ValueError(f"drop_pad_mode must be 0..3, got {drop_pad_mode}")
     dtype = compute_dtype(expanded_permuted_rows)

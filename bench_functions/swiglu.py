@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import to_compute
+from ._common import one_node, to_compute
 
 
 def npu_swiglu(self: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -15,9 +15,14 @@ def npu_swiglu(self: torch.Tensor, dim: int = -1) -> torch.Tensor:
     - torch_npu docs: the output dtype is the input's.
 
     Choices:
-    - Backward by autograd.
+    - Backward by autograd, as one node (torch_npu's op is one): a dump's input gradient pairs with x offline.
     """
     if self.shape[dim] % 2:
         raise ValueError(f"npu_swiglu needs an even size along dim={dim}, got {self.shape[dim]}")
-    a, b = to_compute(self).chunk(2, dim=dim)
-    return (a * torch.sigmoid(a) * b).to(self.dtype)
+    (y,) = one_node(lambda x: [_swiglu(x, dim)], [self])
+    return y
+
+
+def _swiglu(x: torch.Tensor, dim: int) -> torch.Tensor:
+    a, b = to_compute(x).chunk(2, dim=dim)
+    return (a * torch.sigmoid(a) * b).to(x.dtype)

@@ -58,7 +58,7 @@ class DumpWriter:
         outputs = list(output) if isinstance(output, tuple) else [output]
         self.data[prefix] = {
             "input_args": [self.value(arg, f"{prefix}.input.{i}") for i, arg in enumerate(args)],
-            "input_kwargs": {key: self.value(arg, f"{prefix}.input.{key}") for key, arg in kwargs.items()},
+            "input_kwargs": {key: self.value(arg, f"{prefix}.kwargs.{key}") for key, arg in kwargs.items()},  # msprobe: kwargs.<key>.pt
             "output": [self.value(out, f"{prefix}.output.{i}") for i, out in enumerate(outputs)],
         }
 

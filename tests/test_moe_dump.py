@@ -40,16 +40,21 @@ def test_every_call_of_the_moe_step_is_judged_and_passes(dtype: torch.dtype, tas
     assert {call: o.warnings for call, o in result.calls.items() if o.warnings} == {}
 
 
-def test_offline_the_dumped_outputs_pass_and_a_faulty_grouped_kernel_fails_its_calls(tmp_path: Path, run_dump, monkeypatch) -> None:
-    """The same dump judged offline (its recorded outputs as the device): the correct one
-    passes; made with a grouped kernel that multiplies each group's rows by the next
-    group's weight, exactly the group_type 0 calls fail (forward up and down, and the
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_offline_the_dumped_outputs_pass_forward_and_backward(dtype: torch.dtype, tmp_path: Path, run_dump) -> None:
+    """The dump judged offline (its recorded outputs and gradients as the device): every
+    call passes, the backward ones too: each fused reference is one autograd node, as
+    torch_npu's op is, so the dumped gradients pair with the call's inputs."""
+    result = run_dump(write_moe_dump(tmp_path / "dump", dtype), "--msprobe-offline")
+    assert {call: o.outcome for call, o in result.calls.items()} == dict.fromkeys(EXPECTED, "passed")
+    assert {call: o.warnings for call, o in result.calls.items() if o.warnings} == {}
+
+
+def test_offline_a_faulty_grouped_kernel_fails_its_calls(tmp_path: Path, run_dump, monkeypatch) -> None:
+    """Made with a grouped kernel that multiplies each group's rows by the next group's
+    weight, exactly the group_type 0 calls fail offline (forward up and down, and the
     input gradients of MindSpeed's backward); the k-grouped weight gradients, correct
     for their inputs, pass."""
-    correct = run_dump(write_moe_dump(tmp_path / "correct", torch.bfloat16), "--msprobe-offline", "-k", "forward")
-    forward = {call for call in EXPECTED if call.endswith("forward")}
-    assert {call: o.outcome for call, o in correct.calls.items()} == dict.fromkeys(forward, "passed")
-
     reference = bench_functions.get("npu_grouped_matmul")
 
     def next_weight(x, weight, **kwargs):
