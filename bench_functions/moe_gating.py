@@ -18,7 +18,7 @@ def npu_moe_gating_top_k_softmax(
     slot-major flattening used by the MoE routing ops.
 
     Facts:
-    - torch_npu docs: npu_moe_gating_top_k_softmax(x, finished=None, k=1) -> (Tensor, Tensor, Tensor); x 2-D or 3-D float16/bfloat16/float32; finished bool of shape x.shape[:-1]; 0 < k <= num_experts, k <= 1024.
+    - torch_npu docs (op-plugin 7.x, the op's only signature): npu_moe_gating_top_k_softmax(x, finished=None, k=1) -> (Tensor, Tensor, Tensor); x 2-D or 3-D float16/bfloat16/float32; finished bool of shape x.shape[:-1]; 0 < k <= num_experts, k <= 1024.
     - aclnnMoeGatingTopKSoftmax docs: softmaxOut = softmax(x, axis=-1); yOut, expertIdxOut = topK(softmaxOut, k); rowIdxOut = arange(shape[0]*shape[1]).reshape([shape[1], shape[0]]).transpose(1, 0); a finished row gets expert number num_expert.
     - torch_npu docs: y has x's dtype, expert_idx and row_idx are int32 with y's shape.
 

@@ -8,6 +8,8 @@ rows) and the gating's probabilities carry rounding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ._common import Unsupported, compute_dtype, one_node, to_compute
@@ -101,21 +103,14 @@ def npu_moe_finalize_routing(
     - Backward by autograd, as one node (torch_npu's op is one): a dump's gradients pair with the call's inputs offline.
     """
     values = [expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row]
-    (out,) = one_node(lambda *tensors: [_finalized(*tensors, drop_pad_mode=drop_pad_mode)], values)
+    (out,) = one_node(lambda *tensors: [_finalized(tensors, drop_pad_mode)], values)
     return out
 
 
-def _finalized(
-    expanded_permuted_rows: torch.Tensor,
-    skip1: torch.Tensor | None,
-    skip2: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    scales: torch.Tensor | None,
-    expanded_src_to_dst_row: torch.Tensor,
-    export_for_source_row: torch.Tensor | None,
-    *,
-    drop_pad_mode: int,
-) -> torch.Tensor:
+def _finalized(values: Sequence[torch.Tensor | None], drop_pad_mode: int) -> torch.Tensor:
+    """npu_moe_finalize_routing's formula on its tensor arguments, in their order."""
+    expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row = values
+    assert expanded_permuted_rows is not None and expanded_src_to_dst_row is not None
     if drop_pad_mode not in (0, 1, 2, 3):
         raise ValueError(f"drop_pad_mode must be 0..3, got {drop_pad_mode}")
     dtype = compute_dtype(expanded_permuted_rows)
