@@ -246,7 +246,7 @@ def npu_moe_init_routing_v2(
         raise Unsupported("npu_moe_init_routing_v2 with an offset or int8 x: the docs call its outputs meaningless")
     k = expert_idx.shape[1]
     total = expert_idx.numel()
-    start, end = (active_expert_range or [0, expert_num if expert_num > 0 else int(expert_idx.max()) + 1])[:2]
+    start, end = _expert_range(expert_idx, expert_num, active_expert_range)
     if drop_pad_mode == 1:
         start, end = 0, expert_num
     flat = expert_idx.reshape(-1).long()
@@ -296,6 +296,13 @@ def npu_moe_init_routing_v2(
     return expanded_x, expanded_row_idx.to(torch.int32), expert_tokens, expanded_scale
 
 
+def _expert_range(expert_idx: torch.Tensor, expert_num: int, active_expert_range: list[int] | None) -> tuple[int, int]:
+    """[start, end) of the active experts: active_expert_range, else every expert."""
+    if active_expert_range:
+        return int(active_expert_range[0]), int(active_expert_range[1])
+    return 0, expert_num if expert_num > 0 else int(expert_idx.max()) + 1
+
+
 def _expert_tokens(counts: torch.Tensor, start: int, expert_num: int, kind: int, flag: bool) -> torch.Tensor:
     """expert_token_cumsum_or_count: cumulative (0), counts (1), or the non-zero
     (expert, count) pairs at the head of an [expert_num, 2] tensor (2)."""
@@ -314,12 +321,9 @@ def _v2_written(x: torch.Tensor, expert_idx: torch.Tensor, **kwargs: object) -> 
     if kwargs.get("drop_pad_mode", 0) == 1:
         rows: dict[int, int] = {}
     else:
-        num = kwargs.get("expert_num", -1)
-        given = kwargs.get("active_expert_range")
-        start, end = (
-            list(given)[:2]
-            if isinstance(given, (list, tuple)) and given
-            else [0, num if isinstance(num, int) and num > 0 else int(expert_idx.max()) + 1]
+        num, given = kwargs.get("expert_num", -1), kwargs.get("active_expert_range")
+        start, end = _expert_range(
+            expert_idx, num if isinstance(num, int) else -1, list(given) if isinstance(given, (list, tuple)) else None
         )
         flat = expert_idx.reshape(-1)
         available = int(((flat >= start) & (flat < end)).sum())
