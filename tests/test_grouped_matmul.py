@@ -353,53 +353,124 @@ def group_ends(group_list: torch.Tensor | list[int], group_list_type: int, lengt
     return [min(end, length) for end in itertools.accumulate(values)]
 
 
+#: act_type -> the activation, written here from torch_npu's documented formulas
+TEST_ACTIVATIONS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    0: lambda y: y,
+    1: lambda y: y.clamp(min=0),
+    2: lambda y: 0.5 * y * (1 + torch.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y**3))),
+    4: lambda y: y / (1 + torch.exp(-1.702 * y.abs())) * torch.exp(0.851 * (y - y.abs())),
+    5: lambda y: y / (1 + torch.exp(-y)),
+}
+
+
+def unbound(values: list[torch.Tensor] | None, count: int) -> list[torch.Tensor | None]:
+    """One tensor per weight: a list of them, or one tensor stacked over the weights."""
+    if not values:
+        return [None] * count
+    return list(values[0].unbind(0)) if len(values) == 1 and count > 1 else list(values)
+
+
+def low_word_float(scale: torch.Tensor) -> torch.Tensor:
+    """An int64 quantisation scale carries float32 bits in its low word (torch_npu's packing)."""
+    return (scale & 0xFFFFFFFF).to(torch.int32).view(torch.float32).double() if scale.dtype == torch.int64 else scale.double()
+
+
+def dequantised(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """Formula 4's (weight + antiquant_offset) * antiquant_scale, per channel or per group of K rows."""
+    step = w.shape[0] // scale.shape[0] if scale.dim() == 2 else w.shape[0]
+    rows = lambda t: t.double().repeat_interleave(step, 0) if t.dim() == 2 else t.double()  # noqa: E731
+    return (w.double() + (rows(offset) if offset is not None else 0)) * rows(scale)
+
+
+def to_output(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return y.to(dtype)
+    info = torch.iinfo(dtype)
+    return y.nan_to_num().round().clamp(info.min, info.max).to(dtype)
+
+
 def planted_kernel(
     fault: str,
     x: list[torch.Tensor],
     weight: list[torch.Tensor],
     *,
     bias: list[torch.Tensor] | None = None,
+    scale: list[torch.Tensor] | None = None,
+    offset: list[torch.Tensor] | None = None,
+    antiquant_scale: list[torch.Tensor] | None = None,
+    antiquant_offset: list[torch.Tensor] | None = None,
+    per_token_scale: list[torch.Tensor] | None = None,
     group_list: torch.Tensor | list[int] | None = None,
     split_item: int = 0,
     group_type: int = -1,
     group_list_type: int = 0,
+    act_type: int = 0,
+    output_dtype: torch.dtype | None = None,
     **_: object,
 ) -> list[torch.Tensor]:
-    """A floating npu_grouped_matmul kernel written here, independently of
-    bench_functions: float64 products rounded once to x's dtype, with `fault` planted
-    (each group's rows times the next group's weight, a cumulative group_list read as
-    counts, or the products accumulated in float16; any other name: none)."""
+    """An npu_grouped_matmul kernel written here, independently of bench_functions, in
+    every documented mode (formulas 1 to 4, act_type): float64 results rounded once to the
+    output dtype (integers half to even, saturated), with `fault` planted (each group's
+    rows times the next group's weight, a cumulative group_list read as counts, or
+    floating products accumulated in float16; any other name: none). int8 products are
+    exact: float16 accumulation is no fault of theirs (the kernel accumulates int32)."""
     ws = list(weight[0].unbind(0)) if len(weight) == 1 and weight[0].dim() == 3 else list(weight)
     product = float16_accumulated if fault == "float16_accumulation" else exact
-    dtype = x[0].dtype
+    act = TEST_ACTIVATIONS[act_type]
+    out_dtype = x[0].dtype if x[0].is_floating_point() else output_dtype or (torch.int8 if scale else torch.int32)
     if group_type == 2:  # k-axis: x [M, K] and weight [K, N] split along K
         assert group_list is not None
         (a,), (b,) = x, ws
         bounds = spans(group_ends(group_list, group_list_type, a.shape[1], fault))
-        return [torch.stack([product(a[:, s:t], b[s:t]) for s, t in bounds]).to(dtype)]
+        return [torch.stack([act(product(a[:, s:t], b[s:t])) for s, t in bounds]).to(out_dtype)]
+    n = len(ws)
+    biases, scales, offsets, a_scales, a_offsets = (unbound(v, n) for v in (bias, scale, offset, antiquant_scale, antiquant_offset))
     single = len(x) == 1 and group_list is not None
-    if single:
+    if single and group_list_type == 2:  # [[weight index, count], ...]
+        assert isinstance(group_list, torch.Tensor)
+        indices = group_list[:, 0].tolist()
+        bounds = spans(group_ends(group_list[:, 1], 1, x[0].shape[0], fault))
+    elif single:
         assert group_list is not None
-        parts = [x[0][s:t] for s, t in spans(group_ends(group_list, group_list_type, x[0].shape[0], fault))]
+        bounds = spans(group_ends(group_list, group_list_type, x[0].shape[0], fault))
+        indices = list(range(len(bounds)))
+    if single:
+        parts = [x[0][s:t] for s, t in bounds]
+        tokens = [per_token_scale[0][s:t] for s, t in bounds] if per_token_scale else [None] * len(bounds)
     else:
-        parts = list(x)
+        parts, indices, tokens = list(x), list(range(len(x))), list(per_token_scale or [None] * len(x))
     shift = 1 if fault == "next_weight" else 0
-    ys = [product(part, ws[(i + shift) % len(ws)]) + (bias[i].double() if bias else 0) for i, part in enumerate(parts)]
+    ys = []
+    for part, i, token in zip(parts, indices, tokens, strict=True):
+        j, b = (i + shift) % n, biases[i]
+        if part.is_floating_point():
+            w = ws[j] if ws[j].is_floating_point() else dequantised(ws[j], a_scales[j], a_offsets[j])  # type: ignore[arg-type]
+            y = product(part, w) + (b.double() if b is not None else 0)
+        else:
+            integer_bias = b is not None and not b.is_floating_point()
+            y = part.double() @ ws[j].double() + (b.double() if integer_bias else 0)
+            if scales[j] is not None:
+                y = y * low_word_float(scales[j]) * (token.double()[:, None] if token is not None else 1)
+                y = y + (b.double() if b is not None and not integer_bias else 0) + (offsets[j].double() if offsets[j] is not None else 0)
+        ys.append(act(y))
     if split_item in (0, 1):
-        return [y.to(dtype) for y in ys]
+        return [to_output(y, out_dtype) for y in ys]
     y = torch.cat(ys)
     if single:  # rows past the groups: leftover memory
         y = torch.cat([y, y.new_full((x[0].shape[0] - y.shape[0], y.shape[1]), float("nan"))])
-    return [y.to(dtype)]
+    return [to_output(y, out_dtype)]
 
 
-#: fault -> the modes of cases() it changes: every mode with more than one weight, every
-#: cumulative group_list (a Python list, or group_list_type 0), every mode
+#: fault -> the modes of cases() and quantised_cases() it changes: every mode with more
+#: than one weight, every cumulative group_list (a Python list, or group_list_type 0),
+#: every mode with floating products (int8 products are exact in int32: no float16 sum)
 SEVERAL_WEIGHTS = {"multi_x_split0", "list_group_list_split1", "cumulative_split2_bias", "counts_split3_3d_weight", "multi_x_single_out"}
+QUANTISED = {"int8_out_index_count", "int32_out_multi_x", "antiquant_per_group_bfloat16", "act_gelu_tanh", "int8_per_token", "antiquant_int8_weight"}
+FLOATING_PRODUCTS = {"antiquant_per_group_bfloat16", "act_gelu_tanh", "antiquant_int8_weight"}
 FAULTS = {
-    "next_weight": SEVERAL_WEIGHTS,
-    "cumulative_read_as_counts": {"list_group_list_split1", "cumulative_split2_bias"},
-    "float16_accumulation": SEVERAL_WEIGHTS | {"k_grouped_weight_grad"},
+    "next_weight": SEVERAL_WEIGHTS | QUANTISED,
+    "cumulative_read_as_counts": {"list_group_list_split1", "cumulative_split2_bias", "antiquant_per_group_bfloat16", "act_gelu_tanh", "int8_per_token"},
+    "float16_accumulation": SEVERAL_WEIGHTS | {"k_grouped_weight_grad"} | FLOATING_PRODUCTS,
 }
 FAULT_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -407,10 +478,10 @@ FAULT_DTYPES = (torch.float16, torch.bfloat16)
 def test_the_planted_kernel_is_the_truth_but_for_its_fault() -> None:
     """Without a fault the planted kernel gives the float64 truth of every mode; each
     fault changes exactly the modes FAULTS names."""
-    for case in cases(torch.float32, seed=3):
+    for case in [*cases(torch.float32, seed=3), *(case for case, _ in quantised_cases(seed=4))]:
         clean = planted_kernel("none", *case.args, **case.kwargs)
         for out, truth, rows in zip(clean, case.truth, case.written or [None] * len(clean), strict=True):
-            assert torch.allclose(out[:rows].double(), truth[:rows], rtol=1e-5, atol=1e-5), case.name
+            assert torch.equal(out[:rows], to_output(truth[:rows], out.dtype)), case.name
         for fault, modes in FAULTS.items():
             faulty = planted_kernel(fault, *case.args, **case.kwargs)
             same = all(f.shape == c.shape and torch.equal(f.nan_to_num(), c.nan_to_num()) for f, c in zip(faulty, clean, strict=True))
@@ -449,6 +520,35 @@ def test_each_planted_fault_fails_its_calls_and_only_them(dtype: torch.dtype, tm
     assert {call: o.outcome for call, o in result.calls.items()} == expected
 
 
+def test_each_planted_fault_fails_the_quantised_modes(tmp_path: Path, run_dump) -> None:
+    """Tensor task, offline, the quantised modes (int8 x and weight with scale, offset,
+    per_token_scale; int32, int8 and bfloat16 outputs; antiquant_scale/offset) and the
+    activation: each correct call passes, each fault that applies to a mode fails it.
+    float16 accumulation is planted only where the products are floating (antiquant,
+    float16 x): an int8 product accumulates in int32, exactly, so it has no such fault."""
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    expected: dict[str, str] = {}
+    for number, (case, dtype) in enumerate(quantised_cases(seed=11)):
+        faults = [fault for fault, modes in FAULTS.items() if case.name in modes]
+        written = case.written or [None] * len(case.truth)
+        for variant, fault in enumerate(["none", *faults]):
+            outputs = correct_outputs(case, dtype, seed=1) if fault == "none" else planted_kernel(fault, *case.args, **case.kwargs)
+            call = f"NPU.npu_grouped_matmul.{10 * number + variant}"
+            write(writer, call, case, [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(outputs, written, strict=True)])
+            expected[f"{call}.forward"] = "passed" if fault == "none" else "failed"
+    result = run_dump(writer.write(), "--msprobe-offline")
+    assert {call: o.outcome for call, o in result.calls.items()} == expected
+
+
+def in_dump_dtypes(x: list[torch.Tensor], kwargs: dict[str, object]) -> bool:
+    """The device-side run: floating x in the dump's float16/bfloat16, or int8 x with no
+    float64 argument (the bench raises a float32 scale or offset to float64)."""
+    if x[0].is_floating_point():
+        return x[0].dtype in FAULT_DTYPES
+    values = [v for value in kwargs.values() for v in (value if isinstance(value, list) else [value])]
+    return not any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in values)
+
+
 def on_the_device(kernel: Callable[..., list[torch.Tensor]]) -> Callable[..., list[torch.Tensor]]:
     """`kernel` where x comes in a dump's dtype (the device-side run), the reference
     elsewhere (the bench, raised to float32), with the reference's row and generation
@@ -457,7 +557,7 @@ def on_the_device(kernel: Callable[..., list[torch.Tensor]]) -> Callable[..., li
     assert reference is not None
 
     def run(x: list[torch.Tensor], weight: list[torch.Tensor], **kwargs: object) -> list[torch.Tensor]:
-        return kernel(x, weight, **kwargs) if x[0].dtype in FAULT_DTYPES else reference(x, weight, **kwargs)
+        return kernel(x, weight, **kwargs) if in_dump_dtypes(x, kwargs) else reference(x, weight, **kwargs)
 
     run.written_rows = reference.func.written_rows  # type: ignore[attr-defined]
     run.fit_generated = reference.func.fit_generated  # type: ignore[attr-defined]
@@ -467,16 +567,20 @@ def on_the_device(kernel: Callable[..., list[torch.Tensor]]) -> Callable[..., li
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_statistics_dump_with_a_planted_kernel_fails_exactly_its_modes(fault: str, tmp_path: Path, run_dump, monkeypatch) -> None:
     """Statistics task, replayed on the CPU with the planted kernel as the device (the
-    reference stays the bench), every floating mode in float16 and bfloat16: exactly the
-    modes the fault changes fail, the others pass with no warning."""
+    reference stays the bench), every floating mode in float16 and bfloat16 and every
+    quantised mode but the bare int32 product (its call has no floating argument, so
+    the bench runs in the device's dtypes and this replay cannot tell the two apart;
+    the offline test shows its fault): exactly the modes the fault changes fail, the
+    others pass with no warning."""
     writer = DumpWriter(tmp_path / "dump", "statistics")
     modes: dict[str, str] = {}
     number = itertools.count()
-    for d, dtype in enumerate(FAULT_DTYPES):
-        for case in cases(dtype, seed=100 * d):
-            call = f"NPU.npu_grouped_matmul.{next(number)}"
-            write(writer, call, case, correct_outputs(case, dtype, seed=1))
-            modes[f"{call}.forward"] = case.name
+    floating = [(case, dtype) for d, dtype in enumerate(FAULT_DTYPES) for case in cases(dtype, seed=100 * d)]
+    quantised = [(case, dtype) for case, dtype in quantised_cases(seed=500) if case.name != "int32_out_multi_x"]
+    for case, dtype in floating + quantised:
+        call = f"NPU.npu_grouped_matmul.{next(number)}"
+        write(writer, call, case, correct_outputs(case, dtype, seed=1))
+        modes[f"{call}.forward"] = case.name
     registry = bench_functions.default_registry.copy()
     registry.register("npu_grouped_matmul", on_the_device(functools.partial(planted_kernel, fault)), replace=True)
     monkeypatch.setattr(bench_functions, "default_registry", registry)
