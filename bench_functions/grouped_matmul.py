@@ -210,12 +210,14 @@ def npu_grouped_matmul(
     - torch_npu 6.0.RC1-RC3 docs (PyTorch 2.1 signature): split_item 0/2 take one x per weight, 1/3 a single x split by a cumulative List[int] group_list; y has one tensor per weight for split_item 0/1, one for 2/3, as in 7.x. Which x a dump holds is read from the list itself, so a dump of either version selects the same computation.
     - torch_npu docs: group_list is a non-decreasing cumulative list for a List[int]; for a tensor group_list_type 0 = cumulative, 1 = per-group counts, 2 = [[groupIdx, groupSize], ...] (int8 only); group_type -1 no grouping, 0 m-axis, 1 n-axis (not supported by any NPU); weight 2-D per group or one 3-D [E, K, N] tensor; split_item 0/1 give one output per weight, 2/3 one output.
     - torch_npu docs: act_type 0 none, 1 RELU, 2 GELU_TANH, 4 FAST_GELU, 5 SILU; output dtype is x's for float16/bfloat16/float32 x (output_dtype None or equal), output_dtype for int8 x.
+    - act_type follows torch_npu 7.0.0's page (hiascend Pytorch/700 apiref, npu_grouped_matmul) and op-plugin 7.3.0's torch_npu-npu_grouped_matmul.md: they list its values and formulas 1 to 4 without an activation term, and name no mode it is restricted to in the parts read; 6.0.RC1-RC3 and 6.0.0 have no act_type.
     - MindSpeed (mindspeed/lite/ops/grouped_matmul.py): forward npu_grouped_matmul([x], w_t, group_list, split_item=2, group_type=0); backward grad_x = npu_grouped_matmul([grad], w, split_item=2, group_type=0), grad_w = npu_grouped_matmul([x.T], [grad], split_item=3, group_type=2) (k-axis grouping over the tokens).
 
     Choices:
     - Products in float32 for float16/bfloat16/float32 x (float64 for float64), rounded once to the output dtype; int8 products exactly in float64; an int64 scale is read as the float32 bits of its low word (torch_npu's packing).
     - int8/int32 outputs are rounded half to even and saturated; a floating output_dtype with floating x is x's dtype (the docs allow only that), so the raised bench keeps its precision.
     - Rows of a single output past group_list's total are zeros here and named by written_rows; a group of size 0 of group_type 2 gives a zero matrix.
+    - act_type applies to each group's result after bias, scales and offset, in every mode but the bare int32 product (int8 x, no scale), which raises Unsupported: no documented formula gives an activation of an int32 accumulator.
     - group_type 1, int4 x/weight (packed in int32) and the reserved activation_* arguments raise Unsupported; backward by autograd (grad_x = grad @ w^T per group, grad_w_i = x_i^T @ grad_i, MindSpeed's formulas).
     """
     if group_type == 1:
@@ -226,6 +228,11 @@ def npu_grouped_matmul(
     if act is None:
         raise Unsupported(f"act_type={act_type} is not one of the documented activations {sorted(ACTIVATIONS)}")
     xs, ws, bs = list(x), list(weight), list(bias or [])
+    if act_type and not xs[0].is_floating_point() and not scale:
+        raise Unsupported(
+            f"act_type={act_type} on the bare int32 product (int8 x, no scale): the documented formulas apply an activation "
+            "to a dequantised or floating result only, so the activation of an int32 accumulator is not replayed"
+        )
     if any(t.dtype == torch.int32 for t in (*xs, *ws)):
         raise Unsupported("int4 x or weight (packed into int32 by npu_quantize): its packing and NZ layout are not reproduced")
     split = (len(xs), len(xs) + len(ws))

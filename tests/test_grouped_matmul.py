@@ -465,11 +465,24 @@ def planted_kernel(
 #: than one weight, every cumulative group_list (a Python list, or group_list_type 0),
 #: every mode with floating products (int8 products are exact in int32: no float16 sum)
 SEVERAL_WEIGHTS = {"multi_x_split0", "list_group_list_split1", "cumulative_split2_bias", "counts_split3_3d_weight", "multi_x_single_out"}
-QUANTISED = {"int8_out_index_count", "int32_out_multi_x", "antiquant_per_group_bfloat16", "act_gelu_tanh", "int8_per_token", "antiquant_int8_weight"}
+QUANTISED = {
+    "int8_out_index_count",
+    "int32_out_multi_x",
+    "antiquant_per_group_bfloat16",
+    "act_gelu_tanh",
+    "int8_per_token",
+    "antiquant_int8_weight",
+}
 FLOATING_PRODUCTS = {"antiquant_per_group_bfloat16", "act_gelu_tanh", "antiquant_int8_weight"}
 FAULTS = {
     "next_weight": SEVERAL_WEIGHTS | QUANTISED,
-    "cumulative_read_as_counts": {"list_group_list_split1", "cumulative_split2_bias", "antiquant_per_group_bfloat16", "act_gelu_tanh", "int8_per_token"},
+    "cumulative_read_as_counts": {
+        "list_group_list_split1",
+        "cumulative_split2_bias",
+        "antiquant_per_group_bfloat16",
+        "act_gelu_tanh",
+        "int8_per_token",
+    },
     "float16_accumulation": SEVERAL_WEIGHTS | {"k_grouped_weight_grad"} | FLOATING_PRODUCTS,
 }
 FAULT_DTYPES = (torch.float16, torch.bfloat16)
@@ -547,6 +560,35 @@ def in_dump_dtypes(x: list[torch.Tensor], kwargs: dict[str, object]) -> bool:
         return x[0].dtype in FAULT_DTYPES
     values = [v for value in kwargs.values() for v in (value if isinstance(value, list) else [value])]
     return not any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in values)
+
+
+def test_act_type_in_every_mode_the_reference_accepts(tmp_path: Path, run_dump, pytester: pytest.Pytester) -> None:
+    """act_type (torch_npu 7.0.0 / op-plugin 7.3.0 docs: 1 RELU, 2 GELU_TANH, 4 FAST_GELU,
+    5 SILU, applied to each group's result) in every mode, each documented activation in
+    turn, truth from the test's own kernel: the activated outputs pass, the same outputs
+    without the activation fail; on the bare int32 product (int8 x, no scale), where no
+    documented formula says how an int32 accumulator is activated, the call skips and
+    says why."""
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    expected: dict[str, str] = {}
+    modes = [(case, torch.float16) for case in cases(torch.float16, seed=21)] + quantised_cases(seed=22)
+    for number, ((case, dtype), act_type) in enumerate(zip(modes, itertools.cycle([1, 2, 4, 5]))):
+        kwargs = {**case.kwargs, "act_type": case.kwargs.get("act_type") or act_type}
+        activated = Case(case.name, case.args, kwargs, case.truth, case.written)
+        written = case.written or [None] * len(case.truth)
+        if case.name == "int32_out_multi_x":
+            write(writer, f"NPU.npu_grouped_matmul.{10 * number}", activated, correct_outputs(case, dtype, seed=1))
+            expected[f"NPU.npu_grouped_matmul.{10 * number}.forward"] = "skipped"
+            continue
+        bare = {key: value for key, value in kwargs.items() if key != "act_type"}
+        for variant, outputs in enumerate([planted_kernel("none", *case.args, **kwargs), planted_kernel("none", *case.args, **bare)]):
+            call = f"NPU.npu_grouped_matmul.{10 * number + variant}"
+            write(writer, call, activated, [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(outputs, written, strict=True)])
+            expected[f"{call}.forward"] = ("passed", "failed")[variant]
+    result = run_dump(writer.write(), "--msprobe-offline")
+    assert {call: o.outcome for call, o in result.calls.items()} == expected
+    skipped = [call for call, outcome in expected.items() if outcome == "skipped"]
+    assert all("on the bare int32 product" in messages(pytester)[call] for call in skipped)
 
 
 def on_the_device(kernel: Callable[..., list[torch.Tensor]]) -> Callable[..., list[torch.Tensor]]:
