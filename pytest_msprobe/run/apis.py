@@ -57,6 +57,12 @@ def terms_table() -> dict[str, frozenset[str]]:
 
 
 @functools.cache
+def summed_backward_table() -> frozenset[str]:
+    """The APIs whose backward may sum several incoming values into one element (run/summed.py)."""
+    return frozenset(_pytorch_toml()["summed_backward"]["names"])
+
+
+@functools.cache
 def fixed_shape_apis() -> frozenset[str]:
     """The APIs exploration never resizes (the [explore] table: kernels that crash on sizes that disagree)."""
     return frozenset(_pytorch_toml()["explore"]["fixed_shapes"])
