@@ -253,13 +253,16 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
 
 
 def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Finding]:
-    """The checks beside the standards: the overflow re-check (every run) and, with
+    """The checks beside the standards: the overflow re-check and a dropout's dropped
+    share (every run) and, with
     --msprobe-repeat, the device's bits over several runs (then its memory is freed)."""
+    from pytest_msprobe.judge.findings import dropout_findings
     from pytest_msprobe.judge.overflow import overflow_findings
     from pytest_msprobe.judge.repeat import repeat_findings
 
     cut_outputs = replayed.written.rows if replayed.written is not None else {}
     found = overflow_findings(replayed.results, replayed.bench, name.direction, framework, cut_outputs)
+    found += dropout_findings(replayed.results, name)
     if settings.repeat > 1:
         try:
             found += repeat_findings(replayed.device, replayed.results, name.direction, framework, settings.repeat, replayed.written)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from pytest_msprobe.dump.index import Json
     from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.replay import Inputs
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -37,6 +38,9 @@ class Api:
     bench_fn: Callable[..., Value]
     in_place: bool
     raise_bench: bool  # False where the bench must keep the device dtype (type_as)
+    # what the device's result shows the other sides (a dropout's mask: run/dropout.py):
+    # (inputs, device result, direction) -> the inputs the bench and the reference run on
+    reveal: Callable[[Inputs, Value, str], Inputs] | None = None
 
 
 @functools.cache
@@ -54,6 +58,12 @@ def terms_table() -> dict[str, frozenset[str]]:
     """direction -> the APIs whose terms' magnitudes run/terms.py can measure."""
     terms = _pytorch_toml()["terms"]
     return {"forward": frozenset(terms["forward"]), "backward": frozenset(terms["forward"]) | frozenset(terms["backward"])}
+
+
+@functools.cache
+def dropout_table() -> dict[str, int]:
+    """dropout API -> the trailing dimensions one entry of its mask covers (run/dropout.py)."""
+    return dict(_pytorch_toml()["dropout"]["unit_dims"])
 
 
 @functools.cache
@@ -153,6 +163,10 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
     if resolver is None:
         raise CallSkip(f"api type {name.api_type!r} is not known to PyTorch dumps ({', '.join(sorted([*PYTORCH_RESOLVERS, 'NPU']))})")
     function = resolver(api_name)
+    if api_name in dropout_table():
+        from pytest_msprobe.run import dropout
+
+        return Api(f"{name.api_type}.{api_name}", function, dropout.masked(function), is_in_place(api_name), raise_bench, dropout.reveal)
     return Api(f"{name.api_type}.{api_name}", function, function, is_in_place(api_name), raise_bench)
 
 

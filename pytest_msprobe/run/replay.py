@@ -369,6 +369,9 @@ def replay(direction: str, api: Api, inputs: Inputs, device: Side, bench: Side, 
         raise
     except Exception as exc:  # the device failing is the finding, reported after the bench
         device_error, device_out = exc, None
+    if api.reveal is not None and device_error is None:
+        inputs = api.reveal(inputs, device_out, direction)
+        step = step_for(direction, inputs, framework)
     try:
         bench_out = step(bench)
     except CallSkip:
