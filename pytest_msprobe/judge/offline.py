@@ -60,6 +60,12 @@ class DumpedRun:
 
     def forward(self, inputs: Inputs) -> Value:
         outputs = self._recorded("output")
+        if all(output is None for output in outputs):
+            raise CallSkip(
+                "the dump records no output of this call (msprobe records null for a call that returns nothing, such as "
+                "__setitem__, whose effect is on the tensor it writes): offline there is no device result; "
+                "run without --msprobe-offline to judge it on a device"
+            )
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
