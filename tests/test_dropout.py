@@ -94,3 +94,19 @@ def test_a_dropped_share_far_from_p_fails(mode: tuple[str, ...], tmp_path: Path,
     result = _faulty_run(mode, faulty_dropout(0.5, lambda p: 1 / (1 - p)), tmp_path, run_dump, monkeypatch)
     assert sorted(result.by_outcome("failed")) == ["Functional.dropout.2.backward", "Functional.dropout.2.forward"]
     assert "dropout rate" in result.calls["Functional.dropout.2.forward"].text
+
+
+def test_attention_with_dropout_skips_and_without_is_judged(tmp_path: Path, run_dump) -> None:
+    """scaled_dot_product_attention draws its dropout inside the call: with dropout_p > 0
+    it skips with the reason (it was judged as deterministic: a false alarm on every
+    real sdpa dump with attention dropout), with dropout_p = 0 it is judged."""
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    for number, p in enumerate((0.1, 0.0)):
+        writer.forward(
+            f"Functional.scaled_dot_product_attention.{number}", [q, k, v, None, p], {}, F.scaled_dot_product_attention(q, k, v, None, p)
+        )
+    result = run_dump(writer.write(), "--msprobe-device=cpu")
+    assert "dropout_p=0.1 draws random numbers" in result.by_outcome("skipped")["Functional.scaled_dot_product_attention.0.forward"].text
+    assert list(result.by_outcome("passed")) == ["Functional.scaled_dot_product_attention.1.forward"]

@@ -166,11 +166,30 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
     if api_name in _pytorch_toml()["writes_first"]["names"]:
         written = writes_first(function)
         return Api(f"{name.api_type}.{api_name}", written, written, is_in_place(api_name), raise_bench)
+    random_argument = _pytorch_toml()["random_when"].get(api_name)
+    if random_argument is not None:
+        function = random_when(function, f"{name.api_type}.{api_name}", *random_argument)
     if api_name in dropout_table():
         from pytest_msprobe.run import dropout
 
         return Api(f"{name.api_type}.{api_name}", function, dropout.masked(function), is_in_place(api_name), raise_bench, dropout.reveal)
     return Api(f"{name.api_type}.{api_name}", function, function, is_in_place(api_name), raise_bench)
+
+
+def random_when(function: Callable[..., Value], label: str, position: int, keyword: str) -> Callable[..., Value]:
+    """The call, which skips where its argument `keyword` (or `position`) is nonzero: a
+    random draw inside the call that its output does not reveal (attention's dropout_p)."""
+
+    def run(*args: Value, **kwargs: Value) -> Value:
+        value = args[position] if len(args) > position else kwargs.get(keyword)
+        if value:
+            raise CallSkip(
+                f"{label} with {keyword}={value!r} draws random numbers the dump does not record "
+                "(its dropout is inside the call, its mask not in any output): it cannot be compared element by element"
+            )
+        return function(*args, **kwargs)
+
+    return run
 
 
 def writes_first(function: Callable[..., Value]) -> Callable[..., Value]:
