@@ -110,3 +110,12 @@ def test_attention_with_dropout_skips_and_without_is_judged(tmp_path: Path, run_
     result = run_dump(writer.write(), "--msprobe-device=cpu")
     assert "dropout_p=0.1 draws random numbers" in result.by_outcome("skipped")["Functional.scaled_dot_product_attention.0.forward"].text
     assert list(result.by_outcome("passed")) == ["Functional.scaled_dot_product_attention.1.forward"]
+
+
+def test_repeat_leaves_dropout_alone(tmp_path: Path, run_dump) -> None:
+    """--msprobe-repeat compares the device's bits over runs: a dropout draws anew each
+    run by design (and its bench's revealed mask is no argument of the device's call)."""
+    result = run_dump(dropout_dump(tmp_path / "dump", torch.float32), "--msprobe-device=cpu", "--msprobe-repeat=2")
+    assert sorted(result.by_outcome("passed")) == sorted(result.calls), {
+        k: v.text for k, v in result.calls.items() if v.outcome != "passed"
+    }
