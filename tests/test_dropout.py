@@ -39,11 +39,20 @@ def faulty_dropout(drop: float, scale: Callable[[float], float]) -> Callable[...
     return dropout
 
 
-def dropout_dump(root: Path, dtype: torch.dtype, dropout: Callable[..., torch.Tensor] = DROPOUT) -> Path:
-    """Forward and backward of each call; `dropout` writes the Functional.dropout calls."""
+def dropout_dump(root: Path, dtypes: tuple[torch.dtype, ...] = (torch.float32,), dropout: Callable[..., torch.Tensor] = DROPOUT) -> Path:
+    """Forward and backward of each call, in each dtype (the second numbered 10 on);
+    `dropout` writes the Functional.dropout calls."""
     writer = DumpWriter(root, "tensor")
     torch.manual_seed(11)
-    for call, (extra, shape) in CALLS.items():
+    for offset, dtype in zip((0, 10), dtypes, strict=False):
+        _write_calls(writer, dtype, offset, dropout)
+    return writer.write()
+
+
+def _write_calls(writer: DumpWriter, dtype: torch.dtype, offset: int, dropout: Callable[..., torch.Tensor]) -> None:
+    for named, (extra, shape) in CALLS.items():
+        api, number = named.rsplit(".", 1)
+        call = f"{api}.{int(number) + offset}"
         function = {"Functional.dropout": dropout, "Functional.dropout2d": F.dropout2d, "Torch.dropout": torch.dropout}[
             call.rsplit(".", 1)[0]
         ]
@@ -55,28 +64,26 @@ def dropout_dump(root: Path, dtype: torch.dtype, dropout: Callable[..., torch.Te
         upstream = torch.randn(shape).to(dtype)
         y.backward(upstream)
         writer.backward(call, [upstream], [x.grad, None])  # as msprobe: the mul node's two edges
-    return writer.write()
 
 
 MODES = pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)], ids=["single-run", "offline"])
 
 
 @MODES
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_correct_dropouts_pass(mode: tuple[str, ...], dtype: torch.dtype, tmp_path: Path, run_dump) -> None:
-    result = run_dump(dropout_dump(tmp_path / "dump", dtype), "--msprobe-device=cpu", *mode)
+def test_correct_dropouts_pass(mode: tuple[str, ...], tmp_path: Path, run_dump) -> None:
+    result = run_dump(dropout_dump(tmp_path / "dump", (torch.float32, torch.bfloat16)), "--msprobe-device=cpu", *mode)
     assert sorted(result.by_outcome("passed")) == sorted(result.calls), {
         k: v.text for k, v in result.calls.items() if v.outcome != "passed"
     }
-    assert len(result.calls) == 8  # the identities have no backward
+    assert len(result.calls) == 16  # the identities have no backward
 
 
 def _faulty_run(mode: tuple[str, ...], fault: Callable[..., torch.Tensor], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch):
     """The fault on the device (single-run) or in the dumped results (offline)."""
     if mode:
-        dump = dropout_dump(tmp_path / "dump", torch.float32, fault)
+        dump = dropout_dump(tmp_path / "dump", dropout=fault)
     else:
-        dump = dropout_dump(tmp_path / "dump", torch.float32)
+        dump = dropout_dump(tmp_path / "dump")
         monkeypatch.setattr(F, "dropout", fault)
     return run_dump(dump, "--msprobe-device=cpu", *mode)
 
@@ -115,7 +122,7 @@ def test_attention_with_dropout_skips_and_without_is_judged(tmp_path: Path, run_
 def test_repeat_leaves_dropout_alone(tmp_path: Path, run_dump) -> None:
     """--msprobe-repeat compares the device's bits over runs: a dropout draws anew each
     run by design (and its bench's revealed mask is no argument of the device's call)."""
-    result = run_dump(dropout_dump(tmp_path / "dump", torch.float32), "--msprobe-device=cpu", "--msprobe-repeat=2")
+    result = run_dump(dropout_dump(tmp_path / "dump"), "--msprobe-device=cpu", "--msprobe-repeat=2")
     assert sorted(result.by_outcome("passed")) == sorted(result.calls), {
         k: v.text for k, v in result.calls.items() if v.outcome != "passed"
     }
