@@ -8,6 +8,7 @@ every run, each run gets its own copies, and nothing is kept after the call.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -262,10 +263,19 @@ def writes_in_place(api: Api, function: Callable[..., Value], args: list[Value],
         return True
     if "inplace" in kwargs:
         return bool(kwargs["inplace"])
+    position = _inplace_position(function)
+    return position is not None and len(args) > position and bool(args[position])
+
+
+@functools.lru_cache(maxsize=512)
+def _inplace_position(function: Callable[..., Value]) -> int | None:
+    """The position of the function's `inplace` parameter, None where it has none (or no
+    signature: a builtin). Read once per function: a signature costs 50-200 us."""
     try:
-        return bool(inspect.signature(function).bind_partial(*args).arguments.get("inplace", False))
-    except (TypeError, ValueError):  # a builtin without a signature, or arguments it does not take
-        return False
+        names = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("inplace") if "inplace" in names else None
 
 
 def in_place_copies(
