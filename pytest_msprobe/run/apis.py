@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from pytest_msprobe.dump.index import Json
     from pytest_msprobe.dump.values import Value
-    from pytest_msprobe.run.replay import Inputs
+    from pytest_msprobe.run.dropout import Reveal
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -40,7 +40,7 @@ class Api:
     raise_bench: bool  # False where the bench must keep the device dtype (type_as)
     # what the device's result shows the other sides (a dropout's mask: run/dropout.py):
     # (inputs, device result, direction) -> the inputs the bench and the reference run on
-    reveal: Callable[[Inputs, Value, str], Inputs] | None = None
+    reveal: Reveal | None = None
 
 
 @functools.cache

@@ -26,17 +26,35 @@ error. p = 0, p = 1 and training=False are deterministic and replayed as they ar
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Value
-    from pytest_msprobe.run.replay import Inputs
+
+
+class Arguments(Protocol):
+    """What this module reads of a call's decoded inputs (run/replay.py's Inputs, which
+    imports the API tables that name this module: a protocol keeps the import graph acyclic)."""
+
+    args: list[Value]
+    kwargs: dict[str, Value]
+    grads: list[Value] | None
+
+
+CallInputs = TypeVar("CallInputs", bound=Arguments)
+
+
+class Reveal(Protocol):
+    """What the device's result shows the other sides (run/apis.py's Api.reveal)."""
+
+    def __call__(self, inputs: CallInputs, device: Value, direction: str) -> CallInputs: ...
+
 
 #: |z| of the dropped count against Binomial(n, p) beyond which the share is an error
 Z_LIMIT = 5.0
@@ -97,7 +115,7 @@ class Revealed:
     result: torch.Tensor  # the device's output or input gradient
 
 
-def revealed(inputs: Inputs, device: Value, direction: str) -> Revealed | None:
+def revealed(inputs: Arguments, device: Value, direction: str) -> Revealed | None:
     """The masked tensors of a dropout call whose device result is at hand, else None."""
     p = drop_rate(inputs.args, inputs.kwargs)
     if p is None:
@@ -112,14 +130,16 @@ def revealed(inputs: Inputs, device: Value, direction: str) -> Revealed | None:
     return Revealed(p, source, result)
 
 
-def reveal(inputs: Inputs, device: Value, direction: str) -> Inputs:
+def reveal(inputs: CallInputs, device: Value, direction: str) -> CallInputs:
     """The inputs with the device's mask and scale for the bench and the reference."""
     shown = revealed(inputs, device, direction)
     if shown is None:
         return inputs
     kept = shown.result != 0
     scale = _closest_scale(shown.p, shown.source, shown.result, kept & (shown.source != 0))
-    return dataclasses.replace(inputs, kwargs={**inputs.kwargs, "kept": kept, "scale": scale})
+    told = copy.copy(inputs)
+    told.kwargs = {**inputs.kwargs, "kept": kept, "scale": scale}
+    return told
 
 
 def dropped_share(shown: Revealed, unit_dims: int) -> tuple[int, int, float]:
