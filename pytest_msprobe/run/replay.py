@@ -263,19 +263,25 @@ def writes_in_place(api: Api, function: Callable[..., Value], args: list[Value],
         return True
     if "inplace" in kwargs:
         return bool(kwargs["inplace"])
-    position = _inplace_position(function)
+    try:
+        position = _cached_inplace_position(function)
+    except TypeError:  # an unhashable callable (MindSpore's ops hash as dicts): read each time
+        position = _inplace_position(function)
     return position is not None and len(args) > position and bool(args[position])
 
 
-@functools.lru_cache(maxsize=512)
 def _inplace_position(function: Callable[..., Value]) -> int | None:
     """The position of the function's `inplace` parameter, None where it has none (or no
-    signature: a builtin). Read once per function: a signature costs 50-200 us."""
+    signature: a builtin)."""
     try:
         names = list(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return None
     return names.index("inplace") if "inplace" in names else None
+
+
+#: read once per function: a signature costs 50-200 us
+_cached_inplace_position = functools.lru_cache(maxsize=512)(_inplace_position)
 
 
 def in_place_copies(
