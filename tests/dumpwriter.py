@@ -25,6 +25,10 @@ class DumpWriter:
             return [self.value(item, f"{name}.{i}") for i, item in enumerate(value)]
         if value is None:
             return None
+        if isinstance(value, slice):
+            return {"type": "slice", "value": [value.start, value.stop, value.step]}
+        if value is Ellipsis:
+            return {"type": "ellipsis", "value": "..."}
         if isinstance(value, torch.dtype):
             return {"type": "torch.dtype", "value": str(value)}
         kind = {bool: "bool", int: "int", float: "float", str: "str"}[type(value)]

@@ -30,6 +30,7 @@ from pytest_msprobe.run.replay import (
     replay,
     saved_in_device_dtype,
 )
+from pytest_msprobe.run.summed import summed_route, sums_contributions
 from pytest_msprobe.run.terms import term_magnitudes
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class Settings:
     sample_statuses: frozenset[str] = frozenset()
     repeat: int = 1  # --msprobe-repeat: device runs compared bit for bit (judge/repeat.py); 1: one run
 
+
+SUMMED_LABEL = "a backward that sums overlapping contributions (run/summed.py)"
 
 #: a baseline's recorded metrics of a call: {output path: {metric: value}} (standards' reference=)
 Recorded: TypeAlias = dict[str, dict[str, float]]
@@ -250,13 +253,16 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
 
 
 def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Finding]:
-    """The checks beside the standards: the overflow re-check (every run) and, with
+    """The checks beside the standards: the overflow re-check and a dropout's dropped
+    share (every run) and, with
     --msprobe-repeat, the device's bits over several runs (then its memory is freed)."""
+    from pytest_msprobe.judge.findings import dropout_findings
     from pytest_msprobe.judge.overflow import overflow_findings
     from pytest_msprobe.judge.repeat import repeat_findings
 
     cut_outputs = replayed.written.rows if replayed.written is not None else {}
     found = overflow_findings(replayed.results, replayed.bench, name.direction, framework, cut_outputs)
+    found += dropout_findings(replayed.results, name)
     if settings.repeat > 1:
         try:
             found += repeat_findings(replayed.device, replayed.results, name.direction, framework, settings.repeat, replayed.written)
@@ -286,16 +292,22 @@ def judged_results(
     verdict = judge(registry, name, results, recorded, groups=groups)
     if verdict.status != "error":
         return verdict, results
+    route = name.operator
+    if sums_contributions(name, bench, results.inputs, framework):  # run/summed.py
+        route = summed_route(name)
+        verdict = relabelled(judge(registry, name, results, recorded, groups=groups, route=route), SUMMED_LABEL)
+        if verdict.status != "error":
+            return verdict, results
     where = written(name, results.inputs, framework)  # re-evaluations are cut as the results were
     terms = _aligned(term_magnitudes(name, bench, results.inputs, framework), results.bench)
     if terms is not None and where is not None:
         terms = cut(terms, where)
     if terms is not None:
-        conditioned = judge(registry, name, results, recorded, terms, groups)
+        conditioned = judge(registry, name, results, recorded, terms, groups, route)
         if conditioned.status != "error":
             return relabelled(conditioned, "conditioned on the terms' magnitudes"), results
     if name.direction == "backward" and results.reference is None:
-        again = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded, terms, groups)
+        again = _against_saved_in_device_dtype(registry, name, results, bench, framework, recorded, terms, groups, route)
         if again is not None:
             return again
     return verdict, results
@@ -324,6 +336,7 @@ def _against_saved_in_device_dtype(
     recorded: Recorded | None,
     terms: Value = None,
     groups: torch.Tensor | None = None,
+    route: str | None = None,
 ) -> tuple[Verdict, Results] | None:
     """The verdict against replay.saved_in_device_dtype's bench, with those results, if
     it is not an error there, else None (the error against the plain bench stands)."""
@@ -338,7 +351,7 @@ def _against_saved_in_device_dtype(
     if where is not None:
         grads = cut(grads, where)
     again = dataclasses.replace(results, bench=grads)
-    verdict = judge(registry, name, again, recorded, terms, groups)
+    verdict = judge(registry, name, again, recorded, terms, groups, route)
     if verdict.status == "error":
         return None
     saved_in = saved_in_d.saved_in
@@ -380,10 +393,13 @@ def judge(
     recorded: Recorded | None = None,
     terms: Value = None,
     groups: torch.Tensor | None = None,
+    route: str | None = None,
 ) -> Verdict:
     """The verdict against the bench; against recorded baseline metrics when given,
     else against the reference run where there is one; conditioned on the elements'
     terms' magnitudes when given; the bias tests counting the groups of elements that
-    share a rounded normaliser when given (run/groups.py)."""
+    share a rounded normaliser when given (run/groups.py); by the standard of `route`
+    (default: the call's API)."""
     reference = recorded if recorded is not None else results.reference
-    return registry.check(results.bench, results.device, api=name.operator, reference=reference, terms=terms, groups=groups)
+    api = route or name.operator
+    return registry.check(results.bench, results.device, api=api, reference=reference, terms=terms, groups=groups)

@@ -1,6 +1,7 @@
 """What the checks beside the precision standards found in a call's outputs: the device
-giving other bits when run again on the same inputs (`repeat`, --msprobe-repeat) and
-an inf/NaN in the dumped outputs re-checked on the bench (`overflow`).
+giving other bits when run again on the same inputs (`repeat`, --msprobe-repeat),
+an inf/NaN in the dumped outputs re-checked on the bench (`overflow`) and a dropout's
+dropped share against its p (`dropout rate`, run/dropout.py).
 
 The standards' verdict stays what it is (the first run's, against the bench): a finding
 is reported beside it, where the standards' results already go, so that every reader of
@@ -17,9 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.record import OutputResult
+from pytest_msprobe.run.apis import dropout_table
+from pytest_msprobe.run.dropout import Z_LIMIT, dropped_share, revealed
 
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.index import Json
+    from pytest_msprobe.dump.index import CallName, Json
+    from pytest_msprobe.run.replay import Results
 
 
 @dataclass(frozen=True)
@@ -70,3 +74,21 @@ def annotated(outputs: list[OutputResult], findings: list[Finding]) -> list[Outp
             )
         annotated_outputs.append(output)
     return annotated_outputs
+
+
+def dropout_findings(results: Results, name: CallName) -> list[Finding]:
+    """A dropout's dropped share on the device against p (run/dropout.py): an error
+    beyond Z_LIMIT standard deviations of Binomial(n, p)."""
+    unit_dims = dropout_table().get(name.operator)
+    shown = None if unit_dims is None else revealed(results.inputs, results.device, name.direction)
+    if shown is None or unit_dims is None:
+        return []
+    dropped, n, z = dropped_share(shown, unit_dims)
+    if not n:
+        return []
+    unit = "elements" if not unit_dims else "channels"
+    text = f"{dropped} of {n} {unit} dropped ({dropped / n:.4g}) where p = {shown.p:g}: z {z:+.2f} of Binomial(n, p)"
+    fails = abs(z) > Z_LIMIT
+    text += f", beyond the bound |z| <= {Z_LIMIT:g}" if fails else ""
+    path = "" if name.direction == "forward" else "[0]"
+    return [Finding("dropout rate", path, fails, text, {"dropped": dropped, "units": n, "dropout_z": round(z, 3)})]

@@ -23,7 +23,7 @@ from pytest_msprobe.dump.cache import DumpSummary
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext, decode
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
-from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, tensors_in, tree_map
+from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Value
@@ -60,6 +60,12 @@ class DumpedRun:
 
     def forward(self, inputs: Inputs) -> Value:
         outputs = self._recorded("output")
+        if all(output is None for output in outputs):
+            raise CallSkip(
+                "the dump records no output of this call (msprobe records null for a call that returns nothing, such as "
+                "__setitem__, whose effect is on the tensor it writes): offline there is no device result; "
+                "run without --msprobe-offline to judge it on a device"
+            )
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
@@ -92,11 +98,21 @@ def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | N
     for tensor in wanted:
         tensor.requires_grad_(True)
     with torch.enable_grad():
-        output = run.function(*args, **kwargs)
+        copied_args, copied_kwargs = in_place_copies(run.api, run.function, args, kwargs)
+        # an in-place call's edge leads to the copy it wrote: the copy's node is its leaf's
+        copies = {
+            id(copy.grad_fn): id(leaf)
+            for leaf, copy in zip(leaves, tensors_in((copied_args, copied_kwargs)), strict=True)
+            if copy is not leaf and copy.grad_fn is not None
+        }
+        output = run.function(*copied_args, **copied_kwargs)
     first = next((t for t in flat_outputs(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
     if first is None:
         raise CallSkip("the call's output has no autograd node: no gradient to compare")
     position = {id(tensor): number for number, tensor in enumerate(wanted)}
     node_of_output = first.grad_fn
     assert node_of_output is not None  # first was chosen for having one
-    return [position.get(id(getattr(node, "variable", None))) if node is not None else None for node, _ in node_of_output.next_functions]
+    return [
+        None if node is None else position.get(copies.get(id(node), id(getattr(node, "variable", None))))
+        for node, _ in node_of_output.next_functions
+    ]

@@ -38,8 +38,11 @@ def repeat_findings(
     """--msprobe-repeat: run the device runs - 1 more times on the call's inputs and
     report every output whose bits differ from the first run's (whose verdict stands).
     `where`: the rows the kernel writes (judge/written.py); leftover memory past them
-    may differ from run to run, so the reruns are cut as the first run was."""
-    if runs <= 1:
+    may differ from run to run, so the reruns are cut as the first run was. A device
+    whose result shows the others a random draw (a dropout's mask: run/dropout.py)
+    draws anew on every run: its bits differ by design, and it is not rerun."""
+    api = getattr(device, "api", None)
+    if runs <= 1 or getattr(api, "reveal", None) is not None:
         return []
     again = rerun(step_for(direction, results.inputs, framework), device, runs)
     if where is not None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from pytest_msprobe.dump.index import Json
     from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.dropout import Reveal
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -37,6 +38,9 @@ class Api:
     bench_fn: Callable[..., Value]
     in_place: bool
     raise_bench: bool  # False where the bench must keep the device dtype (type_as)
+    # what the device's result shows the other sides (a dropout's mask: run/dropout.py):
+    # (inputs, device result, direction) -> the inputs the bench and the reference run on
+    reveal: Reveal | None = None
 
 
 @functools.cache
@@ -54,6 +58,18 @@ def terms_table() -> dict[str, frozenset[str]]:
     """direction -> the APIs whose terms' magnitudes run/terms.py can measure."""
     terms = _pytorch_toml()["terms"]
     return {"forward": frozenset(terms["forward"]), "backward": frozenset(terms["forward"]) | frozenset(terms["backward"])}
+
+
+@functools.cache
+def dropout_table() -> dict[str, int]:
+    """dropout API -> the trailing dimensions one entry of its mask covers (run/dropout.py)."""
+    return dict(_pytorch_toml()["dropout"]["unit_dims"])
+
+
+@functools.cache
+def summed_backward_table() -> frozenset[str]:
+    """The APIs whose backward may sum several incoming values into one element (run/summed.py)."""
+    return frozenset(_pytorch_toml()["summed_backward"]["names"])
 
 
 @functools.cache
@@ -147,7 +163,75 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
     if resolver is None:
         raise CallSkip(f"api type {name.api_type!r} is not known to PyTorch dumps ({', '.join(sorted([*PYTORCH_RESOLVERS, 'NPU']))})")
     function = resolver(api_name)
+    if api_name in _pytorch_toml()["writes_first"]["names"]:
+        written = writes_first(function)
+        return Api(f"{name.api_type}.{api_name}", written, written, is_in_place(api_name), raise_bench)
+    random_argument = _pytorch_toml()["random_when"].get(api_name)
+    if random_argument is not None:
+        function = random_when(function, f"{name.api_type}.{api_name}", *random_argument)
+    if api_name in dropout_table():
+        from pytest_msprobe.run import dropout
+
+        return Api(f"{name.api_type}.{api_name}", function, dropout.masked(function), is_in_place(api_name), raise_bench, dropout.reveal)
     return Api(f"{name.api_type}.{api_name}", function, function, is_in_place(api_name), raise_bench)
+
+
+def random_when(function: Callable[..., Value], label: str, position: int, keyword: str) -> Callable[..., Value]:
+    """The call, which skips where its argument `keyword` (or `position`) is nonzero: a
+    random draw inside the call that its output does not reveal (attention's dropout_p)."""
+
+    def run(*args: Value, **kwargs: Value) -> Value:
+        value = args[position] if len(args) > position else kwargs.get(keyword)
+        if value:
+            raise CallSkip(
+                f"{label} with {keyword}={value!r} draws random numbers the dump does not record "
+                "(its dropout is inside the call, its mask not in any output): it cannot be compared element by element"
+            )
+        return function(*args, **kwargs)
+
+    return run
+
+
+def writes_first(function: Callable[..., Value]) -> Callable[..., Value]:
+    """A call that writes into its first argument and returns nothing (`__setitem__`),
+    as one that returns what it wrote: the replay runs it on a copy, and the copy is
+    its output. msprobe records an index tuple as a list, so a list that holds a slice,
+    an Ellipsis, None or a tensor is read as the tuple (as torch itself reads such a
+    list); a list of ints is both `x[a, b]` and `x[[a, b]]` in the dump: the reading
+    under which the value fits, and where both fit and write differently, a skip."""
+
+    def run(target: torch.Tensor, index: Value, value: Value) -> torch.Tensor:
+        readings = _index_readings(index)
+        written = []
+        for reading in readings:
+            copy = target.clone() if len(readings) > 1 else target
+            try:
+                function(copy, reading, value)
+            except (IndexError, RuntimeError, TypeError, ValueError):
+                if len(readings) == 1:
+                    raise
+                continue
+            written.append(copy)
+        if not written:
+            raise CallSkip(f"the index {index!r} writes the value under no reading of the recorded list")
+        if any(not bool((other == written[0]).all()) for other in written[1:]):
+            raise CallSkip(
+                f"the index {index!r} is ambiguous: msprobe records x[a, b] and x[[a, b]] alike, and both readings fit the value"
+            )
+        return written[0]
+
+    return run
+
+
+def _index_readings(index: Value) -> list[Value]:
+    """The indices a recorded index may stand for (writes_first)."""
+    import torch
+
+    if not isinstance(index, list):
+        return [index]
+    if any(item is None or item is Ellipsis or isinstance(item, (slice, torch.Tensor, list)) for item in index):
+        return [tuple(index)]
+    return [tuple(index), index]
 
 
 def _resolve_npu(api_name: str, npu_ops: Callable[[str], Callable[..., Value] | None] | None, raise_bench: bool) -> Api:

@@ -8,6 +8,8 @@ every run, each run gets its own copies, and nothing is kept after the call.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -191,10 +193,8 @@ class Run:
         wanted = [t for t, flag in zip(leaves, needs_grad, strict=False) if flag]
         for tensor in wanted:
             tensor.requires_grad_(True)
-        if self.api.in_place:
-            # An in-place op may not modify a leaf that requires grad: give it copies.
-            args, kwargs = tree_map(_clone_tensor, args), tree_map(_clone_tensor, kwargs)
         with torch.enable_grad(), _saved_rounded(self.saved_in):
+            args, kwargs = in_place_copies(self.api, self.function, args, kwargs)
             output = self.function(*args, **kwargs)
             outputs, grads = _pair_gradients(flat_outputs(output), self._incoming(inputs.grads or []), self.placement)
             if not outputs:
@@ -255,8 +255,49 @@ def _absolute(value: Value) -> Value:
     return abs(value) if isinstance(value, float) else value
 
 
-def _clone_tensor(value: Value) -> Value:
-    return value.clone() if isinstance(value, torch.Tensor) else value
+def writes_in_place(api: Api, function: Callable[..., Value], args: list[Value], kwargs: dict[str, Value]) -> bool:
+    """Whether the call writes into its input: by its name (`add_`, `__iadd__`) or by
+    its `inplace` argument (`relu(x, inplace=True)`, `dropout(..., inplace=True)`), given
+    by keyword or by position (bound to the function's signature where it has one)."""
+    if api.in_place:
+        return True
+    if "inplace" in kwargs:
+        return bool(kwargs["inplace"])
+    try:
+        position = _cached_inplace_position(function)
+    except TypeError:  # an unhashable callable (MindSpore's ops hash as dicts): read each time
+        position = _inplace_position(function)
+    return position is not None and len(args) > position and bool(args[position])
+
+
+def _inplace_position(function: Callable[..., Value]) -> int | None:
+    """The position of the function's `inplace` parameter, None where it has none (or no
+    signature: a builtin)."""
+    try:
+        names = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("inplace") if "inplace" in names else None
+
+
+#: read once per function: a signature costs 50-200 us
+_cached_inplace_position = functools.lru_cache(maxsize=512)(_inplace_position)
+
+
+def in_place_copies(
+    api: Api, function: Callable[..., Value], args: list[Value], kwargs: dict[str, Value]
+) -> tuple[list[Value], dict[str, Value]]:
+    """An in-place call may not write into a leaf that requires grad: it runs on copies
+    (each one a CloneBackward node between the call and its leaf, which carries the
+    gradient through unchanged). Any other call runs on its arguments as they are."""
+    if not writes_in_place(api, function, args, kwargs):
+        return args, kwargs
+    clone = lambda value: value.clone() if isinstance(value, torch.Tensor) else value  # noqa: E731
+    copied = tree_map(clone, args)
+    assert isinstance(copied, list)  # tree_map keeps a list a list
+    copied_kwargs = tree_map(clone, kwargs)
+    assert isinstance(copied_kwargs, dict)
+    return copied, copied_kwargs
 
 
 def _pair_gradients(outputs: list[Value], grads: list[Value], placement: Placement) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -344,6 +385,9 @@ def replay(direction: str, api: Api, inputs: Inputs, device: Side, bench: Side, 
         raise
     except Exception as exc:  # the device failing is the finding, reported after the bench
         device_error, device_out = exc, None
+    if api.reveal is not None and device_error is None:
+        inputs = api.reveal(inputs, device_out, direction)
+        step = step_for(direction, inputs, framework)
     try:
         bench_out = step(bench)
     except CallSkip:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from pytest_msprobe.dump.index import DIRECTIONS, parse_call_name
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.call import FRAMEWORKS, Settings, verdict_for
-from pytest_msprobe.judge.findings import Finding, annotated, status_with
+from pytest_msprobe.judge.findings import Finding, annotated, dropout_findings, status_with
 from pytest_msprobe.judge.record import output_results
 from pytest_msprobe.judge.repeat import repeat_findings
 from pytest_msprobe.judge.written import cut_results, written
@@ -196,7 +196,8 @@ def _check(
     framework = FRAMEWORKS[call.framework]()
     api = framework.resolve(call_name, chosen)
     if call.call_api is not None:
-        api = dataclasses.replace(api, device_fn=call.call_api, bench_fn=call.call_api)
+        # a bench told the device's draw (a dropout's mask: run/dropout.py) keeps its own function
+        api = dataclasses.replace(api, device_fn=call.call_api, bench_fn=call.call_api if api.reveal is None else api.bench_fn)
     inputs = call.build_inputs(args.direction, args.dump_dir, args.generate, variant)
     for leaf in inputs.leaves:
         print(f"  {leaf.path:<28} {str(leaf.tensor.dtype).removeprefix('torch.'):<9} {list(leaf.tensor.shape)}  {leaf.origin}")
@@ -208,7 +209,9 @@ def _check(
         results, notes = cut_results(results, where)
         for note in notes:
             print(f"  {note}")
-        findings = repeat_findings(device, results, args.direction, call.framework, args.repeat, where)
+        findings = dropout_findings(results, call_name) + repeat_findings(
+            device, results, args.direction, call.framework, args.repeat, where
+        )
     finally:
         chosen.free()
     return verdict_for(registry, call_name, results, bench=bench, framework=call.framework), findings

@@ -210,8 +210,8 @@ def test_bad_input_gives_an_explanation_not_a_traceback(write_dump, run_dump, tm
             "Torch.exp.0.forward": {"input_args": [{**tensor, "data_name": "gone.pt"}], "input_kwargs": {}, "output": [tensor]},
             "Torch.exp.1.forward": {"input_args": [{**tensor, "data_name": "../../escape.pt"}], "input_kwargs": {}, "output": [tensor]},
             "Torch.exp.2.forward": {"input_args": [{"type": "mystery", "value": 1}], "input_kwargs": {}, "output": [tensor]},
-            "Torch.dropout.0.forward": {
-                "input_args": [tensor, {"type": "float", "value": 0.5}, {"type": "bool", "value": True}],
+            "Torch.bernoulli.0.forward": {
+                "input_args": [tensor, {"type": "float", "value": 0.5}],
                 "input_kwargs": {},
                 "output": [tensor],
             },
@@ -225,7 +225,7 @@ def test_bad_input_gives_an_explanation_not_a_traceback(write_dump, run_dump, tm
         "Torch.exp.0.forward": (1, "bad input: ", "is missing"),
         "Torch.exp.1.forward": (1, "bad input: ", "refused"),
         "Torch.exp.2.forward": (2, "skipped: ", "unsupported value type 'mystery'"),
-        "Torch.dropout.0.forward": (2, "cannot be replayed: ", "random"),
+        "Torch.bernoulli.0.forward": (2, "cannot be replayed: ", "random"),
         "Torch.exp'''\nimport os.0.forward": (2, "cannot be replayed: ", "replay table"),
     }
     scripts = {call: write_script(index, call, tmp_path / "scripts") for call in expected}

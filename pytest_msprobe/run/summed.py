@@ -1,0 +1,51 @@
+"""Backwards that sum overlapping contributions: floating-point arithmetic, not copies.
+
+The gradients of the `[summed_backward]` APIs (api_tables/pytorch.toml: pools' selection,
+gathers, copies, broadcasts) move the incoming gradient's values into the inputs' shape:
+exact where each input element receives one value, but where a max_pool's windows
+overlap (kernel 3, stride 2, as in ResNet's stem), an index repeats (gather,
+index_select) or an input is broadcast (expand, where), an element receives several,
+summed in an order no standard fixes (a float32 max_pool2d backward measured 0.5% of
+its elements an ULP from the float64 sum). Whether it does is read from the call
+itself: its backward evaluated on an incoming gradient of ones counts each input
+element's contributions exactly (sums of ones in the bench's precision); a count above
+1 routes the call as `<api>.summed` (standards/tables/api_standards.csv).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from pytest_msprobe.run.apis import summed_backward_table
+from pytest_msprobe.run.replay import Inputs, Run, evaluated, tensors_in, tree_map
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import CallName
+    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.replay import Side
+
+SUMMED = ".summed"
+
+
+def summed_route(name: CallName) -> str:
+    """The routing name of the call's backward where it sums contributions."""
+    return f"{name.operator}{SUMMED}"
+
+
+def sums_contributions(name: CallName, bench: Side, inputs: Inputs, framework: str) -> bool:
+    """Whether some input element of this backward receives more than one incoming
+    gradient value. One more bench evaluation: the caller asks only where the call's
+    own standard judged an error."""
+    if name.direction != "backward" or name.operator not in summed_backward_table() or not isinstance(bench, Run):
+        return False
+    ones = tree_map(_ones, inputs.grads or [])
+    assert isinstance(ones, list)  # tree_map keeps a list a list
+    counts = evaluated(bench, "backward", dataclasses.replace(inputs, grads=ones), framework)
+    return counts is not None and any(count.abs().max() > 1 for count in tensors_in(counts) if count.numel())
+
+
+def _ones(value: Value) -> Value:
+    return torch.ones_like(value) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
