@@ -239,8 +239,8 @@ def event_classes(verdicts: list[Verdict], modes: list[str]) -> list[str]:
 
 
 def plugin_commit() -> str:
-    proc = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %s"], check=False, capture_output=True, text=True)
-    return proc.stdout.strip()[:100] or "unknown (not a git checkout)"
+    proc = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h (%cs)"], check=False, capture_output=True, text=True)
+    return proc.stdout.strip() or "unknown (not a git checkout)"
 
 
 def markdown(verdicts: list[Verdict], modes: list[str], seconds: dict[str, float], root: Path, workers: int, label: str) -> str:
