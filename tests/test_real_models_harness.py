@@ -31,9 +31,13 @@ def _verdict(call: str, message: str, dump: str = "/d/resnet_L1_tensor_bf16/dump
 def test_each_known_class_matches_its_calls_and_an_unknown_error_stays_unclassified(sdpa_dump):
     exact = "error by binary_consistency: [0]: 117 of 32768 elements differ from the bench; this op must be exact"
     assert real_models.classify(_verdict("Functional.max_pool2d.0.backward", exact)).startswith("false alarm: max_pool2d")
-    assert real_models.classify(_verdict("Functional.batch_norm.3.forward", "max_scaled_ulp_err 9 > 8")).startswith("torch defect: batch_norm")
+    assert real_models.classify(_verdict("Functional.batch_norm.3.forward", "max_scaled_ulp_err 9 > 8")).startswith(
+        "torch defect: batch_norm"
+    )
     # the same batch_norm error in float32 is no torch defect we know of: it stays new
-    assert real_models.classify(_verdict("Functional.batch_norm.3.forward", "x", dump="/d/resnet_L1_tensor_fp32/dump.json")) == "unclassified"
+    assert (
+        real_models.classify(_verdict("Functional.batch_norm.3.forward", "x", dump="/d/resnet_L1_tensor_fp32/dump.json")) == "unclassified"
+    )
     leaf = "the device raised RuntimeError: a leaf Variable that requires grad is being used in an in-place operation."
     assert real_models.classify(_verdict("Tensor.__iadd__.0.backward", leaf, mode="offline")).startswith("false alarm: an in-place")
     assert real_models.classify(_verdict("Tensor.__iadd__.0.backward", leaf, mode="single")) == "unclassified"
