@@ -37,9 +37,12 @@ SCRIPTS = {
     "explore_findings.py": IMPORT,
     "kernel_diversity.py": HELP,
     "make_dump.py": HELP,
+    "make_real_model_dumps.py": HELP,
     "make_transformer_dump.py": HELP,
     "msprobe_acc_check_cpu.py": COMPILE,
     "probe_plugin.py": IMPORT,
+    "real_models.py": HELP,
+    "torch_findings.py": IMPORT,
 }
 
 DRIVER = r"""
