@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.dump.index import CallName, DumpIndex, parse_call_name
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.written import Written, cut, cut_results, written
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.findings import Finding
+    from pytest_msprobe.judge.offline import Evidence
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
 
@@ -221,6 +222,9 @@ def replay_inputs(
         results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
     finally:
         settings.backend.free()
+    evidence = getattr(device, "evidence", None) if dumped is not None else None
+    if evidence is not None and evidence.shared:
+        _add_shared(results, evidence, getattr(device, "index"), framework_name, framework, settings)
     where = written(name, inputs, framework_name)
     results, notes = cut_results(align_offline(results) if dumped is not None else results, where)
     return Replayed(results, bench, label, device, where, notes)
@@ -246,7 +250,12 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
         except Exception as exc:  # noqa: BLE001 - the report says so; the verdict stands
             samples = [{"error": f"no element sample: {type(exc).__name__}: {exc}"}]
     findings = call_findings(replayed, name, index.framework, settings)
-    return CallResult(name, verdict, label, inputs.origins, samples, notes=replayed.notes, findings=findings)
+    notes = replayed.notes
+    evidence = getattr(replayed.device, "evidence", None)
+    if evidence is not None and evidence.origins:  # gradients recovered from the dump (judge/offline.py)
+        verdict = relabelled(verdict, f"gradients recovered from the dump: {evidence.how}")
+        notes = [*notes, *(f"not judged: {why}" for why in evidence.left_out)]
+    return CallResult(name, verdict, label, inputs.origins, samples, notes=notes, findings=findings)
 
 
 def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Finding]:
@@ -357,6 +366,74 @@ def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings,
 
     graph_run = Run(api, api.bench_fn, Placement(torch.device("cpu")))
     return DumpedRun(index, name, settings.max_elements, graph_run), framework.reference_in_dump_dtype(api, settings), DEVICE_LABEL
+
+
+def _add_shared(results: Results, evidence: Evidence, index: DumpIndex, framework_name: str, framework: Framework, settings: Settings) -> None:
+    """Where autograd summed a recovered input gradient over several calls reading the
+    same output, the bench (and the reference) add those calls' gradients, each run on
+    its own dumped inputs and incoming gradients. A call that cannot be run leaves the
+    input out of the comparison, named."""
+    import numpy as np
+    import torch
+
+    device, bench, reference = list(results.device), list(results.bench), results.reference
+    reference = list(reference) if isinstance(reference, tuple) else None
+    for shared in evidence.shared:
+        totals: list[torch.Tensor | None] = [None, None]
+        try:
+            for other in shared.others:
+                grads = _gradient_of(index, other.consumer.call, other.consumer.data_name, framework_name, framework, settings)
+                for side, grad in enumerate(grads):
+                    if grad is None:
+                        continue
+                    total = totals[side]
+                    if total is None:
+                        total = totals[side] = torch.zeros(shared.producer_numel, dtype=grad.dtype)
+                    total.index_add_(0, torch.from_numpy(np.ascontiguousarray(other.gather.reshape(-1))), grad.reshape(-1).to(total.dtype))
+        except (CallSkip, CallError) as exc:
+            device[shared.position] = None
+            evidence.left_out.append(f"the gradient shared with {', '.join(o.consumer.call for o in shared.others)}: {exc}")
+            continue
+        own = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
+        for side, column in ((0, bench), (1, reference)):
+            total = totals[side]
+            if column is None or total is None or column[shared.position] is None:
+                continue
+            mine = column[shared.position]
+            column[shared.position] = mine + total[own].reshape(mine.shape).to(mine.dtype)
+    if all(grad is None for grad in device):
+        raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
+    results.device, results.bench = tuple(device), tuple(bench)
+    if reference is not None:
+        results.reference = tuple(reference)
+
+
+def _gradient_of(
+    index: DumpIndex, call: str, data_name: str, framework_name: str, framework: Framework, settings: Settings
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Another call's bench and reference gradient of its input `data_name`."""
+    from pytest_msprobe.run.replay import needs_grad
+
+    name = parse_call_name(f"{call}.backward")
+    if name is None:
+        raise CallSkip(f"{call} is not an API call's name")
+    inputs = read_inputs(index, name, settings.max_elements)
+    api = framework.resolve(name, settings.backend)
+    _, bench, _ = framework.runs(api, inputs, settings)
+    reference = framework.reference_in_dump_dtype(api, settings)
+    flags = needs_grad(inputs, framework_name)
+    forward_leaves = [leaf for leaf in inputs.leaves if not leaf.path.startswith("backward.")]
+    wanted = [leaf.spec.data_name for leaf, flag in zip(forward_leaves, flags, strict=False) if flag]
+    if data_name not in wanted:
+        raise CallSkip(f"{call} did not take a gradient for {data_name}")
+    slot = wanted.index(data_name)
+    try:
+        bench_grads, reference_grads = bench.backward(inputs, flags), reference.backward(inputs, flags)
+    except CallSkip:
+        raise
+    except Exception as exc:  # noqa: BLE001 - that call's own test reports it; here the sum cannot be made
+        raise CallSkip(f"{call}'s backward does not run on the bench: {type(exc).__name__}: {exc}") from exc
+    return bench_grads[slot], reference_grads[slot]
 
 
 def align_offline(results: Results) -> Results:

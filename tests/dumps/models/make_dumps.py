@@ -7,7 +7,8 @@ Run with torch and mindstudio-probe installed (never torch_npu):
     python make_dumps.py --all [--root DIR]      every shipped dump (and shipped fault dump)
     python make_dumps.py --list                  models, shipped dumps, the fault table
     python make_dumps.py MODEL DTYPE OUTDIR --threads N    dump with N torch threads (default 1)
-MODEL: transformer12 transformer1 transformer_large convbn gru lstm embedattn widenorm; DTYPE: float32 bfloat16 float16.
+    python make_dumps.py MODEL DTYPE OUTDIR --level mix   msprobe's level mix (Module.* records too; default L1)
+MODEL: transformer12 transformer4 transformer1 transformer_large convbn gru lstm embedattn widenorm; DTYPE: float32 bfloat16 float16.
 
 The dump is rewritten to the portable layout: OUTDIR/dump.json, OUTDIR/dump_tensor_data/*.pt,
 OUTDIR/construct.json, with dump_data_dir set to a foreign path (a dump is always read on
@@ -227,6 +228,10 @@ MODELS: dict[str, ModelSpec] = {
         _per_token_labels(64),
         "embedding, add, 12 x (layer_norm, linear, matmul, mul, softmax, gelu, add), cross_entropy (msprobe 26.2 dumps no split/reshape/transpose)",
     ),
+    # not shipped: benchmarks/bench_dataflow.py dumps it at levels L1 and mix
+    "transformer4": ModelSpec(
+        lambda: Transformer(4), lambda: _token_ids(64, 1, 8), _per_token_labels(64), "transformer12 with 4 blocks (the data-flow dumps)"
+    ),
     "transformer1": ModelSpec(
         lambda: Transformer(1), lambda: _token_ids(64, 1, 8), _per_token_labels(64), "transformer12 with 1 block (the fault dumps: small)"
     ),
@@ -327,7 +332,9 @@ FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
 # --- dumping --------------------------------------------------------------------
 
 
-def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tensor", fault: str | None = None) -> dict[str, Any]:
+def make_dump(
+    model_name: str, dtype_name: str, outdir: Path, task: str = "tensor", fault: str | None = None, level: str = "L1"
+) -> dict[str, Any]:
     """Dump one training step; returns the rewritten dump.json."""
     dtype = DTYPES[dtype_name]
     original = None
@@ -345,7 +352,7 @@ def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tenso
             "dump_path": raw,
             "rank": [],
             "step": [],
-            "level": "L1",
+            "level": level,
             "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
             "tensor": {"scope": [], "list": [], "data_mode": ["all"], "file_format": "pt"},
         }
@@ -358,7 +365,7 @@ def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tenso
         if x.is_floating_point():
             x = x.to(dtype)
         debugger = PrecisionDebugger(config_path=cfg_path)
-        debugger.start()
+        debugger.start(model=model if level != "L1" else None)  # module records need the model
         logits = model(x)
         labels = spec_model.labels(logits)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
@@ -561,16 +568,16 @@ def _in_subprocess(*args: str) -> None:
     subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], check=True)
 
 
-def make_fault_dump(fault: str, outdir: Path, model: str | None = None, dtype: str | None = None) -> None:
+def make_fault_dump(fault: str, outdir: Path, model: str | None = None, dtype: str | None = None, level: str = "L1") -> None:
     """The fault dump (in this process), checked: the fault is in it, and it holds the
     calls of the clean dump of the same model (made in a subprocess)."""
     model = model or FAULT_DUMPS[fault][0]
     dtype = dtype or FAULT_DUMPS[fault][1]
     with tempfile.TemporaryDirectory() as scratch:
-        _in_subprocess(model, dtype, str(Path(scratch) / "clean"))
+        _in_subprocess(model, dtype, str(Path(scratch) / "clean"), "--level", level)
         with open(Path(scratch) / "clean" / "dump.json") as handle:
             clean = json.load(handle)["data"]
-    make_dump(model, dtype, outdir, "tensor", fault)
+    make_dump(model, dtype, outdir, "tensor", fault, level)
     verify_fault(outdir, fault, clean)
 
 
@@ -606,6 +613,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dtype", nargs="?", choices=sorted(DTYPES))
     parser.add_argument("outdir", nargs="?", type=Path)
     parser.add_argument("--task", default="tensor", choices=["tensor", "statistics"])
+    parser.add_argument("--level", default="L1", choices=["L1", "mix"], help="msprobe's level (mix: Module.* records too)")
     parser.add_argument("--fault", choices=sorted(model_faults.FAULTS))
     parser.add_argument(
         "--fault-dump", type=Path, metavar="OUTDIR", help="with --fault: dump the fault table's model and dtype for this fault into OUTDIR"
@@ -634,9 +642,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.fault and args.task != "tensor":
             parser.error("a fault dump must be a tensor dump (its outputs are the device result)")
         if args.fault:
-            make_fault_dump(args.fault, args.outdir, args.model, args.dtype)
+            make_fault_dump(args.fault, args.outdir, args.model, args.dtype, args.level)
         else:
-            make_dump(args.model, args.dtype, args.outdir, args.task)
+            make_dump(args.model, args.dtype, args.outdir, args.task, level=args.level)
 
 
 if __name__ == "__main__":
