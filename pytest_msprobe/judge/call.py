@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.findings import Finding
-    from pytest_msprobe.judge.offline import Evidence
+    import numpy as np
+
+    from pytest_msprobe.judge.offline import Evidence, Shared
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
 
@@ -224,7 +226,7 @@ def replay_inputs(
         settings.backend.free()
     evidence = getattr(device, "evidence", None) if dumped is not None else None
     if evidence is not None and evidence.shared:
-        _add_shared(results, evidence, getattr(device, "index"), framework_name, framework, settings)
+        _add_shared(results, evidence, getattr(device, "index"), name, framework_name, framework, settings)
     where = written(name, inputs, framework_name)
     results, notes = cut_results(align_offline(results) if dumped is not None else results, where)
     return Replayed(results, bench, label, device, where, notes)
@@ -368,44 +370,62 @@ def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings,
     return DumpedRun(index, name, settings.max_elements, graph_run), framework.reference_in_dump_dtype(api, settings), DEVICE_LABEL
 
 
-def _add_shared(results: Results, evidence: Evidence, index: DumpIndex, framework_name: str, framework: Framework, settings: Settings) -> None:
+def _add_shared(
+    results: Results, evidence: Evidence, index: DumpIndex, name: CallName, framework_name: str, framework: Framework, settings: Settings
+) -> None:
     """Where autograd summed a recovered input gradient over several calls reading the
-    same output, the bench (and the reference) add those calls' gradients, each run on
-    its own dumped inputs and incoming gradients. A call that cannot be run leaves the
+    same output, the bench and the reference sum those calls' gradients too, each run
+    on its own dumped inputs and incoming gradients. Both accumulate them as autograd
+    does: each gradient in the dump's dtype D (the bench's rounded to D, as a correct
+    kernel returns it), added in D in the order the dump recorded the calls' backwards.
+    That rounding is autograd's, not the kernel's: against an exact sum, the sum's
+    cancellation would count it as the kernel's error (on a bfloat16 dump, 12% of a
+    correct linear's input gradient over 1 ULP). A call that cannot be run leaves the
     input out of the comparison, named."""
-    import numpy as np
-    import torch
-
-    device, bench, reference = list(results.device), list(results.bench), results.reference
-    reference = list(reference) if isinstance(reference, tuple) else None
+    device, bench = list(results.device), list(results.bench)
+    reference = list(results.reference) if isinstance(results.reference, tuple) else None
     for shared in evidence.shared:
-        totals: list[torch.Tensor | None] = [None, None]
+        own_side = (bench[shared.position], None if reference is None else reference[shared.position])
+        parts = [(_backward_order(index, name.call), shared.own, own_side)]
         try:
             for other in shared.others:
                 grads = _gradient_of(index, other.consumer.call, other.consumer.data_name, framework_name, framework, settings)
-                for side, grad in enumerate(grads):
-                    if grad is None:
-                        continue
-                    total = totals[side]
-                    if total is None:
-                        total = totals[side] = torch.zeros(shared.producer_numel, dtype=grad.dtype)
-                    total.index_add_(0, torch.from_numpy(np.ascontiguousarray(other.gather.reshape(-1))), grad.reshape(-1).to(total.dtype))
+                parts.append((_backward_order(index, other.consumer.call), other.gather, grads))
         except (CallSkip, CallError) as exc:
             device[shared.position] = None
             evidence.left_out.append(f"the gradient shared with {', '.join(o.consumer.call for o in shared.others)}: {exc}")
             continue
-        own = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
+        parts.sort(key=lambda part: part[0])
+        dtype = device[shared.position].dtype
         for side, column in ((0, bench), (1, reference)):
-            total = totals[side]
-            if column is None or total is None or column[shared.position] is None:
-                continue
-            mine = column[shared.position]
-            column[shared.position] = mine + total[own].reshape(mine.shape).to(mine.dtype)
+            if column is not None and column[shared.position] is not None:
+                summed = _accumulated([(gather, grads[side]) for _, gather, grads in parts], shared, dtype)
+                column[shared.position] = None if summed is None else summed.to(column[shared.position].dtype)
     if all(grad is None for grad in device):
         raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
     results.device, results.bench = tuple(device), tuple(bench)
     if reference is not None:
         results.reference = tuple(reference)
+
+
+def _backward_order(index: DumpIndex, call: str) -> int:
+    entry = index.entry(f"{call}.backward")
+    return -1 if entry is None else index._positions()[f"{call}.backward"]
+
+
+def _accumulated(parts: list[tuple[np.ndarray, torch.Tensor | None]], shared: Shared, dtype: torch.dtype) -> torch.Tensor | None:
+    """The gradients scattered into the producer's output in `dtype`, added one after
+    the other, and read back where this call's input lies."""
+    import numpy as np
+    import torch
+
+    total = torch.zeros(shared.producer_numel, dtype=dtype)
+    for gather, grad in parts:
+        if grad is None:
+            return None
+        total.index_add_(0, torch.from_numpy(np.ascontiguousarray(gather.reshape(-1))), grad.reshape(-1).to(dtype))
+    own = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
+    return total[own].reshape(shared.own.shape)
 
 
 def _gradient_of(

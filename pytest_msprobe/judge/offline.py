@@ -90,15 +90,15 @@ class DumpedRun:
             for position, grad in self.evidence.grads.items():
                 matched[position] = grad
         if all(grad is None for grad in matched):
-            why = f": {'; '.join(self.evidence.left_out)}" if self.evidence is not None and self.evidence.left_out else ""
+            why = "; ".join(self.evidence.left_out) if self.evidence is not None and self.evidence.left_out else "no tensor dump"
             if len(edges) != len(dumped):
                 raise CallSkip(
-                    f"the dump holds {len(dumped)} gradients where the node producing the output has "
-                    f"{len(edges)} inputs: they cannot be paired with the call's inputs, and none was found elsewhere in the dump{why}"
+                    f"the inputs' gradients are neither at the call nor elsewhere in the dump ({why}): the dump holds "
+                    f"{len(dumped)} gradients where the node producing the output has {len(edges)} inputs"
                 )
             raise CallSkip(
-                "no dumped gradient is a gradient of the call's inputs: msprobe recorded the gradients of an "
-                f"autograd node inside the call (a composite API), and none was found elsewhere in the dump{why}"
+                f"the inputs' gradients are neither at the call nor elsewhere in the dump ({why}): msprobe recorded the "
+                "gradients of an autograd node inside the call (a composite API)"
             )
         return tuple(matched)
 

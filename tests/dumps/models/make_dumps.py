@@ -523,7 +523,26 @@ def _run_backward(
     return captured[0]
 
 
-def verify_fault(outdir: Path, fault: str, clean: dict[str, Any] | None = None) -> list[tuple[str, list[str]]]:
+def _downstream(outdir: Path, clean_dir: Path, data: dict[str, Any]) -> list[str]:
+    """The backward records whose tensors differ from the clean dump's: where a fault
+    inside a composite call shows, when msprobe records only a view at the call."""
+    differ = []
+    for name, record in data.items():
+        if ".backward" not in name:
+            continue
+        for key in ("input", "output"):
+            for value in record.get(key) or []:
+                if isinstance(value, dict) and value.get("data_name"):
+                    mine = torch.load(outdir / "dump_tensor_data" / value["data_name"], weights_only=True)
+                    theirs = torch.load(clean_dir / "dump_tensor_data" / value["data_name"], weights_only=True)
+                    if not torch.equal(mine, theirs):
+                        differ.append(f"{name} {key}")
+    return sorted(set(differ))
+
+
+def verify_fault(
+    outdir: Path, fault: str, clean: dict[str, Any] | None = None, clean_dir: Path | None = None
+) -> list[tuple[str, list[str]]]:
     """Replay every dumped call of the faulty API with the correct kernel on its dumped
     inputs; fail unless, in the fault's direction, at least one call's dumped result
     differs. With the clean dump's data: fail unless both hold the same calls."""
@@ -554,6 +573,9 @@ def verify_fault(outdir: Path, fault: str, clean: dict[str, Any] | None = None) 
     hits = [name for name, notes in findings if notes and name.endswith(tuple(wanted))]
     for name, notes in findings:
         print(f"  {name}: {'; '.join(notes) if notes else 'identical to the correct kernel'}")
+    if not hits and "backward" in spec.direction and clean_dir is not None:
+        hits = _downstream(outdir, clean_dir, data)
+        print(f"{fault}: the calls' own records hold no kernel result; {len(hits)} backward records differ from the clean dump's: {hits[:6]}")
     if not hits:
         raise SystemExit(
             f"FAULT NOT IN THE DUMP: no {'/'.join(wanted)} call of {spec.call_prefix}* in {outdir} differs from the correct kernel"
@@ -577,8 +599,8 @@ def make_fault_dump(fault: str, outdir: Path, model: str | None = None, dtype: s
         _in_subprocess(model, dtype, str(Path(scratch) / "clean"), "--level", level)
         with open(Path(scratch) / "clean" / "dump.json") as handle:
             clean = json.load(handle)["data"]
-    make_dump(model, dtype, outdir, "tensor", fault, level)
-    verify_fault(outdir, fault, clean)
+        make_dump(model, dtype, outdir, "tensor", fault, level)
+        verify_fault(outdir, fault, clean, Path(scratch) / "clean")
 
 
 # --- command line ---------------------------------------------------------------
