@@ -400,7 +400,7 @@ def _add_shared(
         for side, column in ((0, bench), (1, reference)):
             if column is not None and column[shared.position] is not None:
                 summed = _accumulated([(gather, grads[side]) for _, gather, grads in parts], shared, dtype)
-                column[shared.position] = None if summed is None else summed.to(column[shared.position].dtype)
+                column[shared.position] = summed.to(column[shared.position].dtype)
     if all(grad is None for grad in device):
         raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
     results.device, results.bench = tuple(device), tuple(bench)
@@ -413,7 +413,7 @@ def _backward_order(index: DumpIndex, call: str) -> int:
     return -1 if entry is None else index._positions()[f"{call}.backward"]
 
 
-def _accumulated(parts: list[tuple[np.ndarray, torch.Tensor | None]], shared: Shared, dtype: torch.dtype) -> torch.Tensor | None:
+def _accumulated(parts: list[tuple[np.ndarray, torch.Tensor | None]], shared: Shared, dtype: torch.dtype) -> torch.Tensor:
     """The gradients scattered into the producer's output in `dtype`, added one after
     the other, and read back where this call's input lies."""
     import numpy as np
@@ -422,7 +422,7 @@ def _accumulated(parts: list[tuple[np.ndarray, torch.Tensor | None]], shared: Sh
     total = torch.zeros(shared.producer_numel, dtype=dtype)
     for gather, grad in parts:
         if grad is None:
-            return None
+            continue  # no gradient reached that call: no share in the sum
         total.index_add_(0, torch.from_numpy(np.ascontiguousarray(gather.reshape(-1))), grad.reshape(-1).to(dtype))
     own = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
     return total[own].reshape(shared.own.shape)
@@ -431,12 +431,16 @@ def _accumulated(parts: list[tuple[np.ndarray, torch.Tensor | None]], shared: Sh
 def _gradient_of(
     index: DumpIndex, call: str, data_name: str, framework_name: str, framework: Framework, settings: Settings
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Another call's bench and reference gradient of its input `data_name`."""
+    """Another call's bench and reference gradient of its input `data_name`; none (no
+    share in the sum) where the dump has no backward of it: no gradient reached its
+    output."""
     from pytest_msprobe.run.replay import needs_grad
 
     name = parse_call_name(f"{call}.backward")
     if name is None:
         raise CallSkip(f"{call} is not an API call's name")
+    if index.entry(str(name)) is None:
+        return None, None
     inputs = read_inputs(index, name, settings.max_elements)
     api = framework.resolve(name, settings.backend)
     _, bench, _ = framework.runs(api, inputs, settings)
