@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -175,6 +176,7 @@ class DataFlow:
     _values: dict[str, _Values] = dataclasses.field(default_factory=dict)
     _probes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     _sources: dict[str, Read | Ambiguous | None] = dataclasses.field(default_factory=dict)
+    _consumers: dict[str, list[Read]] = dataclasses.field(default_factory=dict)
     _owners: dict[torch.dtype, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
 
     def tensor(self, port: Port) -> torch.Tensor:
@@ -190,15 +192,19 @@ class DataFlow:
         return found
 
     def _probe(self, port: Port) -> np.ndarray:
-        """A few of an input's values, spread over it (its producer must hold them all);
-        empty where it cannot be read (its own call names why)."""
+        """Values the input holds, which its producer must hold too: its recorded Max and
+        Min where they are finite and non-zero (no file read; a zero's sign is not in
+        the statistics), else a few of its elements spread over it; empty where it
+        cannot be read (its own call names why)."""
         if port.data_name not in self._probes:
-            try:
-                bits = _bits(self.tensor(port))
-            except (CallError, CallSkip):
-                bits = np.zeros(0, dtype=np.int64)
-            spread = np.linspace(0, bits.size - 1, min(bits.size, _SAMPLES)).astype(np.int64)
-            self._probes[port.data_name] = bits[spread]
+            self._probes[port.data_name] = _recorded_extremes(port.spec)
+            if self._probes[port.data_name].size == 0:
+                try:
+                    bits = _bits(self.tensor(port))
+                except (CallError, CallSkip):
+                    bits = np.zeros(0, dtype=np.int64)
+                spread = np.linspace(0, bits.size - 1, min(bits.size, _SAMPLES)).astype(np.int64)
+                self._probes[port.data_name] = bits[spread]
         return self._probes[port.data_name]
 
     def _holders(self, dtype: torch.dtype, probe: np.ndarray) -> list[Port]:
@@ -291,6 +297,12 @@ class DataFlow:
 
     def consumers(self, producer: Port) -> list[Read]:
         """Every forward input read from `producer` (through views), in dump order."""
+        found = self._consumers.get(producer.data_name)
+        if found is None:
+            found = self._consumers[producer.data_name] = self._find_consumers(producer)
+        return found
+
+    def _find_consumers(self, producer: Port) -> list[Read]:
         values = self.values(producer)
         found = []
         for consumer in self.inputs.values():
@@ -306,6 +318,18 @@ class DataFlow:
             if read is not None and read.producer == producer:
                 found.append(read)
         return found
+
+
+def _recorded_extremes(spec: TensorSpec) -> np.ndarray:
+    """The bits of the recorded Max and Min in the tensor's dtype; empty unless both are
+    finite, non-zero and exactly representable there (the statistics are elements)."""
+    extremes = [spec.stats.get("Max"), spec.stats.get("Min")]
+    if not all(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value for value in extremes):
+        return np.zeros(0, dtype=np.int64)
+    as_dtype = torch.tensor(extremes, dtype=torch.float64).to(spec.dtype)
+    if as_dtype.to(torch.float64).tolist() != [float(value) for value in extremes]:
+        return np.zeros(0, dtype=np.int64)
+    return _bits(as_dtype)
 
 
 def _ports(record: Record, call: str, order: int, key: str) -> list[Port]:
