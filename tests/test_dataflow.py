@@ -101,7 +101,9 @@ def test_a_linear_backward_wrong_inside_the_call_is_an_error_offline(level: str,
     folder = "linear_backward_bf16" if level == "L1" else "linear_backward_bf16_mix"
     dump = copy_dump(f"models/faults/{folder}")
     result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
-    linears = [name for name in json.loads(dump.read_text())["data"] if name.startswith("Functional.linear.") and name.endswith(".backward")]
+    linears = [
+        name for name in json.loads(dump.read_text())["data"] if name.startswith("Functional.linear.") and name.endswith(".backward")
+    ]
     failed = result.by_outcome("failed")
     assert sorted(failed) == sorted(linears)
     for call in linears:

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from pytest_msprobe.errors import CallError, CallSkip
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import DumpIndex, Record
+
+#: positions in a producer's flat output, one per element of the tensor read from it
+Gather: TypeAlias = "np.ndarray[Any, np.dtype[np.int64]]"
 
 #: the integer type a floating dtype's bits are compared as, by element size
 _BITS = {2: np.int16, 4: np.int32, 8: np.int64}
@@ -55,7 +58,7 @@ class Read:
 
     producer: Port
     consumer: Port
-    gather: np.ndarray  # int64, the consumer's shape
+    gather: Gather  # the consumer's shape
 
 
 @dataclass
@@ -272,8 +275,8 @@ class DataFlow:
         if not found and not unsettled:
             return None
         if not found:
-            port, exc = unsettled[0]
-            raise Ambiguous(f"{consumer.call}'s input {data_name} in the output of {port.call}: {exc}")
+            first, why = unsettled[0]
+            raise Ambiguous(f"{consumer.call}'s input {data_name} in the output of {first.call}: {why}")
         latest, gather = found[0]
         unrelated = [port.call for port, _ in found[1:] if not self._passes_on(latest, port)]
         unrelated += [port.call for port, _ in unsettled if port.order > latest.order]
@@ -323,8 +326,10 @@ class DataFlow:
 def _recorded_extremes(spec: TensorSpec) -> np.ndarray:
     """The bits of the recorded Max and Min in the tensor's dtype; empty unless both are
     finite, non-zero and exactly representable there (the statistics are elements)."""
-    extremes = [spec.stats.get("Max"), spec.stats.get("Min")]
-    if not all(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value for value in extremes):
+    extremes = [
+        value for value in (spec.stats.get("Max"), spec.stats.get("Min")) if isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
+    if len(extremes) != 2 or not all(math.isfinite(value) and value for value in extremes):
         return np.zeros(0, dtype=np.int64)
     as_dtype = torch.tensor(extremes, dtype=torch.float64).to(spec.dtype)
     if as_dtype.to(torch.float64).tolist() != [float(value) for value in extremes]:

@@ -35,11 +35,10 @@ from pytest_msprobe.run.terms import term_magnitudes
 if TYPE_CHECKING:
     import torch
 
+    from pytest_msprobe.dump.dataflow import Gather
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.findings import Finding
-    import numpy as np
-
     from pytest_msprobe.judge.offline import Evidence, Shared
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
@@ -224,9 +223,11 @@ def replay_inputs(
         results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
     finally:
         settings.backend.free()
-    evidence = getattr(device, "evidence", None) if dumped is not None else None
-    if evidence is not None and evidence.shared:
-        _add_shared(results, evidence, getattr(device, "index"), name, framework_name, framework, settings)
+    if dumped is not None:
+        from pytest_msprobe.judge.offline import DumpedRun
+
+        if isinstance(device, DumpedRun) and device.evidence is not None and device.evidence.shared:
+            _add_shared(results, device.evidence, device.index, name, framework_name, framework, settings)
     where = written(name, inputs, framework_name)
     results, notes = cut_results(align_offline(results) if dumped is not None else results, where)
     return Replayed(results, bench, label, device, where, notes)
@@ -413,7 +414,7 @@ def _backward_order(index: DumpIndex, call: str) -> int:
     return -1 if entry is None else index._positions()[f"{call}.backward"]
 
 
-def _accumulated(parts: list[tuple[np.ndarray, torch.Tensor | None]], shared: Shared, dtype: torch.dtype) -> torch.Tensor:
+def _accumulated(parts: list[tuple[Gather, torch.Tensor | None]], shared: Shared, dtype: torch.dtype) -> torch.Tensor:
     """The gradients scattered into the producer's output in `dtype`, added one after
     the other, and read back where this call's input lies."""
     import numpy as np

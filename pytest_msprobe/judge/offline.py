@@ -25,20 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-import numpy as np
-
 from pytest_msprobe.dump.cache import DumpSummary
-from pytest_msprobe.dump.dataflow import Ambiguous, ModuleRecords, Read, dataflow_of, module_of
+from pytest_msprobe.dump.dataflow import Ambiguous, Gather, ModuleRecords, Read, dataflow_of, module_of
 from pytest_msprobe.dump.index import CallName, DumpIndex
-from pytest_msprobe.dump.tensors import load_tensor, tensor_spec
 from pytest_msprobe.dump.values import DecodeContext, TensorLeaf, decode
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, tensors_in, tree_map
 
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
 
 DEVICE_LABEL = "dump (offline: the dumped outputs are the device result)"
@@ -109,7 +106,7 @@ class Shared:
     same output: the bench adds the other calls' gradients to this call's."""
 
     position: int  # which gradient-receiving input of the call
-    own: np.ndarray  # the input as a gather from the producer's flat output
+    own: Gather  # the input as a gather from the producer's flat output
     producer_numel: int
     others: list[Read]  # the other calls' inputs read from that output (overlapping this one)
 
@@ -153,14 +150,19 @@ def _tensor_at(index: DumpIndex, value: object, where: str, max_elements: int) -
     return tensor
 
 
-def _from_module(index: DumpIndex, module: ModuleRecords, wanted: list[TensorLeaf], missing: list[int], evidence: Evidence, max_elements: int) -> None:
+def _from_module(
+    index: DumpIndex, module: ModuleRecords, wanted: list[TensorLeaf], missing: list[int], evidence: Evidence, max_elements: int
+) -> None:
     """Module input i's gradient is its backward output i; parameter p's its
     parameters_grad[p]: each paired with the call's input holding the same bits."""
     pairs: list[tuple[object, object, str]] = []  # (forward value, gradient value, what)
     args = module.forward.get("input_args")
     grads = (module.backward or {}).get("output")
     if isinstance(args, list) and isinstance(grads, list):
-        pairs += [(arg, grad, f"{module.name.replace('.forward.', '.backward.')} output[{i}]") for i, (arg, grad) in enumerate(zip(args, grads, strict=False))]
+        pairs += [
+            (arg, grad, f"{module.name.replace('.forward.', '.backward.')} output[{i}]")
+            for i, (arg, grad) in enumerate(zip(args, grads, strict=False))
+        ]
     parameters, parameter_grads = module.forward.get("parameters"), module.parameters_grad
     if isinstance(parameters, dict) and isinstance(parameter_grads, dict):
         for key, value in parameters.items():
@@ -209,7 +211,9 @@ def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position:
     try:
         read = flow.source(data_name) if data_name else None
         if read is None:
-            evidence.left_out.append(f"{leaf.path} was made by no dumped call (the model's input, a parameter, or an op the dump does not hold)")
+            evidence.left_out.append(
+                f"{leaf.path} was made by no dumped call (the model's input, a parameter, or an op the dump does not hold)"
+            )
             return
         incoming = _incoming(index, read, max_elements)
         readers = flow.consumers(read.producer)
@@ -235,7 +239,9 @@ def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position:
     origin = f"{leaf.path}'s gradient from {read.producer.call}.backward input[{read.producer.output}] (the gradient of the output it read)"
     if others:
         evidence.shared.append(Shared(position, read.gather, read.producer.spec.numel, others))
-        origin += f", judged together with {', '.join(sorted({o.consumer.call for o in others}))}: the bench sums their gradients as autograd did"
+        origin += (
+            f", judged together with {', '.join(sorted({o.consumer.call for o in others}))}: the bench sums their gradients as autograd did"
+        )
     evidence.origins.append(origin)
 
 

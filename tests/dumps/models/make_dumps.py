@@ -581,7 +581,9 @@ def verify_fault(
     if not hits and "backward" in spec.direction and clean_dir is not None:
         downstream = _downstream(outdir, clean_dir, data)
         if downstream:
-            print(f"{fault}: in the dump, downstream only ({len(downstream)} backward records differ from the clean dump's: {downstream[:6]} ...)")
+            print(
+                f"{fault}: in the dump, downstream only ({len(downstream)} backward records differ from the clean dump's: {downstream[:6]} ...)"
+            )
             return findings
     if not hits:
         raise SystemExit(
