@@ -139,3 +139,15 @@ def test_skips_are_counted_by_reason_in_the_summary(copy_dump, pytester) -> None
     text = result.stdout.str()
     assert "skipped, by reason" in text
     assert "no dumped call read them" in text.split("skipped, by reason", 1)[1]
+
+
+def test_a_corrupt_tensor_file_never_crashes_the_data_flow(copy_dump, run_dump) -> None:
+    """The producer's output file is garbage: its own test fails naming the file; the
+    linear reading it is judged without it (left out, named), and the run goes on."""
+    dump = copy_dump("models/faults/linear_backward_bf16")
+    (dump.parent / "dump_tensor_data" / "Functional.layer_norm.0.forward.output.0.pt").write_bytes(b"not a tensor file")
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
+    assert result.calls["Functional.layer_norm.0.forward"].outcome == "failed"
+    assert "Functional.layer_norm.0.forward.output.0.pt" in result.calls["Functional.layer_norm.0.forward"].text
+    assert result.calls["Functional.linear.0.backward"].outcome == "skipped"
+    assert result.calls["Functional.linear.1.backward"].outcome == "failed"  # the others still judged

@@ -206,9 +206,9 @@ def _incoming(index: DumpIndex, read: Read, max_elements: int) -> torch.Tensor:
 
 
 def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position: int, evidence: Evidence, max_elements: int) -> None:
-    flow = dataflow_of(index, max_elements)
     data_name = leaf.spec.data_name
     try:
+        flow = dataflow_of(index, max_elements)
         read = flow.source(data_name) if data_name else None
         if read is None:
             evidence.left_out.append(

@@ -334,6 +334,10 @@ FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
+# Fault dumps at level mix (Module.* records: a module's input and parameter gradients):
+# folder under faults/ -> fault, on the fault table's model and dtype.
+MIX_FAULT_DUMPS = {"linear_backward_bf16_mix": "linear_backward_bf16"}
+
 # --- dumping --------------------------------------------------------------------
 
 
@@ -620,6 +624,9 @@ def make_all(root: Path) -> None:
         _in_subprocess(model, dtype, str(root / folder), "--task", task)
     for fault in FAULT_DUMPS:
         _in_subprocess("--fault", fault, "--fault-dump", str(root / "faults" / fault))
+    for folder, fault in MIX_FAULT_DUMPS.items():
+        model, dtype, _ = FAULT_DUMPS[fault]
+        _in_subprocess(model, dtype, str(root / "faults" / folder), "--level", "mix", "--fault", fault)
 
 
 def list_everything() -> None:
