@@ -77,10 +77,12 @@ def _skipped_gemm_backwards(result) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("folder", ["transformer12_tensor_fp32", "embedattn_tensor_bf16"])
-def test_no_gemm_backward_of_a_real_model_is_skipped_offline(folder: str, copy_dump, run_dump) -> None:
-    """Before: every linear and matmul backward skipped (73 of 322 calls in fp32). Now
-    judged, and passing: the CPU is a correct device."""
+def test_gradients_several_calls_read_are_judged_summed(copy_dump, run_dump) -> None:
+    """q, k, v and the residual read the embedding's output: autograd summed their
+    gradients in bfloat16, and so do the bench and the reference (an exact sum failed
+    12% of a correct linear's elements by cancellation). Every GEMM backward is judged,
+    and passes (tests/test_model_dumps.py checks the other real models)."""
+    folder = "embedattn_tensor_bf16"
     result = run_dump(copy_dump(f"models/{folder}"), "--msprobe-device=cpu", "--msprobe-offline")
     assert _skipped_gemm_backwards(result) == {}
     judged = {call: o for call, o in result.by_outcome("passed").items() if call.startswith(GEMM_BACKWARD) and call.endswith(".backward")}
@@ -88,8 +90,7 @@ def test_no_gemm_backward_of_a_real_model_is_skipped_offline(folder: str, copy_d
     assert result.by_outcome("failed") == {}
     assert not any(outcome.warnings for outcome in result.calls.values())
     shared = [o.properties["msprobe_reference"] for o in judged.values() if "judged together with" in o.properties["msprobe_reference"]]
-    if folder == "embedattn_tensor_bf16":  # q, k, v and the residual read the embedding: autograd summed them
-        assert shared and all("Tensor.__add__.0" in reference for reference in shared)
+    assert len(shared) == 3 and all("Tensor.__add__.0" in reference for reference in shared)
 
 
 @pytest.mark.parametrize("level", ["L1", "mix"])
