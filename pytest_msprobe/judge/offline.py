@@ -143,11 +143,11 @@ def recovered_gradients(
 
 
 def _tensor_at(index: DumpIndex, value: object, where: str, max_elements: int) -> torch.Tensor | None:
+    """A recorded tensor outside the call's own record, read as the call's are (inside
+    dump_tensor_data/, within --msprobe-max-elements); None for anything else."""
     if not isinstance(value, dict) or value.get("type") != "torch.Tensor":
         return None
-    ctx = DecodeContext(index.tensor_dir, index.task, where, max_elements)
-    tensor = ctx.tensor(value, where)
-    return tensor
+    return DecodeContext(index.tensor_dir, index.task, where, max_elements).tensor(value, where)
 
 
 def _from_module(
