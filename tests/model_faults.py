@@ -301,6 +301,48 @@ def maxpool_backward_all_ties(original: Callable) -> Callable:
     return faulty_max_pool2d
 
 
+class _LinearBackwardBf16(torch.autograd.Function):
+    """The 2-D GEMM below a linear's reshape (aten's linear on a 3-D input is a view of
+    addmm on the rows): correct forward; backward with the input gradient computed from
+    the weight rounded to bfloat16 and the weight gradient summed over split-K chunks of
+    rows whose partial sums are kept in bfloat16."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, bias):
+        ctx.save_for_backward(rows, weight)
+        ctx.has_bias = bias is not None
+        out = aten.mm(rows, aten.t(weight))
+        return out if bias is None else aten.add.Tensor(out, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, weight = ctx.saved_tensors
+        dx = aten.mm(grad, aten._to_copy(aten._to_copy(weight, dtype=torch.bfloat16), dtype=grad.dtype))
+        dw = aten.zeros_like(weight)
+        for start in range(0, rows.shape[0], SPLIT_K_ROWS):  # the fault: each partial sum rounded to bfloat16
+            part = aten.mm(aten.t(grad[start : start + SPLIT_K_ROWS]), rows[start : start + SPLIT_K_ROWS])
+            dw = aten._to_copy(aten._to_copy(aten.add.Tensor(dw, part), dtype=torch.bfloat16), dtype=weight.dtype)
+        return dx, dw, (aten.sum.dim_IntList(grad, [0]) if ctx.has_bias else None)
+
+
+SPLIT_K_ROWS = 2  # rows per split-K chunk of the weight gradient
+
+
+def linear_backward_bf16(original: Callable) -> Callable:
+    """float32 linear on a batched (3-D or more) input whose backward GEMMs lose precision
+    to bfloat16 (input gradient from the bfloat16-rounded weight; weight gradient from
+    bfloat16 split-K partial sums). The fault is INSIDE the call, below the reshape that
+    torch's own linear does: msprobe records the view's gradient, as for a real kernel."""
+
+    def faulty_linear(input, weight, bias=None):
+        if input.dtype != torch.float32 or input.dim() < 3 or not torch.is_grad_enabled():
+            return original(input, weight, bias)
+        rows = input.reshape(-1, input.shape[-1])
+        return _LinearBackwardBf16.apply(rows, weight, bias).view(*input.shape[:-1], weight.shape[0])
+
+    return faulty_linear
+
+
 # --- the table ------------------------------------------------------------------
 
 
@@ -422,6 +464,17 @@ FAULTS: dict[str, ModelFault] = {
             maxpool_backward_all_ties,
             "Theano/Theano#5248 'Backpropagation on max-pooling' (the gradient goes to all inputs equal to the max, unlike cuDNN; cf. apache/mxnet#18563)",
             "the 39 of 512 windows of zeros (after relu) pass their gradient to all 4 elements: 117 of 2048 gradient elements are the window's gradient (up to 0.028, mean 0.0095) instead of 0, relative L2 error 0.46; the rest exact",
+        ),
+        ModelFault(
+            "linear_backward_bf16",
+            torch.nn.functional,
+            "linear",
+            "Functional.linear.",
+            (torch.float32,),
+            "backward",
+            linear_backward_bf16,
+            "issue 29 of this project: the GEMM backward defects of accelerators (TF32/HF32 inputs, split-K partial sums kept in a low precision)",
+            "input and weight gradients off by relative 2e-3 to 4e-3 (1e4-1e5 fp32 ulps); msprobe records only the view's gradient at the call",
         ),
     ]
 }

@@ -23,6 +23,7 @@ COMPILE = "compile"  # compiled only: it needs msprobe's Python, and runs as it 
 SCRIPTS = {
     "bench_attention.py": HELP,
     "bench_baseline.py": HELP,
+    "bench_dataflow.py": HELP,
     "bench_explore.py": HELP,
     "bench_html.py": HELP,
     "bench_large_calls.py": HELP,

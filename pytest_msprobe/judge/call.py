@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.dump.index import CallName, DumpIndex, parse_call_name
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.written import Written, cut, cut_results, written
@@ -36,9 +36,11 @@ from pytest_msprobe.run.terms import term_magnitudes
 if TYPE_CHECKING:
     import torch
 
+    from pytest_msprobe.dump.dataflow import Gather
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.findings import Finding
+    from pytest_msprobe.judge.offline import Evidence, Shared
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
 
@@ -224,6 +226,11 @@ def replay_inputs(
         results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
     finally:
         settings.backend.free()
+    if dumped is not None:
+        from pytest_msprobe.judge.offline import DumpedRun
+
+        if isinstance(device, DumpedRun) and device.evidence is not None and device.evidence.shared:
+            _add_shared(results, device.evidence, device.index, name, framework_name, framework, settings)
     where = written(name, inputs, framework_name)
     results, notes = cut_results(align_offline(results) if dumped is not None else results, where)
     return Replayed(results, bench, label, device, where, notes)
@@ -249,7 +256,12 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
         except Exception as exc:  # noqa: BLE001 - the report says so; the verdict stands
             samples = [{"error": f"no element sample: {type(exc).__name__}: {exc}"}]
     findings = call_findings(replayed, name, index.framework, settings)
-    return CallResult(name, verdict, label, inputs.origins, samples, notes=replayed.notes, findings=findings)
+    notes = replayed.notes
+    evidence = getattr(replayed.device, "evidence", None)
+    if evidence is not None and evidence.origins:  # gradients recovered from the dump (judge/offline.py)
+        verdict = relabelled(verdict, f"gradients recovered from the dump: {evidence.how}")
+        notes = [*notes, *(f"not judged: {why}" for why in evidence.left_out)]
+    return CallResult(name, verdict, label, inputs.origins, samples, notes=notes, findings=findings)
 
 
 def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Finding]:
@@ -370,6 +382,96 @@ def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings,
 
     graph_run = Run(api, api.bench_fn, Placement(torch.device("cpu")))
     return DumpedRun(index, name, settings.max_elements, graph_run), framework.reference_in_dump_dtype(api, settings), DEVICE_LABEL
+
+
+def _add_shared(
+    results: Results, evidence: Evidence, index: DumpIndex, name: CallName, framework_name: str, framework: Framework, settings: Settings
+) -> None:
+    """Where autograd summed a recovered input gradient over several calls reading the
+    same output, the bench and the reference sum those calls' gradients too, each run
+    on its own dumped inputs and incoming gradients. Both accumulate them as autograd
+    does: each gradient in the dump's dtype D (the bench's rounded to D, as a correct
+    kernel returns it), added in D in the order the dump recorded the calls' backwards.
+    That rounding is autograd's, not the kernel's: against an exact sum, the sum's
+    cancellation would count it as the kernel's error (on a bfloat16 dump, 12% of a
+    correct linear's input gradient over 1 ULP). A call that cannot be run leaves the
+    input out of the comparison, named."""
+    device, bench = list(results.device), list(results.bench)
+    reference = list(results.reference) if isinstance(results.reference, tuple) else None
+    for shared in evidence.shared:
+        own_side = (bench[shared.position], None if reference is None else reference[shared.position])
+        parts = [(_backward_order(index, name.call), shared.own, own_side)]
+        try:
+            for other in shared.others:
+                grads = _gradient_of(index, other.consumer.call, other.consumer.data_name, framework_name, framework, settings)
+                parts.append((_backward_order(index, other.consumer.call), other.gather, grads))
+        except (CallSkip, CallError) as exc:
+            device[shared.position] = None
+            evidence.left_out.append(f"the gradient shared with {', '.join(o.consumer.call for o in shared.others)}: {exc}")
+            continue
+        parts.sort(key=lambda part: part[0])
+        dtype = device[shared.position].dtype
+        for side, column in ((0, bench), (1, reference)):
+            if column is not None and column[shared.position] is not None:
+                summed = _accumulated([(gather, grads[side]) for _, gather, grads in parts], shared, dtype)
+                column[shared.position] = summed.to(column[shared.position].dtype)
+    if all(grad is None for grad in device):
+        raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
+    results.device, results.bench = tuple(device), tuple(bench)
+    if reference is not None:
+        results.reference = tuple(reference)
+
+
+def _backward_order(index: DumpIndex, call: str) -> int:
+    entry = index.entry(f"{call}.backward")
+    return -1 if entry is None else index._positions()[f"{call}.backward"]
+
+
+def _accumulated(parts: list[tuple[Gather, torch.Tensor | None]], shared: Shared, dtype: torch.dtype) -> torch.Tensor:
+    """The gradients scattered into the producer's output in `dtype`, added one after
+    the other, and read back where this call's input lies."""
+    import numpy as np
+    import torch
+
+    total = torch.zeros(shared.producer_numel, dtype=dtype)
+    for gather, grad in parts:
+        if grad is None:
+            continue  # no gradient reached that call: no share in the sum
+        total.index_add_(0, torch.from_numpy(np.ascontiguousarray(gather.reshape(-1))), grad.reshape(-1).to(dtype))
+    own = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
+    return total[own].reshape(shared.own.shape)
+
+
+def _gradient_of(
+    index: DumpIndex, call: str, data_name: str, framework_name: str, framework: Framework, settings: Settings
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Another call's bench and reference gradient of its input `data_name`; none (no
+    share in the sum) where the dump has no backward of it: no gradient reached its
+    output."""
+    from pytest_msprobe.run.replay import needs_grad
+
+    name = parse_call_name(f"{call}.backward")
+    if name is None:
+        raise CallSkip(f"{call} is not an API call's name")
+    if index.entry(str(name)) is None:
+        return None, None
+    inputs = read_inputs(index, name, settings.max_elements)
+    api = framework.resolve(name, settings.backend)
+    _, bench, _ = framework.runs(api, inputs, settings)
+    reference = framework.reference_in_dump_dtype(api, settings)
+    flags = needs_grad(inputs, framework_name)
+    forward_leaves = [leaf for leaf in inputs.leaves if not leaf.path.startswith("backward.")]
+    wanted = [leaf.spec.data_name for leaf, flag in zip(forward_leaves, flags, strict=False) if flag]
+    if data_name not in wanted:
+        raise CallSkip(f"{call} did not take a gradient for {data_name}")
+    slot = wanted.index(data_name)
+    try:
+        bench_grads, reference_grads = bench.backward(inputs, flags), reference.backward(inputs, flags)
+    except CallSkip:
+        raise
+    except Exception as exc:  # noqa: BLE001 - that call's own test reports it; here the sum cannot be made
+        raise CallSkip(f"{call}'s backward does not run on the bench: {type(exc).__name__}: {exc}") from exc
+    return bench_grads[slot], reference_grads[slot]
 
 
 def align_offline(results: Results) -> Results:

@@ -10,6 +10,14 @@ nll_loss's gradient with respect to log_softmax's output, of the same shape as t
 input's and yet another quantity. So the call's graph is rebuilt on the CPU and each
 dumped gradient is paired with an input only where the node's edge leads straight to
 that input; the rest are left out of the comparison, with the reason.
+
+Where the dumped gradient is not the input's (a linear or matmul on a batched input
+records the reshape after the GEMM: the incoming gradient, reshaped), the input's
+gradient is recovered from the rest of the dump (recovered_gradients): at levels mix
+and L0 from the records of the module that made the call alone (its backward's input
+gradients, its parameters' gradients); else from the dump's data flow, as the incoming
+gradient of the call that produced the input (dump/dataflow.py), which autograd summed
+over every call that read that output: the bench then sums those calls' gradients too.
 """
 
 from __future__ import annotations
@@ -17,11 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from pytest_msprobe.dump.cache import DumpSummary
+from pytest_msprobe.dump.dataflow import Ambiguous, Gather, ModuleRecords, Read, dataflow_of, module_of
 from pytest_msprobe.dump.index import CallName, DumpIndex
-from pytest_msprobe.dump.values import DecodeContext, decode
+from pytest_msprobe.dump.values import DecodeContext, TensorLeaf, decode
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map
 
@@ -49,6 +59,7 @@ class DumpedRun:
     name: CallName
     max_elements: int
     graph_run: Run  # the call on the CPU in the dump's dtypes, to read its autograd node
+    evidence: Evidence | None = None  # set by backward where gradients came from elsewhere in the dump
 
     def _recorded(self, key: str) -> list[Value]:
         record = self.index.read_record(self.index.entry_of(str(self.name)))
@@ -71,22 +82,173 @@ class DumpedRun:
     def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
         dumped = self._recorded("output")
         edges = node_edges(self.graph_run, inputs, needs_grad)
-        if len(edges) != len(dumped):
-            raise CallSkip(
-                f"the dump holds {len(dumped)} gradients where the node producing the output has "
-                f"{len(edges)} inputs: they cannot be paired with the call's inputs"
-            )
-        wanted = sum(needs_grad)
-        matched: list[Value] = [None] * wanted
-        for edge, grad in zip(edges, dumped, strict=False):
-            if edge is not None and isinstance(grad, torch.Tensor):
-                matched[edge] = grad
+        matched: list[Value] = [None] * sum(needs_grad)
+        if len(edges) == len(dumped):
+            for edge, grad in zip(edges, dumped, strict=False):
+                if edge is not None and isinstance(grad, torch.Tensor):
+                    matched[edge] = grad
+        missing = [position for position, grad in enumerate(matched) if grad is None]
+        if missing and self.index.task == "tensor":
+            self.evidence = recovered_gradients(self.index, self.name, inputs, needs_grad, missing, self.max_elements)
+            for position, grad in self.evidence.grads.items():
+                matched[position] = grad
         if all(grad is None for grad in matched):
+            why = "; ".join(self.evidence.left_out) if self.evidence is not None and self.evidence.left_out else "no tensor dump"
+            if len(edges) != len(dumped):
+                raise CallSkip(
+                    f"the inputs' gradients are neither at the call nor elsewhere in the dump ({why}): the dump holds "
+                    f"{len(dumped)} gradients where the node producing the output has {len(edges)} inputs"
+                )
             raise CallSkip(
-                "no dumped gradient is a gradient of the call's inputs: msprobe recorded the gradients of an "
-                "autograd node inside the call (a composite API), which the bench cannot reproduce"
+                f"the inputs' gradients are neither at the call nor elsewhere in the dump ({why}): msprobe recorded the "
+                "gradients of an autograd node inside the call (a composite API)"
             )
         return tuple(matched)
+
+
+@dataclass
+class Shared:
+    """A recovered input gradient that autograd summed over several calls reading the
+    same output: the bench adds the other calls' gradients to this call's."""
+
+    position: int  # which gradient-receiving input of the call
+    own: Gather  # the input as a gather from the producer's flat output
+    producer_numel: int
+    others: list[Read]  # the other calls' inputs read from that output (overlapping this one)
+
+
+@dataclass
+class Evidence:
+    """Input gradients of a call recovered from the dump, and how."""
+
+    grads: dict[int, torch.Tensor]  # gradient-receiving input -> the device's gradient
+    origins: list[str]  # what each recovered gradient is, for the verdict's reference
+    left_out: list[str]  # why the others were not recovered
+    shared: list[Shared]
+
+    @property
+    def how(self) -> str:
+        return "; ".join(self.origins)
+
+
+def recovered_gradients(
+    index: DumpIndex, name: CallName, inputs: Inputs, needs_grad: list[bool], missing: list[int], max_elements: int
+) -> Evidence:
+    """The device's gradients of the inputs `missing`, from the module records where
+    the module made the call alone, else from the data flow; the rest named."""
+    forward_leaves = [leaf for leaf in inputs.leaves if not leaf.path.startswith("backward.")]
+    wanted = [leaf for leaf, flag in zip(forward_leaves, needs_grad, strict=False) if flag]
+    evidence = Evidence({}, [], [], [])
+    module = module_of(index, str(name.sibling("forward")))
+    if module is not None:
+        _from_module(index, module, wanted, missing, evidence, max_elements)
+    for position in missing:
+        if position not in evidence.grads:
+            _from_dataflow(index, name, wanted[position], position, evidence, max_elements)
+    return evidence
+
+
+def _tensor_at(index: DumpIndex, value: object, where: str, max_elements: int) -> torch.Tensor | None:
+    """A recorded tensor outside the call's own record, read as the call's are (inside
+    dump_tensor_data/, within --msprobe-max-elements); None for anything else."""
+    if not isinstance(value, dict) or value.get("type") != "torch.Tensor":
+        return None
+    return DecodeContext(index.tensor_dir, index.task, where, max_elements).tensor(value, where)
+
+
+def _from_module(
+    index: DumpIndex, module: ModuleRecords, wanted: list[TensorLeaf], missing: list[int], evidence: Evidence, max_elements: int
+) -> None:
+    """Module input i's gradient is its backward output i; parameter p's its
+    parameters_grad[p]: each paired with the call's input holding the same bits."""
+    pairs: list[tuple[object, object, str]] = []  # (forward value, gradient value, what)
+    args = module.forward.get("input_args")
+    grads = (module.backward or {}).get("output")
+    if isinstance(args, list) and isinstance(grads, list):
+        pairs += [
+            (arg, grad, f"{module.name.replace('.forward.', '.backward.')} output[{i}]")
+            for i, (arg, grad) in enumerate(zip(args, grads, strict=False))
+        ]
+    parameters, parameter_grads = module.forward.get("parameters"), module.parameters_grad
+    if isinstance(parameters, dict) and isinstance(parameter_grads, dict):
+        for key, value in parameters.items():
+            grad = parameter_grads.get(key)
+            grad = grad[0] if isinstance(grad, list) and grad else grad
+            pairs.append((value, grad, f"{module.name.replace('.forward.', '.parameters_grad.')} {key}"))
+    for value, grad_value, what in pairs:
+        try:
+            held = _tensor_at(index, value, module.name, max_elements)
+            grad = _tensor_at(index, grad_value, what, max_elements)
+        except (CallError, CallSkip) as exc:
+            evidence.left_out.append(f"{what}: {exc}")
+            continue
+        if held is None or grad is None:
+            continue
+        for position in missing:
+            leaf = wanted[position]
+            if position not in evidence.grads and _same_bits(leaf.tensor, held) and grad.shape == leaf.tensor.shape:
+                evidence.grads[position] = grad
+                evidence.origins.append(f"{leaf.path}'s gradient from the module's record {what}")
+                break
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool((a.contiguous().view(torch.uint8) == b.contiguous().view(torch.uint8)).all())
+
+
+def _incoming(index: DumpIndex, read: Read, max_elements: int) -> torch.Tensor:
+    """The producer's incoming gradient of the output that was read (its backward
+    record's `input`), flat."""
+    call = f"{read.producer.call}.backward"
+    entry = index.entry(call)
+    if entry is None:
+        raise CallSkip(f"{read.producer.call} has no backward record: the gradient of its output is not in the dump")
+    values = index.read_record(entry).get("input")
+    value = values[read.producer.output] if isinstance(values, list) and read.producer.output < len(values) else None
+    grad = _tensor_at(index, value, f"{call} input[{read.producer.output}]", max_elements)
+    if grad is None or grad.numel() != read.producer.spec.numel:
+        raise CallSkip(f"{call} records no gradient of the shape of output {read.producer.output}")
+    return grad.reshape(-1)
+
+
+def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position: int, evidence: Evidence, max_elements: int) -> None:
+    data_name = leaf.spec.data_name
+    try:
+        flow = dataflow_of(index, max_elements)
+        read = flow.source(data_name) if data_name else None
+        if read is None:
+            evidence.left_out.append(
+                f"{leaf.path} was made by no dumped call (the model's input, a parameter, or an op the dump does not hold)"
+            )
+            return
+        incoming = _incoming(index, read, max_elements)
+        readers = flow.consumers(read.producer)
+    except (Ambiguous, CallSkip, CallError) as exc:
+        evidence.left_out.append(f"{leaf.path}: {exc}")
+        return
+    covered = np.zeros(read.producer.spec.numel, dtype=bool)
+    own = np.zeros_like(covered)
+    own[read.gather.reshape(-1)] = True
+    others = []
+    for other in readers:
+        covered[other.gather.reshape(-1)] = True
+        if other.consumer.data_name != data_name and bool(own[other.gather.reshape(-1)].any()):
+            others.append(other)
+    unread = ~covered & (incoming != 0).numpy()
+    if bool(unread.any()):
+        evidence.left_out.append(
+            f"{leaf.path}: {int(unread.sum())} elements of {read.producer.call}'s output carry a gradient although no dumped call "
+            "read them: an op the dump does not hold read that output, and its share of the gradient cannot be separated"
+        )
+        return
+    evidence.grads[position] = incoming[torch.from_numpy(read.gather.reshape(-1))].reshape(leaf.tensor.shape).to(leaf.tensor.dtype)
+    origin = f"{leaf.path}'s gradient from {read.producer.call}.backward input[{read.producer.output}] (the gradient of the output it read)"
+    if others:
+        evidence.shared.append(Shared(position, read.gather, read.producer.spec.numel, others))
+        origin += (
+            f", judged together with {', '.join(sorted({o.consumer.call for o in others}))}: the bench sums their gradients as autograd did"
+        )
+    evidence.origins.append(origin)
 
 
 def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | None]:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from pytest_msprobe.judge.baseline import Baseline, CallMetrics, Change, compare
 from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
-from pytest_msprobe.results.summary import STATUSES, badness, failing_metric
+from pytest_msprobe.results.summary import STATUSES, badness, failing_metric, skip_reason
 from pytest_msprobe.results.writer import Entry
 
 if TYPE_CHECKING:
@@ -158,6 +158,10 @@ def _summary(records: list[ResultRecord]) -> str:
             for name, counter in sorted(counts.items())
         )
         tables.append(f"<table><tr><th>{_e(title)}</th>{head}</tr>{body}</table>")
+    skips = Counter(skip_reason(record.message) for record in records if record.status == "skip")
+    if skips:
+        rows = "".join(f'<tr><td>{_e(reason)}</td><td class="n">{count}</td></tr>' for reason, count in skips.most_common())
+        tables.append(f'<table class="skips"><tr><th>skipped, by reason</th><th>calls</th></tr>{rows}</table>')
     return f'<div class="counts">{"".join(tables)}</div>'
 
 

@@ -6,6 +6,7 @@ memory (counters and a bounded list of the worst)."""
 from __future__ import annotations
 
 import heapq
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,6 +19,20 @@ SEVERITY = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
 WORST_SHOWN = 10
 MOST_REPEATED_SHOWN = 10  # with --msprobe-dedup: the tests that stand for the most dumped calls
 LINE_CUT = 200  # a reason can be long; the summary shows its start, the files the rest
+SKIP_REASONS_SHOWN = 12
+# what varies from call to call in a skip's message: call names, file names, numbers
+_CALL = re.compile(r"\b[A-Z][A-Za-z]*\.[A-Za-z_][\w.]*?\.\d+(?:\.(?:forward|backward))?\b")
+_FILE = re.compile(r"\S+\.(?:pt|npy)\b")
+_NUMBER = re.compile(r"(?<![\w\[])\d[\d,.]*(?:e[+-]?\d+)?")
+
+
+def skip_reason(message: str) -> str:
+    """A skip's message as a reason shared by calls: its call and file names and its
+    numbers replaced, cut to one line (coverage: what was not judged, and why)."""
+    line = message.strip().splitlines()[0] if message.strip() else "(no reason given)"
+    line = _NUMBER.sub("N", _FILE.sub("<file>", _CALL.sub("<call>", line)))
+    line = line.removeprefix("<call>: ")
+    return line if len(line) <= LINE_CUT else line[:LINE_CUT] + " ..."
 
 
 def badness(record: ResultRecord) -> tuple[int, float, str]:
@@ -53,6 +68,7 @@ class Summary:
     resumed_status: Counter[str] = field(default_factory=Counter)
     represented: int = 0
     most_repeated: list[tuple[int, str]] = field(default_factory=list)
+    skips: Counter[str] = field(default_factory=Counter)  # skip_reason -> calls
     started: float = field(default_factory=time.monotonic)
 
     def add(self, record: ResultRecord, represents: int = 1, *, resumed: bool = False) -> None:
@@ -63,6 +79,8 @@ class Summary:
         self.resumed += resumed
         if resumed:
             self.resumed_status[record.status] += 1
+        if record.status == "skip":
+            self.skips[skip_reason(record.message)] += 1
         if represents > 1:
             repeated = (represents, record.call)
             if len(self.most_repeated) < MOST_REPEATED_SHOWN:
@@ -113,6 +131,12 @@ class Summary:
             )
             lines += [f"  {call}: {count}" for count, call in sorted(self.most_repeated, reverse=True)]
         lines += _table("by standard", self.by_standard) + _table("by api type", self.by_api_type)
+        if self.skips:
+            lines.append("skipped, by reason (not judged: the call's files have the full messages):")
+            lines += [f"  {count:>5}  {reason}" for reason, count in self.skips.most_common(SKIP_REASONS_SHOWN)]
+            if len(self.skips) > SKIP_REASONS_SHOWN:
+                rest = sum(self.skips.values()) - sum(count for _, count in self.skips.most_common(SKIP_REASONS_SHOWN))
+                lines.append(f"  {rest:>5}  ({len(self.skips) - SKIP_REASONS_SHOWN} other reasons)")
         if self.worst:
             lines.append("worst calls:")
             lines += [f"  {call}: {metric}" for _, call, metric in sorted(self.worst, reverse=True)]

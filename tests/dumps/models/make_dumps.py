@@ -7,7 +7,8 @@ Run with torch and mindstudio-probe installed (never torch_npu):
     python make_dumps.py --all [--root DIR]      every shipped dump (and shipped fault dump)
     python make_dumps.py --list                  models, shipped dumps, the fault table
     python make_dumps.py MODEL DTYPE OUTDIR --threads N    dump with N torch threads (default 1)
-MODEL: transformer12 transformer1 transformer_large convbn gru lstm embedattn widenorm; DTYPE: float32 bfloat16 float16.
+    python make_dumps.py MODEL DTYPE OUTDIR --level mix   msprobe's level mix (Module.* records too; default L1)
+MODEL: transformer12 transformer4 transformer1 transformer_large convbn gru lstm embedattn widenorm; DTYPE: float32 bfloat16 float16.
 
 The dump is rewritten to the portable layout: OUTDIR/dump.json, OUTDIR/dump_tensor_data/*.pt,
 OUTDIR/construct.json, with dump_data_dir set to a foreign path (a dump is always read on
@@ -227,6 +228,10 @@ MODELS: dict[str, ModelSpec] = {
         _per_token_labels(64),
         "embedding, add, 12 x (layer_norm, linear, matmul, mul, softmax, gelu, add), cross_entropy (msprobe 26.2 dumps no split/reshape/transpose)",
     ),
+    # not shipped: benchmarks/bench_dataflow.py dumps it at levels L1 and mix
+    "transformer4": ModelSpec(
+        lambda: Transformer(4), lambda: _token_ids(64, 1, 8), _per_token_labels(64), "transformer12 with 4 blocks (the data-flow dumps)"
+    ),
     "transformer1": ModelSpec(
         lambda: Transformer(1), lambda: _token_ids(64, 1, 8), _per_token_labels(64), "transformer12 with 1 block (the fault dumps: small)"
     ),
@@ -317,6 +322,11 @@ FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
         "float32",
         "pytorch/pytorch#187687 'fix: aten embed bwd thread sync before proceeding to next batch'",
     ),
+    "linear_backward_bf16": (
+        "transformer1",
+        "float32",
+        "issue 29: GEMM backward defects of accelerators (TF32/HF32 inputs, split-K partial sums in low precision), inside the call",
+    ),
     "maxpool_backward_all_ties": (
         "convbn",
         "float32",
@@ -324,10 +334,16 @@ FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
+# Fault dumps at level mix (Module.* records: a module's input and parameter gradients):
+# folder under faults/ -> fault, on the fault table's model and dtype.
+MIX_FAULT_DUMPS = {"linear_backward_bf16_mix": "linear_backward_bf16"}
+
 # --- dumping --------------------------------------------------------------------
 
 
-def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tensor", fault: str | None = None) -> dict[str, Any]:
+def make_dump(
+    model_name: str, dtype_name: str, outdir: Path, task: str = "tensor", fault: str | None = None, level: str = "L1"
+) -> dict[str, Any]:
     """Dump one training step; returns the rewritten dump.json."""
     dtype = DTYPES[dtype_name]
     original = None
@@ -345,7 +361,7 @@ def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tenso
             "dump_path": raw,
             "rank": [],
             "step": [],
-            "level": "L1",
+            "level": level,
             "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
             "tensor": {"scope": [], "list": [], "data_mode": ["all"], "file_format": "pt"},
         }
@@ -358,7 +374,7 @@ def make_dump(model_name: str, dtype_name: str, outdir: Path, task: str = "tenso
         if x.is_floating_point():
             x = x.to(dtype)
         debugger = PrecisionDebugger(config_path=cfg_path)
-        debugger.start()
+        debugger.start(model=model if level != "L1" else None)  # module records need the model
         logits = model(x)
         labels = spec_model.labels(logits)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
@@ -516,7 +532,26 @@ def _run_backward(
     return captured[0]
 
 
-def verify_fault(outdir: Path, fault: str, clean: dict[str, Any] | None = None) -> list[tuple[str, list[str]]]:
+def _downstream(outdir: Path, clean_dir: Path, data: dict[str, Any]) -> list[str]:
+    """The backward records whose tensors differ from the clean dump's: where a fault
+    inside a composite call shows, when msprobe records only a view at the call."""
+    differ = []
+    for name, record in data.items():
+        if ".backward" not in name:
+            continue
+        for key in ("input", "output"):
+            for value in record.get(key) or []:
+                if isinstance(value, dict) and value.get("data_name"):
+                    mine = torch.load(outdir / "dump_tensor_data" / value["data_name"], weights_only=True)
+                    theirs = torch.load(clean_dir / "dump_tensor_data" / value["data_name"], weights_only=True)
+                    if not torch.equal(mine, theirs):
+                        differ.append(f"{name} {key}")
+    return sorted(set(differ))
+
+
+def verify_fault(
+    outdir: Path, fault: str, clean: dict[str, Any] | None = None, clean_dir: Path | None = None
+) -> list[tuple[str, list[str]]]:
     """Replay every dumped call of the faulty API with the correct kernel on its dumped
     inputs; fail unless, in the fault's direction, at least one call's dumped result
     differs. With the clean dump's data: fail unless both hold the same calls."""
@@ -547,6 +582,13 @@ def verify_fault(outdir: Path, fault: str, clean: dict[str, Any] | None = None) 
     hits = [name for name, notes in findings if notes and name.endswith(tuple(wanted))]
     for name, notes in findings:
         print(f"  {name}: {'; '.join(notes) if notes else 'identical to the correct kernel'}")
+    if not hits and "backward" in spec.direction and clean_dir is not None:
+        downstream = _downstream(outdir, clean_dir, data)
+        if downstream:
+            print(
+                f"{fault}: in the dump, downstream only ({len(downstream)} backward records differ from the clean dump's: {downstream[:6]} ...)"
+            )
+            return findings
     if not hits:
         raise SystemExit(
             f"FAULT NOT IN THE DUMP: no {'/'.join(wanted)} call of {spec.call_prefix}* in {outdir} differs from the correct kernel"
@@ -561,17 +603,17 @@ def _in_subprocess(*args: str) -> None:
     subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], check=True)
 
 
-def make_fault_dump(fault: str, outdir: Path, model: str | None = None, dtype: str | None = None) -> None:
+def make_fault_dump(fault: str, outdir: Path, model: str | None = None, dtype: str | None = None, level: str = "L1") -> None:
     """The fault dump (in this process), checked: the fault is in it, and it holds the
     calls of the clean dump of the same model (made in a subprocess)."""
     model = model or FAULT_DUMPS[fault][0]
     dtype = dtype or FAULT_DUMPS[fault][1]
     with tempfile.TemporaryDirectory() as scratch:
-        _in_subprocess(model, dtype, str(Path(scratch) / "clean"))
+        _in_subprocess(model, dtype, str(Path(scratch) / "clean"), "--level", level)
         with open(Path(scratch) / "clean" / "dump.json") as handle:
             clean = json.load(handle)["data"]
-    make_dump(model, dtype, outdir, "tensor", fault)
-    verify_fault(outdir, fault, clean)
+        make_dump(model, dtype, outdir, "tensor", fault, level)
+        verify_fault(outdir, fault, clean, Path(scratch) / "clean")
 
 
 # --- command line ---------------------------------------------------------------
@@ -582,6 +624,9 @@ def make_all(root: Path) -> None:
         _in_subprocess(model, dtype, str(root / folder), "--task", task)
     for fault in FAULT_DUMPS:
         _in_subprocess("--fault", fault, "--fault-dump", str(root / "faults" / fault))
+    for folder, fault in MIX_FAULT_DUMPS.items():
+        model, dtype, _ = FAULT_DUMPS[fault]
+        _in_subprocess(model, dtype, str(root / "faults" / folder), "--level", "mix", "--fault", fault)
 
 
 def list_everything() -> None:
@@ -606,6 +651,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dtype", nargs="?", choices=sorted(DTYPES))
     parser.add_argument("outdir", nargs="?", type=Path)
     parser.add_argument("--task", default="tensor", choices=["tensor", "statistics"])
+    parser.add_argument("--level", default="L1", choices=["L1", "mix"], help="msprobe's level (mix: Module.* records too)")
     parser.add_argument("--fault", choices=sorted(model_faults.FAULTS))
     parser.add_argument(
         "--fault-dump", type=Path, metavar="OUTDIR", help="with --fault: dump the fault table's model and dtype for this fault into OUTDIR"
@@ -634,9 +680,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.fault and args.task != "tensor":
             parser.error("a fault dump must be a tensor dump (its outputs are the device result)")
         if args.fault:
-            make_fault_dump(args.fault, args.outdir, args.model, args.dtype)
+            make_fault_dump(args.fault, args.outdir, args.model, args.dtype, args.level)
         else:
-            make_dump(args.model, args.dtype, args.outdir, args.task)
+            make_dump(args.model, args.dtype, args.outdir, args.task, level=args.level)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,136 @@
+"""Issue 29: the GEMM backward judged offline through the dump's data flow.
+
+    python benchmarks/bench_dataflow.py time [--before SRC] [--repeats 5]
+    python benchmarks/bench_dataflow.py coverage DIR [--make] [--msprobe-python PATH]
+
+time: the offline check of the shipped 12-block transformer dump
+(tests/dumps/models/transformer12_tensor_fp32, 322 calls), `-n 0 --msprobe-offline
+--msprobe-device=cpu`, wall time of a fresh process, best of --repeats, the runs of this
+tree and of --before (a source tree of the code before, e.g. `git archive main | tar -x
+-C SRC`, put first on PYTHONPATH) interleaved so that both see the same machine load.
+
+coverage: real msprobe dumps of a 4-block transformer with residual connections
+(tests/dumps/models/make_dumps.py transformer4), levels L1 and mix, float32, bfloat16 and
+float16, and the fault linear_backward_bf16 (planted inside the call) at L1 and mix, made
+under DIR with --make (in msprobe's Python; ~1-2 MB each, so not shipped). Each is checked
+offline; printed per dump: the outcomes, the GEMM backwards (linear, matmul) judged and
+skipped with their reasons, and which calls failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SHIPPED = ROOT / "tests" / "dumps" / "models" / "transformer12_tensor_fp32" / "dump.json"
+MAKER = ROOT / "tests" / "dumps" / "models" / "make_dumps.py"
+GEMM = ("Functional.linear.", "Torch.matmul.", "Tensor.__matmul__.")
+DUMPS = {
+    f"t4_{level}_{dtype}{'_fault' if fault else ''}": (dtype, level, fault)
+    for level in ("L1", "mix")
+    for dtype, fault in (("float32", False), ("bfloat16", False), ("float16", False), ("float32", True))
+}
+
+
+def offline(dump: Path, env: dict[str, str], *extra: str) -> tuple[float, subprocess.CompletedProcess]:
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [sys.executable, "-m", "pytest", f"--msprobe-dump={dump}", "--msprobe-offline", "--msprobe-device=cpu"]
+        command += ["-n", "0", "-q", "-p", "no:cacheprovider", f"--basetemp={scratch}/bt", f"--msprobe-out={scratch}/out", *extra]
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
+        return time.perf_counter() - start, done
+
+
+def time_it(args: argparse.Namespace) -> None:
+    print(f"load {os.getloadavg()[0]:.2f}; dump {SHIPPED.relative_to(ROOT)}")
+    sides = {"after (this tree)": dict(os.environ)}
+    if args.before is not None:
+        sides["before (" + str(args.before) + ")"] = {**os.environ, "PYTHONPATH": str(args.before.resolve())}
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(args.repeats):
+        for label, env in sides.items():
+            seconds, done = offline(SHIPPED, env)
+            tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
+            times[label].append(seconds)
+            print(f"  {label}: {seconds:.2f} s  {tail}", flush=True)
+    for label, runs in times.items():
+        print(f"{label}: best {min(runs):.2f} s of {', '.join(f'{r:.2f}' for r in runs)}")
+    print(f"load {os.getloadavg()[0]:.2f}")
+
+
+def make(folder: Path, python: str) -> None:
+    for name, (dtype, level, fault) in DUMPS.items():
+        command = [python, str(MAKER), "transformer4", dtype, str(folder / name), "--level", level]
+        command += ["--fault", "linear_backward_bf16"] if fault else []
+        subprocess.run(command, check=True, capture_output=True)
+        print(f"made {folder / name}", flush=True)
+
+
+def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
+    """call -> (outcome, message) from pytest's junit XML."""
+    found = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        call = case.get("name", "")
+        outcome, message = "passed", ""
+        for kind in ("failure", "skipped", "error"):
+            node = case.find(kind)
+            if node is not None:
+                outcome, message = kind, node.get("message", "")
+        found[call] = (outcome, message)
+    return found
+
+
+def coverage(args: argparse.Namespace) -> None:
+    if args.make:
+        make(args.dir, args.msprobe_python)
+    for name in DUMPS:
+        dump = args.dir / name / "dump.json"
+        if not dump.exists():
+            print(f"{name}: missing (run with --make)")
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            junit = Path(scratch) / "junit.xml"
+            seconds, _ = offline(dump, dict(os.environ), f"--junitxml={junit}")
+            calls = outcomes(junit)
+        counts = collections.Counter(outcome for outcome, _ in calls.values())
+        gemm = {call: result for call, result in calls.items() if call.startswith(GEMM) and call.endswith(".backward")}
+        linears = sorted(json.loads(dump.read_text())["data"])
+        linears = [call for call in linears if call.startswith("Functional.linear.") and call.endswith(".backward")]
+        failed = sorted(call for call, (outcome, _) in calls.items() if outcome == "failure")
+        print(
+            f"{name}: {len(calls)} calls, {dict(counts)} in {seconds:.1f} s; GEMM backwards {len(gemm)}: "
+            f"{sum(o == 'passed' for o, _ in gemm.values())} pass, {sum(o == 'failure' for o, _ in gemm.values())} error, "
+            f"{sum(o == 'skipped' for o, _ in gemm.values())} skipped; failed: "
+            f"{'every linear backward (' + str(len(linears)) + ')' if failed == sorted(linears) and failed else failed}"
+        )
+        for call, (outcome, message) in calls.items():
+            if outcome == "skipped":
+                print(f"    skipped {call}: {message[:220]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    timing = commands.add_parser("time")
+    timing.add_argument("--before", type=Path, help="a source tree of the code before (put first on PYTHONPATH)")
+    timing.add_argument("--repeats", type=int, default=5)
+    cover = commands.add_parser("coverage")
+    cover.add_argument("dir", type=Path)
+    cover.add_argument("--make", action="store_true", help="make the dumps first (needs mindstudio-probe)")
+    cover.add_argument("--msprobe-python", default=os.environ.get("MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
+    args = parser.parse_args()
+    time_it(args) if args.command == "time" else coverage(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The dump's data flow (dump/dataflow.py) and the backward judged from it offline.
+
+msprobe records a linear's or batched matmul's backward at the reshape after the GEMM:
+the incoming gradient, reshaped. The input's gradient is recovered from the call that
+produced the input (its incoming gradient, summed over every call that read it) or, at
+level mix, from the module's records; a kernel whose backward is wrong INSIDE the call
+(tests/model_faults.py's linear_backward_bf16, planted while msprobe dumped) is then an
+error offline, at L1 through the input gradient, at mix through the weight gradient too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_msprobe.dump.dataflow import Ambiguous, _values, view_gather
+
+GEMM_BACKWARD = ("Functional.linear.", "Torch.matmul.", "Tensor.__matmul__.")
+
+
+def _gather(producer: torch.Tensor, consumer: torch.Tensor) -> np.ndarray | None:
+    return view_gather(_values(producer), consumer)
+
+
+def _positions(producer: torch.Tensor, view: callable) -> np.ndarray:
+    """Where each element of view(producer) lies in the flat producer: the truth."""
+    return view(torch.arange(producer.numel()).reshape(producer.shape)).contiguous().numpy()
+
+
+VIEWS = {
+    "reshape": lambda t: t.reshape(6, 32),
+    "split, heads, transpose": lambda t: t[..., 8:16].reshape(4, 6, 2, 4).transpose(1, 2),
+    "transposed twice": lambda t: t[..., 16:24].reshape(4, 6, 2, 4).transpose(1, 2).transpose(-2, -1),
+    "heads merged back (a copy)": lambda t: t[..., :8].reshape(4, 6, 2, 4).transpose(1, 2).transpose(1, 2).reshape(4, 6, 8),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_a_view_is_recovered_from_the_values(view: str, dtype: torch.dtype) -> None:
+    """Even in bfloat16, where a few hundred values repeat: the repeated ones are placed
+    by the strided view the unique ones span, never by their value alone."""
+    torch.manual_seed(0)
+    producer = torch.randn(4, 6, 24).to(dtype)
+    if view == "reshape":
+        producer = producer.reshape(4, 6, 24)[..., :8].contiguous()
+    consumer = VIEWS[view](producer).contiguous()
+    gather = _gather(producer, consumer)
+    assert gather is not None
+    np.testing.assert_array_equal(gather, _positions(producer, VIEWS[view]))
+
+
+def test_values_the_producer_does_not_hold_are_no_read() -> None:
+    producer = torch.randn(8, 4)
+    assert _gather(producer, producer[:2] + 1) is None
+
+
+def test_a_constant_tensor_is_ambiguous_not_guessed() -> None:
+    """A layer_norm bias of zeros is in every output holding a zero: named, never paired."""
+    producer = torch.randn(64)
+    producer[5] = 0.0
+    with pytest.raises(Ambiguous, match="more than once"):
+        _gather(producer, torch.zeros(8))
+    with pytest.raises(Ambiguous, match="repeated"):
+        _gather(torch.zeros(16), torch.zeros(4))
+
+
+def _skipped_gemm_backwards(result) -> dict[str, str]:
+    return {
+        call: outcome.text
+        for call, outcome in result.by_outcome("skipped").items()
+        if call.startswith(GEMM_BACKWARD) and call.endswith(".backward")
+    }
+
+
+def test_gradients_several_calls_read_are_judged_summed(copy_dump, run_dump) -> None:
+    """q, k, v and the residual read the embedding's output: autograd summed their
+    gradients in bfloat16, and so do the bench and the reference (an exact sum failed
+    12% of a correct linear's elements by cancellation). Every GEMM backward is judged,
+    and passes (tests/test_model_dumps.py checks the other real models)."""
+    folder = "embedattn_tensor_bf16"
+    result = run_dump(copy_dump(f"models/{folder}"), "--msprobe-device=cpu", "--msprobe-offline")
+    assert _skipped_gemm_backwards(result) == {}
+    judged = {call: o for call, o in result.by_outcome("passed").items() if call.startswith(GEMM_BACKWARD) and call.endswith(".backward")}
+    assert len(judged) >= 4
+    assert result.by_outcome("failed") == {}
+    assert not any(outcome.warnings for outcome in result.calls.values())
+    shared = [o.properties["msprobe_reference"] for o in judged.values() if "judged together with" in o.properties["msprobe_reference"]]
+    assert len(shared) == 3 and all("Tensor.__add__.0" in reference for reference in shared)
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_a_linear_backward_wrong_inside_the_call_is_an_error_offline(level: str, copy_dump, run_dump) -> None:
+    """msprobe recorded the fault dump's linear backwards as the incoming gradient
+    reshaped, bit for bit the clean dump's: before, every one was skipped and the run
+    passed. At L1 the input gradient (from the producer's record) fails; at mix the
+    weight gradient (Module...parameters_grad) fails as well."""
+    folder = "linear_backward_bf16" if level == "L1" else "linear_backward_bf16_mix"
+    dump = copy_dump(f"models/faults/{folder}")
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
+    linears = [
+        name for name in json.loads(dump.read_text())["data"] if name.startswith("Functional.linear.") and name.endswith(".backward")
+    ]
+    failed = result.by_outcome("failed")
+    assert sorted(failed) == sorted(linears)
+    for call in linears:
+        text = failed[call].text
+        assert "[0]: error" in text, text
+        if level == "mix":
+            assert "[1]: error" in text and "parameters_grad" in text, text
+
+
+def _drop(dump: Path, calls: list[str]) -> None:
+    document = json.loads(dump.read_text())
+    for call in calls:
+        for direction in ("forward", "backward"):
+            document["data"].pop(f"{call}.{direction}", None)
+    dump.write_text(json.dumps(document))
+
+
+def test_an_undumped_reader_of_the_output_leaves_the_gradient_out_with_the_reason(copy_dump, run_dump) -> None:
+    """Without matmul.1's records, the qkv linear's v columns carry a gradient no dumped
+    call explains: matmul.0's input gradients are not judged against a partial sum."""
+    dump = copy_dump("models/faults/linear_backward_bf16")
+    _drop(dump, ["Torch.matmul.1"])
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
+    outcome = result.calls["Torch.matmul.0.backward"]
+    assert outcome.outcome == "skipped"
+    assert "no dumped call read them" in outcome.text and "Functional.linear.0" in outcome.text
+
+
+def test_skips_are_counted_by_reason_in_the_summary(copy_dump, pytester) -> None:
+    dump = copy_dump("models/faults/linear_backward_bf16")
+    _drop(dump, ["Torch.matmul.1"])
+    result = pytester.runpytest_inprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-offline", "-p", "no:cacheprovider")
+    text = result.stdout.str()
+    assert "skipped, by reason" in text
+    assert "no dumped call read them" in text.split("skipped, by reason", 1)[1]
+
+
+def test_a_corrupt_tensor_file_never_crashes_the_data_flow(copy_dump, run_dump) -> None:
+    """The producer's output file is garbage: its own test fails naming the file; the
+    linear reading it is judged without it (left out, named), and the run goes on."""
+    dump = copy_dump("models/faults/linear_backward_bf16")
+    (dump.parent / "dump_tensor_data" / "Functional.layer_norm.0.forward.output.0.pt").write_bytes(b"not a tensor file")
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
+    assert result.calls["Functional.layer_norm.0.forward"].outcome == "failed"
+    assert "Functional.layer_norm.0.forward.output.0.pt" in result.calls["Functional.layer_norm.0.forward"].text
+    assert result.calls["Functional.linear.0.backward"].outcome == "skipped"
+    assert result.calls["Functional.linear.1.backward"].outcome == "failed"  # the others still judged
