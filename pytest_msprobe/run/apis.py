@@ -62,6 +62,13 @@ def fixed_shape_apis() -> frozenset[str]:
     return frozenset(_pytorch_toml()["explore"]["fixed_shapes"])
 
 
+@functools.cache
+def summing_apis(intermediate: str) -> frozenset[str]:
+    """The APIs whose definition sums their first argument (`sums`) or its squares
+    (`squares`) before anything else: the [explore] table."""
+    return frozenset(_pytorch_toml()["explore"][intermediate])
+
+
 def is_in_place(api_name: str) -> bool:
     if api_name.startswith("__") and api_name.endswith("__"):
         return api_name.startswith("__i") and api_name not in ("__invert__", "__index__", "__int__")
