@@ -509,6 +509,33 @@ def _sum_beyond(power: int) -> Callable[[CallName, Replayed, str], bool]:
     return beyond
 
 
+def _floats(replayed: Replayed) -> list[torch.Tensor]:
+    """The forward's floating tensors, their finite elements only (masked positions left out)."""
+    tensors = [leaf.tensor for leaf in replayed.results.inputs.leaves if leaf.tensor.is_floating_point()]
+    return [tensor.double()[torch.isfinite(tensor)] for tensor in tensors]
+
+
+def _shifted_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """x - max(x) of the first argument beyond the dtype's range (its finite elements)."""
+    first = next((arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+    largest = _largest(replayed.results)
+    if first is None or largest is None:
+        return False
+    finite = first.double()[torch.isfinite(first)]
+    return finite.numel() > 0 and float(finite.max() - finite.min()) > largest
+
+
+def _products_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """A gate's sum of products beyond the dtype's range: the largest |weight| times the
+    largest |input| (at least 1: a state is bounded by 1) times the longest dimension."""
+    largest = _largest(replayed.results)
+    magnitudes = sorted((float(tensor.abs().max()) for tensor in _floats(replayed) if tensor.numel()), reverse=True)
+    if largest is None or not magnitudes:
+        return False
+    longest = max(size for leaf in replayed.results.inputs.leaves for size in [*leaf.tensor.shape, 1])
+    return magnitudes[0] * max([1.0, *magnitudes[1:2]]) * longest > largest
+
+
 def _terms_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     terms = term_magnitudes(name, replayed.bench, replayed.results.inputs, framework)
     return terms is not None and _beyond(terms, replayed.results)
@@ -520,13 +547,16 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 
 #: The intermediates a correct kernel cannot avoid, and which calls compute them: the
 #: exact result (every call), a sum of squares (norms, variances, distances: the
-#: [explore] squares table), a sum before a division (means, average pools: sums), the terms of a sum of products (the [terms] table, which
+#: [explore] squares table), a sum before a division (means, average pools: sums),
+#: x - max(x) (softmax and its kin: shifted), a recurrent gate's products (products), the terms of a sum of products (the [terms] table, which
 #: bound a partial sum, not the result), and a backward's derivative (computed before
 #: it is multiplied by the incoming gradient).
 EXCUSES = (
     Excuse("exact result beyond the dtype's range", lambda name: True, _result_beyond),
     Excuse("sum of squares beyond its accumulator's range", lambda name: name.operator in summing_apis("squares"), _sum_beyond(2)),
     Excuse("sum beyond its accumulator's range", lambda name: name.operator in summing_apis("sums"), _sum_beyond(1)),
+    Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
+    Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),
     Excuse("terms of its sums of products beyond the dtype's range", has_terms, _terms_beyond),
     Excuse("derivative beyond the dtype's range", lambda name: name.direction == "backward", _derivative_beyond),
 )

@@ -64,8 +64,8 @@ def fixed_shape_apis() -> frozenset[str]:
 
 @functools.cache
 def summing_apis(intermediate: str) -> frozenset[str]:
-    """The APIs whose definition sums their first argument (`sums`) or its squares
-    (`squares`) before anything else: the [explore] table."""
+    """The APIs whose definition computes an intermediate of their inputs (`sums`,
+    `squares`, `shifted`, `products`): the [explore] table."""
     return frozenset(_pytorch_toml()["explore"][intermediate])
 
 
