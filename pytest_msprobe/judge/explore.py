@@ -532,8 +532,8 @@ def _products_beyond(name: CallName, replayed: Replayed, framework: str) -> bool
     magnitudes = sorted((float(tensor.abs().max()) for tensor in _floats(replayed) if tensor.numel()), reverse=True)
     if largest is None or not magnitudes:
         return False
-    longest = max(size for leaf in replayed.results.inputs.leaves for size in [*leaf.tensor.shape, 1])
-    return magnitudes[0] * max([1.0, *magnitudes[1:2]]) * longest > largest
+    longest = max(int(size) for leaf in replayed.results.inputs.leaves for size in [*leaf.tensor.shape, 1])
+    return bool(magnitudes[0] * max([1.0, *magnitudes[1:2]]) * longest > largest)
 
 
 def _terms_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
