@@ -541,6 +541,27 @@ def _terms_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     return terms is not None and _beyond(terms, replayed.results)
 
 
+def _shifted_gradient_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """A softmax-like backward's shifted gradient beyond the dtype's range (finite
+    elements only): softmax's and softmin's gradient is defined as y * (g - sum(g * y))
+    along dim, log_softmax's as g - exp(y) * sum(g): g - sum(g * y) is up to twice the
+    largest |g| (the backward's x - max(x)), and sum(g)'s partial sums up to sum(|g|)."""
+    inputs = replayed.results.inputs
+    first = next((arg for arg in inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+    grad = next((g for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()), None)
+    largest = _largest(replayed.results)
+    if first is None or grad is None or largest is None or grad.shape != first.shape or not first.dim():
+        return False
+    dim = inputs.kwargs.get("dim", inputs.args[1] if len(inputs.args) > 1 else None)
+    dim = dim if isinstance(dim, int) else -1
+    g = grad.double().nan_to_num(0.0, 0.0, 0.0)  # masked positions left out
+    if name.operator == "log_softmax":
+        return float(g.abs().sum(dim).max()) > largest
+    x = first.double()
+    y = torch.softmax(-x if name.operator == "softmin" else x, dim).nan_to_num(0.0, 0.0, 0.0)
+    return _magnitude(g - (g * y).sum(dim, keepdim=True), False) > largest
+
+
 def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     return _beyond(_derivative(replayed, framework), replayed.results)
 
@@ -548,7 +569,8 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 #: The intermediates a correct kernel cannot avoid, and which calls compute them: the
 #: exact result (every call), a sum of squares (norms, variances, distances: the
 #: [explore] squares table), a sum before a division (means, average pools: sums),
-#: x - max(x) (softmax and its kin: shifted), a recurrent gate's products (products), the terms of a sum of products (the [terms] table, which
+#: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
+#: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of products (the [terms] table, which
 #: bound a partial sum, not the result), and a backward's derivative (computed before
 #: it is multiplied by the incoming gradient).
 EXCUSES = (
@@ -558,6 +580,11 @@ EXCUSES = (
     Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
     Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),
     Excuse("terms of its sums of products beyond the dtype's range", has_terms, _terms_beyond),
+    Excuse(
+        "g - sum(g * y) of a softmax-like backward beyond the dtype's range",
+        lambda name: name.direction == "backward" and name.operator in summing_apis("shifted_gradient"),
+        _shifted_gradient_beyond,
+    ),
     Excuse("derivative beyond the dtype's range", lambda name: name.direction == "backward", _derivative_beyond),
 )
 
