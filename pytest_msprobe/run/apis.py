@@ -154,7 +154,25 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
     if resolver is None:
         raise CallSkip(f"api type {name.api_type!r} is not known to PyTorch dumps ({', '.join(sorted([*PYTORCH_RESOLVERS, 'NPU']))})")
     function = resolver(api_name)
-    return Api(f"{name.api_type}.{api_name}", function, function, is_in_place(api_name), raise_bench)
+    bench = _exact_gelu(function) if (name.api_type, api_name) in (("Functional", "gelu"), ("Torch", "gelu")) else function
+    return Api(f"{name.api_type}.{api_name}", function, bench, is_in_place(api_name), raise_bench)
+
+
+def _exact_gelu(gelu: Callable[..., Value]) -> Callable[..., Value]:
+    """gelu's float64 bench as 0.5 x erfc(-x / sqrt 2). torch computes 0.5 x (1 + erf(x /
+    sqrt 2)) in every dtype, whose sum cancels in the left tail (pytorch/pytorch#187806):
+    in float64 it is 0 from about x = -8.3 on, where float32's exact gelu is still a
+    normal number, so a bench computed that way would call a correct float32 kernel wrong
+    there. The tanh approximation and the other dtypes are torch's own."""
+
+    def bench(input: Value, approximate: str = "none") -> Value:  # noqa: A002 (torch's name)
+        import torch
+
+        if approximate != "none" or not isinstance(input, torch.Tensor) or input.dtype != torch.float64:
+            return gelu(input, approximate=approximate)
+        return 0.5 * input * torch.special.erfc(-input * 0.5**0.5)
+
+    return bench
 
 
 def _resolve_npu(api_name: str, npu_ops: Callable[[str], Callable[..., Value] | None] | None, raise_bench: bool) -> Api:
