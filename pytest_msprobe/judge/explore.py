@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from unittest import mock
 
 import torch
-from hypothesis import HealthCheck, Phase, Verbosity, given, reject
+from hypothesis import HealthCheck, Phase, Verbosity, example, given, reject
 from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import FlakyFailure, Unsatisfiable
@@ -37,14 +38,16 @@ from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.dump.writer import write_tensor_dump
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.call import FRAMEWORKS, CallResult, Replayed, Settings, judge, read_inputs, relabelled, replay_inputs, verdict_for
+from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX
-from pytest_msprobe.run.apis import fixed_shape_apis
+from pytest_msprobe.run.apis import fixed_shape_apis, summing_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.run.replay import DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs, tree_map
-from pytest_msprobe.run.terms import term_magnitudes
+from pytest_msprobe.run.terms import has_terms, term_magnitudes
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.run.replay import Results
     from pytest_msprobe.standards import Registry, Verdict
 
 #: how exploration moves a floating input: (original, raised to the bench's dtype) -> moved
@@ -68,10 +71,25 @@ class _Search:
     """What the search saw besides its failure."""
 
     judged: int = 0
-    discarded: int = 0
+    discarded: Counter[str] = dataclasses.field(default_factory=Counter)  # by cause
+    excused: Counter[str] = dataclasses.field(default_factory=Counter)  # judged examples that passed once excused, by cause
     first_discard: str = ""
     first: tuple[Variant, CallResult] | None = None  # the first judged example: the dumped call's inputs
     warning: tuple[Variant, CallResult] | None = None  # the first example judged warning
+
+
+# Why an example is discarded where no overflow excuses it: the kernels refused its input.
+REJECTED = "input rejected by the kernels"
+# Why a judged example passes only once its errors are conditioned (_conditioned).
+WITHIN_ROUNDING = "errors within 16x the inputs' rounding (and flushed subnormals)"
+
+
+class Beyond(CallSkip):
+    """An example excused by an overflow no correct kernel avoids (EXCUSES)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"{cause}: an overflow no correct kernel of the API avoids, the input's fault")
+        self.cause = cause
 
 
 class ExampleFailed(Exception):
@@ -108,20 +126,20 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
         inputs = decode_forward(variant.forward, ctx) if backward is None else decode_backward(variant.forward, variant.backward or {}, ctx)
         replayed = replay_inputs(index.framework, framework, name, api, inputs, settings)
         verdict = verdict_for(settings.registry, name, replayed.results, bench=replayed.bench, framework=index.framework)
-        if verdict.status == "error" and beyond_range(name, replayed, index.framework):
-            raise CallSkip(
-                "its exact result, or an intermediate a correct kernel cannot avoid, is beyond the range of "
-                "the device's dtype: the input's overflow"
-            )
         if verdict.status == "error":
+            cause = beyond_range(name, replayed, index.framework)
+            if cause is not None:
+                raise Beyond(cause)
             verdict = _conditioned(settings, name, replayed, index.framework, verdict)
+            if verdict.status != "error":
+                search.excused[WITHIN_ROUNDING] += 1
         return CallResult(label, verdict, replayed.label, describe(variant))
 
     def probe(variant: Variant) -> None:
         try:
             result = judged(variant)
         except (CallSkip, CallError) as exc:
-            search.discarded += 1
+            search.discarded[exc.cause if isinstance(exc, Beyond) else REJECTED] += 1
             search.first_discard = search.first_discard or str(exc)
             reject()
         except DeviceFailed as exc:
@@ -139,30 +157,50 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
         with _no_local_constants():
             test()
     except ExampleFailed as failure:
-        return _failed(failure, index, name, plan)
+        return _counted(_failed(failure, index, name, plan), search)
     except FlakyFailure as flaky:
-        return _flaky(flaky, index, name, plan)
+        return _counted(_flaky(flaky, index, name, plan), search)
     except Unsatisfiable:
         raise CallSkip(
-            f"no valid input found around the call: the bench rejected every example it was given "
-            f"({search.discarded}), e.g. {search.first_discard}"
+            f"no valid input found around the call: every example it was given was discarded "
+            f"({_by_cause(search.discarded)}), e.g. {search.first_discard}"
         ) from None
     if search.first is None:
-        raise CallSkip(f"no valid input found around the call ({search.discarded} discarded), e.g. {search.first_discard}")
-    count = f"{search.judged} examples around the call judged, {search.discarded} discarded"
+        raise CallSkip(f"no valid input found around the call ({_by_cause(search.discarded)} discarded), e.g. {search.first_discard}")
     if search.warning is not None:
         _, result = search.warning
-        return dataclasses.replace(result, notes=[f"{count}; the first warning is shown"])
+        return _counted(dataclasses.replace(result, notes=["the first warning is shown"]), search)
     _, first = search.first
-    return dataclasses.replace(first, origins=[], notes=[f"{count}; none failed"])
+    return _counted(dataclasses.replace(first, origins=[], notes=["none failed"]), search)
+
+
+def _by_cause(counts: Counter[str]) -> str:
+    return "; ".join(f"{cause}: {count}" for cause, count in sorted(counts.items())) or "none"
+
+
+def _counted(result: CallResult, search: _Search) -> CallResult:
+    """The result with the search's counts: a note first in its message, and the
+    columns of its first output in the metrics file (a finding that fails nothing)."""
+    excused = sum(search.excused.values())
+    count = (
+        f"{search.judged} examples around the call judged, {sum(search.discarded.values())} discarded "
+        f"({_by_cause(search.discarded)}), {excused} passed once excused ({_by_cause(search.excused)})"
+    )
+    leaves = result.verdict.outputs or (result.verdict,)
+    columns = {"explore_judged": search.judged, "explore_discarded": dict(search.discarded), "explore_excused": dict(search.excused)}
+    counts = Finding("explored", leaves[0].path, False, "the examples by cause are in the metrics file's explore_* columns", columns)
+    return dataclasses.replace(result, notes=[count, *result.notes], findings=[*result.findings, counts])
 
 
 def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str) -> Value:
     """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's
-    cost is its own), its database keyed by the dump and the call."""
+    cost is its own), its database keyed by the dump and the call; the edges
+    (run/neighbourhood.py EDGES) as its explicit examples, tried first."""
     database = DirectoryBasedExampleDatabase(plan.database) if plan.database is not None else None
+    # The edges are part of the budget, and never all of it: N = 1 judges the dumped call alone.
+    edges = space.edge_variants()[: max(plan.examples - 1, 0)]
     chosen = hypothesis_settings(
-        max_examples=plan.examples,
+        max_examples=max(plan.examples - len(edges), 1),
         deadline=None,
         database=database,
         derandomize=False,
@@ -176,7 +214,10 @@ def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, l
     # the seed is set where seed() sets it, the database kept, so a failure found once
     # is replayed first the next time.
     probe._hypothesis_internal_use_seed = int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big")
-    test = chosen(given(space.variants())(probe))
+    test = given(space.variants())(probe)
+    for variant in reversed(edges):  # run in this order, before any generated example
+        test = example(variant)(test)
+    test = chosen(test)
     # hypothesis's handle on the wrapped test, which its type stubs do not declare
     test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
     return test
@@ -201,12 +242,23 @@ def _no_local_constants() -> Iterator[None]:
 
 def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan) -> CallResult:
     path = write_example(failure.variant, index, name, plan.folder)
-    reproduce = f"reproduce: pytest --msprobe-dump={path}  (the minimal failing example as a one-call dump)"
+    reproduce = (
+        f"reproduce: pytest --msprobe-dump={path} --msprobe-explore=1 -m explore  (the minimal failing example as a "
+        "one-call dump, judged as exploration judges it: with its errors within the inputs' rounding excused)"
+    )
     if failure.result is None:
         assert failure.device_error is not None
-        lines = "\n".join(["inputs (shrunk by hypothesis):", *(f"  {line}" for line in describe(failure.variant)), f"  {reproduce}"])
+        lines = "\n".join(
+            [f"inputs {_how_minimal(failure.variant)}:", *(f"  {line}" for line in describe(failure.variant)), f"  {reproduce}"]
+        )
         raise _device_failed(failure.device_error, lines) from None
-    return dataclasses.replace(failure.result, notes=["(inputs shrunk by hypothesis to a minimal failing example)", reproduce])
+    return dataclasses.replace(failure.result, notes=[_how_minimal(failure.variant), reproduce])
+
+
+def _how_minimal(variant: Variant) -> str:
+    if variant.explicit:
+        return "(an edge tried first: the dumped call with one input moved to an extreme, as minimal as an example at that edge gets)"
+    return "(inputs shrunk by hypothesis to a minimal failing example)"
 
 
 def _device_failed(error: DeviceFailed, lines: str) -> DeviceFailed:
@@ -393,33 +445,148 @@ def _pairwise(function: Value, left: Value, right: Value) -> Value:
     return None
 
 
-def beyond_range(name: CallName, replayed: Replayed, framework: str) -> bool:
-    """Whether the call's exact result or an intermediate no correct kernel avoids lies
-    beyond the largest finite value of the device output's dtype D: a correct kernel
-    in D then overflows too (inf, NaN, or finite garbage), the input's fault. Those
-    intermediates: a sum of an input's squares (a variance, a norm, a mean's partial
-    sum), where the call sums products (run/terms.py) its terms' magnitudes (which
-    bound a partial sum, not the result), and for a backward the derivative itself.
-    Where every input is finite, an infinity the bench computed counts as beyond the
-    range (the bench's range holds D's: rsqrt's derivative -x**-1.5 / 2 at a bfloat16
-    subnormal overflows float32 too)."""
-    results = replayed.results
+# The dtype a correct kernel accumulates D's sums in: 16-bit floats in float32 (torch's
+# opmath type, and what accelerators' reductions use for them); others in D itself.
+ACCUMULATOR = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+@dataclass(frozen=True)
+class Excuse:
+    """An overflow no correct kernel of an API avoids: an intermediate that the API's
+    definition computes (`computes`), beyond the range it is computed in (`beyond`)."""
+
+    cause: str  # named in the counts of the message and the metrics file
+    computes: Callable[[CallName], bool]
+    beyond: Callable[[CallName, Replayed, str], bool]
+
+
+def beyond_range(name: CallName, replayed: Replayed, framework: str) -> str | None:
+    """The cause that excuses an example the device got wrong, None where none does.
+
+    Each intermediate (EXCUSES) counts only for the APIs that compute it: a softmax
+    computes no sum of squares, so its large or masked logits excuse nothing. Masked
+    positions (inf/NaN in an input) are left out of each: an infinity counts only
+    where every input is finite (the bench's range holds D's: rsqrt's derivative
+    -x**-1.5 / 2 at a bfloat16 subnormal overflows float32 too), and a sum of squares
+    sums the finite elements."""
+    return next((excuse.cause for excuse in EXCUSES if excuse.computes(name) and excuse.beyond(name, replayed, framework)), None)
+
+
+def _largest(results: Results) -> float | None:
+    """The largest finite value of the device outputs' dtypes; None: no floating output."""
     outputs = [d for d in flat_outputs(results.device) if isinstance(d, torch.Tensor) and d.is_floating_point()]
-    if not outputs:
+    return max(torch.finfo(d.dtype).max for d in outputs) if outputs else None
+
+
+def _beyond(values: Value, results: Results) -> bool:
+    """Whether a value of `values` is beyond the device dtype's range (see beyond_range)."""
+    largest = _largest(results)
+    if largest is None:
         return False
-    largest = max(torch.finfo(d.dtype).max for d in outputs)
-    floats = [leaf.tensor for leaf in results.inputs.leaves if leaf.tensor.is_floating_point()]
-    finite = all(bool(torch.isfinite(tensor).all()) for tensor in floats)
+    finite = all(bool(torch.isfinite(leaf.tensor).all()) for leaf in results.inputs.leaves if leaf.tensor.is_floating_point())
+    return any(_magnitude(value, finite) > largest for value in flat_outputs(values) if isinstance(value, torch.Tensor))
 
-    def beyond(values: Value) -> bool:
-        return any(_magnitude(value, finite) > largest for value in flat_outputs(values) if isinstance(value, torch.Tensor))
 
-    if beyond(results.bench) or any(float(tensor.double().square().sum()) > largest for tensor in floats):
-        return True
-    terms = term_magnitudes(name, replayed.bench, results.inputs, framework)
-    if terms is not None and beyond(terms):
-        return True
-    return name.direction == "backward" and beyond(_derivative(replayed, framework))
+def _result_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    return _beyond(replayed.results.bench, replayed.results)
+
+
+def _sum_beyond(power: int) -> Callable[[CallName, Replayed, str], bool]:
+    """Whether the sum of the first argument's finite |elements|**power lies above the
+    accumulator's largest value, or, for squares, so far below its smallest normal
+    one that the sum keeps fewer bits than the accumulator has (the squares of tiny
+    inputs underflow)."""
+
+    def beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+        first = next((arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+        if first is None or _largest(replayed.results) is None:
+            return False
+        info = torch.finfo(ACCUMULATOR.get(first.dtype, first.dtype))
+        wide = first.double()
+        total = float(wide[torch.isfinite(wide)].abs().pow(power).sum())
+        return total > info.max or (power == 2 and 0 < total < info.smallest_normal / info.eps)
+
+    return beyond
+
+
+def _floats(replayed: Replayed) -> list[torch.Tensor]:
+    """The forward's floating tensors, their finite elements only (masked positions left out)."""
+    tensors = [leaf.tensor for leaf in replayed.results.inputs.leaves if leaf.tensor.is_floating_point()]
+    return [tensor.double()[torch.isfinite(tensor)] for tensor in tensors]
+
+
+def _shifted_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """x - max(x) of the first argument beyond the dtype's range (its finite elements)."""
+    first = next((arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+    largest = _largest(replayed.results)
+    if first is None or largest is None:
+        return False
+    finite = first.double()[torch.isfinite(first)]
+    return finite.numel() > 0 and float(finite.max() - finite.min()) > largest
+
+
+def _products_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """A gate's sum of products beyond the dtype's range: the largest |weight| times the
+    largest |input| (at least 1: a state is bounded by 1) times the longest dimension."""
+    largest = _largest(replayed.results)
+    magnitudes = sorted((float(tensor.abs().max()) for tensor in _floats(replayed) if tensor.numel()), reverse=True)
+    if largest is None or not magnitudes:
+        return False
+    longest = max(int(size) for leaf in replayed.results.inputs.leaves for size in [*leaf.tensor.shape, 1])
+    return bool(magnitudes[0] * max([1.0, *magnitudes[1:2]]) * longest > largest)
+
+
+def _terms_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    terms = term_magnitudes(name, replayed.bench, replayed.results.inputs, framework)
+    return terms is not None and _beyond(terms, replayed.results)
+
+
+def _shifted_gradient_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """A softmax-like backward's shifted gradient beyond the dtype's range (finite
+    elements only): softmax's and softmin's gradient is defined as y * (g - sum(g * y))
+    along dim, log_softmax's as g - exp(y) * sum(g): g - sum(g * y) is up to twice the
+    largest |g| (the backward's x - max(x)), and sum(g)'s partial sums up to sum(|g|)."""
+    inputs = replayed.results.inputs
+    first = next((arg for arg in inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+    grad = next((g for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()), None)
+    largest = _largest(replayed.results)
+    if first is None or grad is None or largest is None or grad.shape != first.shape or not first.dim():
+        return False
+    dim = inputs.kwargs.get("dim", inputs.args[1] if len(inputs.args) > 1 else None)
+    dim = dim if isinstance(dim, int) else -1
+    g = grad.double().nan_to_num(0.0, 0.0, 0.0)  # masked positions left out
+    if name.operator == "log_softmax":
+        return float(g.abs().sum(dim).max()) > largest
+    x = first.double()
+    y = torch.softmax(-x if name.operator == "softmin" else x, dim).nan_to_num(0.0, 0.0, 0.0)
+    return _magnitude(g - (g * y).sum(dim, keepdim=True), False) > largest
+
+
+def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    return _beyond(_derivative(replayed, framework), replayed.results)
+
+
+#: The intermediates a correct kernel cannot avoid, and which calls compute them: the
+#: exact result (every call), a sum of squares (norms, variances, distances: the
+#: [explore] squares table), a sum before a division (means, average pools: sums),
+#: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
+#: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of products (the [terms] table, which
+#: bound a partial sum, not the result), and a backward's derivative (computed before
+#: it is multiplied by the incoming gradient).
+EXCUSES = (
+    Excuse("exact result beyond the dtype's range", lambda name: True, _result_beyond),
+    Excuse("sum of squares beyond its accumulator's range", lambda name: name.operator in summing_apis("squares"), _sum_beyond(2)),
+    Excuse("sum beyond its accumulator's range", lambda name: name.operator in summing_apis("sums"), _sum_beyond(1)),
+    Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
+    Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),
+    Excuse("terms of its sums of products beyond the dtype's range", has_terms, _terms_beyond),
+    Excuse(
+        "g - sum(g * y) of a softmax-like backward beyond the dtype's range",
+        lambda name: name.direction == "backward" and name.operator in summing_apis("shifted_gradient"),
+        _shifted_gradient_beyond,
+    ),
+    Excuse("derivative beyond the dtype's range", lambda name: name.direction == "backward", _derivative_beyond),
+)
 
 
 def _derivative(replayed: Replayed, framework: str) -> tuple[Value, ...]:

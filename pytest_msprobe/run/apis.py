@@ -78,6 +78,13 @@ def fixed_shape_apis() -> frozenset[str]:
     return frozenset(_pytorch_toml()["explore"]["fixed_shapes"])
 
 
+@functools.cache
+def summing_apis(intermediate: str) -> frozenset[str]:
+    """The APIs whose definition computes an intermediate of their inputs (`sums`,
+    `squares`, `shifted`, `shifted_gradient`, `products`): the [explore] table."""
+    return frozenset(_pytorch_toml()["explore"][intermediate])
+
+
 def is_in_place(api_name: str) -> bool:
     if api_name.startswith("__") and api_name.endswith("__"):
         return api_name.startswith("__i") and api_name not in ("__invert__", "__index__", "__int__")
@@ -173,7 +180,25 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
         from pytest_msprobe.run import dropout
 
         return Api(f"{name.api_type}.{api_name}", function, dropout.masked(function), is_in_place(api_name), raise_bench, dropout.reveal)
-    return Api(f"{name.api_type}.{api_name}", function, function, is_in_place(api_name), raise_bench)
+    bench = _exact_gelu(function) if (name.api_type, api_name) in (("Functional", "gelu"), ("Torch", "gelu")) else function
+    return Api(f"{name.api_type}.{api_name}", function, bench, is_in_place(api_name), raise_bench)
+
+
+def _exact_gelu(gelu: Callable[..., Value]) -> Callable[..., Value]:
+    """gelu's float64 bench as 0.5 x erfc(-x / sqrt 2). torch computes 0.5 x (1 + erf(x /
+    sqrt 2)) in every dtype, whose sum cancels in the left tail (pytorch/pytorch#187806):
+    in float64 it is 0 from about x = -8.3 on, where float32's exact gelu is still a
+    normal number, so a bench computed that way would call a correct float32 kernel wrong
+    there. The tanh approximation and the other dtypes are torch's own."""
+
+    def bench(input: Value, approximate: str = "none") -> Value:  # noqa: A002 (torch's name)
+        import torch
+
+        if approximate != "none" or not isinstance(input, torch.Tensor) or input.dtype != torch.float64:
+            return gelu(input, approximate=approximate)
+        return 0.5 * input * torch.special.erfc(-input * 0.5**0.5)
+
+    return bench
 
 
 def random_when(function: Callable[..., Value], label: str, position: int, keyword: str) -> Callable[..., Value]:

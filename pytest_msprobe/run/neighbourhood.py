@@ -53,6 +53,7 @@ class Variant:
     backward: Record | None
     tensors: dict[str, torch.Tensor]
     described: dict[str, str]  # data_name -> how its values were made
+    explicit: bool = False  # an explicit example (Neighbourhood.edge_variants): hypothesis does not shrink it
 
     def provided(self) -> dict[str, tuple[torch.Tensor, str]]:
         """What dump.values.DecodeContext takes as in-memory tensors."""
@@ -100,12 +101,8 @@ def _offset(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.ran
     or a difference. j runs to D's mantissa bits less KEPT_BITS: the values keep that
     many bits of their spread; past it the offset's rounding leaves an almost constant
     input, a different (degenerate) call."""
-    finite = values[np.isfinite(values)]
-    spread = float(finite.std()) if finite.size > 1 else 0.0
-    spread = spread or _finite_max(values) or 1.0
-    info = torch.finfo(dtype)
-    bits = -math.frexp(info.eps)[1] + 1
-    top = min(bits - KEPT_BITS, math.floor(math.log2(info.max / 4 / spread)))
+    spread = _spread(values)
+    top = min(_mantissa_bits(dtype) - KEPT_BITS, math.floor(math.log2(torch.finfo(dtype).max / 4 / spread)))
     j = draw(st.integers(0, max(top, 0)))
     offset = (-1.0 if draw(st.booleans()) else 1.0) * spread * 2.0**j
     return values + offset, f"shifted by {offset:+.4g} (2**{j} times the spread)"
@@ -117,7 +114,7 @@ def _extreme(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.ra
     if largest == 0:
         return values, "all zero: nothing to scale"
     info = torch.finfo(dtype)
-    j = draw(st.integers(1, -math.frexp(info.eps)[1] + 1))
+    j = draw(st.integers(1, _mantissa_bits(dtype)))
     target = info.max * (1.0 - 2.0**-j)
     return values * (target / largest), f"scaled to max |x| = {target:.4g} (the largest {_dtype_name(dtype)} is {info.max:.4g})"
 
@@ -166,6 +163,136 @@ REGIMES = tuple(
 )
 
 
+# --- edges: the extremes explored first --------------------------------------------
+#
+# An edge moves the call's first floating tensor (the data a kernel computes on: the
+# logits, the normalised x) to one extreme where naive kernels break. Every edge is
+# tried first, at the dumped shapes with the other tensors as dumped: hypothesis's
+# explicit examples (Neighbourhood.edge_variants); the generated examples then move
+# every tensor by the regimes above. Each maps the values (float64) to new ones, with
+# a description.
+Edge = Callable[[np.ndarray, torch.dtype], tuple[np.ndarray, str]]
+
+
+def _exp_threshold(dtype: torch.dtype) -> float:
+    """ln of the dtype's largest value: where exp(x) overflows."""
+    return math.log(torch.finfo(dtype).max)
+
+
+def _to_largest(values: np.ndarray, target: float) -> np.ndarray:
+    largest = _finite_max(values)
+    return values * (target / largest) if largest else np.full_like(values, target)
+
+
+def _logits(factor: float) -> Edge:
+    """Scaled to max |x| = factor times exp's overflow threshold: a softmax's exact
+    result fits at any scale; exp(x) without the row's max subtracted does not."""
+
+    def edge(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+        target = factor * _exp_threshold(dtype)
+        return _to_largest(values, target), f"scaled to max |x| = {target:.4g} ({factor:g}x ln of the largest {_dtype_name(dtype)})"
+
+    return edge
+
+
+def _largest_offset(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+    """The largest common offset _offset draws: the values keep KEPT_BITS of their spread."""
+    spread = _spread(values)
+    top = max(min(_mantissa_bits(dtype) - KEPT_BITS, math.floor(math.log2(torch.finfo(dtype).max / 4 / spread))), 0)
+    return values + spread * 2.0**top, f"shifted by {spread * 2.0**top:+.4g} (2**{top} times the spread)"
+
+
+def _dominant(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+    """One element of each row (the last dimension's first) at twice exp's overflow
+    threshold: a saturated softmax row, an outlier under a normalisation."""
+    if values.ndim == 0 or not values.shape[-1]:
+        return values, ""
+    moved = values.copy()
+    moved[..., 0] = 2 * _exp_threshold(dtype)
+    return moved, f"each row's first element set to {2 * _exp_threshold(dtype):.4g}"
+
+
+def _equal_rows(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+    """Every element of a row equal to its first (a variance of exactly 0), kept masked
+    where the row was."""
+    if values.ndim == 0 or not values.shape[-1]:
+        return values, ""
+    return np.where(np.isfinite(values), values[..., :1], values), "each row's elements equal to its first"
+
+
+def _subnormal_rows(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+    """Every other row scaled to max |x| = D's smallest normal value / 16 (the whole row
+    subnormal: 1 / x overflows), the other rows as they were: rows of very different
+    scales in one call."""
+    if values.ndim == 0 or not values.shape[-1] or not _finite_max(values):
+        return values, ""
+    rows = values.reshape(-1, values.shape[-1]).copy()
+    rows[::2] *= torch.finfo(dtype).smallest_normal / 16 / _finite_max(values)
+    return rows.reshape(values.shape), "every other row scaled to max |x| = the smallest normal value / 16 (subnormal)"
+
+
+def _masked(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+    """A causal mask (-inf above the diagonal of the last two dimensions) over logits at
+    twice exp's overflow threshold: masked attention scores."""
+    if values.ndim < 2:
+        return values, ""
+    scaled, _ = _logits(2.0)(values, dtype)
+    rows, columns = values.shape[-2:]
+    future = np.triu(np.ones((rows, columns), dtype=bool), 1)
+    return np.where(
+        future, -np.inf, scaled
+    ), f"-inf above the diagonal (a causal mask), the rest scaled to max |x| = {2 * _exp_threshold(dtype):.4g}"
+
+
+def _epsilon_scale(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+    """Scaled to max |x| = D's epsilon: where 1 + x, exp(x) and cos(x) round to 1, so that
+    exp(x) - 1, log(1 + x) and 1 - cos(x) keep no bit of their result."""
+    target = torch.finfo(dtype).eps
+    return _to_largest(values, target), f"scaled to max |x| = {target:.4g} ({_dtype_name(dtype)}'s epsilon)"
+
+
+def _left_tail(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+    """Every value at most -3/4 ln(1 / D's epsilon), spread by 1: exp(x) is below
+    eps**(3/4), where 1 + tanh(x / 2) (a sigmoid) or 1 + erf(x / sqrt 2) (a gelu) has
+    cancelled most of its bits while the result still counts as more than a small value."""
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return values, ""
+    top = -3 / 4 * math.log(1 / torch.finfo(dtype).eps)
+    return (values - finite.max()) / _spread(values) + top, f"moved to max x = {top:.4g} (spread by 1 below it)"
+
+
+def _near_largest(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
+    """Scaled to max |x| = D's largest value / 4: a sum of five overflows before a mean
+    divides it, while a difference of two (x - max(x) in a softmax) still fits."""
+    target = torch.finfo(dtype).max / 4
+    return _to_largest(values, target), f"scaled to max |x| = {target:.4g} (a quarter of the largest {_dtype_name(dtype)})"
+
+
+EDGES: dict[str, Edge] = {
+    "logits past exp's overflow": _logits(1.0625),
+    "logits at twice exp's overflow": _logits(2.0),
+    "largest offset": _largest_offset,
+    "a dominant element per row": _dominant,
+    "equal rows": _equal_rows,
+    "subnormal rows": _subnormal_rows,
+    "masked rows": _masked,
+    "epsilon scale": _epsilon_scale,
+    "left tail": _left_tail,
+    "a quarter of the largest value": _near_largest,
+}
+
+
+def _mantissa_bits(dtype: torch.dtype) -> int:
+    return -math.frexp(torch.finfo(dtype).eps)[1] + 1
+
+
+def _spread(values: np.ndarray) -> float:
+    """The finite values' standard deviation, else their largest |value|, else 1."""
+    finite = values[np.isfinite(values)]
+    return (float(finite.std()) if finite.size > 1 else 0.0) or _finite_max(values) or 1.0
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -194,6 +321,7 @@ class Neighbourhood:
         floats = [leaf for leaf in leaves if leaf.tensor.is_floating_point()]
         has_specials = any(not torch.isfinite(leaf.tensor).all() for leaf in floats)
         self.regimes = tuple(regime for regime in REGIMES if regime.name != "specials" or has_specials)
+        self.edged = next((position for position, leaf in enumerate(leaves) if leaf.tensor.is_floating_point()), None)
 
     def _recorded(self) -> list[Json]:
         recorded: list[Json] = [self.forward.get("input_args", []), self.forward.get("input_kwargs", {})]
@@ -219,6 +347,33 @@ class Neighbourhood:
         total = sum(tensor.numel() for tensor in tensors.values())
         if total > self.max_elements:
             reject()  # larger than exploring this call may make it
+        return self._variant(tensors, described, sizes)
+
+    def edge_variants(self) -> list[Variant]:
+        """The dumped call with its first floating tensor at each edge (EDGES), the other
+        tensors and every shape as dumped: hypothesis's explicit examples, run first.
+        Each is the smallest variant at its edge (hypothesis shrinks toward the dumped
+        shapes and values), so one that fails is already minimal."""
+        if self.edged is None:
+            return []
+        variants = []
+        masked = not bool(torch.isfinite(self.leaves[self.edged].tensor).all())
+        for edge in EDGES:
+            if edge == "masked rows" and not masked:
+                continue  # a mask only where the dumped tensor holds one: -inf means nothing to a matmul
+            tensors, described = {}, {}
+            for position, leaf in enumerate(self.leaves):
+                name = f"explore.{position}.pt"
+                shape = tuple(leaf.tensor.shape)
+                tensor, how = _edged(leaf, edge) if position == self.edged else (leaf.tensor, "as dumped")
+                tensors[name], described[name] = tensor, f"{leaf.path}: {_dtype_name(tensor.dtype)} {list(shape)}, {how}"
+            variants.append(self._variant(tensors, described, {}, explicit=True))
+        return variants
+
+    def _variant(
+        self, tensors: dict[str, torch.Tensor], described: dict[str, str], sizes: dict[int, int], explicit: bool = False
+    ) -> Variant:
+        """The records of the call with `tensors` in place of its own, in decoding order."""
         rename = iter(tensors)
 
         def replace(value: Record) -> Record:
@@ -233,7 +388,7 @@ class Neighbourhood:
         backward = None
         if self.backward is not None:
             backward = {**self.backward, "input": _mapped(self.backward.get("input", []), replace, sizes)}
-        return Variant(forward, backward, tensors, described)
+        return Variant(forward, backward, tensors, described, explicit)
 
     def _draw_sizes(self, draw: st.DrawFn) -> dict[int, int]:
         """Dumped size -> its size in this variant (every dimension of that size)."""
@@ -257,6 +412,13 @@ def _leaf_values(
     wide = dumped.double().numpy()
     moved, how = regime.make(draw, wide if same else _resampled(wide, shape, rng), dumped.dtype, rng)
     return _tensor(moved, shape, dumped.dtype), ", ".join(filter(None, (source, how)))
+
+
+def _edged(leaf: TensorLeaf, edge: str) -> tuple[torch.Tensor, str]:
+    """The leaf's floating tensor moved to an edge (EDGES)."""
+    dumped = leaf.tensor
+    moved, how = EDGES[edge](dumped.double().numpy(), dumped.dtype)
+    return _tensor(moved, tuple(dumped.shape), dumped.dtype), f"as dumped, at the edge {edge!r}: {how or 'nothing to move'}"
 
 
 def _tensor(values: Json, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

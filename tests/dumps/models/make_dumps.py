@@ -8,7 +8,7 @@ Run with torch and mindstudio-probe installed (never torch_npu):
     python make_dumps.py --list                  models, shipped dumps, the fault table
     python make_dumps.py MODEL DTYPE OUTDIR --threads N    dump with N torch threads (default 1)
     python make_dumps.py MODEL DTYPE OUTDIR --level mix   msprobe's level mix (Module.* records too; default L1)
-MODEL: transformer12 transformer4 transformer1 transformer_large convbn gru lstm embedattn widenorm; DTYPE: float32 bfloat16 float16.
+MODEL: transformer12 transformer4 transformer1 transformer_large convbn gru lstm embedattn apizoo widenorm; DTYPE: float32 bfloat16 float16.
 
 The dump is rewritten to the portable layout: OUTDIR/dump.json, OUTDIR/dump_tensor_data/*.pt,
 OUTDIR/construct.json, with dump_data_dir set to a foreign path (a dump is always read on
@@ -197,6 +197,65 @@ class WideNorm(nn.Module):
         return s.head(F.rms_norm(h, (40,), s.rms_out))
 
 
+class ApiZoo(nn.Module):
+    """Many APIs once each, on small tensors: the APIs of the standards' routing table and
+    of the [terms] table that no other calibration model calls (norms, attention masked and
+    unmasked, group_norm, expm1/log1p, interpolate, pooling, elementwise math), for
+    exploring correct kernels on real inputs (benchmarks/RESULTS-explore.md).
+
+    x (2, 4, 8, 8) -> per branch a (2, 8) feature block, joined and classified by a linear."""
+
+    def __init__(s) -> None:
+        super().__init__()
+        s.conv = nn.Conv2d(4, 4, 3, padding=1)
+        s.conv1d = nn.Conv1d(4, 4, 3, padding=1)
+        s.gn, s.bn = nn.GroupNorm(2, 4), nn.BatchNorm2d(4)
+        s.ln = nn.LayerNorm(8)
+        s.inorm = nn.InstanceNorm2d(4, affine=True)
+        s.qkv = nn.Linear(8, 24)
+        s.mix = nn.Parameter(torch.randn(8, 8) / 3)
+        s.head = nn.Linear(8 * 8, 10)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        feats = []
+        y = F.silu(s.gn(s.conv(x)))  # conv2d, group_norm, silu
+        y = s.inorm(F.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False))  # interpolate, instance_norm
+        y = F.avg_pool2d(s.bn(y), 2)  # batch_norm, avg_pool2d
+        feats.append(y.mean(dim=(1, 2)))  # mean
+        rows = x.reshape(b, 4 * 8, 8)
+        h = s.ln(rows)  # layer_norm
+        q, k, v = s.qkv(h).reshape(b, 32, 3, 8).unbind(2)
+        q, k, v = (t.reshape(b, 32, 2, 4).transpose(1, 2) for t in (q, k, v))
+        plain = F.scaled_dot_product_attention(q, k, v)  # unmasked attention
+        causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # masked
+        future = torch.ones(32, 32, dtype=torch.bool).triu(1)
+        scores = torch.matmul(q, k.transpose(-2, -1)).masked_fill(future, float("-inf"))
+        attn = plain + causal + torch.matmul(F.log_softmax(scores, -1).exp(), v)  # masked log_softmax
+        feats.append(attn.transpose(1, 2).reshape(b, 32, 8).mean(1))
+        feats.append(torch.logsumexp(h, dim=1) + torch.norm(h, dim=1) + F.normalize(h, dim=1).sum(1))  # logsumexp, norm, normalize
+        z = torch.tanh(h[:, 0]) * 0.5  # small values: where expm1/log1p/1-cos matter
+        feats.append(torch.expm1(z) + torch.log1p(z) + torch.cos(z) + torch.sin(z) + torch.sigmoid(h[:, 1]) + torch.exp(-z * z))
+        feats.append(torch.var(h, dim=1) + torch.std(h, dim=1) + F.softplus(h).mean(1) + F.elu(h).amax(1) + torch.rsqrt(1 + h * h).sum(1))
+        c = s.conv1d(h[:, :4, :])  # conv1d on 4 channels of length 8
+        feats.append(
+            F.avg_pool1d(c, 2).repeat_interleave(2, -1).sum(1) + torch.cumsum(h[:, 0], -1) + torch.einsum("bi,ij->bj", h[:, 1], s.mix)
+        )
+        feats.append(
+            torch.addmm(h[:, 2], h[:, 3], s.mix)
+            + F.hardswish(h[:, 4])
+            + F.mish(h[:, 5])
+            + torch.erf(h[:, 6])
+            + F.gelu(h[:, 7], approximate="tanh")
+        )
+        feats.append(
+            F.cosine_similarity(h[:, 8], h[:, 9], dim=0).unsqueeze(0)
+            + torch.atan2(h[:, 10], 1 + h[:, 11].abs())
+            + torch.pow(h[:, 12].abs() + 1, 1.5)
+        )
+        return s.head(torch.cat(feats, dim=-1))
+
+
 def _token_ids(vocab: int, batch: int, seq: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq))
 
@@ -256,6 +315,14 @@ MODELS: dict[str, ModelSpec] = {
         _per_token_labels(10),
         "embedding 5000 x 16 with repeated ids, linear, matmul, masked_fill(-inf, causal), softmax",
     ),
+    "apizoo": ModelSpec(
+        ApiZoo,
+        lambda: torch.randn(2, 4, 8, 8),
+        lambda logits: torch.randint(0, 10, logits.shape[:-1]),
+        "conv2d/1d, group/instance/batch/layer_norm, silu, interpolate, avg_pool, mean, sdpa (plain, causal), masked log_softmax, "
+        "logsumexp, norm, normalize, expm1, log1p, cos, sin, sigmoid, exp, var, std, softplus, elu, rsqrt, cumsum, einsum, "
+        "addmm, hardswish, mish, erf, gelu (tanh), cosine_similarity, atan2, pow",
+    ),
     # not shipped: for benchmarks/kernel_diversity.py (wide reductions under other kernel paths)
     "widenorm": ModelSpec(
         WideNorm,
@@ -281,6 +348,9 @@ SHIPPED = {
     "lstm_tensor_fp32": ("lstm", "float32", "tensor"),
     "embedattn_tensor_fp32": ("embedattn", "float32", "tensor"),
     "embedattn_tensor_bf16": ("embedattn", "bfloat16", "tensor"),
+    "apizoo_tensor_fp32": ("apizoo", "float32", "tensor"),
+    "apizoo_tensor_fp16": ("apizoo", "float16", "tensor"),
+    "apizoo_tensor_bf16": ("apizoo", "bfloat16", "tensor"),
 }
 
 # The fault table: fault -> (model, dtype, citation). The kernels are in tests/model_faults.py.
