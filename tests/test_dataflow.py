@@ -152,3 +152,15 @@ def test_a_corrupt_tensor_file_never_crashes_the_data_flow(copy_dump, run_dump) 
     assert "Functional.layer_norm.0.forward.output.0.pt" in result.calls["Functional.layer_norm.0.forward"].text
     assert result.calls["Functional.linear.0.backward"].outcome == "skipped"
     assert result.calls["Functional.linear.1.backward"].outcome == "failed"  # the others still judged
+
+
+def test_the_data_flow_never_holds_more_than_the_element_limit(copy_dump, run_dump) -> None:
+    """The data flow keeps every output of a dtype in memory to find producers: a dump
+    whose outputs exceed --msprobe-max-elements (a real model's step: hundreds of GB)
+    skips the gradients it would recover, naming the limit, instead of running out of
+    memory; every call that needs no data flow is judged as before."""
+    dump = copy_dump("models/faults/linear_backward_bf16")
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "--msprobe-max-elements=4000")
+    outcome = result.calls["Functional.linear.0.backward"]
+    assert outcome.outcome == "skipped" and "--msprobe-max-elements (4,000)" in outcome.text, outcome.text
+    assert result.calls["Functional.layer_norm.0.forward"].outcome == "passed"

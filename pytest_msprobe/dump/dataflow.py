@@ -215,6 +215,13 @@ class DataFlow:
         looked up in a table of every output's distinct values (made once per dtype)."""
         table = self._owners.get(dtype)
         if table is None:
+            held = sum(port.spec.numel for port in self.outputs if port.spec.dtype == dtype)
+            if held > self.max_elements:
+                raise CallSkip(
+                    f"the dump's {dtype} forward outputs hold {held:,} elements, above --msprobe-max-elements "
+                    f"({self.max_elements:,}): the data flow that recovers this gradient keeps them all in memory at once; "
+                    "raise the limit where the memory allows"
+                )
             parts, owners = [], []
             for i, port in enumerate(self.outputs):
                 if port.spec.dtype != dtype:
