@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.record import OutputResult
-from pytest_msprobe.run.apis import dropout_table
-from pytest_msprobe.run.dropout import Z_LIMIT, dropped_share, revealed
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName, Json
@@ -78,7 +76,11 @@ def annotated(outputs: list[OutputResult], findings: list[Finding]) -> list[Outp
 
 def dropout_findings(results: Results, name: CallName) -> list[Finding]:
     """A dropout's dropped share on the device against p (run/dropout.py): an error
-    beyond Z_LIMIT standard deviations of Binomial(n, p)."""
+    beyond Z_LIMIT standard deviations of Binomial(n, p). Imported here: the xdist
+    controller reads this module's records and must not import torch."""
+    from pytest_msprobe.run.apis import dropout_table
+    from pytest_msprobe.run.dropout import Z_LIMIT, dropped_share, revealed
+
     unit_dims = dropout_table().get(name.operator)
     shown = None if unit_dims is None else revealed(results.inputs, results.device, name.direction)
     if shown is None or unit_dims is None:
