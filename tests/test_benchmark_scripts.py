@@ -25,6 +25,7 @@ SCRIPTS = {
     "bench_baseline.py": HELP,
     "bench_dataflow.py": HELP,
     "bench_explore.py": HELP,
+    "bench_explore_faults.py": HELP,
     "bench_html.py": HELP,
     "bench_large_calls.py": HELP,
     "bench_percall.py": HELP,
