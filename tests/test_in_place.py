@@ -53,3 +53,34 @@ def test_a_wrong_in_place_gradient_fails_offline(tmp_path: Path, run_dump) -> No
     """Planted: relu(inplace=True)'s dumped input gradient 2**-10 too large."""
     result = run_dump(in_place_dump(tmp_path / "dump", 1 + 2**-10), "--msprobe-device=cpu", "--msprobe-offline")
     assert sorted(result.by_outcome("failed")) == ["Functional.relu.0.backward"]
+
+
+def module_hooked_relu_dump(root: Path, faulty: bool = False) -> Path:
+    """`relu(inplace=True)` on the output of a dumped `__mul__`, recorded as msprobe does at
+    level mix, where it also hooks the `nn.ReLU` module: the relu's input gradient in the
+    dump is the incoming gradient passed through (the hook's identity node), and the
+    relu's true gradient is the `__mul__`'s incoming one. `faulty`: a device relu whose
+    backward passes the gradient through where the input was negative."""
+    writer = DumpWriter(root, "tensor")
+    generator = torch.Generator().manual_seed(5)
+    a = torch.randn(16, 32, generator=generator).requires_grad_()
+    scale = torch.randn(16, 32, generator=generator)
+    x = a * scale
+    upstream = torch.randn(16, 32, generator=generator)
+    writer.forward("Tensor.__mul__.0", [a.detach(), scale], {}, x.detach())
+    writer.forward("Functional.relu.0", [x.detach()], {"inplace": True}, torch.relu(x.detach()))
+    through_relu = upstream if faulty else upstream * (x.detach() > 0)
+    writer.backward("Functional.relu.0", [upstream], [upstream])
+    writer.backward("Tensor.__mul__.0", [through_relu], [through_relu * scale, None])
+    return writer.write()
+
+
+@pytest.mark.parametrize("faulty", [False, True], ids=["correct", "passes-through"])
+def test_a_passed_through_in_place_gradient_is_recovered_from_the_data_flow(faulty: bool, tmp_path: Path, run_dump) -> None:
+    """Real: resnet's ReLU(inplace=True) at level mix (benchmarks/RESULTS-real-models.md), 5
+    false errors offline before. The relu's own gradient comes from its producer's record:
+    correct, it passes; a device relu that passes the gradient through fails there."""
+    result = run_dump(module_hooked_relu_dump(tmp_path / "dump", faulty), "--msprobe-device=cpu", "--msprobe-offline")
+    outcome = result.calls["Functional.relu.0.backward"]
+    assert outcome.outcome == ("failed" if faulty else "passed"), outcome.text
+    assert "Tensor.__mul__.0" in outcome.properties["msprobe_reference"]

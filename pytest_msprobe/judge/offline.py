@@ -33,7 +33,7 @@ from pytest_msprobe.dump.dataflow import Ambiguous, Gather, ModuleRecords, Read,
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext, TensorLeaf, decode
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
-from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map
+from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map, writes_in_place
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Value
@@ -87,6 +87,13 @@ class DumpedRun:
             for edge, grad in zip(edges, dumped, strict=False):
                 if edge is not None and isinstance(grad, torch.Tensor):
                     matched[edge] = grad
+        passed = [_passed_through(grad, inputs.grads) for grad in matched]
+        if any(passed) and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs):
+            own = self.graph_run.backward(inputs, needs_grad)
+            matched = [
+                None if through and not _passed_through(mine, inputs.grads) else grad
+                for grad, through, mine in zip(matched, passed, own, strict=True)
+            ]
         missing = [position for position, grad in enumerate(matched) if grad is None]
         if missing and self.index.task == "tensor":
             self.evidence = recovered_gradients(self.index, self.name, inputs, needs_grad, missing, self.max_elements)
@@ -104,6 +111,26 @@ class DumpedRun:
                 "gradients of an autograd node inside the call (a composite API)"
             )
         return tuple(matched)
+
+
+def _passed_through(grad: Value, incoming: list[Value] | None) -> bool:
+    """Whether a gradient is an incoming gradient, bit for bit. At levels mix and L0
+    msprobe also hooks the module of an in-place call (`nn.ReLU(inplace=True)`), and
+    what it then records as the call's input gradient is the incoming one passed through
+    the hook's identity node (resnet's relu: passed where the input was negative). Where
+    the call's own gradient on the CPU is not the incoming one (an `__iadd__`'s is), the
+    record is no kernel result: the gradient is recovered from the data flow, as a
+    composite call's is (a device kernel that really passes the gradient through is
+    still judged there, through its producer's incoming gradient)."""
+    if not isinstance(grad, torch.Tensor):
+        return False
+    return any(
+        isinstance(other, torch.Tensor)
+        and other.dtype == grad.dtype
+        and other.numel() == grad.numel()
+        and torch.equal(other.reshape(grad.shape), grad)
+        for other in incoming or []
+    )
 
 
 @dataclass
