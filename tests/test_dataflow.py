@@ -114,6 +114,35 @@ def test_a_linear_backward_wrong_inside_the_call_is_an_error_offline(level: str,
             assert "[1]: error" in text and "parameters_grad" in text, text
 
 
+def test_at_mix_a_module_of_several_calls_falls_back_to_the_data_flow(copy_dump, run_dump) -> None:
+    """At level mix a module's records are a call's gradients only where the module made
+    that call alone. The attention's matmuls are made by the Block (23 calls): they are
+    judged through the data flow, not skipped; so is the faulty proj linear when
+    construct.json names the Block as its module (a custom module calling F.linear among
+    other ops): still an error through its input gradient, its weight left out, named."""
+    dump = copy_dump("models/faults/linear_backward_bf16_mix")
+    construct_path = dump.parent / "construct.json"
+    construct = json.loads(construct_path.read_text())
+    block = construct["Torch.matmul.0.forward"]
+    assert block.endswith(".Block.forward.0")
+    construct["Functional.linear.1.forward"] = block
+    construct_path.write_text(json.dumps(construct))
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
+    matmuls = {call: o for call, o in result.calls.items() if call.startswith("Torch.matmul.") and call.endswith(".backward")}
+    assert len(matmuls) == 2
+    for call, outcome in matmuls.items():
+        assert outcome.outcome == "passed", (call, outcome.text)
+        reference = outcome.properties["msprobe_reference"]
+        assert "module's record" not in reference and ".backward input[0] (the gradient of the output it read)" in reference, reference
+    proj = result.calls["Functional.linear.1.backward"]
+    assert proj.outcome == "failed" and "[0]: error" in proj.text, proj.text
+    assert "module's record" not in proj.properties["msprobe_reference"]
+    assert "input_args[0]'s gradient from Torch.matmul.1.backward input[0]" in proj.properties["msprobe_reference"], proj.properties
+    assert "input_args[1] was made by no dumped call" in proj.text, proj.text
+    assert result.calls["Functional.linear.2.backward"].outcome == "failed"
+    assert "parameters_grad" in result.calls["Functional.linear.2.backward"].text
+
+
 def _drop(dump: Path, calls: list[str]) -> None:
     document = json.loads(dump.read_text())
     for call in calls:
