@@ -41,9 +41,10 @@ failure; a run that leaves no result CSV is reported as such. Every error and wa
 kept with its call name and Message and printed. ``--csv``/``--markdown`` write the table,
 ``--events`` the errors/warnings.
 
-More device paths: ``--make MODEL:DTYPE:CAP:THREADS`` (repeatable; THREADS defaults to 1)
-first makes a new tensor dump of MODEL in DTYPE with msprobe itself, by
-``tests/dumps/models/make_dumps.py MODEL DTYPE OUTDIR --threads THREADS`` under
+More device paths: ``--make MODEL:DTYPE:CAP:THREADS[:LEVEL]`` (repeatable; THREADS defaults to
+1, LEVEL to L1; mix adds msprobe's Module.* records, the evidence offline reads a linear's
+weight gradient from) first makes a new tensor dump of MODEL in DTYPE with msprobe itself, by
+``tests/dumps/models/make_dumps.py MODEL DTYPE OUTDIR --threads THREADS --level LEVEL`` under
 ATEN_CPU_CAPABILITY=CAP, using ``--maker-python`` (a separate venv with ``torch==2.13.0`` and
 ``mindstudio-probe``), and adds it to the dumps to judge; its device path is then
 "CAP/THREADSt (dump writer)". ``--make-dump CAP`` is the older short form of
@@ -258,24 +259,30 @@ def probe_path(path: KernelPath, python: str = sys.executable, threads_call: boo
 
 @dataclass(frozen=True)
 class MakeSpec:
-    """A dump to make: MODEL:DTYPE:CAP[:THREADS]."""
+    """A dump to make: MODEL:DTYPE:CAP[:THREADS[:LEVEL]]."""
 
     model: str
     dtype: str
     cap: str
     threads: int = 1
+    level: str = "L1"
 
     @classmethod
     def parse(cls, text: str) -> MakeSpec:
         parts = text.split(":")
-        if len(parts) not in (3, 4) or not all(parts):
-            raise argparse.ArgumentTypeError(f"--make wants MODEL:DTYPE:CAP[:THREADS], not {text!r}")
-        return cls(parts[0], parts[1], parts[2], int(parts[3]) if len(parts) == 4 else 1)
+        if len(parts) not in (3, 4, 5) or not all(parts) or (len(parts) == 5 and parts[4] not in ("L1", "mix")):
+            raise argparse.ArgumentTypeError(f"--make wants MODEL:DTYPE:CAP[:THREADS[:LEVEL]] (LEVEL L1 or mix), not {text!r}")
+        return cls(parts[0], parts[1], parts[2], int(parts[3]) if len(parts) >= 4 else 1, parts[4] if len(parts) == 5 else "L1")
+
+    @property
+    def stem(self) -> str:
+        """The made dump's name: the model, its level where not L1, and its dtype."""
+        return f"{self.model}{'_' + self.level if self.level != 'L1' else ''}_tensor_{self.dtype}"
 
 
 def make_dump(maker_python: str, spec: MakeSpec, scratch: Path) -> Dump:
     """A new msprobe dump made by tests/dumps/models/make_dumps.py under spec's path."""
-    out = scratch / "made" / f"{spec.model}_tensor_{spec.dtype}_{spec.cap}_{spec.threads}t"
+    out = scratch / "made" / f"{spec.stem}_{spec.cap}_{spec.threads}t"
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     path = KernelPath(spec.cap, spec.threads)
@@ -287,16 +294,18 @@ def make_dump(maker_python: str, spec: MakeSpec, scratch: Path) -> Dump:
         str(out),
         "--threads",
         str(spec.threads),
+        "--level",
+        spec.level,
     ]
     proc = subprocess.run(command, check=False, cwd=out.parent, env=path.env(), capture_output=True, text=True)
     if proc.returncode != 0 or not (out / "dump.json").exists():
         raise RuntimeError(f"make_dumps.py under {path.label} failed:\n{proc.stdout}\n{proc.stderr}")
     return Dump(
         folder=out,
-        name=f"made:{spec.model}_tensor_{spec.dtype}@{path.label}",
+        name=f"made:{spec.stem}@{path.label}",
         task="tensor",
         writer=f"{path.label} (dump writer)",
-        model=spec.model,
+        model=spec.model if spec.level == "L1" else f"{spec.model}_{spec.level}",
         dtype=spec.dtype,
         made=True,
     )
@@ -377,10 +386,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         type=MakeSpec.parse,
-        metavar="MODEL:DTYPE:CAP[:THREADS]",
+        metavar="MODEL:DTYPE:CAP[:THREADS[:LEVEL]]",
         help="also make a tensor dump of MODEL (make_dumps.py --list) in DTYPE "
         "(float32, bfloat16, float16) with msprobe under "
-        "ATEN_CPU_CAPABILITY=CAP and THREADS torch threads (default 1), "
+        "ATEN_CPU_CAPABILITY=CAP and THREADS torch threads (default 1) at msprobe's LEVEL (L1, default, or mix), "
         "and judge it offline under every path (repeatable)",
     )
     parser.add_argument(
@@ -413,7 +422,7 @@ def collect_dumps(args: argparse.Namespace) -> list[Dump]:
         started = time.perf_counter()
         made = make_dump(args.maker_python, spec, args.scratch)
         seconds = time.perf_counter() - started
-        first = first_made.setdefault((spec.model, spec.dtype), made.folder)
+        first = first_made.setdefault((spec.stem, spec.dtype), made.folder)
         compared = differing_files(made.folder, first) if first != made.folder else "first made"
         reported = probe_path(KernelPath(spec.cap, spec.threads), args.maker_python, True)
         print(f"made {made.name} in {seconds:.1f}s: {made.folder} (maker's torch reports {reported}; {compared})", flush=True)
