@@ -1,10 +1,11 @@
 """Issue 29: the GEMM backward judged offline through the dump's data flow.
 
-    python benchmarks/bench_dataflow.py time [--before SRC] [--repeats 5]
+    python benchmarks/bench_dataflow.py time [--before SRC] [--repeats 5] [--dump DUMP_JSON]
     python benchmarks/bench_dataflow.py coverage DIR [--make] [--msprobe-python PATH]
 
-time: the offline check of the shipped 12-block transformer dump
-(tests/dumps/models/transformer12_tensor_fp32, 322 calls), `-n 0 --msprobe-offline
+time: the offline check of a dump (default: the shipped 12-block transformer dump,
+tests/dumps/models/transformer12_tensor_fp32, 322 calls; the issue's deeper one:
+`make_transformer_dump.py OUT --blocks 16`, 430), `-n 0 --msprobe-offline
 --msprobe-device=cpu`, wall time of a fresh process, best of --repeats, the runs of this
 tree and of --before (a source tree of the code before, e.g. `git archive main | tar -x
 -C SRC`, put first on PYTHONPATH) interleaved so that both see the same machine load.
@@ -52,14 +53,14 @@ def offline(dump: Path, env: dict[str, str], *extra: str) -> tuple[float, subpro
 
 
 def time_it(args: argparse.Namespace) -> None:
-    print(f"load {os.getloadavg()[0]:.2f}; dump {SHIPPED.relative_to(ROOT)}")
+    print(f"load {os.getloadavg()[0]:.2f}; dump {args.dump}")
     sides = {"after (this tree)": dict(os.environ)}
     if args.before is not None:
         sides["before (" + str(args.before) + ")"] = {**os.environ, "PYTHONPATH": str(args.before.resolve())}
     times: dict[str, list[float]] = collections.defaultdict(list)
     for _ in range(args.repeats):
         for label, env in sides.items():
-            seconds, done = offline(SHIPPED, env)
+            seconds, done = offline(args.dump.resolve(), env)
             tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
             times[label].append(seconds)
             print(f"  {label}: {seconds:.2f} s  {tail}", flush=True)
@@ -124,6 +125,7 @@ def main() -> None:
     timing = commands.add_parser("time")
     timing.add_argument("--before", type=Path, help="a source tree of the code before (put first on PYTHONPATH)")
     timing.add_argument("--repeats", type=int, default=5)
+    timing.add_argument("--dump", type=Path, default=SHIPPED, help="the dump.json to check (default: the shipped transformer12 fp32)")
     cover = commands.add_parser("coverage")
     cover.add_argument("dir", type=Path)
     cover.add_argument("--make", action="store_true", help="make the dumps first (needs mindstudio-probe)")

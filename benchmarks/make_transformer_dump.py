@@ -3,14 +3,15 @@ the shared maker (../shared/tools/make_dump_torch.py), for benchmarks/bench_tran
 
 Run with the Python that has torch and mindstudio-probe (msprobe's own venv):
 
-    python benchmarks/make_transformer_dump.py OUT_FOLDER [DTYPE] [--tool PATH]
+    python benchmarks/make_transformer_dump.py OUT_FOLDER [DTYPE] [--tool PATH] [--blocks N]
 
 The shared maker ships one model (mlpcnn) and says to add one's own to its MODELS: this
 script registers the tests' 12-block transformer there (tests/dumps/models/make_dumps.py:
 pre-norm blocks of layer_norm, linear, matmul, mul, softmax, gelu, add; dim 32, 4 heads,
 MLP 64, sequence 8; --dim and --seq for larger calls), with a mean-pooled classifier head (the maker's loss takes one label
 per sample), and runs the maker's main: OUT_FOLDER/dump.json (L1, tensor task), 326 calls
-in float32, forward and backward.
+in float32, forward and backward. --blocks N for a deeper (or shallower) model: each block
+adds 26 calls (16 blocks: 430 calls, the depth of the issues' "436-call" dump).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class Transformer12(Transformer):
     """The tests' 12-block transformer with a mean-pooled classifier head: the shared
     maker's loss takes one label per sample."""
 
-    def __init__(s, dim: int, heads: int, mlp: int, seq: int, classes: int = 5) -> None:
-        super().__init__(12, dim=dim, heads=heads, mlp=mlp, seq=seq)
+    def __init__(s, dim: int, heads: int, mlp: int, seq: int, classes: int = 5, blocks: int = 12) -> None:
+        super().__init__(blocks, dim=dim, heads=heads, mlp=mlp, seq=seq)
         s.head = nn.Linear(dim, classes)
 
     def forward(s, ids: torch.Tensor) -> torch.Tensor:
@@ -52,12 +53,13 @@ def main() -> None:
     parser.add_argument("--tool", type=Path, default=TOOL, help="the shared maker (default: ../shared/tools/...)")
     parser.add_argument("--dim", type=int, default=32, help="hidden size (heads: dim / 8; MLP: 2 x dim)")
     parser.add_argument("--seq", type=int, default=8, help="sequence length")
+    parser.add_argument("--blocks", type=int, default=12, help="transformer blocks (26 calls each; default 12: 326 calls)")
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("make_dump_torch", args.tool)
     assert spec is not None and spec.loader is not None
     maker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(maker)
-    model = lambda: Transformer12(dim=args.dim, heads=max(args.dim // 8, 1), mlp=2 * args.dim, seq=args.seq)  # noqa: E731
+    model = lambda: Transformer12(dim=args.dim, heads=max(args.dim // 8, 1), mlp=2 * args.dim, seq=args.seq, blocks=args.blocks)  # noqa: E731
     maker.MODELS["transformer12"] = (model, lambda: torch.randint(0, 64, (4, args.seq)), 5)
     sys.argv = [str(args.tool), "transformer12", "tensor", args.dtype, str(args.out)]
     maker.main()
