@@ -14,14 +14,17 @@ coverage: real msprobe dumps of a 4-block transformer with residual connections
 (tests/dumps/models/make_dumps.py transformer4), levels L1 and mix, float32, bfloat16 and
 float16, and the fault linear_backward_bf16 (planted inside the call) at L1 and mix, made
 under DIR with --make (in msprobe's Python; ~1-2 MB each, so not shipped). Each is checked
-offline; printed per dump: the outcomes, the GEMM backwards (linear, matmul) judged and
-skipped with their reasons, and which calls failed.
+offline; printed per dump: the outcomes, the statuses of the result CSV (forward and
+backward: warnings are passes there), the GEMM backwards (linear, matmul) judged and
+skipped with their reasons and where their gradients came from (a module's record, the
+data flow), which calls failed and, for a linear, which gradients ([0] input, [1] weight).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import csv
 import json
 import os
 import subprocess
@@ -43,10 +46,19 @@ DUMPS = {
 }
 
 
-def offline(dump: Path, env: dict[str, str], *extra: str) -> tuple[float, subprocess.CompletedProcess]:
+def offline(dump: Path, env: dict[str, str], *extra: str, out: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
     with tempfile.TemporaryDirectory() as scratch:
         command = [sys.executable, "-m", "pytest", f"--msprobe-dump={dump}", "--msprobe-offline", "--msprobe-device=cpu"]
-        command += ["-n", "0", "-q", "-p", "no:cacheprovider", f"--basetemp={scratch}/bt", f"--msprobe-out={scratch}/out", *extra]
+        command += [
+            "-n",
+            "0",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={scratch}/bt",
+            f"--msprobe-out={out or Path(scratch) / 'out'}",
+            *extra,
+        ]
         start = time.perf_counter()
         done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
         return time.perf_counter() - start, done
@@ -91,6 +103,41 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     return found
 
 
+def result_rows(out: Path) -> list[dict[str, str]]:
+    """The rows of the run's accuracy_checking_result_*.csv (UTF-8 with BOM)."""
+    found = sorted(out.glob("accuracy_checking_result_*.csv"))
+    if not found:
+        return []
+    with open(found[-1], encoding="utf-8-sig", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def statuses(rows: list[dict[str, str]]) -> dict[str, int]:
+    """pass/warning/error/SKIP counts, forward and backward together."""
+    counts = collections.Counter(row[column].strip() for row in rows for column in ("Forward Test Success", "Backward Test Success"))
+    return {status: counts[status] for status in ("pass", "warning", "error", "SKIP")}
+
+
+def origins(rows: list[dict[str, str]]) -> collections.Counter[str]:
+    """Where the GEMM backwards' recovered gradients came from: per gradient, a module's
+    record or a producer's incoming gradient (the data flow)."""
+    found: collections.Counter[str] = collections.Counter()
+    for row in rows:
+        if row["API name"].startswith(GEMM) and "gradients recovered from the dump: " in row["Message"]:
+            how = row["Message"].split("gradients recovered from the dump: ", 1)[1].split("; device ", 1)[0]
+            found["module record"] += how.count("from the module's record")
+            found["data flow"] += how.count("(the gradient of the output it read)")
+    return found
+
+
+def faulty_gradients(rows: list[dict[str, str]]) -> str:
+    """Of the linear backwards in error, how many erred on the input gradient [0] and the weight gradient [1]."""
+    linears = [
+        row["Message"] for row in rows if row["API name"].startswith("Functional.linear.") and row["Backward Test Success"] == "error"
+    ]
+    return f"{len(linears)} linear backward errors: [0] in {sum('reason: [0]:' in m for m in linears)}, [1] in {sum('reason: [1]:' in m for m in linears)}"
+
+
 def coverage(args: argparse.Namespace) -> None:
     if args.make:
         make(args.dir, args.msprobe_python)
@@ -101,8 +148,9 @@ def coverage(args: argparse.Namespace) -> None:
             continue
         with tempfile.TemporaryDirectory() as scratch:
             junit = Path(scratch) / "junit.xml"
-            seconds, _ = offline(dump, dict(os.environ), f"--junitxml={junit}")
+            seconds, _ = offline(dump, dict(os.environ), f"--junitxml={junit}", out=Path(scratch) / "out")
             calls = outcomes(junit)
+            rows = result_rows(Path(scratch) / "out")
         counts = collections.Counter(outcome for outcome, _ in calls.values())
         gemm = {call: result for call, result in calls.items() if call.startswith(GEMM) and call.endswith(".backward")}
         linears = sorted(json.loads(dump.read_text())["data"])
@@ -114,6 +162,7 @@ def coverage(args: argparse.Namespace) -> None:
             f"{sum(o == 'skipped' for o, _ in gemm.values())} skipped; failed: "
             f"{'every linear backward (' + str(len(linears)) + ')' if failed == sorted(linears) and failed else failed}"
         )
+        print(f"    statuses {statuses(rows)}; GEMM gradients recovered from {dict(origins(rows))}; {faulty_gradients(rows)}")
         for call, (outcome, message) in calls.items():
             if outcome == "skipped":
                 print(f"    skipped {call}: {message[:220]}")
