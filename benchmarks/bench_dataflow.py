@@ -118,13 +118,15 @@ def statuses(rows: list[dict[str, str]]) -> dict[str, int]:
     return {status: counts[status] for status in ("pass", "warning", "error", "SKIP")}
 
 
-def origins(rows: list[dict[str, str]]) -> collections.Counter[str]:
-    """Where the GEMM backwards' recovered gradients came from: per gradient, a module's
-    record or a producer's incoming gradient (the data flow)."""
+def origins(junit: Path) -> collections.Counter[str]:
+    """Where the GEMM backwards' recovered gradients came from (their msprobe_reference
+    property): per gradient, a module's record or a producer's incoming gradient (the data flow)."""
     found: collections.Counter[str] = collections.Counter()
-    for row in rows:
-        if row["API name"].startswith(GEMM) and "gradients recovered from the dump: " in row["Message"]:
-            how = row["Message"].split("gradients recovered from the dump: ", 1)[1].split("; device ", 1)[0]
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        if not case.get("name", "").startswith(GEMM):
+            continue
+        for prop in case.iter("property"):
+            how = prop.get("value", "") if prop.get("name") == "msprobe_reference" else ""
             found["module record"] += how.count("from the module's record")
             found["data flow"] += how.count("(the gradient of the output it read)")
     return found
@@ -151,6 +153,7 @@ def coverage(args: argparse.Namespace) -> None:
             seconds, _ = offline(dump, dict(os.environ), f"--junitxml={junit}", out=Path(scratch) / "out")
             calls = outcomes(junit)
             rows = result_rows(Path(scratch) / "out")
+            recovered = origins(junit)
         counts = collections.Counter(outcome for outcome, _ in calls.values())
         gemm = {call: result for call, result in calls.items() if call.startswith(GEMM) and call.endswith(".backward")}
         linears = sorted(json.loads(dump.read_text())["data"])
@@ -162,7 +165,7 @@ def coverage(args: argparse.Namespace) -> None:
             f"{sum(o == 'skipped' for o, _ in gemm.values())} skipped; failed: "
             f"{'every linear backward (' + str(len(linears)) + ')' if failed == sorted(linears) and failed else failed}"
         )
-        print(f"    statuses {statuses(rows)}; GEMM gradients recovered from {dict(origins(rows))}; {faulty_gradients(rows)}")
+        print(f"    statuses {statuses(rows)}; GEMM gradients recovered from {dict(recovered)}; {faulty_gradients(rows)}")
         for call, (outcome, message) in calls.items():
             if outcome == "skipped":
                 print(f"    skipped {call}: {message[:220]}")
