@@ -181,6 +181,7 @@ class DataFlow:
     _sources: dict[str, Read | Ambiguous | None] = dataclasses.field(default_factory=dict)
     _consumers: dict[str, list[Read]] = dataclasses.field(default_factory=dict)
     _owners: dict[torch.dtype, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
+    _firsts: dict[torch.dtype, tuple[list[Port], np.ndarray]] = dataclasses.field(default_factory=dict)
 
     def tensor(self, port: Port) -> torch.Tensor:
         where = f"{port.call} {port.data_name}"
@@ -312,14 +313,24 @@ class DataFlow:
             found = self._consumers[producer.data_name] = self._find_consumers(producer)
         return found
 
+    def _first_probes(self, dtype: torch.dtype) -> tuple[list[Port], np.ndarray]:
+        """The inputs of that dtype with a probe, and each probe's first value: one
+        lookup in a producer's values picks the inputs that may read it (a deep model
+        has hundreds of inputs, each looked up one by one for every producer before)."""
+        found = self._firsts.get(dtype)
+        if found is None:
+            ports = [port for port in self.inputs.values() if port.spec.dtype == dtype and self._probe(port).size]
+            firsts = np.array([self._probe(port)[0] for port in ports], dtype=np.int64)
+            found = self._firsts[dtype] = (ports, firsts)
+        return found
+
     def _find_consumers(self, producer: Port) -> list[Read]:
         values = self.values(producer)
+        ports, firsts = self._first_probes(producer.spec.dtype)
         found = []
-        for consumer in self.inputs.values():
-            if consumer.order <= producer.order or consumer.spec.dtype != producer.spec.dtype:
-                continue
-            probe = self._probe(consumer)
-            if probe.size == 0 or bool((_holds(values, probe) < 0).any()):
+        for at in np.flatnonzero(_holds(values, firsts) >= 0):
+            consumer = ports[int(at)]
+            if consumer.order <= producer.order or bool((_holds(values, self._probe(consumer)) < 0).any()):
                 continue
             try:
                 read = self.source(consumer.data_name)
