@@ -91,9 +91,8 @@ from .metrics import Pair, sign_balance_z
 if TYPE_CHECKING:
     from .reference import Reference
 
-__all__ = ["bias_metrics", "bias_reasons", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
+__all__ = ["bias_metrics", "bias_reasons", "judge_bias", "grouped_z", "signs_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
-_KEYS = ("bias_ulp", "bias_z", "scale_bias_ulp", "scale_bias_z")
 #: the statistics are computed on a sample of at least this many elements (fewer than
 #: twice as many; single_run.py rule 4 says why that loses nothing)
 STAT_SAMPLE = 2**20
@@ -113,22 +112,32 @@ def sample_blocks(n: int) -> list[slice]:
 
 
 def statistics(sums: Sequence[float], prefix: str = "") -> dict[str, float]:
-    """The four bias metrics from fast.BiasSums' totals (both paths of every standard)."""
+    """The four bias metrics from fast.BiasSums' totals (both paths of every standard),
+    and the sums they come from (`bias_n`, `*_signs`, `*_signs_sq`): what the calls of
+    one kernel pool into its verdict (judge/kernels.py)."""
     pos, neg, outward, inward, n_upper, signed_sum, scale_sum = sums
-    n_upper = max(n_upper, 1)
     return {
-        f"{prefix}bias_ulp": signed_sum / n_upper,
+        f"{prefix}bias_ulp": signed_sum / max(n_upper, 1),
         f"{prefix}bias_z": sign_balance_z(pos, neg),
-        f"{prefix}scale_bias_ulp": scale_sum / n_upper,
+        f"{prefix}scale_bias_ulp": scale_sum / max(n_upper, 1),
         f"{prefix}scale_bias_z": sign_balance_z(outward, inward),
+        f"{prefix}bias_n": float(n_upper),
+        f"{prefix}bias_signs": float(pos - neg),
+        f"{prefix}bias_signs_sq": float(pos + neg),
+        f"{prefix}scale_bias_signs": float(outward - inward),
+        f"{prefix}scale_bias_signs_sq": float(outward + inward),
     }
 
 
-def _clustered_z(signs: Array, groups: Array) -> float:
-    """Cluster-robust sign-test z: |sum_g S_g| / sqrt(sum_g S_g**2)."""
+def _clustered_sums(signs: Array, groups: Array) -> tuple[float, float]:
+    """(sum_g S_g, sum_g S_g**2): the cluster-robust sign test's sums."""
     per_group = np.bincount(groups, weights=signs)
-    spread = float(np.dot(per_group, per_group))
-    return abs(float(per_group.sum())) / np.sqrt(spread) if spread else 0.0
+    return float(per_group.sum()), float(np.dot(per_group, per_group))
+
+
+def signs_z(total: float, spread: float) -> float:
+    """Sign-test z from its sums: |sum S| / sqrt(sum S**2) (0 where nothing differs)."""
+    return abs(total) / float(np.sqrt(spread)) if spread else 0.0
 
 
 def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[str, float]:
@@ -140,13 +149,16 @@ def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[s
         return metrics
     ids = groups if groups.min() >= 0 else np.unique(groups, return_inverse=True)[1]
     additive = np.sign(pair.df - pair.bf_rounded)
-    return {
-        **metrics,
-        f"{prefix}bias_z": _clustered_z(additive, ids),
-        f"{prefix}scale_bias_z": _clustered_z(additive * np.sign(pair.bf), ids),
-        f"{prefix}bias_z_elements": metrics[f"{prefix}bias_z"],
-        f"{prefix}scale_bias_z_elements": metrics[f"{prefix}scale_bias_z"],
-    }
+    grouped = {}
+    for name, signs in (("bias", additive), ("scale_bias", additive * np.sign(pair.bf))):
+        total, spread = _clustered_sums(signs, ids)
+        grouped |= {
+            f"{prefix}{name}_z": signs_z(total, spread),
+            f"{prefix}{name}_signs": total,
+            f"{prefix}{name}_signs_sq": spread,
+            **{f"{prefix}{name}_{key}_elements": metrics[f"{prefix}{name}_{key}"] for key in ("z", "signs", "signs_sq")},
+        }
+    return {**metrics, **grouped}
 
 
 def abs_b_quantile(pair: Pair, quantile: float) -> float:
@@ -165,7 +177,7 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
 
     def compute() -> dict[str, float]:
         if pair.n_finite == 0:
-            return dict.fromkeys(_KEYS, 0.0)
+            return statistics((0, 0, 0, 0, 0, 0.0, 0.0))
         blocks = sample_blocks(pair.n_finite)
         sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
         for part in blocks:
