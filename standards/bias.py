@@ -93,6 +93,10 @@ if TYPE_CHECKING:
 
 __all__ = ["bias_metrics", "bias_reasons", "judge_bias", "grouped_z", "signs_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
+#: fast.BiasSums' totals where no element is finite
+NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0)
+#: the names of the bias metrics (and their sums) begin so
+BIAS_PREFIXES = ("bias_", "scale_bias_")
 #: the statistics are computed on a sample of at least this many elements (fewer than
 #: twice as many; single_run.py rule 4 says why that loses nothing)
 STAT_SAMPLE = 2**20
@@ -177,7 +181,7 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
 
     def compute() -> dict[str, float]:
         if pair.n_finite == 0:
-            return statistics((0, 0, 0, 0, 0, 0.0, 0.0))
+            return statistics(NO_SUMS)
         blocks = sample_blocks(pair.n_finite)
         sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
         for part in blocks:

@@ -67,6 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_msprobe.plugin import html
 
         config.pluginmanager.register(html.HtmlPlugin(config, report_plugin), "msprobe-html")
+    from pytest_msprobe.plugin.kernels import KernelPlugin
+
+    config.pluginmanager.register(KernelPlugin(config, report_plugin), "msprobe-kernels")
     config.pluginmanager.register(baselines.BaselinePlugin(config), "msprobe-baseline")
     config.pluginmanager.import_plugin("pytest_msprobe.plugin.scripts")
     config.pluginmanager.import_plugin("pytest_msprobe.plugin.scale")

@@ -1,0 +1,96 @@
+"""Kernel verdicts (pytest_msprobe/judge/kernels.py, plugin/kernels.py): the bias tests of
+every call of one kernel pooled, reported as a pytest result, a result CSV row and a
+metrics line, the same however the calls ran.
+
+The planted fault is the small-head one of real models: a float32 linear rounded toward
+zero (tests/model_faults.py) on a 4 x 10 classifier output, called 12 times. Each call's
+sign test has at most 40 elements, of which the fault moves about half: z <= 4.5, under
+the limit of 5, so every call passes alone; pooled, z is 15.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from dumpwriter import DumpWriter
+from model_faults import FAULTS
+
+from pytest_msprobe.results.merge import main as merge_main
+
+KERNEL = "Functional.linear.float32.kernel.forward"
+CALLS = 12
+TOWARD_ZERO = FAULTS["fp32_dot_toward_zero"]
+
+
+def small_head_dump(root: Path, faulty: bool) -> Path:
+    """CALLS calls of a 16 -> 10 linear on 4 rows, the outputs written by the correct
+    kernel or by the toward-zero one."""
+    writer = DumpWriter(root, "tensor")
+    generator = torch.Generator().manual_seed(0)
+    linear = TOWARD_ZERO.wrap(F.linear) if faulty else F.linear
+    for index in range(CALLS):
+        x, weight, bias = (torch.randn(*shape, generator=generator) / scale for shape, scale in (((4, 16), 1), ((10, 16), 4), ((10,), 4)))
+        writer.forward(f"Functional.linear.{index}", [x, weight, bias], {}, linear(x, weight, bias))
+    return writer.write()
+
+
+@pytest.mark.parametrize("mode", ["single-run", "offline"])
+@pytest.mark.parametrize("faulty", [False, True], ids=["correct", "toward-zero"])
+def test_a_bias_no_call_can_make_certain_fails_its_kernel(tmp_path, run_dump, monkeypatch, mode, faulty):
+    """Fails without the kernel verdicts: every call passes and nothing else is reported."""
+    dump = small_head_dump(tmp_path / "dump", faulty and mode == "offline")
+    if faulty and mode == "single-run":
+        TOWARD_ZERO.patch(monkeypatch)
+    result = run_dump(dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}", *(("--msprobe-offline",) if mode == "offline" else ()))
+    calls = {name: outcome for name, outcome in result.calls.items() if name != KERNEL}
+    assert sorted(calls) == sorted(f"Functional.linear.{index}.forward" for index in range(CALLS))
+    assert {outcome.outcome for outcome in calls.values()} == {"passed"}
+    kernel = result.calls[KERNEL]
+    assert kernel.outcome == ("failed" if faulty else "passed"), kernel.text
+    assert result.ret == (pytest.ExitCode.TESTS_FAILED if faulty else pytest.ExitCode.OK)
+    if faulty:
+        assert "systematic scale (toward/away from zero) bias" in kernel.text
+        assert f"pooled bias tests of {CALLS} calls" in kernel.text and "0 of the calls failed on their own" in kernel.text
+        assert f"pytest --msprobe-dump={dump} -k 'Functional.linear." in kernel.text
+    row = kernel_rows(tmp_path / "out")[KERNEL.removesuffix(".forward")]
+    assert row[1] == ("error" if faulty else "pass")
+
+
+def kernel_rows(out: Path) -> dict[str, list[str]]:
+    """The kernels' rows of the result CSV, by API name."""
+    (result,) = out.glob("accuracy_checking_result_*.csv")
+    with open(result, encoding="utf-8-sig", newline="") as handle:
+        return {row[0]: row for row in csv.reader(handle) if ".kernel" in row[0]}
+
+
+def kernel_lines(out: Path) -> list[dict]:
+    (metrics,) = out.glob("accuracy_checking_metrics_*.jsonl")
+    return [line for line in map(json.loads, metrics.read_text().splitlines()) if line["standard"] == "kernel"]
+
+
+def test_kernel_verdicts_are_the_same_however_the_calls_ran(tmp_path, pytester):
+    """-n 0, -n 2, two shards merged, and a run resumed after a -k run of part of the
+    calls pool the same records into the same verdict, to the last bit (the sums are
+    added in the order of the call names)."""
+    dump = small_head_dump(tmp_path / "dump", faulty=True)
+
+    def run(out: str, *extra: str) -> int:
+        args = (f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-offline", f"--msprobe-out={tmp_path / out}", "-p", "no:cacheprovider")
+        return pytester.inline_run(*args, *((*extra, "-p", "no:benchmark") if "-n" in extra else ("-p", "no:xdist", *extra))).ret
+
+    assert run("lone") == run("n2", "-n", "2") == pytest.ExitCode.TESTS_FAILED
+    run("resumed", "-k", " or ".join(f"Functional.linear.{index}.forward" for index in range(0, CALLS, 2)))
+    assert run("resumed", "--msprobe-resume") == pytest.ExitCode.TESTS_FAILED
+    for shard in ("1/2", "2/2"):
+        run(f"shard{shard[0]}", f"--msprobe-shard={shard}")
+    assert merge_main(["-o", str(tmp_path / "merged"), str(tmp_path / "shard1"), str(tmp_path / "shard2")]) == 0
+    lone = kernel_lines(tmp_path / "lone")
+    assert [line["name"] for line in lone] == [KERNEL] and lone[0]["status"] == "error" and lone[0]["calls"] == CALLS
+    for folder in ("n2", "resumed", "merged"):
+        assert kernel_lines(tmp_path / folder) == lone, folder
+        assert kernel_rows(tmp_path / folder) == kernel_rows(tmp_path / "lone"), folder
