@@ -94,3 +94,18 @@ def test_kernel_verdicts_are_the_same_however_the_calls_ran(tmp_path, pytester):
     for folder in ("n2", "resumed", "merged"):
         assert kernel_lines(tmp_path / folder) == lone, folder
         assert kernel_rows(tmp_path / folder) == kernel_rows(tmp_path / "lone"), folder
+
+
+def test_a_baseline_of_one_dump_names_the_kernel_that_got_worse_in_another(tmp_path, pytester):
+    """An operator upgrade checked offline: the baseline of the dump before it, and the
+    dump after it (another file: every call is new to the baseline), written by the
+    toward-zero kernel. Fails without the kernels in the baseline: nothing is compared."""
+    before, after = small_head_dump(tmp_path / "before", faulty=False), small_head_dump(tmp_path / "after", faulty=True)
+    common = ("--msprobe-device=cpu", "--msprobe-offline", "-p", "no:cacheprovider", "-p", "no:xdist")
+    saved = pytester.runpytest(f"--msprobe-dump={before}", *common, f"--msprobe-baseline-save={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'a'}")
+    assert saved.ret == pytest.ExitCode.OK
+    checked = pytester.runpytest(f"--msprobe-dump={after}", *common, f"--msprobe-baseline={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'b'}")
+    checked.stdout.fnmatch_lines(
+        ["kernels: 1 worse of 1 compared with the baseline (0 not in it)", f"  kernel worse *after/dump.json::{KERNEL}: pass -> error (recorded in *before/dump.json)"]
+    )
+    assert sum("kernel worse" in line for line in checked.outlines) == 1

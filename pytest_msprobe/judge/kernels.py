@@ -107,6 +107,11 @@ class KernelVerdict:
         return "\n".join(lines)
 
     @property
+    def direction(self) -> float:
+        """+1 or -1: the sign of the leading test's pooled sum of signs."""
+        return 1.0 if sum(item.sums[f"{self.leading_test}_signs"] for item in self.evidence) >= 0 else -1.0
+
+    @property
     def leading_test(self) -> str:
         """The test whose pooled z is largest: the one the evidence is ordered by."""
         return max(TESTS, key=lambda test: self.metrics[f"{test}_z"])
@@ -177,8 +182,7 @@ def judge_kernel(key: KernelKey, items: list[Evidence], failed_calls: int) -> Ke
         items,
         failed_calls,
     )
-    test = verdict.leading_test
-    direction = 1.0 if sum(item.sums[f"{test}_signs"] for item in items) >= 0 else -1.0
+    test, direction = verdict.leading_test, verdict.direction
     ranked = sorted(items, key=lambda item: -direction * item.z(test))
     return KernelVerdict(**{**vars(verdict), "evidence": ranked})
 
