@@ -38,7 +38,9 @@ LIMIT_KEYS = ("ref_bias_ulp", "ulp_bias_ulp", "at_bias_ulp", "sr_bias_ulp")
 TESTS = ("bias", "scale_bias")
 #: a kernel verdict needs this many calls: one call's pooled test is its own
 MIN_CALLS = 2
-JUDGED = ("pass", "warning", "error")
+#: the calls a kernel pools: those that did not fail on their own. A failing call is
+#: reported already; the kernel verdict says what only the calls together show.
+POOLED = ("pass", "warning")
 
 
 @dataclass(frozen=True, order=True)
@@ -85,7 +87,7 @@ class KernelVerdict:
     thresholds: dict[str, float]
     reasons: list[str]
     evidence: list[Evidence]  # the calls' outputs, most evidence for the verdict first
-    calls_failed: int  # of the pooled calls, those whose own verdict failed
+    calls_failed: int  # the API's calls in this direction that failed on their own: not pooled
 
     @property
     def calls(self) -> list[str]:
@@ -96,7 +98,7 @@ class KernelVerdict:
         calls = self.calls
         lines = [
             f"{self.key.name}: {self.status} by the pooled bias tests of {len(calls)} calls "
-            f"({len(self.evidence)} outputs; {self.calls_failed} of the calls failed on their own)"
+            f"({len(self.evidence)} outputs; not pooled: {self.calls_failed} calls of the API in this direction that failed on their own)"
         ]
         lines += [f"  reason: {reason}" for reason in self.reasons]
         lines += [f"  {key} = {value:.6g}" for key, value in self.metrics.items()]
@@ -120,13 +122,13 @@ class KernelVerdict:
 def evidence_of(record: ResultRecord) -> list[tuple[KernelKey, Evidence]]:
     """The outputs of a judged call that carry a bias test's sums, by kernel."""
     name = parse_call_name(record.call)
-    if name is None or record.status not in JUDGED:
+    if name is None or record.status not in POOLED:
         return []
     api = f"{name.api_type}.{name.api_name}"
     return [
         (KernelKey(record.dump, api, output.device_dtype, name.direction), _evidence(record.call, output))
         for output in record.outputs
-        if output.status in JUDGED and "bias_signs" in output.metrics and _limit(output) is not None
+        if output.status in POOLED and "bias_signs" in output.metrics and _limit(output) is not None
     ]
 
 
@@ -192,21 +194,28 @@ class KernelPool:
     """The evidence of a run's calls as they arrive, judged at the end."""
 
     evidence: dict[KernelKey, dict[tuple[str, str], Evidence]] = field(default_factory=dict)
-    failed: dict[KernelKey, set[str]] = field(default_factory=dict)
+    failed: dict[tuple[str, str, str], set[str]] = field(default_factory=dict)  # (dump, api, direction) -> calls
 
     def add(self, record: ResultRecord) -> None:
+        name = parse_call_name(record.call)
+        if name is not None and record.status == "error":
+            self.failed.setdefault((record.dump, f"{name.api_type}.{name.api_name}", name.direction), set()).add(record.call)
         for key, item in evidence_of(record):
-            self.evidence.setdefault(key, {})[item.call, item.output] = item  # a rerun of a call replaces it
-            failed = self.failed.setdefault(key, set())
-            (failed.add if record.status == "error" else failed.discard)(record.call)
+            self.evidence.setdefault(key, {})[item.call, item.output] = item
 
     def verdicts(self) -> list[KernelVerdict]:
-        """Every kernel of at least MIN_CALLS calls, in the order of their keys."""
+        """Every kernel of at least MIN_CALLS pooled calls, in the order of their keys."""
         return [
-            judge_kernel(key, list(items.values()), len(self.failed[key]))
+            judge_kernel(key, list(items.values()), len(self.failed.get((key.dump, key.api, key.direction), ())))
             for key, items in sorted(self.evidence.items())
             if len({call for call, _ in items}) >= MIN_CALLS
         ]
+
+
+def is_kernel(name: str) -> bool:
+    """Whether a test's name is a kernel's (`{api}.{dtype}.kernel.{direction}`)."""
+    parts = name.rsplit(".", 2)
+    return len(parts) == 3 and parts[1] == KERNEL_MARK
 
 
 def kernel_verdicts(records: Iterable[ResultRecord]) -> list[KernelVerdict]:

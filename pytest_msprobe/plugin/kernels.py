@@ -42,9 +42,10 @@ class KernelPlugin:
         if session.shouldfail or session.shouldstop:
             return result  # -x, --maxfail or an interruption: the calls that did not run are no evidence
         writer = self.reports.result_writer()
-        if writer is not None:
-            for verdict in writer.kernels.verdicts():
-                self._report(verdict)
+        verdicts = writer.kernels.verdicts() if writer is not None else []
+        session.testscollected += len(verdicts)  # the terminal's progress counts them among the tests
+        for verdict in verdicts:
+            self._report(verdict)
         return result
 
     def _report(self, verdict: KernelVerdict) -> None:
