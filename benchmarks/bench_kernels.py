@@ -113,7 +113,10 @@ def main() -> None:
                     f"pooling {row['pooling_ms']:.2f} ms sums' writing {row['sums_writing_ms']:+.2f} ms = {row['share']:.3%} of the run"
                 )
     if args.markdown:
-        lines = ["| dump | mode | calls | kernels | run (s) | pooling (ms) | sums' writing (ms) | share of the run |", "|---|---|---|---|---|---|---|---|"]
+        lines = [
+            "| dump | mode | calls | kernels | run (s) | pooling (ms) | sums' writing (ms) | share of the run |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         lines += [
             f"| {r['dump']} | {r['mode']} | {r['calls']} | {r['kernels']} | {r['wall_s']:.2f} | {r['pooling_ms']:.2f} | {r['sums_writing_ms']:+.2f} | {r['share']:.3%} |"
             for r in rows

@@ -153,7 +153,7 @@ def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[s
         return metrics
     ids = groups if groups.min() >= 0 else np.unique(groups, return_inverse=True)[1]
     additive = np.sign(pair.df - pair.bf_rounded)
-    grouped = {}
+    grouped: dict[str, float] = {}
     for name, signs in (("bias", additive), ("scale_bias", additive * np.sign(pair.bf))):
         total, spread = _clustered_sums(signs, ids)
         grouped |= {

@@ -93,8 +93,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import fast
-from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistics here (tests read it from this module)
 from .bias import NO_SUMS, abs_b_quantile, bias_reasons, grouped_z, sample_blocks, sample_step, statistics
+from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistics here (tests read it from this module)
 from .dtypes import Array, DtypeInfo
 from .metrics import Pair, ulp_of
 

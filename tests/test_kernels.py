@@ -46,7 +46,9 @@ def test_a_bias_no_call_can_make_certain_fails_its_kernel(tmp_path, run_dump, mo
     dump = small_head_dump(tmp_path / "dump", faulty and mode == "offline")
     if faulty and mode == "single-run":
         TOWARD_ZERO.patch(monkeypatch)
-    result = run_dump(dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}", *(("--msprobe-offline",) if mode == "offline" else ()))
+    result = run_dump(
+        dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}", *(("--msprobe-offline",) if mode == "offline" else ())
+    )
     calls = result.calls
     assert sorted(calls) == sorted(f"Functional.linear.{index}.forward" for index in range(CALLS))
     assert {outcome.outcome for outcome in calls.values()} == {"passed"}
@@ -80,7 +82,14 @@ def test_kernel_verdicts_are_the_same_however_the_calls_ran(tmp_path, pytester):
     dump = small_head_dump(tmp_path / "dump", faulty=True)
 
     def run(out: str, *extra: str) -> int:
-        args = (f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-offline", f"--msprobe-out={tmp_path / out}", "-p", "no:cacheprovider")
+        args = (
+            f"--msprobe-dump={dump}",
+            "--msprobe-device=cpu",
+            "--msprobe-offline",
+            f"--msprobe-out={tmp_path / out}",
+            "-p",
+            "no:cacheprovider",
+        )
         return pytester.inline_run(*args, *((*extra, "-p", "no:benchmark") if "-n" in extra else ("-p", "no:xdist", *extra))).ret
 
     assert run("lone") == run("n2", "-n", "2") == pytest.ExitCode.TESTS_FAILED
@@ -102,10 +111,17 @@ def test_a_baseline_of_one_dump_names_the_kernel_that_got_worse_in_another(tmp_p
     toward-zero kernel. Fails without the kernels in the baseline: nothing is compared."""
     before, after = small_head_dump(tmp_path / "before", faulty=False), small_head_dump(tmp_path / "after", faulty=True)
     common = ("--msprobe-device=cpu", "--msprobe-offline", "-p", "no:cacheprovider", "-p", "no:xdist")
-    saved = pytester.runpytest(f"--msprobe-dump={before}", *common, f"--msprobe-baseline-save={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'a'}")
+    saved = pytester.runpytest(
+        f"--msprobe-dump={before}", *common, f"--msprobe-baseline-save={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'a'}"
+    )
     assert saved.ret == pytest.ExitCode.OK
-    checked = pytester.runpytest(f"--msprobe-dump={after}", *common, f"--msprobe-baseline={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'b'}")
+    checked = pytester.runpytest(
+        f"--msprobe-dump={after}", *common, f"--msprobe-baseline={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'b'}"
+    )
     checked.stdout.fnmatch_lines(
-        ["kernels: 1 worse of 1 compared with the baseline (0 not in it)", f"  kernel worse *after/dump.json::{KERNEL}: pass -> error (recorded in *before/dump.json)"]
+        [
+            "kernels: 1 worse of 1 compared with the baseline (0 not in it)",
+            f"  kernel worse *after/dump.json::{KERNEL}: pass -> error (recorded in *before/dump.json)",
+        ]
     )
     assert sum("kernel worse" in line for line in checked.outlines) == 1

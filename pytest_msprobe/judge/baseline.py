@@ -85,7 +85,6 @@ class CallMetrics:
             outputs[output.path] = {key: _short(output.metrics[key]) for key in kept if key in output.metrics}
         return cls(record.status, record.standard, outputs)
 
-
     @classmethod
     def of_kernel(cls, verdict: KernelVerdict) -> CallMetrics:
         return cls(verdict.status, KERNEL_STANDARD, {"": {key: _short(value) for key, value in verdict.metrics.items()}})

@@ -59,7 +59,7 @@ class BaselinePlugin:
         dump_key = report.nodeid.rsplit("::", 1)[0]
         self.current[(dump_key, record.call)] = CallMetrics.of(record)
 
-    def _kernels(self) -> dict[tuple[str, str], CallMetrics]:
+    def _kernels(self) -> dict[tuple[str | None, str], CallMetrics]:
         """The run's kernel verdicts (plugin/kernels.py), keyed as its calls are."""
         writer = self.reports.result_writer()
         verdicts = writer.kernels.verdicts() if writer is not None else []
@@ -138,10 +138,11 @@ def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> 
     return lines
 
 
-def kernel_lines(kernels: dict[tuple[str, str], CallMetrics], recorded: Baseline) -> list[str]:
+def kernel_lines(kernels: dict[tuple[str | None, str], CallMetrics], recorded: Baseline) -> list[str]:
     """Each kernel of the run against its recorded verdict: worse where its status is."""
     worse, compared = [], 0
-    for (dump, name), metrics in sorted(kernels.items()):
+    for (key, name), metrics in sorted(kernels.items(), key=lambda item: (item[0][0] or "", item[0][1])):
+        dump = key or ""
         found = recorded.kernel(dump, name)
         if found is None:
             continue

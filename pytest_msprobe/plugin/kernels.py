@@ -18,7 +18,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Generator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import pytest
 from _pytest.pathlib import bestrelpath
@@ -60,7 +60,7 @@ class KernelPlugin:
         hook = self.config.hook
         hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
         for when in ("setup", "call", "teardown"):
-            outcome = "failed" if failed and when == "call" else "passed"
+            outcome: Literal["passed", "failed"] = "failed" if failed and when == "call" else "passed"
             report = pytest.TestReport(
                 nodeid,
                 location,
