@@ -47,6 +47,7 @@ def test_correct_cpu_passes_every_call_of_a_real_model(name, mode, copy_dump, ru
     assert sorted(result.calls) == sorted(_calls(dump))
     assert {call: outcome.text for call, outcome in result.calls.items() if outcome.outcome == "failed"} == {}
     assert {call: outcome.warnings for call, outcome in result.calls.items() if outcome.warnings} == {}
+    assert {kernel: outcome.text for kernel, outcome in result.kernels.items() if outcome.outcome != "passed"} == {}
     judged = [call for call, outcome in result.calls.items() if outcome.outcome == "passed"]
     assert any(call.endswith(".backward") for call in judged) and any(call.endswith(".forward") for call in judged)
     if mode == "offline":  # the GEMM backwards msprobe records at the reshape: judged through the data flow
@@ -95,6 +96,9 @@ def test_planted_fault_fails_exactly_the_faulty_calls(fault_name, mode, copy_dum
     expected = _faulty_calls(fault, _calls(dump), judged)
     assert expected, f"no judged call of {fault.call_prefix} in the fault's direction"
     assert failed - {call for call in failed if call.startswith(fault.call_prefix)} == set(), "a clean API failed"
+    assert {
+        kernel for kernel, outcome in result.kernels.items() if outcome.outcome == "failed" and not kernel.startswith(fault.call_prefix)
+    } == set()
     assert expected <= failed, f"missed: {sorted(expected - failed)}"
 
 
