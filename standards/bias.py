@@ -87,11 +87,12 @@ from . import fast
 from .dtypes import Array
 from .fast import QUANTILE_SAMPLE, BiasSums
 from .metrics import Pair, sign_balance_z
+from .signs import bias_reasons, signs_z
 
 if TYPE_CHECKING:
     from .reference import Reference
 
-__all__ = ["bias_metrics", "bias_reasons", "judge_bias", "grouped_z", "signs_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
+__all__ = ["bias_metrics", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
 #: fast.BiasSums' totals where no element is finite
 NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0)
@@ -100,9 +101,6 @@ BIAS_PREFIXES = ("bias_", "scale_bias_")
 #: the statistics are computed on a sample of at least this many elements (fewer than
 #: twice as many; single_run.py rule 4 says why that loses nothing)
 STAT_SAMPLE = 2**20
-#: how far (ULPs of D) two correct kernels' roundings of a group's shared quantity can
-#: shift its elements apart: half an ULP each (module docstring, "Groups")
-SHARED_ROUNDING_ULP = 1.0
 
 
 def sample_step(n: int) -> int:
@@ -137,11 +135,6 @@ def _clustered_sums(signs: Array, groups: Array) -> tuple[float, float]:
     """(sum_g S_g, sum_g S_g**2): the cluster-robust sign test's sums."""
     per_group = np.bincount(groups, weights=signs)
     return float(per_group.sum()), float(np.dot(per_group, per_group))
-
-
-def signs_z(total: float, spread: float) -> float:
-    """Sign-test z from its sums: |sum S| / sqrt(sum S**2) (0 where nothing differs)."""
-    return abs(total) / float(np.sqrt(spread)) if spread else 0.0
 
 
 def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[str, float]:
@@ -189,33 +182,6 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
         return grouped_z(pair, statistics(sums.sums))
 
     return pair.cached("bias_metrics", compute)
-
-
-def bias_reasons(metrics: dict[str, float], z_limit: float, ulp_limit: float, reference: dict[str, float] | None = None) -> list[str]:
-    """A reason per failed test: the device's sign test over its z limit AND its mean
-    over the limit -- beyond the reference's own mean, when a reference run is given.
-    Where the elements are grouped, the groups' test with that limit, and the elements'
-    test with a limit of at least SHARED_ROUNDING_ULP."""
-    reasons = []
-    for name, what in (("bias", "additive"), ("scale_bias", "scale (toward/away from zero)")):
-        mean = metrics[f"{name}_ulp"]
-        excess = mean - (reference[f"ref_{name}_ulp"] if reference is not None else 0.0)
-        tests = [(metrics[f"{name}_z"], ulp_limit, "groups" if f"{name}_z_elements" in metrics else "")]
-        if f"{name}_z_elements" in metrics:
-            tests.append((metrics[f"{name}_z_elements"], max(ulp_limit, SHARED_ROUNDING_ULP), ""))
-        for z, limit, counted in tests:
-            if z > z_limit and abs(excess) > limit:
-                against = (
-                    f"{excess:+.3g} ULP beyond the reference run's {reference[f'ref_{name}_ulp']:+.3g}"
-                    if reference is not None
-                    else "against the bench rounded to D"
-                )
-                reasons.append(
-                    f"systematic {what} bias: {name}_ulp {mean:+.3g} ULP, {against} (limit {limit:.3g}), "
-                    f"with sign-test z {z:.3g} > {z_limit:.3g}" + (f" by {counted}" if counted else "")
-                )
-                break
-    return reasons
 
 
 def judge_bias(

@@ -8,7 +8,7 @@ though the step holds every call's evidence. The calls' sign tests are independe
 so their sums add: z = |sum S| / sqrt(sum S**2) over every call's groups is the same
 cluster-robust test that one call applies to its groups (standards/bias.py), and the
 pooled mean is the calls' signed ULP sums over their element counts. The kernel fails
-by standards.bias.bias_reasons with the limits its calls used: the pooled mean beyond
+by standards.signs.bias_reasons with the limits its calls used: the pooled mean beyond
 the standard's ULP limit (beyond the reference run's pooled mean, offline) AND the
 pooled z beyond sr_bias_z. A correct kernel's mean stays within the limits each call
 was calibrated on, so pooling adds certainty, never a looser or tighter size limit.
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from pytest_msprobe.dump.index import parse_call_name
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
-from pytest_msprobe.standards.bias import bias_reasons, signs_z
+from pytest_msprobe.standards.signs import bias_reasons, signs_z
 
 #: a kernel's name: `{api}.{dtype}.kernel.{direction}` (never a call name: no index)
 KERNEL_MARK = "kernel"
