@@ -25,16 +25,19 @@ from pytest_msprobe.results.merge import main as merge_main
 KERNEL = "Functional.linear.float32.kernel.forward"
 CALLS = 12
 TOWARD_ZERO = FAULTS["fp32_dot_toward_zero"]
+HALF_ACCUMULATOR = FAULTS["fp16_gemm_fp16_accumulation"]
 
 
-def small_head_dump(root: Path, faulty: bool) -> Path:
-    """CALLS calls of a 16 -> 10 linear on 4 rows, the outputs written by the correct
-    kernel or by the toward-zero one."""
+def small_head_dump(root: Path, faulty: bool, fault=TOWARD_ZERO, dtype: torch.dtype = torch.float32) -> Path:
+    """CALLS calls of a 16 -> 10 linear on 4 rows in `dtype`, the outputs written by the
+    correct kernel or by the faulty one."""
     writer = DumpWriter(root, "tensor")
     generator = torch.Generator().manual_seed(0)
-    linear = TOWARD_ZERO.wrap(F.linear) if faulty else F.linear
+    linear = fault.wrap(F.linear) if faulty else F.linear
     for index in range(CALLS):
-        x, weight, bias = (torch.randn(*shape, generator=generator) / scale for shape, scale in (((4, 16), 1), ((10, 16), 4), ((10,), 4)))
+        x, weight, bias = (
+            (torch.randn(*shape, generator=generator) / scale).to(dtype) for shape, scale in (((4, 16), 1), ((10, 16), 4), ((10,), 4))
+        )
         writer.forward(f"Functional.linear.{index}", [x, weight, bias], {}, linear(x, weight, bias))
     return writer.write()
 
@@ -61,6 +64,26 @@ def test_a_bias_no_call_can_make_certain_fails_its_kernel(tmp_path, run_dump, mo
         assert f"pytest --msprobe-dump={dump} -k 'Functional.linear." in kernel.text
     row = kernel_rows(tmp_path / "out")[KERNEL.removesuffix(".forward")]
     assert row[1] == ("error" if faulty else "pass")
+
+
+@pytest.mark.parametrize("mode", ["single-run", "offline"])
+def test_a_float16_accumulator_on_a_small_head_fails_every_call(tmp_path, run_dump, monkeypatch, mode):
+    """The issue's other small-head fault: a float16 linear accumulating in float16 on a
+    4 x 10 head. Unlike the toward-zero one it needs no pooling: the ULP standard fails
+    each call alone (elements over 1 ULP, where a correct float16 linear rounds a float32
+    sum once), so its kernel has no passing call to pool and reports none. Fails if a
+    call passes (the kernel verdict would then have to catch it)."""
+    dump = small_head_dump(tmp_path / "dump", mode == "offline", HALF_ACCUMULATOR, torch.float16)
+    if mode == "single-run":
+        HALF_ACCUMULATOR.patch(monkeypatch)
+    result = run_dump(
+        dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}", *(("--msprobe-offline",) if mode == "offline" else ())
+    )
+    assert {call: outcome.outcome for call, outcome in result.calls.items()} == {
+        f"Functional.linear.{index}.forward": "failed" for index in range(CALLS)
+    }
+    assert all("ulp_err_proportion" in outcome.text for outcome in result.calls.values())
+    assert result.kernels == {} and result.ret == pytest.ExitCode.TESTS_FAILED
 
 
 def kernel_rows(out: Path) -> dict[str, list[str]]:
