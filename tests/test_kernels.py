@@ -86,6 +86,19 @@ def test_a_float16_accumulator_on_a_small_head_fails_every_call(tmp_path, run_du
     assert result.kernels == {} and result.ret == pytest.ExitCode.TESTS_FAILED
 
 
+def test_a_selection_pools_only_what_ran_and_says_so(tmp_path, run_dump):
+    """-k runs 6 of the 12 calls: the kernel pools those 6 and its message names the
+    selection (fails if it pooled calls that did not run, or said nothing)."""
+    dump = small_head_dump(tmp_path / "dump", faulty=True)
+    chosen = " or ".join(f"Functional.linear.{index}.forward" for index in range(0, CALLS, 2))
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", f"--msprobe-out={tmp_path / 'out'}", "-k", chosen)
+    assert len(result.calls) == CALLS // 2
+    kernel = result.kernels[KERNEL]
+    assert kernel.outcome == "failed" and f"pooled bias tests of {CALLS // 2} calls" in kernel.text, kernel.text
+    assert "pooled: only the calls selected by -k 'Functional.linear.0.forward or " in kernel.text, kernel.text
+    assert kernel_lines(tmp_path / "out")[0]["calls"] == CALLS // 2
+
+
 def kernel_rows(out: Path) -> dict[str, list[str]]:
     """The kernels' rows of the result CSV, by API name."""
     (result,) = out.glob("accuracy_checking_result_*.csv")
@@ -148,3 +161,24 @@ def test_a_baseline_of_one_dump_names_the_kernel_that_got_worse_in_another(tmp_p
         ]
     )
     assert sum("kernel worse" in line for line in checked.outlines) == 1
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 11, 48])
+def test_the_pooled_ratios_t_tail_is_students(df):
+    """t_tail against Student's t's closed forms (df 1-3) and its symmetry and limits."""
+    import math
+
+    from pytest_msprobe.judge.kernels import t_tail
+
+    closed = {
+        1: lambda t: 0.5 - math.atan(t) / math.pi,
+        2: lambda t: 0.5 * (1 - t / math.sqrt(t * t + 2)),
+        3: lambda t: 0.5 - (math.atan(t / math.sqrt(3)) + (t / math.sqrt(3)) / (1 + t * t / 3)) / math.pi,
+    }
+    for t in (-3.0, -0.5, 0.0, 0.7, 2.0, 10.0, 40.0):
+        tail = t_tail(t, df)
+        assert tail + t_tail(-t, df) == pytest.approx(1.0, abs=1e-12)
+        if df in closed:
+            assert tail == pytest.approx(closed[df](t), rel=1e-9, abs=1e-15)
+    assert t_tail(0.0, df) == pytest.approx(0.5) and t_tail(math.inf, df) == 0.0
+    assert [t_tail(3.0, n) for n in (df, df + 1)] == sorted([t_tail(3.0, n) for n in (df, df + 1)], reverse=True)

@@ -1,4 +1,4 @@
-"""Kernel verdicts: the bias tests of every call of one kernel, pooled.
+"""Kernel verdicts: the bias tests and error ratios of every call of one kernel, pooled.
 
 A kernel (an API in one dtype and direction, in one dump) runs many times in a step: a
 transformer's linear 49 times each way. Each call's sign test is judged alone, and a
@@ -18,6 +18,22 @@ statistics) are pooled: every way of running that keeps the records (the xdist
 controller, --msprobe-resume's journal, msprobe-merge's journals, offline, a baseline's
 run) pools the same numbers. The sums are added in the order of the call names, so the
 result does not depend on the order calls finished in.
+
+Magnitude. A kernel can be right on average and still too inaccurate: a softmax that
+keeps its sum in bfloat16 has no bias, but twice the error of a correct one in every
+call, under the per-call limit (2x, which leaves room for one call's reduction-order
+noise). Where the calls were compared with a reference run on their inputs (offline,
+or an accelerator's CPU reference), each carries its mean error and the reference's
+(`mean_rel_err`, `ref_mean_rel_err`: standards/benchmark.py). The calls are
+independent, so their log ratios x_i are a sample: the kernel fails where their mean
+is above log(RATIO_LIMIT) with certainty -- Student's t on the calls, one-sided, as
+unlikely as the sign tests' z `sr_bias_z` under the normal law. RATIO_LIMIT is what
+two correct kernel families were measured to differ by, pooled, with room
+(benchmarks/RESULTS-kernels.md): CPU kernels dumped under
+ATEN_CPU_CAPABILITY=default/2 threads and referenced by avx2 or default/1 thread
+pool to 0.93-1.23x (a float32 softmax backward 1.23x, 12 calls), single calls up to
+3.6x; the bfloat16-sum softmax pools to 1.99x. Without a reference run (single-run on
+the CPU) no call has a ratio: the kernel is then judged by its bias tests alone.
 """
 
 from __future__ import annotations
@@ -41,6 +57,11 @@ MIN_CALLS = 2
 #: the calls a kernel pools: those that did not fail on their own. A failing call is
 #: reported already; the kernel verdict says what only the calls together show.
 POOLED = ("pass", "warning")
+#: a call's mean error, whose ratio to the reference run's (`ref_` + it) is pooled
+MAGNITUDE = "mean_rel_err"
+RATIO = f"{MAGNITUDE}_ratio"
+#: the pooled error ratio a kernel must certainly exceed to fail (module docstring)
+RATIO_LIMIT = 1.5
 
 
 @dataclass(frozen=True, order=True)
@@ -78,6 +99,17 @@ class Evidence:
         total = self.sums[f"{test}_signs"]
         return math.copysign(signs_z(total, self.sums[f"{test}_signs_sq"]), total)
 
+    @property
+    def log_ratio(self) -> float | None:
+        """log(its mean error / the reference run's): None without a reference run,
+        or where either is exact (no ratio to take a log of)."""
+        error, reference = self.sums.get(MAGNITUDE, 0.0), self.sums.get(f"ref_{MAGNITUDE}", 0.0)
+        return math.log(error / reference) if error > 0 and reference > 0 else None
+
+    def value(self, test: str) -> float:
+        """What this output adds to the test: its signed z, or its log error ratio."""
+        return (self.log_ratio or 0.0) if test == RATIO else self.z(test)
+
 
 @dataclass(frozen=True)
 class KernelVerdict:
@@ -104,19 +136,34 @@ class KernelVerdict:
         lines += [f"  {key} = {value:.6g}" for key, value in self.metrics.items()]
         lines.append("  thresholds: " + ", ".join(f"{key}={value:.6g}" for key, value in self.thresholds.items()))
         test = self.leading_test
-        lines.append(f"  calls, most evidence first ({test}_z of each alone, signed):")
-        lines += [f"    {item.call} {item.output}: z {item.z(test):+.3g}" for item in self.evidence[:5]]
+        if test == RATIO:
+            lines.append(f"  calls, most evidence first ({MAGNITUDE} of each over the reference run's):")
+            lines += [f"    {item.call} {item.output}: {math.exp(item.value(test)):.3g}x" for item in self.evidence[:5]]
+        else:
+            lines.append(f"  calls, most evidence first ({test}_z of each alone, signed):")
+            lines += [f"    {item.call} {item.output}: z {item.z(test):+.3g}" for item in self.evidence[:5]]
         return "\n".join(lines)
 
     @property
     def direction(self) -> float:
-        """+1 or -1: the sign of the leading test's pooled sum of signs."""
+        """+1 or -1: the sign of the leading test's pooled sum of signs (a larger error
+        ratio is always +1)."""
+        if self.leading_test == RATIO:
+            return 1.0
         return 1.0 if sum(item.sums[f"{self.leading_test}_signs"] for item in self.evidence) >= 0 else -1.0
 
     @property
     def leading_test(self) -> str:
-        """The test whose pooled z is largest: the one the evidence is ordered by."""
+        """The test the evidence is ordered by: the error ratio where only it failed,
+        else the bias test whose pooled z is largest."""
+        if self.reasons and all(reason.startswith(RATIO) for reason in self.reasons):
+            return RATIO
         return max(TESTS, key=lambda test: self.metrics[f"{test}_z"])
+
+    @property
+    def pooled(self) -> float:
+        """The leading test's pooled statistic: its z, or the ratio's t."""
+        return self.metrics[f"{self.leading_test}_{'t' if self.leading_test == RATIO else 'z'}"]
 
 
 def evidence_of(record: ResultRecord) -> list[tuple[KernelKey, Evidence]]:
@@ -175,18 +222,78 @@ def judge_kernel(key: KernelKey, items: list[Evidence], failed_calls: int) -> Ke
     reference = _pooled(items, "ref_") if with_reference else None
     limit, z_limit = max(item.limit for item in items), max(item.z_limit for item in items)
     reasons = bias_reasons(metrics, z_limit, limit, reference)
+    magnitude = _pooled_ratio(items)
+    if magnitude:
+        reasons += ratio_reasons(magnitude, z_limit)
     verdict = KernelVerdict(
         key,
         "error" if reasons else "pass",
-        {**metrics, **(reference or {}), "calls": float(len({item.call for item in items}))},
-        {("ref_bias_ulp" if with_reference else "bias_ulp"): limit, "sr_bias_z": z_limit},
+        {**metrics, **(reference or {}), **magnitude, "calls": float(len({item.call for item in items}))},
+        {("ref_bias_ulp" if with_reference else "bias_ulp"): limit, "sr_bias_z": z_limit, **({RATIO: RATIO_LIMIT} if magnitude else {})},
         reasons,
         items,
         failed_calls,
     )
     test, direction = verdict.leading_test, verdict.direction
-    ranked = sorted(items, key=lambda item: -direction * item.z(test))
+    ranked = sorted(items, key=lambda item: -direction * item.value(test))
     return KernelVerdict(**{**vars(verdict), "evidence": ranked})
+
+
+def _pooled_ratio(items: list[Evidence]) -> dict[str, float]:
+    """The calls' error ratios to the reference run, pooled (module docstring): their
+    geometric mean, Student's t of the mean log ratio against log(RATIO_LIMIT), and
+    the share of calls over the limit. Empty with fewer than MIN_CALLS calls with a
+    ratio. A call's outputs share its inputs: a call's log ratio is their mean."""
+    by_call: dict[str, list[float]] = {}
+    for item in items:
+        if item.log_ratio is not None:
+            by_call.setdefault(item.call, []).append(item.log_ratio)
+    logs = [sum(values) / len(values) for values in by_call.values()]
+    if len(logs) < MIN_CALLS:
+        return {}
+    mean = sum(logs) / len(logs)
+    spread = math.sqrt(sum((value - mean) ** 2 for value in logs) / (len(logs) - 1) / len(logs))
+    excess = mean - math.log(RATIO_LIMIT)
+    return {
+        RATIO: math.exp(mean),
+        f"{RATIO}_t": excess / spread if spread else math.copysign(math.inf, excess) if excess else 0.0,
+        f"{RATIO}_over": sum(value > math.log(RATIO_LIMIT) for value in logs) / len(logs),
+        f"{RATIO}_calls": float(len(logs)),
+    }
+
+
+def ratio_reasons(magnitude: dict[str, float], z_limit: float) -> list[str]:
+    """The pooled error ratio's reason to fail: certainly above RATIO_LIMIT, i.e. its
+    t's one-sided tail on calls - 1 degrees of freedom below the normal tail at z_limit."""
+    t, calls = magnitude[f"{RATIO}_t"], int(magnitude[f"{RATIO}_calls"])
+    p, p_limit = t_tail(t, calls - 1), 0.5 * math.erfc(z_limit / math.sqrt(2))
+    if p >= p_limit:
+        return []
+    return [
+        f"{RATIO} {magnitude[RATIO]:.3g}: the calls' {MAGNITUDE} is {magnitude[RATIO]:.3g}x the reference run's "
+        f"(geometric mean of {calls} calls, {magnitude[f'{RATIO}_over']:.0%} of them over {RATIO_LIMIT:g}x), "
+        f"certainly over {RATIO_LIMIT:g}x: t {t:.3g} on {calls - 1} degrees of freedom, one-sided p {p:.2g} < {p_limit:.2g} (z {z_limit:g})"
+    ]
+
+
+def t_tail(t: float, df: int) -> float:
+    """P(T > t) for Student's t with an integer df >= 1, from the closed forms of its
+    distribution (Abramowitz & Stegun 26.7.3, 26.7.4): no scipy in the xdist controller."""
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    # the series sum_k c_k cos^{2k}(theta), c_0 = 1, c_k = c_{k-1} (2k - 1 + odd) / (2k + odd)
+    odd = df % 2
+    term, series = 1.0, 1.0
+    for k in range(1, (df - 1) // 2 if odd else df // 2):
+        term *= cos2 * (2 * k - 1 + odd) / (2 * k + odd)
+        series += term
+    if odd:
+        inside = (2 * theta + (2 * math.sin(theta) * math.cos(theta) * series if df > 1 else 0.0)) / math.pi
+    else:
+        inside = math.sin(theta) * series
+    return (1.0 - inside) / 2
 
 
 @dataclass

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Literal
 import pytest
 from _pytest.pathlib import bestrelpath
 
+from pytest_msprobe.plugin import options
+
 if TYPE_CHECKING:
     from pytest_msprobe.judge.kernels import KernelVerdict
     from pytest_msprobe.plugin.reports import ReportPlugin
@@ -75,7 +77,19 @@ class KernelPlugin:
         hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
 
     def _scope(self) -> str:
-        """What was pooled: the records of this session, and of the run it resumed."""
+        """What was pooled: the records of this session, and of the run it resumed; where
+        a selection left calls out, that only the selected ones are evidence."""
         collected, resumed = self.reports.selected, self.reports.resumed_from
         since = f" and of the run in {resumed.journal.name} (--msprobe-resume)" if resumed is not None else ""
-        return f"  pooled: the calls that ran in this session ({collected} collected, after -k/-m/--msprobe-shard){since}"
+        selections = {
+            "-k": self.config.getoption("keyword"),
+            "-m": self.config.getoption("markexpr"),
+            "--msprobe-shard": options.get(self.config, "msprobe_shard"),
+        }
+        chosen = [f"{flag} {shlex.quote(str(value))}" for flag, value in selections.items() if value]
+        if not chosen:
+            return f"  pooled: the calls that ran in this session ({collected} collected){since}"
+        return (
+            f"  pooled: only the calls selected by {' '.join(chosen)} ({collected} collected){since}: "
+            "the kernel's calls left out are no evidence; run without the selection to pool them all"
+        )

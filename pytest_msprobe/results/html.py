@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.baseline import Baseline, CallMetrics, Change, compare
-from pytest_msprobe.judge.kernels import KernelVerdict, kernel_verdicts
+from pytest_msprobe.judge.kernels import RATIO, KernelVerdict, kernel_verdicts
 from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
 from pytest_msprobe.results.summary import STATUSES, badness, failing_metric, skip_reason
@@ -525,14 +525,14 @@ KERNEL_BAR_WIDTH, KERNEL_PLOT_HEIGHT = 6, 80  # px: one bar per pooled output, i
 def kernels_section(verdicts: list[KernelVerdict]) -> str:
     """Each kernel, failing first, with its pooled numbers and its calls worst first:
     the evidence each carries (its own z of the test, signed toward the pooled sum's
-    direction), drawn as bars beside the pooled z."""
+    direction, or its log error ratio), drawn as bars beside the pooled statistic."""
     if not verdicts:
         return ""
     parts = []
     for verdict in sorted(verdicts, key=lambda verdict: (verdict.status != "error", verdict.key)):
         test = verdict.leading_test
         rows = "".join(
-            f'<tr><td class="mono">{_e(item.call)}</td><td>{_e(item.output)}</td><td>{_e(item.status)}</td><td>{item.z(test):+.3g}</td></tr>'
+            f'<tr><td class="mono">{_e(item.call)}</td><td>{_e(item.output)}</td><td>{_e(item.status)}</td><td>{item.value(test):+.3g}</td></tr>'
             for item in verdict.evidence
         )
         why = "".join(f'<p class="why">{_e(reason)}</p>' for reason in verdict.reasons)
@@ -541,16 +541,16 @@ def kernels_section(verdicts: list[KernelVerdict]) -> str:
             f'<section class="call {verdict.status}"><h3>{_e(verdict.key.name)} <span class="badge {verdict.status}">'
             f"{verdict.status}</span></h3>{why}<p class='mono'>{_e(numbers)}</p>{_kernel_plot(verdict, test)}"
             f"<details><summary>{len(verdict.evidence)} outputs of {len(verdict.calls)} calls, most evidence first</summary>"
-            f"<table><tr><th>call</th><th>output</th><th>status</th><th>{_e(test)}_z alone</th></tr>{rows}</table></details></section>"
+            f"<table><tr><th>call</th><th>output</th><th>status</th><th>{_e(_plotted(test))} alone</th></tr>{rows}</table></details></section>"
         )
-    return f'<section id="kernels"><h2>Kernels</h2><p class="muted">the bias tests of every call of one API, dtype and direction, pooled</p>{"".join(parts)}</section>'
+    return f'<section id="kernels"><h2>Kernels</h2><p class="muted">the bias tests and error ratios of every call of one API, dtype and direction, pooled</p>{"".join(parts)}</section>'
 
 
 def _kernel_plot(verdict: KernelVerdict, test: str) -> str:
     """An inline SVG: one bar per output (worst first), up toward the pooled direction."""
-    values = [item.z(test) for item in verdict.evidence]
+    values = [item.value(test) for item in verdict.evidence]
     direction = verdict.direction
-    top = max([abs(value) for value in values] + [verdict.metrics[f"{test}_z"], 1.0])
+    top = max([abs(value) for value in values] + [abs(verdict.pooled) if math.isfinite(verdict.pooled) else 1.0, 1.0])
     half = KERNEL_PLOT_HEIGHT / 2
     bars = []
     for position, value in enumerate(values):
@@ -564,9 +564,14 @@ def _kernel_plot(verdict: KernelVerdict, test: str) -> str:
     width = max(len(values), 1) * KERNEL_BAR_WIDTH
     return (
         f'<svg class="kernel-z" width="{width}" height="{KERNEL_PLOT_HEIGHT}" role="img" '
-        f'aria-label="{_e(test)}_z of each output; pooled {verdict.metrics[test + "_z"]:.3g}">'
+        f'aria-label="{_e(_plotted(test))} of each output; pooled {verdict.pooled:.3g}">'
         f'<line x1="0" x2="{width}" y1="{half}" y2="{half}"/>{"".join(bars)}</svg>'
     )
+
+
+def _plotted(test: str) -> str:
+    """What a kernel's bars show of each output."""
+    return f"log {test}" if test == RATIO else f"{test}_z"
 
 
 def _e(value: object) -> str:
