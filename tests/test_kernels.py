@@ -28,9 +28,9 @@ TOWARD_ZERO = FAULTS["fp32_dot_toward_zero"]
 HALF_ACCUMULATOR = FAULTS["fp16_gemm_fp16_accumulation"]
 
 
-def small_head_dump(root: Path, faulty: bool, fault=TOWARD_ZERO, dtype: torch.dtype = torch.float32) -> Path:
+def small_head_dump(root: Path, faulty: bool, fault=TOWARD_ZERO, dtype: torch.dtype = torch.float32, softmax: bool = False) -> Path:
     """CALLS calls of a 16 -> 10 linear on 4 rows in `dtype`, the outputs written by the
-    correct kernel or by the faulty one."""
+    correct kernel or by the faulty one; with `softmax`, a softmax of each output too."""
     writer = DumpWriter(root, "tensor")
     generator = torch.Generator().manual_seed(0)
     linear = fault.wrap(F.linear) if faulty else F.linear
@@ -38,7 +38,10 @@ def small_head_dump(root: Path, faulty: bool, fault=TOWARD_ZERO, dtype: torch.dt
         x, weight, bias = (
             (torch.randn(*shape, generator=generator) / scale).to(dtype) for shape, scale in (((4, 16), 1), ((10, 16), 4), ((10,), 4))
         )
-        writer.forward(f"Functional.linear.{index}", [x, weight, bias], {}, linear(x, weight, bias))
+        output = linear(x, weight, bias)
+        writer.forward(f"Functional.linear.{index}", [x, weight, bias], {}, output)
+        if softmax:
+            writer.forward(f"Functional.softmax.{index}", [output], {"dim": -1}, F.softmax(output, dim=-1))
     return writer.write()
 
 
@@ -60,7 +63,7 @@ def test_a_bias_no_call_can_make_certain_fails_its_kernel(tmp_path, run_dump, mo
     assert result.ret == (pytest.ExitCode.TESTS_FAILED if faulty else pytest.ExitCode.OK)
     if faulty:
         assert "systematic scale (toward/away from zero) bias" in kernel.text
-        assert f"pooled bias tests of {CALLS} calls" in kernel.text and "not pooled: 0 calls" in kernel.text
+        assert f"pooled tests of {CALLS} calls" in kernel.text and "not pooled: 0 calls" in kernel.text
         assert f"pytest --msprobe-dump={dump} -k 'Functional.linear." in kernel.text
     row = kernel_rows(tmp_path / "out")[KERNEL.removesuffix(".forward")]
     assert row[1] == ("error" if faulty else "pass")
@@ -94,7 +97,7 @@ def test_a_selection_pools_only_what_ran_and_says_so(tmp_path, run_dump):
     result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", f"--msprobe-out={tmp_path / 'out'}", "-k", chosen)
     assert len(result.calls) == CALLS // 2
     kernel = result.kernels[KERNEL]
-    assert kernel.outcome == "failed" and f"pooled bias tests of {CALLS // 2} calls" in kernel.text, kernel.text
+    assert kernel.outcome == "failed" and f"pooled tests of {CALLS // 2} calls" in kernel.text, kernel.text
     assert "pooled: only the calls selected by -k 'Functional.linear.0.forward or " in kernel.text, kernel.text
     assert kernel_lines(tmp_path / "out")[0]["calls"] == CALLS // 2
 
@@ -114,8 +117,9 @@ def kernel_lines(out: Path) -> list[dict]:
 def test_kernel_verdicts_are_the_same_however_the_calls_ran(tmp_path, pytester):
     """-n 0, -n 2, two shards merged, and a run resumed after a -k run of part of the
     calls pool the same records into the same verdict, to the last bit (the sums are
-    added in the order of the call names)."""
-    dump = small_head_dump(tmp_path / "dump", faulty=True)
+    added in the order of the call names): the linear's bias tests and the softmax's
+    error ratios."""
+    dump = small_head_dump(tmp_path / "dump", faulty=True, softmax=True)
 
     def run(out: str, *extra: str) -> int:
         args = (
@@ -129,13 +133,15 @@ def test_kernel_verdicts_are_the_same_however_the_calls_ran(tmp_path, pytester):
         return pytester.inline_run(*args, *((*extra, "-p", "no:benchmark") if "-n" in extra else ("-p", "no:xdist", *extra))).ret
 
     assert run("lone") == run("n2", "-n", "2") == pytest.ExitCode.TESTS_FAILED
-    run("resumed", "-k", " or ".join(f"Functional.linear.{index}.forward" for index in range(0, CALLS, 2)))
+    run("resumed", "-k", " or ".join(f"Functional.{api}.{index}.forward" for index in range(0, CALLS, 2) for api in ("linear", "softmax")))
     assert run("resumed", "--msprobe-resume") == pytest.ExitCode.TESTS_FAILED
     for shard in ("1/2", "2/2"):
         run(f"shard{shard[0]}", f"--msprobe-shard={shard}")
     assert merge_main(["-o", str(tmp_path / "merged"), str(tmp_path / "shard1"), str(tmp_path / "shard2")]) == 0
     lone = kernel_lines(tmp_path / "lone")
-    assert [line["name"] for line in lone] == [KERNEL] and lone[0]["status"] == "error" and lone[0]["calls"] == CALLS
+    assert [line["name"] for line in lone] == [KERNEL, "Functional.softmax.float32.kernel.forward"]
+    assert lone[0]["status"] == "error" and lone[0]["calls"] == CALLS
+    assert lone[1]["status"] == "pass" and lone[1]["mean_rel_err_ratio_calls"] == CALLS
     for folder in ("n2", "resumed", "merged"):
         assert kernel_lines(tmp_path / folder) == lone, folder
         assert kernel_rows(tmp_path / folder) == kernel_rows(tmp_path / "lone"), folder

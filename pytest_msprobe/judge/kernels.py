@@ -129,7 +129,7 @@ class KernelVerdict:
         """What the kernel's test says: the pooled numbers, the calls carrying them."""
         calls = self.calls
         lines = [
-            f"{self.key.name}: {self.status} by the pooled bias tests of {len(calls)} calls "
+            f"{self.key.name}: {self.status} by the pooled tests of {len(calls)} calls "
             f"({len(self.evidence)} outputs; not pooled: {self.calls_failed} calls of the API in this direction that failed on their own)"
         ]
         lines += [f"  reason: {reason}" for reason in self.reasons]
@@ -162,8 +162,10 @@ class KernelVerdict:
 
     @property
     def pooled(self) -> float:
-        """The leading test's pooled statistic: its z, or the ratio's t."""
-        return self.metrics[f"{self.leading_test}_{'t' if self.leading_test == RATIO else 'z'}"]
+        """The leading test's pooled statistic, as each output's value reads: its z, or
+        the log of the calls' geometric mean ratio."""
+        test = self.leading_test
+        return math.log(self.metrics[RATIO]) if test == RATIO else self.metrics[f"{test}_z"]
 
 
 def evidence_of(record: ResultRecord) -> list[tuple[KernelKey, Evidence]]:
@@ -241,9 +243,10 @@ def judge_kernel(key: KernelKey, items: list[Evidence], failed_calls: int) -> Ke
 
 def _pooled_ratio(items: list[Evidence]) -> dict[str, float]:
     """The calls' error ratios to the reference run, pooled (module docstring): their
-    geometric mean, Student's t of the mean log ratio against log(RATIO_LIMIT), and
-    the share of calls over the limit. Empty with fewer than MIN_CALLS calls with a
-    ratio. A call's outputs share its inputs: a call's log ratio is their mean."""
+    geometric mean, the one-sided p of Student's t of the mean log ratio against
+    log(RATIO_LIMIT), and the share of calls over the limit. Empty with fewer than
+    MIN_CALLS calls with a ratio. A call's outputs share its inputs: a call's log ratio
+    is their mean."""
     by_call: dict[str, list[float]] = {}
     for item in items:
         if item.log_ratio is not None:
@@ -254,9 +257,11 @@ def _pooled_ratio(items: list[Evidence]) -> dict[str, float]:
     mean = sum(logs) / len(logs)
     spread = math.sqrt(sum((value - mean) ** 2 for value in logs) / (len(logs) - 1) / len(logs))
     excess = mean - math.log(RATIO_LIMIT)
+    # calls that agree exactly (spread 0) are certain either way, or exactly at the limit
+    t = excess / spread if spread else math.copysign(math.inf, excess) if excess else 0.0
     return {
         RATIO: math.exp(mean),
-        f"{RATIO}_t": excess / spread if spread else math.copysign(math.inf, excess) if excess else 0.0,
+        f"{RATIO}_p": t_tail(t, len(logs) - 1),
         f"{RATIO}_over": sum(value > math.log(RATIO_LIMIT) for value in logs) / len(logs),
         f"{RATIO}_calls": float(len(logs)),
     }
@@ -264,15 +269,14 @@ def _pooled_ratio(items: list[Evidence]) -> dict[str, float]:
 
 def ratio_reasons(magnitude: dict[str, float], z_limit: float) -> list[str]:
     """The pooled error ratio's reason to fail: certainly above RATIO_LIMIT, i.e. its
-    t's one-sided tail on calls - 1 degrees of freedom below the normal tail at z_limit."""
-    t, calls = magnitude[f"{RATIO}_t"], int(magnitude[f"{RATIO}_calls"])
-    p, p_limit = t_tail(t, calls - 1), 0.5 * math.erfc(z_limit / math.sqrt(2))
+    one-sided p below the normal tail at z_limit."""
+    p, p_limit, calls = magnitude[f"{RATIO}_p"], 0.5 * math.erfc(z_limit / math.sqrt(2)), int(magnitude[f"{RATIO}_calls"])
     if p >= p_limit:
         return []
     return [
         f"{RATIO} {magnitude[RATIO]:.3g}: the calls' {MAGNITUDE} is {magnitude[RATIO]:.3g}x the reference run's "
         f"(geometric mean of {calls} calls, {magnitude[f'{RATIO}_over']:.0%} of them over {RATIO_LIMIT:g}x), "
-        f"certainly over {RATIO_LIMIT:g}x: t {t:.3g} on {calls - 1} degrees of freedom, one-sided p {p:.2g} < {p_limit:.2g} (z {z_limit:g})"
+        f"certainly over {RATIO_LIMIT:g}x: one-sided p {p:.2g} by Student's t on {calls - 1} degrees of freedom < {p_limit:.2g} (z {z_limit:g})"
     ]
 
 

@@ -550,7 +550,7 @@ def _kernel_plot(verdict: KernelVerdict, test: str) -> str:
     """An inline SVG: one bar per output (worst first), up toward the pooled direction."""
     values = [item.value(test) for item in verdict.evidence]
     direction = verdict.direction
-    top = max([abs(value) for value in values] + [abs(verdict.pooled) if math.isfinite(verdict.pooled) else 1.0, 1.0])
+    top = max([abs(value) for value in values] + [abs(verdict.pooled), 1.0])
     half = KERNEL_PLOT_HEIGHT / 2
     bars = []
     for position, value in enumerate(values):
