@@ -31,7 +31,7 @@ unlikely as the sign tests' z `sr_bias_z` under the normal law. RATIO_LIMIT is w
 two correct kernel families were measured to differ by, pooled, with room
 (benchmarks/RESULTS-kernels.md): CPU kernels dumped under
 ATEN_CPU_CAPABILITY=default/2 threads and referenced by avx2 or default/1 thread
-pool to 0.93-1.23x (a float32 softmax backward 1.23x, 12 calls), single calls up to
+pool to 0.83-1.23x (a float32 softmax backward 1.23x, 12 calls), single calls up to
 3.6x; the bfloat16-sum softmax pools to 1.99x. Without a reference run (single-run on
 the CPU) no call has a ratio: the kernel is then judged by its bias tests alone.
 """
