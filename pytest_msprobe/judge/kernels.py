@@ -83,7 +83,8 @@ class KernelKey:
 
 @dataclass(frozen=True)
 class Evidence:
-    """One output of one call: the sums its bias test came from."""
+    """One output of one call: the sums its bias test came from, and its mean error and
+    the reference run's where it had one (the metrics it reported)."""
 
     call: str
     output: str
