@@ -188,3 +188,41 @@ def test_the_pooled_ratios_t_tail_is_students(df):
             assert tail == pytest.approx(closed[df](t), rel=1e-9, abs=1e-15)
     assert t_tail(0.0, df) == pytest.approx(0.5) and t_tail(math.inf, df) == 0.0
     assert [t_tail(3.0, n) for n in (df, df + 1)] == sorted([t_tail(3.0, n) for n in (df, df + 1)], reverse=True)
+
+
+def _ratio_evidence(call: int, ratio: float):
+    """An output of 100 elements with no bias, its mean_rel_err `ratio` x the reference's."""
+    from pytest_msprobe.judge.kernels import Evidence
+
+    sums = {"bias_n": 100.0, "ref_bias_n": 100.0, "mean_rel_err": 1e-3 * ratio, "ref_mean_rel_err": 1e-3}
+    for prefix in ("", "ref_"):
+        for test in ("bias", "scale_bias"):
+            sums |= {f"{prefix}{test}_ulp": 0.0, f"{prefix}{test}_signs": 0.0, f"{prefix}{test}_signs_sq": 100.0}
+    return Evidence(f"Functional.softmax.{call}.forward", "output 0", "pass", sums, 0.25, 5.0, True)
+
+
+@pytest.mark.parametrize(
+    "ratios, status",
+    [
+        ([2.0] * CALLS, "error"),  # every call 2x: certain, spread 0
+        ([1.9, 2.1] * (CALLS // 2), "error"),
+        ([1.2, 1.3] * (CALLS // 2), "pass"),  # what correct families differ by (RESULTS-kernels.md)
+        ([1.0] * (CALLS - 1) + [40.0], "pass"),  # one wild call is no certainty
+        ([2.0, 2.1], "pass"),  # 2 calls: 1 degree of freedom
+    ],
+    ids=["all-2x", "about-2x", "correct-families", "one-outlier", "two-calls"],
+)
+def test_the_kernel_fails_where_its_calls_error_ratio_is_certainly_over_the_limit(ratios, status):
+    """The pooled error ratio alone (no bias): a kernel fails where the calls' mean log
+    ratio is certainly above 1.5x; the HTML section then plots each call's log ratio."""
+    from pytest_msprobe.judge.kernels import KernelKey, judge_kernel
+    from pytest_msprobe.results.html import kernels_section
+
+    verdict = judge_kernel(
+        KernelKey("d", "Functional.softmax", "bfloat16", "forward"), [_ratio_evidence(*item) for item in enumerate(ratios)], 0
+    )
+    assert verdict.status == status, verdict.message()
+    assert 0.0 <= verdict.metrics["mean_rel_err_ratio_p"] <= 1.0 and verdict.metrics["mean_rel_err_ratio_calls"] == len(ratios)
+    if status == "error":
+        assert verdict.leading_test == "mean_rel_err_ratio" and "certainly over 1.5x" in verdict.reasons[0]
+        assert "log mean_rel_err_ratio of each output" in kernels_section([verdict])
