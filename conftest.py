@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from pytest_msprobe.judge.kernels import is_kernel
+
 DUMPS = Path(__file__).parent / "tests" / "dumps"
 
 
@@ -36,6 +38,7 @@ class DumpRun:
     calls: dict[str, CallOutcome]  # call name -> outcome
     collection_errors: list[str]
     ret: int
+    kernels: dict[str, CallOutcome]  # kernel name -> outcome (pytest_msprobe/judge/kernels.py)
 
     def by_outcome(self, outcome: str) -> dict[str, CallOutcome]:
         return {name: call for name, call in self.calls.items() if call.outcome == outcome}
@@ -101,6 +104,7 @@ def run_dump(pytester: pytest.Pytester) -> Callable[..., DumpRun]:
                 text = report.longreprtext if not report.skipped else str(report.longrepr[2])
                 calls[name] = CallOutcome(report.outcome, text, dict(report.user_properties), warned.get(name, []))
         errors = [report.longreprtext for report in reprec.getreports("pytest_collectreport") if report.failed]
-        return DumpRun(calls, errors, reprec.ret)
+        kernels = {name: calls.pop(name) for name in list(calls) if is_kernel(name)}
+        return DumpRun(calls, errors, reprec.ret, kernels)
 
     return run

@@ -9,22 +9,30 @@ Where things are: one module per standard (binary_consistency, absolute_threshol
 thousandth, accumulative_error, benchmark, legacy), the rule used when no reference
 exists in single_run, shared quantities in metrics, per-dtype constants in dtypes,
 API routing and thresholds in registry + tables/*.csv, nested outputs in pairing, the
-fused chunked pass that judges large outputs quickly in fast.py.
+fused chunked pass that judges large outputs quickly in fast.py; the sign tests' pure
+arithmetic in signs.
+
+The package's names are imported on first use: the numerics import torch, and a
+process that only reads results (the xdist controller pooling kernel verdicts through
+signs) must not pay for it.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
-
-from .metrics import Pair
-from .reference import Reference
-from .registry import Registry, shipped_registry
-from .verdict import Offender, Verdict
 
 if TYPE_CHECKING:
     import torch
 
     from .dtypes import Array
+    from .metrics import Pair
+    from .reference import Reference
+    from .registry import Registry
+    from .verdict import Offender, Verdict
+
+#: each exported name's module, imported when the name is first used
+_LAZY = {"Pair": "metrics", "Reference": "reference", "Registry": "registry", "Offender": "verdict", "Verdict": "verdict"}
 
 __all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
 
@@ -54,4 +62,12 @@ def check(
     share one rounded quantity (a softmax row's sum, a batch_norm channel's statistics):
     the bias sign tests then count groups, not elements (bias.grouped_z).
     """
+    from .registry import shipped_registry
+
     return shipped_registry().check(bench, device, api=api, reference=reference, terms=terms, groups=groups)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

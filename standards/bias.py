@@ -87,19 +87,20 @@ from . import fast
 from .dtypes import Array
 from .fast import QUANTILE_SAMPLE, BiasSums
 from .metrics import Pair, sign_balance_z
+from .signs import bias_reasons, signs_z
 
 if TYPE_CHECKING:
     from .reference import Reference
 
-__all__ = ["bias_metrics", "bias_reasons", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
+__all__ = ["bias_metrics", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
-_KEYS = ("bias_ulp", "bias_z", "scale_bias_ulp", "scale_bias_z")
+#: fast.BiasSums' totals where no element is finite
+NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0)
+#: the names of the bias metrics (and their sums) begin so
+BIAS_PREFIXES = ("bias_", "scale_bias_")
 #: the statistics are computed on a sample of at least this many elements (fewer than
 #: twice as many; single_run.py rule 4 says why that loses nothing)
 STAT_SAMPLE = 2**20
-#: how far (ULPs of D) two correct kernels' roundings of a group's shared quantity can
-#: shift its elements apart: half an ULP each (module docstring, "Groups")
-SHARED_ROUNDING_ULP = 1.0
 
 
 def sample_step(n: int) -> int:
@@ -113,22 +114,27 @@ def sample_blocks(n: int) -> list[slice]:
 
 
 def statistics(sums: Sequence[float], prefix: str = "") -> dict[str, float]:
-    """The four bias metrics from fast.BiasSums' totals (both paths of every standard)."""
+    """The four bias metrics from fast.BiasSums' totals (both paths of every standard),
+    and the sums they come from (`bias_n`, `*_signs`, `*_signs_sq`): what the calls of
+    one kernel pool into its verdict (judge/kernels.py)."""
     pos, neg, outward, inward, n_upper, signed_sum, scale_sum = sums
-    n_upper = max(n_upper, 1)
     return {
-        f"{prefix}bias_ulp": signed_sum / n_upper,
+        f"{prefix}bias_ulp": signed_sum / max(n_upper, 1),
         f"{prefix}bias_z": sign_balance_z(pos, neg),
-        f"{prefix}scale_bias_ulp": scale_sum / n_upper,
+        f"{prefix}scale_bias_ulp": scale_sum / max(n_upper, 1),
         f"{prefix}scale_bias_z": sign_balance_z(outward, inward),
+        f"{prefix}bias_n": float(n_upper),
+        f"{prefix}bias_signs": float(pos - neg),
+        f"{prefix}bias_signs_sq": float(pos + neg),
+        f"{prefix}scale_bias_signs": float(outward - inward),
+        f"{prefix}scale_bias_signs_sq": float(outward + inward),
     }
 
 
-def _clustered_z(signs: Array, groups: Array) -> float:
-    """Cluster-robust sign-test z: |sum_g S_g| / sqrt(sum_g S_g**2)."""
+def _clustered_sums(signs: Array, groups: Array) -> tuple[float, float]:
+    """(sum_g S_g, sum_g S_g**2): the cluster-robust sign test's sums."""
     per_group = np.bincount(groups, weights=signs)
-    spread = float(np.dot(per_group, per_group))
-    return abs(float(per_group.sum())) / np.sqrt(spread) if spread else 0.0
+    return float(per_group.sum()), float(np.dot(per_group, per_group))
 
 
 def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[str, float]:
@@ -140,13 +146,16 @@ def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[s
         return metrics
     ids = groups if groups.min() >= 0 else np.unique(groups, return_inverse=True)[1]
     additive = np.sign(pair.df - pair.bf_rounded)
-    return {
-        **metrics,
-        f"{prefix}bias_z": _clustered_z(additive, ids),
-        f"{prefix}scale_bias_z": _clustered_z(additive * np.sign(pair.bf), ids),
-        f"{prefix}bias_z_elements": metrics[f"{prefix}bias_z"],
-        f"{prefix}scale_bias_z_elements": metrics[f"{prefix}scale_bias_z"],
-    }
+    grouped: dict[str, float] = {}
+    for name, signs in (("bias", additive), ("scale_bias", additive * np.sign(pair.bf))):
+        total, spread = _clustered_sums(signs, ids)
+        grouped |= {
+            f"{prefix}{name}_z": signs_z(total, spread),
+            f"{prefix}{name}_signs": total,
+            f"{prefix}{name}_signs_sq": spread,
+            **{f"{prefix}{name}_{key}_elements": metrics[f"{prefix}{name}_{key}"] for key in ("z", "signs", "signs_sq")},
+        }
+    return {**metrics, **grouped}
 
 
 def abs_b_quantile(pair: Pair, quantile: float) -> float:
@@ -165,7 +174,7 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
 
     def compute() -> dict[str, float]:
         if pair.n_finite == 0:
-            return dict.fromkeys(_KEYS, 0.0)
+            return statistics(NO_SUMS)
         blocks = sample_blocks(pair.n_finite)
         sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
         for part in blocks:
@@ -173,33 +182,6 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
         return grouped_z(pair, statistics(sums.sums))
 
     return pair.cached("bias_metrics", compute)
-
-
-def bias_reasons(metrics: dict[str, float], z_limit: float, ulp_limit: float, reference: dict[str, float] | None = None) -> list[str]:
-    """A reason per failed test: the device's sign test over its z limit AND its mean
-    over the limit -- beyond the reference's own mean, when a reference run is given.
-    Where the elements are grouped, the groups' test with that limit, and the elements'
-    test with a limit of at least SHARED_ROUNDING_ULP."""
-    reasons = []
-    for name, what in (("bias", "additive"), ("scale_bias", "scale (toward/away from zero)")):
-        mean = metrics[f"{name}_ulp"]
-        excess = mean - (reference[f"ref_{name}_ulp"] if reference is not None else 0.0)
-        tests = [(metrics[f"{name}_z"], ulp_limit, "groups" if f"{name}_z_elements" in metrics else "")]
-        if f"{name}_z_elements" in metrics:
-            tests.append((metrics[f"{name}_z_elements"], max(ulp_limit, SHARED_ROUNDING_ULP), ""))
-        for z, limit, counted in tests:
-            if z > z_limit and abs(excess) > limit:
-                against = (
-                    f"{excess:+.3g} ULP beyond the reference run's {reference[f'ref_{name}_ulp']:+.3g}"
-                    if reference is not None
-                    else "against the bench rounded to D"
-                )
-                reasons.append(
-                    f"systematic {what} bias: {name}_ulp {mean:+.3g} ULP, {against} (limit {limit:.3g}), "
-                    f"with sign-test z {z:.3g} > {z_limit:.3g}" + (f" by {counted}" if counted else "")
-                )
-                break
-    return reasons
 
 
 def judge_bias(

@@ -93,10 +93,11 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import fast
+from .bias import NO_SUMS, abs_b_quantile, grouped_z, sample_blocks, sample_step, statistics
 from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistics here (tests read it from this module)
-from .bias import abs_b_quantile, bias_reasons, grouped_z, sample_blocks, sample_step, statistics
 from .dtypes import Array, DtypeInfo
 from .metrics import Pair, ulp_of
+from .signs import bias_reasons
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
 
@@ -159,10 +160,7 @@ def single_run_metrics(pair: Pair) -> dict[str, float]:
                 "max_scaled_ulp_err": 0.0,
                 "mean_scaled_ulp_err": 0.0,
                 "max_top_ulp_err": 0.0,
-                "bias_ulp": 0.0,
-                "bias_z": 0.0,
-                "scale_bias_ulp": 0.0,
-                "scale_bias_z": 0.0,
+                **statistics(NO_SUMS),
             }
         defaults = pair.info.defaults
         scaled = scaled_ulp_err(pair)

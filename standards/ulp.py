@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import fast
-from .bias import judge_bias
+from .bias import BIAS_PREFIXES, judge_bias
 from .dtypes import Array, DtypeInfo
 from .metrics import Pair
 from .single_run import fast_max_top_ulp_err, fast_single_run, max_top_ulp_err, single_run_metrics, single_run_reasons
@@ -171,7 +171,7 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
         extra = sr[1] if sr is not None and sr[1] is not None else single_run_metrics(pair)
         if "max_top_ulp_err" not in extra:  # fused path: judged, never reported
             extra = dict(extra, max_top_ulp_err=_top_or_bound(pair, metrics, thresholds))
-        metrics.update({k: extra[k] for k in ("bias_ulp", "bias_z", "scale_bias_ulp", "scale_bias_z")})
+        metrics.update({k: value for k, value in extra.items() if k.startswith(BIAS_PREFIXES)})
         bias_only = dict(extra, max_scaled_ulp_err=0.0, mean_scaled_ulp_err=0.0)
         # matrix products have no shared normaliser: their own (tighter) bias limit
         reasons.extend(single_run_reasons(pair, bias_only, thresholds, used, bias_limit="ulp_bias_ulp"))

@@ -27,6 +27,7 @@ SCRIPTS = {
     "bench_explore.py": HELP,
     "bench_explore_faults.py": HELP,
     "bench_html.py": HELP,
+    "bench_kernels.py": HELP,
     "bench_large_calls.py": HELP,
     "bench_percall.py": HELP,
     "bench_reports.py": IMPORT,

@@ -39,6 +39,7 @@ from pytest_msprobe.judge.record import ResultRecord
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
+    from pytest_msprobe.judge.kernels import KernelVerdict
     from pytest_msprobe.standards import Verdict
 
 FORMAT = "pytest-msprobe-baseline"
@@ -48,6 +49,10 @@ BASELINE_LABEL = "baseline"  # the standards' name of a reference of recorded me
 IMPORTED_LABEL = "reference CSV"  # what a verdict against an msprobe details CSV is called instead
 STATUS_RANK = {"skip": -1, "pass": 0, "warning": 1, "error": 2}
 IMPROVED_BELOW = 0.5  # every judged metric at most half the baseline's: an improvement
+
+#: the standard a baseline's kernel verdicts are recorded under (judge/kernels.py): a
+#: kernel's line holds its pooled metrics as the metrics of one output named ""
+KERNEL_STANDARD = "kernel"
 
 # Metrics where larger is better (a share of good elements): compared inverted.
 HIGHER_IS_BETTER = {"rel_err_thousandth"}
@@ -79,6 +84,10 @@ class CallMetrics:
             kept = KEY_METRICS.get(output.standard, ())  # the metrics its verdict turns on
             outputs[output.path] = {key: _short(output.metrics[key]) for key in kept if key in output.metrics}
         return cls(record.status, record.standard, outputs)
+
+    @classmethod
+    def of_kernel(cls, verdict: KernelVerdict) -> CallMetrics:
+        return cls(verdict.status, KERNEL_STANDARD, {"": {key: _short(value) for key, value in verdict.metrics.items()}})
 
 
 def _short(value: float) -> float:
@@ -125,6 +134,20 @@ class Baseline:
 
     def get(self, dump: str, call: str) -> CallMetrics | None:
         return self.calls.get((self.recorded_key(dump), call)) or self.calls.get((None, call))
+
+    def kernel(self, dump: str, name: str) -> tuple[str, CallMetrics] | None:
+        """The recorded verdict of a kernel of this run, with the dump it was recorded
+        in: in the dump the baseline knows this one as, else (a dump it has no record
+        of: the same model dumped again after an operator upgrade) in the one recorded
+        dump that has a kernel of that name. Each call was judged against the bench on
+        its own inputs, so a kernel's verdicts compare across two dumps of one model."""
+        recorded = self.calls.get((self.recorded_key(dump), name))
+        if recorded is not None:
+            return self.recorded_key(dump), recorded
+        if dump in self.aliases:
+            return None
+        found = [(key, metrics) for (key, call), metrics in self.calls.items() if call == name and key is not None]
+        return found[0] if len(found) == 1 else None
 
     def reference_for(self, dump: str, call: str) -> dict[str, dict[str, float]] | None:
         """The standards' `reference=` for this call, or None for a call it lacks."""

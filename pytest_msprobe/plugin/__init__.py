@@ -67,7 +67,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_msprobe.plugin import html
 
         config.pluginmanager.register(html.HtmlPlugin(config, report_plugin), "msprobe-html")
-    config.pluginmanager.register(baselines.BaselinePlugin(config), "msprobe-baseline")
+    from pytest_msprobe.plugin.kernels import KernelPlugin
+
+    config.pluginmanager.register(KernelPlugin(config, report_plugin), "msprobe-kernels")
+    config.pluginmanager.register(baselines.BaselinePlugin(config, report_plugin), "msprobe-baseline")
     config.pluginmanager.import_plugin("pytest_msprobe.plugin.scripts")
     config.pluginmanager.import_plugin("pytest_msprobe.plugin.scale")
     if config.args_source != pytest.Config.ArgsSource.ARGS:

@@ -10,24 +10,29 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.dump.index import read_index
 from pytest_msprobe.errors import DumpError
-from pytest_msprobe.judge.baseline import FILE_NAME, Baseline, CallMetrics, Change, compare, environment
+from pytest_msprobe.judge.baseline import FILE_NAME, KERNEL_STANDARD, Baseline, CallMetrics, Change, compare, environment
 from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
+
+if TYPE_CHECKING:
+    from pytest_msprobe.plugin.reports import ReportPlugin
 
 REPORT_ATTRIBUTE = "msprobe_record"
 SHOWN_REGRESSIONS = 20
 
 
 class BaselinePlugin:
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, reports: ReportPlugin) -> None:
         self.config = config
+        self.reports = reports  # its writer pools the kernel verdicts
         self.save_to = options.path(config, "msprobe_baseline_save")
         self.judged_by = options.path(config, "msprobe_baseline")
         self.update = bool(options.get(config, "msprobe_baseline_update"))
@@ -54,9 +59,18 @@ class BaselinePlugin:
         dump_key = report.nodeid.rsplit("::", 1)[0]
         self.current[(dump_key, record.call)] = CallMetrics.of(record)
 
+    def _kernels(self) -> dict[tuple[str | None, str], CallMetrics]:
+        """The run's kernel verdicts (plugin/kernels.py), keyed as its calls are."""
+        writer = self.reports.result_writer()
+        verdicts = writer.kernels.verdicts() if writer is not None else []
+        rootpath = self.config.rootpath
+        return {(bestrelpath(rootpath, Path(v.key.dump)), v.key.name): CallMetrics.of_kernel(v) for v in verdicts}
+
     def pytest_sessionfinish(self) -> None:
         if hasattr(self.config, "workerinput"):
             return
+        if self.save_to is not None or self.update:
+            self.current.update(self._kernels())
         state = session_state(self.config)
         device, versions = state.device_label(), state.environment_versions()
         if self.save_to is not None:
@@ -74,10 +88,11 @@ class BaselinePlugin:
         recorded = session_state(self.config).baseline
         if recorded is None or hasattr(self.config, "workerinput"):
             return
-        changes = [compare(metrics, recorded.get(dump, call), call) for (dump, call), metrics in sorted(self.current.items())]
+        calls = {key: metrics for key, metrics in self.current.items() if metrics.standard != KERNEL_STANDARD}
+        changes = [compare(metrics, recorded.get(dump, call), call) for (dump, call), metrics in sorted(calls.items())]
         vanished = self._vanished(recorded)
         terminalreporter.section("msprobe baseline")
-        for line in summary_lines(changes, vanished, self.update):
+        for line in summary_lines(changes, vanished, self.update) + kernel_lines(self._kernels(), recorded):
             terminalreporter.write_line(line, yellow=line.startswith("WARNING"), bold=line.startswith("WARNING"))
 
     def _dumps(self) -> list[tuple[str, Path]]:
@@ -92,7 +107,11 @@ class BaselinePlugin:
                 present = set(read_index(path).names)
             except DumpError:
                 continue
-            gone += [f"{key}::{call}" for (dump, call) in recorded.calls if dump == recorded.recorded_key(key) and call not in present]
+            gone += [
+                f"{key}::{call}"
+                for (dump, call), metrics in recorded.calls.items()
+                if dump == recorded.recorded_key(key) and call not in present and metrics.standard != KERNEL_STANDARD
+            ]
         return sorted(gone)
 
 
@@ -117,3 +136,21 @@ def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> 
         lines.append(f"  ... and {len(regressions) - SHOWN_REGRESSIONS} more regressions")
     lines += [f"  vanished {name}" for name in vanished[:SHOWN_REGRESSIONS]]
     return lines
+
+
+def kernel_lines(kernels: dict[tuple[str | None, str], CallMetrics], recorded: Baseline) -> list[str]:
+    """Each kernel of the run against its recorded verdict: worse where its status is."""
+    worse, compared = [], 0
+    for (key, name), metrics in sorted(kernels.items(), key=lambda item: (item[0][0] or "", item[0][1])):
+        dump = key or ""
+        found = recorded.kernel(dump, name)
+        if found is None:
+            continue
+        compared += 1
+        recorded_in, then = found
+        if compare(metrics, then, name).kind == "regression":
+            where = "" if recorded_in == recorded.recorded_key(dump) else f" (recorded in {recorded_in})"
+            worse.append(f"  kernel worse {dump}::{name}: {then.status} -> {metrics.status}{where}")
+    if not kernels:
+        return []
+    return [f"kernels: {len(worse)} worse of {compared} compared with the baseline ({len(kernels) - compared} not in it)", *worse]

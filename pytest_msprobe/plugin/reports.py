@@ -133,6 +133,12 @@ class ReportPlugin:
             self.previous = []
         return self.writer
 
+    def result_writer(self) -> ResultWriter | None:
+        """The run's writer where results exist (this session's, or the resumed run's)."""
+        if not self.writes or (self.writer is None and self.resumed_from is None):
+            return None
+        return self._writer()
+
     # --- collection: lists, dedup, resume -------------------------------------------
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.baseline import Baseline, CallMetrics, Change, compare
+from pytest_msprobe.judge.kernels import RATIO, KernelVerdict, kernel_verdicts
 from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
 from pytest_msprobe.results.summary import STATUSES, badness, failing_metric, skip_reason
@@ -89,6 +90,7 @@ def report_html(entries: list[Entry], context: ReportContext = ReportContext()) 
         summary=_summary(records),
         environment=_environment(context.sessions),
         baseline=_baseline_section(records, baselines[-1][1], baselines[-1][0]) if baselines else "",
+        kernels=kernels_section(kernel_verdicts(records)),
         table_head="".join(f'<th scope="col">{_e(name)}</th>' for name in TABLE_COLUMNS),
         details=_details(detailed, anchors, figures, baselines, scripts),
         rows=packed_json(_table_rows(records, anchors)),
@@ -515,6 +517,61 @@ def _trend(record: ResultRecord, baselines: list[tuple[str, BaselineIndex]]) -> 
 
 
 # --- text ------------------------------------------------------------------------------
+
+
+KERNEL_BAR_WIDTH, KERNEL_PLOT_HEIGHT = 6, 80  # px: one bar per pooled output, its signed z
+
+
+def kernels_section(verdicts: list[KernelVerdict]) -> str:
+    """Each kernel, failing first, with its pooled numbers and its calls worst first:
+    the evidence each carries (its own z of the test, signed toward the pooled sum's
+    direction, or its log error ratio), drawn as bars beside the pooled statistic."""
+    if not verdicts:
+        return ""
+    parts = []
+    for verdict in sorted(verdicts, key=lambda verdict: (verdict.status != "error", verdict.key)):
+        test = verdict.leading_test
+        rows = "".join(
+            f'<tr><td class="mono">{_e(item.call)}</td><td>{_e(item.output)}</td><td>{_e(item.status)}</td><td>{item.value(test):+.3g}</td></tr>'
+            for item in verdict.evidence
+        )
+        why = "".join(f'<p class="why">{_e(reason)}</p>' for reason in verdict.reasons)
+        numbers = ", ".join(f"{key} {value:.4g}" for key, value in verdict.metrics.items())
+        parts.append(
+            f'<section class="call {verdict.status}"><h3>{_e(verdict.key.name)} <span class="badge {verdict.status}">'
+            f"{verdict.status}</span></h3>{why}<p class='mono'>{_e(numbers)}</p>{_kernel_plot(verdict, test)}"
+            f"<details><summary>{len(verdict.evidence)} outputs of {len(verdict.calls)} calls, most evidence first</summary>"
+            f"<table><tr><th>call</th><th>output</th><th>status</th><th>{_e(_plotted(test))} alone</th></tr>{rows}</table></details></section>"
+        )
+    return f'<section id="kernels"><h2>Kernels</h2><p class="muted">the bias tests and error ratios of every call of one API, dtype and direction, pooled</p>{"".join(parts)}</section>'
+
+
+def _kernel_plot(verdict: KernelVerdict, test: str) -> str:
+    """An inline SVG: one bar per output (worst first), up toward the pooled direction."""
+    values = [item.value(test) for item in verdict.evidence]
+    direction = verdict.direction
+    top = max([abs(value) for value in values] + [abs(verdict.pooled), 1.0])
+    half = KERNEL_PLOT_HEIGHT / 2
+    bars = []
+    for position, value in enumerate(values):
+        height = abs(value) / top * half
+        toward = value * direction > 0
+        y = half - height if toward else half
+        bars.append(
+            f'<rect class="{"toward" if toward else "against"}" x="{position * KERNEL_BAR_WIDTH}" y="{y:.1f}" '
+            f'width="{KERNEL_BAR_WIDTH - 1}" height="{height:.1f}"><title>{_e(verdict.evidence[position].call)}: {value:+.3g}</title></rect>'
+        )
+    width = max(len(values), 1) * KERNEL_BAR_WIDTH
+    return (
+        f'<svg class="kernel-z" width="{width}" height="{KERNEL_PLOT_HEIGHT}" role="img" '
+        f'aria-label="{_e(_plotted(test))} of each output; pooled {verdict.pooled:.3g}">'
+        f'<line x1="0" x2="{width}" y1="{half}" y2="{half}"/>{"".join(bars)}</svg>'
+    )
+
+
+def _plotted(test: str) -> str:
+    """What a kernel's bars show of each output."""
+    return f"log {test}" if test == RATIO else f"{test}_z"
 
 
 def _e(value: object) -> str:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from pytest_msprobe.judge.kernels import KernelPool, KernelVerdict
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
 from pytest_msprobe.results.msprobe_csv import (
     DETAILS_HEADER,
@@ -256,6 +257,36 @@ def metrics_rows(entry: Entry) -> list[dict]:
     ]
 
 
+def kernel_metrics_row(verdict: KernelVerdict) -> dict:
+    """A kernel's line in the metrics file: its pooled metrics, as a call's output's."""
+    key = verdict.key
+    return {
+        "dump": key.dump,
+        "call": key.row_name,
+        "direction": key.direction,
+        "name": key.name,
+        "status": verdict.status,
+        "standard": "kernel",
+        "device_dtype": key.dtype,
+        "pooled_calls": verdict.calls,
+        **verdict.metrics,
+        **{f"threshold_{name}": value for name, value in verdict.thresholds.items()},
+    }
+
+
+def kernel_rows(verdicts: Iterable[KernelVerdict]) -> list[list[str]]:
+    """The kernels' rows of the result CSV: `{api}.{dtype}.kernel`, both directions."""
+    rows: dict[tuple[str, str], CallStatus] = {}
+    for verdict in verdicts:
+        status = rows.setdefault((verdict.key.dump, verdict.key.row_name), CallStatus())
+        status.status[verdict.key.direction] = verdict.status
+        status.message[verdict.key.direction] = "; ".join(verdict.reasons)
+    return [
+        result_row(name, status.status.get("forward"), status.status.get("backward"), status.message.values())
+        for (_, name), status in rows.items()
+    ]
+
+
 @dataclass
 class CallStatus:
     """What the result CSV needs of a call: each direction's status and message."""
@@ -274,6 +305,7 @@ class ResultWriter:
     def __init__(self, files: RunFiles, previous: Iterable[Entry] = ()) -> None:
         self.files = files
         self.calls: dict[tuple[str, str], CallStatus] = {}
+        self.kernels = KernelPool()
         files.folder.mkdir(parents=True, exist_ok=True)
         previous = list(previous)
         self._rewrite(previous)
@@ -300,7 +332,12 @@ class ResultWriter:
         self._remember(record)
 
     def close(self) -> None:
-        """Write the result CSV from every call's statuses and close the files."""
+        """Write the result CSV from every call's statuses, and the kernel verdicts of
+        every record (their rows after the calls', their lines in the metrics file: a
+        resumed run rewrites that file from the journal, so they are never twice), and
+        close the files."""
+        kernels = self.kernels.verdicts()
+        self._metrics.write("".join(json.dumps(kernel_metrics_row(verdict)) + "\n" for verdict in kernels))
         for handle in (self._journal, self._details_file, self._metrics):
             handle.close()
         rows = [
@@ -311,10 +348,11 @@ class ResultWriter:
                 (status.message.get("forward", ""), status.message.get("backward", "")),
             )
             for (_, call), status in self.calls.items()
-        ]
+        ] + kernel_rows(kernels)
         _replace(self.files.result, _csv_text(RESULT_HEADER, rows), ENCODING)
 
     def _remember(self, record: ResultRecord) -> None:
+        self.kernels.add(record)
         call, direction = split_direction(record.call)
         status = self.calls.setdefault((record.dump, call), CallStatus())
         status.status[direction] = record.status

@@ -171,3 +171,41 @@ def test_auto_takes_mindspores_own_device_target() -> None:
     expected = "Ascend" if mindspore.hal.is_available("Ascend") else "CPU"
     assert device_target(Backend(), "auto") == expected
     assert device_target(Backend(), "cpu") == "CPU"
+
+
+def _scaling_dump(write_dump: Callable[..., Path], toward_zero: bool) -> Path:
+    """12 MindSpore calls x * 3 on float16 tensors of 28 elements (a sign test of 28 cannot
+    reach z 5 on its own), the outputs rounded to nearest or toward zero."""
+    generator = numpy.random.default_rng(0)
+    data, tensors = {}, {}
+    for index in range(12):
+        name = f"Tensor.__mul__.{index}.forward"
+        x = generator.standard_normal((4, 7)).astype(numpy.float16)
+        exact = x.astype(numpy.float64) * 3
+        output = exact.astype(numpy.float16)
+        if toward_zero:
+            output = numpy.where(numpy.abs(output) > numpy.abs(exact), numpy.nextafter(output, numpy.float16(0)), output)
+        tensors |= {f"{name}.input.0.npy": x, f"{name}.output.0.npy": output}
+        data[name] = {
+            "input_args": [_tensor([4, 7], "Float16", data_name=f"{name}.input.0.npy"), {"type": "float", "value": 3.0}],
+            "input_kwargs": {},
+            "output": [_tensor([4, 7], "Float16", data_name=f"{name}.output.0.npy")],
+        }
+    dump = write_dump(data, task="tensor", framework="mindspore")
+    for file, array in tensors.items():
+        numpy.save(dump.parent / "dump_tensor_data" / file, array)
+    return dump
+
+
+@needs_mindspore
+@pytest.mark.parametrize("toward_zero", [False, True], ids=["nearest", "toward-zero"])
+def test_a_mindspore_kernels_calls_are_pooled(write_dump: Callable[..., Path], run_dump: Callable[..., Any], toward_zero: bool) -> None:
+    """Kernel verdicts pool MindSpore calls as torch ones (judge/kernels.py): a float16
+    multiplication rounded toward zero passes each of its 12 calls and fails its kernel
+    offline; rounded to nearest, the kernel passes. Fails without the pooling: no kernel."""
+    result = run_dump(_scaling_dump(write_dump, toward_zero), "--msprobe-device=cpu", "--msprobe-offline")
+    assert {call.outcome for call in result.calls.values()} == {"passed"} and len(result.calls) == 12
+    kernel = result.kernels["Tensor.__mul__.float16.kernel.forward"]
+    assert kernel.outcome == ("failed" if toward_zero else "passed"), kernel.text
+    if toward_zero:
+        assert "systematic scale (toward/away from zero) bias" in kernel.text and "of 12 calls" in kernel.text

@@ -131,6 +131,9 @@ def test_hostile_text_is_neutralised_kept_on_one_line_and_cut(fp32_run) -> None:
 def test_metrics_file_is_one_pandas_read_with_every_metric(fp32_run) -> None:
     frame = pandas.read_json(fp32_run["files"].metrics, lines=True)
     details = read_csv(fp32_run["files"].details)
+    kernels = frame[frame.standard == "kernel"]  # a line per kernel verdict (judge/kernels.py), no details row
+    assert set(kernels.name) and all(name.endswith((".kernel.forward", ".kernel.backward")) for name in kernels.name)
+    frame = frame[frame.standard != "kernel"]
     assert len(frame) == len(details) - 1
     assert {"call", "direction", "name", "status", "standard", "cosine", "max_ulp_err", "error_rate"} <= set(frame.columns)
     ulp = frame[frame.standard == "ulp"]

@@ -18,6 +18,7 @@ import pytest
 import torch  # noqa: F401 - imported before the in-process runs: pytester's runs then never unload it
 from synthetic import many_calls
 
+from pytest_msprobe.judge.kernels import is_kernel
 from pytest_msprobe.results.merge import main as merge_main
 from pytest_msprobe.results.writer import ResultFilesError, RunFiles, read_journal
 
@@ -93,7 +94,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, obj
     folder = tmp_path_factory.mktemp("clean")
     dump = write(folder / "dump", many_calls(CALLS))
     result = run(dump, folder / "out", "--msprobe-resume")  # nothing to resume from: runs every call
-    assert result.returncode == 0 and "150 passed" in result.stdout, result.stdout[-3000:]
+    assert result.returncode == 0 and "150 tests, 150 pass" in result.stdout, result.stdout[-3000:]
     return dump, files_by_call(folder / "out")
 
 
@@ -139,6 +140,11 @@ def inline(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = (
     )
 
 
+def call_reports(recorded: pytest.HookRecorder) -> list[pytest.TestReport]:
+    """The reports of the calls' tests (not of the kernels', judge/kernels.py)."""
+    return [report for report in recorded.getreports("pytest_runtest_logreport") if not is_kernel(report.nodeid.rsplit("::", 1)[-1])]
+
+
 def test_a_run_that_checks_nothing_leaves_nothing_to_resume_from(pytester: pytest.Pytester, tmp_path: Path) -> None:
     dump = write(tmp_path / "dump", many_calls(8))  # 10 tests, 2 of them Torch.add
     assert inline(pytester, dump, "-k", "add").ret == 0
@@ -146,7 +152,7 @@ def test_a_run_that_checks_nothing_leaves_nothing_to_resume_from(pytester: pytes
     assert inline(pytester, dump, "-k", "nothing_matches").ret == pytest.ExitCode.NO_TESTS_COLLECTED
     assert len(list((pytester.path / "out").glob("msprobe_records_*.jsonl"))) == 1  # neither started a run of its own
     resumed = inline(pytester, dump, "--msprobe-resume")
-    assert len(resumed.getreports("pytest_runtest_logreport")) == 3 * 8  # the 8 calls left, three phases each
+    assert len(call_reports(resumed)) == 3 * 8  # the 8 calls left, three phases each
     assert len(read_journal(RunFiles.latest(pytester.path / "out").journal)) == 10
 
 
@@ -154,7 +160,7 @@ def test_a_resumed_runs_exit_status_is_its_whole_result_sets(pytester: pytest.Py
     dump = write(tmp_path / "dump", many_calls(8))
     assert inline(pytester, dump, "-k", "add", plugins=(AddErrs(),)).ret == pytest.ExitCode.TESTS_FAILED
     rest = inline(pytester, dump, "--msprobe-resume")
-    assert [r.outcome for r in rest.getreports("pytest_runtest_logreport") if r.when == "call"] == ["passed"] * 8
+    assert [r.outcome for r in call_reports(rest) if r.when == "call"] == ["passed"] * 8
     assert rest.ret == pytest.ExitCode.TESTS_FAILED  # the 2 errors of the resumed run are in the result set
     assert inline(pytester, dump, "--msprobe-resume").ret == pytest.ExitCode.TESTS_FAILED  # nothing left to run
     clean = write(tmp_path / "clean", many_calls(8))

@@ -1,0 +1,95 @@
+"""Kernel verdicts as pytest results (pytest_msprobe/judge/kernels.py pools them).
+
+A kernel's verdict needs every call of it, wherever it ran: it cannot be a collected
+test item, which would run in one xdist worker (seeing only its own calls) and before
+some of the calls it pools. So the single writer (the controller, or the lone process)
+reports it when the test loop is over, before the session's exit status is decided:
+each kernel becomes a test report (setup, call, teardown) sent through
+pytest_runtest_logreport, the hook through which xdist hands the workers' reports to
+the controller too. Every reporter then treats it as a test: the terminal's letters,
+-rA and its summary counts, --junitxml's testcase, and the session's failure count,
+which makes the exit status 1 where a kernel fails. It pools what the session's
+results hold: the calls that ran now (-k, -m, a shard: only those, which the report
+says) and those of the run --msprobe-resume continues.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Generator
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import pytest
+from _pytest.pathlib import bestrelpath
+
+from pytest_msprobe.plugin import options
+
+if TYPE_CHECKING:
+    from pytest_msprobe.judge.kernels import KernelVerdict
+    from pytest_msprobe.plugin.reports import ReportPlugin
+
+KERNEL_KEYWORD = "msprobe_kernel"
+REPLAYED_CALLS = 5  # the calls a failing kernel's replay command names
+
+
+class KernelPlugin:
+    def __init__(self, config: pytest.Config, reports: ReportPlugin) -> None:
+        self.config = config
+        self.reports = reports  # its writer pools every record of the run
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        result = yield
+        if session.shouldfail or session.shouldstop:
+            return result  # -x, --maxfail or an interruption: the calls that did not run are no evidence
+        writer = self.reports.result_writer()
+        verdicts = writer.kernels.verdicts() if writer is not None else []
+        session.testscollected += len(verdicts)  # the terminal's progress counts them among the tests
+        for verdict in verdicts:
+            self._report(verdict)
+        return result
+
+    def _report(self, verdict: KernelVerdict) -> None:
+        dump = bestrelpath(self.config.rootpath, Path(verdict.key.dump))
+        nodeid = f"{dump}::{verdict.key.name}"
+        location = (dump, None, verdict.key.name)
+        failed = verdict.status == "error"
+        text = f"{verdict.message()}\n{self._scope()}"
+        if failed:
+            calls = " or ".join(item.call for item in verdict.evidence[:REPLAYED_CALLS])
+            text += f"\n  replay the calls carrying most evidence: pytest --msprobe-dump={shlex.quote(verdict.key.dump)} -k {shlex.quote(calls)}"
+        hook = self.config.hook
+        hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
+        for when in ("setup", "call", "teardown"):
+            outcome: Literal["passed", "failed"] = "failed" if failed and when == "call" else "passed"
+            report = pytest.TestReport(
+                nodeid,
+                location,
+                {verdict.key.name: 1, KERNEL_KEYWORD: 1},
+                outcome,
+                text if outcome == "failed" else None,
+                when,
+                sections=[("msprobe kernel", text)] if when == "call" and not failed else [],
+                user_properties=[("msprobe_kernel_calls", len(verdict.calls))] if when == "call" else [],
+            )
+            hook.pytest_runtest_logreport(report=report)
+        hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
+
+    def _scope(self) -> str:
+        """What was pooled: the records of this session, and of the run it resumed; where
+        a selection left calls out, that only the selected ones are evidence."""
+        collected, resumed = self.reports.selected, self.reports.resumed_from
+        since = f" and of the run in {resumed.journal.name} (--msprobe-resume)" if resumed is not None else ""
+        selections = {
+            "-k": self.config.getoption("keyword"),
+            "-m": self.config.getoption("markexpr"),
+            "--msprobe-shard": options.get(self.config, "msprobe_shard"),
+        }
+        chosen = [f"{flag} {shlex.quote(str(value))}" for flag, value in selections.items() if value]
+        if not chosen:
+            return f"  pooled: the calls that ran in this session ({collected} collected){since}"
+        return (
+            f"  pooled: only the calls selected by {' '.join(chosen)} ({collected} collected){since}: "
+            "the kernel's calls left out are no evidence; run without the selection to pool them all"
+        )

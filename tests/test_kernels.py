@@ -1,0 +1,228 @@
+"""Kernel verdicts (pytest_msprobe/judge/kernels.py, plugin/kernels.py): the bias tests of
+every call of one kernel pooled, reported as a pytest result, a result CSV row and a
+metrics line, the same however the calls ran.
+
+The planted fault is the small-head one of real models: a float32 linear rounded toward
+zero (tests/model_faults.py) on a 4 x 10 classifier output, called 12 times. Each call's
+sign test has at most 40 elements, of which the fault moves about half: z <= 4.5, under
+the limit of 5, so every call passes alone; pooled, z is 15.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from dumpwriter import DumpWriter
+from model_faults import FAULTS
+
+from pytest_msprobe.results.merge import main as merge_main
+
+KERNEL = "Functional.linear.float32.kernel.forward"
+CALLS = 12
+TOWARD_ZERO = FAULTS["fp32_dot_toward_zero"]
+HALF_ACCUMULATOR = FAULTS["fp16_gemm_fp16_accumulation"]
+
+
+def small_head_dump(root: Path, faulty: bool, fault=TOWARD_ZERO, dtype: torch.dtype = torch.float32, softmax: bool = False) -> Path:
+    """CALLS calls of a 16 -> 10 linear on 4 rows in `dtype`, the outputs written by the
+    correct kernel or by the faulty one; with `softmax`, a softmax of each output too."""
+    writer = DumpWriter(root, "tensor")
+    generator = torch.Generator().manual_seed(0)
+    linear = fault.wrap(F.linear) if faulty else F.linear
+    for index in range(CALLS):
+        x, weight, bias = (
+            (torch.randn(*shape, generator=generator) / scale).to(dtype) for shape, scale in (((4, 16), 1), ((10, 16), 4), ((10,), 4))
+        )
+        output = linear(x, weight, bias)
+        writer.forward(f"Functional.linear.{index}", [x, weight, bias], {}, output)
+        if softmax:
+            writer.forward(f"Functional.softmax.{index}", [output], {"dim": -1}, F.softmax(output, dim=-1))
+    return writer.write()
+
+
+@pytest.mark.parametrize("mode", ["single-run", "offline"])
+@pytest.mark.parametrize("faulty", [False, True], ids=["correct", "toward-zero"])
+def test_a_bias_no_call_can_make_certain_fails_its_kernel(tmp_path, run_dump, monkeypatch, mode, faulty):
+    """Fails without the kernel verdicts: every call passes and nothing else is reported."""
+    dump = small_head_dump(tmp_path / "dump", faulty and mode == "offline")
+    if faulty and mode == "single-run":
+        TOWARD_ZERO.patch(monkeypatch)
+    result = run_dump(
+        dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}", *(("--msprobe-offline",) if mode == "offline" else ())
+    )
+    calls = result.calls
+    assert sorted(calls) == sorted(f"Functional.linear.{index}.forward" for index in range(CALLS))
+    assert {outcome.outcome for outcome in calls.values()} == {"passed"}
+    kernel = result.kernels[KERNEL]
+    assert kernel.outcome == ("failed" if faulty else "passed"), kernel.text
+    assert result.ret == (pytest.ExitCode.TESTS_FAILED if faulty else pytest.ExitCode.OK)
+    if faulty:
+        assert "systematic scale (toward/away from zero) bias" in kernel.text
+        assert f"pooled tests of {CALLS} calls" in kernel.text and "not pooled: 0 calls" in kernel.text
+        assert f"pytest --msprobe-dump={dump} -k 'Functional.linear." in kernel.text
+    row = kernel_rows(tmp_path / "out")[KERNEL.removesuffix(".forward")]
+    assert row[1] == ("error" if faulty else "pass")
+
+
+@pytest.mark.parametrize("mode", ["single-run", "offline"])
+def test_a_float16_accumulator_on_a_small_head_fails_every_call(tmp_path, run_dump, monkeypatch, mode):
+    """The issue's other small-head fault: a float16 linear accumulating in float16 on a
+    4 x 10 head. Unlike the toward-zero one it needs no pooling: the ULP standard fails
+    each call alone (elements over 1 ULP, where a correct float16 linear rounds a float32
+    sum once), so its kernel has no passing call to pool and reports none. Fails if a
+    call passes (the kernel verdict would then have to catch it)."""
+    dump = small_head_dump(tmp_path / "dump", mode == "offline", HALF_ACCUMULATOR, torch.float16)
+    if mode == "single-run":
+        HALF_ACCUMULATOR.patch(monkeypatch)
+    result = run_dump(
+        dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}", *(("--msprobe-offline",) if mode == "offline" else ())
+    )
+    assert {call: outcome.outcome for call, outcome in result.calls.items()} == {
+        f"Functional.linear.{index}.forward": "failed" for index in range(CALLS)
+    }
+    assert all("ulp_err_proportion" in outcome.text for outcome in result.calls.values())
+    assert result.kernels == {} and result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_a_selection_pools_only_what_ran_and_says_so(tmp_path, run_dump):
+    """-k runs 6 of the 12 calls: the kernel pools those 6 and its message names the
+    selection (fails if it pooled calls that did not run, or said nothing)."""
+    dump = small_head_dump(tmp_path / "dump", faulty=True)
+    chosen = " or ".join(f"Functional.linear.{index}.forward" for index in range(0, CALLS, 2))
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", f"--msprobe-out={tmp_path / 'out'}", "-k", chosen)
+    assert len(result.calls) == CALLS // 2
+    kernel = result.kernels[KERNEL]
+    assert kernel.outcome == "failed" and f"pooled tests of {CALLS // 2} calls" in kernel.text, kernel.text
+    assert "pooled: only the calls selected by -k 'Functional.linear.0.forward or " in kernel.text, kernel.text
+    assert kernel_lines(tmp_path / "out")[0]["calls"] == CALLS // 2
+
+
+def kernel_rows(out: Path) -> dict[str, list[str]]:
+    """The kernels' rows of the result CSV, by API name."""
+    (result,) = out.glob("accuracy_checking_result_*.csv")
+    with open(result, encoding="utf-8-sig", newline="") as handle:
+        return {row[0]: row for row in csv.reader(handle) if ".kernel" in row[0]}
+
+
+def kernel_lines(out: Path) -> list[dict]:
+    (metrics,) = out.glob("accuracy_checking_metrics_*.jsonl")
+    return [line for line in map(json.loads, metrics.read_text().splitlines()) if line["standard"] == "kernel"]
+
+
+def test_kernel_verdicts_are_the_same_however_the_calls_ran(tmp_path, pytester):
+    """-n 0, -n 2, two shards merged, and a run resumed after a -k run of part of the
+    calls pool the same records into the same verdict, to the last bit (the sums are
+    added in the order of the call names): the linear's bias tests and the softmax's
+    error ratios."""
+    dump = small_head_dump(tmp_path / "dump", faulty=True, softmax=True)
+
+    def run(out: str, *extra: str) -> int:
+        args = (
+            f"--msprobe-dump={dump}",
+            "--msprobe-device=cpu",
+            "--msprobe-offline",
+            f"--msprobe-out={tmp_path / out}",
+            "-p",
+            "no:cacheprovider",
+        )
+        return pytester.inline_run(*args, *((*extra, "-p", "no:benchmark") if "-n" in extra else ("-p", "no:xdist", *extra))).ret
+
+    assert run("lone") == run("n2", "-n", "2") == pytest.ExitCode.TESTS_FAILED
+    run("resumed", "-k", " or ".join(f"Functional.{api}.{index}.forward" for index in range(0, CALLS, 2) for api in ("linear", "softmax")))
+    assert run("resumed", "--msprobe-resume") == pytest.ExitCode.TESTS_FAILED
+    for shard in ("1/2", "2/2"):
+        run(f"shard{shard[0]}", f"--msprobe-shard={shard}")
+    assert merge_main(["-o", str(tmp_path / "merged"), str(tmp_path / "shard1"), str(tmp_path / "shard2")]) == 0
+    lone = kernel_lines(tmp_path / "lone")
+    assert [line["name"] for line in lone] == [KERNEL, "Functional.softmax.float32.kernel.forward"]
+    assert lone[0]["status"] == "error" and lone[0]["calls"] == CALLS
+    assert lone[1]["status"] == "pass" and lone[1]["mean_rel_err_ratio_calls"] == CALLS
+    for folder in ("n2", "resumed", "merged"):
+        assert kernel_lines(tmp_path / folder) == lone, folder
+        assert kernel_rows(tmp_path / folder) == kernel_rows(tmp_path / "lone"), folder
+
+
+def test_a_baseline_of_one_dump_names_the_kernel_that_got_worse_in_another(tmp_path, pytester):
+    """An operator upgrade checked offline: the baseline of the dump before it, and the
+    dump after it (another file: every call is new to the baseline), written by the
+    toward-zero kernel. Fails without the kernels in the baseline: nothing is compared."""
+    before, after = small_head_dump(tmp_path / "before", faulty=False), small_head_dump(tmp_path / "after", faulty=True)
+    common = ("--msprobe-device=cpu", "--msprobe-offline", "-p", "no:cacheprovider", "-p", "no:xdist")
+    saved = pytester.runpytest(
+        f"--msprobe-dump={before}", *common, f"--msprobe-baseline-save={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'a'}"
+    )
+    assert saved.ret == pytest.ExitCode.OK
+    checked = pytester.runpytest(
+        f"--msprobe-dump={after}", *common, f"--msprobe-baseline={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'b'}"
+    )
+    checked.stdout.fnmatch_lines(
+        [
+            "kernels: 1 worse of 1 compared with the baseline (0 not in it)",
+            f"  kernel worse *after/dump.json::{KERNEL}: pass -> error (recorded in *before/dump.json)",
+        ]
+    )
+    assert sum("kernel worse" in line for line in checked.outlines) == 1
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 11, 48])
+def test_the_pooled_ratios_t_tail_is_students(df):
+    """t_tail against Student's t's closed forms (df 1-3) and its symmetry and limits."""
+    import math
+
+    from pytest_msprobe.judge.kernels import t_tail
+
+    closed = {
+        1: lambda t: 0.5 - math.atan(t) / math.pi,
+        2: lambda t: 0.5 * (1 - t / math.sqrt(t * t + 2)),
+        3: lambda t: 0.5 - (math.atan(t / math.sqrt(3)) + (t / math.sqrt(3)) / (1 + t * t / 3)) / math.pi,
+    }
+    for t in (-3.0, -0.5, 0.0, 0.7, 2.0, 10.0, 40.0):
+        tail = t_tail(t, df)
+        assert tail + t_tail(-t, df) == pytest.approx(1.0, abs=1e-12)
+        if df in closed:
+            assert tail == pytest.approx(closed[df](t), rel=1e-9, abs=1e-15)
+    assert t_tail(0.0, df) == pytest.approx(0.5) and t_tail(math.inf, df) == 0.0
+    assert [t_tail(3.0, n) for n in (df, df + 1)] == sorted([t_tail(3.0, n) for n in (df, df + 1)], reverse=True)
+
+
+def _ratio_evidence(call: int, ratio: float):
+    """An output of 100 elements with no bias, its mean_rel_err `ratio` x the reference's."""
+    from pytest_msprobe.judge.kernels import Evidence
+
+    sums = {"bias_n": 100.0, "ref_bias_n": 100.0, "mean_rel_err": 1e-3 * ratio, "ref_mean_rel_err": 1e-3}
+    for prefix in ("", "ref_"):
+        for test in ("bias", "scale_bias"):
+            sums |= {f"{prefix}{test}_ulp": 0.0, f"{prefix}{test}_signs": 0.0, f"{prefix}{test}_signs_sq": 100.0}
+    return Evidence(f"Functional.softmax.{call}.forward", "output 0", "pass", sums, 0.25, 5.0, True)
+
+
+@pytest.mark.parametrize(
+    "ratios, status",
+    [
+        ([2.0] * CALLS, "error"),  # every call 2x: certain, spread 0
+        ([1.9, 2.1] * (CALLS // 2), "error"),
+        ([1.2, 1.3] * (CALLS // 2), "pass"),  # what correct families differ by (RESULTS-kernels.md)
+        ([1.0] * (CALLS - 1) + [40.0], "pass"),  # one wild call is no certainty
+        ([2.0, 2.1], "pass"),  # 2 calls: 1 degree of freedom
+    ],
+    ids=["all-2x", "about-2x", "correct-families", "one-outlier", "two-calls"],
+)
+def test_the_kernel_fails_where_its_calls_error_ratio_is_certainly_over_the_limit(ratios, status):
+    """The pooled error ratio alone (no bias): a kernel fails where the calls' mean log
+    ratio is certainly above 1.5x; the HTML section then plots each call's log ratio."""
+    from pytest_msprobe.judge.kernels import KernelKey, judge_kernel
+    from pytest_msprobe.results.html import kernels_section
+
+    verdict = judge_kernel(
+        KernelKey("d", "Functional.softmax", "bfloat16", "forward"), [_ratio_evidence(*item) for item in enumerate(ratios)], 0
+    )
+    assert verdict.status == status, verdict.message()
+    assert 0.0 <= verdict.metrics["mean_rel_err_ratio_p"] <= 1.0 and verdict.metrics["mean_rel_err_ratio_calls"] == len(ratios)
+    if status == "error":
+        assert verdict.leading_test == "mean_rel_err_ratio" and "certainly over 1.5x" in verdict.reasons[0]
+        assert "log mean_rel_err_ratio of each output" in kernels_section([verdict])
