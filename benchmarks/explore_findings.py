@@ -1,6 +1,7 @@
-"""The two failures exploration finds in torch's own float32 CPU kernels (RESULTS-explore.md),
-reproduced without the plugin: the kernel against float64, and a float32 formula without
-the defect against float64. Both failures are the kernel's, not the check's.
+"""The failures exploration finds in torch's own CPU kernels (RESULTS-explore.md) that the
+README's policy counts as the kernel's defects (an intermediate the kernel chose, which
+the API's definition does not compute), reproduced without the plugin: the kernel against
+float64, and a formula of the same cost in the same dtype without the defect.
 
     python benchmarks/explore_findings.py
 
@@ -9,6 +10,16 @@ the defect against float64. Both failures are the kernel's, not the check's.
 - layer_norm's input gradient at a large input scale: torch's CPU backward multiplies by
   rstd**3, which falls among float32's subnormals once |x| reaches ~1e13 (sigma**3 past
   1e38); applying rstd to x_hat first keeps every intermediate normal.
+- group_norm with a tiny weight: the kernel fuses weight * rstd, which underflows where
+  weight * x_hat does not.
+- hardswish near the largest value: x * relu6(x + 3) overflows before the division by 6.
+- softplus's gradient at a large incoming gradient: g * exp(x) overflows before the
+  division by 1 + exp(x); g * sigmoid(x) does not.
+- gelu(approximate='tanh')'s gradient at |x| > ~1e19: 0 * inf = NaN (x**2 overflows where
+  1 - tanh**2 is already 0); the exact gradient is 1 or 0.
+- scaled_dot_product_attention's CPU flash kernel: its forward sums exp(s - max) * v before
+  dividing by the row's sum (inf once v nears the largest value); torch's own math kernel
+  (softmax, then matmul: the definition) does not.
 
 Torch's bfloat16/float16 defects that real models' dumps show (batch_norm's statistics,
 layer_norm's affine gradients, cross_entropy's gradient) are in benchmarks/torch_findings.py.
@@ -62,6 +73,85 @@ def layer_norm_scale() -> None:
         print(f"  |x| ~ 2**{exponent:<2}: torch {ulps(kernel.grad):10.1f}   without rstd**3 {ulps(_layer_norm_input_grad(x, g)):6.1f}")
 
 
+def _compare(title: str, kernel: torch.Tensor, formula: torch.Tensor, exact: torch.Tensor) -> None:
+    """Errors at the exact result's largest magnitude, in ULPs of the kernel's dtype."""
+    scale = float(exact.abs().max()) * torch.finfo(kernel.dtype).eps or torch.finfo(kernel.dtype).tiny
+
+    def ulps(found: torch.Tensor) -> str:
+        bad = int((~torch.isfinite(found)).sum())
+        return f"{bad} non-finite" if bad else f"{float((found.double() - exact).abs().max()) / scale:.3g} ULP"
+
+    print(f"{title}: torch {ulps(kernel)}, formula {ulps(formula)}")
+
+
+def group_norm_weight() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 8, 8, generator=generator) * 2.0**27
+    weight = torch.full((4,), 4.7e-38)
+    wide = F.group_norm(x.double(), 2, weight.double())
+    normalised = F.group_norm(x, 2)  # weight 1: x_hat
+    _compare(
+        "group_norm, float32, weight 4.7e-38, |x| ~ 2**27 (formula: weight * x_hat)",
+        F.group_norm(x, 2, weight),
+        normalised * weight.reshape(1, 4, 1, 1),
+        wide,
+    )
+
+
+def hardswish_large() -> None:
+    x = torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])
+    _compare(
+        "hardswish, float32, x up to 1e38 (formula: x * (relu6(x + 3) / 6))",
+        F.hardswish(x),
+        x * (F.relu6(x + 3) / 6),
+        F.hardswish(x.double()),
+    )
+
+
+def softplus_gradient() -> None:
+    x = torch.tensor([2.0, -1.0, 0.5, 2.4])
+    g = torch.full((4,), 6.5e37)
+    kernel = x.clone().requires_grad_()
+    F.softplus(kernel).backward(g)
+    assert kernel.grad is not None
+    exact = g.double() * torch.sigmoid(x.double())
+    _compare("softplus gradient, float32, incoming gradient 6.5e37 (formula: g * sigmoid(x))", kernel.grad, g * torch.sigmoid(x), exact)
+
+
+def gelu_tanh_gradient() -> None:
+    x = torch.tensor([8.5e37, -8.5e37, 1.0e20, 3.0, -3.0, 0.5] * 3)  # 18 elements: the vectorised loop too
+    kernel = x.clone().requires_grad_()
+    F.gelu(kernel, approximate="tanh").backward(torch.ones_like(x))
+    wide = x.double().requires_grad_()
+    F.gelu(wide, approximate="tanh").backward(torch.ones_like(wide))
+    assert kernel.grad is not None and wide.grad is not None
+    # the same derivative with x clamped in its second term, where 1 - tanh**2 is 0 in float32 beyond |x| ~ 10
+    beta, kappa = math.sqrt(2 / math.pi), 0.044715
+    c = x.clamp(-10, 10)
+    t = torch.tanh(beta * (c + kappa * c**3))
+    formula = 0.5 * (1 + t) + 0.5 * c * (1 - t * t) * beta * (1 + 3 * kappa * c * c)
+    _compare("gelu(tanh) gradient, float32, |x| up to 8.5e37 (formula: x clamped to [-10, 10])", kernel.grad, formula, wide.grad)
+
+
+def attention_flash() -> None:
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 32, 4, generator=generator) for _ in range(3))
+    big = v / v.abs().max() * 1.7e38
+    math_kernel = torch.ops.aten._scaled_dot_product_attention_math
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), big.double())
+    _compare(
+        "sdpa forward, float32, |v| up to 1.7e38 (formula: torch's math kernel)",
+        F.scaled_dot_product_attention(q, k, big),
+        math_kernel(q, k, big)[0],
+        exact,
+    )
+
+
 if __name__ == "__main__":
     gelu_tail()
     layer_norm_scale()
+    group_norm_weight()
+    hardswish_large()
+    softplus_gradient()
+    gelu_tanh_gradient()
+    attention_flash()
