@@ -20,6 +20,9 @@ float64, and a formula of the same cost in the same dtype without the defect.
 - scaled_dot_product_attention's CPU flash kernel: its forward sums exp(s - max) * v before
   dividing by the row's sum (inf once v nears the largest value); torch's own math kernel
   (softmax, then matmul: the definition) does not.
+- cosine_similarity in float16 with a zero vector: NaN where the definition's
+  x1 . x2 / max(||x1|| ||x2||, eps) is 0: eps = 1e-8 rounds to 0 in float16 (bfloat16 and
+  float32 give 0); the clamp in float32 does not.
 
 Torch's bfloat16/float16 defects that real models' dumps show (batch_norm's statistics,
 layer_norm's affine gradients, cross_entropy's gradient) are in benchmarks/torch_findings.py.
@@ -147,6 +150,22 @@ def attention_flash() -> None:
     )
 
 
+def cosine_similarity_zero() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x1, x2 = torch.randn(2, 8, generator=generator), torch.randn(2, 8, generator=generator)
+    x2[:, 4] = 0.0  # a zero vector along dim 0
+    half1, half2 = x1.half(), x2.half()
+    dot = (half1.float() * half2.float()).sum(0)
+    formula = (dot / (half1.float().norm(dim=0) * half2.float().norm(dim=0)).clamp_min(1e-8)).half()
+    exact = F.cosine_similarity(half1.double(), half2.double(), dim=0)
+    _compare(
+        "cosine_similarity, float16, a zero vector (formula: the clamp by eps in float32)",
+        F.cosine_similarity(half1, half2, dim=0),
+        formula,
+        exact,
+    )
+
+
 if __name__ == "__main__":
     gelu_tail()
     layer_norm_scale()
@@ -155,3 +174,4 @@ if __name__ == "__main__":
     softplus_gradient()
     gelu_tanh_gradient()
     attention_flash()
+    cosine_similarity_zero()

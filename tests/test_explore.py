@@ -216,6 +216,20 @@ def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path, monkeypa
     assert int(re.search(r"exact result beyond the dtype's range: (\d+)", message)[1]) > 0, message
 
 
+def test_a_norm_it_divides_by_beyond_the_range_is_discarded(run_dump, tmp_path):
+    """cosine_similarity's backward with x2 scaled by 2**63: the sum of squares of x2's
+    rows (a norm the definition divides by) overflows float32 while the gradient fits;
+    torch gave 0 for 0.04. Every kernel of the definition overflows there: the example is
+    excused by that cause, counted, not a failure."""
+    dump = Path(__file__).parent / "dumps" / "models" / "apizoo_tensor_fp32" / "dump.json"
+    call = "Functional.cosine_similarity.0.backward"
+    run = run_dump(dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", call, f"--msprobe-out={tmp_path}")
+    explored = run.calls[call + ".explore"]
+    assert explored.outcome == "passed", explored.text
+    message = _records(tmp_path)[call + ".explore"]["message"]
+    assert int(re.search(r"a norm it divides by beyond the dtype's range: (\d+)", message)[1]) > 0, message
+
+
 def _erfc_gelu(original):
     """gelu as 0.5 x erfc(-x / sqrt(2)): no cancellation in the left tail (float32 only)."""
 

@@ -40,7 +40,7 @@ from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.call import FRAMEWORKS, CallResult, Replayed, Settings, judge, read_inputs, relabelled, replay_inputs, verdict_for
 from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX
-from pytest_msprobe.run.apis import fixed_shape_apis, summing_apis
+from pytest_msprobe.run.apis import fixed_shape_apis, normed_arguments, summing_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.run.replay import DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs, tree_map
 from pytest_msprobe.run.terms import has_terms, term_magnitudes
@@ -562,6 +562,28 @@ def _shifted_gradient_beyond(name: CallName, replayed: Replayed, framework: str)
     return _magnitude(g - (g * y).sum(dim, keepdim=True), False) > largest
 
 
+def _norm_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """A norm the API divides by ([explore.norms]: its arguments, along `dim`, argument 2,
+    default 1) beyond the dtype's range, or its sum of |x|**p beyond the accumulator's
+    (finite elements only)."""
+    args, kwargs = replayed.results.inputs.args, replayed.results.inputs.kwargs
+    largest = _largest(replayed.results)
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 1)
+    power = kwargs.get("p", args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else 2)
+    if largest is None or not isinstance(dim, int) or not isinstance(power, (int, float)) or power <= 0:
+        return False
+    for position in normed_arguments(name.operator):
+        tensor = args[position] if position < len(args) else None
+        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and -tensor.dim() <= dim < max(tensor.dim(), 1)):
+            continue
+        wide = tensor.double()
+        powers = wide.abs().pow(power).where(torch.isfinite(wide), torch.zeros_like(wide)).sum(dim) if wide.dim() else wide.abs() ** power
+        accumulator = torch.finfo(ACCUMULATOR.get(tensor.dtype, tensor.dtype)).max
+        if float(powers.max()) > accumulator or float(powers.max()) ** (1 / power) > largest:
+            return True
+    return False
+
+
 def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     return _beyond(_derivative(replayed, framework), replayed.results)
 
@@ -569,7 +591,7 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 #: The intermediates a correct kernel cannot avoid, and which calls compute them: the
 #: exact result (every call), a sum of squares (norms, variances, distances: the
 #: [explore] squares table), a sum before a division (means, average pools: sums),
-#: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
+#: x - max(x) (softmax and its kin: shifted), a norm it divides by (norms), a softmax-like backward's g - sum(g * y)
 #: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of products (the [terms] table, which
 #: bound a partial sum, not the result), and a backward's derivative (computed before
 #: it is multiplied by the incoming gradient).
@@ -585,6 +607,7 @@ EXCUSES = (
         lambda name: name.direction == "backward" and name.operator in summing_apis("shifted_gradient"),
         _shifted_gradient_beyond,
     ),
+    Excuse("a norm it divides by beyond the dtype's range", lambda name: bool(normed_arguments(name.operator)), _norm_beyond),
     Excuse("derivative beyond the dtype's range", lambda name: name.direction == "backward", _derivative_beyond),
 )
 
