@@ -18,8 +18,11 @@ float64, and a formula of the same cost in the same dtype without the defect.
 - gelu(approximate='tanh')'s gradient at |x| > ~1e19: 0 * inf = NaN (x**2 overflows where
   1 - tanh**2 is already 0); the exact gradient is 1 or 0.
 - scaled_dot_product_attention's CPU flash kernel: its forward sums exp(s - max) * v before
-  dividing by the row's sum (inf once v nears the largest value); torch's own math kernel
-  (softmax, then matmul: the definition) does not.
+  dividing by the row's sum (inf once v nears the largest value); its float32 backward,
+  where q's large offset saturates each row's softmax, gives a key gradient where the exact
+  one is 0. torch's own math kernel (softmax, then matmul: the definition) has neither.
+- bfloat16 erf near 0: ~5 ULP off where erf(x) ~ 2x / sqrt(pi); float32's erf rounded to
+  bfloat16 is not.
 - cosine_similarity in float16 with a zero vector: NaN where the definition's
   x1 . x2 / max(||x1|| ||x2||, eps) is 0: eps = 1e-8 rounds to 0 in float16 (bfloat16 and
   float32 give 0); the clamp in float32 does not.
@@ -148,6 +151,31 @@ def attention_flash() -> None:
         math_kernel(q, k, big)[0],
         exact,
     )
+    query, value, grad = (torch.randn(2, 2, 32, 4, generator=generator) for _ in range(3))
+    query = query + query.std() * 2.0**19  # each row's softmax saturated: the exact key gradient is 0
+
+    def key_gradient(dtype: torch.dtype, math: bool) -> torch.Tensor:
+        q_, k_, v_ = (t.to(dtype).clone().requires_grad_() for t in (query, k, value))
+        (math_kernel(q_, k_, v_)[0] if math else F.scaled_dot_product_attention(q_, k_, v_)).backward(grad.to(dtype) * 0.003)
+        assert k_.grad is not None
+        return k_.grad
+
+    wide = key_gradient(torch.float64, False)
+    flash, formula = key_gradient(torch.float32, False), key_gradient(torch.float32, True)
+    print(
+        f"sdpa backward, float32, q shifted by 2**19 spreads: key gradient off by {float((flash.double() - wide).abs().max()):.3g} "
+        f"(torch's math kernel {float((formula.double() - wide).abs().max()):.3g}, exact max |.| {float(wide.abs().max()):.3g})"
+    )
+
+
+def erf_near_zero() -> None:
+    x = torch.tensor([3.2e-6, -1.0e-6, 2.0e-6, 1.5e-6] * 4).bfloat16()
+    _compare(
+        "erf, bfloat16, |x| <= 3.2e-6 (formula: float32's erf rounded)",
+        torch.erf(x),
+        torch.erf(x.float()).bfloat16(),
+        torch.erf(x.double()),
+    )
 
 
 def cosine_similarity_zero() -> None:
@@ -175,3 +203,4 @@ if __name__ == "__main__":
     gelu_tanh_gradient()
     attention_flash()
     cosine_similarity_zero()
+    erf_near_zero()
