@@ -584,6 +584,55 @@ def _norm_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     return False
 
 
+def _atan2_backward(args: list[torch.Tensor], grads: list[torch.Tensor], result: torch.Tensor) -> list[torch.Tensor]:
+    """atan2_backward (FunctionsManual.cpp): grad * other * recip, grad * -self * recip,
+    recip = 1 / (self * self + other * other)."""
+    y, x, g = args[0], args[1], grads[0]
+    return [y * y + x * x, g * x, g * y]
+
+
+def _std_backward(args: list[torch.Tensor], grads: list[torch.Tensor], result: torch.Tensor) -> list[torch.Tensor]:
+    """std_backward (FunctionsManual.cpp): var_backward(grad / (result * 2))."""
+    return [result * 2]
+
+
+#: A backward's definition is derivatives.yaml's formula: the intermediates it computes in
+#: the dtype, from the forward's floating arguments, the incoming gradients and the
+#: forward's exact result (float64), per API. Each excuses an example where it overflows
+#: the dtype or falls below its smallest normal value.
+BACKWARD_INTERMEDIATES: dict[str, Callable[[list[torch.Tensor], list[torch.Tensor], torch.Tensor], list[torch.Tensor]]] = {
+    "atan2": _atan2_backward,
+    "std": _std_backward,
+}
+
+
+def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    inputs = replayed.results.inputs
+    args = [arg.double() for arg in inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()]
+    grads = [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()]
+    forward = evaluated(replayed.bench, "forward", dataclasses.replace(inputs, grads=None), framework)
+    result = next((value for value in flat_outputs(forward) if isinstance(value, torch.Tensor) and value.is_floating_point()), None)
+    if not args or not grads or result is None:
+        return False
+    try:
+        intermediates = BACKWARD_INTERMEDIATES[name.operator](args, grads, result.double())
+    except (IndexError, RuntimeError):  # another overload, shapes that do not broadcast: no evidence
+        return False
+    tiny = min(
+        torch.finfo(d.dtype).smallest_normal
+        for d in flat_outputs(replayed.results.device)
+        if isinstance(d, torch.Tensor) and d.is_floating_point()
+    )
+    return _beyond(tuple(intermediates), replayed.results) or any(_underflows(value, tiny) for value in intermediates)
+
+
+def _underflows(values: torch.Tensor, tiny: float) -> bool:
+    """Whether a finite nonzero value lies below `tiny` (the dtype's smallest normal value):
+    there it keeps fewer bits than the dtype has, or none."""
+    magnitudes = values.abs()[torch.isfinite(values) & (values != 0)]
+    return bool(magnitudes.numel()) and float(magnitudes.min()) < tiny
+
+
 def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     return _beyond(_derivative(replayed, framework), replayed.results)
 
@@ -591,10 +640,12 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 #: The intermediates a correct kernel cannot avoid, and which calls compute them: the
 #: exact result (every call), a sum of squares (norms, variances, distances: the
 #: [explore] squares table), a sum before a division (means, average pools: sums),
-#: x - max(x) (softmax and its kin: shifted), a norm it divides by (norms), a softmax-like backward's g - sum(g * y)
-#: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of products (the [terms] table, which
-#: bound a partial sum, not the result), and a backward's derivative (computed before
-#: it is multiplied by the incoming gradient).
+#: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
+#: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of
+#: products (the [terms] table, which bound a partial sum, not the result), a norm it
+#: divides by ([explore.norms]), an intermediate of a backward's formula
+#: (BACKWARD_INTERMEDIATES), and a backward's derivative (computed before it is
+#: multiplied by the incoming gradient).
 EXCUSES = (
     Excuse("exact result beyond the dtype's range", lambda name: True, _result_beyond),
     Excuse("sum of squares beyond its accumulator's range", lambda name: name.operator in summing_apis("squares"), _sum_beyond(2)),
@@ -608,6 +659,11 @@ EXCUSES = (
         _shifted_gradient_beyond,
     ),
     Excuse("a norm it divides by beyond the dtype's range", lambda name: bool(normed_arguments(name.operator)), _norm_beyond),
+    Excuse(
+        "an intermediate of its backward's formula (derivatives.yaml) beyond the dtype's range or below its normal values",
+        lambda name: name.direction == "backward" and name.operator in BACKWARD_INTERMEDIATES,
+        _backward_intermediate_beyond,
+    ),
     Excuse("derivative beyond the dtype's range", lambda name: name.direction == "backward", _derivative_beyond),
 )
 
