@@ -10,6 +10,9 @@ float64, and a formula of the same cost in the same dtype without the defect.
 - layer_norm's input gradient at a large input scale: torch's CPU backward multiplies by
   rstd**3, which falls among float32's subnormals once |x| reaches ~1e13 (sigma**3 past
   1e38); applying rstd to x_hat first keeps every intermediate normal.
+- layer_norm's backward on rows of one element with a large incoming gradient: NaN input
+  gradient and a weight gradient of 1.3e32 where both are exactly 0 (the kernel forms
+  rstd g w and x rstd - mean rstd, where the definition subtracts first).
 - group_norm with a tiny weight: the kernel fuses weight * rstd, which underflows where
   weight * x_hat does not.
 - hardswish near the largest value: x * relu6(x + 3) overflows before the division by 6.
@@ -77,6 +80,23 @@ def layer_norm_scale() -> None:
         scale = exact.abs().amax(-1, keepdim=True) * torch.finfo(torch.float32).eps
         ulps = lambda found, exact=exact, scale=scale: float(((found.double() - exact).abs() / scale).max())  # noqa: E731
         print(f"  |x| ~ 2**{exponent:<2}: torch {ulps(kernel.grad):10.1f}   without rstd**3 {ulps(_layer_norm_input_grad(x, g)):6.1f}")
+    # the same kernel reached by a large weight instead (exploration's weights near the largest value)
+    generator = torch.Generator().manual_seed(1)
+    x, g, weight = (
+        torch.randn(8, 32, generator=generator) * 0.03,
+        torch.randn(8, 32, generator=generator) * 0.005,
+        torch.full((32,), 1.7e38),
+    )
+    wide = x.double().requires_grad_()
+    F.layer_norm(wide, [32], weight.double(), eps=1e-5).backward(g.double())
+    kernel = x.clone().requires_grad_()
+    F.layer_norm(kernel, [32], weight, eps=1e-5).backward(g)
+    assert wide.grad is not None and kernel.grad is not None
+    formula = _layer_norm_input_grad(x, g * weight)
+    print(
+        f"  sigma ~ 0.03, weight 1.7e38: torch {int((~torch.isfinite(kernel.grad)).sum())} of 256 non-finite, "
+        f"without rstd**3 {float(((formula.double() - wide.grad).abs() / (wide.grad.abs().amax(-1, keepdim=True) * 2**-23)).max()):.1f} ULP"
+    )
 
 
 def _compare(title: str, kernel: torch.Tensor, formula: torch.Tensor, exact: torch.Tensor) -> None:
@@ -88,6 +108,19 @@ def _compare(title: str, kernel: torch.Tensor, formula: torch.Tensor, exact: tor
         return f"{bad} non-finite" if bad else f"{float((found.double() - exact).abs().max()) / scale:.3g} ULP"
 
     print(f"{title}: torch {ulps(kernel)}, formula {ulps(formula)}")
+
+
+def layer_norm_one_element() -> None:
+    x, g = torch.tensor([[0.11814369]]), torch.tensor([[1.701e38]])
+    weight = torch.ones(1, requires_grad=True)
+    kernel = x.clone().requires_grad_()
+    F.layer_norm(kernel, [1], weight).backward(g)
+    mean = x.mean(-1, keepdim=True)
+    x_hat = (x - mean) * torch.rsqrt((x - mean).square().mean(-1, keepdim=True) + 1e-5)
+    print(
+        f"layer_norm backward, float32, a row of one element, g = 1.7e38 (exact: 0, 0): torch input gradient {float(kernel.grad):.3g}, "
+        f"weight gradient {float(weight.grad):.3g}; formula {float(_layer_norm_input_grad(x, g)):.3g}, {float((g * x_hat).sum()):.3g}"
+    )
 
 
 def group_norm_weight() -> None:
@@ -197,6 +230,7 @@ def cosine_similarity_zero() -> None:
 if __name__ == "__main__":
     gelu_tail()
     layer_norm_scale()
+    layer_norm_one_element()
     group_norm_weight()
     hardswish_large()
     softplus_gradient()

@@ -584,38 +584,70 @@ def _norm_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     return False
 
 
-def _atan2_backward(args: list[torch.Tensor], grads: list[torch.Tensor], result: torch.Tensor) -> list[torch.Tensor]:
+def _atan2_backward(call: Arguments) -> list[torch.Tensor]:
     """atan2_backward (FunctionsManual.cpp): grad * other * recip, grad * -self * recip,
     recip = 1 / (self * self + other * other)."""
-    y, x, g = args[0], args[1], grads[0]
-    return [y * y + x * x, g * x, g * y]
+    y, x, g = call.tensor(0, "input"), call.tensor(1, "other"), call.grads[0]
+    return [] if y is None or x is None else [y * y + x * x, g * x, g * y]
 
 
-def _std_backward(args: list[torch.Tensor], grads: list[torch.Tensor], result: torch.Tensor) -> list[torch.Tensor]:
+def _std_backward(call: Arguments) -> list[torch.Tensor]:
     """std_backward (FunctionsManual.cpp): var_backward(grad / (result * 2))."""
-    return [result * 2]
+    return [call.result * 2]
+
+
+def _layer_norm_backward(call: Arguments) -> list[torch.Tensor]:
+    """The input gradient rstd (g w - mean(g w) - x_hat mean(g w x_hat)): the row sums of
+    g w (their partial sums bounded by sum |g w|)."""
+    shape, weight = call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"), call.tensor(2, "weight")
+    if not isinstance(shape, (list, tuple)) or weight is None:
+        return []
+    products = (call.grads[0] * weight).abs()
+    return [products.sum(tuple(range(-len(shape), 0)))]
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """A backward's forward arguments, incoming gradients and forward result, floating
+    tensors in float64: what BACKWARD_INTERMEDIATES' formulas read."""
+
+    args: list[Value]
+    kwargs: dict[str, Value]
+    grads: list[torch.Tensor]
+    result: torch.Tensor
+
+    def tensor(self, position: int, keyword: str) -> torch.Tensor | None:
+        value = self.args[position] if position < len(self.args) else self.kwargs.get(keyword)
+        return value if isinstance(value, torch.Tensor) and value.is_floating_point() else None
+
+
+def _widened(value: Value) -> Value:
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
 #: A backward's definition is derivatives.yaml's formula: the intermediates it computes in
-#: the dtype, from the forward's floating arguments, the incoming gradients and the
-#: forward's exact result (float64), per API. Each excuses an example where it overflows
-#: the dtype or falls below its smallest normal value.
-BACKWARD_INTERMEDIATES: dict[str, Callable[[list[torch.Tensor], list[torch.Tensor], torch.Tensor], list[torch.Tensor]]] = {
+#: the dtype, from the forward's arguments, the incoming gradients and the forward's exact
+#: result (float64), per API. Each excuses an example where it overflows the dtype or
+#: falls below its smallest normal value.
+BACKWARD_INTERMEDIATES: dict[str, Callable[[Arguments], list[torch.Tensor]]] = {
     "atan2": _atan2_backward,
     "std": _std_backward,
+    "layer_norm": _layer_norm_backward,
 }
 
 
 def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     inputs = replayed.results.inputs
-    args = [arg.double() for arg in inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()]
     grads = [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()]
     forward = evaluated(replayed.bench, "forward", dataclasses.replace(inputs, grads=None), framework)
     result = next((value for value in flat_outputs(forward) if isinstance(value, torch.Tensor) and value.is_floating_point()), None)
-    if not args or not grads or result is None:
+    if not grads or result is None:
         return False
+    call = Arguments(
+        [_widened(arg) for arg in inputs.args], {key: _widened(value) for key, value in inputs.kwargs.items()}, grads, result.double()
+    )
     try:
-        intermediates = BACKWARD_INTERMEDIATES[name.operator](args, grads, result.double())
+        intermediates = BACKWARD_INTERMEDIATES[name.operator](call)
     except (IndexError, RuntimeError):  # another overload, shapes that do not broadcast: no evidence
         return False
     tiny = min(
