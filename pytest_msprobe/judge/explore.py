@@ -369,9 +369,10 @@ def _excused(device: Value, bench: Value, allowed: Value) -> Value:
 def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Value | None:
     """Element by element, in the bench's structure, the largest change of the bench's
     result when its inputs move as a correct kernel in D may move them: by a rounding,
-    x (1 +- u) (u: D's unit roundoff) under a few random sign patterns, and with D's
-    subnormals flushed to zero (kernels that treat subnormal inputs as zero). None
-    where the bench cannot run it."""
+    x (1 +- u) (u: D's unit roundoff) under a few random sign patterns, with D's
+    subnormals flushed to zero (kernels that treat subnormal inputs as zero), and, for a
+    backward defined from the forward's result (RESULT_BACKWARDS), that result rounded to
+    D. None where the bench cannot run it."""
     inputs, bench = replayed.results.inputs, replayed.bench
     floats = [leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.is_floating_point()]
     if not floats or not isinstance(bench, Run):
@@ -381,10 +382,36 @@ def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Val
     changes = [_change(name, replayed, bench, framework, move) for move in moves]
     if any(change is None for change in changes):
         return None
+    changes += [
+        _result_rounded(name, replayed, framework, unit, seed) for seed in range(SENSITIVITY_PATTERNS) if name.operator in RESULT_BACKWARDS
+    ]
     merged = changes[0]
     for change in changes[1:]:
-        merged = _pairwise(torch.maximum, merged, change)
+        merged = merged if change is None else _pairwise(torch.maximum, merged, change)
     return merged
+
+
+#: The backwards derivatives.yaml defines from the forward's result, not its input:
+#: sigmoid_backward(grad, result) = grad (1 - y) y, tanh_backward(grad, result) =
+#: grad (1 - y**2). Every kernel of that definition reads y rounded to D, and 1 - y
+#: cancels where y nears 1 (from x the same derivative is accurate: measured 0.28 ULP
+#: where torch's is 2e5 at x = 15.6).
+RESULT_BACKWARDS = {"sigmoid": "sigmoid_backward", "tanh": "tanh_backward"}
+
+
+def _result_rounded(name: CallName, replayed: Replayed, framework: str, unit: float, seed: int) -> Value | None:
+    """|backward(g, y (1 +- u)) - backward(g, y)| (y: the forward's exact result), as the
+    bench's one input gradient; None where the call is not that backward's."""
+    inputs = replayed.results.inputs
+    grad = next((g for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()), None)
+    forward = evaluated(replayed.bench, "forward", dataclasses.replace(inputs, grads=None), framework)
+    result = next((y for y in flat_outputs(forward) if isinstance(y, torch.Tensor) and y.is_floating_point()), None)
+    if name.direction != "backward" or grad is None or result is None or grad.shape != result.shape:
+        return None
+    backward = getattr(torch.ops.aten, RESULT_BACKWARDS[name.operator])
+    y, g = result.double(), grad.double()
+    moved = _rounded(unit, seed)(y, y)
+    return (torch.as_tensor(backward(g, moved) - backward(g, y)).abs(),)
 
 
 # Random sign patterns the sensitivity is the largest over: a row of two elements moved
