@@ -402,16 +402,21 @@ RESULT_BACKWARDS = {"sigmoid": "sigmoid_backward", "tanh": "tanh_backward"}
 def _result_rounded(name: CallName, replayed: Replayed, framework: str, unit: float, seed: int) -> Value | None:
     """|backward(g, y (1 +- u)) - backward(g, y)| (y: the forward's exact result), as the
     bench's one input gradient; None where the call is not that backward's."""
-    inputs = replayed.results.inputs
-    grad = next((g for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()), None)
-    forward = evaluated(replayed.bench, "forward", dataclasses.replace(inputs, grads=None), framework)
-    result = next((y for y in flat_outputs(forward) if isinstance(y, torch.Tensor) and y.is_floating_point()), None)
+    grad = next((g for g in replayed.results.inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()), None)
+    result = _forward_result(replayed, framework)
     if name.direction != "backward" or grad is None or result is None or grad.shape != result.shape:
         return None
     backward = getattr(torch.ops.aten, RESULT_BACKWARDS[name.operator])
     y, g = result.double(), grad.double()
     moved = _rounded(unit, seed)(y, y)
     return (torch.as_tensor(backward(g, moved) - backward(g, y)).abs(),)
+
+
+def _forward_result(replayed: Replayed, framework: str) -> torch.Tensor | None:
+    """A backward's forward result on the bench (its first floating output), None where
+    the bench cannot run it."""
+    forward = evaluated(replayed.bench, "forward", dataclasses.replace(replayed.results.inputs, grads=None), framework)
+    return next((y for y in flat_outputs(forward) if isinstance(y, torch.Tensor) and y.is_floating_point()), None)
 
 
 # Random sign patterns the sensitivity is the largest over: a row of two elements moved
@@ -666,8 +671,7 @@ BACKWARD_INTERMEDIATES: dict[str, Callable[[Arguments], list[torch.Tensor]]] = {
 def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     inputs = replayed.results.inputs
     grads = [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()]
-    forward = evaluated(replayed.bench, "forward", dataclasses.replace(inputs, grads=None), framework)
-    result = next((value for value in flat_outputs(forward) if isinstance(value, torch.Tensor) and value.is_floating_point()), None)
+    result = _forward_result(replayed, framework)
     if not grads or result is None:
         return False
     call = Arguments(
@@ -677,11 +681,8 @@ def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework:
         intermediates = BACKWARD_INTERMEDIATES[name.operator](call)
     except (IndexError, RuntimeError):  # another overload, shapes that do not broadcast: no evidence
         return False
-    tiny = min(
-        torch.finfo(d.dtype).smallest_normal
-        for d in flat_outputs(replayed.results.device)
-        if isinstance(d, torch.Tensor) and d.is_floating_point()
-    )
+    floats = [d.dtype for d in flat_outputs(replayed.results.device) if isinstance(d, torch.Tensor) and d.is_floating_point()]
+    tiny = min((torch.finfo(dtype).smallest_normal for dtype in floats), default=0.0)
     return _beyond(tuple(intermediates), replayed.results) or any(_underflows(value, tiny) for value in intermediates)
 
 
