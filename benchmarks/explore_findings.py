@@ -1,6 +1,7 @@
-"""The two failures exploration finds in torch's own float32 CPU kernels (RESULTS-explore.md),
-reproduced without the plugin: the kernel against float64, and a float32 formula without
-the defect against float64. Both failures are the kernel's, not the check's.
+"""The failures exploration finds in torch's own CPU kernels (RESULTS-explore.md) that the
+README's policy counts as the kernel's defects (an intermediate the kernel chose, which
+the API's definition does not compute), reproduced without the plugin: the kernel against
+float64, and a formula of the same cost in the same dtype without the defect.
 
     python benchmarks/explore_findings.py
 
@@ -9,6 +10,25 @@ the defect against float64. Both failures are the kernel's, not the check's.
 - layer_norm's input gradient at a large input scale: torch's CPU backward multiplies by
   rstd**3, which falls among float32's subnormals once |x| reaches ~1e13 (sigma**3 past
   1e38); applying rstd to x_hat first keeps every intermediate normal.
+- layer_norm's backward on rows of one element with a large incoming gradient: NaN input
+  gradient and a weight gradient of 1.3e32 where both are exactly 0 (the kernel forms
+  rstd g w and x rstd - mean rstd, where the definition subtracts first).
+- group_norm with a tiny weight: the kernel fuses weight * rstd, which underflows where
+  weight * x_hat does not.
+- hardswish near the largest value: x * relu6(x + 3) overflows before the division by 6.
+- softplus's gradient at a large incoming gradient: g * exp(x) overflows before the
+  division by 1 + exp(x); g * sigmoid(x) does not.
+- gelu(approximate='tanh')'s gradient at |x| > ~1e19: 0 * inf = NaN (x**2 overflows where
+  1 - tanh**2 is already 0); the exact gradient is 1 or 0.
+- scaled_dot_product_attention's CPU flash kernel: its forward sums exp(s - max) * v before
+  dividing by the row's sum (inf once v nears the largest value); its float32 backward,
+  where q's large offset saturates each row's softmax, gives a key gradient where the exact
+  one is 0. torch's own math kernel (softmax, then matmul: the definition) has neither.
+- bfloat16 erf near 0: ~5 ULP off where erf(x) ~ 2x / sqrt(pi); float32's erf rounded to
+  bfloat16 is not.
+- cosine_similarity in float16 with a zero vector: NaN where the definition's
+  x1 . x2 / max(||x1|| ||x2||, eps) is 0: eps = 1e-8 rounds to 0 in float16 (bfloat16 and
+  float32 give 0); the clamp in float32 does not.
 
 Torch's bfloat16/float16 defects that real models' dumps show (batch_norm's statistics,
 layer_norm's affine gradients, cross_entropy's gradient) are in benchmarks/torch_findings.py.
@@ -60,8 +80,161 @@ def layer_norm_scale() -> None:
         scale = exact.abs().amax(-1, keepdim=True) * torch.finfo(torch.float32).eps
         ulps = lambda found, exact=exact, scale=scale: float(((found.double() - exact).abs() / scale).max())  # noqa: E731
         print(f"  |x| ~ 2**{exponent:<2}: torch {ulps(kernel.grad):10.1f}   without rstd**3 {ulps(_layer_norm_input_grad(x, g)):6.1f}")
+    # the same kernel reached by a large weight instead (exploration's weights near the largest value)
+    generator = torch.Generator().manual_seed(1)
+    x, g, weight = (
+        torch.randn(8, 32, generator=generator) * 0.03,
+        torch.randn(8, 32, generator=generator) * 0.005,
+        torch.full((32,), 1.7e38),
+    )
+    wide = x.double().requires_grad_()
+    F.layer_norm(wide, [32], weight.double(), eps=1e-5).backward(g.double())
+    kernel = x.clone().requires_grad_()
+    F.layer_norm(kernel, [32], weight, eps=1e-5).backward(g)
+    assert wide.grad is not None and kernel.grad is not None
+    formula = _layer_norm_input_grad(x, g * weight)
+    print(
+        f"  sigma ~ 0.03, weight 1.7e38: torch {int((~torch.isfinite(kernel.grad)).sum())} of 256 non-finite, "
+        f"without rstd**3 {float(((formula.double() - wide.grad).abs() / (wide.grad.abs().amax(-1, keepdim=True) * 2**-23)).max()):.1f} ULP"
+    )
+
+
+def _compare(title: str, kernel: torch.Tensor, formula: torch.Tensor, exact: torch.Tensor) -> None:
+    """Errors at the exact result's largest magnitude, in ULPs of the kernel's dtype."""
+    scale = float(exact.abs().max()) * torch.finfo(kernel.dtype).eps or torch.finfo(kernel.dtype).tiny
+
+    def ulps(found: torch.Tensor) -> str:
+        bad = int((~torch.isfinite(found)).sum())
+        return f"{bad} non-finite" if bad else f"{float((found.double() - exact).abs().max()) / scale:.3g} ULP"
+
+    print(f"{title}: torch {ulps(kernel)}, formula {ulps(formula)}")
+
+
+def layer_norm_one_element() -> None:
+    x, g = torch.tensor([[0.11814369]]), torch.tensor([[1.701e38]])
+    weight = torch.ones(1, requires_grad=True)
+    kernel = x.clone().requires_grad_()
+    F.layer_norm(kernel, [1], weight).backward(g)
+    mean = x.mean(-1, keepdim=True)
+    x_hat = (x - mean) * torch.rsqrt((x - mean).square().mean(-1, keepdim=True) + 1e-5)
+    print(
+        f"layer_norm backward, float32, a row of one element, g = 1.7e38 (exact: 0, 0): torch input gradient {float(kernel.grad):.3g}, "
+        f"weight gradient {float(weight.grad):.3g}; formula {float(_layer_norm_input_grad(x, g)):.3g}, {float((g * x_hat).sum()):.3g}"
+    )
+
+
+def group_norm_weight() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 8, 8, generator=generator) * 2.0**27
+    weight = torch.full((4,), 4.7e-38)
+    wide = F.group_norm(x.double(), 2, weight.double())
+    normalised = F.group_norm(x, 2)  # weight 1: x_hat
+    _compare(
+        "group_norm, float32, weight 4.7e-38, |x| ~ 2**27 (formula: weight * x_hat)",
+        F.group_norm(x, 2, weight),
+        normalised * weight.reshape(1, 4, 1, 1),
+        wide,
+    )
+
+
+def hardswish_large() -> None:
+    x = torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])
+    _compare(
+        "hardswish, float32, x up to 1e38 (formula: x * (relu6(x + 3) / 6))",
+        F.hardswish(x),
+        x * (F.relu6(x + 3) / 6),
+        F.hardswish(x.double()),
+    )
+
+
+def softplus_gradient() -> None:
+    x = torch.tensor([2.0, -1.0, 0.5, 2.4])
+    g = torch.full((4,), 6.5e37)
+    kernel = x.clone().requires_grad_()
+    F.softplus(kernel).backward(g)
+    assert kernel.grad is not None
+    exact = g.double() * torch.sigmoid(x.double())
+    _compare("softplus gradient, float32, incoming gradient 6.5e37 (formula: g * sigmoid(x))", kernel.grad, g * torch.sigmoid(x), exact)
+
+
+def gelu_tanh_gradient() -> None:
+    x = torch.tensor([8.5e37, -8.5e37, 1.0e20, 3.0, -3.0, 0.5] * 3)  # 18 elements: the vectorised loop too
+    kernel = x.clone().requires_grad_()
+    F.gelu(kernel, approximate="tanh").backward(torch.ones_like(x))
+    wide = x.double().requires_grad_()
+    F.gelu(wide, approximate="tanh").backward(torch.ones_like(wide))
+    assert kernel.grad is not None and wide.grad is not None
+    # the same derivative with x clamped in its second term, where 1 - tanh**2 is 0 in float32 beyond |x| ~ 10
+    beta, kappa = math.sqrt(2 / math.pi), 0.044715
+    c = x.clamp(-10, 10)
+    t = torch.tanh(beta * (c + kappa * c**3))
+    formula = 0.5 * (1 + t) + 0.5 * c * (1 - t * t) * beta * (1 + 3 * kappa * c * c)
+    _compare("gelu(tanh) gradient, float32, |x| up to 8.5e37 (formula: x clamped to [-10, 10])", kernel.grad, formula, wide.grad)
+
+
+def attention_flash() -> None:
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 32, 4, generator=generator) for _ in range(3))
+    big = v / v.abs().max() * 1.7e38
+    math_kernel = torch.ops.aten._scaled_dot_product_attention_math
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), big.double())
+    _compare(
+        "sdpa forward, float32, |v| up to 1.7e38 (formula: torch's math kernel)",
+        F.scaled_dot_product_attention(q, k, big),
+        math_kernel(q, k, big)[0],
+        exact,
+    )
+    query, value, grad = (torch.randn(2, 2, 32, 4, generator=generator) for _ in range(3))
+    query = query + query.std() * 2.0**19  # each row's softmax saturated: the exact key gradient is 0
+
+    def key_gradient(dtype: torch.dtype, math: bool) -> torch.Tensor:
+        q_, k_, v_ = (t.to(dtype).clone().requires_grad_() for t in (query, k, value))
+        (math_kernel(q_, k_, v_)[0] if math else F.scaled_dot_product_attention(q_, k_, v_)).backward(grad.to(dtype) * 0.003)
+        assert k_.grad is not None
+        return k_.grad
+
+    wide = key_gradient(torch.float64, False)
+    flash, formula = key_gradient(torch.float32, False), key_gradient(torch.float32, True)
+    print(
+        f"sdpa backward, float32, q shifted by 2**19 spreads: key gradient off by {float((flash.double() - wide).abs().max()):.3g} "
+        f"(torch's math kernel {float((formula.double() - wide).abs().max()):.3g}, exact max |.| {float(wide.abs().max()):.3g})"
+    )
+
+
+def erf_near_zero() -> None:
+    x = torch.tensor([3.2e-6, -1.0e-6, 2.0e-6, 1.5e-6] * 4).bfloat16()
+    _compare(
+        "erf, bfloat16, |x| <= 3.2e-6 (formula: float32's erf rounded)",
+        torch.erf(x),
+        torch.erf(x.float()).bfloat16(),
+        torch.erf(x.double()),
+    )
+
+
+def cosine_similarity_zero() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x1, x2 = torch.randn(2, 8, generator=generator), torch.randn(2, 8, generator=generator)
+    x2[:, 4] = 0.0  # a zero vector along dim 0
+    half1, half2 = x1.half(), x2.half()
+    dot = (half1.float() * half2.float()).sum(0)
+    formula = (dot / (half1.float().norm(dim=0) * half2.float().norm(dim=0)).clamp_min(1e-8)).half()
+    exact = F.cosine_similarity(half1.double(), half2.double(), dim=0)
+    _compare(
+        "cosine_similarity, float16, a zero vector (formula: the clamp by eps in float32)",
+        F.cosine_similarity(half1, half2, dim=0),
+        formula,
+        exact,
+    )
 
 
 if __name__ == "__main__":
     gelu_tail()
     layer_norm_scale()
+    layer_norm_one_element()
+    group_norm_weight()
+    hardswish_large()
+    softplus_gradient()
+    gelu_tanh_gradient()
+    attention_flash()
+    cosine_similarity_zero()
+    erf_near_zero()

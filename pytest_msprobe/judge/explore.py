@@ -40,7 +40,7 @@ from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.call import FRAMEWORKS, CallResult, Replayed, Settings, judge, read_inputs, relabelled, replay_inputs, verdict_for
 from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX
-from pytest_msprobe.run.apis import fixed_shape_apis, summing_apis
+from pytest_msprobe.run.apis import fixed_shape_apis, normed_arguments, summing_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.run.replay import DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs, tree_map
 from pytest_msprobe.run.terms import has_terms, term_magnitudes
@@ -369,9 +369,10 @@ def _excused(device: Value, bench: Value, allowed: Value) -> Value:
 def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Value | None:
     """Element by element, in the bench's structure, the largest change of the bench's
     result when its inputs move as a correct kernel in D may move them: by a rounding,
-    x (1 +- u) (u: D's unit roundoff) under a few random sign patterns, and with D's
-    subnormals flushed to zero (kernels that treat subnormal inputs as zero). None
-    where the bench cannot run it."""
+    x (1 +- u) (u: D's unit roundoff) under a few random sign patterns, with D's
+    subnormals flushed to zero (kernels that treat subnormal inputs as zero), and, for a
+    backward defined from the forward's result (RESULT_BACKWARDS), that result rounded to
+    D. None where the bench cannot run it."""
     inputs, bench = replayed.results.inputs, replayed.bench
     floats = [leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.is_floating_point()]
     if not floats or not isinstance(bench, Run):
@@ -381,10 +382,41 @@ def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Val
     changes = [_change(name, replayed, bench, framework, move) for move in moves]
     if any(change is None for change in changes):
         return None
+    changes += [
+        _result_rounded(name, replayed, framework, unit, seed) for seed in range(SENSITIVITY_PATTERNS) if name.operator in RESULT_BACKWARDS
+    ]
     merged = changes[0]
     for change in changes[1:]:
-        merged = _pairwise(torch.maximum, merged, change)
+        merged = merged if change is None else _pairwise(torch.maximum, merged, change)
     return merged
+
+
+#: The backwards derivatives.yaml defines from the forward's result, not its input:
+#: sigmoid_backward(grad, result) = grad (1 - y) y, tanh_backward(grad, result) =
+#: grad (1 - y**2). Every kernel of that definition reads y rounded to D, and 1 - y
+#: cancels where y nears 1 (from x the same derivative is accurate: measured 0.28 ULP
+#: where torch's is 2e5 at x = 15.6).
+RESULT_BACKWARDS = {"sigmoid": "sigmoid_backward", "tanh": "tanh_backward"}
+
+
+def _result_rounded(name: CallName, replayed: Replayed, framework: str, unit: float, seed: int) -> Value | None:
+    """|backward(g, y (1 +- u)) - backward(g, y)| (y: the forward's exact result), as the
+    bench's one input gradient; None where the call is not that backward's."""
+    grad = next((g for g in replayed.results.inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()), None)
+    result = _forward_result(replayed, framework)
+    if name.direction != "backward" or grad is None or result is None or grad.shape != result.shape:
+        return None
+    backward = getattr(torch.ops.aten, RESULT_BACKWARDS[name.operator])
+    y, g = result.double(), grad.double()
+    moved = _rounded(unit, seed)(y, y)
+    return (torch.as_tensor(backward(g, moved) - backward(g, y)).abs(),)
+
+
+def _forward_result(replayed: Replayed, framework: str) -> torch.Tensor | None:
+    """A backward's forward result on the bench (its first floating output), None where
+    the bench cannot run it."""
+    forward = evaluated(replayed.bench, "forward", dataclasses.replace(replayed.results.inputs, grads=None), framework)
+    return next((y for y in flat_outputs(forward) if isinstance(y, torch.Tensor) and y.is_floating_point()), None)
 
 
 # Random sign patterns the sensitivity is the largest over: a row of two elements moved
@@ -562,6 +594,105 @@ def _shifted_gradient_beyond(name: CallName, replayed: Replayed, framework: str)
     return _magnitude(g - (g * y).sum(dim, keepdim=True), False) > largest
 
 
+def _norm_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """A norm the API divides by ([explore.norms]: its arguments, along `dim`, argument 2,
+    default 1) beyond the dtype's range, or its sum of |x|**p beyond the accumulator's
+    (finite elements only)."""
+    args, kwargs = replayed.results.inputs.args, replayed.results.inputs.kwargs
+    largest = _largest(replayed.results)
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 1)
+    power = kwargs.get("p", args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else 2)
+    if largest is None or not isinstance(dim, int) or not isinstance(power, (int, float)) or power <= 0:
+        return False
+    for position in normed_arguments(name.operator):
+        tensor = args[position] if position < len(args) else None
+        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and -tensor.dim() <= dim < max(tensor.dim(), 1)):
+            continue
+        wide = tensor.double()
+        powers = wide.abs().pow(power).where(torch.isfinite(wide), torch.zeros_like(wide)).sum(dim) if wide.dim() else wide.abs() ** power
+        accumulator = torch.finfo(ACCUMULATOR.get(tensor.dtype, tensor.dtype)).max
+        if float(powers.max()) > accumulator or float(powers.max()) ** (1 / power) > largest:
+            return True
+    return False
+
+
+def _atan2_backward(call: Arguments) -> list[torch.Tensor]:
+    """atan2_backward (FunctionsManual.cpp): grad * other * recip, grad * -self * recip,
+    recip = 1 / (self * self + other * other)."""
+    y, x, g = call.tensor(0, "input"), call.tensor(1, "other"), call.grads[0]
+    return [] if y is None or x is None else [y * y + x * x, g * x, g * y]
+
+
+def _std_backward(call: Arguments) -> list[torch.Tensor]:
+    """std_backward (FunctionsManual.cpp): var_backward(grad / (result * 2))."""
+    return [call.result * 2]
+
+
+def _layer_norm_backward(call: Arguments) -> list[torch.Tensor]:
+    """The input gradient rstd (g w - mean(g w) - x_hat mean(g w x_hat)): the row sums of
+    g w (their partial sums bounded by sum |g w|)."""
+    shape, weight = call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"), call.tensor(2, "weight")
+    if not isinstance(shape, (list, tuple)) or weight is None:
+        return []
+    products = (call.grads[0] * weight).abs()
+    return [products.sum(tuple(range(-len(shape), 0)))]
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """A backward's forward arguments, incoming gradients and forward result, floating
+    tensors in float64: what BACKWARD_INTERMEDIATES' formulas read."""
+
+    args: list[Value]
+    kwargs: dict[str, Value]
+    grads: list[torch.Tensor]
+    result: torch.Tensor
+
+    def tensor(self, position: int, keyword: str) -> torch.Tensor | None:
+        value = self.args[position] if position < len(self.args) else self.kwargs.get(keyword)
+        return value if isinstance(value, torch.Tensor) and value.is_floating_point() else None
+
+
+def _widened(value: Value) -> Value:
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+#: A backward's definition is derivatives.yaml's formula: the intermediates it computes in
+#: the dtype, from the forward's arguments, the incoming gradients and the forward's exact
+#: result (float64), per API. Each excuses an example where it overflows the dtype or
+#: falls below its smallest normal value.
+BACKWARD_INTERMEDIATES: dict[str, Callable[[Arguments], list[torch.Tensor]]] = {
+    "atan2": _atan2_backward,
+    "std": _std_backward,
+    "layer_norm": _layer_norm_backward,
+}
+
+
+def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    inputs = replayed.results.inputs
+    grads = [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()]
+    result = _forward_result(replayed, framework)
+    if not grads or result is None:
+        return False
+    call = Arguments(
+        [_widened(arg) for arg in inputs.args], {key: _widened(value) for key, value in inputs.kwargs.items()}, grads, result.double()
+    )
+    try:
+        intermediates = BACKWARD_INTERMEDIATES[name.operator](call)
+    except (IndexError, RuntimeError):  # another overload, shapes that do not broadcast: no evidence
+        return False
+    floats = [d.dtype for d in flat_outputs(replayed.results.device) if isinstance(d, torch.Tensor) and d.is_floating_point()]
+    tiny = min((torch.finfo(dtype).smallest_normal for dtype in floats), default=0.0)
+    return _beyond(tuple(intermediates), replayed.results) or any(_underflows(value, tiny) for value in intermediates)
+
+
+def _underflows(values: torch.Tensor, tiny: float) -> bool:
+    """Whether a finite nonzero value lies below `tiny` (the dtype's smallest normal value):
+    there it keeps fewer bits than the dtype has, or none."""
+    magnitudes = values.abs()[torch.isfinite(values) & (values != 0)]
+    return bool(magnitudes.numel()) and float(magnitudes.min()) < tiny
+
+
 def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     return _beyond(_derivative(replayed, framework), replayed.results)
 
@@ -570,9 +701,11 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 #: exact result (every call), a sum of squares (norms, variances, distances: the
 #: [explore] squares table), a sum before a division (means, average pools: sums),
 #: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
-#: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of products (the [terms] table, which
-#: bound a partial sum, not the result), and a backward's derivative (computed before
-#: it is multiplied by the incoming gradient).
+#: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of
+#: products (the [terms] table, which bound a partial sum, not the result), a norm it
+#: divides by ([explore.norms]), an intermediate of a backward's formula
+#: (BACKWARD_INTERMEDIATES), and a backward's derivative (computed before it is
+#: multiplied by the incoming gradient).
 EXCUSES = (
     Excuse("exact result beyond the dtype's range", lambda name: True, _result_beyond),
     Excuse("sum of squares beyond its accumulator's range", lambda name: name.operator in summing_apis("squares"), _sum_beyond(2)),
@@ -584,6 +717,12 @@ EXCUSES = (
         "g - sum(g * y) of a softmax-like backward beyond the dtype's range",
         lambda name: name.direction == "backward" and name.operator in summing_apis("shifted_gradient"),
         _shifted_gradient_beyond,
+    ),
+    Excuse("a norm it divides by beyond the dtype's range", lambda name: bool(normed_arguments(name.operator)), _norm_beyond),
+    Excuse(
+        "an intermediate of its backward's formula (derivatives.yaml) beyond the dtype's range or below its normal values",
+        lambda name: name.direction == "backward" and name.operator in BACKWARD_INTERMEDIATES,
+        _backward_intermediate_beyond,
     ),
     Excuse("derivative beyond the dtype's range", lambda name: name.direction == "backward", _derivative_beyond),
 )

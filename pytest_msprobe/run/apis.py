@@ -85,6 +85,12 @@ def summing_apis(intermediate: str) -> frozenset[str]:
     return frozenset(_pytorch_toml()["explore"][intermediate])
 
 
+def normed_arguments(api_name: str) -> tuple[int, ...]:
+    """The positions of the arguments whose norm `api_name` divides by (the [explore.norms]
+    table; none where it divides by none)."""
+    return tuple(_pytorch_toml()["explore"]["norms"].get(api_name, ()))
+
+
 def is_in_place(api_name: str) -> bool:
     if api_name.startswith("__") and api_name.endswith("__"):
         return api_name.startswith("__i") and api_name not in ("__invert__", "__index__", "__int__")

@@ -195,10 +195,20 @@ def _logits(factor: float) -> Edge:
     return edge
 
 
+# Bits of their spread that the values keep at the largest offset edge: fewer than the
+# draws keep (KEPT_BITS), still no constant row (four levels per spread).
+EDGE_KEPT_BITS = 2
+
+
 def _largest_offset(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """The largest common offset _offset draws: the values keep KEPT_BITS of their spread."""
+    """A common offset 2**(D's mantissa bits - EDGE_KEPT_BITS) times the values' spread:
+    where a variance by moments, E[x^2] - E[x]^2, has lost every bit in every dtype.
+    Its error grows as the offset squared, a correct kernel's sensitivity to the
+    inputs' rounding (the judge's excuse, 16 times it) as the offset: the naive
+    formula's error passes that excuse only beyond ~2**5 spreads, which the draws
+    reach in float16 and float32 but not in bfloat16 (7 mantissa bits: 2**3)."""
     spread = _spread(values)
-    top = max(min(_mantissa_bits(dtype) - KEPT_BITS, math.floor(math.log2(torch.finfo(dtype).max / 4 / spread))), 0)
+    top = max(min(_mantissa_bits(dtype) - EDGE_KEPT_BITS, math.floor(math.log2(torch.finfo(dtype).max / 4 / spread))), 0)
     return values + spread * 2.0**top, f"shifted by {spread * 2.0**top:+.4g} (2**{top} times the spread)"
 
 
