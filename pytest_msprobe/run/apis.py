@@ -73,6 +73,12 @@ def summed_backward_table() -> frozenset[str]:
 
 
 @functools.cache
+def layout_sensitive_apis() -> frozenset[str]:
+    """The APIs whose CPU kernels round differently on a channels_last tensor (judge/layouts.py)."""
+    return frozenset(_pytorch_toml()["layouts"]["names"])
+
+
+@functools.cache
 def fixed_shape_apis() -> frozenset[str]:
     """The APIs exploration never resizes (the [explore] table: kernels that crash on sizes that disagree)."""
     return frozenset(_pytorch_toml()["explore"]["fixed_shapes"])
