@@ -27,11 +27,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from pytest_msprobe.run.apis import Api, layout_sensitive_apis
 from pytest_msprobe.run.replay import Inputs, Run, evaluated, tree_map
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.values import Value
 
 #: the layouts besides contiguous a device may run: tensor rank -> memory format
 LAYOUTS: dict[str, dict[int, torch.memory_format]] = {"channels_last": {4: torch.channels_last, 5: torch.channels_last_3d}}
@@ -55,9 +59,9 @@ class LayoutReferences:
     direction: str
     framework: str
     layouts: list[str]
-    _outputs: dict[str, object] | None = field(default=None, repr=False)
+    _outputs: dict[str, Value] | None = field(default=None, repr=False)
 
-    def outputs(self, like: object) -> dict[str, object]:
+    def outputs(self, like: Value) -> dict[str, Value]:
         """layout -> the reference's outputs in it, left out (None) wherever `like` (the
         contiguous reference, as aligned with the dump) is; a layout whose run fails is
         not among them."""
@@ -71,11 +75,11 @@ class LayoutReferences:
         return {layout: _aligned_like(output, like) for layout, output in self._outputs.items()}
 
 
-def _contiguous(value: object) -> object:
+def _contiguous(value: Value) -> Value:
     return value.contiguous() if isinstance(value, torch.Tensor) else value
 
 
-def _aligned_like(value: object, like: object) -> object:
+def _aligned_like(value: Value, like: Value) -> Value:
     if isinstance(value, tuple) and isinstance(like, tuple) and len(value) == len(like):
         return tuple(None if other is None else item for item, other in zip(value, like, strict=True))
     return value
