@@ -44,7 +44,6 @@ import torch
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Value
-    from pytest_msprobe.run.apis import DropoutKind
 
 
 class Arguments(Protocol):
@@ -57,6 +56,17 @@ class Arguments(Protocol):
 
 
 CallInputs = TypeVar("CallInputs", bound=Arguments)
+
+
+class Kind(Protocol):
+    """What this module reads of a dropout API's [dropout] row (run/apis.py's DropoutKind:
+    that module imports this one, a protocol keeps the import graph acyclic)."""
+
+    @property
+    def alpha(self) -> bool: ...
+
+    @property
+    def training_default(self) -> bool: ...
 
 
 class Reveal(Protocol):
@@ -136,7 +146,7 @@ class Revealed:
 class Drawn:
     """A dropout API's draw, as its device result reveals it."""
 
-    kind: DropoutKind
+    kind: Kind
 
     def masked(self, function: Callable[..., Value]) -> Callable[..., Value]:
         """The dropout with the device's mask (keyword `kept`) and constants
