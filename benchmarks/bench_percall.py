@@ -1,7 +1,7 @@
 """Where a small call's time goes (issue 16): the test phase per call of a real dump with
 -n 0, before and after, and one call's parts measured in-process.
 
-    python benchmarks/bench_percall.py [--dump DUMP.json] [--before REV] [--repeats 5]
+    python benchmarks/bench_percall.py [--dump DUMP.json] [--before REV] [--repeats 5] [--offline]
 
   per call     the test phase of `pytest --msprobe-dump=DUMP --msprobe-device=cpu -n 0`
                (from collection's end to the session's: benchmarks/probe_plugin.py's
@@ -10,6 +10,8 @@
                this environment's packages), the runs interleaved
   floor        pytest's own cost of an empty test in a process that imported torch:
                (wall of N empty tests - wall of 1) / (N - 1), best of --repeats
+  --offline    the runs with --msprobe-offline (a tensor dump): the dumped outputs are
+               the device; the parts then give judge_call's total only
   parts        judge.outcome.judge_call on every call of the dump in this process, CPU
                time per call, best of --repeats, split into reading the inputs, the
                replay (device and bench runs), the judgement (standards), and the rest
@@ -40,7 +42,7 @@ def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def test_phase(dump: Path, out: Path, source: Path | None, work: Path) -> tuple[float, int]:
+def test_phase(dump: Path, out: Path, source: Path | None, work: Path, mode: list[str]) -> tuple[float, int]:
     probe = work / f"probe-{time.monotonic_ns()}.jsonl"
     paths = [str(source)] if source is not None else []
     env = {
@@ -66,6 +68,7 @@ def test_phase(dump: Path, out: Path, source: Path | None, work: Path) -> tuple[
             f"--msprobe-dump={dump}",
             "--msprobe-device=cpu",
             f"--msprobe-out={out}",
+            *mode,
         ],
         cwd=dump.parent,
         env=env,
@@ -129,15 +132,12 @@ from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.replay import replay
 from pytest_msprobe.standards import Registry
 index = read_index(Path(sys.argv[1]))
-repeats = int(sys.argv[2])
-settings = C.Settings(backend=Backend(), device_index=0, max_elements=2**28, registry=Registry.default())
+repeats, offline = int(sys.argv[2]), sys.argv[3] == "offline"
+settings = C.Settings(backend=Backend(), device_index=0, max_elements=2**28, registry=Registry.default(), offline=offline)
 names = [index.call_at(i) for i in range(len(index))]
 framework = C.PytorchReplay()
 for name in names:
     judge_call(index, name, settings)
-inputs = {str(n): C.read_inputs(index, n, settings.max_elements) for n in names}
-apis = {str(n): framework.resolve(n, settings.backend) for n in names}
-replayed = {str(n): C.replay_call(index, n, settings) for n in names}
 def best(step):
     fastest = float("inf")
     for _ in range(repeats):
@@ -146,6 +146,13 @@ def best(step):
             step(name)
         fastest = min(fastest, time.process_time() - started)
     return 1000 * fastest / len(names)
+if offline:
+    total = best(lambda n: judge_call(index, n, settings))
+    print(f"  {'judge_call, all of it':26s} {total:6.3f} ms")
+    raise SystemExit
+inputs = {str(n): C.read_inputs(index, n, settings.max_elements) for n in names}
+apis = {str(n): framework.resolve(n, settings.backend) for n in names}
+replayed = {str(n): C.replay_call(index, n, settings) for n in names}
 def run(name):
     api, given = apis[str(name)], inputs[str(name)]
     device, bench, reference = framework.runs(api, given, settings)
@@ -168,7 +175,9 @@ def main() -> None:
     parser.add_argument("--dump", type=Path, default=SHIPPED)
     parser.add_argument("--before", help="a git revision to measure too (e.g. f934085)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--offline", action="store_true", help="run with --msprobe-offline")
     args = parser.parse_args()
+    mode = ["--msprobe-offline"] if args.offline else []
     dump = args.dump.resolve()
     work = Path(tempfile.mkdtemp(prefix="msprobe-percall-"))
     (work / "tmp").mkdir()
@@ -181,7 +190,7 @@ def main() -> None:
     try:
         for _ in range(args.repeats):
             for side, source in sides.items():
-                seconds, calls = test_phase(dump, work / f"out-{side}", source, work)
+                seconds, calls = test_phase(dump, work / f"out-{side}", source, work, mode)
                 phases[side].append(seconds)
     finally:
         if sides.get("before") is not None:
@@ -193,7 +202,7 @@ def main() -> None:
         )
     print(f"pytest's empty test, torch imported: {floor_ms(work, calls, args.repeats):.2f} ms")
     print("one call's parts, in-process (CPU time per call, this tree):")
-    subprocess.run([sys.executable, "-c", PARTS, str(dump), str(args.repeats)], check=True)
+    subprocess.run([sys.executable, "-c", PARTS, str(dump), str(args.repeats), "offline" if args.offline else "single"], check=True)
     print(f"load average after {load()}")
 
 

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.findings import Finding
+    from pytest_msprobe.judge.layouts import LayoutReferences
     from pytest_msprobe.judge.offline import Evidence, Shared
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
@@ -195,6 +196,7 @@ class Replayed:
     device: Side  # the device run (--msprobe-repeat runs it again); offline the dump's outputs
     written: Written | None = None  # the rows the kernel wrote, where it wrote part of an output (judge/written.py)
     notes: list[str] = dataclasses.field(default_factory=list)  # the rows left out of the judgement
+    layouts: LayoutReferences | None = None  # offline: the reference in the other layouts (judge/layouts.py)
 
 
 def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replayed:
@@ -226,14 +228,19 @@ def replay_inputs(
         results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
     finally:
         settings.backend.free()
+    layouts = None
     if dumped is not None:
+        from pytest_msprobe.judge.layouts import LayoutReferences, other_layouts
         from pytest_msprobe.judge.offline import DumpedRun
 
         if isinstance(device, DumpedRun) and device.evidence is not None and device.evidence.shared:
             _add_shared(results, device.evidence, device.index, name, framework_name, framework, settings)
+        elif isinstance(reference, Run):
+            others = other_layouts(api, (leaf.tensor for leaf in results.inputs.leaves))
+            layouts = LayoutReferences(reference, results.inputs, name.direction, framework_name, others) if others else None
     where = written(name, inputs, framework_name)
     results, notes = cut_results(align_offline(results) if dumped is not None else results, where)
-    return Replayed(results, bench, label, device, where, notes)
+    return Replayed(results, bench, label, device, where, notes, layouts)
 
 
 def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
@@ -241,7 +248,9 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     replayed = replay_call(index, name, settings)
     results, bench, label, inputs = replayed.results, replayed.bench, replayed.label, replayed.results.inputs
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
-    verdict, judged = judged_results(settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded)
+    verdict, judged = judged_results(
+        settings.registry, name, results, bench=bench, framework=index.framework, recorded=recorded, layouts=replayed.layouts
+    )
     if recorded is not None and settings.baseline is not None:  # recorded: read from the baseline
         verdict = settings.baseline.labelled(verdict, index.key, str(name))
     site = getattr(bench, "site", "")  # where the bench ran, on an accelerator (run/precision.py)
@@ -291,7 +300,40 @@ def verdict_for(
 
 
 def judged_results(
-    registry: Registry, name: CallName, results: Results, *, bench: Side, framework: str, recorded: Recorded | None = None
+    registry: Registry,
+    name: CallName,
+    results: Results,
+    *,
+    bench: Side,
+    framework: str,
+    recorded: Recorded | None = None,
+    layouts: LayoutReferences | None = None,
+) -> tuple[Verdict, Results]:
+    """_judged_against_reference(); a call it judges error against the contiguous
+    reference run is judged again against the reference in each other memory layout the
+    device may have run (judge/layouts.py), and the least severe verdict stands (one
+    layout's reference at a time: their metrics are never mixed); where every layout's
+    is an error, the contiguous one's does, saying so."""
+    verdict, judged = _judged_against_reference(registry, name, results, bench, framework, recorded)
+    if verdict.status != "error" or layouts is None or recorded is not None or results.reference is None:
+        return verdict, judged
+    from pytest_msprobe.standards.verdict import STATUS_ORDER
+
+    others = {
+        layout: _judged_against_reference(registry, name, dataclasses.replace(results, reference=reference), bench, framework, None)
+        for layout, reference in layouts.outputs(results.reference).items()
+    }
+    least = min(others, key=lambda layout: STATUS_ORDER[others[layout][0].status], default=None)
+    if least is None:
+        return verdict, judged
+    again, on = others[least]
+    if STATUS_ORDER[again.status] < STATUS_ORDER[verdict.status]:
+        return relabelled(again, f"against the reference run in {least} layout (the device may have run it)"), on
+    return relabelled(verdict, f"an error against the reference run in {' and '.join(others)} layout too"), judged
+
+
+def _judged_against_reference(
+    registry: Registry, name: CallName, results: Results, bench: Side, framework: str, recorded: Recorded | None
 ) -> tuple[Verdict, Results]:
     """judge(); a call judged error whose outputs are sums of products is judged again
     with each element's terms' magnitude (run/terms.py: one more bench evaluation, only

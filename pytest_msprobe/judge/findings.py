@@ -79,12 +79,13 @@ def dropout_findings(results: Results, name: CallName) -> list[Finding]:
     beyond Z_LIMIT standard deviations of Binomial(n, p). Imported here: the xdist
     controller reads this module's records and must not import torch."""
     from pytest_msprobe.run.apis import dropout_table
-    from pytest_msprobe.run.dropout import Z_LIMIT, dropped_share, revealed
+    from pytest_msprobe.run.dropout import Z_LIMIT, Drawn, dropped_share
 
-    unit_dims = dropout_table().get(name.operator)
-    shown = None if unit_dims is None else revealed(results.inputs, results.device, name.direction)
-    if shown is None or unit_dims is None:
+    kind = dropout_table().get(name.operator)
+    shown = None if kind is None else Drawn(kind).revealed(results.inputs, results.device, name.direction)
+    if shown is None or kind is None:
         return []
+    unit_dims = kind.units(shown.result.dim())
     dropped, n, z = dropped_share(shown, unit_dims)
     if not n:
         return []

@@ -60,16 +60,40 @@ def terms_table() -> dict[str, frozenset[str]]:
     return {"forward": frozenset(terms["forward"]), "backward": frozenset(terms["forward"]) | frozenset(terms["backward"])}
 
 
+@dataclass(frozen=True)
+class DropoutKind:
+    """How a dropout API draws (run/dropout.py): the [dropout] table's row."""
+
+    unit_dims: int | None  # the trailing dimensions one entry of its mask covers; None: all after the channel
+    alpha: bool  # SELU's alpha dropout: kept elements a x + b, dropped ones a constant
+    training_default: bool  # `training` where the call does not give it
+
+    def units(self, rank: int) -> int:
+        return max(rank - 2, 0) if self.unit_dims is None else self.unit_dims
+
+
 @functools.cache
-def dropout_table() -> dict[str, int]:
-    """dropout API -> the trailing dimensions one entry of its mask covers (run/dropout.py)."""
-    return dict(_pytorch_toml()["dropout"]["unit_dims"])
+def dropout_table() -> dict[str, DropoutKind]:
+    """dropout API -> how it draws (run/dropout.py)."""
+    table = _pytorch_toml()["dropout"]
+    return {
+        name: DropoutKind(
+            units if isinstance(units, int) else None, name in table["alpha"], bool(table["training_default"].get(name, True))
+        )
+        for name, units in table["unit_dims"].items()
+    }
 
 
 @functools.cache
 def summed_backward_table() -> frozenset[str]:
     """The APIs whose backward may sum several incoming values into one element (run/summed.py)."""
     return frozenset(_pytorch_toml()["summed_backward"]["names"])
+
+
+@functools.cache
+def layout_sensitive_apis() -> frozenset[str]:
+    """The APIs whose CPU kernels round differently on a channels_last tensor (judge/layouts.py)."""
+    return frozenset(_pytorch_toml()["layouts"]["names"])
 
 
 @functools.cache
@@ -182,10 +206,12 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
     random_argument = _pytorch_toml()["random_when"].get(api_name)
     if random_argument is not None:
         function = random_when(function, f"{name.api_type}.{api_name}", *random_argument)
-    if api_name in dropout_table():
+    kind = dropout_table().get(api_name)
+    if kind is not None:
         from pytest_msprobe.run import dropout
 
-        return Api(f"{name.api_type}.{api_name}", function, dropout.masked(function), is_in_place(api_name), raise_bench, dropout.reveal)
+        drawn = dropout.Drawn(kind)
+        return Api(f"{name.api_type}.{api_name}", function, drawn.masked(function), is_in_place(api_name), raise_bench, drawn.reveal)
     bench = _exact_gelu(function) if (name.api_type, api_name) in (("Functional", "gelu"), ("Torch", "gelu")) else function
     return Api(f"{name.api_type}.{api_name}", function, bench, is_in_place(api_name), raise_bench)
 

@@ -112,13 +112,20 @@ class Placement:
 
     device: torch.device
     dtypes: dict[torch.dtype, torch.dtype] = field(default_factory=dict)
+    # tensor rank -> the memory format its tensors (inputs and incoming gradients) are laid
+    # out in; none given: contiguous, as decoded (judge/layouts.py runs the other layouts)
+    formats: dict[int, torch.memory_format] = field(default_factory=dict)
 
     def __call__(self, value: Value) -> Value:
         if isinstance(value, torch.Tensor):
-            return value.to(device=self.device, dtype=self.dtypes.get(value.dtype, value.dtype), copy=True)
+            return self.laid_out(value.to(device=self.device, dtype=self.dtypes.get(value.dtype, value.dtype), copy=True))
         if isinstance(value, RecordedDevice):
             return self.device
         return value
+
+    def laid_out(self, tensor: torch.Tensor) -> torch.Tensor:
+        memory_format = self.formats.get(tensor.dim())
+        return tensor if memory_format is None else tensor.contiguous(memory_format=memory_format)
 
 
 def to_cpu(value: Value) -> Value:
@@ -310,7 +317,7 @@ def _pair_gradients(outputs: list[Value], grads: list[Value], placement: Placeme
         if tuple(grad.shape) != tuple(output.shape):
             raise CallSkip(f"incoming gradient {position} has shape {list(grad.shape)}, the output has {list(output.shape)}")
         paired_outputs.append(output)
-        paired_grads.append(grad.to(device=output.device, dtype=output.dtype))
+        paired_grads.append(placement.laid_out(grad.to(device=output.device, dtype=output.dtype)))
     return paired_outputs, paired_grads
 
 
