@@ -193,3 +193,36 @@ def test_the_data_flow_never_holds_more_than_the_element_limit(copy_dump, run_du
     outcome = result.calls["Functional.linear.0.backward"]
     assert outcome.outcome == "skipped" and "--msprobe-max-elements (4,000)" in outcome.text, outcome.text
     assert result.calls["Functional.layer_norm.0.forward"].outcome == "passed"
+
+
+def _normalize_gradient_without_the_norm(dump: Path) -> None:
+    """The dump as msprobe writes it where F.normalize's backward forgets the path
+    through the norm (x's gradient g / norm(x), the division's alone): the producer's
+    incoming gradient, which autograd summed over every reader, carries that call's
+    wrong share."""
+    import torch.nn.functional as F
+
+    data = dump.parent / "dump_tensor_data"
+    x = torch.load(data / "Functional.normalize.0.forward.input.0.pt", weights_only=True).double().requires_grad_()
+    g = torch.load(data / "Functional.normalize.0.backward.input.0.pt", weights_only=True).double()
+    F.normalize(x, dim=1).backward(g)
+    wrong = g / x.detach().norm(dim=1, keepdim=True).clamp_min(1e-12)
+    summed = data / "Functional.layer_norm.0.backward.input.0.pt"  # normalize read layer_norm.0's output
+    incoming = torch.load(summed, weights_only=True)
+    torch.save((incoming.double() + wrong - x.grad).to(incoming.dtype), summed)
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_a_gradient_recorded_inside_a_composite_call_is_recovered_from_the_producer(fault: bool, copy_dump, run_dump) -> None:
+    """F.normalize is x / norm(x).clamp_min(eps).expand_as(x): msprobe records the
+    division's node, whose first edge leads straight to x although x's gradient also
+    flows through the norm. Paired with x, a correct float16 kernel failed (max_rel_err
+    1.68, 861x the reference's); the gradient is now taken from the producer's record,
+    where a normalize backward that forgets the norm's path still fails."""
+    dump = copy_dump("models/apizoo_tensor_fp16")
+    if fault:
+        _normalize_gradient_without_the_norm(dump)
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", "Functional.normalize.0.backward")
+    outcome = result.calls["Functional.normalize.0.backward"]
+    assert outcome.outcome == ("failed" if fault else "passed"), outcome.text
+    assert "from Functional.layer_norm.0.backward input[0]" in outcome.properties["msprobe_reference"], outcome.properties

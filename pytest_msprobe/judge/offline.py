@@ -36,6 +36,8 @@ from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map, writes_in_place
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_msprobe.dump.values import Value
 
 DEVICE_LABEL = "dump (offline: the dumped outputs are the device result)"
@@ -301,7 +303,35 @@ def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | N
     position = {id(tensor): number for number, tensor in enumerate(wanted)}
     node_of_output = first.grad_fn
     assert node_of_output is not None  # first was chosen for having one
+
+    def leaf_of(node: torch.autograd.graph.Node) -> int | None:
+        variable = getattr(node, "variable", None)
+        return copies.get(id(node), None if variable is None else id(variable))
+
+    edges = [node for node, _ in node_of_output.next_functions]
+    reached = [_leaves_reached(node, leaf_of) for node in edges]
     return [
-        None if node is None else position.get(copies.get(id(node), id(getattr(node, "variable", None))))
-        for node, _ in node_of_output.next_functions
+        None
+        if node is None or any(leaf_of(node) in other for j, other in enumerate(reached) if j != i)
+        else position.get(leaf_of(node) or 0)
+        for i, node in enumerate(edges)
     ]
+
+
+def _leaves_reached(node: torch.autograd.graph.Node | None, leaf_of: Callable[[torch.autograd.graph.Node], int | None]) -> set[int]:
+    """The inputs an edge's gradient flows on to, through the call's own graph. An input
+    the node reaches directly AND through another edge gets the sum of both: the direct
+    edge's gradient is part of it (F.normalize's x / norm(x): msprobe records DivBackward's
+    g / norm for x, whose full gradient also flows through the norm, 1.7x away)."""
+    found: set[int] = set()
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        leaf = leaf_of(current)
+        if leaf is not None:
+            found.add(leaf)
+        stack += [following for following, _ in current.next_functions]
+    return found
