@@ -252,6 +252,7 @@ def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position:
             return
         incoming = _incoming(index, read, max_elements)
         readers = flow.consumers(read.producer)
+        unsettled = flow.unsettled(read.producer)
     except (Ambiguous, CallSkip, CallError) as exc:
         evidence.left_out.append(f"{leaf.path}: {exc}")
         return
@@ -263,6 +264,13 @@ def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position:
         covered[other.gather.reshape(-1)] = True
         if other.consumer.data_name != data_name and bool(own[other.gather.reshape(-1)].any()):
             others.append(other)
+    unsettled = [maybe for maybe in unsettled if bool(own[maybe.positions].any())]
+    if unsettled:
+        evidence.left_out.append(
+            f"{leaf.path}: {unsettled[0].consumer.call} may have read the same elements of {read.producer.call}'s output "
+            f"({unsettled[0].why}): the sum of the settled readers' gradients would lack its share"
+        )
+        return
     unread = ~covered & (incoming != 0).numpy()
     if bool(unread.any()):
         evidence.left_out.append(
