@@ -85,6 +85,12 @@ class Ambiguous(CallSkip):
     """An input whose producer the values do not settle."""
 
 
+class UnsettledView(Ambiguous):
+    """An input holding values of one output, some of them held there once, that no
+    strided view of it reads: a read (not a constant's coincidence) through a view the
+    values do not fix."""
+
+
 def _bits(tensor: torch.Tensor) -> np.ndarray:
     """The elements' bit patterns (bitwise equality: -0.0 is not 0.0, NaNs compare by
     payload), as int64. numpy: these are many small lookups, where a torch op's
@@ -171,7 +177,7 @@ def view_gather(producer: _Values, consumer: torch.Tensor) -> np.ndarray | None:
         fits = (_affine_gather(_refined(tuple(consumer.shape), reverse), known, single, producer.flat.size) for reverse in (False, True))
         known = next((gather for gather in fits if gather is not None and bool((producer.flat[gather] == bits).all())), None)
         if known is None:
-            raise Ambiguous("it holds repeated values and no strided view of the producer's output reads it")
+            raise UnsettledView("it holds repeated values and no strided view of the producer's output reads it")
     if np.unique(known).size != known.size:
         raise Ambiguous("it reads elements of the producer's output more than once (a constant or broadcast tensor)")
     return known.reshape(tuple(consumer.shape))
@@ -335,15 +341,15 @@ class DataFlow:
     def _unsettled_view(self, producer: Port, consumer: Port) -> Unsettled | None:
         """`consumer` as an unsettled reader where it holds only the producer's values,
         one of them held there once, and no view of the producer reads it (bfloat16's
-        few values repeat within h[:, 4] of a (2, 32, 8) output). A constant (a weight
-        of ones: every value repeated) is no evidence of a read."""
+        few values repeat within h[:, 4] of a (2, 32, 8) output). A constant (every
+        value repeated) or a tensor reading an element twice (a bfloat16 layer_norm
+        weight whose values the output holds) is no evidence of a read."""
         try:
             self._reads(producer, consumer)
-        except Ambiguous as exc:
-            values, bits = self.values(producer), _bits(self.tensor(consumer))
-            where = _holds(values, bits)
-            if bool((where >= 0).all()) and bool((values.counts[where] == 1).any()):
-                return Unsettled(consumer, np.flatnonzero(np.isin(values.flat, bits)), str(exc))
+        except UnsettledView as exc:
+            return Unsettled(consumer, np.flatnonzero(np.isin(self.values(producer).flat, _bits(self.tensor(consumer)))), str(exc))
+        except Ambiguous:
+            return None
         return None
 
     def _first_probes(self, dtype: torch.dtype) -> tuple[list[Port], np.ndarray]:
