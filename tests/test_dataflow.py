@@ -245,3 +245,39 @@ def test_a_reader_whose_view_the_values_do_not_settle_leaves_the_sum_out(copy_du
         assert "Functional.hardswish.0 may have read the same elements of Functional.layer_norm.0's output" in outcome.text, outcome.text
     cosine = result.calls[calls[2]]
     assert cosine.outcome == "passed" and "judged together with" in cosine.properties["msprobe_reference"], cosine.text
+
+
+def _matmul_input_gradient_off(dump: Path, share: float) -> None:
+    """The dump as msprobe writes it where Torch.matmul.0's backward returns q's gradient
+    `share` too large: q is a view of the qkv linear's output, whose incoming gradient
+    autograd summed over q's readers (the attentions and the matmul)."""
+    data = dump.parent / "dump_tensor_data"
+    q = torch.load(data / "Torch.matmul.0.forward.input.0.pt", weights_only=True).double()
+    k = torch.load(data / "Torch.matmul.0.forward.input.1.pt", weights_only=True).double()
+    g = torch.load(data / "Torch.matmul.0.backward.input.0.pt", weights_only=True).double()
+    own = g @ k.transpose(-2, -1)  # q's gradient from this matmul
+    summed = data / "Functional.linear.0.backward.input.0.pt"
+    incoming = torch.load(summed, weights_only=True)
+    # q = qkv.reshape(b, 32, 3, 8)[:, :, 0].reshape(b, 32, 2, 4).transpose(1, 2)
+    flat = incoming.double().reshape(q.shape[0], 32, 3, 8).clone()
+    flat[:, :, 0] += share * own.transpose(1, 2).reshape(q.shape[0], 32, 8)
+    torch.save(flat.reshape(incoming.shape).to(incoming.dtype), summed)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("share", [0.0, 0.02])
+def test_a_summed_gemm_gradient_is_judged_beside_the_other_readers_device_gradients(dtype: str, share: float, copy_dump, run_dump) -> None:
+    """q and k are read by two attentions and a matmul; autograd summed their gradients
+    in D. With the attentions' gradients rerun on the bench, their float16 kernels'
+    rounding (several ULPs of the sum) failed a correct matmul at ratio 1 to the
+    reference: the sum now takes the device's own gradients of the readers whose
+    records hold them. A matmul whose q gradient is 2% too large still fails."""
+    dump = copy_dump(f"models/apizoo_tensor_{dtype}")
+    if share:
+        _matmul_input_gradient_off(dump, share)
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", "Torch.matmul.0.backward")
+    outcome = result.calls["Torch.matmul.0.backward"]
+    assert outcome.outcome == ("failed" if share else "passed"), outcome.text
+    assert "judged together with" in outcome.properties["msprobe_reference"], outcome.properties
+    if share:
+        assert "[0]: error" in outcome.text and "[1]: error" not in outcome.text, outcome.text

@@ -81,7 +81,9 @@ class DumpedRun:
             )
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+    def recorded_gradients(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[list[Value], list[Value], list[int | None]]:
+        """The dumped gradients, those of them that are the inputs' own (by the node's
+        edges; None elsewhere), and the edges."""
         dumped = self._recorded("output")
         edges = node_edges(self.graph_run, inputs, needs_grad)
         matched: list[Value] = [None] * sum(needs_grad)
@@ -89,6 +91,16 @@ class DumpedRun:
             for edge, grad in zip(edges, dumped, strict=False):
                 if edge is not None and isinstance(grad, torch.Tensor):
                     matched[edge] = grad
+        return dumped, matched, edges
+
+    def direct_gradient(self, inputs: Inputs, needs_grad: list[bool], slot: int) -> torch.Tensor | None:
+        """The device's gradient of gradient-receiving input `slot` where the call's
+        record holds it as the input's own, not passed through; else None."""
+        grad = self.recorded_gradients(inputs, needs_grad)[1][slot]
+        return grad if isinstance(grad, torch.Tensor) and not _passed_through(grad, inputs.grads) else None
+
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+        dumped, matched, edges = self.recorded_gradients(inputs, needs_grad)
         passed = [_passed_through(grad, inputs.grads) for grad in matched]
         if any(passed) and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs):
             own = self.graph_run.backward(inputs, needs_grad)
