@@ -281,3 +281,22 @@ def test_a_summed_gemm_gradient_is_judged_beside_the_other_readers_device_gradie
     assert "judged together with" in outcome.properties["msprobe_reference"], outcome.properties
     if share:
         assert "[0]: error" in outcome.text and "[1]: error" not in outcome.text, outcome.text
+
+
+def test_a_reader_s_recorded_gradient_equal_to_the_incoming_one_is_its_share() -> None:
+    """addmm's bias gradient IS its incoming gradient: a not-in-place call's record is
+    its share of a summed gradient even where the bits match the incoming gradient
+    (only an in-place call's record may be a hook's pass-through)."""
+    from pytest_msprobe.dump.index import parse_call_name, read_index
+    from pytest_msprobe.judge.call import read_inputs
+    from pytest_msprobe.judge.offline import DumpedRun
+    from pytest_msprobe.run.apis import resolve_pytorch
+    from pytest_msprobe.run.replay import Placement, Run, needs_grad
+
+    index = read_index(Path(__file__).parent / "dumps" / "models" / "apizoo_tensor_fp16" / "dump.json")
+    name = parse_call_name("Torch.addmm.0.backward")
+    inputs = read_inputs(index, name, 10**7)
+    api = resolve_pytorch(name, None)
+    recorded = DumpedRun(index, name, 10**7, Run(api, api.bench_fn, Placement(torch.device("cpu"))))
+    bias = recorded.direct_gradient(inputs, needs_grad(inputs, "pytorch"), 0)
+    assert bias is not None and torch.equal(bias, inputs.grads[0])

@@ -95,9 +95,13 @@ class DumpedRun:
 
     def direct_gradient(self, inputs: Inputs, needs_grad: list[bool], slot: int) -> torch.Tensor | None:
         """The device's gradient of gradient-receiving input `slot` where the call's
-        record holds it as the input's own, not passed through; else None."""
+        record holds it as the input's own; None where it is not, or where an in-place
+        call's record is the incoming gradient passed through (backward says why)."""
         grad = self.recorded_gradients(inputs, needs_grad)[1][slot]
-        return grad if isinstance(grad, torch.Tensor) and not _passed_through(grad, inputs.grads) else None
+        if not isinstance(grad, torch.Tensor):
+            return None
+        passed = _passed_through(grad, inputs.grads)
+        return None if passed and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs) else grad
 
     def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
         dumped, matched, edges = self.recorded_gradients(inputs, needs_grad)
