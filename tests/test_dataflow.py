@@ -193,3 +193,110 @@ def test_the_data_flow_never_holds_more_than_the_element_limit(copy_dump, run_du
     outcome = result.calls["Functional.linear.0.backward"]
     assert outcome.outcome == "skipped" and "--msprobe-max-elements (4,000)" in outcome.text, outcome.text
     assert result.calls["Functional.layer_norm.0.forward"].outcome == "passed"
+
+
+def _normalize_gradient_without_the_norm(dump: Path) -> None:
+    """The dump as msprobe writes it where F.normalize's backward forgets the path
+    through the norm (x's gradient g / norm(x), the division's alone): the producer's
+    incoming gradient, which autograd summed over every reader, carries that call's
+    wrong share."""
+    import torch.nn.functional as F
+
+    data = dump.parent / "dump_tensor_data"
+    x = torch.load(data / "Functional.normalize.0.forward.input.0.pt", weights_only=True).double().requires_grad_()
+    g = torch.load(data / "Functional.normalize.0.backward.input.0.pt", weights_only=True).double()
+    F.normalize(x, dim=1).backward(g)
+    wrong = g / x.detach().norm(dim=1, keepdim=True).clamp_min(1e-12)
+    summed = data / "Functional.layer_norm.0.backward.input.0.pt"  # normalize read layer_norm.0's output
+    incoming = torch.load(summed, weights_only=True)
+    torch.save((incoming.double() + wrong - x.grad).to(incoming.dtype), summed)
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_a_gradient_recorded_inside_a_composite_call_is_recovered_from_the_producer(fault: bool, copy_dump, run_dump) -> None:
+    """F.normalize is x / norm(x).clamp_min(eps).expand_as(x): msprobe records the
+    division's node, whose first edge leads straight to x although x's gradient also
+    flows through the norm. Paired with x, a correct float16 kernel failed (max_rel_err
+    1.68, 861x the reference's); the gradient is now taken from the producer's record,
+    where a normalize backward that forgets the norm's path still fails."""
+    dump = copy_dump("models/apizoo_tensor_fp16")
+    if fault:
+        _normalize_gradient_without_the_norm(dump)
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", "Functional.normalize.0.backward")
+    outcome = result.calls["Functional.normalize.0.backward"]
+    assert outcome.outcome == ("failed" if fault else "passed"), outcome.text
+    assert "from Functional.layer_norm.0.backward input[0]" in outcome.properties["msprobe_reference"], outcome.properties
+
+
+def test_a_reader_whose_view_the_values_do_not_settle_leaves_the_sum_out(copy_dump, run_dump) -> None:
+    """In the bfloat16 apizoo dump hardswish and gelu read h[:, 4] and h[:, 7] of the
+    layer_norm's output, whose few bfloat16 values repeat: no view settles the read, and
+    they were dropped from the readers silently. The linear's and normalize's input
+    gradients, summed without their shares, failed a correct kernel (normalize:
+    max_rel_err 5.3, 243x the reference's); now they are left out, named, while
+    cosine_similarity, reading h[:, 8] and h[:, 9] where hardswish's values are not, is
+    still judged through the sum."""
+    dump = copy_dump("models/apizoo_tensor_bf16")
+    calls = ["Functional.linear.0.backward", "Functional.normalize.0.backward", "Functional.cosine_similarity.0.backward"]
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", " or ".join(calls))
+    for call in calls[:2]:
+        outcome = result.calls[call]
+        assert outcome.outcome == "skipped", (call, outcome.text)
+        assert "Functional.hardswish.0 may have read the same elements of Functional.layer_norm.0's output" in outcome.text, outcome.text
+    cosine = result.calls[calls[2]]
+    assert cosine.outcome == "passed" and "judged together with" in cosine.properties["msprobe_reference"], cosine.text
+
+
+def _matmul_input_gradient_off(dump: Path, share: float) -> None:
+    """The dump as msprobe writes it where Torch.matmul.0's backward returns q's gradient
+    `share` too large: q is a view of the qkv linear's output, whose incoming gradient
+    autograd summed over q's readers (the attentions and the matmul)."""
+    data = dump.parent / "dump_tensor_data"
+    q = torch.load(data / "Torch.matmul.0.forward.input.0.pt", weights_only=True).double()
+    k = torch.load(data / "Torch.matmul.0.forward.input.1.pt", weights_only=True).double()
+    g = torch.load(data / "Torch.matmul.0.backward.input.0.pt", weights_only=True).double()
+    own = g @ k.transpose(-2, -1)  # q's gradient from this matmul
+    summed = data / "Functional.linear.0.backward.input.0.pt"
+    incoming = torch.load(summed, weights_only=True)
+    # q = qkv.reshape(b, 32, 3, 8)[:, :, 0].reshape(b, 32, 2, 4).transpose(1, 2)
+    flat = incoming.double().reshape(q.shape[0], 32, 3, 8).clone()
+    flat[:, :, 0] += share * own.transpose(1, 2).reshape(q.shape[0], 32, 8)
+    torch.save(flat.reshape(incoming.shape).to(incoming.dtype), summed)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("share", [0.0, 0.02])
+def test_a_summed_gemm_gradient_is_judged_beside_the_other_readers_device_gradients(dtype: str, share: float, copy_dump, run_dump) -> None:
+    """q and k are read by two attentions and a matmul; autograd summed their gradients
+    in D. With the attentions' gradients rerun on the bench, their float16 kernels'
+    rounding (several ULPs of the sum) failed a correct matmul at ratio 1 to the
+    reference: the sum now takes the device's own gradients of the readers whose
+    records hold them. A matmul whose q gradient is 2% too large still fails."""
+    dump = copy_dump(f"models/apizoo_tensor_{dtype}")
+    if share:
+        _matmul_input_gradient_off(dump, share)
+    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", "Torch.matmul.0.backward")
+    outcome = result.calls["Torch.matmul.0.backward"]
+    assert outcome.outcome == ("failed" if share else "passed"), outcome.text
+    assert "judged together with" in outcome.properties["msprobe_reference"], outcome.properties
+    if share:
+        assert "[0]: error" in outcome.text and "[1]: error" not in outcome.text, outcome.text
+
+
+def test_a_reader_s_recorded_gradient_equal_to_the_incoming_one_is_its_share() -> None:
+    """addmm's bias gradient IS its incoming gradient: a not-in-place call's record is
+    its share of a summed gradient even where the bits match the incoming gradient
+    (only an in-place call's record may be a hook's pass-through)."""
+    from pytest_msprobe.dump.index import parse_call_name, read_index
+    from pytest_msprobe.judge.call import read_inputs
+    from pytest_msprobe.judge.offline import DumpedRun
+    from pytest_msprobe.run.apis import resolve_pytorch
+    from pytest_msprobe.run.replay import Placement, Run, needs_grad
+
+    index = read_index(Path(__file__).parent / "dumps" / "models" / "apizoo_tensor_fp16" / "dump.json")
+    name = parse_call_name("Torch.addmm.0.backward")
+    inputs = read_inputs(index, name, 10**7)
+    api = resolve_pytorch(name, None)
+    recorded = DumpedRun(index, name, 10**7, Run(api, api.bench_fn, Placement(torch.device("cpu"))))
+    bias = recorded.direct_gradient(inputs, needs_grad(inputs, "pytorch"), 0)
+    assert bias is not None and torch.equal(bias, inputs.grads[0])

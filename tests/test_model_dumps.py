@@ -30,16 +30,28 @@ TENSOR_DUMPS = [
     "embedattn_tensor_fp32",
     "embedattn_tensor_bf16",
 ]
+# a model calling every API of the routing and [terms] tables (make_dumps.py)
+APIZOO_DUMPS = ["apizoo_tensor_fp32", "apizoo_tensor_fp16", "apizoo_tensor_bf16"]
 STATISTICS_DUMPS = ["transformer12_statistics_bf16"]
 MODES = {"single-run": (), "offline": ("--msprobe-offline",)}
-RUNS = [(name, "single-run") for name in TENSOR_DUMPS + STATISTICS_DUMPS] + [(name, "offline") for name in TENSOR_DUMPS]
+# float16 offline: the qkv linear's input gradient is the sum of 26 readers' shares, and
+# composite readers (normalize, einsum, cosine_similarity) add theirs to autograd's float16
+# sum in several pieces the dump does not hold: ulp_err_proportion 0.109, 1.8x the
+# reference's (judge/call.py _add_shared)
+COMPOSITE_SHARES = "the sum's composite readers add their float16 shares in pieces the dump does not hold"
+RUNS = [(name, "single-run") for name in TENSOR_DUMPS + APIZOO_DUMPS + STATISTICS_DUMPS] + [
+    (name, "offline") for name in TENSOR_DUMPS + APIZOO_DUMPS
+]
+MARKS = {("apizoo_tensor_fp16", "offline"): [pytest.mark.xfail(strict=True, reason=COMPOSITE_SHARES)]}
 
 
 def _calls(dump: Path) -> list[str]:
     return [name for name in json.loads(dump.read_text())["data"] if not name.startswith(("Module.", "Cell."))]
 
 
-@pytest.mark.parametrize(("name", "mode"), RUNS, ids=[f"{name}-{mode}" for name, mode in RUNS])
+@pytest.mark.parametrize(
+    ("name", "mode"), [pytest.param(name, mode, id=f"{name}-{mode}", marks=MARKS.get((name, mode), [])) for name, mode in RUNS]
+)
 def test_correct_cpu_passes_every_call_of_a_real_model(name, mode, copy_dump, run_dump):
     dump = copy_dump(f"models/{name}")
     result = run_dump(dump, "--msprobe-device=cpu", *MODES[mode])
@@ -50,7 +62,7 @@ def test_correct_cpu_passes_every_call_of_a_real_model(name, mode, copy_dump, ru
     assert {kernel: outcome.text for kernel, outcome in result.kernels.items() if outcome.outcome != "passed"} == {}
     judged = [call for call, outcome in result.calls.items() if outcome.outcome == "passed"]
     assert any(call.endswith(".backward") for call in judged) and any(call.endswith(".forward") for call in judged)
-    if mode == "offline":  # the GEMM backwards msprobe records at the reshape: judged through the data flow
+    if mode == "offline" and name in TENSOR_DUMPS:  # the GEMM backwards msprobe records at the reshape: judged through the data flow
         gemm = ("Functional.linear.", "Torch.matmul.", "Tensor.__matmul__.")
         skipped = [call for call in result.by_outcome("skipped") if call.startswith(gemm) and call.endswith(".backward")]
         assert skipped == []
@@ -163,6 +175,34 @@ def test_a_recurrent_layers_backward_is_judged_though_msprobe_dropped_h_n(name, 
     call = f"Torch.{name.split('_')[0]}.0.backward"
     result = run_dump(copy_dump(f"models/{name}"), "--msprobe-device=cpu", "-k", call)
     assert result.calls[call].outcome == "passed", result.calls[call].text
+
+
+def _instance_norm_parameters_from_the_first_sample(original):
+    """float16 instance_norm whose weight and bias gradients reduce over the first sample
+    only (a batch reduction that drops the tail); its input gradient stays correct."""
+    import torch
+
+    def faulty_instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, *args, **kwargs):
+        if input.dtype != torch.float16 or weight is None or bias is None:
+            return original(input, running_mean, running_var, weight, bias, *args, **kwargs)
+        x_hat = original(input, running_mean, running_var, None, None, *args, **kwargs)
+        w, b = weight.reshape(1, -1, *[1] * (input.dim() - 2)), bias.reshape(1, -1, *[1] * (input.dim() - 2))
+        return torch.cat([x_hat[:1] * w + b, x_hat[1:] * w.detach() + b.detach()])
+
+    return faulty_instance_norm
+
+
+def test_instance_norm_parameter_gradients_missing_a_sample_fail(copy_dump, run_dump, monkeypatch):
+    """The terms that excuse a correct kernel's cancelled weight and bias gradients
+    (run/terms.py) still fail one that drops a sample's share of their sums (about 8% of
+    the terms' magnitude on this dump)."""
+    import torch.nn.functional as F
+
+    monkeypatch.setattr(F, "instance_norm", _instance_norm_parameters_from_the_first_sample(F.instance_norm))
+    call = "Functional.instance_norm.0.backward"
+    result = run_dump(copy_dump("models/apizoo_tensor_fp16"), "--msprobe-device=cpu", "-k", call)
+    assert result.calls[call].outcome == "failed"
+    assert "[1]" in result.calls[call].text and "[2]" in result.calls[call].text, result.calls[call].text
 
 
 def test_gradients_pair_by_shape_only_where_the_choice_is_unique():

@@ -138,3 +138,27 @@ def test_layer_norm_output_terms_carry_a_centred_row_s_accumulation():
     terms = term_magnitudes(call, _bench(F.layer_norm), _inputs([x, [4], torch.ones(4), torch.zeros(4), 1e-5]), "pytorch")
     sigma = math.sqrt(1.5 + 1e-5)
     assert torch.allclose(terms, (x.double().abs() + 1.0) / sigma)
+
+
+def test_instance_norm_parameter_gradients_sum_over_the_batch_and_space():
+    """instance_norm's weight and bias gradients are batch_norm's sums over N x spatial,
+    with x_hat normalised per sample and channel. Without the formula a correct float16
+    kernel's bias gradient of the apizoo dump (|b| ~ 1e-7, its upstream gradients 1e-3)
+    failed at 102 ULPs of its own scale (tests/test_model_dumps.py)."""
+    x = torch.randn(2, 3, 4, 5, generator=_generator(13)) + 1.0
+    w, b, g = (
+        torch.randn(3, generator=_generator(14)),
+        torch.randn(3, generator=_generator(15)),
+        torch.randn(2, 3, 4, 5, generator=_generator(16)),
+    )
+    call = CallName("Functional", "instance_norm", 0, "backward")
+    grad_x, grad_w, grad_b = term_magnitudes(call, _bench(F.instance_norm), _inputs([x, None, None, w, b], grads=[g]), "pytorch")
+    wide = x.double()
+    mean = wide.mean(dim=(2, 3), keepdim=True)
+    inverse_sigma = 1 / torch.sqrt(wide.var(dim=(2, 3), unbiased=False, keepdim=True) + 1e-5)
+    x_hat = ((wide - mean).abs() + wide.abs().mean(dim=(2, 3), keepdim=True)) * inverse_sigma
+    g_hat = (g.double() * w.double().reshape(1, 3, 1, 1)).abs()
+    expected_x = inverse_sigma * (g_hat + g_hat.mean((2, 3), keepdim=True) + x_hat * (g_hat * x_hat).mean((2, 3), keepdim=True))
+    assert torch.allclose(grad_x, expected_x)
+    assert torch.allclose(grad_w, (g.double().abs() * x_hat).sum(dim=(0, 2, 3)))
+    assert torch.allclose(grad_b, g.double().abs().sum(dim=(0, 2, 3)))

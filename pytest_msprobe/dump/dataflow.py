@@ -61,6 +61,16 @@ class Read:
     gather: Gather  # the consumer's shape
 
 
+@dataclass(frozen=True)
+class Unsettled:
+    """An input that may have read a producer's output through a view the values do
+    not settle: `positions`, every element of the output holding one of its values."""
+
+    consumer: Port
+    positions: np.ndarray
+    why: str
+
+
 @dataclass
 class _Values:
     """An output's bits, sorted once: lookups of another tensor's values in it."""
@@ -73,6 +83,12 @@ class _Values:
 
 class Ambiguous(CallSkip):
     """An input whose producer the values do not settle."""
+
+
+class UnsettledView(Ambiguous):
+    """An input holding values of one output, some of them held there once, that no
+    strided view of it reads: a read (not a constant's coincidence) through a view the
+    values do not fix."""
 
 
 def _bits(tensor: torch.Tensor) -> np.ndarray:
@@ -161,7 +177,7 @@ def view_gather(producer: _Values, consumer: torch.Tensor) -> np.ndarray | None:
         fits = (_affine_gather(_refined(tuple(consumer.shape), reverse), known, single, producer.flat.size) for reverse in (False, True))
         known = next((gather for gather in fits if gather is not None and bool((producer.flat[gather] == bits).all())), None)
         if known is None:
-            raise Ambiguous("it holds repeated values and no strided view of the producer's output reads it")
+            raise UnsettledView("it holds repeated values and no strided view of the producer's output reads it")
     if np.unique(known).size != known.size:
         raise Ambiguous("it reads elements of the producer's output more than once (a constant or broadcast tensor)")
     return known.reshape(tuple(consumer.shape))
@@ -179,7 +195,7 @@ class DataFlow:
     _values: dict[str, _Values] = dataclasses.field(default_factory=dict)
     _probes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     _sources: dict[str, Read | Ambiguous | None] = dataclasses.field(default_factory=dict)
-    _consumers: dict[str, list[Read]] = dataclasses.field(default_factory=dict)
+    _consumers: dict[str, tuple[list[Read], list[Unsettled]]] = dataclasses.field(default_factory=dict)
     _owners: dict[torch.dtype, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     _firsts: dict[torch.dtype, tuple[list[Port], np.ndarray]] = dataclasses.field(default_factory=dict)
 
@@ -308,10 +324,33 @@ class DataFlow:
 
     def consumers(self, producer: Port) -> list[Read]:
         """Every forward input read from `producer` (through views), in dump order."""
+        return self._readers(producer)[0]
+
+    def unsettled(self, producer: Port) -> list[Unsettled]:
+        """The inputs that may have read `producer` through a view the values do not
+        settle: a sum of the settled readers' gradients lacks their share wherever they
+        may have read."""
+        return self._readers(producer)[1]
+
+    def _readers(self, producer: Port) -> tuple[list[Read], list[Unsettled]]:
         found = self._consumers.get(producer.data_name)
         if found is None:
             found = self._consumers[producer.data_name] = self._find_consumers(producer)
         return found
+
+    def _unsettled_view(self, producer: Port, consumer: Port) -> Unsettled | None:
+        """`consumer` as an unsettled reader where it holds only the producer's values,
+        one of them held there once, and no view of the producer reads it (bfloat16's
+        few values repeat within h[:, 4] of a (2, 32, 8) output). A constant (every
+        value repeated) or a tensor reading an element twice (a bfloat16 layer_norm
+        weight whose values the output holds) is no evidence of a read."""
+        try:
+            self._reads(producer, consumer)
+        except UnsettledView as exc:
+            return Unsettled(consumer, np.flatnonzero(np.isin(self.values(producer).flat, _bits(self.tensor(consumer)))), str(exc))
+        except Ambiguous:
+            return None
+        return None
 
     def _first_probes(self, dtype: torch.dtype) -> tuple[list[Port], np.ndarray]:
         """The inputs of that dtype with a probe, and each probe's first value: one
@@ -324,10 +363,10 @@ class DataFlow:
             found = self._firsts[dtype] = (ports, firsts)
         return found
 
-    def _find_consumers(self, producer: Port) -> list[Read]:
+    def _find_consumers(self, producer: Port) -> tuple[list[Read], list[Unsettled]]:
         values = self.values(producer)
         ports, firsts = self._first_probes(producer.spec.dtype)
-        found = []
+        found, unsettled = [], []
         for at in np.flatnonzero(_holds(values, firsts) >= 0):
             consumer = ports[int(at)]
             if consumer.order <= producer.order or bool((_holds(values, self._probe(consumer)) < 0).any()):
@@ -335,10 +374,13 @@ class DataFlow:
             try:
                 read = self.source(consumer.data_name)
             except Ambiguous:
-                continue  # not read from this producer alone: its own check names it
+                maybe = self._unsettled_view(producer, consumer)
+                if maybe is not None:
+                    unsettled.append(maybe)
+                continue  # otherwise several outputs hold its values: the latest, not this one, is its source
             if read is not None and read.producer == producer:
                 found.append(read)
-        return found
+        return found, unsettled
 
 
 def _recorded_extremes(spec: TensorSpec) -> np.ndarray:

@@ -36,6 +36,8 @@ from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map, writes_in_place
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_msprobe.dump.values import Value
 
 DEVICE_LABEL = "dump (offline: the dumped outputs are the device result)"
@@ -79,7 +81,9 @@ class DumpedRun:
             )
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+    def recorded_gradients(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[list[Value], list[Value], list[int | None]]:
+        """The dumped gradients, those of them that are the inputs' own (by the node's
+        edges; None elsewhere), and the edges."""
         dumped = self._recorded("output")
         edges = node_edges(self.graph_run, inputs, needs_grad)
         matched: list[Value] = [None] * sum(needs_grad)
@@ -87,6 +91,20 @@ class DumpedRun:
             for edge, grad in zip(edges, dumped, strict=False):
                 if edge is not None and isinstance(grad, torch.Tensor):
                     matched[edge] = grad
+        return dumped, matched, edges
+
+    def direct_gradient(self, inputs: Inputs, needs_grad: list[bool], slot: int) -> torch.Tensor | None:
+        """The device's gradient of gradient-receiving input `slot` where the call's
+        record holds it as the input's own; None where it is not, or where an in-place
+        call's record is the incoming gradient passed through (backward says why)."""
+        grad = self.recorded_gradients(inputs, needs_grad)[1][slot]
+        if not isinstance(grad, torch.Tensor):
+            return None
+        passed = _passed_through(grad, inputs.grads)
+        return None if passed and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs) else grad
+
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+        dumped, matched, edges = self.recorded_gradients(inputs, needs_grad)
         passed = [_passed_through(grad, inputs.grads) for grad in matched]
         if any(passed) and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs):
             own = self.graph_run.backward(inputs, needs_grad)
@@ -250,6 +268,7 @@ def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position:
             return
         incoming = _incoming(index, read, max_elements)
         readers = flow.consumers(read.producer)
+        unsettled = flow.unsettled(read.producer)
     except (Ambiguous, CallSkip, CallError) as exc:
         evidence.left_out.append(f"{leaf.path}: {exc}")
         return
@@ -261,6 +280,13 @@ def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position:
         covered[other.gather.reshape(-1)] = True
         if other.consumer.data_name != data_name and bool(own[other.gather.reshape(-1)].any()):
             others.append(other)
+    unsettled = [maybe for maybe in unsettled if bool(own[maybe.positions].any())]
+    if unsettled:
+        evidence.left_out.append(
+            f"{leaf.path}: {unsettled[0].consumer.call} may have read the same elements of {read.producer.call}'s output "
+            f"({unsettled[0].why}): the sum of the settled readers' gradients would lack its share"
+        )
+        return
     unread = ~covered & (incoming != 0).numpy()
     if bool(unread.any()):
         evidence.left_out.append(
@@ -301,7 +327,35 @@ def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | N
     position = {id(tensor): number for number, tensor in enumerate(wanted)}
     node_of_output = first.grad_fn
     assert node_of_output is not None  # first was chosen for having one
+
+    def leaf_of(node: torch.autograd.graph.Node) -> int | None:
+        variable = getattr(node, "variable", None)
+        return copies.get(id(node), None if variable is None else id(variable))
+
+    edges = [node for node, _ in node_of_output.next_functions]
+    reached = [_leaves_reached(node, leaf_of) for node in edges]
     return [
-        None if node is None else position.get(copies.get(id(node), id(getattr(node, "variable", None))))
-        for node, _ in node_of_output.next_functions
+        None
+        if node is None or any(leaf_of(node) in other for j, other in enumerate(reached) if j != i)
+        else position.get(leaf_of(node) or 0)
+        for i, node in enumerate(edges)
     ]
+
+
+def _leaves_reached(node: torch.autograd.graph.Node | None, leaf_of: Callable[[torch.autograd.graph.Node], int | None]) -> set[int]:
+    """The inputs an edge's gradient flows on to, through the call's own graph. An input
+    the node reaches directly AND through another edge gets the sum of both: the direct
+    edge's gradient is part of it (F.normalize's x / norm(x): msprobe records DivBackward's
+    g / norm for x, whose full gradient also flows through the norm, 1.7x away)."""
+    found: set[int] = set()
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        leaf = leaf_of(current)
+        if leaf is not None:
+            found.add(leaf)
+        stack += [following for following, _ in current.next_functions]
+    return found

@@ -9,7 +9,7 @@ products of floating arguments, so the same API evaluated in the bench's precisi
 absolute values (|x|, |w|, |alpha|, |incoming gradient|) gives sum(|terms|) exactly:
 one more bench evaluation, run only for calls whose cheap verdict is an error
 (judge/call.py). The affine parameters of the normalisations (layer_norm, rms_norm,
-group_norm, batch_norm) get theirs from a per-API formula instead (BACKWARD_TERMS): their
+group_norm, batch_norm, instance_norm) get theirs from a per-API formula instead (BACKWARD_TERMS): their
 weight gradient sum(g * x_hat) and bias gradient sum(g) over the batch cancel like any
 sum. A backward is linear in the incoming gradient g (dx = J^T g), so the input
 gradients of layer_norm, softmax and log_softmax are sums of products too, of g with
@@ -34,6 +34,8 @@ from pytest_msprobe.run.apis import terms_table
 from pytest_msprobe.run.replay import Inputs, Run, evaluated, needs_grad, tensors_in, tree_map
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.run.replay import Side
 
@@ -132,25 +134,40 @@ def _group_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) ->
     return {"weight": weight, "bias": bias}
 
 
-def _batch_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
-    x = args[0]
-    dims = tuple(d for d in range(x.dim()) if d != 1)
-    eps = argument(args, kwargs, 7, "eps", 1e-5)
-    shape = [1, -1] + [1] * (x.dim() - 2)
-    found: dict[str, torch.Tensor] = {}
-    if argument(args, kwargs, 5, "training", False):
-        w = argument(args, kwargs, 3, "weight")
-        g_hat = (g * w.reshape(shape) if isinstance(w, torch.Tensor) else g).abs()
-        x_hat, found["input"] = _centred_terms(x, dims, eps, g_hat)
-    else:
-        mean, var = (argument(args, kwargs, i, key) for i, key in ((1, "running_mean"), (2, "running_var")))
-        x_hat = (x - mean.reshape(shape)) * torch.rsqrt(var.reshape(shape) + eps)
-    weight, bias = _affine_terms(x_hat, g, (1,))
-    return {**found, "weight": weight, "bias": bias}
+def _channel_norm(
+    flag: str, flag_default: bool, statistics_dims: Callable[[torch.Tensor], tuple[int, ...]]
+) -> Callable[[list[Value], dict[str, Value], torch.Tensor], dict[str, torch.Tensor]]:
+    """batch_norm's and instance_norm's formula: both take (input, running_mean,
+    running_var, weight, bias, <use the batch's statistics>, momentum, eps) with the
+    parameters along dimension 1, and differ in which dimensions their statistics span
+    (all but the channel's; the spatial ones per sample and channel) and in the name and
+    default of that flag. Their weight and bias gradients sum over N x
+    spatial either way: an instance_norm bias gradient of 1e-7 made of upstream
+    gradients of 1e-3 is the cancellation of any sum."""
+
+    def formula(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = args[0]
+        dims = statistics_dims(x)
+        eps = argument(args, kwargs, 7, "eps", 1e-5)
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        found: dict[str, torch.Tensor] = {}
+        if argument(args, kwargs, 5, flag, flag_default):
+            w = argument(args, kwargs, 3, "weight")
+            g_hat = (g * w.reshape(shape) if isinstance(w, torch.Tensor) else g).abs()
+            x_hat, found["input"] = _centred_terms(x, dims, eps, g_hat)
+        else:
+            mean, var = (argument(args, kwargs, i, key) for i, key in ((1, "running_mean"), (2, "running_var")))
+            x_hat = (x - mean.reshape(shape)) * torch.rsqrt(var.reshape(shape) + eps)
+        weight, bias = _affine_terms(x_hat, g, (1,))
+        return {**found, "weight": weight, "bias": bias}
+
+    return formula
 
 
 # api -> a formula for its output's terms from the bench-precision arguments
 FORWARD_TERMS = {"layer_norm": _layer_norm_output}
+
+_CHANNEL_NORM_ARGUMENTS = ("input", "running_mean", "running_var", "weight", "bias")
 
 # api -> (its argument names, in order, and a formula for their gradients' terms from
 # the bench-precision arguments and the incoming gradient)
@@ -160,7 +177,8 @@ BACKWARD_TERMS = {
     "log_softmax": (("input", "dim"), _log_softmax),
     "rms_norm": (("input", "normalized_shape", "weight"), _rms_norm),
     "group_norm": (("input", "num_groups", "weight", "bias"), _group_norm),
-    "batch_norm": (("input", "running_mean", "running_var", "weight", "bias"), _batch_norm),
+    "batch_norm": (_CHANNEL_NORM_ARGUMENTS, _channel_norm("training", False, lambda x: tuple(d for d in range(x.dim()) if d != 1))),
+    "instance_norm": (_CHANNEL_NORM_ARGUMENTS, _channel_norm("use_input_stats", True, lambda x: tuple(range(2, x.dim())))),
 }
 
 
