@@ -39,6 +39,8 @@ from pytest_msprobe.dump.writer import tensor_entry
 from pytest_msprobe.errors import CallSkip
 
 if TYPE_CHECKING:
+    from hypothesis.vendor.pretty import RepresentationPrinter
+
     from pytest_msprobe.dump.index import Json, Record
 
 # An explored call may grow to this many times its dumped elements (or this floor).
@@ -61,6 +63,12 @@ class Variant:
 
     def __repr__(self) -> str:  # hypothesis names examples by repr: short, no tensors
         return "Variant(" + "; ".join(self.described.values()) + ")"
+
+    def _repr_pretty_(self, printer: RepresentationPrinter, cycle: bool) -> None:
+        """hypothesis prints a dataclass field by field, not by its __repr__, and prints
+        every explicit example (the edges) as it runs it: the tensors' reprs cost as much
+        as judging the example did."""
+        printer.text(repr(self))
 
 
 @dataclass(frozen=True)
