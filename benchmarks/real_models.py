@@ -276,6 +276,18 @@ def markdown(verdicts: list[Verdict], modes: list[str], seconds: dict[str, float
     return "\n".join(lines)
 
 
+#: the heading under which the results file holds notes written by hand, kept on a rerun
+NOTES = "## Not written by the script"
+
+
+def kept_notes(path: Path) -> str:
+    """A rerun rewrites the tables; what a person wrote about them (why an error is a torch
+    defect, a run before a fix) is the part no rerun can make again."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    start = text.find(NOTES)
+    return "\n" + text[start:] if start >= 0 else ""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dumps", type=Path, default=Path("/work/real-dumps"), help="the dump folder (default /work/real-dumps)")
@@ -301,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         found, seconds[mode] = run_mode(mode, args.dumps.resolve(), args.scratch.resolve() / mode, args.workers)
         verdicts += found
         print(f"{mode}: {len(found)} verdicts in {seconds[mode]:.0f} s", Counter(verdict.status for verdict in found), flush=True)
-    args.markdown.write_text(markdown(verdicts, args.modes, seconds, args.dumps, args.workers, args.label) + "\n", encoding="utf-8")
+    table = markdown(verdicts, args.modes, seconds, args.dumps, args.workers, args.label)
+    args.markdown.write_text(table + "\n" + kept_notes(args.markdown), encoding="utf-8")
     unclassified = [v for v in verdicts if v.status in ("error", "warning") and classify(v) == "unclassified"]
     print(f"{args.markdown}: {len(unclassified)} unclassified errors/warnings")
     return 0

@@ -60,3 +60,10 @@ def test_the_tables_count_every_verdict_and_name_each_skip_once():
     assert "| offline | 1 | 1 | 0 | 0 | 0 | 0.0% | 2 |" in text
     assert "| Functional.dropout | forward | 2 | 0 | Functional.dropout draws random numbers (p = N) |" in text
     assert "| unclassified | single | error | resnet_L1_tensor_bf16 | Functional.linear.1.forward | max_ulp_err 900 > 64 |" in text
+
+
+def test_a_rerun_keeps_the_notes_written_by_hand(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    assert real_models.kept_notes(results) == ""
+    results.write_text(f"# old tables\n\n{real_models.NOTES} (today)\n\nwhy relu.0 passes\n", encoding="utf-8")
+    assert real_models.kept_notes(results) == f"\n{real_models.NOTES} (today)\n\nwhy relu.0 passes\n"
