@@ -65,3 +65,16 @@ def test_statistics_dump_cannot_be_checked_offline(copy_dump, run_dump) -> None:
 def test_offline_judges_against_the_cpu_reference(copy_dump, run_dump) -> None:
     result = run_dump(copy_dump(TENSOR_DUMP), "--msprobe-offline", "-k", "linear.2.forward or softmax.0.forward")
     assert {outcome.properties["msprobe_reference"] for outcome in result.calls.values()} == {"reference"}
+
+
+@pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)])
+def test_a_backward_with_gradients_for_outputs_the_api_does_not_return_is_judged(mode, copy_dump, run_dump) -> None:
+    """group_norm's autograd node also outputs the mean and rstd: msprobe records three
+    incoming gradients (two of them None) for the API's one output. Before, the call
+    skipped ("3 incoming gradients for 1 forward outputs") in both modes."""
+    dump = copy_dump("models/apizoo_tensor_fp32")
+    call = "Functional.group_norm.0.backward"
+    assert run_dump(dump, *mode, "-k", call).calls[call].outcome == "passed"
+    if mode:  # offline the dumped weight gradient is the device's: a biased one fails
+        perturb(dump, f"{call}.output.1.pt", PERTURBATIONS["bias"])
+        assert run_dump(dump, *mode, "-k", call).calls[call].outcome == "failed"

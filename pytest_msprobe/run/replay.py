@@ -323,16 +323,17 @@ def _pair_gradients(outputs: list[Value], grads: list[Value], placement: Placeme
 
 def _grads_by_shape(outputs: list[Value], grads: list[Value]) -> list[Value]:
     """msprobe leaves out the gradients of outputs that got none (a GRU's h_n when only
-    its output sequence is used): fewer gradients than outputs are given, in order, to the
-    outputs of their shapes, where that choice is unique; the other outputs get None."""
+    its output sequence is used), and records None for those of an autograd node's outputs
+    the API does not return (group_norm's node also outputs the mean and rstd): the
+    gradients given are paired, in order, with the outputs of their shapes, where that
+    choice is unique; the other outputs get None."""
     shapes = [tuple(output.shape) if isinstance(output, torch.Tensor) else None for output in outputs]
     paired: list[Value] = [None] * len(outputs)
+    given = [grad for grad in grads if grad is not None]
     start = 0
-    for grad in grads:
-        if grad is None:
-            continue
+    for grad in given:
         matches = [i for i in range(start, len(outputs)) if shapes[i] == tuple(grad.shape)]
-        if len(grads) > len(outputs) or len(matches) != 1:
+        if len(given) > len(outputs) or len(matches) != 1:
             raise CallSkip(f"the dump has {len(grads)} incoming gradients for {len(outputs)} forward outputs; cannot pair them by shape")
         paired[matches[0]], start = grad, matches[0] + 1
     return paired
