@@ -37,6 +37,7 @@ SCRIPTS = {
     "bench_transformer.py": HELP,
     "bench_verdicts.py": HELP,
     "compiled_kernels.py": IMPORT,
+    "cuda_kernels.py": HELP,
     "explore_findings.py": IMPORT,
     "kernel_diversity.py": HELP,
     "layout_kernels.py": HELP,

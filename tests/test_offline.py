@@ -64,7 +64,8 @@ def test_statistics_dump_cannot_be_checked_offline(copy_dump, run_dump) -> None:
 
 def test_offline_judges_against_the_cpu_reference(copy_dump, run_dump) -> None:
     result = run_dump(copy_dump(TENSOR_DUMP), "--msprobe-offline", "-k", "linear.2.forward or softmax.0.forward")
-    assert {outcome.properties["msprobe_reference"] for outcome in result.calls.values()} == {"reference"}
+    # on an accelerator machine the label goes on to say where the bench ran
+    assert {outcome.properties["msprobe_reference"].split(",")[0] for outcome in result.calls.values()} == {"reference"}
 
 
 @pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)])
@@ -74,7 +75,9 @@ def test_a_backward_with_gradients_for_outputs_the_api_does_not_return_is_judged
     skipped ("3 incoming gradients for 1 forward outputs") in both modes."""
     dump = copy_dump("models/apizoo_tensor_fp32")
     call = "Functional.group_norm.0.backward"
-    assert run_dump(dump, *mode, "-k", call).calls[call].outcome == "passed"
+    # the CPU as the device: on an H200 the 4-element weight gradient's mean_rel_err is
+    # 3.7x the CPU reference's (benchmarks/RESULTS-cuda.md), a verdict this test is not about
+    assert run_dump(dump, *mode, "--msprobe-device=cpu", "-k", call).calls[call].outcome == "passed"
     if mode:  # offline the dumped weight gradient is the device's: a biased one fails
         perturb(dump, f"{call}.output.1.pt", PERTURBATIONS["bias"])
-        assert run_dump(dump, *mode, "-k", call).calls[call].outcome == "failed"
+        assert run_dump(dump, *mode, "--msprobe-device=cpu", "-k", call).calls[call].outcome == "failed"

@@ -3,7 +3,8 @@
 A correct kernel rounds a normaliser once and every element it scales inherits that
 rounding: a softmax row's sum, a layer_norm (rms_norm) row's mean and 1/sigma, a
 batch_norm channel's batch statistics, a group_norm group's, a division by a scalar's
-one reciprocal (x * (1 / y), as torch's own CPU kernel and many accelerators divide).
+one reciprocal (x * (1 / y), as torch's own CPU kernel and many accelerators divide), a
+cross_entropy sample's log-sum-exp, an attention query's softmax sum.
 Two correct kernels that round it differently differ by a sign shared across the group,
 so the standards' sign tests count groups, not elements (standards/bias.py, measured
 cases there). GROUPS maps an API to the function that numbers each element's group,
@@ -77,6 +78,24 @@ def _norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     return ids.expand(x.shape[0], groups, x[0].numel() // groups).reshape(x.shape)
 
 
+def _classes(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+    """cross_entropy: one group per sample, over the class dim (1; 0 for one unbatched
+    sample): its gradient is the sample's softmax, all of it scaled by the one log-sum-exp.
+    Measured on an H200 against torch's CPU kernel (benchmarks/RESULTS-cuda.md): correct
+    float32 gradients differ by 0.3-0.5 ULP of bias, z 5-12 by elements."""
+    x = args[0]
+    return collapsed(tuple(x.shape), (1 if x.dim() >= 2 else 0,))
+
+
+def _queries(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+    """scaled_dot_product_attention: one group per row of the query's shape. A query's
+    output row and its gradient's row share that query's softmax sum; where the key or
+    value has the query's shape (self-attention), a row of their gradients shares one
+    column of the probabilities. An output of another shape is not grouped."""
+    q = args[0]
+    return collapsed(tuple(q.shape), (-1,))
+
+
 def _by_a_scalar(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
     """A division by one number: one group (its reciprocal); none by a tensor."""
     x, y = args[0], argument(args, kwargs, 1, "other")
@@ -95,6 +114,8 @@ GROUPS: dict[str, GroupsOf] = {
     "batch_norm": _channels,
     "instance_norm": _instances,
     "group_norm": _norm_groups,
+    "cross_entropy": _classes,
+    "scaled_dot_product_attention": _queries,
     **dict.fromkeys(("div", "div_", "divide", "true_divide", "__truediv__", "__itruediv__", "__div__"), _by_a_scalar),
 }
 
