@@ -259,14 +259,14 @@ class ApiZoo(nn.Module):
 class Losses(nn.Module):
     """A siamese step: two views of a batch through one encoder, rms_norm'ed (F.rms_norm:
     msprobe 26.2 wraps it only once registered, make_dump's ModelSpec.custom_apis), and
-    compared by cosine_embedding_loss (1 - cos for a pair labelled 1: per pair, labels
-    mixed, and averaged over pairs labelled 1; in float32, as mixed precision computes a
-    loss: torch's float16 kernel rounds every step of 1 - cos to float16, 19-38 ULP off on
-    these views, benchmarks/explore_findings.py), pairwise_distance and cosine_similarity.
+    compared by cosine_embedding_loss (1 - cos for pairs labelled 1: per pair, and their
+    mean; in float32, as mixed precision computes a loss: torch's float16 kernel rounds
+    every step of 1 - cos to float16, 8-38 ULP of float16 off on these views, forward and
+    backward, benchmarks/explore_findings.py), pairwise_distance and cosine_similarity.
     The APIs of the routing tables whose definition takes the angle or difference of two
     inputs, for exploring them on real inputs (benchmarks/RESULTS-explore.md).
 
-    x (2, 4, 16): the two views, the second the first plus noise of a tenth of its scale."""
+    x (2, 4, 16): the two views, the second the first plus noise of half its scale."""
 
     def __init__(s) -> None:
         super().__init__()
@@ -278,8 +278,9 @@ class Losses(nn.Module):
         h1 = F.rms_norm(s.enc(x[0]), (16,), s.scale, eps=1e-6)
         h2 = F.rms_norm(s.enc(x[1]), (16,))
         a, b = h1.float(), h2.float()  # the loss in float32, as mixed precision computes losses
-        pairs = F.cosine_embedding_loss(a, b, torch.tensor([1, -1, 1, 1]), reduction="none")
-        positive = F.cosine_embedding_loss(a, b, torch.ones(4, dtype=torch.int64))
+        same = torch.ones(4, dtype=torch.int64)  # positive pairs: a pair labelled -1 (loss ~1) would set the output's scale
+        pairs = F.cosine_embedding_loss(a, b, same, reduction="none")
+        positive = F.cosine_embedding_loss(a, b, same)
         near = F.pairwise_distance(h1, h2) + F.cosine_similarity(h1, h2)
         return s.head(h1 + h2) + (pairs + positive).unsqueeze(1).to(h1.dtype) + near.unsqueeze(1)
 
@@ -361,7 +362,7 @@ MODELS: dict[str, ModelSpec] = {
         Losses,
         _two_views,
         _per_token_labels(10),
-        "linear, rms_norm (registered), cosine_embedding_loss (per pair, mean), pairwise_distance, cosine_similarity",
+        "linear, rms_norm (registered), cosine_embedding_loss (positive pairs: per pair, mean), pairwise_distance, cosine_similarity",
         custom_apis=("rms_norm",),
     ),
     # not shipped: for benchmarks/kernel_diversity.py (wide reductions under other kernel paths)
