@@ -225,7 +225,8 @@ def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path, monkeypa
 # kernel of the definition has: (dump, call, the cause that must excuse some examples).
 DEFINED_INTERMEDIATES = [
     # x2 scaled by 2**63: the squares of x2's rows, a norm cosine_similarity divides by,
-    # overflow float32 where the gradient fits (torch gave 0 for 0.04)
+    # overflow float32 where the gradient fits (torch gave 0 for 0.04); and at the 'small
+    # angles' edge its gradient cancels (7.5e-9 for -1.4e-9: judged at its terms, run/terms.py)
     ("apizoo_tensor_fp32", "Functional.cosine_similarity.0.backward", "a norm it divides by beyond the dtype's range"),
     # derivatives.yaml's atan2 backward: g * x overflows float16 (g ~ 3e4), and
     # x * x + y * y underflows it (x, y ~ 1e-4): 0 or inf for 0.9
