@@ -117,6 +117,8 @@ def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, 
         "dumped": records.get(call, {}).get("status"),
         "explored": explored.get("status"),
         "minimal": "edge" if "an edge tried first" in message else "shrunk" if "shrunk by hypothesis" in message else "",
+        # the planted kernel itself crashing on an explored input (an empty row) is no finding
+        "device_raised": "the device raised" in message,
         "counts": next((line.strip() for line in message.splitlines() if "examples around the call judged" in line), ""),
         "reproduced": again.get("status"),
         "without_fault": fixed.get("status"),
