@@ -8,7 +8,8 @@ Per fault and call it runs one pytest session in this process with the fault pat
 in (-k <call>, CPU device, a fresh --msprobe-out), and prints one JSON line: whether the
 dumped test passed, whether the explored test failed, how the example was made minimal
 (shrunk, or an edge tried first), and whether its one-call dump, judged as exploration
-judges it (--msprobe-explore=1 -m explore), fails with the fault and passes without it.
+judges it (--msprobe-explore=1 -m explore), fails with the fault and passes without it
+(with the fault's correct kernel where torch's own has the fault: ExploreFault.correct).
 The tests (tests/test_explore.py) run one call per fault; this runs all of them.
 """
 
@@ -104,7 +105,11 @@ def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, 
         again = _run(Path(found[1]), scratch / "again", "--msprobe-explore=1", "-m", "explore").get(call + ".explore", {}) if found else {}
     finally:
         patch.undo()
-    fixed = _run(Path(found[1]), scratch / "fixed", "--msprobe-explore=1", "-m", "explore").get(call + ".explore", {}) if found else {}
+    fault.patch_correct(patch)  # torch's own kernel where it is correct, else the fault's correct kernel
+    try:
+        fixed = _run(Path(found[1]), scratch / "fixed", "--msprobe-explore=1", "-m", "explore").get(call + ".explore", {}) if found else {}
+    finally:
+        patch.undo()
     return {
         "fault": name,
         "dump": dump.name,
@@ -112,6 +117,8 @@ def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, 
         "dumped": records.get(call, {}).get("status"),
         "explored": explored.get("status"),
         "minimal": "edge" if "an edge tried first" in message else "shrunk" if "shrunk by hypothesis" in message else "",
+        # the planted kernel itself crashing on an explored input (an empty row) is no finding
+        "device_raised": "the device raised" in message,
         "counts": next((line.strip() for line in message.splitlines() if "examples around the call judged" in line), ""),
         "reproduced": again.get("status"),
         "without_fault": fixed.get("status"),

@@ -227,6 +227,38 @@ def cosine_similarity_zero() -> None:
     )
 
 
+def _one_minus_cos_by_difference(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """1 - cos(x1, x2) per row without forming cos: with u = x / ||x|| and n = ||u|| (1 up
+    to rounding), 1 - cos = (||u1 - u2||**2 - (n1 - n2)**2) / (2 n1 n2) exactly; u1 - u2
+    does not cancel (its terms are exact where they are close), so its error is the
+    angle's own, 2 u / theta relative, not u / (1 - cos)."""
+    u1, u2 = x1 / x1.norm(dim=1, keepdim=True), x2 / x2.norm(dim=1, keepdim=True)
+    n1, n2 = u1.norm(dim=1), u2.norm(dim=1)
+    return ((u1 - u2).square().sum(1) - (n1 - n2).square()) / (2 * n1 * n2)
+
+
+def one_minus_cos() -> None:
+    """cosine_embedding_loss for pairs labelled 1 is 1 - cos(x1, x2); torch (aten's
+    Loss.cpp) forms cos = x1 . x2 / sqrt(|x1|**2 |x2|**2) in the dtype and subtracts it from
+    1: for x2 near x1, cos rounds to 1 or 1 - eps and the loss keeps no bit (loss(x, x) is
+    4e-7 in pytorch/pytorch#14173). In float16 and bfloat16 every step rounds to the dtype,
+    so even pairs at a moderate angle lose most bits. Rows of 16, x2 = x1 + 2**-k noise."""
+    generator = torch.Generator().manual_seed(0)
+    x1 = torch.randn(64, 16, generator=generator, dtype=torch.float64)
+    noise = torch.randn(64, 16, generator=generator, dtype=torch.float64)
+    for dtype, steps in ((torch.float32, (4, 8, 11, 14, 20)), (torch.float16, (1, 3, 5, 8)), (torch.bfloat16, (1, 3, 5))):
+        print(f"cosine_embedding_loss (y = 1), {str(dtype).removeprefix('torch.')}: worst relative error against float64")
+        for k in steps:
+            a, b = x1.to(dtype), (x1 + noise * 2.0**-k).to(dtype)
+            exact = F.cosine_embedding_loss(a.double(), b.double(), torch.ones(64), reduction="none")
+            kernel = F.cosine_embedding_loss(a, b, torch.ones(64), reduction="none")
+            formula = _one_minus_cos_by_difference(a, b)
+            print(
+                f"  k = {k:2d} (1 - cos ~ {float(exact.median()):.2g}): torch {_worst_relative(kernel, exact):.3g}, "
+                f"||u1 - u2||**2 / 2 {_worst_relative(formula, exact):.3g}"
+            )
+
+
 if __name__ == "__main__":
     gelu_tail()
     layer_norm_scale()
@@ -238,3 +270,4 @@ if __name__ == "__main__":
     attention_flash()
     cosine_similarity_zero()
     erf_near_zero()
+    one_minus_cos()

@@ -191,6 +191,62 @@ def _log_of_softmax(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Call
     return cross_entropy
 
 
+def _squares_in_dtype(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+    """rms_norm with the mean of squares kept in x's dtype: every x**2 rounded to it (float16
+    overflows past 255.9) and summed term by term in it. Planted in float16 only: in
+    bfloat16 the squares overflow where float32's do, and the sum's rounding over rows of
+    16 to 64 stays at 1.8 to 3 ULP of the output (torch 0.6-0.7), within the standards
+    (benchmarks/RESULTS-explore.md)."""
+
+    def rms_norm(x: torch.Tensor, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> torch.Tensor:
+        if x.dtype not in dtypes:
+            return original(x, normalized_shape, weight, eps)
+        squares = (x * x).flatten(x.dim() - len(normalized_shape))
+        total = squares.new_zeros(squares.shape[:-1])
+        for position in range(squares.shape[-1]):
+            total = total + squares[..., position]
+        mean = (total / max(squares.shape[-1], 1)).reshape(*x.shape[: x.dim() - len(normalized_shape)], *[1] * len(normalized_shape))
+        y = x * torch.rsqrt(mean + (torch.finfo(torch.float32).eps if eps is None else eps))  # torch's default: float32's
+        return y * weight if weight is not None else y
+
+    return rms_norm
+
+
+def _embedding_loss(cos: torch.Tensor, target: torch.Tensor, margin: float, reduction: str) -> torch.Tensor:
+    """cosine_embedding_loss from cos (aten's Loss.cpp): 1 - cos where y = 1, max(0, cos - margin) where y = -1."""
+    losses = torch.where(target == 1, 1 - cos, torch.where(target == -1, (cos - margin).clamp_min(0), torch.zeros_like(cos)))
+    return {"none": losses, "sum": losses.sum()}.get(reduction, losses.mean())
+
+
+def _one_minus_cos(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+    """cosine_embedding_loss as 1 - cos with cos rounded to x1's dtype: for x2 near x1, cos
+    rounds to 1 or 1 - eps and 1 - cos keeps no bit of its result (torch's own kernel, Loss.cpp)."""
+
+    def loss(x1: torch.Tensor, x2: torch.Tensor, target: torch.Tensor, margin: float = 0.0, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if x1.dtype not in dtypes or args or set(kwargs) - {"reduction"}:
+            return original(x1, x2, target, margin, *args, **kwargs)
+        dim = target.dim()
+        squares = ((x1 * x1).sum(dim) + 1e-12) * ((x2 * x2).sum(dim) + 1e-12)
+        return _embedding_loss((x1 * x2).sum(dim) / torch.sqrt(squares), target, margin, kwargs.get("reduction", "mean"))
+
+    return loss
+
+
+def _rounded_once(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+    """The API computed in float64 and rounded once to its dtype: a correct kernel where
+    torch's own in that dtype has the catalogued defect (ExploreFault.correct)."""
+
+    def widened(value: Any) -> Any:
+        return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    def api(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if x.dtype not in dtypes:
+            return original(x, *args, **kwargs)
+        return original(x.double(), *map(widened, args), **{key: widened(value) for key, value in kwargs.items()}).to(x.dtype)
+
+    return api
+
+
 @dataclass(frozen=True)
 class ExploreFault:
     owner: Any
@@ -199,9 +255,19 @@ class ExploreFault:
     dtypes: tuple[torch.dtype, ...]
     citation: str  # a public report of the same defect in a real kernel ("": none found)
     where: dict[str, tuple[str, ...]]  # dump folder -> the calls exploration must fail on
+    # a correct kernel patched in under the fault, and alone without it, where torch's own
+    # kernel in the fault's dtypes has the fault (a defect in benchmarks/explore_findings.py)
+    correct: Callable[[Callable, tuple[torch.dtype, ...]], Callable] | None = None
 
     def patch(self, monkeypatch: Any) -> None:
-        monkeypatch.setattr(self.owner, self.attr, self.wrap(getattr(self.owner, self.attr), self.dtypes))
+        original = getattr(self.owner, self.attr)
+        base = self.correct(original, self.dtypes) if self.correct is not None else original
+        monkeypatch.setattr(self.owner, self.attr, self.wrap(base, self.dtypes))
+
+    def patch_correct(self, monkeypatch: Any) -> None:
+        """The kernel the fault is judged against: the correct one where torch's own has the fault."""
+        if self.correct is not None:
+            monkeypatch.setattr(self.owner, self.attr, self.correct(getattr(self.owner, self.attr), self.dtypes))
 
     @property
     def api(self) -> str:
@@ -212,6 +278,7 @@ class ExploreFault:
 EXAMPLE = "examples/mlpcnn_tensor_fp32"
 MODELS = "tests/dumps/models/"
 SOFTMAX_WITHOUT_MAX = "NVIDIA/FasterTransformer#43 'fastertransformer nan error' (the attention softmax did not subtract the max)"
+LOSSES = MODELS + "losses_tensor_"
 MOMENTS = "tracel-ai/burn#5607 'fused f32 layer_norm loses precision for rows with large mean (E[x^2]-E[x]^2)'"
 
 FAULTS = {
@@ -369,5 +436,25 @@ FAULTS = {
         (F32,),
         "",  # no public report found
         {EXAMPLE: ("Torch.rsqrt.0.forward",)},
+    ),
+    "rms_norm_squares_in_dtype": ExploreFault(
+        torch.nn.functional,
+        "rms_norm",
+        _squares_in_dtype,
+        (F16,),
+        "nntrainer/nntrainer#3935 'FP16 Overflow in rms_norm_wrt_width_fp16_intrinsic' (the sum of squares accumulated in FP16)",
+        {LOSSES + "fp16": ("Functional.rms_norm.0.forward", "Functional.rms_norm.1.forward")},
+    ),
+    "one_minus_cos": ExploreFault(
+        torch.nn.functional,
+        "cosine_embedding_loss",
+        _one_minus_cos,
+        (F32,),
+        "pytorch/pytorch#14173 'CosineEmbeddingLoss loss does not make sense' (loss(x, x) = 4.17e-7 from 1 - cos, not 0)",
+        {
+            LOSSES + dtype: ("Functional.cosine_embedding_loss.0.forward", "Functional.cosine_embedding_loss.1.forward")
+            for dtype in ("fp32", "fp16", "bf16")
+        },
+        correct=_rounded_once,
     ),
 }

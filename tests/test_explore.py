@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_msprobe.dump.index import read_index
+from pytest_msprobe.dump.writer import tensor_entry, write_tensor_dump
 from pytest_msprobe.judge.call import read_inputs
 from pytest_msprobe.run.neighbourhood import Neighbourhood
 
@@ -57,8 +58,9 @@ ROOT = Path(__file__).parent.parent
 # One call per defect class here (benchmarks/bench_explore_faults.py runs every call of
 # every fault's API): masked attention scores in bfloat16, causal attention in float16, a
 # float32 layer_norm the issue's N=100 missed, a bfloat16 one only the largest offset edge
-# finds, a float16 mean, a cancelling expm1, and a
-# reciprocal overflowing on subnormals.
+# finds, a float16 mean, a cancelling expm1, a
+# reciprocal overflowing on subnormals, a float16 rms_norm's squares kept in float16, and
+# 1 - cos at small angles (judged against a correct kernel: torch's own has that fault).
 TESTED = {
     "half_softmax_without_max": ("tests/dumps/models/embedattn_tensor_bf16", "Tensor.softmax.0.forward"),
     "attention_without_max": ("tests/dumps/models/apizoo_tensor_fp16", "Functional.scaled_dot_product_attention.1.forward"),
@@ -67,6 +69,8 @@ TESTED = {
     "mean_as_sum_over_n": ("tests/dumps/models/apizoo_tensor_fp16", "Tensor.mean.0.forward"),
     "expm1_as_exp_minus_one": ("tests/dumps/models/apizoo_tensor_fp32", "Torch.expm1.0.forward"),
     "reciprocal_then_root": ("examples/mlpcnn_tensor_fp32", "Torch.rsqrt.0.forward"),
+    "rms_norm_squares_in_dtype": ("tests/dumps/models/losses_tensor_fp16", "Functional.rms_norm.1.forward"),
+    "one_minus_cos": ("tests/dumps/models/losses_tensor_fp32", "Functional.cosine_embedding_loss.0.forward"),
 }
 FAULT_CASES = [(name, *where) for name, where in TESTED.items()]
 
@@ -96,6 +100,7 @@ def test_exploration_finds_a_fault_the_dumped_step_does_not_trip(fault_name, fol
     again = ("--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore")
     assert run_dump(example, *again, f"--msprobe-out={tmp_path / 'again'}").calls[call + ".explore"].outcome == "failed"
     monkeypatch.undo()
+    fault.patch_correct(monkeypatch)
     fixed = run_dump(example, *again, f"--msprobe-out={tmp_path / 'fixed'}").calls[call + ".explore"]
     assert fixed.outcome == "passed", fixed.text
 
@@ -220,7 +225,8 @@ def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path, monkeypa
 # kernel of the definition has: (dump, call, the cause that must excuse some examples).
 DEFINED_INTERMEDIATES = [
     # x2 scaled by 2**63: the squares of x2's rows, a norm cosine_similarity divides by,
-    # overflow float32 where the gradient fits (torch gave 0 for 0.04)
+    # overflow float32 where the gradient fits (torch gave 0 for 0.04); and at the 'small
+    # angles' edge its gradient cancels (7.5e-9 for -1.4e-9: judged at its terms, run/terms.py)
     ("apizoo_tensor_fp32", "Functional.cosine_similarity.0.backward", "a norm it divides by beyond the dtype's range"),
     # derivatives.yaml's atan2 backward: g * x overflows float16 (g ~ 3e4), and
     # x * x + y * y underflows it (x, y ~ 1e-4): 0 or inf for 0.9
@@ -230,6 +236,13 @@ DEFINED_INTERMEDIATES = [
     # layer_norm's input gradient rstd (g w - mean(g w) - ...): the row sums of g w
     # overflow float32 with the weight at 1.7e38 (torch: inf)
     ("transformer12_tensor_fp32", "Functional.layer_norm.24.backward", "an intermediate of its backward's formula"),
+    # rms_norm's composite backward (rsqrt's -grad result**3 / 2 with grad the row sums of
+    # g w x): the row sums overflow float32 with g near 1.7e38 (torch: NaN), rstd**3 falls
+    # among the subnormals with x near 3e14 (4390 ULP)
+    ("losses_tensor_fp32", "Functional.rms_norm.0.backward", "an intermediate of its backward's formula"),
+    # cosine_embedding_loss's composite backward: x1 . x2's gradient g / sqrt(m1 m2)
+    # overflows float32 with x2 near 1e-13 and g near 5e32 (torch: inf)
+    ("losses_tensor_fp32", "Functional.cosine_embedding_loss.0.backward", "an intermediate of its backward's formula"),
     # sigmoid_backward(grad, result): 1 - y of the result rounded to float32 cancels for
     # x to 177 (2e5 ULP): within 16x the sensitivity to that rounding (RESULT_BACKWARDS)
     ("apizoo_tensor_fp32", "Torch.sigmoid.0.backward", "errors within 16x the inputs' rounding"),
@@ -274,6 +287,70 @@ def test_exploration_finds_the_left_tail_of_torch_s_own_float32_gelu(run_dump, t
     monkeypatch.setattr(torch.nn.functional, "gelu", _erfc_gelu(torch.nn.functional.gelu))
     fixed = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'erfc'}")
     assert fixed.calls["Functional.gelu.0.forward.explore"].outcome == "passed", fixed.calls["Functional.gelu.0.forward.explore"].text
+
+
+def test_rms_norm_s_default_eps_is_the_device_dtype_s_on_the_bench(run_dump, tmp_path):
+    """rms_norm(eps=None) adds the epsilon of the type it computes in (float32's for a
+    float32 or 16-bit input): the float64 bench adds the same (run/apis.py DTYPE_EPS),
+    not float64's, or rows scaled to mean(x**2) ~ 1e-7 are another function (measured
+    1.7e7 ULP of float32 apart: a correct kernel failed)."""
+    dump = Path(__file__).parent / "dumps" / "models" / "losses_tensor_fp32" / "dump.json"
+    select = ("--msprobe-device=cpu", "--msprobe-explore=20", "-m", "explore", "-k", "Functional.rms_norm.1.forward")
+    run = run_dump(dump, *select, f"--msprobe-out={tmp_path}")
+    explored = run.calls["Functional.rms_norm.1.forward.explore"]
+    assert explored.outcome == "passed", explored.text
+
+
+def test_a_cosine_embedding_gradient_that_cancels_is_judged_at_its_terms(run_dump, tmp_path):
+    """Pairs of one element at an angle of pi: the input gradients, g (x2 / (|x1| |x2|) -
+    cos x1 / |x1|**2), are exactly 0, and torch's float32 kernel leaves -3.6e-15 (found
+    by exploration: 4.4e12 ULP at the exact result's scale, a few ULP of the terms it
+    subtracted: run/terms.py)."""
+    x1, x2, target, g = (
+        torch.tensor([[-1.0914251]]),
+        torch.tensor([[0.9538571]]),
+        torch.ones(1, dtype=torch.int64),
+        torch.tensor([1.1175871e-08]),
+    )
+    forward = {
+        "input_args": [
+            tensor_entry(x1, "x1.pt", requires_grad=True),
+            tensor_entry(x2, "x2.pt", requires_grad=True),
+            tensor_entry(target, "y.pt"),
+        ],
+        "input_kwargs": {"reduction": {"type": "str", "value": "none"}},
+        "output": [],
+    }
+    records = {
+        "Functional.cosine_embedding_loss.0.forward": forward,
+        "Functional.cosine_embedding_loss.0.backward": {"input": [tensor_entry(g, "g.pt")], "output": []},
+    }
+    dump = write_tensor_dump(tmp_path / "dump", records, {"x1.pt": x1, "x2.pt": x2, "y.pt": target, "g.pt": g})
+    run = run_dump(dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}")
+    backward = run.calls["Functional.cosine_embedding_loss.0.backward"]
+    assert backward.outcome == "passed", backward.text
+
+
+def test_exploration_finds_torch_s_own_one_minus_cos_at_small_angles(run_dump, tmp_path, monkeypatch):
+    """torch's cosine_embedding_loss forms cos in the dtype and subtracts it from 1: for x2
+    near x1 the loss keeps no bit (benchmarks/explore_findings.py one_minus_cos). The
+    dumped pairs (noise of half their scale) pass; the 'small angles' edge, x2 = x1 +
+    2**-11 spread, finds it first, while this torch has it; a kernel rounding the float64
+    loss once passes there."""
+    x1, x2 = torch.ones(1, 16), 1 + 1e-4 * torch.tensor([1.0, -1.0] * 8).reshape(1, 16)
+    loss = torch.nn.functional.cosine_embedding_loss
+    exact = float(loss(x1.double(), x2.double(), torch.ones(1)))  # 5e-9
+    cancels = abs(float(loss(x1, x2, torch.ones(1))) - exact) > exact / 2
+    dump = Path(__file__).parent / "dumps" / "models" / "losses_tensor_fp32" / "dump.json"
+    select = ("--msprobe-device=cpu", "--msprobe-explore=50", "-k", "Functional.cosine_embedding_loss.1.forward")
+    run = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'torch'}")
+    assert run.calls["Functional.cosine_embedding_loss.1.forward"].outcome == "passed"
+    explored = run.calls["Functional.cosine_embedding_loss.1.forward.explore"]
+    assert explored.outcome == ("failed" if cancels else "passed"), explored.text
+    assert not cancels or "at the edge 'small angles'" in explored.text
+    FAULTS["one_minus_cos"].patch_correct(monkeypatch)
+    fixed = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'rounded'}")
+    assert fixed.calls["Functional.cosine_embedding_loss.1.forward.explore"].outcome == "passed"
 
 
 def test_subnormal_intermediates_times_a_large_gradient_are_excused(run_dump, tmp_path):

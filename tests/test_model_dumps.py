@@ -32,6 +32,8 @@ TENSOR_DUMPS = [
 ]
 # a model calling every API of the routing and [terms] tables (make_dumps.py)
 APIZOO_DUMPS = ["apizoo_tensor_fp32", "apizoo_tensor_fp16", "apizoo_tensor_bf16"]
+# rms_norm (msprobe records it once registered) and the APIs comparing two inputs: cosine_embedding_loss, ...
+LOSSES_DUMPS = ["losses_tensor_fp32", "losses_tensor_fp16", "losses_tensor_bf16"]
 STATISTICS_DUMPS = ["transformer12_statistics_bf16"]
 MODES = {"single-run": (), "offline": ("--msprobe-offline",)}
 # float16 offline: the qkv linear's input gradient is the sum of 26 readers' shares, and
@@ -39,8 +41,8 @@ MODES = {"single-run": (), "offline": ("--msprobe-offline",)}
 # sum in several pieces the dump does not hold: ulp_err_proportion 0.109, 1.8x the
 # reference's (judge/call.py _add_shared)
 COMPOSITE_SHARES = "the sum's composite readers add their float16 shares in pieces the dump does not hold"
-RUNS = [(name, "single-run") for name in TENSOR_DUMPS + APIZOO_DUMPS + STATISTICS_DUMPS] + [
-    (name, "offline") for name in TENSOR_DUMPS + APIZOO_DUMPS
+RUNS = [(name, "single-run") for name in TENSOR_DUMPS + APIZOO_DUMPS + LOSSES_DUMPS + STATISTICS_DUMPS] + [
+    (name, "offline") for name in TENSOR_DUMPS + APIZOO_DUMPS + LOSSES_DUMPS
 ]
 MARKS = {("apizoo_tensor_fp16", "offline"): [pytest.mark.xfail(strict=True, reason=COMPOSITE_SHARES)]}
 

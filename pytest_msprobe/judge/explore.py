@@ -40,7 +40,7 @@ from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.call import FRAMEWORKS, CallResult, Replayed, Settings, judge, read_inputs, relabelled, replay_inputs, verdict_for
 from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX
-from pytest_msprobe.run.apis import fixed_shape_apis, normed_arguments, summing_apis
+from pytest_msprobe.run.apis import fixed_shape_apis, normed_arguments, paired_apis, summing_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.run.replay import DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs, tree_map
 from pytest_msprobe.run.terms import has_terms, term_magnitudes
@@ -152,7 +152,7 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
         if status == "warning" and search.warning is None:
             search.warning = (variant, result)
 
-    test = _hypothesis_test(probe, space, plan, f"{index.key}::{label}", label)
+    test = _hypothesis_test(probe, space, plan, f"{index.key}::{label}", label, _small_angles(name, space))
     try:
         with _no_local_constants():
             test()
@@ -192,13 +192,13 @@ def _counted(result: CallResult, search: _Search) -> CallResult:
     return dataclasses.replace(result, notes=[count, *result.notes], findings=[*result.findings, counts])
 
 
-def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str) -> Value:
+def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]) -> Value:
     """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's
-    cost is its own), its database keyed by the dump and the call; the edges
+    cost is its own), its database keyed by the dump and the call; `first`, then the edges
     (run/neighbourhood.py EDGES) as its explicit examples, tried first."""
     database = DirectoryBasedExampleDatabase(plan.database) if plan.database is not None else None
     # The edges are part of the budget, and never all of it: N = 1 judges the dumped call alone.
-    edges = space.edge_variants()[: max(plan.examples - 1, 0)]
+    edges = [*first, *space.edge_variants()][: max(plan.examples - 1, 0)]
     chosen = hypothesis_settings(
         max_examples=max(plan.examples - len(edges), 1),
         deadline=None,
@@ -221,6 +221,13 @@ def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, l
     # hypothesis's handle on the wrapped test, which its type stubs do not declare
     test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
     return test
+
+
+def _small_angles(name: CallName, space: Neighbourhood) -> list[Variant]:
+    """The 'small angles' edge (Neighbourhood.near_variants) for the APIs defined by the
+    angle or difference of two arguments ([explore] angles): 1 - cos(x1, x2) cancels only
+    where x2 nears x1, which no draw of two independent moves reaches."""
+    return space.near_variants() if name.operator in paired_apis() else []
 
 
 @contextlib.contextmanager
@@ -600,7 +607,7 @@ def _norm_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     (finite elements only)."""
     args, kwargs = replayed.results.inputs.args, replayed.results.inputs.kwargs
     largest = _largest(replayed.results)
-    dim = kwargs.get("dim", args[2] if len(args) > 2 else 1)
+    dim = kwargs.get("dim", args[2] if len(args) > 2 and isinstance(args[2], int) else 1)  # cosine_embedding_loss's is a target
     power = kwargs.get("p", args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else 2)
     if largest is None or not isinstance(dim, int) or not isinstance(power, (int, float)) or power <= 0:
         return False
@@ -638,6 +645,44 @@ def _layer_norm_backward(call: Arguments) -> list[torch.Tensor]:
     return [products.sum(tuple(range(-len(shape), 0)))]
 
 
+def _rms_norm_backward(call: Arguments) -> list[torch.Tensor]:
+    """rms_norm is composite (x rsqrt(mean(x**2) + eps) w): its backward chains
+    derivatives.yaml's formulas, rsqrt's -grad result**3 / 2 (rstd**3) with grad the row
+    sums of g w x."""
+    shape, x, weight = (
+        call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"),
+        call.tensor(0, "input"),
+        call.tensor(2, "weight"),
+    )
+    eps = call.args[3] if len(call.args) > 3 else call.kwargs.get("eps")
+    if not isinstance(shape, (list, tuple)) or x is None:
+        return []
+    dims = tuple(range(-len(shape), 0))
+    rstd = (x.square().mean(dims) + (eps if isinstance(eps, float) else torch.finfo(torch.float32).eps)).rsqrt()
+    products = call.grads[0] * x * (weight if weight is not None else 1)
+    return [rstd**3, products.abs().sum(dims)]
+
+
+def _pairwise_distance_backward(call: Arguments) -> list[torch.Tensor]:
+    """pairwise_distance is norm(x1 - x2 + eps): norm_backward (derivatives.yaml) divides
+    by the norm, the forward's result, which sums the squares of x1 - x2."""
+    x1, x2 = call.tensor(0, "x1"), call.tensor(1, "x2")
+    return [] if x1 is None or x2 is None else [x1 - x2, (x1 - x2).square().sum(-1), call.result]
+
+
+def _cosine_embedding_loss_backward(call: Arguments) -> list[torch.Tensor]:
+    """cosine_embedding_loss is composite (aten's Loss.cpp: cos = x1 . x2 / sqrt(m1 m2),
+    m = sum(x**2) + 1e-12): its backward chains div's and sqrt's formulas, the product
+    m1 m2, x1 . x2's gradient g / sqrt(m1 m2) and the denominator's g (x1 . x2) / (m1 m2)
+    over 2 sqrt(m1 m2)."""
+    x1, x2, target = call.tensor(0, "input1"), call.tensor(1, "input2"), call.args[2] if len(call.args) > 2 else call.kwargs.get("target")
+    if x1 is None or x2 is None or not isinstance(target, torch.Tensor):
+        return []
+    dim = target.dim()
+    squares = ((x1 * x1).sum(dim) + 1e-12) * ((x2 * x2).sum(dim) + 1e-12)
+    return [squares, call.grads[0] / squares.sqrt(), call.grads[0] * (x1 * x2).sum(dim) / squares / squares.sqrt()]
+
+
 @dataclass(frozen=True)
 class Arguments:
     """A backward's forward arguments, incoming gradients and forward result, floating
@@ -665,6 +710,9 @@ BACKWARD_INTERMEDIATES: dict[str, Callable[[Arguments], list[torch.Tensor]]] = {
     "atan2": _atan2_backward,
     "std": _std_backward,
     "layer_norm": _layer_norm_backward,
+    "rms_norm": _rms_norm_backward,
+    "pairwise_distance": _pairwise_distance_backward,
+    "cosine_embedding_loss": _cosine_embedding_loss_backward,
 }
 
 

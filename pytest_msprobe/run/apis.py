@@ -6,6 +6,7 @@ tensor operations) before anything is fetched from torch; nothing is ever evalua
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.resources
 import re
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from pytest_msprobe.dump.index import Json
     from pytest_msprobe.dump.values import Value
-    from pytest_msprobe.run.dropout import Reveal
+    from pytest_msprobe.run.dropout import CallInputs, Reveal
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -107,6 +108,14 @@ def summing_apis(intermediate: str) -> frozenset[str]:
     """The APIs whose definition computes an intermediate of their inputs (`sums`,
     `squares`, `shifted`, `shifted_gradient`, `products`): the [explore] table."""
     return frozenset(_pytorch_toml()["explore"][intermediate])
+
+
+@functools.cache
+def paired_apis() -> frozenset[str]:
+    """The APIs whose definition takes the angle or the difference of their first two
+    floating arguments (the [explore] table's `angles`): exploration moves the second
+    near the first (run/neighbourhood.py near_variants)."""
+    return frozenset(_pytorch_toml()["explore"]["angles"])
 
 
 def normed_arguments(api_name: str) -> tuple[int, ...]:
@@ -213,7 +222,40 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
         drawn = dropout.Drawn(kind)
         return Api(f"{name.api_type}.{api_name}", function, drawn.masked(function), is_in_place(api_name), raise_bench, drawn.reveal)
     bench = _exact_gelu(function) if (name.api_type, api_name) in (("Functional", "gelu"), ("Torch", "gelu")) else function
-    return Api(f"{name.api_type}.{api_name}", function, bench, is_in_place(api_name), raise_bench)
+    eps = DTYPE_EPS.get((name.api_type, api_name))
+    return Api(f"{name.api_type}.{api_name}", function, bench, is_in_place(api_name), raise_bench, _dtype_eps(*eps) if eps else None)
+
+
+#: The APIs whose `eps` (argument position, keyword) defaults, when None, to the epsilon of
+#: the type they compute in: rms_norm's is float32's for a 16-bit input (torch's opmath
+#: type), float32's or float64's for those.
+DTYPE_EPS = {("Functional", "rms_norm"): (3, "eps"), ("Torch", "rms_norm"): (3, "eps")}
+
+
+def _dtype_eps(position: int, keyword: str) -> Reveal:
+    """The call's eps=None made explicit for the bench and the reference: raised to
+    float64, they would read float64's epsilon (2.2e-16 where the float32 device adds
+    1.2e-7), another function wherever mean(x**2) is not far above it (measured: an
+    rms_norm row of max |x| 1e-4, 1.7e7 ULP of float32 apart)."""
+
+    def reveal(inputs: CallInputs, device: Value, direction: str) -> CallInputs:
+        import torch
+
+        args, kwargs = list(inputs.args), dict(inputs.kwargs)
+        given = args[position] if len(args) > position else kwargs.get(keyword)
+        first = args[0] if args else kwargs.get("input")
+        if given is not None or not isinstance(first, torch.Tensor) or not first.is_floating_point():
+            return inputs
+        eps = torch.finfo(torch.promote_types(first.dtype, torch.float32)).eps
+        if len(args) > position:
+            args[position] = eps
+        else:
+            kwargs[keyword] = eps
+        told = copy.copy(inputs)
+        told.args, told.kwargs = args, kwargs
+        return told
+
+    return reveal
 
 
 def _exact_gelu(gelu: Callable[..., Value]) -> Callable[..., Value]:

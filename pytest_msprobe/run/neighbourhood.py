@@ -374,19 +374,40 @@ class Neighbourhood:
         shapes and values), so one that fails is already minimal."""
         if self.edged is None:
             return []
-        variants = []
         masked = not bool(torch.isfinite(self.leaves[self.edged].tensor).all())
-        for edge in EDGES:
-            if edge == "masked rows" and not masked:
-                continue  # a mask only where the dumped tensor holds one: -inf means nothing to a matmul
-            tensors, described = {}, {}
-            for position, leaf in enumerate(self.leaves):
-                name = f"explore.{position}.pt"
-                shape = tuple(leaf.tensor.shape)
-                tensor, how = _edged(leaf, edge) if position == self.edged else (leaf.tensor, "as dumped")
-                tensors[name], described[name] = tensor, f"{leaf.path}: {_dtype_name(tensor.dtype)} {list(shape)}, {how}"
-            variants.append(self._variant(tensors, described, {}, explicit=True))
+        # a mask only where the dumped tensor holds one: -inf means nothing to a matmul
+        edges = [edge for edge in EDGES if edge != "masked rows" or masked]
+        return [self._moved({self.edged: _edged(self.leaves[self.edged], edge)}) for edge in edges]
+
+    def near_variants(self) -> list[Variant]:
+        """The dumped call with its second floating tensor moved near its first (of the
+        same shape): x2 = x1 + 2**-k spread(x1) z, z a fixed standard normal draw, for k =
+        half D's mantissa bits and all of them. The angle between them is then about
+        sqrt(eps) or eps, where 1 - cos(x1, x2) is ~eps or ~eps**2: computed as 1 - cos
+        in D it keeps no bit. Explicit examples, as the edges are (none where the call
+        has no such pair)."""
+        floats = [position for position, leaf in enumerate(self.leaves) if leaf.tensor.is_floating_point()]
+        if len(floats) < 2 or self.leaves[floats[0]].tensor.shape != self.leaves[floats[1]].tensor.shape:
+            return []
+        first, second = (self.leaves[position] for position in floats[:2])
+        values = first.tensor.double().numpy()
+        noise = np.random.default_rng(0).standard_normal(values.shape) * _spread(values)
+        bits = _mantissa_bits(first.tensor.dtype)
+        variants = []
+        for k in (bits // 2, bits):
+            near = _tensor(values + noise * 2.0**-k, tuple(values.shape), second.tensor.dtype)
+            how = f"as dumped, at the edge 'small angles': the first argument plus 2**-{k} of its spread times a normal draw"
+            variants.append(self._moved({floats[1]: (near, how)}))
         return variants
+
+    def _moved(self, moved: dict[int, tuple[torch.Tensor, str]]) -> Variant:
+        """The dumped call with the leaves at `moved`'s positions replaced: an explicit example."""
+        tensors, described = {}, {}
+        for position, leaf in enumerate(self.leaves):
+            name = f"explore.{position}.pt"
+            tensor, how = moved.get(position, (leaf.tensor, "as dumped"))
+            tensors[name], described[name] = tensor, f"{leaf.path}: {_dtype_name(tensor.dtype)} {list(tensor.shape)}, {how}"
+        return self._variant(tensors, described, {}, explicit=True)
 
     def _variant(
         self, tensors: dict[str, torch.Tensor], described: dict[str, str], sizes: dict[int, int], explicit: bool = False

@@ -118,11 +118,57 @@ def _log_softmax(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -
 
 
 def _rms_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """rms_norm's dx = (g_hat - x_hat mean(g_hat x_hat)) / rms, g_hat = g w: terms
+    (|g_hat| + |x_hat| mean(|g_hat x_hat|)) / rms. The two cancel where g_hat lies along x
+    (a row of one element: dx = g_hat eps / rms**3, measured 2.5e5 ULP of float32 off in
+    torch's kernel, 0.25 ULP of its terms)."""
     x = args[0]
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
     eps = argument(args, kwargs, 3, "eps") or torch.finfo(x.dtype).eps
-    weight, _ = _affine_terms(_normalized(x, dims, eps, centred=False), g, dims)
-    return {"weight": weight.reshape(x.shape[dims[0] :])}
+    x_hat = _normalized(x, dims, eps, centred=False)
+    w = argument(args, kwargs, 2, "weight")
+    g_hat = (g * w if isinstance(w, torch.Tensor) else g).abs()
+    inverse_rms = torch.rsqrt(x.square().mean(dim=dims, keepdim=True) + eps)
+    terms = inverse_rms * (g_hat + x_hat.abs() * (g_hat * x_hat.abs()).mean(dim=dims, keepdim=True))
+    weight, _ = _affine_terms(x_hat, g, dims)
+    return {"input": terms, "weight": weight.reshape(x.shape[dims[0] :])}
+
+
+def _cosine_terms(
+    x1: torch.Tensor, x2: torch.Tensor, dim: int, squares: tuple[torch.Tensor, torch.Tensor], share: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The gradients of cos = x1 . x2 / sqrt(m1 m2) along `dim` (m: each side's squared
+    norm as the API forms it), g (x2 / sqrt(m1 m2) - cos x1 / m1) and x2's alike: terms
+    |g| (|x2| / sqrt(m1 m2) + |cos| |x1| / m1). The two cancel where x2 lies along x1 (x2
+    near x1, pairs of one element: measured 4.4e12 ULP at the exact result's scale in
+    torch's float32 kernels, a few ULP of these terms)."""
+    squares1, squares2 = squares
+    denominator = torch.sqrt(squares1 * squares2)
+    cos = (x1 * x2).sum(dim, keepdim=True).abs() / denominator
+    return {
+        "input1": share * (x2.abs() / denominator + cos * x1.abs() / squares1),
+        "input2": share * (x1.abs() / denominator + cos * x2.abs() / squares2),
+    }
+
+
+def _cosine_embedding_loss(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """cosine_embedding_loss: 1 - cos or max(0, cos - margin) per pair (aten's Loss.cpp, m =
+    sum(x**2) + 1e-12 along the target's rank), |g| shared by the pairs of a mean."""
+    x1, x2, target = args[0], args[1], args[2]
+    dim = target.dim()
+    squares = ((x1 * x1).sum(dim, keepdim=True) + 1e-12, (x2 * x2).sum(dim, keepdim=True) + 1e-12)
+    reduction = argument(args, kwargs, 6, "reduction", "mean")
+    share = g.abs().reshape(*target.shape, *[1] * (x1.dim() - target.dim())) if reduction == "none" else g.abs() / max(target.numel(), 1)
+    return _cosine_terms(x1, x2, dim, squares, share)
+
+
+def _cosine_similarity(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """cosine_similarity: each side divided by its norm clamped to eps (aten's Distance.cpp)."""
+    x1, x2 = args[0], args[1]
+    dim, eps = argument(args, kwargs, 2, "dim", 1), argument(args, kwargs, 3, "eps", 1e-8)
+    norms = [x.norm(dim=dim, keepdim=True).clamp_min(eps) for x in (x1, x2)]
+    terms = _cosine_terms(x1, x2, dim, (norms[0] ** 2, norms[1] ** 2), g.abs().unsqueeze(dim))
+    return {"x1": terms["input1"], "x2": terms["input2"]}
 
 
 def _group_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -176,6 +222,8 @@ BACKWARD_TERMS = {
     "softmax": (("input", "dim"), _softmax),
     "log_softmax": (("input", "dim"), _log_softmax),
     "rms_norm": (("input", "normalized_shape", "weight"), _rms_norm),
+    "cosine_embedding_loss": (("input1", "input2", "target"), _cosine_embedding_loss),
+    "cosine_similarity": (("x1", "x2"), _cosine_similarity),
     "group_norm": (("input", "num_groups", "weight", "bias"), _group_norm),
     "batch_norm": (_CHANNEL_NORM_ARGUMENTS, _channel_norm("training", False, lambda x: tuple(d for d in range(x.dim()) if d != 1))),
     "instance_norm": (_CHANNEL_NORM_ARGUMENTS, _channel_norm("use_input_stats", True, lambda x: tuple(range(2, x.dim())))),

@@ -8,7 +8,7 @@ Run with torch and mindstudio-probe installed (never torch_npu):
     python make_dumps.py --list                  models, shipped dumps, the fault table
     python make_dumps.py MODEL DTYPE OUTDIR --threads N    dump with N torch threads (default 1)
     python make_dumps.py MODEL DTYPE OUTDIR --level mix   msprobe's level mix (Module.* records too; default L1)
-MODEL: transformer12 transformer4 transformer1 transformer_large convbn gru lstm embedattn apizoo widenorm; DTYPE: float32 bfloat16 float16.
+MODEL: transformer12 transformer4 transformer1 transformer_large convbn gru lstm embedattn apizoo losses widenorm; DTYPE: float32 bfloat16 float16.
 
 The dump is rewritten to the portable layout: OUTDIR/dump.json, OUTDIR/dump_tensor_data/*.pt,
 OUTDIR/construct.json, with dump_data_dir set to a foreign path (a dump is always read on
@@ -256,6 +256,40 @@ class ApiZoo(nn.Module):
         return s.head(torch.cat(feats, dim=-1))
 
 
+class Losses(nn.Module):
+    """A siamese step: two views of a batch through one encoder, rms_norm'ed (F.rms_norm:
+    msprobe 26.2 wraps it only once registered, make_dump's ModelSpec.custom_apis), and
+    compared by cosine_embedding_loss (1 - cos for pairs labelled 1: per pair, and their
+    mean; in float32, as mixed precision computes a loss: torch's float16 kernel rounds
+    every step of 1 - cos to float16, 8-38 ULP of float16 off on these views, forward and
+    backward, benchmarks/explore_findings.py), pairwise_distance and cosine_similarity.
+    The APIs of the routing tables whose definition takes the angle or difference of two
+    inputs, for exploring them on real inputs (benchmarks/RESULTS-explore.md).
+
+    x (2, 4, 16): the two views, the second the first plus noise of half its scale."""
+
+    def __init__(s) -> None:
+        super().__init__()
+        s.enc = nn.Linear(16, 16)
+        s.scale = nn.Parameter(torch.ones(16) + 0.1 * torch.randn(16))
+        s.head = nn.Linear(16, 10)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        h1 = F.rms_norm(s.enc(x[0]), (16,), s.scale, eps=1e-6)
+        h2 = F.rms_norm(s.enc(x[1]), (16,))
+        a, b = h1.float(), h2.float()  # the loss in float32, as mixed precision computes losses
+        same = torch.ones(4, dtype=torch.int64)  # positive pairs: a pair labelled -1 (loss ~1) would set the output's scale
+        pairs = F.cosine_embedding_loss(a, b, same, reduction="none")
+        positive = F.cosine_embedding_loss(a, b, same)
+        near = F.pairwise_distance(h1, h2) + F.cosine_similarity(h1, h2)
+        return s.head(h1 + h2) + (pairs + positive).unsqueeze(1).to(h1.dtype) + near.unsqueeze(1)
+
+
+def _two_views() -> torch.Tensor:
+    base = torch.randn(4, 16)
+    return torch.stack([base, base + 0.5 * torch.randn(4, 16)])
+
+
 def _token_ids(vocab: int, batch: int, seq: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq))
 
@@ -274,6 +308,7 @@ class ModelSpec:
     inputs: Callable[[], torch.Tensor]
     labels: Callable[[torch.Tensor], torch.Tensor]  # from the logits' shape
     apis: str  # what the dump holds, for --list
+    custom_apis: tuple[str, ...] = ()  # torch.nn.functional APIs msprobe wraps only once registered (as Functional.*)
 
 
 def _per_token_labels(classes: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -323,6 +358,13 @@ MODELS: dict[str, ModelSpec] = {
         "logsumexp, norm, normalize, expm1, log1p, cos, sin, sigmoid, exp, var, std, softplus, elu, rsqrt, cumsum, einsum, "
         "addmm, hardswish, mish, erf, gelu (tanh), cosine_similarity, atan2, pow",
     ),
+    "losses": ModelSpec(
+        Losses,
+        _two_views,
+        _per_token_labels(10),
+        "linear, rms_norm (registered), cosine_embedding_loss (positive pairs: per pair, mean), pairwise_distance, cosine_similarity",
+        custom_apis=("rms_norm",),
+    ),
     # not shipped: for benchmarks/kernel_diversity.py (wide reductions under other kernel paths)
     "widenorm": ModelSpec(
         WideNorm,
@@ -351,6 +393,9 @@ SHIPPED = {
     "apizoo_tensor_fp32": ("apizoo", "float32", "tensor"),
     "apizoo_tensor_fp16": ("apizoo", "float16", "tensor"),
     "apizoo_tensor_bf16": ("apizoo", "bfloat16", "tensor"),
+    "losses_tensor_fp32": ("losses", "float32", "tensor"),
+    "losses_tensor_fp16": ("losses", "float16", "tensor"),
+    "losses_tensor_bf16": ("losses", "bfloat16", "tensor"),
 }
 
 # The fault table: fault -> (model, dtype, citation). The kernels are in tests/model_faults.py.
@@ -444,6 +489,8 @@ def make_dump(
         if x.is_floating_point():
             x = x.to(dtype)
         debugger = PrecisionDebugger(config_path=cfg_path)
+        for api in spec_model.custom_apis:  # msprobe's public registration: recorded as Functional.<api>.N
+            PrecisionDebugger.register_custom_api(F, api, "Functional")
         debugger.start(model=model if level != "L1" else None)  # module records need the model
         logits = model(x)
         labels = spec_model.labels(logits)
