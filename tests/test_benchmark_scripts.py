@@ -39,6 +39,7 @@ SCRIPTS = {
     "compiled_kernels.py": IMPORT,
     "explore_findings.py": IMPORT,
     "kernel_diversity.py": HELP,
+    "kernel_ratios.py": HELP,
     "layout_kernels.py": HELP,
     "make_dump.py": HELP,
     "make_real_model_dumps.py": HELP,

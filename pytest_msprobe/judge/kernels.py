@@ -257,11 +257,7 @@ def _pooled_ratio(items: list[Evidence]) -> dict[str, float]:
     log(RATIO_LIMIT), and the share of calls over the limit. Empty with fewer than
     MIN_CALLS calls with a ratio. A call's outputs share its inputs: a call's log ratio
     is their mean."""
-    by_call: dict[str, list[float]] = {}
-    for item in items:
-        if item.log_ratio is not None:
-            by_call.setdefault(item.call, []).append(item.log_ratio)
-    logs = [sum(values) / len(values) for values in by_call.values()]
+    logs = list(call_log_ratios(items).values())
     if len(logs) < MIN_CALLS:
         return {}
     mean = sum(logs) / len(logs)
@@ -275,6 +271,16 @@ def _pooled_ratio(items: list[Evidence]) -> dict[str, float]:
         f"{RATIO}_over": sum(value > math.log(RATIO_LIMIT) for value in logs) / len(logs),
         f"{RATIO}_calls": float(len(logs)),
     }
+
+
+def call_log_ratios(items: Iterable[Evidence]) -> dict[str, float]:
+    """Each call's log error ratio to the reference run: its outputs' mean (they share
+    its inputs); calls without one are left out."""
+    by_call: dict[str, list[float]] = {}
+    for item in items:
+        if item.log_ratio is not None:
+            by_call.setdefault(item.call, []).append(item.log_ratio)
+    return {call: sum(values) / len(values) for call, values in by_call.items()}
 
 
 def ratio_reasons(magnitude: dict[str, float], z_limit: float) -> list[str]:
