@@ -40,6 +40,7 @@ SCRIPTS = {
     "cuda_kernels.py": HELP,
     "explore_findings.py": IMPORT,
     "kernel_diversity.py": HELP,
+    "kernel_ratios.py": HELP,
     "layout_kernels.py": HELP,
     "make_dump.py": HELP,
     "make_real_model_dumps.py": HELP,
