@@ -36,12 +36,13 @@ from pytest_msprobe.run.terms import term_magnitudes
 if TYPE_CHECKING:
     import torch
 
-    from pytest_msprobe.dump.dataflow import Gather
+    from pytest_msprobe.dump.dataflow import Read
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.findings import Finding
     from pytest_msprobe.judge.layouts import LayoutReferences
-    from pytest_msprobe.judge.offline import Evidence, Shared
+    from pytest_msprobe.judge.offline import Evidence
+    from pytest_msprobe.judge.shares import Share
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
 
@@ -432,32 +433,52 @@ def _add_shared(
     """Where autograd summed a recovered input gradient over several calls reading the
     same output, the bench and the reference sum those calls' gradients too: the
     device's, where a call's record holds its input's gradient, else each run on its
-    own dumped inputs and incoming gradients (_gradient_of). Both accumulate them as autograd
+    own dumped inputs and incoming gradients (_share_of). Both accumulate them as autograd
     does: each gradient in the dump's dtype D (the bench's rounded to D, as a correct
     kernel returns it), added in D in the order the dump recorded the calls' backwards.
     That rounding is autograd's, not the kernel's: against an exact sum, the sum's
     cancellation would count it as the kernel's error (on a bfloat16 dump, 12% of a
-    correct linear's input gradient over 1 ULP). A call that cannot be run leaves the
+    correct linear's input gradient over 1 ULP). Where a share is rerun, the device
+    added it in another grouping: the device and the reference are judged beyond each
+    element's allowance for that (judge/shares.py). A call that cannot be run leaves the
     input out of the comparison, named."""
+    import numpy as np
+    import torch
+
+    from pytest_msprobe.judge.shares import Kind, Share, accumulated, beyond
+
     device, bench = list(results.device), list(results.bench)
     reference = list(results.reference) if isinstance(results.reference, tuple) else None
     for shared in evidence.shared:
-        own_side = (bench[shared.position], None if reference is None else reference[shared.position])
-        parts = [(_backward_order(index, name.call), shared.own, own_side)]
+        own = Share(shared.own, bench[shared.position], None if reference is None else reference[shared.position], Kind.OWN)
+        parts = [(_backward_order(index, name.call), own)]
+        rerun: set[str] = set()
         try:
             for other in shared.others:
-                grads = _gradient_of(index, other.consumer.call, other.consumer.data_name, framework_name, framework, settings)
-                parts.append((_backward_order(index, other.consumer.call), other.gather, grads))
+                share = _share_of(index, other, framework_name, framework, settings)
+                parts.append((_backward_order(index, other.consumer.call), share))
+                if share.kind is Kind.RERUN:
+                    rerun.add(other.consumer.call)
         except (CallSkip, CallError) as exc:
             device[shared.position] = None
             evidence.left_out.append(f"the gradient shared with {', '.join(o.consumer.call for o in shared.others)}: {exc}")
             continue
         parts.sort(key=lambda part: part[0])
+        shares = [share for _, share in parts]
         dtype = device[shared.position].dtype
-        for side, column in ((0, bench), (1, reference)):
+        positions = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
+        allowance = None
+        for side, column in (("bench", bench), ("reference", reference)):
             if column is not None and column[shared.position] is not None:
-                summed = _accumulated([(gather, grads[side]) for _, gather, grads in parts], shared, dtype)
-                column[shared.position] = summed.to(column[shared.position].dtype)
+                summed = accumulated(shares, shared.producer_numel, dtype, side)
+                column[shared.position] = summed.total[positions].reshape(shared.own.shape).to(column[shared.position].dtype)
+                allowance = summed.allowance[positions] if side == "bench" else allowance
+        if allowance is not None and bool((allowance > 0).any()):
+            centre = bench[shared.position]
+            device[shared.position] = beyond(device[shared.position], centre, allowance)
+            if reference is not None and reference[shared.position] is not None:
+                reference[shared.position] = beyond(reference[shared.position], centre, allowance)
+            evidence.origins.append(_allowance_note(sorted(rerun), allowance, centre, dtype))
     if all(grad is None for grad in device):
         raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
     results.device, results.bench = tuple(device), tuple(bench)
@@ -470,41 +491,28 @@ def _backward_order(index: DumpIndex, call: str) -> int:
     return -1 if entry is None else index._positions()[f"{call}.backward"]
 
 
-def _accumulated(parts: list[tuple[Gather, torch.Tensor | None]], shared: Shared, dtype: torch.dtype) -> torch.Tensor:
-    """The gradients scattered into the producer's output in `dtype`, added one after
-    the other, and read back where this call's input lies."""
-    import numpy as np
-    import torch
-
-    total = torch.zeros(shared.producer_numel, dtype=dtype)
-    for gather, grad in parts:
-        if grad is None:
-            continue  # no gradient reached that call: no share in the sum
-        total.index_add_(0, torch.from_numpy(np.ascontiguousarray(gather.reshape(-1))), grad.reshape(-1).to(dtype))
-    own = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
-    return total[own].reshape(shared.own.shape)
-
-
-def _gradient_of(
-    index: DumpIndex, call: str, data_name: str, framework_name: str, framework: Framework, settings: Settings
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _share_of(index: DumpIndex, read: Read, framework_name: str, framework: Framework, settings: Settings) -> Share:
     """Another call's share of a summed gradient, for the bench's and the reference's
-    sums: the device's own gradient of its input `data_name` where that call's record
-    holds it (the share autograd added on the device: that call's own test judges it,
-    and its kernel's rounding in D, several ULPs of a cancelled sum, is not this call's
-    error; fp16 and bf16 apizoo matmuls failed at ratio 1 to a reference with the same
-    rounding); else its bench and reference gradients; none (no share in the sum) where
-    the dump has no backward of it: no gradient reached its output."""
+    sums: the device's own gradient of its input where that call's record holds it (the
+    share autograd added on the device: that call's own test judges it, and its kernel's
+    rounding in D, several ULPs of a cancelled sum, is not this call's error; fp16 and
+    bf16 apizoo matmuls failed at ratio 1 to a reference with the same rounding); else
+    its bench and reference gradients, with the pieces the bench's graph added (the
+    device added them one by one: judge/shares.py); none (no share in the sum) where the
+    dump has no backward of it: no gradient reached its output."""
     import torch
 
     from pytest_msprobe.judge.offline import DumpedRun
+    from pytest_msprobe.judge.shares import Kind, Share
     from pytest_msprobe.run.replay import needs_grad
+    from pytest_msprobe.run.summed import gradient_pieces
 
+    call, data_name = read.consumer.call, read.consumer.data_name
     name = parse_call_name(f"{call}.backward")
     if name is None:
         raise CallSkip(f"{call} is not an API call's name")
     if index.entry(str(name)) is None:
-        return None, None
+        return Share(read.gather, None, None, Kind.RECORDED)
     inputs = read_inputs(index, name, settings.max_elements)
     api = framework.resolve(name, settings.backend)
     _, bench, _ = framework.runs(api, inputs, settings)
@@ -521,14 +529,30 @@ def _gradient_of(
     except (CallSkip, CallError):
         device = None
     if device is not None:
-        return device, device
+        return Share(read.gather, device, device, Kind.RECORDED)
     try:
         bench_grads, reference_grads = bench.backward(inputs, flags), reference.backward(inputs, flags)
+        pieces = gradient_pieces(bench, inputs, flags, slot) if isinstance(bench, Run) else []
     except CallSkip:
         raise
     except Exception as exc:  # noqa: BLE001 - that call's own test reports it; here the sum cannot be made
         raise CallSkip(f"{call}'s backward does not run on the bench: {type(exc).__name__}: {exc}") from exc
-    return bench_grads[slot], reference_grads[slot]
+    return Share(read.gather, bench_grads[slot], reference_grads[slot], Kind.RERUN, pieces)
+
+
+def _allowance_note(rerun: list[str], allowance: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype) -> str:
+    """What the verdict's reference says of the allowance: whose shares, how many elements
+    and how wide, in ULPs of D at the bench's value."""
+    import torch
+
+    from pytest_msprobe.judge.shares import ulp
+
+    widths = (allowance / ulp(bench.reshape(-1).double(), dtype))[allowance > 0]
+    return (
+        f"the shares of {', '.join(rerun)} are not in the dump (rerun on the bench; the device added them in pieces "
+        f"or its own values): device and reference judged beyond each element's rounding allowance for that grouping "
+        f"({int(widths.numel())} elements, median {float(torch.median(widths)):.2g} ULP, max {float(widths.max()):.2g} ULP)"
+    )
 
 
 def align_offline(results: Results) -> Results:
