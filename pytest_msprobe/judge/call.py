@@ -235,7 +235,7 @@ def replay_inputs(
         from pytest_msprobe.judge.offline import DumpedRun
 
         if isinstance(device, DumpedRun) and device.evidence is not None and device.evidence.shared:
-            _add_shared(results, device.evidence, device.index, name, framework_name, framework, settings)
+            _add_shared(results, device.evidence, device.index, name, framework_name, framework, settings, bench)
         elif isinstance(reference, Run):
             others = other_layouts(api, (leaf.tensor for leaf in results.inputs.leaves))
             layouts = LayoutReferences(reference, results.inputs, name.direction, framework_name, others) if others else None
@@ -428,7 +428,14 @@ def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings,
 
 
 def _add_shared(
-    results: Results, evidence: Evidence, index: DumpIndex, name: CallName, framework_name: str, framework: Framework, settings: Settings
+    results: Results,
+    evidence: Evidence,
+    index: DumpIndex,
+    name: CallName,
+    framework_name: str,
+    framework: Framework,
+    settings: Settings,
+    bench_side: Side,
 ) -> None:
     """Where autograd summed a recovered input gradient over several calls reading the
     same output, the bench and the reference sum those calls' gradients too: the
@@ -440,8 +447,9 @@ def _add_shared(
     cancellation would count it as the kernel's error (on a bfloat16 dump, 12% of a
     correct linear's input gradient over 1 ULP). Where a share is rerun, the device
     added it in another grouping: the device and the reference are judged beyond each
-    element's allowance for that (judge/shares.py). A call that cannot be run leaves the
-    input out of the comparison, named."""
+    element's allowance for that (judge/shares.py), as where this call's own graph adds
+    its share in pieces. A call that cannot be run leaves the input out of the
+    comparison, named."""
     import numpy as np
     import torch
 
@@ -450,7 +458,8 @@ def _add_shared(
     device, bench = list(results.device), list(results.bench)
     reference = list(results.reference) if isinstance(results.reference, tuple) else None
     for shared in evidence.shared:
-        own = Share(shared.own, bench[shared.position], None if reference is None else reference[shared.position], Kind.OWN)
+        pieces = _pieces(bench_side, results.inputs, framework_name, shared.position)
+        own = Share(shared.own, bench[shared.position], None if reference is None else reference[shared.position], Kind.OWN, pieces)
         parts = [(_backward_order(index, name.call), own)]
         rerun: set[str] = set()
         try:
@@ -478,7 +487,7 @@ def _add_shared(
             device[shared.position] = beyond(device[shared.position], centre, allowance)
             if reference is not None and reference[shared.position] is not None:
                 reference[shared.position] = beyond(reference[shared.position], centre, allowance)
-            evidence.origins.append(_allowance_note(sorted(rerun), allowance, centre, dtype))
+            evidence.origins.append(_allowance_note(sorted(rerun), len(pieces), allowance, centre, dtype))
     if all(grad is None for grad in device):
         raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
     results.device, results.bench = tuple(device), tuple(bench)
@@ -505,7 +514,6 @@ def _share_of(index: DumpIndex, read: Read, framework_name: str, framework: Fram
     from pytest_msprobe.judge.offline import DumpedRun
     from pytest_msprobe.judge.shares import Kind, Share
     from pytest_msprobe.run.replay import needs_grad
-    from pytest_msprobe.run.summed import gradient_pieces
 
     call, data_name = read.consumer.call, read.consumer.data_name
     name = parse_call_name(f"{call}.backward")
@@ -532,15 +540,29 @@ def _share_of(index: DumpIndex, read: Read, framework_name: str, framework: Fram
         return Share(read.gather, device, device, Kind.RECORDED)
     try:
         bench_grads, reference_grads = bench.backward(inputs, flags), reference.backward(inputs, flags)
-        pieces = gradient_pieces(bench, inputs, flags, slot) if isinstance(bench, Run) else []
     except CallSkip:
         raise
     except Exception as exc:  # noqa: BLE001 - that call's own test reports it; here the sum cannot be made
         raise CallSkip(f"{call}'s backward does not run on the bench: {type(exc).__name__}: {exc}") from exc
-    return Share(read.gather, bench_grads[slot], reference_grads[slot], Kind.RERUN, pieces)
+    return Share(read.gather, bench_grads[slot], reference_grads[slot], Kind.RERUN, _pieces(bench, inputs, framework_name, slot))
 
 
-def _allowance_note(rerun: list[str], allowance: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype) -> str:
+def _pieces(bench: Side, inputs: Inputs, framework_name: str, slot: int) -> list[torch.Tensor]:
+    """The pieces a call's graph adds into its gradient-receiving input `slot`
+    (run/summed.py gradient_pieces); none where the bench is not a torch run or its graph
+    cannot be read (the share then counts as one piece)."""
+    from pytest_msprobe.run.replay import needs_grad
+    from pytest_msprobe.run.summed import gradient_pieces
+
+    if not isinstance(bench, Run):
+        return []
+    try:
+        return gradient_pieces(bench, inputs, needs_grad(inputs, framework_name), slot)
+    except Exception:  # noqa: BLE001 - the call's own backward ran; without its graph the share is one piece
+        return []
+
+
+def _allowance_note(rerun: list[str], own_pieces: int, allowance: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype) -> str:
     """What the verdict's reference says of the allowance: whose shares, how many elements
     and how wide, in ULPs of D at the bench's value."""
     import torch
@@ -548,10 +570,12 @@ def _allowance_note(rerun: list[str], allowance: torch.Tensor, bench: torch.Tens
     from pytest_msprobe.judge.shares import ulp
 
     widths = (allowance / ulp(bench.reshape(-1).double(), dtype))[allowance > 0]
+    whose = [f"the shares of {', '.join(rerun)} are not in the dump (rerun on the bench)"] if rerun else []
+    whose += [f"this call's own graph adds its share in {own_pieces} pieces"] if own_pieces > 1 else []
     return (
-        f"the shares of {', '.join(rerun)} are not in the dump (rerun on the bench; the device added them in pieces "
-        f"or its own values): device and reference judged beyond each element's rounding allowance for that grouping "
-        f"({int(widths.numel())} elements, median {float(torch.median(widths)):.2g} ULP, max {float(widths.max()):.2g} ULP)"
+        f"{' and '.join(whose)}: the device added them in another grouping; device and reference judged beyond each "
+        f"element's rounding allowance for it ({int(widths.numel())} elements, median {float(torch.median(widths)):.2g} ULP, "
+        f"max {float(widths.max()):.2g} ULP)"
     )
 
 

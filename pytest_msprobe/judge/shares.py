@@ -22,7 +22,8 @@ Stability of Numerical Algorithms, 2002, 4.2), in its running form u sum|partial
 applied only where the two sums can differ:
 - before the first rerun share both sides add the same D values in the same order: no
   allowance (an element no rerun share reaches gets none);
-- at a rerun share with q pieces, the device's sum of k = q + 1 terms (the partial sum S
+- at a rerun share with q pieces (or the judged call's own share, where its own graph
+  adds it in q > 1 pieces: F.normalize's judged through the sum), the device's sum of k = q + 1 terms (the partial sum S
   and the pieces p) costs q u (|S| + sum|p|), the pieces' rounding to D u sum|p|; the
   bench's addition of its share c (k = 2) costs u |S + c|, and c's rounding to D u |c|;
 - after it the sums differ, but adding the same D value to both moves them by the same
@@ -64,7 +65,9 @@ class Share:
     bench: torch.Tensor | None  # None: no gradient reached that reader
     reference: torch.Tensor | None
     kind: Kind
-    pieces: list[torch.Tensor] = field(default_factory=list)  # RERUN: the graph's edges into the input
+    # what the reader's graph added into the input, one per edge (run/summed.py); RERUN and
+    # OWN: the judged call's own share is composite too where it has several
+    pieces: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass
@@ -103,7 +106,7 @@ def accumulated(shares: list[Share], numel: int, dtype: torch.dtype, side: str) 
                 tie = (exact - after).abs() == step / 2
                 carried &= tie | (_exponent(after, dtype) > _exponent(before, dtype))
             allowance += torch.where(carried, step, 0.0)
-        if share.kind is Kind.RERUN:
+        if share.kind is Kind.RERUN or len(share.pieces) > 1:
             pieces = torch.zeros(numel, dtype=torch.float64)
             for piece in share.pieces:
                 pieces.index_add_(0, index, piece.reshape(-1).double().abs())
