@@ -11,6 +11,7 @@ error offline, at L1 through the input gradient, at mix through the weight gradi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +213,14 @@ def _normalize_gradient_without_the_norm(dump: Path) -> None:
     torch.save((incoming.double() + wrong - x.grad).to(incoming.dtype), summed)
 
 
+def _fp16_apizoo_offline(call: str, plant: Callable[[Path], None] | None, copy_dump, run_dump):
+    """`call`'s outcome offline on the float16 apizoo dump, with `plant`'s fault written in."""
+    dump = copy_dump("models/apizoo_tensor_fp16")
+    if plant is not None:
+        plant(dump)
+    return run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", call).calls[call]
+
+
 @pytest.mark.parametrize("fault", [False, True])
 def test_a_gradient_recorded_inside_a_composite_call_is_recovered_from_the_producer(fault: bool, copy_dump, run_dump) -> None:
     """F.normalize is x / norm(x).clamp_min(eps).expand_as(x): msprobe records the
@@ -219,11 +228,9 @@ def test_a_gradient_recorded_inside_a_composite_call_is_recovered_from_the_produ
     flows through the norm. Paired with x, a correct float16 kernel failed (max_rel_err
     1.68, 861x the reference's); the gradient is now taken from the producer's record,
     where a normalize backward that forgets the norm's path still fails."""
-    dump = copy_dump("models/apizoo_tensor_fp16")
-    if fault:
-        _normalize_gradient_without_the_norm(dump)
-    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", "Functional.normalize.0.backward")
-    outcome = result.calls["Functional.normalize.0.backward"]
+    outcome = _fp16_apizoo_offline(
+        "Functional.normalize.0.backward", _normalize_gradient_without_the_norm if fault else None, copy_dump, run_dump
+    )
     assert outcome.outcome == ("failed" if fault else "passed"), outcome.text
     assert "from Functional.layer_norm.0.backward input[0]" in outcome.properties["msprobe_reference"], outcome.properties
 
@@ -322,11 +329,9 @@ def test_a_sum_with_composite_shares_passes_a_correct_linear_and_fails_a_wrong_o
     and einsum are not in the dump. A correct kernel failed (ulp_err_proportion 0.109,
     1.8x the reference's); judged beyond the allowance for that grouping it passes, and
     the bfloat16-rounded weight is still an error."""
-    dump = copy_dump("models/apizoo_tensor_fp16")
-    if fault:
-        _linear_input_gradient_with_bfloat16_weight(dump)
-    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", "Functional.linear.0.backward")
-    outcome = result.calls["Functional.linear.0.backward"]
+    outcome = _fp16_apizoo_offline(
+        "Functional.linear.0.backward", _linear_input_gradient_with_bfloat16_weight if fault else None, copy_dump, run_dump
+    )
     assert outcome.outcome == ("failed" if fault else "passed"), outcome.text
     reference = outcome.properties["msprobe_reference"]
     assert "the shares of Functional.cosine_similarity.0, Functional.normalize.0, Torch.einsum.0 are not in the dump" in reference, (
