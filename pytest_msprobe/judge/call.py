@@ -445,11 +445,11 @@ def _add_shared(
     kernel returns it), added in D in the order the dump recorded the calls' backwards.
     That rounding is autograd's, not the kernel's: against an exact sum, the sum's
     cancellation would count it as the kernel's error (on a bfloat16 dump, 12% of a
-    correct linear's input gradient over 1 ULP). Where a share is rerun, the device
-    added it in another grouping: the device and the reference are judged beyond each
-    element's allowance for that (judge/shares.py), as where this call's own graph adds
-    its share in pieces. A call that cannot be run leaves the input out of the
-    comparison, named."""
+    correct linear's input gradient over 1 ULP). A composite reader's rerun share the
+    device added in pieces, another grouping: the device and the reference are judged
+    beyond each element's allowance for that (judge/shares.py), as where this call's own
+    graph adds its share in pieces. A call that cannot be run leaves the input out of
+    the comparison, named."""
     import numpy as np
     import torch
 
@@ -461,13 +461,13 @@ def _add_shared(
         pieces = _pieces(bench_side, results.inputs, framework_name, shared.position)
         own = Share(shared.own, bench[shared.position], None if reference is None else reference[shared.position], Kind.OWN, pieces)
         parts = [(_backward_order(index, name.call), own)]
-        rerun: set[str] = set()
+        composite: set[str] = set()
         try:
             for other in shared.others:
                 share = _share_of(index, other, framework_name, framework, settings)
                 parts.append((_backward_order(index, other.consumer.call), share))
-                if share.kind is Kind.RERUN:
-                    rerun.add(other.consumer.call)
+                if len(share.pieces) > 1:
+                    composite.add(other.consumer.call)
         except (CallSkip, CallError) as exc:
             device[shared.position] = None
             evidence.left_out.append(f"the gradient shared with {', '.join(o.consumer.call for o in shared.others)}: {exc}")
@@ -487,7 +487,7 @@ def _add_shared(
             device[shared.position] = beyond(device[shared.position], centre, allowance)
             if reference is not None and reference[shared.position] is not None:
                 reference[shared.position] = beyond(reference[shared.position], centre, allowance)
-            evidence.origins.append(_allowance_note(sorted(rerun), len(pieces), allowance, centre, dtype))
+            evidence.origins.append(_allowance_note(sorted(composite), len(pieces), allowance, centre, dtype))
     if all(grad is None for grad in device):
         raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
     results.device, results.bench = tuple(device), tuple(bench)
@@ -562,7 +562,7 @@ def _pieces(bench: Side, inputs: Inputs, framework_name: str, slot: int) -> list
         return []
 
 
-def _allowance_note(rerun: list[str], own_pieces: int, allowance: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype) -> str:
+def _allowance_note(composite: list[str], own_pieces: int, allowance: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype) -> str:
     """What the verdict's reference says of the allowance: whose shares, how many elements
     and how wide, in ULPs of D at the bench's value."""
     import torch
@@ -570,7 +570,7 @@ def _allowance_note(rerun: list[str], own_pieces: int, allowance: torch.Tensor, 
     from pytest_msprobe.judge.shares import ulp
 
     widths = (allowance / ulp(bench.reshape(-1).double(), dtype))[allowance > 0]
-    whose = [f"the shares of {', '.join(rerun)} are not in the dump (rerun on the bench)"] if rerun else []
+    whose = [f"the composite shares of {', '.join(composite)} are not in the dump (rerun on the bench)"] if composite else []
     whose += [f"this call's own graph adds its share in {own_pieces} pieces"] if own_pieces > 1 else []
     return (
         f"{' and '.join(whose)}: the device added them in another grouping; device and reference judged beyond each "
