@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     for dump in args.dumps:
         lines = measured(dump)
-        print(f"{dump}: {len(lines)} summed gradients with rerun shares")
+        print(f"{dump}: {len(lines)} summed gradients with an allowance")
         for line in lines:
             print("  " + line)
 
