@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+from pytest_msprobe.dump.values import TensorLeaf
 from pytest_msprobe.judge.shares import Kind, Share, accumulated, beyond
+from pytest_msprobe.run.apis import Api
+from pytest_msprobe.run.replay import RAISED, Inputs, Placement, Run
+from pytest_msprobe.run.summed import gradient_pieces
 
 
 def _device_sum(shares: list[Share], numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -74,3 +79,16 @@ def test_a_value_is_judged_beyond_its_allowance() -> None:
     # off by 0, 4, -10 and 8 ULPs; allowed 0, 4, 4 and 0 ULPs (2**-10 above 1, 2**-11 below)
     kept = beyond(device, bench, torch.tensor([0.0, 0.00390625, 0.001953125, 0.0], dtype=torch.float64))
     assert kept.tolist() == [1.0, 1.0, 0.9970703125, 1.0078125]
+
+
+@pytest.mark.parametrize(("function", "count"), [(lambda x, w: F.normalize(x, dim=1), 2), (lambda x, w: F.linear(x, w), 1)])
+def test_a_composite_call_s_gradient_comes_in_pieces(function, count: int) -> None:
+    """F.normalize's graph reaches x along the division and the norm: two pieces that sum
+    to x's gradient; a linear's one."""
+    x, w, g = torch.randn(4, 8, dtype=torch.float16), torch.randn(8, 8, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16)
+    leaves = [TensorLeaf(f"input_args[{i}]", None, t, "test") for i, t in enumerate((x, w))]
+    inputs = Inputs([x, w], {}, leaves, grads=[g])
+    run = Run(Api("f", function, function, in_place=False, raise_bench=True), function, Placement(torch.device("cpu"), dict(RAISED)))
+    pieces = gradient_pieces(run, inputs, [True, False], 0)
+    assert len(pieces) == count and all(piece.dtype == torch.float32 for piece in pieces)
+    torch.testing.assert_close(sum(pieces), run.backward(inputs, [True, False])[0])
