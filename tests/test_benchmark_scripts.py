@@ -32,6 +32,7 @@ SCRIPTS = {
     "bench_percall.py": HELP,
     "bench_reports.py": IMPORT,
     "bench_scale.py": HELP,
+    "bench_shares.py": HELP,
     "bench_standards.py": HELP,
     "bench_startup.py": HELP,
     "bench_transformer.py": HELP,

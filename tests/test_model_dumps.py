@@ -36,24 +36,16 @@ APIZOO_DUMPS = ["apizoo_tensor_fp32", "apizoo_tensor_fp16", "apizoo_tensor_bf16"
 LOSSES_DUMPS = ["losses_tensor_fp32", "losses_tensor_fp16", "losses_tensor_bf16"]
 STATISTICS_DUMPS = ["transformer12_statistics_bf16"]
 MODES = {"single-run": (), "offline": ("--msprobe-offline",)}
-# float16 offline: the qkv linear's input gradient is the sum of 26 readers' shares, and
-# composite readers (normalize, einsum, cosine_similarity) add theirs to autograd's float16
-# sum in several pieces the dump does not hold: ulp_err_proportion 0.109, 1.8x the
-# reference's (judge/call.py _add_shared)
-COMPOSITE_SHARES = "the sum's composite readers add their float16 shares in pieces the dump does not hold"
 RUNS = [(name, "single-run") for name in TENSOR_DUMPS + APIZOO_DUMPS + LOSSES_DUMPS + STATISTICS_DUMPS] + [
     (name, "offline") for name in TENSOR_DUMPS + APIZOO_DUMPS + LOSSES_DUMPS
 ]
-MARKS = {("apizoo_tensor_fp16", "offline"): [pytest.mark.xfail(strict=True, reason=COMPOSITE_SHARES)]}
 
 
 def _calls(dump: Path) -> list[str]:
     return [name for name in json.loads(dump.read_text())["data"] if not name.startswith(("Module.", "Cell."))]
 
 
-@pytest.mark.parametrize(
-    ("name", "mode"), [pytest.param(name, mode, id=f"{name}-{mode}", marks=MARKS.get((name, mode), [])) for name, mode in RUNS]
-)
+@pytest.mark.parametrize(("name", "mode"), [pytest.param(name, mode, id=f"{name}-{mode}") for name, mode in RUNS])
 def test_correct_cpu_passes_every_call_of_a_real_model(name, mode, copy_dump, run_dump):
     dump = copy_dump(f"models/{name}")
     result = run_dump(dump, "--msprobe-device=cpu", *MODES[mode])

@@ -36,12 +36,13 @@ from pytest_msprobe.run.terms import term_magnitudes
 if TYPE_CHECKING:
     import torch
 
-    from pytest_msprobe.dump.dataflow import Gather
+    from pytest_msprobe.dump.dataflow import Read
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.findings import Finding
     from pytest_msprobe.judge.layouts import LayoutReferences
-    from pytest_msprobe.judge.offline import Evidence, Shared
+    from pytest_msprobe.judge.offline import Evidence
+    from pytest_msprobe.judge.shares import Share
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
 
@@ -234,7 +235,7 @@ def replay_inputs(
         from pytest_msprobe.judge.offline import DumpedRun
 
         if isinstance(device, DumpedRun) and device.evidence is not None and device.evidence.shared:
-            _add_shared(results, device.evidence, device.index, name, framework_name, framework, settings)
+            _add_shared(results, device.evidence, device.index, name, framework_name, framework, settings, bench)
         elif isinstance(reference, Run):
             others = other_layouts(api, (leaf.tensor for leaf in results.inputs.leaves))
             layouts = LayoutReferences(reference, results.inputs, name.direction, framework_name, others) if others else None
@@ -427,37 +428,67 @@ def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings,
 
 
 def _add_shared(
-    results: Results, evidence: Evidence, index: DumpIndex, name: CallName, framework_name: str, framework: Framework, settings: Settings
+    results: Results,
+    evidence: Evidence,
+    index: DumpIndex,
+    name: CallName,
+    framework_name: str,
+    framework: Framework,
+    settings: Settings,
+    bench_side: Side,
 ) -> None:
     """Where autograd summed a recovered input gradient over several calls reading the
     same output, the bench and the reference sum those calls' gradients too: the
     device's, where a call's record holds its input's gradient, else each run on its
-    own dumped inputs and incoming gradients (_gradient_of). Both accumulate them as autograd
+    own dumped inputs and incoming gradients (_share_of). Both accumulate them as autograd
     does: each gradient in the dump's dtype D (the bench's rounded to D, as a correct
     kernel returns it), added in D in the order the dump recorded the calls' backwards.
     That rounding is autograd's, not the kernel's: against an exact sum, the sum's
     cancellation would count it as the kernel's error (on a bfloat16 dump, 12% of a
-    correct linear's input gradient over 1 ULP). A call that cannot be run leaves the
-    input out of the comparison, named."""
+    correct linear's input gradient over 1 ULP). A composite reader's rerun share the
+    device added in pieces, another grouping: the device and the reference are judged
+    beyond each element's allowance for that (judge/shares.py), as where this call's own
+    graph adds its share in pieces. A call that cannot be run leaves the input out of
+    the comparison, named."""
+    import numpy as np
+    import torch
+
+    from pytest_msprobe.judge.shares import Kind, Share, accumulated, beyond
+
     device, bench = list(results.device), list(results.bench)
     reference = list(results.reference) if isinstance(results.reference, tuple) else None
     for shared in evidence.shared:
-        own_side = (bench[shared.position], None if reference is None else reference[shared.position])
-        parts = [(_backward_order(index, name.call), shared.own, own_side)]
+        pieces = _pieces(bench_side, results.inputs, framework_name, shared.position)
+        own = Share(shared.own, bench[shared.position], None if reference is None else reference[shared.position], Kind.OWN, pieces)
+        parts = [(_backward_order(index, name.call), own)]
+        composite: set[str] = set()
         try:
             for other in shared.others:
-                grads = _gradient_of(index, other.consumer.call, other.consumer.data_name, framework_name, framework, settings)
-                parts.append((_backward_order(index, other.consumer.call), other.gather, grads))
+                share = _share_of(index, other, framework_name, framework, settings)
+                parts.append((_backward_order(index, other.consumer.call), share))
+                if len(share.pieces) > 1:
+                    composite.add(other.consumer.call)
         except (CallSkip, CallError) as exc:
             device[shared.position] = None
             evidence.left_out.append(f"the gradient shared with {', '.join(o.consumer.call for o in shared.others)}: {exc}")
             continue
         parts.sort(key=lambda part: part[0])
+        shares = [share for _, share in parts]
         dtype = device[shared.position].dtype
-        for side, column in ((0, bench), (1, reference)):
+        positions = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
+        allowance = None
+        for side, column in (("bench", bench), ("reference", reference)):
             if column is not None and column[shared.position] is not None:
-                summed = _accumulated([(gather, grads[side]) for _, gather, grads in parts], shared, dtype)
-                column[shared.position] = summed.to(column[shared.position].dtype)
+                summed = accumulated(shares, shared.producer_numel, dtype, side)
+                column[shared.position] = summed.total[positions].reshape(shared.own.shape).to(column[shared.position].dtype)
+                if side == "bench":  # the reference's partial sums are within its own rounding of these
+                    allowance = summed.allowance[positions]
+        if allowance is not None and bool((allowance > 0).any()):
+            centre = bench[shared.position]
+            device[shared.position] = beyond(device[shared.position], centre, allowance)
+            if reference is not None and reference[shared.position] is not None:
+                reference[shared.position] = beyond(reference[shared.position], centre, allowance)
+            evidence.origins.append(_allowance_note(sorted(composite), len(pieces), allowance, centre, dtype))
     if all(grad is None for grad in device):
         raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
     results.device, results.bench = tuple(device), tuple(bench)
@@ -470,41 +501,27 @@ def _backward_order(index: DumpIndex, call: str) -> int:
     return -1 if entry is None else index._positions()[f"{call}.backward"]
 
 
-def _accumulated(parts: list[tuple[Gather, torch.Tensor | None]], shared: Shared, dtype: torch.dtype) -> torch.Tensor:
-    """The gradients scattered into the producer's output in `dtype`, added one after
-    the other, and read back where this call's input lies."""
-    import numpy as np
-    import torch
-
-    total = torch.zeros(shared.producer_numel, dtype=dtype)
-    for gather, grad in parts:
-        if grad is None:
-            continue  # no gradient reached that call: no share in the sum
-        total.index_add_(0, torch.from_numpy(np.ascontiguousarray(gather.reshape(-1))), grad.reshape(-1).to(dtype))
-    own = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
-    return total[own].reshape(shared.own.shape)
-
-
-def _gradient_of(
-    index: DumpIndex, call: str, data_name: str, framework_name: str, framework: Framework, settings: Settings
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _share_of(index: DumpIndex, read: Read, framework_name: str, framework: Framework, settings: Settings) -> Share:
     """Another call's share of a summed gradient, for the bench's and the reference's
-    sums: the device's own gradient of its input `data_name` where that call's record
-    holds it (the share autograd added on the device: that call's own test judges it,
-    and its kernel's rounding in D, several ULPs of a cancelled sum, is not this call's
-    error; fp16 and bf16 apizoo matmuls failed at ratio 1 to a reference with the same
-    rounding); else its bench and reference gradients; none (no share in the sum) where
-    the dump has no backward of it: no gradient reached its output."""
+    sums: the device's own gradient of its input where that call's record holds it (the
+    share autograd added on the device: that call's own test judges it, and its kernel's
+    rounding in D, several ULPs of a cancelled sum, is not this call's error; fp16 and
+    bf16 apizoo matmuls failed at ratio 1 to a reference with the same rounding); else
+    its bench and reference gradients, with the pieces the bench's graph added (the
+    device added them one by one: judge/shares.py); none (no share in the sum) where the
+    dump has no backward of it: no gradient reached its output."""
     import torch
 
     from pytest_msprobe.judge.offline import DumpedRun
+    from pytest_msprobe.judge.shares import Kind, Share
     from pytest_msprobe.run.replay import needs_grad
 
+    call, data_name = read.consumer.call, read.consumer.data_name
     name = parse_call_name(f"{call}.backward")
     if name is None:
         raise CallSkip(f"{call} is not an API call's name")
     if index.entry(str(name)) is None:
-        return None, None
+        return Share(read.gather, None, None, Kind.RECORDED)
     inputs = read_inputs(index, name, settings.max_elements)
     api = framework.resolve(name, settings.backend)
     _, bench, _ = framework.runs(api, inputs, settings)
@@ -521,14 +538,46 @@ def _gradient_of(
     except (CallSkip, CallError):
         device = None
     if device is not None:
-        return device, device
+        return Share(read.gather, device, device, Kind.RECORDED)
     try:
         bench_grads, reference_grads = bench.backward(inputs, flags), reference.backward(inputs, flags)
     except CallSkip:
         raise
     except Exception as exc:  # noqa: BLE001 - that call's own test reports it; here the sum cannot be made
         raise CallSkip(f"{call}'s backward does not run on the bench: {type(exc).__name__}: {exc}") from exc
-    return bench_grads[slot], reference_grads[slot]
+    return Share(read.gather, bench_grads[slot], reference_grads[slot], Kind.RERUN, _pieces(bench, inputs, framework_name, slot))
+
+
+def _pieces(bench: Side, inputs: Inputs, framework_name: str, slot: int) -> list[torch.Tensor]:
+    """The pieces a call's graph adds into its gradient-receiving input `slot`
+    (run/summed.py gradient_pieces); none where the bench is not a torch run or its graph
+    cannot be read (the share then counts as one piece)."""
+    from pytest_msprobe.run.replay import needs_grad
+    from pytest_msprobe.run.summed import gradient_pieces
+
+    if not isinstance(bench, Run):
+        return []
+    try:
+        return gradient_pieces(bench, inputs, needs_grad(inputs, framework_name), slot)
+    except Exception:  # noqa: BLE001 - the call's own backward ran; without its graph the share is one piece
+        return []
+
+
+def _allowance_note(composite: list[str], own_pieces: int, allowance: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype) -> str:
+    """What the verdict's reference says of the allowance: whose shares, how many elements
+    and how wide, in ULPs of D at the bench's value."""
+    import torch
+
+    from pytest_msprobe.judge.shares import ulp
+
+    widths = (allowance / ulp(bench.reshape(-1).double(), dtype))[allowance > 0]
+    whose = [f"the composite shares of {', '.join(composite)} are not in the dump (rerun on the bench)"] if composite else []
+    whose += [f"this call's own graph adds its share in {own_pieces} pieces"] if own_pieces > 1 else []
+    return (
+        f"{' and '.join(whose)}: the device added them in another grouping; device and reference judged beyond each "
+        f"element's rounding allowance for it ({int(widths.numel())} elements, median {float(torch.median(widths)):.2g} ULP, "
+        f"max {float(widths.max()):.2g} ULP)"
+    )
 
 
 def align_offline(results: Results) -> Results:

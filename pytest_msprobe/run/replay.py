@@ -12,7 +12,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import torch
 
@@ -20,6 +20,9 @@ from pytest_msprobe.dump.index import Record
 from pytest_msprobe.dump.values import DecodeContext, RecordedDevice, TensorLeaf, Value, decode
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import Api
+
+#: sees a backward's graph before its gradients flow: (the inputs taking gradients, the outputs)
+Observer: TypeAlias = Callable[[list[torch.Tensor], list[torch.Tensor]], None]
 
 # The bench's raised precision (spec "Bench"); integers and bools are never raised.
 RAISED = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
@@ -194,7 +197,13 @@ class Run:
         with self.context():
             return self._backward(inputs, needs_grad)
 
-    def _backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+    def observed_backward(self, inputs: Inputs, needs_grad: list[bool], observe: Observer) -> tuple[Value, ...]:
+        """backward, calling `observe(wanted inputs, outputs)` on the built graph before
+        the gradients flow (to hook its nodes: run/summed.py gradient_pieces)."""
+        with self.context():
+            return self._backward(inputs, needs_grad, observe)
+
+    def _backward(self, inputs: Inputs, needs_grad: list[bool], observe: Observer | None = None) -> tuple[Value, ...]:
         args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
         leaves = [t for t in tensors_in((args, kwargs))]
         wanted = [t for t, flag in zip(leaves, needs_grad, strict=False) if flag]
@@ -206,6 +215,8 @@ class Run:
             outputs, grads = _pair_gradients(flat_outputs(output), self._incoming(inputs.grads or []), self.placement)
             if not outputs:
                 raise CallSkip("no output of the forward call carries a gradient to backpropagate")
+            if observe is not None:
+                observe(wanted, outputs)
             run_backward(outputs, grads)
         self.synchronize()
         return tuple(None if t.grad is None else t.grad.detach().cpu() for t in wanted)
