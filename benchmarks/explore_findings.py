@@ -15,6 +15,10 @@ float64, and a formula of the same cost in the same dtype without the defect.
   rstd g w and x rstd - mean rstd, where the definition subtracts first).
 - group_norm with a tiny weight: the kernel fuses weight * rstd, which underflows where
   weight * x_hat does not.
+- group_norm's input gradient with a large weight: the CPU backward forms it by moments,
+  (mean sum(g w) - sum(g w x)) rstd**3 x + ..., whose sum(g w x) rstd**3 overflows where
+  the definition's rstd (g w - mean(g w) - x_hat mean(g w x_hat)) is finite (as
+  layer_norm's rstd**3 above).
 - hardswish near the largest value: x * relu6(x + 3) overflows before the division by 6.
 - softplus's gradient at a large incoming gradient: g * exp(x) overflows before the
   division by 1 + exp(x); g * sigmoid(x) does not.
@@ -137,6 +141,33 @@ def group_norm_weight() -> None:
     )
 
 
+def _group_norm_by_definition(x: torch.Tensor, groups: int, weight: torch.Tensor) -> torch.Tensor:
+    """group_norm as its definition computes it (autograd differentiates x - mean first)."""
+    grouped = x.reshape(x.shape[0], groups, -1)
+    centred = grouped - grouped.mean(-1, keepdim=True)
+    x_hat = centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + 1e-5)
+    return x_hat.reshape(x.shape) * weight.reshape(1, -1, 1, 1)
+
+
+def group_norm_backward_weight() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x, g = torch.randn(2, 4, 8, 8, generator=generator) * 0.5, torch.randn(2, 4, 8, 8, generator=generator) * 1e-3
+    weight = torch.full((4,), 1.7e38)
+
+    def input_gradient(dtype: torch.dtype, function: object) -> torch.Tensor:
+        x_ = x.to(dtype).clone().requires_grad_()
+        function(x_, 2, weight.to(dtype)).backward(g.to(dtype))  # type: ignore[operator]
+        assert x_.grad is not None
+        return x_.grad
+
+    _compare(
+        "group_norm input gradient, float32, weight 1.7e38, sigma ~ 0.5 (formula: the definition, differentiated by autograd)",
+        input_gradient(torch.float32, F.group_norm),
+        input_gradient(torch.float32, _group_norm_by_definition),
+        input_gradient(torch.float64, F.group_norm),
+    )
+
+
 def hardswish_large() -> None:
     x = torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])
     _compare(
@@ -232,6 +263,7 @@ if __name__ == "__main__":
     layer_norm_scale()
     layer_norm_one_element()
     group_norm_weight()
+    group_norm_backward_weight()
     hardswish_large()
     softplus_gradient()
     gelu_tanh_gradient()

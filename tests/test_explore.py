@@ -276,6 +276,45 @@ def test_exploration_finds_the_left_tail_of_torch_s_own_float32_gelu(run_dump, t
     assert fixed.calls["Functional.gelu.0.forward.explore"].outcome == "passed", fixed.calls["Functional.gelu.0.forward.explore"].text
 
 
+def _group_norm_by_definition(original):
+    """group_norm as its definition computes it in float32 (x - mean first, rstd applied
+    once), differentiated by autograd: a correct kernel."""
+
+    def group_norm(x: torch.Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
+        if x.dtype != torch.float32 or not x.numel():
+            return original(x, num_groups, weight, bias, eps)
+        grouped = x.reshape(x.shape[0], num_groups, -1)
+        centred = grouped - grouped.mean(-1, keepdim=True)
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        y = (centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + eps)).reshape(x.shape)
+        y = y if weight is None else y * weight.reshape(shape)
+        return y if bias is None else y + bias.reshape(shape)
+
+    return group_norm
+
+
+def test_group_norm_s_definition_passes_exploration_and_torch_s_rstd_cubed_fails(run_dump, tmp_path, monkeypatch):
+    """group_norm's backward, explored: the definition run in float32 passes. It loses
+    log2(offset / sigma) bits under a common offset of x (the mean's rounding, in the
+    terms of its gradients), and its group sums of g w overflow with a weight near the
+    largest value (an intermediate of its backward's formula). torch's CPU backward forms
+    the input gradient by moments with rstd**3, which overflows at a weight of 1.7e38
+    where the exact gradient is finite (benchmarks/explore_findings.py): it fails while
+    this torch does so."""
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 4, 8, 8, generator=generator) * 0.5).requires_grad_()
+    torch.nn.functional.group_norm(x, 2, torch.full((4,), 1.7e38)).backward(torch.randn(2, 4, 8, 8, generator=generator) * 1e-3)
+    overflows = not bool(torch.isfinite(x.grad).all())
+    dump = Path(__file__).parent / "dumps" / "models" / "apizoo_tensor_fp32" / "dump.json"
+    select = ("--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", "Functional.group_norm.0.backward")
+    run = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'torch'}")
+    assert run.calls["Functional.group_norm.0.backward.explore"].outcome == ("failed" if overflows else "passed")
+    monkeypatch.setattr(torch.nn.functional, "group_norm", _group_norm_by_definition(torch.nn.functional.group_norm))
+    defined = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'definition'}")
+    explored = defined.calls["Functional.group_norm.0.backward.explore"]
+    assert explored.outcome == "passed", explored.text
+
+
 def test_subnormal_intermediates_times_a_large_gradient_are_excused(run_dump, tmp_path):
     """layer_norm of subnormal inputs: x_hat is subnormal too and keeps a few bits, and
     the weight gradient sums g x_hat with |g| ~ 1e7: the CPU's float32 kernel is off by

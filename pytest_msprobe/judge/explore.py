@@ -638,6 +638,16 @@ def _layer_norm_backward(call: Arguments) -> list[torch.Tensor]:
     return [products.sum(tuple(range(-len(shape), 0)))]
 
 
+def _group_norm_backward(call: Arguments) -> list[torch.Tensor]:
+    """layer_norm's over each (sample, group of channels), the weight per channel: the
+    group sums of |g w| (the definition's mean(g w) and mean(g w x_hat))."""
+    x, groups, weight = call.args[0], call.args[1] if len(call.args) > 1 else call.kwargs.get("num_groups"), call.tensor(2, "weight")
+    if not isinstance(x, torch.Tensor) or not isinstance(groups, int) or weight is None:
+        return []
+    products = (call.grads[0] * weight.reshape([1, -1] + [1] * (x.dim() - 2))).abs()
+    return [products.reshape(x.shape[0], groups, -1).sum(-1)]
+
+
 @dataclass(frozen=True)
 class Arguments:
     """A backward's forward arguments, incoming gradients and forward result, floating
@@ -665,6 +675,7 @@ BACKWARD_INTERMEDIATES: dict[str, Callable[[Arguments], list[torch.Tensor]]] = {
     "atan2": _atan2_backward,
     "std": _std_backward,
     "layer_norm": _layer_norm_backward,
+    "group_norm": _group_norm_backward,
 }
 
 
