@@ -217,16 +217,19 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
 
 
 def _exact_gelu(gelu: Callable[..., Value]) -> Callable[..., Value]:
-    """gelu's float64 bench as 0.5 x erfc(-x / sqrt 2). torch computes 0.5 x (1 + erf(x /
-    sqrt 2)) in every dtype, whose sum cancels in the left tail (pytorch/pytorch#187806):
-    in float64 it is 0 from about x = -8.3 on, where float32's exact gelu is still a
-    normal number, so a bench computed that way would call a correct float32 kernel wrong
-    there. The tanh approximation and the other dtypes are torch's own."""
+    """gelu's float64 and float32 benches as 0.5 x erfc(-x / sqrt 2). torch computes 0.5 x
+    (1 + erf(x / sqrt 2)) in every dtype, whose sum cancels in the left tail
+    (pytorch/pytorch#187806): in float64 it is 0 from about x = -8.3 on, where float32's
+    exact gelu is still a normal number, in float32 (the bench of bfloat16 and float16
+    calls) from about -5.8 on, and its gradient's cdf term likewise (a float32 bench of a
+    bfloat16 gelu backward at x ~ -5.5 was 8 ULP of bfloat16 off, the device 5), so a
+    bench computed that way would call a correct kernel wrong there. The tanh
+    approximation and the other dtypes are torch's own."""
 
     def bench(input: Value, approximate: str = "none") -> Value:  # noqa: A002 (torch's name)
         import torch
 
-        if approximate != "none" or not isinstance(input, torch.Tensor) or input.dtype != torch.float64:
+        if approximate != "none" or not isinstance(input, torch.Tensor) or input.dtype not in (torch.float32, torch.float64):
             return gelu(input, approximate=approximate)
         return 0.5 * input * torch.special.erfc(-input * 0.5**0.5)
 
