@@ -28,6 +28,9 @@ float64, and a formula of the same cost in the same dtype without the defect.
   dividing by the row's sum (inf once v nears the largest value); its float32 backward,
   where q's large offset saturates each row's softmax, gives a key gradient where the exact
   one is 0. torch's own math kernel (softmax, then matmul: the definition) has neither.
+  In float16 and bfloat16 its backward, where v carries a large common offset, is 40-100
+  ULP off (the softmax backward cancels dP = g V^T's common part) where the math kernel,
+  which accumulates in float32 as a 16-bit kernel's sums do, is 0.2-0.4 ULP off.
 - bfloat16 erf near 0: ~5 ULP off where erf(x) ~ 2x / sqrt(pi); float32's erf rounded to
   bfloat16 is not.
 - cosine_similarity in float16 with a zero vector: NaN where the definition's
@@ -232,6 +235,35 @@ def attention_flash() -> None:
     )
 
 
+def _attention_gradients(tensors: tuple[torch.Tensor, ...], g: torch.Tensor, precision: torch.dtype, math: bool) -> list[torch.Tensor]:
+    """sdpa's query, key and value gradients in `precision`, by the flash or the math kernel."""
+    leaves = [t.to(precision).clone().requires_grad_() for t in tensors]
+    output = torch.ops.aten._scaled_dot_product_attention_math(*leaves)[0] if math else F.scaled_dot_product_attention(*leaves)
+    output.backward(g.to(precision))
+    return [t.grad for t in leaves if t.grad is not None]
+
+
+def attention_flash_half_backward() -> None:
+    """v shifted by ~64 spreads: the softmax backward's dP - rowsum(P dP) cancels the
+    common g . 35 of dP = g V^T (the found example: v + 2**6 spreads, k x 16)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        generator = torch.Generator().manual_seed(0)
+        q, k, v, g = (
+            (torch.randn(2, 2, 32, 4, generator=generator) * scale + shift).to(dtype)
+            for scale, shift in ((0.5, 0), (8, 0), (0.5, 35), (0.003, 0))
+        )
+        exact = _attention_gradients((q, k, v), g, torch.float64, False)
+        for label, by_math in (("flash", False), ("math kernel", True)):
+            found = _attention_gradients((q, k, v), g, dtype, by_math)
+            ulps = [
+                float((f.double() - e).abs().max()) / (float(e.abs().max()) * torch.finfo(dtype).eps)
+                for f, e in zip(found, exact, strict=True)
+            ]
+            print(
+                f"sdpa backward, {dtype}, v + 35 (64 spreads), k x 16: {label} query / key gradient {ulps[0]:.3g} / {ulps[1]:.3g} ULP at max"
+            )
+
+
 def erf_near_zero() -> None:
     x = torch.tensor([3.2e-6, -1.0e-6, 2.0e-6, 1.5e-6] * 4).bfloat16()
     _compare(
@@ -268,5 +300,6 @@ if __name__ == "__main__":
     softplus_gradient()
     gelu_tanh_gradient()
     attention_flash()
+    attention_flash_half_backward()
     cosine_similarity_zero()
     erf_near_zero()
