@@ -13,6 +13,9 @@ float64, and a formula of the same cost in the same dtype without the defect.
 - layer_norm's backward on rows of one element with a large incoming gradient: NaN input
   gradient and a weight gradient of 1.3e32 where both are exactly 0 (the kernel forms
   rstd g w and x rstd - mean rstd, where the definition subtracts first).
+- layer_norm's input gradient with a subnormal incoming gradient and a weight near the
+  largest value: off by thousands of ULP where the definition (g w first) is ~1 ULP off:
+  the kernel rounds an intermediate of g among the subnormals before the weight scales it.
 - group_norm with a tiny weight: the kernel fuses weight * rstd, which underflows where
   weight * x_hat does not.
 - group_norm's input gradient with a large weight: the CPU backward forms it by moments,
@@ -127,6 +130,32 @@ def layer_norm_one_element() -> None:
     print(
         f"layer_norm backward, float32, a row of one element, g = 1.7e38 (exact: 0, 0): torch input gradient {float(kernel.grad):.3g}, "
         f"weight gradient {float(weight.grad):.3g}; formula {float(_layer_norm_input_grad(x, g)):.3g}, {float((g * x_hat).sum()):.3g}"
+    )
+
+
+def layer_norm_subnormal_gradient() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x, g = torch.randn(4, 8, 32, generator=generator), torch.randn(4, 8, 32, generator=generator) * 2.0**-142
+    weight = torch.full((32,), 1.7e38)
+
+    def input_gradient(dtype: torch.dtype, function: object) -> torch.Tensor:
+        x_ = x.to(dtype).clone().requires_grad_()
+        function(x_, weight.to(dtype)).backward(g.to(dtype))  # type: ignore[operator]
+        assert x_.grad is not None
+        return x_.grad
+
+    def by_definition(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        centred = x - x.mean(-1, keepdim=True)
+        return centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + 1e-5) * weight
+
+    def kernel(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, [32], weight)
+
+    _compare(
+        "layer_norm input gradient, float32, g subnormal (|g| ~ 1e-43), weight 1.7e38 (formula: the definition, differentiated by autograd)",
+        input_gradient(torch.float32, kernel),
+        input_gradient(torch.float32, by_definition),
+        input_gradient(torch.float64, kernel),
     )
 
 
@@ -294,6 +323,7 @@ if __name__ == "__main__":
     gelu_tail()
     layer_norm_scale()
     layer_norm_one_element()
+    layer_norm_subnormal_gradient()
     group_norm_weight()
     group_norm_backward_weight()
     hardswish_large()
