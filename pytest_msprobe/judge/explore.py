@@ -385,13 +385,11 @@ def gate_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Valu
         return evaluated(dataclasses.replace(bench, function=function), name.direction, inputs, framework)
 
     plain = gradients(None)
-    changes = [gradients(_rounded_gate(unit, seed)) for seed in range(SENSITIVITY_PATTERNS)]
-    if plain is None or any(change is None for change in changes):
+    moved = [gradients(_rounded_gate(unit, seed)) for seed in range(SENSITIVITY_PATTERNS)]
+    if plain is None or any(change is None for change in moved):
         return None
-    merged = _pairwise(lambda a, b: (a.double() - b.double()).abs(), changes[0], plain)
-    for change in changes[1:]:
-        merged = _pairwise(torch.maximum, merged, _pairwise(lambda a, b: (a.double() - b.double()).abs(), change, plain))
-    return merged
+    changes = [_pairwise(lambda a, b: (a.double() - b.double()).abs(), change, plain) for change in moved]
+    return functools.reduce(lambda merged, change: _pairwise(torch.maximum, merged, change), changes)
 
 
 def _rounded_gate(unit: float, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
