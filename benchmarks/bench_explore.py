@@ -7,7 +7,7 @@ Each dump runs in its own pytest session (`-m explore`, CPU device, -n 0), in a 
 --msprobe-out (no example database: every search starts from nothing). Per dump it
 prints the explored tests by status, the examples judged and discarded (from each
 record's note), the wall time, and examples per second. Failing calls are listed with
-their first line.
+their first line and first reason.
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ from collections import Counter
 from pathlib import Path
 
 COUNTS = re.compile(r"(\d+) examples around the call judged, (\d+) discarded")
+
+
+def _first_lines(message: str) -> str:
+    """The message's first line and its first reason: what classifies a failure."""
+    lines = message.splitlines()
+    reason = next((line.strip() for line in lines if line.strip().startswith("reason:")), "")
+    return f"{lines[0]} {reason}".strip() if lines else ""
 
 
 def explore(dump: Path, examples: int, dedup: bool) -> dict:
@@ -55,7 +62,7 @@ def explore(dump: Path, examples: int, dedup: bool) -> dict:
         found = COUNTS.search(record["message"])
         if found:
             judged, discarded = judged + int(found[1]), discarded + int(found[2])
-    failing = [record["message"].splitlines()[0] for record in records if record["status"] in ("error", "warning")]
+    failing = [_first_lines(record["message"]) for record in records if record["status"] in ("error", "warning")]
     return {
         "dump": str(dump),
         "tests": len(records),

@@ -13,8 +13,15 @@ float64, and a formula of the same cost in the same dtype without the defect.
 - layer_norm's backward on rows of one element with a large incoming gradient: NaN input
   gradient and a weight gradient of 1.3e32 where both are exactly 0 (the kernel forms
   rstd g w and x rstd - mean rstd, where the definition subtracts first).
+- layer_norm's input gradient with a subnormal incoming gradient and a weight near the
+  largest value: off by thousands of ULP where the definition (g w first) is ~1 ULP off:
+  the kernel rounds an intermediate of g among the subnormals before the weight scales it.
 - group_norm with a tiny weight: the kernel fuses weight * rstd, which underflows where
   weight * x_hat does not.
+- group_norm's input gradient with a large weight: the CPU backward forms it by moments,
+  (mean sum(g w) - sum(g w x)) rstd**3 x + ..., whose sum(g w x) rstd**3 overflows where
+  the definition's rstd (g w - mean(g w) - x_hat mean(g w x_hat)) is finite (as
+  layer_norm's rstd**3 above).
 - hardswish near the largest value: x * relu6(x + 3) overflows before the division by 6.
 - softplus's gradient at a large incoming gradient: g * exp(x) overflows before the
   division by 1 + exp(x); g * sigmoid(x) does not.
@@ -24,6 +31,9 @@ float64, and a formula of the same cost in the same dtype without the defect.
   dividing by the row's sum (inf once v nears the largest value); its float32 backward,
   where q's large offset saturates each row's softmax, gives a key gradient where the exact
   one is 0. torch's own math kernel (softmax, then matmul: the definition) has neither.
+  In float16 and bfloat16 its backward, where v carries a large common offset, is 40-100
+  ULP off (the softmax backward cancels dP = g V^T's common part) where the math kernel,
+  which accumulates in float32 as a 16-bit kernel's sums do, is 0.2-0.4 ULP off.
 - bfloat16 erf near 0: ~5 ULP off where erf(x) ~ 2x / sqrt(pi); float32's erf rounded to
   bfloat16 is not.
 - cosine_similarity in float16 with a zero vector: NaN where the definition's
@@ -123,6 +133,32 @@ def layer_norm_one_element() -> None:
     )
 
 
+def layer_norm_subnormal_gradient() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x, g = torch.randn(4, 8, 32, generator=generator), torch.randn(4, 8, 32, generator=generator) * 2.0**-142
+    weight = torch.full((32,), 1.7e38)
+
+    def input_gradient(dtype: torch.dtype, function: object) -> torch.Tensor:
+        x_ = x.to(dtype).clone().requires_grad_()
+        function(x_, weight.to(dtype)).backward(g.to(dtype))  # type: ignore[operator]
+        assert x_.grad is not None
+        return x_.grad
+
+    def by_definition(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        centred = x - x.mean(-1, keepdim=True)
+        return centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + 1e-5) * weight
+
+    def kernel(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, [32], weight)
+
+    _compare(
+        "layer_norm input gradient, float32, g subnormal (|g| ~ 1e-43), weight 1.7e38 (formula: the definition, differentiated by autograd)",
+        input_gradient(torch.float32, kernel),
+        input_gradient(torch.float32, by_definition),
+        input_gradient(torch.float64, kernel),
+    )
+
+
 def group_norm_weight() -> None:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 4, 8, 8, generator=generator) * 2.0**27
@@ -134,6 +170,33 @@ def group_norm_weight() -> None:
         F.group_norm(x, 2, weight),
         normalised * weight.reshape(1, 4, 1, 1),
         wide,
+    )
+
+
+def _group_norm_by_definition(x: torch.Tensor, groups: int, weight: torch.Tensor) -> torch.Tensor:
+    """group_norm as its definition computes it (autograd differentiates x - mean first)."""
+    grouped = x.reshape(x.shape[0], groups, -1)
+    centred = grouped - grouped.mean(-1, keepdim=True)
+    x_hat = centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + 1e-5)
+    return x_hat.reshape(x.shape) * weight.reshape(1, -1, 1, 1)
+
+
+def group_norm_backward_weight() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x, g = torch.randn(2, 4, 8, 8, generator=generator) * 0.5, torch.randn(2, 4, 8, 8, generator=generator) * 1e-3
+    weight = torch.full((4,), 1.7e38)
+
+    def input_gradient(dtype: torch.dtype, function: object) -> torch.Tensor:
+        x_ = x.to(dtype).clone().requires_grad_()
+        function(x_, 2, weight.to(dtype)).backward(g.to(dtype))  # type: ignore[operator]
+        assert x_.grad is not None
+        return x_.grad
+
+    _compare(
+        "group_norm input gradient, float32, weight 1.7e38, sigma ~ 0.5 (formula: the definition, differentiated by autograd)",
+        input_gradient(torch.float32, F.group_norm),
+        input_gradient(torch.float32, _group_norm_by_definition),
+        input_gradient(torch.float64, F.group_norm),
     )
 
 
@@ -201,6 +264,35 @@ def attention_flash() -> None:
     )
 
 
+def _attention_gradients(tensors: tuple[torch.Tensor, ...], g: torch.Tensor, precision: torch.dtype, math: bool) -> list[torch.Tensor]:
+    """sdpa's query, key and value gradients in `precision`, by the flash or the math kernel."""
+    leaves = [t.to(precision).clone().requires_grad_() for t in tensors]
+    output = torch.ops.aten._scaled_dot_product_attention_math(*leaves)[0] if math else F.scaled_dot_product_attention(*leaves)
+    output.backward(g.to(precision))
+    return [t.grad for t in leaves if t.grad is not None]
+
+
+def attention_flash_half_backward() -> None:
+    """v shifted by ~64 spreads: the softmax backward's dP - rowsum(P dP) cancels the
+    common g . 35 of dP = g V^T (the found example: v + 2**6 spreads, k x 16)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        generator = torch.Generator().manual_seed(0)
+        q, k, v, g = (
+            (torch.randn(2, 2, 32, 4, generator=generator) * scale + shift).to(dtype)
+            for scale, shift in ((0.5, 0), (8, 0), (0.5, 35), (0.003, 0))
+        )
+        exact = _attention_gradients((q, k, v), g, torch.float64, False)
+        for label, by_math in (("flash", False), ("math kernel", True)):
+            found = _attention_gradients((q, k, v), g, dtype, by_math)
+            ulps = [
+                float((f.double() - e).abs().max()) / (float(e.abs().max()) * torch.finfo(dtype).eps)
+                for f, e in zip(found, exact, strict=True)
+            ]
+            print(
+                f"sdpa backward, {dtype}, v + 35 (64 spreads), k x 16: {label} query / key gradient {ulps[0]:.3g} / {ulps[1]:.3g} ULP at max"
+            )
+
+
 def erf_near_zero() -> None:
     x = torch.tensor([3.2e-6, -1.0e-6, 2.0e-6, 1.5e-6] * 4).bfloat16()
     _compare(
@@ -263,11 +355,14 @@ if __name__ == "__main__":
     gelu_tail()
     layer_norm_scale()
     layer_norm_one_element()
+    layer_norm_subnormal_gradient()
     group_norm_weight()
+    group_norm_backward_weight()
     hardswish_large()
     softplus_gradient()
     gelu_tanh_gradient()
     attention_flash()
+    attention_flash_half_backward()
     cosine_similarity_zero()
     erf_near_zero()
     one_minus_cos()

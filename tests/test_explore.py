@@ -246,6 +246,10 @@ DEFINED_INTERMEDIATES = [
     # sigmoid_backward(grad, result): 1 - y of the result rounded to float32 cancels for
     # x to 177 (2e5 ULP): within 16x the sensitivity to that rounding (RESULT_BACKWARDS)
     ("apizoo_tensor_fp32", "Torch.sigmoid.0.backward", "errors within 16x the inputs' rounding"),
+    # the GRU's (1 - z) and 1 - n**2 formed from saturated gates rounded to float32: torch's
+    # fused kernel and the definition run in float32 both err 500-700 ULP of the weight
+    # gradients (4110 > 4096 scaled), within 16x that rounding's sensitivity (2e3)
+    ("gru_tensor_fp32", "Torch.gru.0.backward", "errors within 16x the rounding of its saturating gates"),
 ]
 
 
@@ -258,6 +262,31 @@ def test_an_intermediate_the_definition_computes_beyond_the_range_is_discarded(d
     assert explored.outcome == "passed", explored.text
     message = _records(tmp_path)[call + ".explore"]["message"]
     assert int(re.search(re.escape(cause) + r"[^:;]*: (\d+)", message)[1]) > 0, message
+
+
+def _gru_with_half_gates(original):
+    """A float32 GRU that holds its gates' results in float16 (a reduced-precision
+    recurrent kernel: cuDNN's RNNs run in TF32, 10 mantissa bits as float16's, where
+    torch.backends.cudnn.allow_tf32 is on, its default; PyTorch's "TensorFloat-32 (TF32)
+    on Ampere" notes)."""
+    from pytest_msprobe.run.recurrent import DEFINITIONS
+
+    def gru(input, hx, params, *args):
+        if input.dtype != torch.float32:
+            return original(input, hx, params, *args)
+        return DEFINITIONS["gru"](input, hx, params, *args, gate=lambda result: result.half().float())
+
+    return gru
+
+
+def test_the_rounding_of_a_gru_s_gates_does_not_excuse_gates_held_in_half_precision(run_dump, tmp_path, monkeypatch):
+    """The gates' rounding excuses what a rounding in float32 costs (the correct kernel
+    passes: DEFINED_INTERMEDIATES), not gates held to 11 bits: 2**13 times the rounding."""
+    monkeypatch.setattr(torch, "gru", _gru_with_half_gates(torch.gru))
+    dump = Path(__file__).parent / "dumps" / "models" / "gru_tensor_fp32" / "dump.json"
+    call = "Torch.gru.0.backward"
+    run = run_dump(dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", call, f"--msprobe-out={tmp_path}")
+    assert run.calls[call + ".explore"].outcome == "failed", run.calls[call + ".explore"].text
 
 
 def _erfc_gelu(original):
@@ -351,6 +380,66 @@ def test_exploration_finds_torch_s_own_one_minus_cos_at_small_angles(run_dump, t
     FAULTS["one_minus_cos"].patch_correct(monkeypatch)
     fixed = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'rounded'}")
     assert fixed.calls["Functional.cosine_embedding_loss.1.forward.explore"].outcome == "passed"
+
+
+def _group_norm_by_definition(original):
+    """group_norm as its definition computes it in float32 (x - mean first, rstd applied
+    once), differentiated by autograd: a correct kernel."""
+
+    def group_norm(x: torch.Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
+        if x.dtype != torch.float32 or not x.numel():
+            return original(x, num_groups, weight, bias, eps)
+        grouped = x.reshape(x.shape[0], num_groups, -1)
+        centred = grouped - grouped.mean(-1, keepdim=True)
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        y = (centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + eps)).reshape(x.shape)
+        y = y if weight is None else y * weight.reshape(shape)
+        return y if bias is None else y + bias.reshape(shape)
+
+    return group_norm
+
+
+def test_group_norm_s_definition_passes_exploration_and_torch_s_rstd_cubed_fails(run_dump, tmp_path, monkeypatch):
+    """group_norm's backward, explored: the definition run in float32 passes. It loses
+    log2(offset / sigma) bits under a common offset of x (the mean's rounding, in the
+    terms of its gradients), and its group sums of g w overflow with a weight near the
+    largest value (an intermediate of its backward's formula). torch's CPU backward forms
+    the input gradient by moments with rstd**3, which overflows at a weight of 1.7e38
+    where the exact gradient is finite (benchmarks/explore_findings.py): it fails while
+    this torch does so."""
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 4, 8, 8, generator=generator) * 0.5).requires_grad_()
+    torch.nn.functional.group_norm(x, 2, torch.full((4,), 1.7e38)).backward(torch.randn(2, 4, 8, 8, generator=generator) * 1e-3)
+    overflows = not bool(torch.isfinite(x.grad).all())
+    dump = Path(__file__).parent / "dumps" / "models" / "apizoo_tensor_fp32" / "dump.json"
+    select = ("--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", "Functional.group_norm.0.backward")
+    run = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'torch'}")
+    assert run.calls["Functional.group_norm.0.backward.explore"].outcome == ("failed" if overflows else "passed")
+    monkeypatch.setattr(torch.nn.functional, "group_norm", _group_norm_by_definition(torch.nn.functional.group_norm))
+    defined = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'definition'}")
+    explored = defined.calls["Functional.group_norm.0.backward.explore"]
+    assert explored.outcome == "passed", explored.text
+
+
+def test_a_bfloat16_gelu_gradient_in_the_left_tail_is_judged_against_an_exact_bench(run_dump, tmp_path):
+    """The float32 bench of a bfloat16 gelu is the erfc form too (run/apis.py
+    _exact_gelu): torch's float32 cdf term 0.5 (1 + erf(x / sqrt 2)) cancels at x ~ -7,
+    where the bfloat16 kernel's gradient is closer to the exact one than that bench (an
+    explored example of transformer12_statistics_bf16: 31.5 > 8 ULP against it)."""
+    from dumpwriter import DumpWriter
+
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.rand(1, 8, 64, generator=generator) * 2.9 - 8.4).bfloat16()
+    g = (torch.rand(1, 8, 64, generator=generator) * 0.017).bfloat16()
+    leaf = x.clone().requires_grad_()
+    out = torch.nn.functional.gelu(leaf)
+    out.backward(g)
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    writer.forward("Functional.gelu.0", [x], {}, out.detach())
+    writer.backward("Functional.gelu.0", [g], [leaf.grad])
+    select = ("--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore", "-k", "backward", f"--msprobe-out={tmp_path / 'out'}")
+    explored = run_dump(writer.write(), *select).calls["Functional.gelu.0.backward.explore"]
+    assert explored.outcome == "passed", explored.text
 
 
 def test_subnormal_intermediates_times_a_large_gradient_are_excused(run_dump, tmp_path):

@@ -138,14 +138,14 @@ class PytorchReplay:
         if site.accelerator:  # float16/bfloat16 in strict float32 on the accelerator (run/precision.py)
             bench = Run(
                 api,
-                api.bench_fn,
+                api.raised_bench_fn,
                 Placement(backend.torch_device(settings.device_index), dtypes),
                 backend.synchronize,
                 context=functools.partial(strict_float32, backend.name),
                 site=site.label,
             )
         else:
-            bench = Run(api, api.bench_fn, Placement(cpu, dtypes), site=site.label)
+            bench = Run(api, api.raised_bench_fn, Placement(cpu, dtypes), site=site.label)
         reference = Run(api, api.bench_fn, Placement(cpu)) if backend.name != "cpu" else None
         return device, bench, reference
 

@@ -197,7 +197,8 @@ def _check(
     api = framework.resolve(call_name, chosen)
     if call.call_api is not None:
         # a bench told the device's draw (a dropout's mask: run/dropout.py) keeps its own function
-        api = dataclasses.replace(api, device_fn=call.call_api, bench_fn=call.call_api if api.reveal is None else api.bench_fn)
+        own = call.call_api if api.reveal is None else api.bench_fn
+        api = dataclasses.replace(api, device_fn=call.call_api, bench_fn=own, raised_fn=None)
     inputs = call.build_inputs(args.direction, args.dump_dir, args.generate, variant)
     for leaf in inputs.leaves:
         print(f"  {leaf.path:<28} {str(leaf.tensor.dtype).removeprefix('torch.'):<9} {list(leaf.tensor.shape)}  {leaf.origin}")
