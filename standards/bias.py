@@ -41,15 +41,7 @@ What the device is compared with, by mode:
   bias that a correct kernel in D also has (a long reduction's shared normaliser) is
   excused by the reference having it too, a rounding defect is not: a float32 softmax or
   convolution rounded toward zero is caught here, which the single-run limit of 16 ULP
-  cannot see. Except where the API evaluates a library function in float32 that no
-  kernel rounds correctly (thresholds.csv's float32 `ref_bias_ulp` rows: tanh, gelu's erf
-  or tanh): each family's approximation may carry a bias up to its maximum error, 2 ULP
-  for tanhf and erff in the CUDA C++ Programming Guide's table of single-precision
-  functions, so the limit is 0.25 + 2 ULP. Measured between correct kernels: tanh +0.42
-  ULP (an H200 against this CPU, z 22), gelu +0.39 to +0.63 ULP (torch's AVX2 CPU kernel
-  against its AVX512 one, z 8-12: benchmarks/RESULTS-cuda.md). A float32 rounding defect
-  of these APIs (-0.5 ULP) is below that floor; in float16/bfloat16 the function's float32
-  error is far below an ULP of D and 0.25 stands. Comparing the two biases, not d with r element
+  cannot see. Comparing the two biases, not d with r element
   by element: the reference's own accumulation noise (several ULPs where a sum cancels)
   would drown a half-ULP rounding defect in d - r.
 - against a baseline's recorded metrics: no element values exist, so the magnitude
