@@ -408,3 +408,44 @@ def test_cuda_bench_end_to_end(tmp_path) -> None:
     assert result.verdict.status == "pass", result.verdict.message()
     assert result.verdict.reference.endswith(CUDA_LABEL)
     assert _flags() == user
+
+
+# --- the device's own lowered precision, named in a failing call's message ----------
+
+
+def test_torch_s_defaults_are_named_per_dtype() -> None:
+    """torch's defaults, read as a device run leaves them (every torch build has these
+    settings): TF32 for cuDNN's float32 convolutions and RNNs, reduced-precision
+    reductions for 16-bit GEMMs -- what made an H200's correct float32 LSTM 2.7e-4 off."""
+    _set_user_tf32()  # the fixture restores every setting
+    float32 = precision.lowered_precision("cuda", {"float32"})
+    assert "torch.backends.cudnn.allow_tf32 is True where strict is False" in float32
+    assert not any("reduced_precision_reduction" in line for line in float32)
+    bfloat16 = precision.lowered_precision("cuda", {"bfloat16"})
+    assert bfloat16 == ["torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction is True where strict is False"]
+    assert precision.lowered_precision("cpu", {"float32", "bfloat16"}) == []
+
+
+def test_strict_settings_name_nothing() -> None:
+    with precision.strict_float32("cuda"):
+        assert precision.lowered_precision("cuda", {"float32", "float16", "bfloat16"}) == []
+
+
+def test_only_the_failing_outputs_dtypes_are_asked_about() -> None:
+    from pytest_msprobe.judge.call import failing_dtypes
+    from pytest_msprobe.standards import Verdict
+
+    outputs = (Verdict("error", "benchmark", device_dtype="float32"), Verdict("pass", "benchmark", device_dtype="bfloat16"))
+    assert failing_dtypes(Verdict("error", "benchmark", outputs=outputs)) == {"float32"}
+    assert failing_dtypes(Verdict("error", "ulp", device_dtype="float16")) == {"float16"}
+
+
+def test_a_float32_lstm_failing_on_cuda_names_the_tf32_it_ran_in(copy_dump, run_dump) -> None:
+    """On an H200 under torch's defaults the calibration LSTM's forward was 1365x the CPU
+    reference's mean_rel_err (cuDNN's RNN in TF32): its message names the setting."""
+    _cuda_or_skip()
+    _set_user_tf32()
+    result = run_dump(copy_dump("models/lstm_tensor_fp32"), "--msprobe-device=cuda", "-k", "lstm.0.forward")
+    outcome = result.calls["Torch.lstm.0.forward"]
+    assert outcome.outcome == "failed"
+    assert "the device computed in lowered precision, by its own settings: torch.backends.cudnn.allow_tf32 is True" in outcome.text

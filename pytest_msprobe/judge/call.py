@@ -16,7 +16,7 @@ from pytest_msprobe.judge.written import Written, cut, cut_results, written
 from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.groups import groups_of
-from pytest_msprobe.run.precision import BenchSite, bench_site, strict_float32
+from pytest_msprobe.run.precision import BenchSite, bench_site, lowered_precision, strict_float32
 from pytest_msprobe.run.replay import (
     Inputs,
     Placement,
@@ -271,7 +271,16 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     if evidence is not None and evidence.origins:  # gradients recovered from the dump (judge/offline.py)
         verdict = relabelled(verdict, f"gradients recovered from the dump: {evidence.how}")
         notes = [*notes, *(f"not judged: {why}" for why in evidence.left_out)]
+    if verdict.status == "error" and not settings.offline:  # offline, the device's run is the dump's
+        lowered = lowered_precision(settings.backend.name, failing_dtypes(verdict))
+        if lowered:
+            notes = [*notes, "the device computed in lowered precision, by its own settings: " + "; ".join(lowered)]
     return CallResult(name, verdict, label, inputs.origins, samples, notes=notes, findings=findings)
+
+
+def failing_dtypes(verdict: Verdict) -> set[str]:
+    """The device dtypes of the outputs judged error."""
+    return {leaf.device_dtype for leaf in verdict.outputs or (verdict,) if leaf.status == "error"}
 
 
 def call_findings(replayed: Replayed, name: CallName, framework: str, settings: Settings) -> list[Finding]:

@@ -182,15 +182,21 @@ def _read(get: Callable[[], Setting]) -> tuple[bool, object]:
         return False, exc
 
 
-def problems(backend_name: str, switches: list[Switch]) -> list[str]:
-    """Why the accelerator does not compute in strict float32 now ([] : it does)."""
+def problems(backend_name: str, switches: list[Switch], strict: str = "after setting it to", float32: bool = True) -> list[str]:
+    """Why the accelerator does not compute in strict float32 now ([] : it does): each of
+    `switches` that departs from its strict value (worded `<name> is <value> <strict>
+    <its strict value>`) and, with `float32`, the settings beside them that lower
+    float32 alone (the fp32_precision API, the TF32 override variables, the ACL
+    precision mode)."""
     found = []
     for switch in switches:
         ok, value = _read(switch.get)
         if not ok:
             found.append(f"{switch.name} cannot be read ({type(value).__name__}: {value})")
         elif value != switch.strict:
-            found.append(f"{switch.name} is {value!r} after setting it to {switch.strict!r}")
+            found.append(f"{switch.name} is {value!r} {strict} {switch.strict!r}")
+    if not float32:
+        return found
     if backend_name == "cuda":
         for name, owner in _fp32_precision_api():
             ok, value = _read(_fp32_precision_of(owner))
@@ -209,6 +215,32 @@ def problems(backend_name: str, switches: list[Switch]) -> list[str]:
                 "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench"
             )
     return found
+
+
+#: The dtype whose results each switch lowers (by the last part of its name): TF32 and
+#: HF32 round float32 inputs to 10 mantissa bits; a reduced-precision reduction keeps a
+#: float16/bfloat16 GEMM's partial sums in that type.
+LOWERS: dict[str, str] = {
+    "allow_tf32": "float32",
+    "get_float32_matmul_precision()": "float32",
+    "allow_hf32": "float32",
+    "allow_fp16_reduced_precision_reduction": "float16",
+    "allow_fp16_accumulation": "float16",
+    "allow_bf16_reduced_precision_reduction": "bfloat16",
+}
+
+
+def lowered_precision(backend_name: str, dtypes: set[str]) -> list[str]:
+    """The device's own settings that compute `dtypes` below their precision, as its run
+    had them (the device run keeps the user's settings; torch's defaults turn TF32 on for
+    cuDNN's float32 convolutions and RNNs and reduced-precision reductions on for 16-bit
+    GEMMs). A failing call names them: measured on an H200 under the defaults, a float32
+    LSTM was 2.7e-4 off on average, 5.9e-6 with TF32 off (benchmarks/RESULTS-cuda.md)."""
+    switches = SWITCHES.get(backend_name)
+    if switches is None:
+        return []
+    chosen = [switch for switch in switches() if LOWERS[switch.name.rsplit(".", 1)[-1]] in dtypes]
+    return problems(backend_name, chosen, "where strict is", float32="float32" in dtypes)
 
 
 @contextlib.contextmanager
