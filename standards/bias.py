@@ -47,6 +47,16 @@ What the device is compared with, by mode:
 - against a baseline's recorded metrics: no element values exist, so the magnitude
   ratios judge (reference.py); the bias test is not applied.
 
+What a correct library may lean (accuracy.py, tables/accuracy_model.csv). The limits above
+were measured on ATen's own code paths, which share its formulas and math library; a
+correct kernel of another library (CANN, CUDA's math library, XLA) leans further in
+float32: gelu -0.5 ULP, tanh -1 ULP, x / 6 as x * (1/6) +0.33 ULP. Where the API's
+class has a documented lean (`lib_bias_ulp`: float32, float64), a test fails only where
+the device's own mean is also beyond it with certainty -- (|mean| - lean) over the
+mean's standard error (from `bias_ulp_ms`, the mean square of the errors) above
+`sr_bias_z`. A lean within what correct libraries document stays in the metrics and the
+reports; 16-bit rows allow none, so there the limits above decide alone.
+
 Groups. A correct kernel rounds a shared quantity once per group -- a softmax row's sum,
 a layer_norm row's mean and 1/sigma, a batch_norm channel's batch statistics, a
 division's one reciprocal -- and every element of the group inherits that rounding, so
@@ -87,7 +97,7 @@ from . import fast
 from .dtypes import Array
 from .fast import QUANTILE_SAMPLE, BiasSums
 from .metrics import Pair, sign_balance_z
-from .signs import bias_reasons, signs_z
+from .signs import LIB_BIAS_KEY, bias_reasons, signs_z
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -95,7 +105,7 @@ if TYPE_CHECKING:
 __all__ = ["bias_metrics", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
 #: fast.BiasSums' totals where no element is finite
-NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0)
+NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
 #: the names of the bias metrics (and their sums) begin so
 BIAS_PREFIXES = ("bias_", "scale_bias_")
 #: the statistics are computed on a sample of at least this many elements (fewer than
@@ -115,11 +125,13 @@ def sample_blocks(n: int) -> list[slice]:
 
 def statistics(sums: Sequence[float], prefix: str = "") -> dict[str, float]:
     """The four bias metrics from fast.BiasSums' totals (both paths of every standard),
-    and the sums they come from (`bias_n`, `*_signs`, `*_signs_sq`): what the calls of
-    one kernel pool into its verdict (judge/kernels.py)."""
-    pos, neg, outward, inward, n_upper, signed_sum, scale_sum = sums
+    and the sums they come from (`bias_n`, `*_signs`, `*_signs_sq`, and `bias_ulp_ms`,
+    the mean square of the ULP errors, which gives the means their standard error):
+    what the calls of one kernel pool into its verdict (judge/kernels.py)."""
+    pos, neg, outward, inward, n_upper, signed_sum, scale_sum, square_sum = sums
     return {
         f"{prefix}bias_ulp": signed_sum / max(n_upper, 1),
+        f"{prefix}bias_ulp_ms": square_sum / max(n_upper, 1),
         f"{prefix}bias_z": sign_balance_z(pos, neg),
         f"{prefix}scale_bias_ulp": scale_sum / max(n_upper, 1),
         f"{prefix}scale_bias_z": sign_balance_z(outward, inward),
@@ -197,6 +209,8 @@ def judge_bias(
     not at all against a baseline's metrics. `computed`: the single-run metrics a fused
     pass already has. -> (metrics to report, reasons)."""
     z_limit = thresholds["sr_bias_z"]
+    allowance = thresholds.get(LIB_BIAS_KEY, 0.0)
+    lean = {LIB_BIAS_KEY: allowance} if allowance > 0 else {}
     if pair.n <= z_limit**2:
         return {}, []  # a sign test over n elements has z <= sqrt(n): it cannot fail
     if reference is not None:
@@ -204,8 +218,11 @@ def judge_bias(
             return {}, []
         metrics = bias_metrics(pair)
         reference_metrics = {f"ref_{key}": value for key, value in bias_metrics(reference.pair).items()}
-        used.update(ref_bias_ulp=thresholds["ref_bias_ulp"], sr_bias_z=z_limit)
-        return ({**metrics, **reference_metrics}, bias_reasons(metrics, z_limit, thresholds["ref_bias_ulp"], reference_metrics))
+        used.update(ref_bias_ulp=thresholds["ref_bias_ulp"], sr_bias_z=z_limit, **lean)
+        return (
+            {**metrics, **reference_metrics},
+            bias_reasons(metrics, z_limit, thresholds["ref_bias_ulp"], reference_metrics, allowance),
+        )
     metrics = grouped_z(pair, computed) if computed is not None else bias_metrics(pair)
-    used.update({limit_key: thresholds[limit_key], "sr_bias_z": z_limit})
-    return metrics, bias_reasons(metrics, z_limit, thresholds[limit_key])
+    used.update({limit_key: thresholds[limit_key], "sr_bias_z": z_limit, **lean})
+    return metrics, bias_reasons(metrics, z_limit, thresholds[limit_key], allowance=allowance)

@@ -102,6 +102,9 @@ def _defaults(
         "at_bias_ulp": at_bias_ulp,
         "ref_bias_ulp": 0.25,
         "ulp_bias_ulp": ulp_bias_ulp,
+        # the lean a correct library of the API's class may have (accuracy.py): none
+        # unless the accuracy model classes the API
+        "lib_bias_ulp": 0.0,
     }
 
 

@@ -259,7 +259,7 @@ class BiasSums:
 
     sums = [#(d > b_D), #(d < b_D), #outward (d - b_D has the sign of b), #inward,
             #upper (|b| >= q), sum of the clipped signed own-ULP errors over the upper
-            elements, the same times sign(b)]
+            elements, the same times sign(b), the sum of their squares]
     """
 
     def __init__(self, info: DtypeInfo, q: float, size: int) -> None:
@@ -269,7 +269,7 @@ class BiasSums:
         cap = min(CHUNK, size)  # the largest block
         self.signed, self.w, self.tmp = (np.empty(cap) for _ in range(3))
         self.masks = [np.empty(cap, bool) for _ in range(5)]
-        self.sums: list[float] = [0, 0, 0, 0, 0, 0.0, 0.0]
+        self.sums: list[float] = [0, 0, 0, 0, 0, 0.0, 0.0, 0.0]
 
     def add(self, d: Array, b_d: Array, b: Array, diff: Array, abs_b: Array) -> None:
         """One block (at most CHUNK elements, all finite).
@@ -314,6 +314,7 @@ class BiasSums:
         np.copyto(w, upper)  # masked sums as dot products
         total = self.unit * _dot(signed, w, prod)
         s[5] += total
+        s[7] += self.unit * self.unit * _dot(prod, signed, prod)
         if no_zero or self.q > 0.0:  # every upper element is > 0 or < 0
             np.copyto(w, np.logical_and(upper, pos, out=down))
             s[6] += 2.0 * self.unit * _dot(signed, w, prod) - total

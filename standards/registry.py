@@ -4,6 +4,8 @@ Tables (CSV, shipped in standards/tables/, users add their own with `load_file`)
   api_standards.csv   `api,standard`                 API name -> standard name
   thresholds.csv      `api,dtype,threshold,value`    per-API, per-dtype threshold
                                                      (dtype "*" = every dtype)
+  accuracy_model.csv, accuracy_classes.csv           the lean a correct library may
+                      have (accuracy.py): `lib_bias_ulp` rows under thresholds.csv
 A user file may hold either header, or all five columns `api,standard,dtype,threshold,
 value` (a row routes when `standard` is filled and sets a threshold when `threshold` is).
 Rules: bool/integer outputs -> binary_consistency always; an API not in the table ->
@@ -26,6 +28,7 @@ import numpy as np
 
 from .absolute_threshold import absolute_threshold
 from .accumulative_error import accumulative_error
+from .accuracy import allowances
 from .benchmark import benchmark
 from .binary_consistency import binary_consistency
 from .dtypes import DtypeInfo, dtype_info, dtype_name, is_float_name
@@ -337,6 +340,8 @@ def _shipped() -> Registry:
             tables = resources.files(__package__) / "tables"
             with resources.as_file(tables / "api_standards.csv") as p:
                 reg.load_file(p)
+            for api, dtype, threshold, value in allowances():
+                reg.set_threshold(api, dtype, threshold, value)
             with resources.as_file(tables / "thresholds.csv") as p:
                 reg.load_file(p)
             _default = reg

@@ -97,7 +97,7 @@ from .bias import NO_SUMS, abs_b_quantile, grouped_z, sample_blocks, sample_step
 from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistics here (tests read it from this module)
 from .dtypes import Array, DtypeInfo
 from .metrics import Pair, ulp_of
-from .signs import bias_reasons
+from .signs import LIB_BIAS_KEY, bias_reasons
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
 
@@ -195,7 +195,9 @@ def single_run_reasons(
     ):
         if metrics[key] > limit:
             reasons.append(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} ({what})")
-    reasons.extend(bias_reasons(metrics, thresholds["sr_bias_z"], thresholds[bias_limit]))
+    if limits.get(LIB_BIAS_KEY, 0.0) > 0:
+        used[LIB_BIAS_KEY] = limits[LIB_BIAS_KEY]
+    reasons.extend(bias_reasons(metrics, thresholds["sr_bias_z"], thresholds[bias_limit], allowance=limits.get(LIB_BIAS_KEY, 0.0)))
     return reasons
 
 

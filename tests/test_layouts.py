@@ -26,9 +26,16 @@ SHAPE = (1, 96, 20, 20)
 LAYOUT_LABEL = "against the reference run in channels_last layout"
 
 
-def _toward_zero(tensor: torch.Tensor) -> torch.Tensor:
-    """Every element one ULP nearer zero: a kernel that truncates."""
-    return torch.nextafter(tensor, torch.zeros_like(tensor))
+def _toward_zero(tensor: torch.Tensor, ulps: int = 1) -> torch.Tensor:
+    """Every element `ulps` ULPs nearer zero."""
+    for _ in range(ulps):
+        tensor = torch.nextafter(tensor, torch.zeros_like(tensor))
+    return tensor
+
+
+#: a float32 gelu may lean 3 ULPs (standards/tables/accuracy_model.csv: CUDA's erff 2 ULP
+#: and two correctly rounded steps): 4 ULPs nearer zero is beyond any documented library
+BEYOND_THE_MODEL = 4
 
 
 def gelu_dump(root: Path, written: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> Path:
@@ -55,9 +62,18 @@ def test_a_correct_channels_last_kernel_passes(tmp_path: Path, run_dump) -> None
     assert any(LAYOUT_LABEL in reference for reference in references), references
 
 
-def test_a_biased_channels_last_kernel_fails(tmp_path: Path, run_dump) -> None:
-    """Planted: the channels_last kernel's results each one ULP nearer zero."""
+def test_a_gelu_one_ulp_nearer_zero_is_within_what_a_correct_library_may_do(tmp_path: Path, run_dump) -> None:
+    """Reclassified by the accuracy model: one ULP nearer zero everywhere is within
+    CUDA's documented 2 ULP for erff, so no defect (it was planted as one before)."""
     result = run_dump(gelu_dump(tmp_path / "dump", _toward_zero), "--msprobe-device=cpu", "--msprobe-offline")
+    assert sorted(result.by_outcome("passed")) == ["Functional.gelu.0.backward", "Functional.gelu.0.forward"]
+
+
+def test_a_biased_channels_last_kernel_fails(tmp_path: Path, run_dump) -> None:
+    """Planted: the channels_last kernel's results each BEYOND_THE_MODEL ULPs nearer zero."""
+    result = run_dump(
+        gelu_dump(tmp_path / "dump", lambda t: _toward_zero(t, BEYOND_THE_MODEL)), "--msprobe-device=cpu", "--msprobe-offline"
+    )
     assert sorted(result.by_outcome("failed")) == ["Functional.gelu.0.backward", "Functional.gelu.0.forward"]
     for call in result.calls.values():
         assert "an error against the reference run in channels_last layout too" in call.properties["msprobe_reference"]

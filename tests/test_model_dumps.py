@@ -82,7 +82,25 @@ def _faulty_calls(fault, calls: list[str], judged: set[str]) -> set[str]:
 #   need (ratios up to 3.7x between two correct summation orders).
 # Their kernels pool the calls: test_a_softmax_fault_no_call_shows_fails_its_kernel.
 BELOW_FLOOR = {"softmax_low_precision_sum", "softmax_backward_half_accumulator"}
-FAULT_RUNS = [(name, mode) for name in sorted(FAULTS) if name not in BELOW_FLOOR for mode in MODES]
+#: the faults with a dump of their own (make_dumps.py FAULT_DUMPS) that are defects
+DUMPED = sorted(name for name in FAULTS if (MODELS / "faults" / name).is_dir())
+FAULT_RUNS = [(name, mode) for name in DUMPED if name not in BELOW_FLOOR and not FAULTS[name].within_model for mode in MODES]
+#: the faults the accuracy model says a correct library may produce (reclassified)
+WITHIN_MODEL_RUNS = [(name, mode) for name in DUMPED if FAULTS[name].within_model for mode in MODES]
+
+
+@pytest.mark.parametrize(("fault_name", "mode"), WITHIN_MODEL_RUNS)
+def test_a_fault_within_the_accuracy_model_is_no_error(fault_name, mode, copy_dump, run_dump, monkeypatch):
+    """Reclassified: the lean such a kernel has is within what the accuracy model says a
+    correct library of the API's class may have (ModelFault.within_model says which row),
+    so every call and kernel passes; the lean stays in the metrics."""
+    fault = FAULTS[fault_name]
+    dump = copy_dump(f"models/faults/{fault_name}")
+    if mode == "single-run":
+        fault.patch(monkeypatch)
+    result = run_dump(dump, "--msprobe-device=cpu", *MODES[mode], "-k", fault.call_prefix.rstrip("."))
+    assert result.by_outcome("passed") and not result.by_outcome("failed"), result.by_outcome("failed")
+    assert all(outcome.outcome == "passed" for outcome in result.kernels.values())
 
 
 @pytest.mark.parametrize(("fault_name", "mode"), FAULT_RUNS)
@@ -134,6 +152,12 @@ NO_REFERENCE = "single-run on the CPU has no reference run, and no reference-fre
 # to 1.15x), but its 12 calls spread too widely (1.23-2.46x, sd of log 0.19) for Student's
 # t to make it certain over any limit above 1 at z 5: RESULTS-kernels.md
 NOT_SEPARABLE = "12 calls at 1.23-2.46x the reference's scaled-ULP error: not certain over correct pairs' 1.15x at z 5"
+#: calls of a softmax fault that fail on their own: a bfloat16 softmax whose row sum is
+#: rounded to D shifts its rows' elements alike; a correct 16-bit kernel forms the sum in
+#: float32, so the sign tests count elements there (run/groups.py): of the 12 calls of
+#: 256 elements, softmax.8's is certain alone (z 6.0 by elements, -0.27 ULP); the others
+#: stay under z 5 and their kernel pools them
+CAUGHT_ALONE = {("softmax_low_precision_sum", "offline"): {"Functional.softmax.8.forward"}}
 SOFTMAX_RUNS = [
     pytest.param(fault, dump, mode, marks=[pytest.mark.xfail(strict=True, reason=why)] if why else [])
     for fault, dump, mode, why in [
@@ -159,13 +183,16 @@ def test_a_softmax_fault_no_call_shows_fails_its_kernel(fault_name, name, mode, 
     else:
         fault.patch(monkeypatch)
     result = run_dump(dump, "--msprobe-device=cpu", *MODES[mode], "-k", "Functional.softmax")
+    caught_alone = CAUGHT_ALONE.get((fault_name, mode), set())
     assert {call: outcome.outcome for call, outcome in result.calls.items()} == {
-        call: "passed" for call in _calls(dump) if "softmax" in call
+        call: "failed" if call in caught_alone else "passed" for call in _calls(dump) if "softmax" in call
     }
+    for call in caught_alone:
+        assert "systematic scale (toward/away from zero) bias" in result.calls[call].text
     failed = {kernel: outcome.text for kernel, outcome in result.kernels.items() if outcome.outcome == "failed"}
     dtype = "bfloat16" if name.endswith("bf16") else "float16"
     assert list(failed) == [f"Functional.softmax.{dtype}.kernel.{fault.direction}"], sorted(failed)
-    assert "mean_rel_err_ratio" in "".join(failed.values()) and "of 12 calls" in "".join(failed.values())
+    assert "mean_rel_err_ratio" in "".join(failed.values()) and f"of {12 - len(caught_alone)} calls" in "".join(failed.values())
 
 
 @pytest.mark.parametrize("name", ["gru_tensor_fp32", "lstm_tensor_fp32"])

@@ -10,7 +10,9 @@ cluster-robust test that one call applies to its groups (standards/bias.py), and
 pooled mean is the calls' signed ULP sums over their element counts. The kernel fails
 by standards.signs.bias_reasons with the limits its calls used: the pooled mean beyond
 the standard's ULP limit (beyond the reference run's pooled mean, offline) AND the
-pooled z beyond sr_bias_z. A correct kernel's mean stays within the limits each call
+pooled z beyond sr_bias_z AND, in float32/float64, the pooled mean certainly beyond the
+lean the accuracy model allows the API's class (`lib_bias_ulp`, standards/accuracy.py;
+the calls' mean squares pooled like their means give its standard error). A correct kernel's mean stays within the limits each call
 was calibrated on, so pooling adds certainty, never a looser or tighter size limit.
 
 Only the sums the standards report (bias_n, *_signs, *_signs_sq: standards/bias.py
@@ -51,7 +53,7 @@ from dataclasses import dataclass, field
 
 from pytest_msprobe.dump.index import parse_call_name
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
-from pytest_msprobe.standards.signs import bias_reasons, signs_z
+from pytest_msprobe.standards.signs import LIB_BIAS_KEY, bias_reasons, signs_z
 
 #: a kernel's name: `{api}.{dtype}.kernel.{direction}` (never a call name: no index)
 KERNEL_MARK = "kernel"
@@ -102,6 +104,7 @@ class Evidence:
     limit: float
     z_limit: float
     reference: bool  # compared with a reference run (its ref_* sums are here too)
+    allowance: float = 0.0  # the lean its API's class may have (standards/accuracy.py)
 
     def z(self, test: str) -> float:
         """This output's own z of the test, by groups where it has them, signed: its
@@ -207,6 +210,7 @@ def _evidence(call: str, output: OutputResult) -> Evidence:
         limit=limit,
         z_limit=output.thresholds.get("sr_bias_z", 0.0),
         reference=reference,
+        allowance=output.thresholds.get(LIB_BIAS_KEY, 0.0),
     )
 
 
@@ -222,6 +226,9 @@ def _pooled(items: list[Evidence], prefix: str) -> dict[str, float]:
             keys = [f"{prefix}{test}_signs{suffix}", f"{prefix}{test}_signs_sq{suffix}"]
             total, spread = (sum(item.sums.get(key, item.sums[key.removesuffix(suffix)]) for item in items) for key in keys)
             metrics[f"{prefix}{test}_z{suffix}"] = signs_z(total, spread)
+    squares = sum(item.sums.get(f"{prefix}bias_ulp_ms", 0.0) * item.sums[f"{prefix}bias_n"] for item in items)
+    if all(f"{prefix}bias_ulp_ms" in item.sums for item in items):
+        metrics[f"{prefix}bias_ulp_ms"] = squares / total_n if total_n else 0.0
     metrics[f"{prefix}bias_n"] = total_n
     return metrics
 
@@ -233,7 +240,8 @@ def judge_kernel(key: KernelKey, items: list[Evidence], failed_calls: int) -> Ke
     metrics = _pooled(items, "")
     reference = _pooled(items, "ref_") if with_reference else None
     limit, z_limit = max(item.limit for item in items), max(item.z_limit for item in items)
-    reasons = bias_reasons(metrics, z_limit, limit, reference)
+    allowance = max(item.allowance for item in items)
+    reasons = bias_reasons(metrics, z_limit, limit, reference, allowance)
     magnitude = _pooled_ratio(items) if key.dtype in MAGNITUDE_DTYPES else {}
     if magnitude:
         reasons += ratio_reasons(magnitude, z_limit)
@@ -241,7 +249,12 @@ def judge_kernel(key: KernelKey, items: list[Evidence], failed_calls: int) -> Ke
         key,
         "error" if reasons else "pass",
         {**metrics, **(reference or {}), **magnitude, "calls": float(len({item.call for item in items}))},
-        {("ref_bias_ulp" if with_reference else "bias_ulp"): limit, "sr_bias_z": z_limit, **({RATIO: RATIO_LIMIT} if magnitude else {})},
+        {
+            ("ref_bias_ulp" if with_reference else "bias_ulp"): limit,
+            "sr_bias_z": z_limit,
+            **({LIB_BIAS_KEY: allowance} if allowance else {}),
+            **({RATIO: RATIO_LIMIT} if magnitude else {}),
+        },
         reasons,
         items,
         failed_calls,

@@ -13,6 +13,15 @@ twin translates its own, as for the terms). The ids have the shape of the first
 argument: the forward output of these APIs and the gradient of that input have it too;
 an output of another shape (a normalisation's weight gradient) is not grouped.
 An API not in the table is not grouped: its elements are independent draws.
+
+Groups only where they are true: a group's elements share a sign only where the shared
+quantity is rounded at (or near) the output's precision. In float32 and float64 it is
+(the kernel's opmath is D). In float16 and bfloat16 a correct kernel forms it in float32,
+2**-13 ULP of D, and its elements are independent draws -- except where ATen's own CPU
+kernel measurably rounds it at D (batch statistics, layer_norm's backward row sums with
+a 16-bit weight, group_norm's backward): GROUPS says per API why, with the measurement.
+Counting elements there, a 16-bit normalisation that truncates is caught on any tensor
+of 64 elements or more, whatever its row count.
 """
 
 from __future__ import annotations
@@ -79,25 +88,57 @@ def _norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
 
 
 GroupsOf: TypeAlias = "Callable[[list[Value], dict[str, Value]], torch.Tensor | None]"
+#: whether a 16-bit call's shared quantity is rounded at D: (args, kwargs, direction, weight)
+SharedIn16: TypeAlias = "Callable[[list[Value], dict[str, Value], str], bool]"
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _in_float32(grouped: GroupsOf) -> GroupsOf:
-    """`grouped` for float32/float64 inputs only. A correct kernel forms these APIs'
-    shared quantity in float32 whatever the dtype (torch's opmath, the GPU's), so in
-    float16/bfloat16 its rounding is far below an ULP of D and the elements are
-    independent draws; a kernel that rounds it to D is a defect the element count's sign
-    test must see: torch's cross_entropy gradient taken from a log_softmax rounded to
-    bfloat16/float16 (torch_findings.py), -0.27 to -0.72 ULP of bias on 3 real dumps,
-    which grouped by samples passed."""
-
-    def numbered(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
-        x = args[0]
-        return grouped(args, kwargs) if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.float64) else None
-
-    return numbered
+def _never(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+    """softmax and its kin, rms_norm, cross_entropy, attention, a division by a scalar:
+    correct kernels (ATen's opmath, CUDA's, CANN's) form the shared quantity in float32,
+    2**-13 ULP of float16 at most, so a 16-bit output's elements are independent draws.
+    Measured on ATen's CPU kernels against float64 rounded to D: softmax forward and
+    backward, rms_norm forward and backward, x / 7 and x / a scalar tensor, 64 x 256
+    bfloat16 and float16, 0-2 of 16384 elements differ; and a kernel that rounds it to D
+    is a defect the elements' test must see (torch's cross_entropy gradient taken from a
+    log_softmax rounded to D, torch_findings.py: -0.27 to -0.72 ULP on 3 real dumps,
+    which grouped by samples passed)."""
+    return False
 
 
-def _classes(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _backward_with_half_weight(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+    """layer_norm: the forward rounds once (0 of 16384 elements differ); ATen's CPU
+    backward forms each row's two sums in the weight's dtype, so with a 16-bit weight a
+    row's input gradient shares a rounding at D (measured, 64 rows of 256, bfloat16:
+    element z -14.1, row z -1.5, per-row sign sums -119..+105; float16 +11.5 / +1.3);
+    with a float32 weight none (z 1.0)."""
+    weight = argument(args, kwargs, 2, "weight")
+    return direction == "backward" and isinstance(weight, torch.Tensor) and weight.dtype in HALF_DTYPES
+
+
+def _backward(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+    """group_norm: the forward rounds once (2 of 18432 elements differ); ATen's CPU
+    backward rounds each group's sums at D (8 x 16 x 12 x 12, 4 groups: element z -9.9,
+    group z -0.7 in bfloat16; -4.9 / -0.4 in float16)."""
+    return direction == "backward"
+
+
+def _training(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+    """batch_norm: with batch statistics (training) ATen's CPU kernel rounds each
+    channel's statistics at D, forward and backward (8 x 16 x 12 x 12 bfloat16: element
+    z -21.4 forward, -25.3 backward; channel z -1.0, -1.1; per-channel sign sums up to
+    909 of 1152); with running statistics (eval) it rounds once (0 differ)."""
+    return bool(argument(args, kwargs, 5, "training"))
+
+
+def _always(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+    """instance_norm: always its batch statistics, rounded at D per instance as
+    batch_norm's (element z -6.7 bfloat16, -13.6 float16; instance z -1.0, -2.3)."""
+    return True
+
+
+def _cross_entropy_classes(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     """cross_entropy: one group per sample, over the class dim (1; 0 for one unbatched
     sample): its gradient is the sample's softmax, all of it scaled by the one log-sum-exp.
     Measured on an H200 against torch's CPU kernel (benchmarks/RESULTS-cuda.md): correct
@@ -125,28 +166,35 @@ def _by_a_scalar(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | 
     return None
 
 
-GROUPS: dict[str, GroupsOf] = {
-    **dict.fromkeys(("softmax", "log_softmax", "softmin", "_softmax", "_log_softmax"), _rows),
-    **dict.fromkeys(("layer_norm", "rms_norm"), _normalized_rows),
-    "batch_norm": _channels,
-    "instance_norm": _instances,
-    "group_norm": _norm_groups,
-    "cross_entropy": _in_float32(_classes),
-    "scaled_dot_product_attention": _in_float32(_queries),
-    **dict.fromkeys(("div", "div_", "divide", "true_divide", "__truediv__", "__itruediv__", "__div__"), _by_a_scalar),
+#: API -> (its groups, whether they are true in 16-bit). In float32 and float64 a correct
+#: kernel rounds the shared quantity at D (its opmath is D), so the groups always hold;
+#: in 16-bit only where the second function says its shared quantity is rounded at D.
+GROUPS: dict[str, tuple[GroupsOf, SharedIn16]] = {
+    **dict.fromkeys(("softmax", "log_softmax", "softmin", "_softmax", "_log_softmax"), (_rows, _never)),
+    "layer_norm": (_normalized_rows, _backward_with_half_weight),
+    "rms_norm": (_normalized_rows, _never),
+    "batch_norm": (_channels, _training),
+    "instance_norm": (_instances, _always),
+    "group_norm": (_norm_groups, _backward),
+    "cross_entropy": (_cross_entropy_classes, _never),
+    "scaled_dot_product_attention": (_queries, _never),
+    **dict.fromkeys(("div", "div_", "divide", "true_divide", "__truediv__", "__itruediv__", "__div__"), (_by_a_scalar, _never)),
 }
 
 
 def groups_of(name: CallName, bench: Side, inputs: Inputs) -> torch.Tensor | None:
     """The group ids of the call's grouped outputs, None where its API has none (or its
     arguments are of a form the table does not read: its elements stay independent)."""
-    numbered = GROUPS.get(name.operator)
-    if numbered is None or not inputs.args or not isinstance(inputs.args[0], torch.Tensor):
+    entry = GROUPS.get(name.operator)
+    if entry is None or not inputs.args or not isinstance(inputs.args[0], torch.Tensor):
         return None
+    numbered, shared_in_half = entry
     args, kwargs = (
         torch_form(bench, list(inputs.args), dict(inputs.kwargs)) if isinstance(bench, Run) else (list(inputs.args), dict(inputs.kwargs))
     )
     try:
+        if args[0].dtype in HALF_DTYPES and not shared_in_half(args, kwargs, name.direction):
+            return None
         return numbered(args, kwargs)
-    except (TypeError, ValueError, IndexError, RuntimeError):
+    except (TypeError, ValueError, IndexError, RuntimeError, AttributeError):
         return None

@@ -93,24 +93,26 @@ def _dot_products(seed: int = 5):
     return x, w, x.double() @ w.double().T
 
 
-def test_float32_dot_toward_zero_is_an_error_with_a_reference():
-    x, w, bench = _dot_products()
-    reference = x @ w.T
-    faulty = _round_toward_zero(bench, torch.float32)  # accumulated exactly, rounded toward zero
-    assert check(bench, reference, api="matmul", reference=x.flip(1) @ w.flip(1).T).status == "pass"
-    verdict = check(bench, faulty, api="matmul", reference=reference)
-    assert verdict.status == "error" and verdict.metrics["scale_bias_ulp"] - verdict.metrics["ref_scale_bias_ulp"] < -0.25, (
-        verdict.message()
-    )
+def _one_more_ulp_toward_zero(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(tensor, torch.zeros_like(tensor))
 
 
-def test_float32_dot_toward_zero_without_a_reference():
-    """Matrix products have no shared normaliser: the ULP standard's own bias limit
-    (ulp_bias_ulp, 0.25 in float32) sees -0.5 ULP; correct CPU matmuls stay below it."""
+@pytest.mark.parametrize("with_reference", [False, True], ids=["single-run", "reference"])
+def test_float32_dot_toward_zero_is_within_the_accumulation_class_and_twice_is_not(with_reference):
+    """Reclassified by the accuracy model (standards/tables/accuracy_model.csv,
+    `accumulation`): a float32 matrix product whose exact accumulator is rounded toward
+    zero once leans -0.5 ULP, within the 1 ULP a correct library's last product or
+    addition and its conversion may take, so it passes (its lean stays in the metrics);
+    rounded toward zero by two ULPs it leans -1.5 ULP, beyond any documented library."""
     x, w, bench = _dot_products()
-    assert check(bench, x @ w.T, api="matmul").status == "pass"
-    verdict = check(bench, _round_toward_zero(bench, torch.float32), api="matmul")
-    assert verdict.status == "error" and "scale (toward/away from zero) bias" in verdict.message()
+    reference = x @ w.T if with_reference else None
+    assert check(bench, x @ w.T, api="matmul", reference=x.flip(1) @ w.flip(1).T if with_reference else None).status == "pass"
+    once = check(bench, _round_toward_zero(bench, torch.float32), api="matmul", reference=reference)
+    assert once.status == "pass", once.message()
+    assert once.metrics["scale_bias_ulp"] < -0.4
+    twice = check(bench, _one_more_ulp_toward_zero(_round_toward_zero(bench, torch.float32)), api="matmul", reference=reference)
+    assert twice.status == "error" and "scale (toward/away from zero) bias" in twice.message(), twice.message()
+    assert "a correct library of its class may lean" in twice.message()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
