@@ -119,30 +119,41 @@ def test_an_unclassified_api_keeps_the_standards_own_limits():
     assert verdict.status == "error"
 
 
+#: 16-bit normalisations and activations: (function of x and the normalised shape, args as called)
+HALF_KERNELS = {
+    "layer_norm": (lambda t: F.layer_norm(t, t.shape[-1:]), lambda t: [t, list(t.shape[-1:])]),
+    "softmax": (lambda t: F.softmax(t, -1), lambda t: [t, -1]),
+    "rms_norm": (lambda t: F.rms_norm(t, t.shape[-1:]), lambda t: [t, list(t.shape[-1:])]),
+    "gelu": (F.gelu, lambda t: [t]),
+    "silu": (F.silu, lambda t: [t]),
+    "tanh": (torch.tanh, lambda t: [t]),
+}
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["single-run", "reference"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(1, 128), (2, 64), (4, 64), (8, 16), (16, 8), (32, 4), (16, 256)])
-@pytest.mark.parametrize("api", ["layer_norm", "softmax", "rms_norm"])
-def test_a_16bit_normalisation_that_truncates_fails_whatever_its_row_count(api, shape, dtype):
-    """In 16-bit a correct kernel forms a row's normaliser in float32, so its elements
-    are independent draws (run/groups.py): rounded toward zero, 128 elements or more fail
-    however few rows carry them; rounded to nearest they pass. (The sign test is certain,
-    z > 5, from 26 differing elements on: truncation moves about half of them, so 64
-    elements fall short 7% of the time, 128 never in practice: P < 1e-9.)"""
+@pytest.mark.parametrize("shape", [(1, 128), (2, 64), (4, 32), (8, 16), (16, 8), (32, 4), (16, 256)])
+@pytest.mark.parametrize("api", sorted(HALF_KERNELS))
+def test_a_16bit_normalisation_or_activation_that_truncates_fails_whatever_its_row_count(api, shape, dtype, reference):
+    """In 16-bit a correct kernel computes in float32 and rounds once, its normaliser too,
+    so its elements are independent draws (run/groups.py): rounded toward zero, 128
+    elements or more fail however few rows carry them; rounded to nearest they pass.
+    The floor below that: the sign test against the bench rounded to D is certain (z 5)
+    from 26 elements rounded otherwise on, and truncation moves about half of them, so
+    of 64 elements it falls short 5.2% of the time (Binomial(64, 1/2) <= 25); 96 elements
+    with probability 1.4e-6, 128 with 1e-12."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=torch.float64) * 2 + 0.5
+    fn, args = HALF_KERNELS[api]
     x16 = x.to(dtype)
-    fns = {
-        "layer_norm": (lambda t: F.layer_norm(t, shape[-1:]), [x16, list(shape[-1:])]),
-        "softmax": (lambda t: F.softmax(t, -1), [x16, -1]),
-        "rms_norm": (lambda t: F.rms_norm(t, shape[-1:]), [x16, list(shape[-1:])]),
-    }
-    fn, args = fns[api]
     bench = fn(x16.float())
-    groups = groups_of(parse_call_name(f"Functional.{api}.0.forward"), None, Inputs(args, {}, []))
+    groups = groups_of(parse_call_name(f"Functional.{api}.0.forward"), None, Inputs(args(x16), {}, []))
     assert groups is None
-    correct = check(bench, bench.to(dtype), api=api, reference=fn(x16))
+    run = fn(x16) if reference else None
+    correct = check(bench, bench.to(dtype), api=api, reference=run)
     assert correct.status == "pass", correct.message()
-    truncated = check(bench, round_toward_zero(bench, dtype), api=api, reference=fn(x16))
+    truncated = check(bench, round_toward_zero(bench, dtype), api=api, reference=run)
     assert truncated.status == "error", truncated.message()
+    assert "scale (toward/away from zero) bias" in truncated.message()
 
 
 def test_16bit_groups_stay_where_aten_rounds_the_shared_quantity_at_d():
