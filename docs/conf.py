@@ -22,6 +22,8 @@ exclude_patterns = ["_build", "_generated", "Thumbs.db", ".DS_Store"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 # Headings get anchors to link to (page.md#a-heading), as GitHub gives them.
 myst_heading_anchors = 3
+# "--msprobe-x" stays two hyphens (docutils would set an en dash)
+smartquotes = False
 html_theme = "furo"
 html_title = "pytest-msprobe"
 html_static_path = ["_static"]

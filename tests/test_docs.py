@@ -114,6 +114,19 @@ def style_problems(options: Iterable[Option]) -> list[str]:
     return problems
 
 
+#: a file of the repository named in backquotes: from its root, or a stage's module
+#: (`run/dropout.py`: pytest_msprobe/run/dropout.py)
+REPO_PATH = re.compile(r"`((?:benchmarks|pytest_msprobe|standards|bench_functions|tests|examples|\.ci)/[\w/.-]*\w)`")
+STAGE_PATH = re.compile(r"`((?:dump|run|judge|results|scripts|plugin)/[\w/-]+\.(?:py|toml|html))`")
+
+
+def missing_files(text: str) -> list[str]:
+    """The repository files a page names (`benchmarks/bench_html.py`, `judge/offline.py`)
+    that do not exist: moved or renamed since the page was written."""
+    named = set(REPO_PATH.findall(text)) | {f"pytest_msprobe/{path}" for path in STAGE_PATH.findall(text)}
+    return sorted(path for path in named if not (ROOT / path).exists())
+
+
 def broken_links(text: str, base: Path) -> list[str]:
     """The relative links of a Markdown text whose target does not exist."""
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
@@ -159,6 +172,15 @@ def test_the_docs_name_only_flags_that_exist(help_text: str) -> None:
     pages = [README, ROOT / "CHANGELOG.md", *(p for p in DOCS.rglob("*.md") if "_generated" not in p.parts and "_build" not in p.parts)]
     assert {str(p.relative_to(ROOT)): unknown for p in pages if (unknown := unknown_flags(p.read_text(encoding="utf-8"), flags))} == {}
     assert unknown_flags("run with `--msprobe-dump=x --msprobe-offlin`", flags) == ["--msprobe-offlin"]  # planted
+
+
+def test_the_docs_name_only_files_that_exist() -> None:
+    pages = [README, *(p for p in DOCS.rglob("*.md") if "_generated" not in p.parts and "results" not in p.parts)]
+    assert {str(p.relative_to(ROOT)): missing for p in pages if (missing := missing_files(p.read_text(encoding="utf-8")))} == {}
+    planted = "see `benchmarks/bench_html.py`, `judge/offline.py`, `judge/nosuch.py` and `benchmarks/RESULTS-nosuch.md`"
+    assert missing_files(planted) == ["benchmarks/RESULTS-nosuch.md", "pytest_msprobe/judge/nosuch.py"]
+    harnesses = re.findall(r"`(\w+\.(?:py|sh))`", (DOCS / "explanation" / "measurements.md").read_text(encoding="utf-8"))
+    assert len(harnesses) > 20 and [h for h in harnesses if not (ROOT / "benchmarks" / h).exists()] == []
 
 
 def test_help_texts_follow_pytests_style() -> None:
