@@ -15,6 +15,7 @@ import contextlib
 import csv
 import importlib
 import io
+import os
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -180,8 +181,16 @@ def script_help(target: str) -> str:
     module, function = target.split(":")
     main = getattr(importlib.import_module(module), function)
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main(["--help"])
+    width = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "88"  # argparse wraps at the terminal's width: the same page from any terminal
+    try:
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            main(["--help"])
+    finally:
+        if width is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = width
     return out.getvalue().rstrip()
 
 
