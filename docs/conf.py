@@ -27,6 +27,7 @@ smartquotes = False
 html_theme = "furo"
 html_title = "pytest-msprobe"
 html_static_path = ["_static"]
+html_css_files = ["msprobe.css"]
 
 autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "description"
