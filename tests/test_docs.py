@@ -21,6 +21,7 @@ import pytest
 
 from pytest_msprobe.plugin import MARKERS
 from pytest_msprobe.plugin.options import OPTIONS, Number, Option
+from pytest_msprobe.results import msprobe_csv, writer
 from pytest_msprobe.standards.dtypes import DTYPES
 from pytest_msprobe.standards.registry import SHIPPED_STANDARDS
 
@@ -224,7 +225,7 @@ def test_every_dtype_default_threshold_is_rendered() -> None:
     assert "| `rtol` | 2^-20 | 2^-20 | 2^-10 | 2^-8 |" in rendered  # float64, float32, float16, bfloat16: as dtypes.py writes them
 
 
-def test_every_standard_marker_script_and_results_file_is_rendered() -> None:
+def test_every_standard_marker_script_result_column_and_results_file_is_rendered() -> None:
     standards = gen.standards_markdown(SHIPPED_STANDARDS)
     assert all(f"| `{name}` |" in standards for name in SHIPPED_STANDARDS)
     markers = gen.markers_markdown(MARKERS)
@@ -233,6 +234,12 @@ def test_every_standard_marker_script_and_results_file_is_rendered() -> None:
     assert set(scripts) == {"msprobe-merge", "msprobe-report", "msprobe-script"}
     rendered = gen.scripts_markdown(scripts)
     assert all(f"## `{name}`" in rendered and f"usage: {name}" in rendered for name in scripts)
+    files = gen.result_files_markdown(
+        gen.result_files(msprobe_csv, writer), msprobe_csv.RESULT_HEADER, msprobe_csv.METRIC_COLUMNS, msprobe_csv.DETAILS_HEADER
+    )
+    assert all(f"| `{column}` |" in files for column in (*msprobe_csv.RESULT_HEADER, *msprobe_csv.DETAILS_HEADER))
+    assert all(f"| `{column}` | `{key}` |" in files for key, column in msprobe_csv.METRIC_COLUMNS)
+    assert all(prefix in files for prefix in (writer.METRICS_PREFIX, writer.JOURNAL_PREFIX, writer.RUN_PREFIX))
     results = gen.results_pages(gen.BENCHMARKS)
     assert {f"RESULTS-{name}.md" for name in results} == {p.name for p in gen.BENCHMARKS.glob("RESULTS-*.md")}
 

@@ -165,6 +165,39 @@ def docstrings_markdown(modules: Sequence[str]) -> str:
 REASONING = ("single_run", "bias")
 
 
+# --------------------------------------------------------------------------- result files
+def result_files(msprobe_csv: Any, writer: Any) -> list[tuple[str, str]]:
+    """The files a run writes into --msprobe-out, by the writer's own prefixes."""
+    return [
+        (f"{msprobe_csv.RESULT_PREFIX}{{timestamp}}.csv", "msprobe's result CSV: one row per call (UTF-8 with BOM)"),
+        (f"{msprobe_csv.DETAILS_PREFIX}{{timestamp}}.csv", "msprobe's details CSV: one row per output, every metric (UTF-8 with BOM)"),
+        (f"{writer.METRICS_PREFIX}{{timestamp}}.jsonl", "every metric of every output, numbers, and the columns below"),
+        (
+            f"{writer.JOURNAL_PREFIX}{{timestamp}}.jsonl",
+            "the journal: every finished call's record, read by `--msprobe-resume`, `msprobe-merge` and `msprobe-report`",
+        ),
+        (f"{writer.RUN_PREFIX}{{timestamp}}.json", "the run: when, how long, the command, the environment, the sessions that wrote it"),
+    ]
+
+
+def result_files_markdown(
+    files: Sequence[tuple[str, str]], result_header: Sequence[str], metric_columns: Sequence[tuple[str, str]], details_header: Sequence[str]
+) -> str:
+    """The files of a run and the columns of msprobe's two CSVs, each details column with
+    the name its metric has in the metrics file."""
+    metric_of = {column: key for key, column in metric_columns}
+    return (
+        table(("file", "what"), ((f"`{name}`", what) for name, what in files))
+        + "\n### `accuracy_checking_result_{timestamp}.csv`\n\nOne row per call:\n\n"
+        + table(("column",), ((f"`{column}`",) for column in result_header))
+        + "\n### `accuracy_checking_details_{timestamp}.csv`\n\nOne row per output of a call:\n\n"
+        + table(
+            ("column", "metric in the metrics file"),
+            ((f"`{column}`", f"`{metric_of[column]}`" if column in metric_of else "") for column in details_header),
+        )
+    )
+
+
 # --------------------------------------------------------------------------- markers, scripts
 def markers_markdown(markers: Sequence[str]) -> str:
     """The markers the plugin registers ("name: what")."""
@@ -215,6 +248,7 @@ def generated_parts() -> dict[Path, str]:
     """Every generated file: path -> content."""
     from pytest_msprobe.plugin import MARKERS
     from pytest_msprobe.plugin.options import OPTIONS
+    from pytest_msprobe.results import msprobe_csv, writer
     from pytest_msprobe.standards.dtypes import DTYPES
     from pytest_msprobe.standards.registry import SHIPPED_STANDARDS
 
@@ -227,6 +261,9 @@ def generated_parts() -> dict[Path, str]:
             [*dict.fromkeys(f.__module__ for f in SHIPPED_STANDARDS.values()), *(f"pytest_msprobe.standards.{m}" for m in REASONING)]
         ),
         GENERATED / "markers.md": markers_markdown(MARKERS),
+        GENERATED / "result-files.md": result_files_markdown(
+            result_files(msprobe_csv, writer), msprobe_csv.RESULT_HEADER, msprobe_csv.METRIC_COLUMNS, msprobe_csv.DETAILS_HEADER
+        ),
         GENERATED / "scripts.md": scripts_markdown(console_scripts(ROOT / "pyproject.toml")),
     }
     parts.update({RESULTS_PAGES / f"{name}.md": page for name, page in results_pages(BENCHMARKS).items()})
