@@ -38,10 +38,10 @@ def test_silent_without_a_dump_option(pytester: pytest.Pytester) -> None:
 def test_help_states_the_defaults(pytester: pytest.Pytester) -> None:
     text = " ".join(pytester.runpytest("--help").stdout.str().split())
     for flag, default in (
-        ("--msprobe-device=MSPROBE_DEVICE", "auto"),
+        ("--msprobe-device={auto,cpu,cuda,npu}", "auto"),
         ("--msprobe-out=PATH", "msprobe-out"),
-        ("--msprobe-timeout=MSPROBE_TIMEOUT", "300"),
-        ("--msprobe-max-elements=MSPROBE_MAX_ELEMENTS", "268435456"),
+        ("--msprobe-timeout=SECONDS", "300"),
+        ("--msprobe-max-elements=N", "268435456"),
     ):
         described = text.split(flag, 1)[1].split(" --", 1)[0]
         assert f"(default: {default})" in described, (flag, described)
@@ -157,6 +157,10 @@ def test_a_dump_inside_the_repository_runs_from_any_folder(tmp_path: Path) -> No
 
 def test_unknown_device_is_a_usage_error(pytester: pytest.Pytester, local) -> None:
     result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}", "--msprobe-device=tpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--msprobe-device: invalid choice: 'tpu' (choose from 'auto', 'cpu', 'cuda', 'npu')*"])
+    pytester.makeini("[pytest]\nmsprobe_device = tpu\n")  # an ini value is checked after argparse, by the plugin
+    result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16', 'again')}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*unknown device 'tpu': choose auto, cpu, cuda or npu*"])
 
@@ -280,3 +284,19 @@ def test_statistics_verdicts_do_not_depend_on_order_or_workers(pytester: pytest.
     assert len([name for name in runs["first"] if not is_kernel(name)]) == 49  # and the kernels' tests
     assert runs["first"] == runs["again"] == runs["n2"]
     assert one["Functional.layer_norm.0.backward"] == runs["first"]["Functional.layer_norm.0.backward"]
+
+
+@pytest.mark.parametrize(
+    ("ini", "says"),
+    [
+        ("msprobe_timeout = soon", "--msprobe-timeout 'soon': expected seconds, e.g. 300"),
+        ("msprobe_max_elements = 0", "--msprobe-max-elements '0': must be at least 1"),
+    ],
+)
+def test_ini_numbers_are_checked_as_the_flags_are(pytester: pytest.Pytester, local, ini: str, says: str) -> None:
+    """argparse checks a flag's number; the same check reads the ini value, which pytest
+    reads after the command line."""
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{says}*"])

@@ -28,13 +28,7 @@ class ScaleOptions:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> ScaleOptions:
-        raw = options.get(config, "msprobe_timeout")
-        try:
-            timeout = float(raw or 0)
-        except ValueError:
-            raise pytest.UsageError(f"--msprobe-timeout {raw!r}: expected seconds, e.g. 300 (0: no limit)") from None
-        if timeout < 0:
-            raise pytest.UsageError(f"--msprobe-timeout {raw!r}: must be 0 (no limit) or more")
+        timeout = float(options.number(config, "msprobe_timeout"))
         return cls(scheduling.parse_shard(options.get(config, "msprobe_shard")), timeout)
 
 

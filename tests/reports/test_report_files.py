@@ -140,11 +140,11 @@ def test_metrics_file_is_one_pandas_read_with_every_metric(fp32_run) -> None:
     assert ulp.max_ulp_err.notna().all() and ulp.error_rate.isna().all()
 
 
-def test_details_csv_reads_into_pandas_with_numbers_as_the_readme_says(fp32_run) -> None:
+def test_details_csv_reads_into_pandas_with_numbers_as_the_docs_say(fp32_run) -> None:
     """msprobe's " " for an unfilled metric makes every metric column text to a plain
-    read_csv; the README gives the call that reads them as numbers."""
+    read_csv; the result files' reference gives the call that reads them as numbers."""
     documented = 'pandas.read_csv(path, encoding="utf-8-sig", na_values=" ")'
-    assert documented in (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    assert documented in (Path(__file__).parents[2] / "docs" / "reference" / "results.md").read_text(encoding="utf-8")
     frame = pandas.read_csv(fp32_run["files"].details, encoding="utf-8-sig", na_values=" ")  # that line
     assert all(frame[column].dtype == "float64" for _, column in METRIC_COLUMNS), frame.dtypes
 

@@ -123,7 +123,7 @@ def test_timeout_and_out_of_memory_without_xdist(pytester: pytest.Pytester, reco
 def test_a_bad_timeout_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
     exp_dump(pytester.path, (2,))
     result = pytester.runpytest("--msprobe-dump=dump", f"--msprobe-timeout={value}")
-    result.stderr.fnmatch_lines([f"*--msprobe-timeout {value!r}*"])
+    result.stderr.fnmatch_lines([f"*--msprobe-timeout: {value!r}*"])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
 
 

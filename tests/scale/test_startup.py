@@ -74,9 +74,9 @@ def test_a_device_the_workers_cannot_use_is_one_failure(pytester: pytest.Pyteste
 @pytest.mark.parametrize(
     "args, says",
     [
-        (("--msprobe-device=tpu",), "--msprobe-device: unknown device 'tpu': choose auto, cpu, cuda or npu"),
+        (("--msprobe-device=tpu",), "--msprobe-device: invalid choice: 'tpu' (choose from 'auto', 'cpu', 'cuda', 'npu')"),
         (("--msprobe-devices=0;1",), "--msprobe-devices '0;1': expected device ids separated by commas"),
-        (("--msprobe-max-elements=many",), "--msprobe-max-elements 'many': expected a whole number of elements"),
+        (("--msprobe-max-elements=many",), "--msprobe-max-elements: 'many': expected a whole number of elements"),
     ],
     ids=["device", "device_ids", "max_elements"],
 )
