@@ -52,29 +52,12 @@ class KernelPlugin:
 
     def _report(self, verdict: KernelVerdict) -> None:
         dump = bestrelpath(self.config.rootpath, Path(verdict.key.dump))
-        nodeid = f"{dump}::{verdict.key.name}"
-        location = (dump, None, verdict.key.name)
         failed = verdict.status == "error"
         text = f"{verdict.message()}\n{self._scope()}"
         if failed:
             calls = " or ".join(item.call for item in verdict.evidence[:REPLAYED_CALLS])
             text += f"\n  replay the calls carrying most evidence: pytest --msprobe-dump={shlex.quote(verdict.key.dump)} -k {shlex.quote(calls)}"
-        hook = self.config.hook
-        hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
-        for when in ("setup", "call", "teardown"):
-            outcome: Literal["passed", "failed"] = "failed" if failed and when == "call" else "passed"
-            report = pytest.TestReport(
-                nodeid,
-                location,
-                {verdict.key.name: 1, KERNEL_KEYWORD: 1},
-                outcome,
-                text if outcome == "failed" else None,
-                when,
-                sections=[("msprobe kernel", text)] if when == "call" and not failed else [],
-                user_properties=[("msprobe_kernel_calls", len(verdict.calls))] if when == "call" else [],
-            )
-            hook.pytest_runtest_logreport(report=report)
-        hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
+        report_test(self.config, dump, verdict.key.name, text, failed, [("msprobe_kernel_calls", len(verdict.calls))])
 
     def _scope(self) -> str:
         """What was pooled: the records of this session, and of the run it resumed; where
@@ -93,3 +76,29 @@ class KernelPlugin:
             f"  pooled: only the calls selected by {' '.join(chosen)} ({collected} collected){since}: "
             "the kernel's calls left out are no evidence; run without the selection to pool them all"
         )
+
+
+def report_test(
+    config: pytest.Config, dump: str, name: str, text: str, failed: bool, properties: list[tuple[str, object]] | None = None
+) -> None:
+    """A result that is no collected item (a kernel's, a kernel's regression) as a test
+    `<dump>::<name>`: its setup, call and teardown reports through the hooks that every
+    reporter, --junitxml and the session's failure count read."""
+    nodeid = f"{dump}::{name}"
+    location = (dump, None, name)
+    hook = config.hook
+    hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
+    for when in ("setup", "call", "teardown"):
+        outcome: Literal["passed", "failed"] = "failed" if failed and when == "call" else "passed"
+        report = pytest.TestReport(
+            nodeid,
+            location,
+            {name: 1, KERNEL_KEYWORD: 1},
+            outcome,
+            text if outcome == "failed" else None,
+            when,
+            sections=[("msprobe kernel", text)] if when == "call" and not failed else [],
+            user_properties=list(properties or []) if when == "call" else [],
+        )
+        hook.pytest_runtest_logreport(report=report)
+    hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)

@@ -46,6 +46,16 @@ OPTIONS = (
     Option("msprobe_baseline", "judge every call against the baseline recorded in this folder; report regressions", "path"),
     Option("msprobe_baseline_update", "with --msprobe-baseline: rewrite the baseline records of the calls that ran", "bool", False),
     Option(
+        "msprobe_gate",
+        "with --msprobe-baseline: the run's outcome gates an operator upgrade: a call that fails now and failed "
+        "the same way in the baseline is an expected failure (xfail); a regression (a worse verdict, or a key "
+        "metric grown beyond what two correct kernels differ by) fails, naming before and after; the baseline "
+        "may be of another dump of the model (dump A before the upgrade, this run's dump B after it: calls are "
+        "paired by name and signature)",
+        "bool",
+        False,
+    ),
+    Option(
         "msprobe_reference_csv", "an msprobe accuracy_checking_details CSV (run_ut on another device) used as each call's reference", "path"
     ),
     Option(

@@ -34,10 +34,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pytest_msprobe.judge.kernels import KernelPool, KernelVerdict
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
+
+if TYPE_CHECKING:
+    from pytest_msprobe.judge.upgrade import Change
 from pytest_msprobe.results.msprobe_csv import (
     DETAILS_HEADER,
     DETAILS_PREFIX,
@@ -52,6 +55,9 @@ from pytest_msprobe.results.msprobe_csv import (
 JOURNAL_PREFIX = "msprobe_records_"
 METRICS_PREFIX = "accuracy_checking_metrics_"
 RUN_PREFIX = "msprobe_run_"
+REGRESSIONS_PREFIX = "msprobe_regressions_"
+#: the regressions file's columns (judge/upgrade.py's Change), one row per call or kernel, worst first
+REGRESSION_COLUMNS = ("dump", "name", "baseline name", "was", "now", "metric", "before", "after", "growth", "limit")
 
 
 class ResultFilesError(Exception):
@@ -73,6 +79,7 @@ class RunFiles:
     metrics = property(lambda self: self._file(METRICS_PREFIX, ".jsonl"))
     result = property(lambda self: self._file(RESULT_PREFIX, ".csv"))
     run = property(lambda self: self._file(RUN_PREFIX, ".json"))
+    regressions = property(lambda self: self._file(REGRESSIONS_PREFIX, ".csv"))
 
     @classmethod
     def of_journal(cls, journal: Path) -> RunFiles:
@@ -363,6 +370,25 @@ class ResultWriter:
         _replace(self.files.details, _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]), ENCODING)
         _replace(self.files.metrics, "".join(json.dumps(row) + "\n" for entry in entries for row in metrics_rows(entry)))
         _replace(self.files.journal, "".join(entry.to_json() + "\n" for entry in entries))
+
+
+def write_regressions(path: Path, regressions: Iterable[Change]) -> Path:
+    """The regressions of a run against its baseline (--msprobe-baseline), worst first:
+    each with its verdict and key metric before and after."""
+    rows = [
+        [
+            c.dump,
+            c.name,
+            c.recorded_as,
+            c.was,
+            c.now,
+            c.metric,
+            *("" if value is None else f"{value:.6g}" for value in (c.before, c.after, c.growth, c.limit)),
+        ]
+        for c in regressions
+    ]
+    _replace(path, _csv_text(REGRESSION_COLUMNS, rows), encoding="utf-8-sig")
+    return path
 
 
 def _csv_text(header: Iterable[str], rows: Iterable[list[str]]) -> str:
