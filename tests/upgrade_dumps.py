@@ -49,10 +49,12 @@ class Model:
     hidden: int
     blocks: int
     softmax: bool  # each block ends in a softmax (mlp) or not (wide)
+    gelu_first: bool = False  # a gelu of the input before the blocks: every later gelu's index shifts
 
 
 MODELS = {
     "mlp": Model(rows=32, width=64, hidden=256, blocks=4, softmax=True),
+    "mlp_shifted": Model(rows=32, width=64, hidden=256, blocks=4, softmax=True, gelu_first=True),
     "wide": Model(rows=24, width=40, hidden=160, blocks=2, softmax=False),
 }
 
@@ -127,6 +129,8 @@ def step(root: Path, model: str, dtype: torch.dtype, fault: str | None) -> Path:
 
     call = Recorder(root, fault)
     x = (torch.randn(shape.rows, shape.width, generator=generator)).to(dtype).requires_grad_()
+    if shape.gelu_first:
+        x = call("Functional.gelu", F.gelu, x)
     for _ in range(shape.blocks):
         ln_w, ln_b = 1 + parameter(shape.width, scale=0.1).detach(), parameter(shape.width, scale=0.1)
         ln_w.requires_grad_()
