@@ -115,6 +115,23 @@ def test_a_fault_already_in_the_baseline_is_no_regression(tmp_path: Path, run_du
     assert set(ungated.by_outcome("failed")) == GELU_CALLS
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_failure_that_got_worse_is_a_regression(tmp_path: Path, run_dump, capsys, dtype: str) -> None:
+    """A's gelu already failed (scaled by 1 + 2**-6 in 16-bit, 1 + 2**-16 in float32);
+    B's error is 16x (64x) that: error -> error, but its mean_rel_err grew beyond the
+    limit (4x 16-bit, 16x float32)."""
+    before = step(tmp_path / "a", "mlp", DTYPES[dtype], "gelu_scaled")
+    after = step(tmp_path / "b", "mlp", DTYPES[dtype], "gelu_scaled_more")
+    baseline = recorded(run_dump, before, tmp_path)
+    capsys.readouterr()
+    result = gate(run_dump, after, baseline, tmp_path / "out")
+    assert set(result.by_outcome("failed")) == GELU_CALLS | {
+        f"Functional.gelu.{dtype}.kernel.{d}.regression" for d in ("forward", "backward")
+    }
+    text = result.calls["Functional.gelu.0.forward"].text
+    assert "Functional.gelu.0.forward: error -> error, mean_rel_err " in text and "limit" in text, text
+
+
 def test_a_dump_of_another_model_compares_nothing(tmp_path: Path, run_dump, capsys) -> None:
     before = step(tmp_path / "a", "mlp", torch.float32, None)
     after = step(tmp_path / "b", "wide", torch.float32, "gelu_scaled")
@@ -165,12 +182,15 @@ def test_the_gate_is_the_same_under_xdist_and_shards(tmp_path: Path, run_dump, p
 
 
 def test_pairing_by_signature_in_order() -> None:
+    """B inserted a gelu of another signature first: its later gelus pair with A's by
+    signature in order, not by their (shifted) names; fails with pairing by name first."""
     recorded = {"F.relu.0.forward": (0, "r"), "F.gelu.0.forward": (1, "g"), "F.gelu.1.forward": (2, "g"), "F.tanh.0.forward": (3, "t")}
     current = {"F.add.0.forward": (0, "a"), "F.gelu.0.forward": (1, "g2"), "F.gelu.1.forward": (2, "g"), "F.gelu.2.forward": (3, "g")}
     pairing = pair_calls(recorded, current)
-    assert pairing.pairs == {"F.gelu.1.forward": "F.gelu.1.forward", "F.gelu.2.forward": "F.gelu.0.forward"}
+    assert pairing.pairs == {"F.gelu.1.forward": "F.gelu.0.forward", "F.gelu.2.forward": "F.gelu.1.forward"}  # shifted by one
     assert pairing.new == ("F.add.0.forward", "F.gelu.0.forward") and pairing.vanished == ("F.relu.0.forward", "F.tanh.0.forward")
-    assert pairing.by_signature == 1 and pairing.same_model
+    assert pairing.by_signature == 2 and pairing.same_model
+    assert pair_calls(recorded, recorded).pairs == {name: name for name in recorded}
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))

@@ -8,10 +8,11 @@ otherwise, so B's calls cannot be found in A's baseline by content (judge/baseli
 matches the same dump replayed, by SHA-256). They are found as msprobe's `compare`
 pairs two dumps:
 
-- by name, where the call has the same signature in both (API, direction, dtypes,
-  shapes, non-tensor arguments: dump/filters.py's signature, a backward's its forward's);
-- the rest by signature in dump order (a call inserted or removed shifts every later
-  call's index: the k-th unpaired call of a signature in B pairs with the k-th in A);
+- each API's calls in one direction by signature (API, direction, dtypes, shapes,
+  non-tensor arguments: dump/filters.py's signature, a backward's its forward's) in dump
+  order: where both dumps have the same sequence, by name; where a call was inserted or
+  removed (every later call's index shifted), along the longest common subsequence of
+  the signatures, so that the later calls pair with the calls they were;
 - what is left is new (in B only) or vanished (in A only). Where fewer than
   SAME_MODEL_SHARE of B's calls pair, the dumps are of different models: nothing is
   compared, and the run says so.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import hashlib
 import math
 from collections import defaultdict
@@ -62,14 +64,17 @@ KEY_METRIC = {"benchmark": "mean_rel_err", "ulp": "mean_ulp_err"}
 #: rounded output stays above it and its growth is measured
 FLOOR_ULPS = 0.125
 MANTISSA = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
-#: the growth of one call's key metric beyond which it regressed, by its dtype; the
-#: largest growth of any call of the correct pairs measured, rounded up to the next
-#: power of two (benchmarks/RESULTS-baseline.md: float32 1.83x, 16-bit 1.33x)
-CALL_LIMIT = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}
+#: the growth of one call's key metric beyond which it regressed, by its dtype: twice
+#: the largest growth of any call of a correct pair measured, rounded up to a power of
+#: two (benchmarks/RESULTS-baseline.md: float32 4.04x, AVX512 against AVX2 gelu; float16
+#: 1.99x and bfloat16 1.55x, layer_norm backward across thread counts). The doubling is
+#: room for kernel families this machine cannot run (an NPU's), as the standards' own
+#: ratio bands give a device twice its reference's error
+CALL_LIMIT = {"float32": 16.0, "float16": 4.0, "bfloat16": 4.0}
 #: a kernel's pooled growth (geometric mean over its paired calls) beyond which it
-#: regressed; derived as CALL_LIMIT from the kernels of the same pairs (float32 1.19x,
-#: 16-bit 1.07x)
-KERNEL_LIMIT = {"float32": 2.0, "float16": 1.25, "bfloat16": 1.25}
+#: regressed, derived as CALL_LIMIT from the kernels of the same pairs (float32 3.75x,
+#: float16 1.34x, bfloat16 1.25x)
+KERNEL_LIMIT = {"float32": 8.0, "float16": 4.0, "bfloat16": 4.0}
 DEFAULT_DTYPE = "float32"  # a dtype with no limit of its own (float64) is judged as float32
 #: the share of B's calls that must pair for two dumps to be of one model: an upgrade
 #: changes kernels, not the model, and the calls it adds or removes (a fusion split or
@@ -129,22 +134,45 @@ class Pairing:
 
 
 def pair_calls(recorded: Mapping[str, tuple[int, str]], current: Mapping[str, tuple[int, str]]) -> Pairing:
-    """Pair by name where the signatures agree, then by signature in dump order."""
-    pairs = {name: name for name, (_, digest) in current.items() if name in recorded and recorded[name][1] == digest}
-    taken = set(pairs.values())
+    """Each API's calls (one direction) of B aligned with A's by signature in dump
+    order: where the two sequences agree the calls pair by name (the same index); where a
+    call was inserted or removed the alignment (the longest common subsequence of their
+    signatures) skips it and pairs the later calls, whose names shifted. Calls of one
+    signature left over pair in order."""
+    ours, theirs = _by_api(current), _by_api(recorded)
+    pairs: dict[str, str] = {}
+    for api, sequence in ours.items():
+        pairs.update(_aligned(theirs.get(api, []), sequence))
     waiting: dict[str, list[str]] = defaultdict(list)
+    taken = set(pairs.values())
     for name, (_, digest) in sorted(recorded.items(), key=lambda item: item[1][0]):
         if name not in taken:
             waiting[digest].append(name)
-    shifted = 0
     for name, (_, digest) in sorted(current.items(), key=lambda item: item[1][0]):
         if name not in pairs and waiting[digest]:
             pairs[name] = waiting[digest].pop(0)
-            shifted += 1
     paired = set(pairs.values())
     new = tuple(name for name in current if name not in pairs)
     vanished = tuple(name for name in recorded if name not in paired)
-    return Pairing(pairs, new, vanished, shifted)
+    return Pairing(pairs, new, vanished, sum(ours != theirs for ours, theirs in pairs.items()))
+
+
+def _by_api(calls: Mapping[str, tuple[int, str]]) -> dict[str, list[tuple[str, str]]]:
+    """(name, signature) of each API's calls in one direction, in dump order."""
+    found: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for name, (_, digest) in sorted(calls.items(), key=lambda item: item[1][0]):
+        api, _, direction = name.rsplit(".", 2) if name.count(".") >= 2 else (name, "", "")
+        found[f"{api}.{direction}"].append((name, digest))
+    return found
+
+
+def _aligned(recorded: list[tuple[str, str]], current: list[tuple[str, str]]) -> dict[str, str]:
+    """current name -> recorded name along the longest common subsequence of signatures
+    (difflib's; the sequences alike, as they mostly are, pair at once)."""
+    if [digest for _, digest in recorded] == [digest for _, digest in current]:
+        return {ours: theirs for (ours, _), (theirs, _) in zip(current, recorded, strict=True)}
+    matcher = difflib.SequenceMatcher(None, [d for _, d in recorded], [d for _, d in current], autojunk=False)
+    return {current[j + k][0]: recorded[i + k][0] for i, j, size in matcher.get_matching_blocks() for k in range(size)}
 
 
 def best_pairing(
