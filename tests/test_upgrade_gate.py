@@ -49,6 +49,14 @@ def gate(run_dump, dump: Path, baseline: Path, out: Path, *extra: str):
     return run_dump(dump, *OFFLINE, f"--msprobe-out={out}", f"--msprobe-baseline={baseline}", "--msprobe-gate", *extra)
 
 
+def gated_pair(tmp_path: Path, run_dump, capsys, before: Path, after: Path, *extra: str):
+    """A recorded as the baseline, B gated against it: B's outcomes and the terminal text."""
+    baseline = recorded(run_dump, before, tmp_path)
+    capsys.readouterr()
+    result = gate(run_dump, after, baseline, tmp_path / "out", *extra)
+    return result, capsys.readouterr().out
+
+
 def regression_rows(out: Path) -> list[dict[str, str]]:
     (found,) = out.glob("msprobe_regressions_*.csv")
     with open(found, encoding="utf-8-sig", newline="") as handle:
@@ -65,10 +73,7 @@ def test_a_correct_upgrade_names_nothing(tmp_path: Path, run_dump, capsys, dtype
         before.parent / "dump_tensor_data", after.parent / "dump_tensor_data", os.listdir(after.parent / "dump_tensor_data")
     )[1]
     assert differing, "the two kernel paths wrote the same bits"
-    baseline = recorded(run_dump, before, tmp_path)
-    capsys.readouterr()
-    result = gate(run_dump, after, baseline, tmp_path / "out")
-    summary = capsys.readouterr().out
+    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
     assert result.ret == pytest.ExitCode.OK and result.by_outcome("failed") == {}, summary
     assert "b/dump.json paired with the baseline's" in summary and "40 calls by name and signature, 0 new, 0 vanished" in summary
     assert "0 regression" in summary and "kernels of the paired dumps: 0 regressed of 9" in summary
@@ -79,10 +84,7 @@ def test_a_correct_upgrade_names_nothing(tmp_path: Path, run_dump, capsys, dtype
 def test_a_planted_fault_names_exactly_its_calls_and_kernels(tmp_path: Path, run_dump, capsys, dtype: str) -> None:
     before = step(tmp_path / "a", "mlp", DTYPES[dtype], None)
     after = step(tmp_path / "b", "mlp", DTYPES[dtype], "gelu_scaled")
-    baseline = recorded(run_dump, before, tmp_path)
-    capsys.readouterr()
-    result = gate(run_dump, after, baseline, tmp_path / "out", f"--msprobe-html={tmp_path / 'report.html'}")
-    summary = capsys.readouterr().out
+    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after, f"--msprobe-html={tmp_path / 'report.html'}")
     kernels = {f"Functional.gelu.{dtype}.kernel.{direction}.regression" for direction in ("forward", "backward")}
     assert set(result.by_outcome("failed")) == GELU_CALLS | kernels, summary
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -103,15 +105,12 @@ def test_a_fault_already_in_the_baseline_is_no_regression(tmp_path: Path, run_du
     as before, which the gate expects (xfail); without the gate they fail the run."""
     before = step(tmp_path / "a", "mlp", torch.bfloat16, "gelu_scaled")
     after = other_path(tmp_path / "b", "bfloat16", "--fault", "gelu_scaled")
-    baseline = recorded(run_dump, before, tmp_path)
-    capsys.readouterr()
-    gated = gate(run_dump, after, baseline, tmp_path / "gated")
-    summary = capsys.readouterr().out
+    gated, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
     assert gated.ret == pytest.ExitCode.OK and gated.by_outcome("failed") == {}, summary
     assert set(gated.by_outcome("skipped")) == GELU_CALLS  # xfailed: pytest reports them as skipped
     assert "failed the same way in the baseline, not a regression" in gated.calls["Functional.gelu.0.forward"].text
     assert "0 regression" in summary
-    ungated = run_dump(after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={baseline}")
+    ungated = run_dump(after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={tmp_path / 'baseline'}")
     assert set(ungated.by_outcome("failed")) == GELU_CALLS
 
 
@@ -122,9 +121,7 @@ def test_a_failure_that_got_worse_is_a_regression(tmp_path: Path, run_dump, caps
     limit (4x 16-bit, 16x float32)."""
     before = step(tmp_path / "a", "mlp", DTYPES[dtype], "gelu_scaled")
     after = step(tmp_path / "b", "mlp", DTYPES[dtype], "gelu_scaled_more")
-    baseline = recorded(run_dump, before, tmp_path)
-    capsys.readouterr()
-    result = gate(run_dump, after, baseline, tmp_path / "out")
+    result, _ = gated_pair(tmp_path, run_dump, capsys, before, after)
     assert set(result.by_outcome("failed")) == GELU_CALLS | {
         f"Functional.gelu.{dtype}.kernel.{d}.regression" for d in ("forward", "backward")
     }
@@ -135,10 +132,7 @@ def test_a_failure_that_got_worse_is_a_regression(tmp_path: Path, run_dump, caps
 def test_a_dump_of_another_model_compares_nothing(tmp_path: Path, run_dump, capsys) -> None:
     before = step(tmp_path / "a", "mlp", torch.float32, None)
     after = step(tmp_path / "b", "wide", torch.float32, "gelu_scaled")
-    baseline = recorded(run_dump, before, tmp_path)
-    capsys.readouterr()
-    result = gate(run_dump, after, baseline, tmp_path / "out")
-    summary = capsys.readouterr().out
+    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
     assert "are dumps of different models" in summary and "nothing was compared" in summary, summary
     assert "0 regression, 0 improvement, 0 unchanged" in summary
     # nothing to gate against: the faulty calls fail as they would with no baseline
@@ -150,10 +144,7 @@ def test_calls_whose_names_shifted_pair_by_signature_in_order(tmp_path: Path, ru
     index moved by one and pairs with A's call of its signature, in order."""
     before = step(tmp_path / "a", "mlp", torch.float32, None)
     after = step(tmp_path / "b", "mlp_shifted", torch.float32, "gelu_scaled")
-    baseline = recorded(run_dump, before, tmp_path)
-    capsys.readouterr()
-    result = gate(run_dump, after, baseline, tmp_path / "out")
-    summary = capsys.readouterr().out
+    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
     assert "40 calls by name and signature (8 of them by signature: their names shifted), 2 new, 0 vanished" in summary, summary
     shifted = {f"Functional.gelu.{index}.{direction}" for index in range(1, 5) for direction in ("forward", "backward")}
     assert set(result.by_outcome("failed")) - {"Functional.gelu.0.forward", "Functional.gelu.0.backward"} >= shifted
