@@ -84,7 +84,8 @@ def test_a_correct_upgrade_names_nothing(tmp_path: Path, run_dump, capsys, dtype
 def test_a_planted_fault_names_exactly_its_calls_and_kernels(tmp_path: Path, run_dump, capsys, dtype: str) -> None:
     before = step(tmp_path / "a", "mlp", DTYPES[dtype], None)
     after = step(tmp_path / "b", "mlp", DTYPES[dtype], "gelu_scaled")
-    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after, f"--msprobe-html={tmp_path / 'report.html'}")
+    html, junit = tmp_path / "report.html", tmp_path / "gate.xml"
+    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after, f"--msprobe-html={html}", f"--junitxml={junit}")
     kernels = {f"Functional.gelu.{dtype}.kernel.{direction}.regression" for direction in ("forward", "backward")}
     assert set(result.by_outcome("failed")) == GELU_CALLS | kernels, summary
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -97,7 +98,8 @@ def test_a_planted_fault_names_exactly_its_calls_and_kernels(tmp_path: Path, run
     assert {row["name"] for row in rows} == GELU_CALLS | {name.removesuffix(".regression") for name in kernels}
     growths = [float(row["growth"]) for row in rows if "kernel" not in row["name"]]
     assert growths == sorted(growths, reverse=True)  # worst first
-    assert "Regressions against the baseline" in (tmp_path / "report.html").read_text()
+    assert "Regressions against the baseline" in html.read_text()
+    assert junit.read_text().count("<failure") == len(GELU_CALLS | kernels)
 
 
 def test_a_fault_already_in_the_baseline_is_no_regression(tmp_path: Path, run_dump, capsys) -> None:
@@ -192,3 +194,21 @@ def test_a_metric_grown_beyond_the_limit_is_a_regression_with_the_same_verdict(d
     assert call_change(within, was, "x", "x", dtype).kind == "unchanged"
     assert call_change(beyond, was, "x", "x", dtype).kind == "regression"
     assert call_change(was, beyond, "x", "x", dtype).kind == "improvement"
+
+
+def test_online_the_same_dump_gates_by_its_own_records(copy_dump, run_dump, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One dump replayed before and after (found by content): each call is judged
+    against its own recorded metrics, so silu, as wrong as before, passes; layer_norm,
+    wrong only after, is a regression and fails."""
+    from faults import scaled_in
+
+    dump = copy_dump("torch_mlpcnn_statistics_bf16")
+    silu = scaled_in(torch.bfloat16, 1 + 2**-6)(torch.nn.functional.silu)
+    monkeypatch.setattr(torch.nn.functional, "silu", silu)
+    run_dump(dump, f"--msprobe-out={tmp_path / 'before'}", f"--msprobe-baseline-save={tmp_path / 'baseline'}")
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", scaled_in(torch.bfloat16, 1 + 2**-6)(torch.nn.functional.layer_norm))
+    result = run_dump(dump, f"--msprobe-out={tmp_path / 'after'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate")
+    failed = set(result.by_outcome("failed"))
+    assert failed and {name.split(".")[1] for name in failed} == {"layer_norm"}, failed
+    assert all("regression against the baseline (--msprobe-gate)" in result.calls[name].text for name in failed)
+    assert {result.calls[f"Functional.silu.0.{direction}"].outcome for direction in ("forward", "backward")} == {"passed"}
