@@ -212,3 +212,22 @@ def test_online_the_same_dump_gates_by_its_own_records(copy_dump, run_dump, monk
     assert failed and {name.split(".")[1] for name in failed} == {"layer_norm"}, failed
     assert all("regression against the baseline (--msprobe-gate)" in result.calls[name].text for name in failed)
     assert {result.calls[f"Functional.silu.0.{direction}"].outcome for direction in ("forward", "backward")} == {"passed"}
+
+
+def test_a_kernel_that_failed_before_is_expected_to_fail(tmp_path: Path, run_dump) -> None:
+    """test_kernels.py's small head, a float32 linear rounded toward zero: every call
+    passes, its kernel verdict fails. Recorded failing in A, the same kernel failing in B
+    (another dump: its dump.json rewritten) is an xfail under the gate, a failure without."""
+    from test_kernels import KERNEL, small_head_dump
+
+    before = small_head_dump(tmp_path / "a", faulty=True)
+    after = tmp_path / "b" / "dump.json"
+    after.parent.mkdir()
+    (after.parent / "dump_tensor_data").symlink_to(before.parent / "dump_tensor_data")
+    after.write_text(before.read_text() + "\n")
+    baseline = recorded(run_dump, before, tmp_path)
+    ungated = run_dump(after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={baseline}")
+    assert ungated.kernels[KERNEL].outcome == "failed" and ungated.ret == pytest.ExitCode.TESTS_FAILED
+    gated = gate(run_dump, after, baseline, tmp_path / "gated")
+    assert gated.kernels[KERNEL].outcome == "skipped" and "failed the same way in the baseline" in gated.kernels[KERNEL].text
+    assert gated.ret == pytest.ExitCode.OK

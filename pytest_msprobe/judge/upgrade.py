@@ -199,10 +199,6 @@ class Change:
     limit: float | None = None
     dump: str = ""  # B's dump, where a run has several
 
-    @property
-    def verdict_worse(self) -> bool:
-        return STATUS_RANK.get(self.now, 0) > STATUS_RANK.get(self.was, 0)
-
     def severity(self) -> tuple[int, float]:
         """Worst first: the most verdict ranks lost, then the largest growth."""
         return (STATUS_RANK.get(self.now, 0) - STATUS_RANK.get(self.was, 0), self.growth or 0.0)
@@ -227,9 +223,8 @@ def _number(value: float | None) -> str:
 
 
 def _floor(metric: str, dtype: str) -> float:
-    """FLOOR_ULPS in the metric's unit."""
-    ulps = FLOOR_ULPS if metric == "mean_ulp_err" else FLOOR_ULPS * 2.0 ** -MANTISSA.get(dtype, MANTISSA[DEFAULT_DTYPE])
-    return ulps
+    """FLOOR_ULPS in the metric's unit: ULPs, or relative (ULPs x 2**-mantissa)."""
+    return FLOOR_ULPS * (1.0 if metric == "mean_ulp_err" else 2.0 ** -MANTISSA.get(dtype, MANTISSA[DEFAULT_DTYPE]))
 
 
 def growth(now: CallMetrics, was: CallMetrics, dtype: str) -> tuple[str, float, float, float] | None:
@@ -278,7 +273,9 @@ class KernelChanges:
 
     def change(self) -> Change:
         """A regression where a call is, or where the geometric mean of the calls'
-        growths exceeds KERNEL_LIMIT; its statuses are the worst of its calls'."""
+        growths exceeds KERNEL_LIMIT; its statuses are the worst of its calls'. A call
+        exact on either side (a metric of 0) is judged alone: a mean of logs has no room
+        for it."""
         worst_was = max((c.was for c in self.calls), key=lambda status: STATUS_RANK.get(status, 0))
         worst_now = max((c.now for c in self.calls), key=lambda status: STATUS_RANK.get(status, 0))
         measured = [c for c in self.calls if c.growth is not None and c.before and c.after]
