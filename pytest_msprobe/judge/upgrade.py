@@ -394,6 +394,7 @@ class RunComparison:
     new: list[str] = field(default_factory=list)
     vanished: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # how each dump paired
+    paired: list[str] = field(default_factory=list)  # the dumps paired by signature (not held by content)
 
     def counts(self) -> dict[str, int]:
         counted = {kind: sum(c.kind == kind for c in self.calls) for kind in KINDS}
@@ -429,6 +430,7 @@ def compare_run(
             continue
         recorded_dump, paired = pairing
         found.notes.append(paired.line(dump, recorded_dump))
+        found.paired.append(dump)
         if paired.same_model:
             found.vanished += [f"{recorded_dump}::{call}" for call in paired.vanished]
             found.kernels += kernel_changes(changes, {call: metrics.dtype for call, metrics in by_dump[dump]})

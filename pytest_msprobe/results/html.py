@@ -60,8 +60,9 @@ class ReportContext:
     sessions: tuple[dict, ...] = ()  # the run file's sessions (writer.read_sessions)
     scripts: Path | None = None  # a folder of standalone scripts (--msprobe-scripts)
     baselines: tuple[tuple[str, Baseline], ...] = ()  # (label, baseline), oldest first; the last is compared with
-    # the run's own comparison with its baseline (judge/upgrade.py: calls paired across two
-    # dumps too), which the section shows instead of comparing the records by name
+    # the run's own comparison with its baseline (judge/upgrade.py), which the section
+    # shows where a dump was paired by signature (another dump of the model) instead of
+    # comparing the records by name
     comparison: RunComparison | None = None
 
 
@@ -93,11 +94,7 @@ def report_html(entries: list[Entry], context: ReportContext = ReportContext()) 
         run=_e(_run_line(context.sessions)),
         summary=_summary(records),
         environment=_environment(context.sessions),
-        baseline=_regression_section(context.comparison)
-        if context.comparison is not None
-        else _baseline_section(records, baselines[-1][1], baselines[-1][0])
-        if baselines
-        else "",
+        baseline=_against_baseline(records, context, baselines),
         kernels=kernels_section(kernel_verdicts(records)),
         table_head="".join(f'<th scope="col">{_e(name)}</th>' for name in TABLE_COLUMNS),
         details=_details(detailed, anchors, figures, baselines, scripts),
@@ -490,6 +487,14 @@ def _baseline_section(records: list[ResultRecord], index: BaselineIndex, label: 
         f'<section id="baseline"><h2>Against the baseline</h2><p>{_e(label)}{_e(f" (recorded {created})" if created else "")}: '
         f"{_e(head)}</p>{table}{more}</section>"
     )
+
+
+def _against_baseline(records: list[ResultRecord], context: ReportContext, baselines: list[tuple[str, BaselineIndex]]) -> str:
+    """The regressions of the run's own comparison where it paired a dump by signature;
+    else the records against the newest baseline kept, by name ("" without one)."""
+    if context.comparison is not None and context.comparison.paired:
+        return _regression_section(context.comparison)
+    return _baseline_section(records, baselines[-1][1], baselines[-1][0]) if baselines else ""
 
 
 def _regression_section(comparison: RunComparison) -> str:
