@@ -117,11 +117,14 @@ class DumpMatch:
     def note(self, source: str) -> str | None:
         """What the user must be told about this match, None when nothing."""
         if self.by_signature:
-            known = "is not the one the baseline was recorded with (its SHA-256 differs)" if self.changed else "is not a dump it recorded"
+            said = (
+                f"{source}: the dump {self.key} is not the one the baseline was recorded with (its SHA-256 differs)"
+                if self.changed
+                else f"{source} has no record of the dump {self.key}"
+            )
             return (
-                f"{source} has no record of the dump {self.key}: it {known}. Its calls are paired with the recorded "
-                "calls of the same signature (another dump of the model, as after an operator upgrade) and judged "
-                "against their own bench; the summary says how many paired"
+                f"{said}: its calls are paired with the recorded calls of the same signature (another dump of the "
+                "model, as after an operator upgrade), each judged against its own bench; the summary says how many paired"
             )
         if self.recorded_as is None:
             return (

@@ -43,7 +43,13 @@ OPTIONS = (
     Option("msprobe_standards", "a CSV file that routes APIs to standards or overrides thresholds (see README)", "path"),
     Option("msprobe_offline", "tensor dumps: the dumped outputs are the device result; only the bench runs here", "bool", False),
     Option("msprobe_baseline_save", "record every call's metrics, and the environment, as a baseline in this folder", "path"),
-    Option("msprobe_baseline", "judge every call against the baseline recorded in this folder; report regressions", "path"),
+    Option(
+        "msprobe_baseline",
+        "judge every call against the baseline recorded in this folder (the same dump: against its recorded "
+        "metrics; another dump of the model, as after an upgrade: its calls paired by name and signature, each "
+        "against its own bench); report regressions",
+        "path",
+    ),
     Option("msprobe_baseline_update", "with --msprobe-baseline: rewrite the baseline records of the calls that ran", "bool", False),
     Option(
         "msprobe_gate",
