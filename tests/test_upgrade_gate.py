@@ -231,3 +231,16 @@ def test_a_kernel_that_failed_before_is_expected_to_fail(tmp_path: Path, run_dum
     gated = gate(run_dump, after, baseline, tmp_path / "gated")
     assert gated.kernels[KERNEL].outcome == "skipped" and "failed the same way in the baseline" in gated.kernels[KERNEL].text
     assert gated.ret == pytest.ExitCode.OK
+
+
+def test_a_dump_that_cannot_be_read_is_its_own_failure(tmp_path: Path, run_dump, capsys) -> None:
+    """Dump B broken (not JSON): its one `collection` test fails, saying why, and the
+    comparison pairs nothing of it instead of ending the run with a traceback."""
+    before = step(tmp_path / "a", "mlp", torch.float32, None)
+    broken = tmp_path / "b" / "dump.json"
+    broken.parent.mkdir()
+    broken.write_text('{"task": "tensor", "data": {')
+    result, summary = gated_pair(tmp_path, run_dump, capsys, before, broken)
+    assert list(result.calls) == ["collection"] and result.calls["collection"].outcome == "failed"
+    assert result.ret == pytest.ExitCode.TESTS_FAILED and "INTERNALERROR" not in summary
+    assert "0 regression, 0 improvement, 0 unchanged, 0 new, 0 vanished" in summary
