@@ -87,7 +87,7 @@ def changes(before: tuple[Path, Path], after: tuple[Path, Path]) -> tuple[list, 
         for b, a in pairing.pairs.items()
         if b in now_calls and a in was_calls
     ]
-    return calls, kernel_changes(calls, {call: metrics.dtype for call, metrics in now_calls.items()})
+    return calls, kernel_changes(calls)
 
 
 def spread_row(label: str, calls: list, kernels: list) -> dict[str, object]:

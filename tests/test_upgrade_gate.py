@@ -24,6 +24,7 @@ from upgrade_dumps import DTYPES, step
 
 from pytest_msprobe.judge.baseline import CallMetrics
 from pytest_msprobe.judge.upgrade import CALL_LIMIT, call_change, pair_calls
+from pytest_msprobe.results.merge import main as merge_main
 
 MAKER = Path(__file__).parent / "upgrade_dumps.py"
 GELU_CALLS = {f"Functional.gelu.{index}.{direction}" for index in range(4) for direction in ("forward", "backward")}
@@ -58,9 +59,10 @@ def gated_pair(tmp_path: Path, run_dump, capsys, before: Path, after: Path, *ext
 
 
 def regression_rows(out: Path) -> list[dict[str, str]]:
+    """The regressions file's regressions (its other rows are the unchanged calls)."""
     (found,) = out.glob("msprobe_regressions_*.csv")
     with open(found, encoding="utf-8-sig", newline="") as handle:
-        return list(csv.DictReader(handle))
+        return [row for row in csv.DictReader(handle) if row["kind"] == "regression"]
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
@@ -172,6 +174,9 @@ def test_the_gate_is_the_same_under_xdist_and_shards(tmp_path: Path, run_dump, p
     assert failed("-n", "2", "-p", "no:benchmark") == lone
     shards = failed("-p", "no:xdist", "--msprobe-shard=1/2") | failed("-p", "no:xdist", "--msprobe-shard=2/2", "-k", "not linear")
     assert shards == lone
+    # msprobe-merge joins the shards' compared calls and pools their kernels again: the lone run's regressions
+    assert merge_main(["-o", str(tmp_path / "merged"), str(tmp_path / "3"), str(tmp_path / "5")]) == 0
+    assert {row["name"] for row in regression_rows(tmp_path / "merged")} == {row["name"] for row in regression_rows(tmp_path / "2")}
 
 
 def test_pairing_by_signature_in_order() -> None:

@@ -198,6 +198,7 @@ class Change:
     growth: float | None = None  # after / before, both floored
     limit: float | None = None
     dump: str = ""  # B's dump, where a run has several
+    dtype: str = ""  # B's outputs' device dtype: the kernel a call belongs to
 
     def severity(self) -> tuple[int, float]:
         """Worst first: the most verdict ranks lost, then the largest growth."""
@@ -249,7 +250,7 @@ def call_change(now: CallMetrics, was: CallMetrics, name: str, recorded_as: str,
     metric grew beyond CALL_LIMIT; an improvement where the verdict got better or the
     metric shrank by as much; else unchanged; not compared where either side skipped."""
     if "skip" in (now.status, was.status):
-        return Change("not compared", name, recorded_as, was.status, now.status)
+        return Change("not compared", name, recorded_as, was.status, now.status, dtype=dtype)
     limit = CALL_LIMIT.get(dtype, CALL_LIMIT[DEFAULT_DTYPE])
     grown = growth(now, was, dtype)
     metric, before, after, ratio = grown if grown is not None else ("", None, None, None)
@@ -260,7 +261,7 @@ def call_change(now: CallMetrics, was: CallMetrics, name: str, recorded_as: str,
         kind = "improvement"
     else:
         kind = "unchanged"
-    return Change(kind, name, recorded_as, was.status, now.status, metric, before, after, ratio, limit if metric else None)
+    return Change(kind, name, recorded_as, was.status, now.status, metric, before, after, ratio, limit if metric else None, dtype=dtype)
 
 
 @dataclass
@@ -305,11 +306,11 @@ def kernel_name(call: str, dtype: str) -> str | None:
     return f"{parsed.api_type}.{parsed.api_name}.{dtype}.kernel.{parsed.direction}"
 
 
-def kernel_changes(changes: Iterable[Change], dtypes: Mapping[str, str]) -> list[Change]:
-    """Each kernel's pooled change, from its compared calls' (`dtypes`: call -> dtype)."""
+def kernel_changes(changes: Iterable[Change]) -> list[Change]:
+    """Each kernel's pooled change, from its compared calls' (of one dump)."""
     kernels: dict[str, KernelChanges] = {}
     for change in changes:
-        dtype = dtypes.get(change.name, "")
+        dtype = change.dtype
         name = kernel_name(change.name, dtype)
         if name is None or change.kind == "not compared":
             continue
@@ -433,7 +434,7 @@ def compare_run(
         found.paired.append(dump)
         if paired.same_model:
             found.vanished += [f"{recorded_dump}::{call}" for call in paired.vanished]
-            found.kernels += kernel_changes(changes, {call: metrics.dtype for call, metrics in by_dump[dump]})
+            found.kernels += kernel_changes(changes)
     return found
 
 
@@ -449,3 +450,15 @@ def _vanished(baseline: Baseline, dump: str, index: Callable[[], DumpIndex]) -> 
     except DumpError:  # a dump that cannot be read: its one test says why
         return []
     return sorted(f"{dump}::{call}" for call in recorded - present)
+
+
+def merged_changes(runs: Iterable[Iterable[Change]]) -> tuple[list[Change], list[Change]]:
+    """Several runs' (shards') compared calls joined, a call found in several taking the
+    last run's, and each dump's kernels pooled again from the joined calls: what one run
+    of every call would have found (msprobe-merge)."""
+    calls: dict[tuple[str, str], Change] = {}
+    for run in runs:
+        calls.update({(change.dump, change.name): change for change in run if kernel_name(change.name, change.dtype) is not None})
+    joined = [calls[key] for key in sorted(calls)]
+    kernels = [kernel for dump in sorted({dump for dump, _ in calls}) for kernel in kernel_changes(c for c in joined if c.dump == dump)]
+    return joined, kernels

@@ -83,7 +83,7 @@ class BaselinePlugin:
             Baseline(environment(self._dumps(), device, versions), dict(self.current)).write(self.save_to)
         writer = self.reports.result_writer()
         if state.baseline is not None and writer is not None:
-            write_regressions(writer.files.regressions, self.comparison().regressions())
+            write_regressions(writer.files.regressions, self.comparison().calls, self.comparison().kernels)
         if self.judged_by is not None and self.update:
             # The records keep the keys the baseline knows this run's dumps by.
             key = state.baseline.recorded_key if state.baseline is not None else str
