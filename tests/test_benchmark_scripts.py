@@ -50,6 +50,7 @@ SCRIPTS = {
     "probe_plugin.py": IMPORT,
     "real_models.py": HELP,
     "torch_findings.py": IMPORT,
+    "upgrade_spread.py": HELP,
 }
 
 DRIVER = r"""

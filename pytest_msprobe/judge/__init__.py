@@ -1,6 +1,7 @@
 """Judging a call: the check end to end (`call`: read, replay, judge with the
 standards), the references a call may be judged against besides the bench (`offline`:
-the dump's own outputs as the device result; `baseline`: a recorded run's metrics),
+the dump's own outputs as the device result; `baseline`: a recorded run's metrics;
+`upgrade`: another dump of the model paired with a baseline's calls, and what regressed),
 the result as plain data (`record`), what any outcome amounts to (`outcome`), and the
 check of a standards registry's routes and thresholds before any call (`routing`),
 the element samples an HTML report plots (`samples`), and the checks beside the

@@ -69,10 +69,18 @@ class CallMetrics:
     status: str
     standard: str
     outputs: dict[str, dict[str, float]]  # output path -> metric -> value
+    # what pairs the call with a call of another dump of the model (judge/upgrade.py):
+    # its outputs' device dtype, its signature's digest and its position in its dump
+    # ("" and -1 where not known: a kernel, an older baseline)
+    dtype: str = ""
+    signature: str = ""
+    order: int = -1
 
     def to_json(self, dump: str, call: str) -> str:
+        pairing: dict[str, str | int] = {"dtype": self.dtype} if self.dtype else {}
+        pairing.update({"signature": self.signature, "order": self.order} if self.signature else {})
         return json.dumps(
-            {"dump": dump, "call": call, "status": self.status, "standard": self.standard, "outputs": self.outputs},
+            {"dump": dump, "call": call, "status": self.status, "standard": self.standard, "outputs": self.outputs, **pairing},
             sort_keys=True,
             separators=(",", ":"),
         )
@@ -83,7 +91,7 @@ class CallMetrics:
         for output in record.outputs:
             kept = KEY_METRICS.get(output.standard, ())  # the metrics its verdict turns on
             outputs[output.path] = {key: _short(output.metrics[key]) for key in kept if key in output.metrics}
-        return cls(record.status, record.standard, outputs)
+        return cls(record.status, record.standard, outputs, record.outputs[0].device_dtype if record.outputs else "")
 
     @classmethod
     def of_kernel(cls, verdict: KernelVerdict) -> CallMetrics:
@@ -102,9 +110,22 @@ class DumpMatch:
     key: str  # the dump's key in this run (its path from this run's rootdir)
     recorded_as: str | None  # its key in the baseline; None: the baseline has no record of it
     changed: bool = False  # found by its path, but its content is not the recorded dump's
+    # another dump of the model (after an upgrade): its calls are paired with the recorded
+    # ones by name and signature and judged against their own bench (judge/upgrade.py)
+    by_signature: bool = False
 
     def note(self, source: str) -> str | None:
         """What the user must be told about this match, None when nothing."""
+        if self.by_signature:
+            said = (
+                f"{source}: the dump {self.key} is not the one the baseline was recorded with (its SHA-256 differs)"
+                if self.changed
+                else f"{source} has no record of the dump {self.key}"
+            )
+            return (
+                f"{said}: its calls are paired with the recorded calls of the same signature (another dump of the "
+                "model, as after an operator upgrade), each judged against its own bench; the summary says how many paired"
+            )
         if self.recorded_as is None:
             return (
                 f"{source} has no record of the dump {self.key}: its calls are all judged as new. "
@@ -178,13 +199,18 @@ class Baseline:
             elif same_content:
                 match = DumpMatch(key, max(same_content, key=lambda other: _common_tail(other, key)))
             elif key in recorded:
-                match = DumpMatch(key, key, changed=True)
+                match = DumpMatch(key, key, changed=True, by_signature=self.signed(key))
             else:
-                match = DumpMatch(key, None)
-            if match.recorded_as is not None:
+                match = DumpMatch(key, None, by_signature=self.signed())
+            if match.recorded_as is not None and not match.by_signature:
                 self.aliases[key] = match.recorded_as
             matches.append(match)
         return matches
+
+    def signed(self, dump: str | None = None) -> bool:
+        """Whether the baseline recorded its calls' signatures (of `dump`, or of any dump):
+        what pairs the calls of another dump of the model with them (judge/upgrade.py)."""
+        return any(metrics.signature for (key, _), metrics in self.calls.items() if dump is None or key == dump)
 
     def update(self, records: Iterable[tuple[str, ResultRecord]]) -> None:
         for dump, record in records:
@@ -220,7 +246,14 @@ class Baseline:
         for number, line in enumerate(lines[1:], start=2):
             try:
                 item = json.loads(line)
-                baseline.calls[(item["dump"], item["call"])] = CallMetrics(item["status"], item["standard"], item["outputs"])
+                baseline.calls[(item["dump"], item["call"])] = CallMetrics(
+                    item["status"],
+                    item["standard"],
+                    item["outputs"],
+                    item.get("dtype", ""),
+                    item.get("signature", ""),
+                    item.get("order", -1),
+                )
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise BaselineError(f"{path}:{number}: not a baseline line ({exc})") from None
         return baseline

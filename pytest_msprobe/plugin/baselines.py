@@ -8,7 +8,8 @@ at the end, and reports what changed, loudly when the baseline matched no call a
 
 from __future__ import annotations
 
-from collections import Counter
+import functools
+from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,11 +17,13 @@ import pytest
 from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.errors import DumpError
-from pytest_msprobe.judge.baseline import FILE_NAME, KERNEL_STANDARD, Baseline, CallMetrics, Change, compare, environment
+from pytest_msprobe.judge.baseline import FILE_NAME, KERNEL_STANDARD, Baseline, CallMetrics, compare, environment
 from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.judge.upgrade import RunComparison, call_signatures, compare_run, signed
 from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin.kernels import report_test
 from pytest_msprobe.plugin.state import session_state
+from pytest_msprobe.results.writer import write_regressions
 
 if TYPE_CHECKING:
     from pytest_msprobe.plugin.reports import ReportPlugin
@@ -42,6 +45,7 @@ class BaselinePlugin:
                 "(to record a new baseline of every call, use --msprobe-baseline-save=DIR)"
             )
         self.current: dict[tuple[str | None, str], CallMetrics] = {}
+        self._comparison: RunComparison | None = None
 
     @pytest.hookimpl(tryfirst=True)  # before the report writer takes the record off the report
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -73,8 +77,13 @@ class BaselinePlugin:
             self.current.update(self._kernels())
         state = session_state(self.config)
         device, versions = state.device_label(), state.environment_versions()
+        if self.save_to is not None or self.update:
+            self.current = signed(self.current, {key: call_signatures(read_index(path)) for key, path in self._dumps()})
         if self.save_to is not None:
             Baseline(environment(self._dumps(), device, versions), dict(self.current)).write(self.save_to)
+        writer = self.reports.result_writer()
+        if state.baseline is not None and writer is not None:
+            write_regressions(writer.files.regressions, self.comparison().calls, self.comparison().kernels)
         if self.judged_by is not None and self.update:
             # The records keep the keys the baseline knows this run's dumps by.
             key = state.baseline.recorded_key if state.baseline is not None else str
@@ -84,57 +93,69 @@ class BaselinePlugin:
             recorded.calls.update({(key(dump), call): metrics for (dump, call), metrics in self.current.items()})
             recorded.write(self.judged_by)
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        """Under --msprobe-gate a kernel that regressed is a failing test, reported after
+        the calls (plugin/kernels.py's way: every call's record is needed)."""
+        result = yield
+        state = session_state(self.config)
+        if not state.gate or hasattr(self.config, "workerinput") or session.shouldfail or session.shouldstop:
+            return result
+        kernels = [change for change in self.comparison().kernels if change.kind == "regression"]
+        session.testscollected += len(kernels)
+        for change in kernels:
+            text = f"kernel regression against the baseline (--msprobe-gate): {change.describe()}"
+            report_test(self.config, change.dump, f"{change.name}.regression", text, failed=True)
+        return result
+
+    def comparison(self) -> RunComparison:
+        """This run's calls against the baseline (judge/upgrade.py), once."""
+        if self._comparison is None:
+            counterparts = session_state(self.config).counterparts()
+            assert counterparts is not None  # only asked where a baseline is given
+            paths = dict(self._dumps())
+            calls = {(dump or "", call): metrics for (dump, call), metrics in self.current.items() if metrics.standard != KERNEL_STANDARD}
+            indexes = {key: functools.partial(read_index, path) for key, path in paths.items()}
+            self._comparison = compare_run(counterparts, calls, indexes)
+        return self._comparison
+
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         recorded = session_state(self.config).baseline
         if recorded is None or hasattr(self.config, "workerinput"):
             return
-        calls = {key: metrics for key, metrics in self.current.items() if metrics.standard != KERNEL_STANDARD}
-        changes = [compare(metrics, recorded.get(dump, call), call) for (dump, call), metrics in sorted(calls.items())]
-        vanished = self._vanished(recorded)
         terminalreporter.section("msprobe baseline")
-        for line in summary_lines(changes, vanished, self.update) + kernel_lines(self._kernels(), recorded):
+        lines = summary_lines(self.comparison(), self.update) + kernel_lines(self._kernels(), recorded)
+        for line in lines:
             terminalreporter.write_line(line, yellow=line.startswith("WARNING"), bold=line.startswith("WARNING"))
 
     def _dumps(self) -> list[tuple[str, Path]]:
         rootpath = self.config.rootpath
         return [(bestrelpath(rootpath, path), path) for path in session_state(self.config).dumps]
 
-    def _vanished(self, recorded: Baseline) -> list[str]:
-        """Calls the baseline has for a dump of this run that the dump no longer holds."""
-        gone = []
-        for key, path in self._dumps():
-            try:
-                present = set(read_index(path).names)
-            except DumpError:
-                continue
-            gone += [
-                f"{key}::{call}"
-                for (dump, call), metrics in recorded.calls.items()
-                if dump == recorded.recorded_key(key) and call not in present and metrics.standard != KERNEL_STANDARD
-            ]
-        return sorted(gone)
 
-
-def summary_lines(changes: list[Change], vanished: list[str], updated: bool) -> list[str]:
-    counts = Counter(change.kind for change in changes)
-    lines = []
-    if changes and counts["new"] == len(changes) and not updated:
+def summary_lines(comparison: RunComparison, updated: bool) -> list[str]:
+    counts = comparison.counts()
+    lines = list(comparison.notes)
+    compared = len(comparison.calls)
+    if comparison.new and not compared and not updated:
         lines.append(
-            f"WARNING: the baseline has a record of none of the {len(changes)} calls that ran: nothing was "
+            f"WARNING: the baseline has a record of none of the {len(comparison.new)} calls that ran: nothing was "
             "compared (see the warnings: it was recorded with other dumps?)"
         )
-    lines += [
-        ", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new"))
-        + f", {len(vanished)} vanished"
+    lines.append(
+        ", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new", "vanished"))
+        + (f", {counts['not compared']} not compared (skipped before or now)" if counts["not compared"] else "")
         + (" (baseline updated with this run)" if updated else "")
-    ]
-    regressions = sorted((c for c in changes if c.kind == "regression"), key=lambda c: -(c.ratio or 0.0))
+    )
+    regressions = comparison.regressions()
     for change in regressions[:SHOWN_REGRESSIONS]:
-        growth = f", {change.metric} {change.ratio:.3g}x the baseline" if change.ratio is not None else ""
-        lines.append(f"  regression {change.call}: {change.was} -> {change.now}{growth}")
+        lines.append(f"  regression {change.describe()}")
     if len(regressions) > SHOWN_REGRESSIONS:
         lines.append(f"  ... and {len(regressions) - SHOWN_REGRESSIONS} more regressions")
-    lines += [f"  vanished {name}" for name in vanished[:SHOWN_REGRESSIONS]]
+    if comparison.kernels:
+        worse = sum(change.kind == "regression" for change in comparison.kernels)
+        lines.append(f"kernels of the paired dumps: {worse} regressed of {len(comparison.kernels)} compared (their paired calls pooled)")
+    lines += [f"  vanished {name}" for name in comparison.vanished[:SHOWN_REGRESSIONS]]
     return lines
 
 

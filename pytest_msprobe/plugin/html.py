@@ -48,7 +48,9 @@ class HtmlPlugin:
             return
         recorded = session_state(self.config).baseline
         baselines = ((str(self.baseline_folder), recorded),) if recorded is not None else ()
-        context = ReportContext(self._title(), tuple(read_sessions(writer.files)), self.scripts, baselines)
+        compared = self.config.pluginmanager.get_plugin("msprobe-baseline")
+        comparison = compared.comparison() if recorded is not None and compared is not None else None
+        context = ReportContext(self._title(), tuple(read_sessions(writer.files)), self.scripts, baselines, comparison)
         try:
             self.written = write_report(read_journal(writer.files.journal), self.target, context)
         except (OSError, ResultFilesError) as exc:  # the results are on disk; the report can be rebuilt from them

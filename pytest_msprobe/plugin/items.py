@@ -140,7 +140,13 @@ class CallItem(pytest.Item):
             self.user_properties.extend(properties(record))
         if record.status == "skip":
             pytest.skip(record.message)
-        if record.status == "error" or (record.status == "warning" and state.strict):
+        change = state.gated(self.index, record)
+        if change is not None and change.kind == "regression":
+            raise CallFailed(f"regression against the baseline (--msprobe-gate): {change.describe()}\n{record.message}")
+        failing = record.status == "error" or (record.status == "warning" and state.strict)
+        if failing and change is not None:
+            pytest.xfail(f"failed the same way in the baseline, not a regression (--msprobe-gate): {change.describe()}")
+        if failing:
             raise CallFailed(record.message + ("\n(a warning fails under --msprobe-strict)" if record.status == "warning" else ""))
         if record.status == "warning":
             warnings.warn(AccuracyWarning(record.message), stacklevel=1)

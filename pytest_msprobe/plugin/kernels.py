@@ -24,6 +24,7 @@ import pytest
 from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin.state import session_state
 
 if TYPE_CHECKING:
     from pytest_msprobe.judge.kernels import KernelVerdict
@@ -52,29 +53,22 @@ class KernelPlugin:
 
     def _report(self, verdict: KernelVerdict) -> None:
         dump = bestrelpath(self.config.rootpath, Path(verdict.key.dump))
-        nodeid = f"{dump}::{verdict.key.name}"
-        location = (dump, None, verdict.key.name)
         failed = verdict.status == "error"
         text = f"{verdict.message()}\n{self._scope()}"
         if failed:
             calls = " or ".join(item.call for item in verdict.evidence[:REPLAYED_CALLS])
             text += f"\n  replay the calls carrying most evidence: pytest --msprobe-dump={shlex.quote(verdict.key.dump)} -k {shlex.quote(calls)}"
-        hook = self.config.hook
-        hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
-        for when in ("setup", "call", "teardown"):
-            outcome: Literal["passed", "failed"] = "failed" if failed and when == "call" else "passed"
-            report = pytest.TestReport(
-                nodeid,
-                location,
-                {verdict.key.name: 1, KERNEL_KEYWORD: 1},
-                outcome,
-                text if outcome == "failed" else None,
-                when,
-                sections=[("msprobe kernel", text)] if when == "call" and not failed else [],
-                user_properties=[("msprobe_kernel_calls", len(verdict.calls))] if when == "call" else [],
-            )
-            hook.pytest_runtest_logreport(report=report)
-        hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
+        expected = self._failed_before(dump, verdict.key.name) if failed else None
+        report_test(self.config, dump, verdict.key.name, text, failed, [("msprobe_kernel_calls", len(verdict.calls))], expected)
+
+    def _failed_before(self, dump: str, name: str) -> str | None:
+        """Under --msprobe-gate, why a failing kernel is expected to: the baseline's verdict
+        of it (judge/baseline.py Baseline.kernel) was an error too; None otherwise."""
+        state = session_state(self.config)
+        found = state.baseline.kernel(dump, name) if state.gate and state.baseline is not None else None
+        if found is None or found[1].status != "error":
+            return None
+        return f"{name}: failed the same way in the baseline (recorded in {found[0]}), not a regression (--msprobe-gate)"
 
     def _scope(self) -> str:
         """What was pooled: the records of this session, and of the run it resumed; where
@@ -93,3 +87,41 @@ class KernelPlugin:
             f"  pooled: only the calls selected by {' '.join(chosen)} ({collected} collected){since}: "
             "the kernel's calls left out are no evidence; run without the selection to pool them all"
         )
+
+
+def report_test(
+    config: pytest.Config,
+    dump: str,
+    name: str,
+    text: str,
+    failed: bool,
+    properties: list[tuple[str, object]] | None = None,
+    expected: str | None = None,
+) -> None:
+    """A result that is no collected item (a kernel's, a kernel's regression) as a test
+    `<dump>::<name>`: its setup, call and teardown reports through the hooks that every
+    reporter, --junitxml and the session's failure count read. A failure `expected`
+    (the reason) is reported as pytest reports an xfail."""
+    nodeid = f"{dump}::{name}"
+    location = (dump, None, name)
+    hook = config.hook
+    hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
+    for when in ("setup", "call", "teardown"):
+        outcome: Literal["passed", "failed", "skipped"] = "failed" if failed and when == "call" else "passed"
+        longrepr: tuple[str, int, str] | str | None = text if outcome == "failed" else None
+        if outcome == "failed" and expected is not None:
+            outcome, longrepr = "skipped", (dump, 0, expected)
+        report = pytest.TestReport(
+            nodeid,
+            location,
+            {name: 1, KERNEL_KEYWORD: 1},
+            outcome,
+            longrepr,
+            when,
+            sections=[("msprobe kernel", text)] if when == "call" and not failed else [],
+            user_properties=list(properties or []) if when == "call" else [],
+        )
+        if outcome == "skipped":
+            report.wasxfail = str(expected)
+        hook.pytest_runtest_logreport(report=report)
+    hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)

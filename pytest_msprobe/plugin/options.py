@@ -138,10 +138,13 @@ OPTIONS = (
         "Judge every call against the baseline recorded in this folder; report regressions",
         "path",
         metavar="DIR",
-        details="The summary names regressions (with the ratio), improvements, new and vanished calls. Dumps are found "
-        "in the baseline by their content (SHA-256), from any folder and wherever the dump now lies; a dump whose content "
-        "changed is found by its path and said to have changed; a dump the baseline has no record of is a warning, and a "
-        "run of which no call was found a `WARNING` line in the summary.",
+        details="The summary names regressions (with the ratio), improvements, new and vanished calls. The same dump "
+        "(found by its content, SHA-256, from any folder) is judged against its recorded metrics. Another dump of the "
+        "model, as after an operator upgrade (dump A recorded before it, this run's dump B after it), has its calls "
+        "paired with the baseline's by name and signature (API, direction, dtypes, shapes, non-tensor arguments; by "
+        "signature in order where names shifted), each judged against its own bench; unpaired calls are listed as new "
+        "or vanished, and a dump of another model compares nothing. A run of which no call was found is a `WARNING` "
+        "line in the summary. See {doc}`../how-to/upgrade-gate`.",
     ),
     Option(
         "msprobe_baseline_update",
@@ -149,6 +152,17 @@ OPTIONS = (
         "bool",
         False,
         details="Choose the calls to rewrite with `-k`.",
+    ),
+    Option(
+        "msprobe_gate",
+        "With --msprobe-baseline: the run's outcome gates an operator upgrade",
+        "bool",
+        False,
+        details="A call that fails now and failed the same way in the baseline is an expected failure (xfail); a "
+        "regression (a worse verdict, or a key metric grown beyond what two correct kernels differ by: "
+        "`benchmarks/RESULTS-baseline.md`) fails, naming before and after, as does a kernel that regressed "
+        "(`<api>.<dtype>.kernel.<direction>.regression`). The baseline may be of another dump of the model "
+        "(see `--msprobe-baseline`).",
     ),
     Option(
         "msprobe_reference_csv",

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.judge.baseline import Baseline
     from pytest_msprobe.judge.call import Settings
+    from pytest_msprobe.judge.record import ResultRecord
+    from pytest_msprobe.judge.upgrade import Change, Counterparts
     from pytest_msprobe.run.devices import Backend
     from pytest_msprobe.standards import Registry
 
@@ -49,6 +51,7 @@ class SessionState:
     worker_devices: dict[str, str] = field(default_factory=dict)
     worker_environment: Record | None = None
     _settings: Settings | None = None
+    _counterparts: Counterparts | None = None
     _baseline: Any = _UNREAD  # Any: a Baseline, None, or _UNREAD until read (see baseline)
 
     @property
@@ -72,6 +75,30 @@ class SessionState:
             self._baseline = _recorded_metrics(self.config, self.dumps)
         return self._baseline
 
+    @property
+    def gate(self) -> bool:
+        """--msprobe-gate: a regression against the baseline fails, a failure it held passes."""
+        return bool(options.get(self.config, "msprobe_gate"))
+
+    def counterparts(self) -> Counterparts | None:
+        """The baseline's record of each call (judge/upgrade.py), None without a baseline;
+        one per process, each dump paired once."""
+        if self._counterparts is None and self.baseline is not None:
+            from pytest_msprobe.judge.upgrade import Counterparts
+
+            self._counterparts = Counterparts(self.baseline)
+        return self._counterparts
+
+    def gated(self, index: DumpIndex, record: ResultRecord) -> Change | None:
+        """Under --msprobe-gate, the call's change against its record in the baseline;
+        None without the gate or where it has no record (new, a dump of another model)."""
+        counterparts = self.counterparts() if self.gate else None
+        if counterparts is None or record.status == "skip":
+            return None
+        from pytest_msprobe.judge.baseline import CallMetrics
+
+        return counterparts.change(index.key, lambda: index, record.call, CallMetrics.of(record))
+
     def check(self) -> None:
         """At configure: every usage error of the options, once. Where calls run, the
         device too (Settings); an xdist worker keeps a device problem as `problem`
@@ -89,6 +116,8 @@ class SessionState:
             raise pytest.UsageError(f"--msprobe-device: {exc}") from None
         parse_device_list(options.get(self.config, "msprobe_devices"))
         self.baseline  # noqa: B018 - a baseline that cannot be read is a usage error here
+        if self.gate and self.baseline is None:
+            raise pytest.UsageError("--msprobe-gate needs --msprobe-baseline=DIR, the baseline recorded before the upgrade")
         if not self.runs_calls:
             if _custom_routes(self.config):  # the shipped tables are checked by the project's tests
                 _registry(self.config)

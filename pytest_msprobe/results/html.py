@@ -44,6 +44,7 @@ from pytest_msprobe.results.writer import Entry
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
+    from pytest_msprobe.judge.upgrade import RunComparison
 
 PAGE_ROWS = 500  # table rows drawn at once; "show more" draws more
 DEVICE_KINDS = ("cpu", "cuda", "npu")  # a record's device label starts with its --msprobe-device
@@ -59,6 +60,10 @@ class ReportContext:
     sessions: tuple[dict, ...] = ()  # the run file's sessions (writer.read_sessions)
     scripts: Path | None = None  # a folder of standalone scripts (--msprobe-scripts)
     baselines: tuple[tuple[str, Baseline], ...] = ()  # (label, baseline), oldest first; the last is compared with
+    # the run's own comparison with its baseline (judge/upgrade.py), which the section
+    # shows where a dump was paired by signature (another dump of the model) instead of
+    # comparing the records by name
+    comparison: RunComparison | None = None
 
 
 def write_report(entries: Iterable[Entry], target: Path, context: ReportContext = ReportContext()) -> Path:
@@ -89,7 +94,7 @@ def report_html(entries: list[Entry], context: ReportContext = ReportContext()) 
         run=_e(_run_line(context.sessions)),
         summary=_summary(records),
         environment=_environment(context.sessions),
-        baseline=_baseline_section(records, baselines[-1][1], baselines[-1][0]) if baselines else "",
+        baseline=_against_baseline(records, context, baselines),
         kernels=kernels_section(kernel_verdicts(records)),
         table_head="".join(f'<th scope="col">{_e(name)}</th>' for name in TABLE_COLUMNS),
         details=_details(detailed, anchors, figures, baselines, scripts),
@@ -482,6 +487,36 @@ def _baseline_section(records: list[ResultRecord], index: BaselineIndex, label: 
         f'<section id="baseline"><h2>Against the baseline</h2><p>{_e(label)}{_e(f" (recorded {created})" if created else "")}: '
         f"{_e(head)}</p>{table}{more}</section>"
     )
+
+
+def _against_baseline(records: list[ResultRecord], context: ReportContext, baselines: list[tuple[str, BaselineIndex]]) -> str:
+    """The regressions of the run's own comparison where it paired a dump by signature;
+    else the records against the newest baseline kept, by name ("" without one)."""
+    if context.comparison is not None and context.comparison.paired:
+        return _regression_section(context.comparison)
+    return _baseline_section(records, baselines[-1][1], baselines[-1][0]) if baselines else ""
+
+
+def _regression_section(comparison: RunComparison) -> str:
+    """The run against its baseline: how its dumps paired, the counts, and every
+    regression (calls and kernels), worst first, with its verdict and key metric before
+    and after."""
+    counts = comparison.counts()
+    head = ", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new", "vanished"))
+    rows = [
+        f'<tr><td class="mono">{_e(c.name)}</td><td class="mono">{_e(c.recorded_as)}</td><td>{_e(c.was)} → {_e(c.now)}</td>'
+        f"<td>{_e(c.growth_text())}</td></tr>"
+        for c in comparison.regressions()
+    ]
+    table = (
+        "<table><tr><th>regression</th><th>in the baseline</th><th>verdict</th><th>key metric before → after</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        if rows
+        else '<p class="muted">no regression</p>'
+    )
+    notes = "".join(f"<p>{_e(note)}</p>" for note in comparison.notes)
+    return f'<section id="baseline"><h2>Regressions against the baseline</h2>{notes}<p>{_e(head)}</p>{table}</section>'
 
 
 def _now_vs_then(now: CallMetrics, then: CallMetrics | None) -> str:

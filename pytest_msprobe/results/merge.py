@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_msprobe.judge.upgrade import merged_changes
 from pytest_msprobe.results.writer import (
     JOURNAL_PREFIX,
     Entry,
@@ -27,8 +28,10 @@ from pytest_msprobe.results.writer import (
     ResultWriter,
     RunFiles,
     read_journal,
+    read_regressions,
     read_sessions,
     record_key,
+    write_regressions,
     write_sessions,
 )
 
@@ -100,6 +103,9 @@ def merge_runs(sources: Sequence[Path], target: Path) -> tuple[RunFiles, Merged]
     ResultWriter(files, merged.entries).close()
     if merged.sessions:
         write_sessions(files, merged.sessions)
+    compared = [read_regressions(RunFiles.of_journal(source.journal).regressions) for source in merged.read]
+    if any(compared):  # runs against a baseline: their calls joined, their kernels pooled again
+        write_regressions(files.regressions, *merged_changes(compared))
     return files, merged
 
 

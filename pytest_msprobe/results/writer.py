@@ -34,10 +34,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pytest_msprobe.judge.kernels import KernelPool, KernelVerdict
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
+from pytest_msprobe.judge.upgrade import worst_first
+
+if TYPE_CHECKING:
+    from pytest_msprobe.judge.upgrade import Change
 from pytest_msprobe.results.msprobe_csv import (
     DETAILS_HEADER,
     DETAILS_PREFIX,
@@ -52,6 +56,12 @@ from pytest_msprobe.results.msprobe_csv import (
 JOURNAL_PREFIX = "msprobe_records_"
 METRICS_PREFIX = "accuracy_checking_metrics_"
 RUN_PREFIX = "msprobe_run_"
+REGRESSIONS_PREFIX = "msprobe_regressions_"
+#: the regressions file's columns (judge/upgrade.py's Change): the regressions (calls and
+#: kernels), worst first, then every other compared call and kernel, which msprobe-merge
+#: joins and pools again
+REGRESSION_COLUMNS = ("kind", "dump", "name", "baseline name", "was", "now", "metric", "before", "after", "growth", "limit", "dtype")
+_NUMBERS = ("before", "after", "growth", "limit")
 
 
 class ResultFilesError(Exception):
@@ -73,6 +83,7 @@ class RunFiles:
     metrics = property(lambda self: self._file(METRICS_PREFIX, ".jsonl"))
     result = property(lambda self: self._file(RESULT_PREFIX, ".csv"))
     run = property(lambda self: self._file(RUN_PREFIX, ".json"))
+    regressions = property(lambda self: self._file(REGRESSIONS_PREFIX, ".csv"))
 
     @classmethod
     def of_journal(cls, journal: Path) -> RunFiles:
@@ -363,6 +374,49 @@ class ResultWriter:
         _replace(self.files.details, _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]), ENCODING)
         _replace(self.files.metrics, "".join(json.dumps(row) + "\n" for entry in entries for row in metrics_rows(entry)))
         _replace(self.files.journal, "".join(entry.to_json() + "\n" for entry in entries))
+
+
+def write_regressions(path: Path, calls: Iterable[Change], kernels: Iterable[Change]) -> Path:
+    """A run's calls and kernels against its baseline (--msprobe-baseline): the
+    regressions worst first, with verdict and key metric before and after, then the rest."""
+    changes = [*calls, *kernels]
+    regressions = worst_first(changes)
+    rest = [change for change in changes if change.kind != "regression"]
+    rows = [
+        [c.kind, c.dump, c.name, c.recorded_as, c.was, c.now, c.metric]
+        + ["" if value is None else f"{value:.6g}" for value in (c.before, c.after, c.growth, c.limit)]
+        + [c.dtype]
+        for c in [*regressions, *rest]
+    ]
+    _replace(path, _csv_text(REGRESSION_COLUMNS, rows), encoding="utf-8-sig")
+    return path
+
+
+def read_regressions(path: Path) -> list[Change]:
+    """What write_regressions wrote ([] where no such file: a run without a baseline)."""
+    from pytest_msprobe.judge.upgrade import Change
+
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    found = []
+    for row in rows:
+        numbers = {key: float(row[key]) if row.get(key) else None for key in _NUMBERS}
+        found.append(
+            Change(
+                row["kind"],
+                row["name"],
+                row["baseline name"],
+                row["was"],
+                row["now"],
+                row["metric"],
+                **numbers,
+                dump=row["dump"],
+                dtype=row["dtype"],
+            )
+        )
+    return found
 
 
 def _csv_text(header: Iterable[str], rows: Iterable[list[str]]) -> str:
