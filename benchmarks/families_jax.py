@@ -242,13 +242,21 @@ def einsum(equation: str, *operands: Array) -> Array:
 def _conv(spatial: int) -> Callable[..., Array]:
     letters = "HWD"[:spatial]
 
-    def conv(input: Array, weight: Array, bias: Array = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Array:  # noqa: A002
+    def conv(
+        input: Array, weight: Array, bias: Array = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+    ) -> Array:  # noqa: A002
         if isinstance(padding, str):
             raise NotImplementedError(f"conv padding={padding!r}")
         pads = [(p, p) for p in _pair(padding, spatial)]
         numbers = ("NC" + letters, "OI" + letters, "NC" + letters)
         y = lax.conv_general_dilated(
-            input, weight, _pair(stride, spatial), pads, rhs_dilation=_pair(dilation, spatial), dimension_numbers=numbers, feature_group_count=groups
+            input,
+            weight,
+            _pair(stride, spatial),
+            pads,
+            rhs_dilation=_pair(dilation, spatial),
+            dimension_numbers=numbers,
+            feature_group_count=groups,
         )
         return y if bias is None else y + bias.reshape((1, -1) + (1,) * spatial)
 

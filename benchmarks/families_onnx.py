@@ -72,7 +72,13 @@ def node(op_type: str, **attributes: Any) -> Callable[..., np.ndarray]:
 
     def call(*args: Any, **kwargs: Any) -> np.ndarray:
         graph = Graph()
-        return graph.run(graph.op(op_type, *(operand(graph, a) for a in args if isinstance(a, (np.ndarray, float, int)) and not isinstance(a, bool)), **attributes))
+        return graph.run(
+            graph.op(
+                op_type,
+                *(operand(graph, a) for a in args if isinstance(a, (np.ndarray, float, int)) and not isinstance(a, bool)),
+                **attributes,
+            )
+        )
 
     return call
 
@@ -152,7 +158,9 @@ def linear(input: np.ndarray, weight: np.ndarray, bias: Any = None) -> np.ndarra
     return graph.run(product if bias is None else graph.op("Add", product, graph.input(bias)))
 
 
-def conv(input: np.ndarray, weight: np.ndarray, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> np.ndarray:  # noqa: A002
+def conv(
+    input: np.ndarray, weight: np.ndarray, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+) -> np.ndarray:  # noqa: A002
     spatial = input.ndim - 2
     if isinstance(padding, str):
         raise NotImplementedError(f"padding={padding!r}")

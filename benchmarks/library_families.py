@@ -378,6 +378,27 @@ def recompute_dump(family: Family, source: Path, target: Path, only: frozenset[s
     return copy
 
 
+def prune(copy: DumpCopy, only: frozenset[str], max_index: int) -> None:
+    """Keep only the entries of the selected APIs whose call index is below max_index, and
+    their tensor files: a small family-made dump to ship in tests/."""
+    path = copy.folder / "dump.json"
+    document = json.loads(path.read_text(encoding="utf-8"))
+    kept = {}
+    for name, record in document["data"].items():
+        parsed = api_of(name)
+        if parsed and (not only or parsed[0] in only) and int(parsed[1].rsplit(".", 1)[1]) < max_index:
+            kept[name] = record
+    document["data"] = kept
+    path.write_text(json.dumps(document, indent=1), encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
+    for file in (copy.folder / "dump_tensor_data").iterdir():
+        if f'"{file.name}"' not in text:
+            file.unlink()
+    for extra in ("construct.json", "stack.json"):
+        (copy.folder / extra).unlink(missing_ok=True)
+    copy.entries = [e for e in copy.entries if f"{e.call}.{e.direction}" in kept]
+
+
 # --- judging a copy ---------------------------------------------------------------------
 
 
@@ -418,7 +439,20 @@ def bias_rows(metrics: pd.DataFrame, copy: DumpCopy, family: str, dump: str) -> 
     rows = rows[rows["bias_ulp"].notna()]
     rows["family"], rows["dump"] = family, dump
     rows["api"] = rows["call"].str.rsplit(".", n=1).str[0]
-    keep = ["family", "dump", "api", "call", "direction", "name", "device_dtype", "status", "bias_ulp", "bias_z", "scale_bias_ulp", "scale_bias_z"]
+    keep = [
+        "family",
+        "dump",
+        "api",
+        "call",
+        "direction",
+        "name",
+        "device_dtype",
+        "status",
+        "bias_ulp",
+        "bias_z",
+        "scale_bias_ulp",
+        "scale_bias_z",
+    ]
     keep += [c for c in ("ref_bias_ulp", "ref_bias_z", "ref_scale_bias_ulp", "ref_scale_bias_z") if c in rows]
     return rows[keep]
 
@@ -519,7 +553,11 @@ def run_aten(dumps: list[Path], scratch: Path) -> pd.DataFrame:
     command += ["--modes", "offline", "--scratch", str(scratch / "aten"), "--csv", str(table), *map(str, dumps)]
     proc = subprocess.run(command, check=False, capture_output=True, text=True, cwd=REPO / "benchmarks")
     (scratch / "aten.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
-    return pd.read_csv(table) if table.exists() else pd.DataFrame({"note": [f"kernel_diversity.py exit {proc.returncode}: {proc.stderr[-300:]}"]})
+    return (
+        pd.read_csv(table)
+        if table.exists()
+        else pd.DataFrame({"note": [f"kernel_diversity.py exit {proc.returncode}: {proc.stderr[-300:]}"]})
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -530,10 +568,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("dumps", nargs="*", type=Path, help="tensor dump folders; default: tests/dumps/models/*_tensor_* and examples/")
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=["jax", "onnxruntime", "inductor"])
-    parser.add_argument("--modes", nargs="+", choices=["offline", "single"], default=["offline"], help="single: the copy's bench-side replay (no family as device)")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["offline", "single"],
+        default=["offline"],
+        help="single: the copy's bench-side replay (no family as device)",
+    )
     parser.add_argument("--only", nargs="+", default=[], help="recompute only these APIs (e.g. Functional.gelu)")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/library_families"), help="where the copies and runs go")
     parser.add_argument("--write-dumps", type=Path, help="keep the copies here (e.g. tests/dumps/families) and do not judge them")
+    parser.add_argument("--max-index", type=int, default=1 << 30, help="with --write-dumps: keep only calls whose index is below this")
     parser.add_argument("--aten", action="store_true", help="also run kernel_diversity.py offline (ATen paths default/avx2 x 1/2 threads)")
     parser.add_argument("--markdown", type=Path, help="write the matrix, events and bias table as markdown")
     parser.add_argument("--csv-prefix", type=Path, help="write <prefix>matrix.csv, events.csv, biases.csv, bias_rows.csv")
@@ -563,8 +608,12 @@ def main(argv: list[str] | None = None) -> int:
             copy = recompute_dump(family, folder, root / f"{name}_{folder.resolve().name}", only)
             copies.append((name, copy))
             done = sum(e.recomputed for e in copy.entries)
-            print(f"{name:12s} {dump_label(folder):45s} recomputed {done}/{len(copy.entries)} directions in {time.perf_counter() - started:.1f}s", flush=True)
+            print(
+                f"{name:12s} {dump_label(folder):45s} recomputed {done}/{len(copy.entries)} directions in {time.perf_counter() - started:.1f}s",
+                flush=True,
+            )
             if args.write_dumps:
+                prune(copy, only, args.max_index)
                 continue
             for mode in args.modes:
                 result, metrics = judge(copy, dump_label(folder), mode, name)
@@ -585,12 +634,21 @@ def main(argv: list[str] | None = None) -> int:
         print(matrix.drop(columns=["note"]).to_string(index=False))
         print(f"\n{len(events)} errors/warnings")
         for event in events.itertuples(index=False):
-            print(f"- [{event.status}] {event.family} {event.dump} {event.mode} {event.call} {event.direction} {event.dtype} ({event.outputs}): {event.message}")
+            print(
+                f"- [{event.status}] {event.family} {event.dump} {event.mode} {event.call} {event.direction} {event.dtype} ({event.outputs}): {event.message}"
+            )
         if not aten.empty:
             print(aten.to_string(index=False))
     print(f"\nwall {wall:.1f}s")
     if args.csv_prefix:
-        for label, frame in (("matrix", matrix), ("events", events), ("biases", table), ("bias_rows", rows), ("kept", kept), ("aten", aten)):
+        for label, frame in (
+            ("matrix", matrix),
+            ("events", events),
+            ("biases", table),
+            ("bias_rows", rows),
+            ("kept", kept),
+            ("aten", aten),
+        ):
             frame.to_csv(f"{args.csv_prefix}{label}.csv", index=False)
     if args.markdown:
         parts = ["## Matrix", to_markdown(matrix), "## Errors and warnings", to_markdown(events) if not events.empty else "none"]
