@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -402,6 +403,11 @@ def prune(copy: DumpCopy, only: frozenset[str], max_index: int) -> None:
 # --- judging a copy ---------------------------------------------------------------------
 
 
+#: single-run: the plugin that makes the family the device under test (the dumped outputs
+#: play no part: the device reruns each call); a family without one has no single-run mode
+SINGLE_RUN_PLUGIN = {"jax": ["-p", "family_device"], "inductor": ["-p", "compiled_kernels"]}
+
+
 def judge(copy: DumpCopy, label: str, mode: str, family: str) -> tuple[RunResult, pd.DataFrame]:
     """Run the plugin on the copy (offline or single-run) and count its result CSV; the
     metrics file's rows come back too."""
@@ -409,8 +415,9 @@ def judge(copy: DumpCopy, label: str, mode: str, family: str) -> tuple[RunResult
     shutil.rmtree(out, ignore_errors=True)
     result = RunResult(dump=label, mode=mode, device=family, reference="CPU in the dump's dtype" if mode == "offline" else "none")
     started = time.perf_counter()
-    command = pytest_command(copy.folder / "dump.json", out, mode == "offline")
-    proc = subprocess.run(command, check=False, cwd=copy.folder.parent, capture_output=True, text=True)
+    command = pytest_command(copy.folder / "dump.json", out, mode == "offline") + (SINGLE_RUN_PLUGIN[family] if mode == "single" else [])
+    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks"), "MSPROBE_COMPILED": "device"}
+    proc = subprocess.run(command, check=False, cwd=copy.folder.parent, capture_output=True, text=True, env=env)
     result.seconds = time.perf_counter() - started
     result.exit_status = proc.returncode
     (out.parent / f"{copy.folder.name}.{mode}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
@@ -615,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.write_dumps:
                 prune(copy, only, args.max_index)
                 continue
-            for mode in args.modes:
+            for mode in [m for m in args.modes if m == "offline" or name in SINGLE_RUN_PLUGIN]:
                 result, metrics = judge(copy, dump_label(folder), mode, name)
                 runs.append((result, copy))
                 biases.append(bias_rows(metrics, copy, name, dump_label(folder)))

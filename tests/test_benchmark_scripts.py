@@ -41,6 +41,7 @@ SCRIPTS = {
     "cuda_kernels.py": HELP,
     "explore_findings.py": IMPORT,
     "families_jax.py": COMPILE,  # needs jax[cpu], which the project does not depend on
+    "family_device.py": COMPILE,  # a plugin that needs jax[cpu]
     "families_onnx.py": COMPILE,  # needs onnx and onnxruntime, likewise
     "kernel_diversity.py": HELP,
     "kernel_ratios.py": HELP,
