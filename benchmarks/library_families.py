@@ -123,7 +123,21 @@ def _inductor_family() -> Family:
     return Family("inductor", _pytorch_apis, inductor_forward, inductor_backward, raised=False)
 
 
-FAMILIES: dict[str, Callable[[], Family]] = {"jax": _jax_family, "onnxruntime": _onnx_family, "inductor": _inductor_family}
+def _dumped_family() -> Family:
+    """The control: recomputes nothing, so the copy is the shipped dump (ATen's outputs)."""
+
+    def nothing(*_: Any) -> Any:
+        raise AssertionError("the control recomputes nothing")
+
+    return Family("dumped", frozenset, nothing, None, raised=False)
+
+
+FAMILIES: dict[str, Callable[[], Family]] = {
+    "jax": _jax_family,
+    "onnxruntime": _onnx_family,
+    "inductor": _inductor_family,
+    "dumped": _dumped_family,
+}
 
 
 def _pytorch_apis() -> frozenset[str]:
@@ -185,7 +199,7 @@ def raised(value: Any) -> Any:
 
 def rounded(result: Any, dtype: torch.dtype) -> torch.Tensor:
     """A family's result as a torch tensor of the dump's dtype: rounded once, to nearest."""
-    tensor = result if isinstance(result, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(result))
+    tensor = result if isinstance(result, torch.Tensor) else torch.from_numpy(np.array(result))  # a copy: 0-d stays 0-d
     return tensor.detach().to(dtype).contiguous()
 
 
