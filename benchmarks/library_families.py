@@ -277,10 +277,20 @@ def output_dtype(record: dict[str, Any], key: str) -> str:
     return str(chosen["dtype"]).removeprefix("torch.")
 
 
-def save_output(folder: Path, record: dict[str, Any], value: Any, result: torch.Tensor) -> None:
-    """Write a recomputed tensor over the dumped one, and its statistics into the record."""
-    torch.save(result.clone(), folder / "dump_tensor_data" / record["data_name"])
-    record.update(statistics(result))
+def write_all(folder: Path, results: list[tuple[str, dict[str, Any], Any]]) -> str:
+    """Round each (label, record, result) to its record's dtype and write them over the
+    dumped tensors, with their statistics into the records: all of them, or none where a
+    shape differs ('' or why not)."""
+    written = []
+    for label, record, result in results:
+        tensor = rounded(result, torch_dtype_of(record))
+        if list(tensor.shape) != list(record["shape"]):
+            return f"{label}: shape {list(tensor.shape)}, the dump's {record['shape']}"
+        written.append((record, tensor))
+    for record, tensor in written:
+        torch.save(tensor.clone(), folder / "dump_tensor_data" / record["data_name"])
+        record.update(statistics(tensor))
+    return ""
 
 
 def family_inputs(family: Family, value: Any) -> Any:
@@ -297,17 +307,9 @@ def recompute_forward(family: Family, folder: Path, api: str, call: str, record:
     args = [decode(v, ctx, f"input_args[{i}]") for i, v in enumerate(record.get("input_args", []))]
     kwargs = {k: decode(v, ctx, f"input_kwargs[{k!r}]") for k, v in record.get("input_kwargs", {}).items()}
     results = family.forward(api, family_inputs(family, args), family_inputs(family, kwargs))
-    written = []
-    for i, value in targets:
-        if i >= len(results):
-            return f"the family returned {len(results)} outputs, the dump records {len(outputs)}"
-        result = rounded(results[i], torch_dtype_of(value))
-        if list(result.shape) != list(value["shape"]):
-            return f"output {i}: shape {list(result.shape)}, the dump's {value['shape']}"
-        written.append((value, result))
-    for value, result in written:
-        save_output(folder, value, value, result)
-    return ""
+    if len(results) <= targets[-1][0]:
+        return f"the family returned {len(results)} outputs, the dump records {len(outputs)}"
+    return write_all(folder, [(f"output {i}", value, results[i]) for i, value in targets])
 
 
 def torch_dtype_of(value: dict[str, Any]) -> torch.dtype:
@@ -335,16 +337,7 @@ def recompute_backward(family: Family, folder: Path, api: str, call: str, forwar
     cotangents = [cotangent(out, incoming[i] if i < len(incoming) else None) for i, out in enumerate(outputs)]
     wrt = [key for key, _ in slots]
     grads = family.backward(api, family_inputs(family, args), family_inputs(family, kwargs), wrt, family_inputs(family, cotangents))
-    written = []
-    for (_, index), grad in zip(slots, grads, strict=True):
-        value = record["output"][index]
-        result = rounded(grad, torch_dtype_of(value))
-        if list(result.shape) != list(value["shape"]):
-            return f"gradient {index}: shape {list(result.shape)}, the dump's {value['shape']}"
-        written.append((value, result))
-    for value, result in written:
-        save_output(folder, value, value, result)
-    return ""
+    return write_all(folder, [(f"gradient {index}", record["output"][index], grad) for (_, index), grad in zip(slots, grads, strict=True)])
 
 
 def cotangent(output: Any, grad: Any) -> Any:
