@@ -269,9 +269,10 @@ def api_of(name: str) -> tuple[str, str, str] | None:
     return call.rsplit(".", 1)[0], call, direction
 
 
-def output_dtype(record: dict[str, Any], key: str) -> str:
-    """The dtype of a record's first floating output (else its first tensor's), short."""
-    tensors = [v for v in record.get(key, []) if is_tensor_record(v)]
+def output_dtype(forward: dict[str, Any]) -> str:
+    """The dtype of a forward record's first floating output (else its first tensor's), short:
+    the dtype a call's rows are reported under."""
+    tensors = [v for v in forward.get("output", []) if is_tensor_record(v)]
     floats = [v for v in tensors if "float" in v["dtype"]]
     chosen = (floats or tensors or [{"dtype": "none"}])[0]
     return str(chosen["dtype"]).removeprefix("torch.")
@@ -362,8 +363,7 @@ def recompute_dump(family: Family, source: Path, target: Path, only: frozenset[s
         if parsed is None:
             continue
         api, call, direction = parsed
-        key = "output"
-        entry = Recomputed(call, direction, api, output_dtype(data.get(f"{call}.forward", record), key), False)
+        entry = Recomputed(call, direction, api, output_dtype(data.get(f"{call}.forward", record)), False)
         copy.entries.append(entry)
         if only and api not in only:
             entry.reason = "not selected (--only)"
