@@ -577,7 +577,7 @@ def run_aten(dumps: list[Path], scratch: Path) -> pd.DataFrame:
     """kernel_diversity.py's offline matrix on the same dumps under ATen's paths."""
     table = scratch / "aten.csv"
     command = [sys.executable, str(REPO / "benchmarks/kernel_diversity.py"), "--caps", "default", "avx2", "--threads", "1", "2"]
-    command += ["--modes", "offline", "--scratch", str(scratch / "aten"), "--csv", str(table), *map(str, dumps)]
+    command += ["--modes", "offline", "--scratch", str(scratch / "aten"), "--csv", str(table), *(str(d.resolve()) for d in dumps)]
     proc = subprocess.run(command, check=False, capture_output=True, text=True, cwd=REPO / "benchmarks")
     (scratch / "aten.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     return (
