@@ -40,9 +40,13 @@ SCRIPTS = {
     "compiled_kernels.py": IMPORT,
     "cuda_kernels.py": HELP,
     "explore_findings.py": IMPORT,
+    "families_jax.py": COMPILE,  # needs jax[cpu], which the project does not depend on
+    "family_device.py": COMPILE,  # a plugin that needs jax[cpu]
+    "families_onnx.py": COMPILE,  # needs onnx and onnxruntime, likewise
     "kernel_diversity.py": HELP,
     "kernel_ratios.py": HELP,
     "layout_kernels.py": HELP,
+    "library_families.py": HELP,
     "make_dump.py": HELP,
     "make_real_model_dumps.py": HELP,
     "make_transformer_dump.py": HELP,

@@ -1,0 +1,162 @@
+"""Another real library family as the device: JAX/XLA's CPU kernels (issue 37).
+
+The dumps under tests/dumps/families/ are calibration dumps (tests/dumps/models/apizoo_*,
+transformer12_*) whose forward outputs and input gradients JAX recomputed on the dumped
+inputs (float32 in float32; bfloat16 raised to float32, computed there, rounded once to
+nearest, as correct accelerator kernels do), made by
+
+    python benchmarks/library_families.py --families jax --write-dumps tests/dumps/families \\
+        --only Functional.gelu Torch.tanh Functional.hardswish Functional.layer_norm \\
+        Functional.linear Torch.sigmoid Functional.silu Torch.erf Functional.batch_norm \\
+        Functional.softmax --max-index 1 tests/dumps/models/apizoo_tensor_fp32 \\
+        tests/dumps/models/apizoo_tensor_bf16 tests/dumps/models/transformer12_tensor_fp32 \\
+        tests/dumps/models/transformer12_tensor_bf16
+
+(jax is needed to make them, not to run these tests). A linear's backward is msprobe's
+record of an inner node and stays ATen's (the harness never recomputes it).
+
+- A correct library passes every call offline with no warning: that is the expectation of
+  every case. The calls today's rules (calibrated on ATen's own paths) call errors are
+  marked xfail(strict=True) with the bias measured, so that the accuracy model of issue 37
+  flips them (an XPASS then fails: remove the mark).
+- Faults planted in a family-made dump stay errors: a float32 gelu 3 ULP away from zero
+  everywhere, a float32 layer_norm 3 ULP away from zero, a bfloat16 layer_norm rounded
+  toward zero (its float32 value truncated) on 512 elements.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+FAMILIES = Path(__file__).parent / "dumps" / "families"
+DUMPS = sorted(p.name for p in FAMILIES.iterdir() if (p / "dump.json").exists())
+
+#: (dump, call) -> why it fails under today's rules (the bias or ratio measured), for the
+#: accuracy model to flip
+XFAIL = {
+    ("jax_apizoo_tensor_fp32", "Functional.gelu.0.forward"): (
+        "XLA's float32 gelu (erf form): max_rel_err 7.2e-07 is 3.0x the reference's 1.07e-07 on 16 elements (limit 2x)"
+    ),
+    ("jax_transformer12_tensor_fp32", "Functional.gelu.0.forward"): (
+        "XLA's float32 gelu (erf form), 512 elements: additive bias_ulp -0.418, -0.77 ULP beyond the reference run's +0.353 "
+        "(limit 0.25), sign-test z 10.7 > 5"
+    ),
+}
+
+#: (dump, call) -> the skip reason's words: a linear's input gradient is neither at the call
+#: (msprobe records the reshape after the GEMM) nor recoverable in this excerpt of the dump
+SKIPPED = {
+    ("jax_apizoo_tensor_fp32", "Functional.linear.0.backward"): "neither at the call nor elsewhere in the dump",
+    ("jax_apizoo_tensor_bf16", "Functional.linear.0.backward"): "neither at the call nor elsewhere in the dump",
+    ("jax_transformer12_tensor_fp32", "Functional.linear.0.backward"): "neither at the call nor elsewhere in the dump",
+}
+
+_RUNS: dict[str, object] = {}
+
+
+def _calls(dump: str) -> list[str]:
+    return [name for name in json.loads((FAMILIES / dump / "dump.json").read_text())["data"] if not name.startswith(("Module.", "Cell."))]
+
+
+def _case(dump: str, call: str) -> object:
+    reason = XFAIL.get((dump, call))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(dump, call, marks=marks, id=f"{dump}-{call}")
+
+
+CASES = [_case(dump, call) for dump in DUMPS for call in _calls(dump)]
+
+
+@pytest.fixture
+def offline_run(run_dump):
+    """The dump's offline run, once per dump in this process."""
+
+    def run(dump: str):
+        if dump not in _RUNS:
+            _RUNS[dump] = run_dump(FAMILIES / dump / "dump.json", "--msprobe-device=cpu", "--msprobe-offline")
+        return _RUNS[dump]
+
+    return run
+
+
+def test_the_family_dumps_are_small_and_jax_made():
+    size = sum(f.stat().st_size for f in FAMILIES.rglob("*") if f.is_file())
+    assert size < 1_000_000
+    assert DUMPS == ["jax_apizoo_tensor_bf16", "jax_apizoo_tensor_fp32", "jax_transformer12_tensor_bf16", "jax_transformer12_tensor_fp32"]
+    # JAX's outputs, not ATen's: the gelu the families dump holds differs from the calibration dump's
+    made = torch.load(FAMILIES / "jax_transformer12_tensor_fp32/dump_tensor_data/Functional.gelu.0.forward.output.0.pt")
+    aten = torch.load(FAMILIES.parent / "models/transformer12_tensor_fp32/dump_tensor_data/Functional.gelu.0.forward.output.0.pt")
+    assert made.shape == aten.shape and not torch.equal(made, aten)
+
+
+@pytest.mark.parametrize(("dump", "call"), CASES)
+def test_a_correct_library_passes_every_call_offline(dump, call, offline_run):
+    result = offline_run(dump)
+    assert result.collection_errors == []
+    outcome = result.calls[call]
+    skipped = SKIPPED.get((dump, call))
+    if skipped:
+        assert outcome.outcome == "skipped" and skipped in outcome.text
+        return
+    assert outcome.outcome == "passed", outcome.text
+    assert outcome.warnings == []
+
+
+def away_from_zero(tensor: torch.Tensor, ulps: int) -> torch.Tensor:
+    """Each element moved `ulps` representable values away from zero."""
+    for _ in range(ulps):
+        tensor = torch.nextafter(tensor, torch.where(tensor >= 0, torch.inf, -torch.inf).to(tensor.dtype))
+    return tensor
+
+
+def truncated_bfloat16(value: torch.Tensor) -> torch.Tensor:
+    """A float32 tensor rounded toward zero to bfloat16 (its low 16 bits dropped)."""
+    return (value.float().contiguous().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def _plant(copy_dump, dump: str, call: str, change) -> Path:
+    path = copy_dump(f"families/{dump}")
+    tensors = path.parent / "dump_tensor_data"
+    output = tensors / f"{call}.forward.output.0.pt"
+    torch.save(change(torch.load(output), tensors), output)
+    return path
+
+
+def _layer_norm_truncated(_: torch.Tensor, tensors: Path) -> torch.Tensor:
+    """The bfloat16 layer_norm of the dumped inputs computed in float32 and truncated."""
+    x, weight, bias = (torch.load(tensors / f"Functional.layer_norm.0.forward.input.{i}.pt").float() for i in (0, 2, 3))
+    return truncated_bfloat16(torch.nn.functional.layer_norm(x, [x.shape[-1]], weight, bias))
+
+
+PLANTED = [
+    pytest.param(
+        "jax_transformer12_tensor_fp32", "Functional.gelu.0", lambda t, _: away_from_zero(t, 3), id="float32-gelu-3-ulp-away-from-zero"
+    ),
+    pytest.param(
+        "jax_apizoo_tensor_fp32", "Functional.layer_norm.0", lambda t, _: away_from_zero(t, 3), id="float32-layer_norm-3-ulp-away-from-zero"
+    ),
+    pytest.param("jax_apizoo_tensor_bf16", "Functional.layer_norm.0", _layer_norm_truncated, id="bfloat16-layer_norm-truncated-64-rows"),
+    pytest.param(
+        "jax_transformer12_tensor_bf16",
+        "Functional.layer_norm.0",
+        _layer_norm_truncated,
+        id="bfloat16-layer_norm-truncated-8-rows",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="issue 37 item 2: the sign test counts 8 rows of 64 (a correct 16-bit kernel's row statistics are float32: "
+            "its 512 elements are independent draws), so rounding all of them toward zero passes today",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("dump", "call", "change"), PLANTED)
+def test_a_fault_planted_in_a_family_made_dump_is_an_error(dump, call, change, copy_dump, run_dump):
+    result = run_dump(_plant(copy_dump, dump, call, change), "--msprobe-device=cpu", "--msprobe-offline")
+    outcome = result.calls[f"{call}.forward"]
+    assert outcome.outcome == "failed"
+    assert "error" in outcome.text
