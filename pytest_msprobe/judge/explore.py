@@ -637,6 +637,28 @@ def _products_beyond(name: CallName, replayed: Replayed, framework: str) -> bool
     return bool(magnitudes[0] * max([1.0, *magnitudes[1:2]]) * longest > largest)
 
 
+def _scores_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """An attention's scores beyond the dtype's range: their terms' sums |q| |k|^T scale,
+    or a query row's x - max(x) (the finite scores only: masked positions left out). In
+    float32, q and k of 1e19 overflow every correct kernel's scores; the bench in float64
+    does not (issue 39: 14 inf on the device)."""
+    inputs = replayed.results.inputs
+    q, k = (next(iter(inputs.args[i : i + 1]), None) for i in (0, 1))
+    largest = _largest(replayed.results)
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or largest is None or q.dim() < 2 or k.dim() < 2:
+        return False
+    given = inputs.kwargs.get("scale")
+    scale = float(given) if isinstance(given, (int, float)) else 1 / math.sqrt(q.shape[-1])
+    wide_q, wide_k = (tensor.double().nan_to_num(0.0, 0.0, 0.0) for tensor in (q, k))  # masked positions left out
+    try:
+        terms = (wide_q.abs() @ wide_k.abs().transpose(-2, -1)) * abs(scale)
+        scores = (wide_q @ wide_k.transpose(-2, -1)) * scale
+    except RuntimeError:  # shapes that do not broadcast: no evidence
+        return False
+    spread = scores.amax(-1) - scores.amin(-1) if scores.numel() else scores
+    return _beyond((terms, spread), replayed.results)
+
+
 def _terms_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     terms = term_magnitudes(name, replayed.bench, replayed.results.inputs, framework)
     return terms is not None and _beyond(terms, replayed.results)
@@ -822,7 +844,7 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 #: exact result (every call), a sum of squares (norms, variances, distances: the
 #: [explore] squares table), a sum before a division (means, average pools: sums),
 #: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
-#: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of
+#: (shifted_gradient), an attention's scores q k^T scale (scores), a recurrent gate's products (products), the terms of a sum of
 #: products (the [terms] table, which bound a partial sum, not the result), a norm it
 #: divides by ([explore.norms]), an intermediate of a backward's formula
 #: (BACKWARD_INTERMEDIATES), and a backward's derivative (computed before it is
@@ -833,6 +855,7 @@ EXCUSES = (
     Excuse("sum beyond its accumulator's range", lambda name: name.operator in summing_apis("sums"), _sum_beyond(1)),
     Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
     Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),
+    Excuse("attention scores q k^T scale beyond the dtype's range", lambda name: name.operator in summing_apis("scores"), _scores_beyond),
     Excuse("terms of its sums of products beyond the dtype's range", has_terms, _terms_beyond),
     Excuse(
         "g - sum(g * y) of a softmax-like backward beyond the dtype's range",
