@@ -102,7 +102,7 @@ class Pair:
     ) -> None:
         # bench/device: numpy arrays or torch tensors in their own dtypes; the float64
         # copies `d` and `b` are made only when read (the fused path never reads them)
-        self.shape = tuple(device.shape)
+        self.shape: tuple[int, ...] = tuple(device.shape)  # numpy 2 types a shape as tuple[Any, ...]
         self.device_src = device
         self.bench_src = bench
         self.info = info

@@ -1,6 +1,6 @@
 """Kernel verdicts (pytest_msprobe/judge/kernels.py, plugin/kernels.py): the bias tests of
-every call of one kernel pooled, reported as a pytest result, a result CSV row and a
-metrics line, the same however the calls ran.
+every call of one kernel pooled, reported as a pytest result, a row of the kernels CSV and
+a metrics line, the same however the calls ran.
 
 The planted fault is the small-head one of real models: a bfloat16 linear rounded toward
 zero (tests/model_faults.py) on a 4 x 10 classifier output, called 12 times. Each call's
@@ -106,11 +106,18 @@ def test_a_selection_pools_only_what_ran_and_says_so(tmp_path, run_dump):
     assert kernel_lines(tmp_path / "out")[0]["calls"] == CALLS // 2
 
 
+def csv_rows(out: Path, prefix: str) -> dict[str, list[str]]:
+    """The rows of one of the run's CSVs, by their first cell (the header's included)."""
+    (path,) = out.glob(f"{prefix}*.csv")
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        return {row[0]: row for row in csv.reader(handle)}
+
+
 def kernel_rows(out: Path) -> dict[str, list[str]]:
-    """The kernels' rows of the result CSV, by API name."""
-    (result,) = out.glob("accuracy_checking_result_*.csv")
-    with open(result, encoding="utf-8-sig", newline="") as handle:
-        return {row[0]: row for row in csv.reader(handle) if ".kernel" in row[0]}
+    """The kernels' rows, by API name: their own file's, never the result CSV's."""
+    rows = csv_rows(out, "accuracy_checking_kernels_")
+    assert rows.pop("API name") and all(name.endswith(".kernel") for name in rows), rows
+    return rows
 
 
 def kernel_lines(out: Path) -> list[dict]:
@@ -146,9 +153,14 @@ def test_kernel_verdicts_are_the_same_however_the_calls_ran(tmp_path, pytester):
     assert [line["name"] for line in lone] == [KERNEL, "Functional.softmax.bfloat16.kernel.forward"]
     assert lone[0]["status"] == "error" and lone[0]["calls"] == CALLS
     assert lone[1]["status"] == "pass" and lone[1]["mean_rel_err_ratio_calls"] == CALLS
-    for folder in ("n2", "resumed", "merged"):
+    dumped = {f"Functional.{api}.{index}" for index in range(CALLS) for api in ("linear", "softmax")}
+    for folder in ("lone", "n2", "resumed", "merged"):
         assert kernel_lines(tmp_path / folder) == lone, folder
         assert kernel_rows(tmp_path / folder) == kernel_rows(tmp_path / "lone"), folder
+        # msprobe's files hold the dump's calls, exactly (fails where a kernel's row is among them)
+        assert set(csv_rows(tmp_path / folder, "accuracy_checking_result_")) == {"API name", *dumped}, folder
+        details = csv_rows(tmp_path / folder, "accuracy_checking_details_")
+        assert {name.removesuffix(".forward.output.0") for name in details} == {"API Name", *dumped}, folder
 
 
 def test_a_baseline_of_one_dump_names_the_kernel_that_got_worse_in_another(tmp_path, pytester):

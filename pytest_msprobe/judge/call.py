@@ -31,7 +31,7 @@ from pytest_msprobe.run.replay import (
     saved_in_device_dtype,
 )
 from pytest_msprobe.run.summed import summed_route, sums_contributions
-from pytest_msprobe.run.terms import term_magnitudes
+from pytest_msprobe.run.terms import term_counts, term_magnitudes
 
 if TYPE_CHECKING:
     import torch
@@ -458,14 +458,16 @@ def _add_shared(
     device added in pieces, another grouping: the device and the reference are judged
     beyond each element's allowance for that (judge/shares.py), as where this call's own
     graph adds its share in pieces. A call that cannot be run leaves the input out of
-    the comparison, named."""
+    the comparison, named; so does a sum the reference cannot rebuild within rounding
+    of the dumped one (judge/shares.py rebuild_check: a reader the dump does not hold)."""
     import numpy as np
     import torch
 
-    from pytest_msprobe.judge.shares import Kind, Share, accumulated, beyond
+    from pytest_msprobe.judge.shares import Kind, Share, accumulated, beyond, rebuild_bound, rebuild_check
 
     device, bench = list(results.device), list(results.bench)
     reference = list(results.reference) if isinstance(results.reference, tuple) else None
+    own_spread = _own_spread(name, bench_side, results.inputs, framework_name)
     for shared in evidence.shared:
         pieces = _pieces(bench_side, results.inputs, framework_name, shared.position)
         own = Share(shared.own, bench[shared.position], None if reference is None else reference[shared.position], Kind.OWN, pieces)
@@ -491,7 +493,21 @@ def _add_shared(
                 summed = accumulated(shares, shared.producer_numel, dtype, side)
                 column[shared.position] = summed.total[positions].reshape(shared.own.shape).to(column[shared.position].dtype)
                 if side == "bench":  # the reference's partial sums are within its own rounding of these
-                    allowance = summed.allowance[positions]
+                    allowance, rounding = summed.allowance[positions], summed.rounding[positions]
+        rebuilt = reference if reference is not None and reference[shared.position] is not None else bench
+        spread = own_spread(shared.position)
+        if allowance is not None and rebuilt[shared.position] is not None and spread is not None:
+            bound = rebuild_bound(rounding, allowance, spread[0].reshape(-1), spread[1].reshape(-1), dtype)
+            disagreement = rebuild_check(device[shared.position], rebuilt[shared.position], bound)
+            if disagreement is not None:
+                device[shared.position] = None
+                readers = ", ".join(sorted({name.call, *(o.consumer.call for o in shared.others)}))
+                evidence.left_out.append(
+                    f"the gradient {shared.producer} recorded is not the sum of its readers' gradients ({readers}) as the reference "
+                    f"rebuilds it: {disagreement}; a reader the dump does not hold (an op msprobe "
+                    "does not record: a cast, a slice, a repeat) added a share no dumped call names, or a share is mapped wrongly"
+                )
+                continue
         if allowance is not None and bool((allowance > 0).any()):
             centre = bench[shared.position]
             device[shared.position] = beyond(device[shared.position], centre, allowance)
@@ -503,6 +519,25 @@ def _add_shared(
     results.device, results.bench = tuple(device), tuple(bench)
     if reference is not None:
         results.reference = tuple(reference)
+
+
+def _own_spread(
+    name: CallName, bench: Side, inputs: Inputs, framework_name: str
+) -> Callable[[int], tuple[torch.Tensor, torch.Tensor] | None]:
+    """For the rebuild check (judge/shares.py): per gradient-receiving input, how many
+    terms the call's own share sums and their magnitude, from the bench evaluated on ones
+    and on absolute values; None where the API's gradients are not sums of products
+    (run/terms.py term_counts), which bounds no correct kernel's share: no check there."""
+    import torch
+
+    counts, terms = term_counts(name, bench, inputs, framework_name), term_magnitudes(name, bench, inputs, framework_name)
+
+    def spread(position: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        found = [value[position] if isinstance(value, tuple) and len(value) > position else None for value in (counts, terms)]
+        count, magnitude = found
+        return (count, magnitude) if isinstance(count, torch.Tensor) and isinstance(magnitude, torch.Tensor) else None
+
+    return spread
 
 
 def _backward_order(index: DumpIndex, call: str) -> int:

@@ -141,7 +141,8 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
                 verdict = _gates_conditioned(settings, name, replayed, index.framework, verdict)
                 if verdict.status != "error":
                     search.excused[GATES_ROUNDED] += 1
-        return CallResult(label, verdict, replayed.label, describe(variant))
+        documented = documented_defect(name, replayed) if verdict.status == "error" else None
+        return CallResult(label, verdict, replayed.label, describe(variant), notes=[documented] if documented else [])
 
     def probe(variant: Variant) -> None:
         try:
@@ -267,7 +268,7 @@ def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan
             [f"inputs {_how_minimal(failure.variant)}:", *(f"  {line}" for line in describe(failure.variant)), f"  {reproduce}"]
         )
         raise _device_failed(failure.device_error, lines) from None
-    return dataclasses.replace(failure.result, notes=[_how_minimal(failure.variant), reproduce])
+    return dataclasses.replace(failure.result, notes=[*failure.result.notes, _how_minimal(failure.variant), reproduce])
 
 
 def _how_minimal(variant: Variant) -> str:
@@ -637,6 +638,28 @@ def _products_beyond(name: CallName, replayed: Replayed, framework: str) -> bool
     return bool(magnitudes[0] * max([1.0, *magnitudes[1:2]]) * longest > largest)
 
 
+def _scores_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """An attention's scores beyond the dtype's range: their terms' sums |q| |k|^T scale,
+    or a query row's x - max(x) (the finite scores only: masked positions left out). In
+    float32, q and k of 1e19 overflow every correct kernel's scores; the bench in float64
+    does not (issue 39: 14 inf on the device)."""
+    inputs = replayed.results.inputs
+    q, k = (next(iter(inputs.args[i : i + 1]), None) for i in (0, 1))
+    largest = _largest(replayed.results)
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or largest is None or q.dim() < 2 or k.dim() < 2:
+        return False
+    given = inputs.kwargs.get("scale")
+    scale = float(given) if isinstance(given, (int, float)) else 1 / math.sqrt(q.shape[-1])
+    wide_q, wide_k = (tensor.double().nan_to_num(0.0, 0.0, 0.0) for tensor in (q, k))  # masked positions left out
+    try:
+        terms = (wide_q.abs() @ wide_k.abs().transpose(-2, -1)) * abs(scale)
+        scores = (wide_q @ wide_k.transpose(-2, -1)) * scale
+    except RuntimeError:  # shapes that do not broadcast: no evidence
+        return False
+    spread = scores.amax(-1) - scores.amin(-1) if scores.numel() else scores
+    return _beyond((terms, spread), replayed.results)
+
+
 def _terms_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     terms = term_magnitudes(name, replayed.bench, replayed.results.inputs, framework)
     return terms is not None and _beyond(terms, replayed.results)
@@ -789,6 +812,188 @@ BACKWARD_INTERMEDIATES: dict[str, Callable[[Arguments], list[torch.Tensor]]] = {
 }
 
 
+# Where exploration's failures that match no excuse are reproduced without the plugin.
+REPRODUCERS = "benchmarks/explore_findings.py"
+
+
+@dataclass(frozen=True)
+class Documented:
+    """A torch defect that exploration finds in torch's own CPU kernel and the README's
+    policy counts as the kernel's (an intermediate the kernel chose, which the API's
+    definition does not form): `reproducer`, a function of REPRODUCERS, shows it against
+    float64 beside a formula of the same cost in the same dtype. An example of the API in
+    `dtypes` whose inputs lie where the defect shows (`regime`) still fails (the device
+    is wrong there), and its message names the defect and the reproducer, so that a user
+    can tell torch's known defect from a new one and deselect it where it is known."""
+
+    operator: str
+    direction: str
+    dtypes: tuple[torch.dtype, ...]
+    regime: Callable[[Arguments], bool]  # the example's inputs (float64) lie where the defect shows
+    defect: str
+    reproducer: str
+
+
+def _gelu_tail(call: Arguments) -> bool:
+    """gelu (exact) of an x below -4, where 1 + erf(x / sqrt 2) cancels."""
+    x = call.tensor(0, "input")
+    exact = call.kwargs.get("approximate", "none") == "none"
+    return exact and x is not None and bool((x.nan_to_num(0.0, 0.0, 0.0) < -4).any())
+
+
+def _gelu_tanh_gradient(call: Arguments) -> bool:
+    """gelu(tanh)'s gradient where its inner derivative beta (1 + 3 kappa x**2) overflows
+    float32 (|x| past ~5e19) while 1 - tanh**2 is already 0: 0 * inf."""
+    x = call.tensor(0, "input")
+    tanh = call.kwargs.get("approximate") == "tanh"
+    return tanh and x is not None and _magnitude(3 * 0.044715 * x.square(), False) > torch.finfo(torch.float32).max
+
+
+def _softplus_gradient(call: Arguments) -> bool:
+    """softplus's gradient where g exp(beta x) overflows float32 below the threshold (the
+    kernel's g z / (z + 1), z = exp(beta x), where the definition's g sigmoid(beta x) does not)."""
+    x = call.tensor(0, "input")
+    beta, threshold = (
+        call.args[i] if len(call.args) > i else call.kwargs.get(key, default)
+        for i, key, default in ((1, "beta", 1.0), (2, "threshold", 20.0))
+    )
+    if x is None or not call.grads or not isinstance(beta, (int, float)) or not isinstance(threshold, (int, float)):
+        return False
+    products = call.grads[0].abs() * torch.exp(beta * x).where(beta * x <= threshold, torch.zeros_like(x))
+    return _magnitude(products, False) > torch.finfo(torch.float32).max
+
+
+def _group_norm_gradient(call: Arguments) -> bool:
+    """group_norm's input gradient where the CPU backward's fused rstd * weight, or its
+    moment form's (mean sum(g w) - sum(g w x)) rstd**3, overflows float32 (per sample and
+    group) while the definition's rstd (g w - mean(g w) - x_hat mean(g w x_hat)) is finite."""
+    x, groups, weight = (
+        call.tensor(0, "input"),
+        call.args[1] if len(call.args) > 1 else call.kwargs.get("num_groups"),
+        call.tensor(2, "weight"),
+    )
+    eps = call.args[4] if len(call.args) > 4 else call.kwargs.get("eps", 1e-5)
+    if x is None or weight is None or not call.grads or not isinstance(groups, int) or not isinstance(eps, float) or x.dim() < 2:
+        return False
+    grouped = x.reshape(x.shape[0], groups, -1)
+    mean, rstd = grouped.mean(-1), (grouped.var(-1, unbiased=False) + eps).rsqrt()
+    products = (call.grads[0] * weight.reshape([1, -1] + [1] * (x.dim() - 2))).reshape(grouped.shape)
+    moments = (products.sum(-1) * mean - (products * grouped).sum(-1)) * rstd**3
+    fused = rstd.repeat_interleave(x.shape[1] // groups, 1) * weight.abs()
+    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max
+
+
+def _attention_scores(call: Arguments) -> torch.Tensor | None:
+    """q k^T scale with the causal or boolean mask's positions at -inf (an additive mask
+    added), float64; None where the shapes do not broadcast."""
+    q, k = call.tensor(0, "query"), call.tensor(1, "key")
+    mask = call.args[3] if len(call.args) > 3 else call.kwargs.get("attn_mask")
+    causal, given = call.args[5] if len(call.args) > 5 else call.kwargs.get("is_causal", False), call.kwargs.get("scale")
+    if q is None or k is None or q.dim() < 2:
+        return None
+    scale = float(given) if isinstance(given, (int, float)) else 1 / math.sqrt(q.shape[-1])
+    try:
+        scores = (q @ k.transpose(-2, -1)) * scale
+        if causal is True:
+            scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).tril().logical_not(), -math.inf)
+        if isinstance(mask, torch.Tensor):
+            scores = scores.masked_fill(mask.logical_not(), -math.inf) if mask.dtype == torch.bool else scores + mask.double()
+    except RuntimeError:
+        return None
+    return scores
+
+
+def _attention_accumulator(call: Arguments) -> bool:
+    """The CPU flash forward's unnormalised sum of exp(s - max(s)) v along a query's row
+    beyond float32, which the definition (softmax first, then P V) never forms."""
+    scores, v = _attention_scores(call), call.tensor(2, "value")
+    if scores is None or v is None:
+        return False
+    weights = (scores - scores.amax(-1, keepdim=True)).exp().nan_to_num(0.0, 0.0, 0.0)
+    try:
+        return _magnitude(weights @ v.abs().nan_to_num(0.0, 0.0, 0.0), False) > torch.finfo(torch.float32).max
+    except RuntimeError:
+        return False
+
+
+def _attention_saturated(call: Arguments) -> bool:
+    """Every query row of two keys or more saturated: its two largest scores further
+    apart than ln(1 / eps) of float32, so that its softmax rounds to one-hot (a large
+    offset of q): the CPU flash backward's key gradient is then nonzero where the exact
+    one is 0, and torch's math kernel (the definition) is exact."""
+    scores = _attention_scores(call)
+    if scores is None or scores.shape[-1] < 2:
+        return False
+    top = scores.topk(2, -1).values
+    rows = torch.isfinite(top[..., 1])
+    gaps = (top[..., 0] - top[..., 1])[rows]
+    return bool(gaps.numel()) and float(gaps.min()) > -math.log(torch.finfo(torch.float32).eps)
+
+
+F32 = (torch.float32,)
+
+#: The torch defects exploration finds (README, benchmarks/RESULTS-explore.md): an example
+#: that fails where one's regime holds names it and its reproducer (documented).
+DOCUMENTED = (
+    Documented("gelu", "forward", F32, _gelu_tail, "1 + erf(x / sqrt 2) cancels below x = -4 (pytorch/pytorch#187806)", "gelu_tail"),
+    Documented(
+        "gelu",
+        "backward",
+        F32,
+        _gelu_tanh_gradient,
+        "gelu(tanh)'s gradient: beta (1 + 3 kappa x**2) overflows where 1 - tanh**2 is 0, 0 * inf = NaN",
+        "gelu_tanh_gradient",
+    ),
+    Documented(
+        "softplus", "backward", F32, _softplus_gradient, "g * exp(x) overflows before the division by 1 + exp(x)", "softplus_gradient"
+    ),
+    Documented(
+        "group_norm",
+        "backward",
+        F32,
+        _group_norm_gradient,
+        "the CPU backward's fused rstd * weight (or rstd**3 sums) overflows",
+        "group_norm_backward_weight",
+    ),
+    Documented(
+        "scaled_dot_product_attention",
+        "forward",
+        F32,
+        _attention_accumulator,
+        "the CPU flash kernel sums exp(s - max) v before dividing by the row's sum",
+        "attention_flash",
+    ),
+    Documented(
+        "scaled_dot_product_attention",
+        "backward",
+        F32,
+        _attention_saturated,
+        "the CPU flash backward gives a key gradient where saturated rows' exact one is 0 (torch's math kernel is exact)",
+        "attention_flash",
+    ),
+)
+
+
+def documented_defect(name: CallName, replayed: Replayed) -> str | None:
+    """The note naming the documented torch defect (DOCUMENTED) whose regime the example's
+    inputs lie in, None where none matches: the example still fails."""
+    inputs = replayed.results.inputs
+    dtypes = {leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.is_floating_point()}
+    call = Arguments(
+        [_widened(arg) for arg in inputs.args],
+        {key: _widened(value) for key, value in inputs.kwargs.items()},
+        [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()],
+        torch.empty(0),  # the forward's result: no regime reads it
+    )
+    for entry in DOCUMENTED:
+        if entry.operator == name.operator and entry.direction == name.direction and dtypes <= set(entry.dtypes) and entry.regime(call):
+            return (
+                f"a documented torch defect: {entry.defect}; reproduced without the plugin by {REPRODUCERS} "
+                f"({entry.reproducer}): deselect it where it is known"
+            )
+    return None
+
+
 def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     inputs = replayed.results.inputs
     grads = [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()]
@@ -822,7 +1027,7 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 #: exact result (every call), a sum of squares (norms, variances, distances: the
 #: [explore] squares table), a sum before a division (means, average pools: sums),
 #: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
-#: (shifted_gradient), a recurrent gate's products (products), the terms of a sum of
+#: (shifted_gradient), an attention's scores q k^T scale (scores), a recurrent gate's products (products), the terms of a sum of
 #: products (the [terms] table, which bound a partial sum, not the result), a norm it
 #: divides by ([explore.norms]), an intermediate of a backward's formula
 #: (BACKWARD_INTERMEDIATES), and a backward's derivative (computed before it is
@@ -833,6 +1038,7 @@ EXCUSES = (
     Excuse("sum beyond its accumulator's range", lambda name: name.operator in summing_apis("sums"), _sum_beyond(1)),
     Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
     Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),
+    Excuse("attention scores q k^T scale beyond the dtype's range", lambda name: name.operator in summing_apis("scores"), _scores_beyond),
     Excuse("terms of its sums of products beyond the dtype's range", has_terms, _terms_beyond),
     Excuse(
         "g - sum(g * y) of a softmax-like backward beyond the dtype's range",

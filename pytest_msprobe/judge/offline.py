@@ -159,6 +159,7 @@ class Shared:
     position: int  # which gradient-receiving input of the call
     own: Gather  # the input as a gather from the producer's flat output
     producer_numel: int
+    producer: str  # the call whose output's recorded gradient is the sum
     others: list[Read]  # the other calls' inputs read from that output (overlapping this one)
 
 
@@ -297,7 +298,7 @@ def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position:
     evidence.grads[position] = incoming[torch.from_numpy(read.gather.reshape(-1))].reshape(leaf.tensor.shape).to(leaf.tensor.dtype)
     origin = f"{leaf.path}'s gradient from {read.producer.call}.backward input[{read.producer.output}] (the gradient of the output it read)"
     if others:
-        evidence.shared.append(Shared(position, read.gather, read.producer.spec.numel, others))
+        evidence.shared.append(Shared(position, read.gather, read.producer.spec.numel, f"{read.producer.call}.backward", others))
         origin += (
             f", judged together with {', '.join(sorted({o.consumer.call for o in others}))}: the bench sums their gradients as autograd did"
         )

@@ -37,6 +37,28 @@ The allowance therefore grows with the composite shares and the additions after 
 never with the sum's length before them, and is zero on every element no composite share
 reaches. What a piece's kernel gets wrong beyond its rounding is that reader's own
 test's business.
+
+The rebuild itself is checked before anything is judged (rebuild_check): the sum holds
+every reader's share only where every reader is in the dump, and msprobe does not record
+every op (26.2 records no cast such as `.float()`, no slice or `repeat`, no unregistered
+`F.rms_norm`). A reader it does not record added its share to the gradient the dump holds
+and to no sum rebuilt here: on a bfloat16 model whose einsum input was also read by a
+`.float()`, the einsum's correct backward was judged 23% mean relative error off with the
+reference at 0 (tests/dumps/models/make_dumps.py's `shared` model); a slice read by `repeat` put a matmul's 49% of elements (its half of the
+columns) up to 15,632 ULP off. So the reference's sum is compared with the dumped one,
+element by element, within what two correct sums of the same shares may differ by, each
+side's: the judged call's own share, a sum of K products (K and sum|terms| evaluated on
+the bench: run/terms.py), within K u sum|terms| of the exact value in any order and any
+accumulator at least as wide as D (Higham's bound again, with the final rounding); each
+rerun share's rounding to D, u |share|; each addition, u |partial sum|; and the composite
+allowance above. Beyond that no correct kernel of the judged call that sums its K
+products in D or wider explains the dumped sum: the call is not judged on that input,
+and the message names the readers summed. A defect of the judged kernel within that
+bound (an einsum's gradient 12.5% too large, of 16 terms: tests/model_faults.py) is still
+judged, and fails; one beyond it (a GEMM whose gradient is not a sum of its products) is
+indistinguishable from a missing share here, and skips, named. Only calls whose
+gradients are sums of products are checked (run/terms.py term_counts: K is their count);
+another API's share (normalize's) bounds nothing, and a fault there still fails.
 """
 
 from __future__ import annotations
@@ -76,6 +98,7 @@ class Share:
 class Summed:
     total: torch.Tensor  # flat, in D, over the producer's output
     allowance: torch.Tensor  # flat, float64: 0 where every addition is the device's own
+    rounding: torch.Tensor  # flat, float64: u |partial sum| per addition, u |share| per rerun share
 
 
 def accumulated(shares: list[Share], numel: int, dtype: torch.dtype, side: str) -> Summed:
@@ -83,6 +106,8 @@ def accumulated(shares: list[Share], numel: int, dtype: torch.dtype, side: str) 
     given, and each element's allowance (module docstring)."""
     total = torch.zeros(numel, dtype=dtype)
     allowance = torch.zeros(numel, dtype=torch.float64)
+    rounding = torch.zeros(numel, dtype=torch.float64)
+    reached = torch.zeros(numel, dtype=torch.bool)  # by any share: the next one is an addition
     started = torch.zeros(numel, dtype=torch.bool)
     unit = torch.finfo(dtype).eps / 2
     for share in shares:
@@ -97,6 +122,8 @@ def accumulated(shares: list[Share], numel: int, dtype: torch.dtype, side: str) 
         after = total.double()
         touched = torch.zeros(numel, dtype=torch.bool)
         touched[index] = True
+        rounding += unit * (torch.where(reached & touched, after.abs(), 0.0) + _rounded_share(share, index, numel))
+        reached |= touched
         carried = started & touched
         composite = len(share.pieces) > 1
         if bool(carried.any()) and not composite:  # a composite share's local term bounds its additions
@@ -116,7 +143,39 @@ def accumulated(shares: list[Share], numel: int, dtype: torch.dtype, side: str) 
             local = unit * (len(share.pieces) * (before.abs() + pieces) + pieces + after.abs() + whole)
             allowance += torch.where(touched, local, 0.0)
             started |= touched
-    return Summed(total, allowance)
+    return Summed(total, allowance, rounding)
+
+
+def _rounded_share(share: Share, index: torch.Tensor, numel: int) -> torch.Tensor:
+    """|share| where the share is rerun (its rounding to D is the bench's, not the
+    device's); zero for the device's own recorded values."""
+    magnitude = torch.zeros(numel, dtype=torch.float64)
+    if share.kind is Kind.RERUN and share.bench is not None:
+        magnitude.index_add_(0, index, share.bench.reshape(-1).double().abs())
+    return magnitude
+
+
+def rebuild_bound(
+    rounding: torch.Tensor, allowance: torch.Tensor, own_counts: torch.Tensor, own_terms: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """How far the dumped sum may lie from the reference's where both sums hold the same
+    shares (module docstring), over the judged call's elements: both sides' additions and
+    rerun roundings, the composite allowance, and two correct kernels' own shares, each
+    within K u sum|terms| of the exact one."""
+    unit = torch.finfo(dtype).eps / 2
+    return 2 * rounding + allowance + 2 * unit * own_counts.double().abs() * own_terms.double().abs()
+
+
+def rebuild_check(dumped: torch.Tensor, rebuilt: torch.Tensor, bound: torch.Tensor) -> str | None:
+    """None where the dumped sum is within `bound` of the rebuilt one everywhere; else
+    how many elements lie beyond it and how far (the worst, in multiples of its bound)."""
+    off = (dumped.double().reshape(-1) - rebuilt.double().reshape(-1)).abs()
+    limit = bound.reshape(-1)
+    beyond_bound = off > limit
+    if not bool(beyond_bound.any()):
+        return None
+    worst = float((off[beyond_bound] / limit[beyond_bound].clamp_min(torch.finfo(torch.float64).tiny)).max())
+    return f"{int(beyond_bound.sum())} of {off.numel()} elements beyond what two correct sums of the same shares may differ by (up to {worst:.3g}x it)"
 
 
 def _exponent(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -265,7 +265,7 @@ class ReportPlugin:
         paths = []
         if self.writer is not None:
             files = self.writer.files
-            paths = [files.result, files.details, files.metrics, files.journal]
+            paths = [files.result, files.details, files.kernels, files.metrics, files.journal]
         if self.options.save_failed and self.options.save_failed.is_dir():
             paths.append(self.options.save_failed)
         terminalreporter.section("msprobe summary")

@@ -124,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"msprobe-merge: {source.line()}")
     note = f" ({merged.repeated} tests found in several sources: the last source's record kept)" if merged.repeated else ""
     total = sum(source.records for source in merged.read) - merged.repeated
-    print(f"msprobe-merge: wrote {total} records to {files.result}, {files.details}, {files.metrics}, {files.journal}{note}")
+    print(
+        f"msprobe-merge: wrote {total} records to {files.result}, {files.details}, {files.kernels}, {files.metrics}, {files.journal}{note}"
+    )
     if args.html is not None:
         from pytest_msprobe.results.html import ReportContext, write_report
 

@@ -13,6 +13,9 @@ from pytest_msprobe.judge.record import OutputResult, ResultRecord
 
 RESULT_PREFIX = "accuracy_checking_result_"
 DETAILS_PREFIX = "accuracy_checking_details_"
+# The kernel verdicts (judge/kernels.py) in the result CSV's columns, in a file of their
+# own: msprobe's result file has one row per dumped call, and tools count them so.
+KERNELS_PREFIX = "accuracy_checking_kernels_"
 ENCODING = "utf-8-sig"  # msprobe writes a byte-order mark: Excel then reads the Chinese headers
 
 RESULT_HEADER = ("API name", "Forward Test Success", "Backward Test Success", "Message")

@@ -5,7 +5,8 @@ A run's files share a timestamp, as msprobe names them:
     msprobe_records_{ts}.jsonl             the journal: one ResultRecord per test, the truth
     accuracy_checking_details_{ts}.csv     one row per compared output (msprobe's columns)
     accuracy_checking_metrics_{ts}.jsonl   one flat object per output, every metric (pandas.read_json(lines=True))
-    accuracy_checking_result_{ts}.csv      one row per call, both directions (msprobe's columns)
+    accuracy_checking_result_{ts}.csv      one row per dumped call, both directions (msprobe's columns)
+    accuracy_checking_kernels_{ts}.csv     one row per pooled kernel (judge/kernels.py), the result CSV's columns
     msprobe_run_{ts}.json                  the sessions that wrote them: when, how long, the command
                                            and the environment (what a report rebuilt later shows)
 
@@ -46,6 +47,7 @@ from pytest_msprobe.results.msprobe_csv import (
     DETAILS_HEADER,
     DETAILS_PREFIX,
     ENCODING,
+    KERNELS_PREFIX,
     RESULT_HEADER,
     RESULT_PREFIX,
     details_rows,
@@ -82,6 +84,7 @@ class RunFiles:
     details = property(lambda self: self._file(DETAILS_PREFIX, ".csv"))
     metrics = property(lambda self: self._file(METRICS_PREFIX, ".jsonl"))
     result = property(lambda self: self._file(RESULT_PREFIX, ".csv"))
+    kernels = property(lambda self: self._file(KERNELS_PREFIX, ".csv"))
     run = property(lambda self: self._file(RUN_PREFIX, ".json"))
     regressions = property(lambda self: self._file(REGRESSIONS_PREFIX, ".csv"))
 
@@ -286,7 +289,7 @@ def kernel_metrics_row(verdict: KernelVerdict) -> dict:
 
 
 def kernel_rows(verdicts: Iterable[KernelVerdict]) -> list[list[str]]:
-    """The kernels' rows of the result CSV: `{api}.{dtype}.kernel`, both directions."""
+    """The rows of the kernels CSV: `{api}.{dtype}.kernel`, both directions."""
     rows: dict[tuple[str, str], CallStatus] = {}
     for verdict in verdicts:
         status = rows.setdefault((verdict.key.dump, verdict.key.row_name), CallStatus())
@@ -344,8 +347,8 @@ class ResultWriter:
 
     def close(self) -> None:
         """Write the result CSV from every call's statuses, and the kernel verdicts of
-        every record (their rows after the calls', their lines in the metrics file: a
-        resumed run rewrites that file from the journal, so they are never twice), and
+        every record (the kernels CSV, written whole, and their lines in the metrics file:
+        a resumed run rewrites that file from the journal, so they are never twice), and
         close the files."""
         kernels = self.kernels.verdicts()
         self._metrics.write("".join(json.dumps(kernel_metrics_row(verdict)) + "\n" for verdict in kernels))
@@ -359,8 +362,9 @@ class ResultWriter:
                 (status.message.get("forward", ""), status.message.get("backward", "")),
             )
             for (_, call), status in self.calls.items()
-        ] + kernel_rows(kernels)
+        ]
         _replace(self.files.result, _csv_text(RESULT_HEADER, rows), ENCODING)
+        _replace(self.files.kernels, _csv_text(RESULT_HEADER, kernel_rows(kernels)), ENCODING)
 
     def _remember(self, record: ResultRecord) -> None:
         self.kernels.add(record)

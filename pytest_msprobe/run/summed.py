@@ -48,13 +48,15 @@ def sums_contributions(name: CallName, bench: Side, inputs: Inputs, framework: s
     own standard judged an error."""
     if name.direction != "backward" or name.operator not in summed_backward_table() or not isinstance(bench, Run):
         return False
-    ones = tree_map(_ones, inputs.grads or [])
+    ones = tree_map(ones_for, inputs.grads or [])
     assert isinstance(ones, list)  # tree_map keeps a list a list
     counts = evaluated(bench, "backward", dataclasses.replace(inputs, grads=ones), framework)
     return counts is not None and any(count.abs().max() > 1 for count in tensors_in(counts) if count.numel())
 
 
-def _ones(value: Value) -> Value:
+def ones_for(value: Value) -> Value:
+    """A floating tensor's ones (anything else kept): evaluated on them, a sum of
+    products counts its terms."""
     return torch.ones_like(value) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 

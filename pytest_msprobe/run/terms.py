@@ -32,6 +32,7 @@ import torch
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.run.apis import terms_table
 from pytest_msprobe.run.replay import Inputs, Run, evaluated, needs_grad, tensors_in, tree_map
+from pytest_msprobe.run.summed import ones_for
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -256,6 +257,19 @@ def term_magnitudes(name: CallName, bench: Side, inputs: Inputs, framework: str)
     if result is None:
         return None
     return tree_map(lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result)
+
+
+def term_counts(name: CallName, bench: Side, inputs: Inputs, framework: str) -> Value | None:
+    """How many terms each output (or gradient) element sums: the bench evaluated with
+    every floating argument and incoming gradient a tensor of ones. Only for the APIs
+    whose outputs are sums of products (has_terms, no formula); None elsewhere or where
+    the evaluation fails."""
+    if not isinstance(bench, Run) or not has_terms(name) or name.operator in BACKWARD_TERMS or name.operator in FORWARD_TERMS:
+        return None
+    ones = dataclasses.replace(
+        inputs, args=tree_map(ones_for, inputs.args), kwargs=tree_map(ones_for, inputs.kwargs), grads=tree_map(ones_for, inputs.grads or [])
+    )
+    return evaluated(bench, name.direction, ones, framework)
 
 
 def torch_form(bench: Run, args: list[Value], kwargs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:

@@ -8,7 +8,7 @@ Run with torch and mindstudio-probe installed (never torch_npu):
     python make_dumps.py --list                  models, shipped dumps, the fault table
     python make_dumps.py MODEL DTYPE OUTDIR --threads N    dump with N torch threads (default 1)
     python make_dumps.py MODEL DTYPE OUTDIR --level mix   msprobe's level mix (Module.* records too; default L1)
-MODEL: transformer12 transformer4 transformer1 transformer_large convbn gru lstm embedattn apizoo losses widenorm; DTYPE: float32 bfloat16 float16.
+MODEL: transformer12 transformer4 transformer1 transformer_large convbn gru lstm embedattn apizoo losses shared widenorm; DTYPE: float32 bfloat16 float16.
 
 The dump is rewritten to the portable layout: OUTDIR/dump.json, OUTDIR/dump_tensor_data/*.pt,
 OUTDIR/construct.json, with dump_data_dir set to a foreign path (a dump is always read on
@@ -285,6 +285,36 @@ class Losses(nn.Module):
         return s.head(h1 + h2) + (pairs + positive).unsqueeze(1).to(h1.dtype) + near.unsqueeze(1)
 
 
+class SharedReaders(nn.Module):
+    """One 16-bit tensor h read by a GEMM and by a dropout and an elementwise op: an einsum
+    (twice), a matmul, a linear. A GEMM's backward is recorded at an inner node, so the
+    gradient of its input h is recovered from the data flow as the sum autograd formed
+    over h's readers (issue 39). Three of the blocks have a reader the dump does not hold
+    (msprobe 26.2 dumps neither a cast, nor a slice or repeat, nor F.rms_norm unregistered):
+    the sum the dump recorded holds its share, which no dumped call names.
+
+    x (2, 6, 16) -> 4 blocks of 16; a head of 10. Dropout runs in training mode."""
+
+    def __init__(s) -> None:
+        super().__init__()
+        s.inp = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+        s.mix = nn.Parameter(torch.randn(16, 16) / 4)
+        s.proj = nn.Linear(16, 16)
+        s.drop = nn.Dropout(0.1)
+        s.head = nn.Linear(16, 10)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        h = s.inp[0](x)  # read by the einsum, the dropout and the mul only
+        y = torch.einsum("bsd,de->bse", h, s.mix) + s.drop(h) + h * 0.5
+        h = s.inp[1](y)  # and by a cast to float32, which the dump does not hold
+        y = torch.einsum("bsd,de->bse", h, s.mix) + s.drop(h) * h + (h.float() * 0.25).to(h.dtype)
+        h = s.inp[2](y)  # and by a slice repeated
+        y = torch.matmul(h, s.mix) + s.drop(h) + h * h.sigmoid() + h[..., :8].repeat(1, 1, 2)
+        h = s.inp[3](y)  # and by rms_norm
+        y = s.proj(h) + s.drop(h) + h * 0.5 + F.rms_norm(h, (16,))
+        return s.head(y)
+
+
 def _two_views() -> torch.Tensor:
     base = torch.randn(4, 16)
     return torch.stack([base, base + 0.5 * torch.randn(4, 16)])
@@ -365,6 +395,12 @@ MODELS: dict[str, ModelSpec] = {
         "linear, rms_norm (registered), cosine_embedding_loss (positive pairs: per pair, mean), pairwise_distance, cosine_similarity",
         custom_apis=("rms_norm",),
     ),
+    "shared": ModelSpec(
+        SharedReaders,
+        lambda: torch.randn(2, 6, 16),
+        _per_token_labels(10),
+        "4 x (linear, its output read by einsum / einsum / matmul / linear, dropout, mul; three also by an op the dump lacks), linear",
+    ),
     # not shipped: for benchmarks/kernel_diversity.py (wide reductions under other kernel paths)
     "widenorm": ModelSpec(
         WideNorm,
@@ -396,7 +432,11 @@ SHIPPED = {
     "losses_tensor_fp32": ("losses", "float32", "tensor"),
     "losses_tensor_fp16": ("losses", "float16", "tensor"),
     "losses_tensor_bf16": ("losses", "bfloat16", "tensor"),
+    "shared_tensor_bf16": ("shared", "bfloat16", "tensor"),
+    "shared_tensor_fp16": ("shared", "float16", "tensor"),
 }
+# Shipped dumps at level mix (Module.* records too): folder -> (model, dtype), task tensor.
+SHIPPED_MIX = {"shared_mix_tensor_bf16": ("shared", "bfloat16"), "shared_mix_tensor_fp16": ("shared", "float16")}
 
 # The fault table: fault -> (model, dtype, citation). The kernels are in tests/model_faults.py.
 # Two backward faults were tried and left out: layer_norm backward reading mean/rstd rounded
@@ -441,6 +481,11 @@ FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
         "transformer1",
         "float32",
         "issue 29: GEMM backward defects of accelerators (TF32/HF32 inputs, split-K partial sums in low precision), inside the call",
+    ),
+    "einsum_backward_scaled": (
+        "shared",
+        "bfloat16",
+        "issue 39: an einsum's input gradients 2**-3 too large, judged through the summed gradient",
     ),
     "maxpool_backward_all_ties": (
         "convbn",
@@ -739,6 +784,8 @@ def make_fault_dump(fault: str, outdir: Path, model: str | None = None, dtype: s
 def make_all(root: Path) -> None:
     for folder, (model, dtype, task) in SHIPPED.items():
         _in_subprocess(model, dtype, str(root / folder), "--task", task)
+    for folder, (model, dtype) in SHIPPED_MIX.items():
+        _in_subprocess(model, dtype, str(root / folder), "--level", "mix")
     for fault in FAULT_DUMPS:
         _in_subprocess("--fault", fault, "--fault-dump", str(root / "faults" / fault))
     for folder, fault in MIX_FAULT_DUMPS.items():
@@ -753,6 +800,8 @@ def list_everything() -> None:
     print("shipped dumps (under tests/dumps/models/):")
     for folder, (model, dtype, task) in SHIPPED.items():
         print(f"  {folder}: {model} {dtype} {task}")
+    for folder, (model, dtype) in SHIPPED_MIX.items():
+        print(f"  {folder}: {model} {dtype} tensor, level mix")
     print("faults (tests/model_faults.py; dumps under tests/dumps/models/faults/<fault>/):")
     for fault, (model, dtype, citation) in FAULT_DUMPS.items():
         spec = model_faults.FAULTS[fault]
