@@ -19,9 +19,10 @@ record of an inner node and stays ATen's (the harness never recomputes it).
   every case. The calls today's rules (calibrated on ATen's own paths) call errors are
   marked xfail(strict=True) with the bias measured, so that the accuracy model of issue 37
   flips them (an XPASS then fails: remove the mark).
-- Faults planted in a family-made dump stay errors: a float32 gelu 3 ULP away from zero
-  everywhere, a float32 layer_norm 3 ULP away from zero, a bfloat16 layer_norm rounded
-  toward zero (its float32 value truncated) on 512 elements.
+- Faults planted in a family-made dump stay errors: a float32 gelu 5 ULP away from zero
+  everywhere and a float32 layer_norm 10 ULP away (beyond what the accuracy model allows
+  their classes: 3 and 7 ULP), a bfloat16 layer_norm rounded toward zero (its float32
+  value truncated) on 512 elements, in 64 rows or in 8.
 """
 
 from __future__ import annotations
@@ -39,11 +40,8 @@ DUMPS = sorted(p.name for p in FAMILIES.iterdir() if (p / "dump.json").exists())
 #: accuracy model to flip
 XFAIL = {
     ("jax_apizoo_tensor_fp32", "Functional.gelu.0.forward"): (
-        "XLA's float32 gelu (erf form): max_rel_err 7.2e-07 is 3.0x the reference's 1.07e-07 on 16 elements (limit 2x)"
-    ),
-    ("jax_transformer12_tensor_fp32", "Functional.gelu.0.forward"): (
-        "XLA's float32 gelu (erf form), 512 elements: additive bias_ulp -0.418, -0.77 ULP beyond the reference run's +0.353 "
-        "(limit 0.25), sign-test z 10.7 > 5"
+        "XLA's float32 gelu (erf form): max_rel_err 7.2e-07 is 3.0x the reference's 1.07e-07 on 16 elements (limit 2x): "
+        "a magnitude ratio, which the accuracy model (a bound on leans) does not cover"
     ),
 }
 
@@ -132,24 +130,24 @@ def _layer_norm_truncated(_: torch.Tensor, tensors: Path) -> torch.Tensor:
     return truncated_bfloat16(torch.nn.functional.layer_norm(x, [x.shape[-1]], weight, bias))
 
 
+#: beyond the accuracy model's lean for the class (standards/tables/accuracy_model.csv):
+#: gelu 3 ULP, normalisation 7 ULP; the JAX output's own lean (gelu -0.4..-0.6) added
 PLANTED = [
     pytest.param(
-        "jax_transformer12_tensor_fp32", "Functional.gelu.0", lambda t, _: away_from_zero(t, 3), id="float32-gelu-3-ulp-away-from-zero"
+        "jax_transformer12_tensor_fp32", "Functional.gelu.0", lambda t, _: away_from_zero(t, 5), id="float32-gelu-5-ulp-away-from-zero"
     ),
     pytest.param(
-        "jax_apizoo_tensor_fp32", "Functional.layer_norm.0", lambda t, _: away_from_zero(t, 3), id="float32-layer_norm-3-ulp-away-from-zero"
+        "jax_apizoo_tensor_fp32",
+        "Functional.layer_norm.0",
+        lambda t, _: away_from_zero(t, 10),
+        id="float32-layer_norm-10-ulp-away-from-zero",
     ),
     pytest.param("jax_apizoo_tensor_bf16", "Functional.layer_norm.0", _layer_norm_truncated, id="bfloat16-layer_norm-truncated-64-rows"),
     pytest.param(
         "jax_transformer12_tensor_bf16",
         "Functional.layer_norm.0",
         _layer_norm_truncated,
-        id="bfloat16-layer_norm-truncated-8-rows",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="issue 37 item 2: the sign test counts 8 rows of 64 (a correct 16-bit kernel's row statistics are float32: "
-            "its 512 elements are independent draws), so rounding all of them toward zero passes today",
-        ),
+        id="bfloat16-layer_norm-truncated-8-rows",  # caught since 16-bit groups count elements (run/groups.py)
     ),
 ]
 
