@@ -23,6 +23,10 @@ float64, and a formula of the same cost in the same dtype without the defect.
   (measured on the explored example: weight 1.7e38, rstd 2.2 in one group: inf in that
   group only, none at weight 1.5e38) where the definition's
   rstd (g w - mean(g w) - x_hat mean(g w x_hat)) is finite (1.3 ULP off).
+- group_norm under a large common offset: torch's CPU kernel forms x**2 (NaN once |x|
+  passes 1.84e19, 1.2e-4 off at 1.83e19) where the definition's (x - mean)**2 fits;
+  the definition in float32 (mean, then the centred squares) stays finite (~300 ULP both
+  sides of 1.84e19: the inputs' own rounding, 1e12 against a spread of 1e16).
 - hardswish near the largest value: x * relu6(x + 3) overflows before the division by 6.
 - softplus's gradient at a large incoming gradient: g * exp(x) overflows before the
   division by 1 + exp(x); g * sigmoid(x) does not.
@@ -201,6 +205,18 @@ def group_norm_backward_weight() -> None:
     )
 
 
+def group_norm_squares() -> None:
+    noise = torch.randn(2, 4, 4, 4, generator=torch.Generator().manual_seed(0)) * 1e16
+    for offset in (1.83e19, 1.86e19):
+        x = noise + offset  # float32: x**2 fits at 1.83e19, overflows at 1.86e19; (x - mean)**2 ~ 1e32 fits
+        _compare(
+            f"group_norm, float32, x = {offset:.3g} + 1e16 noise (formula: the definition, centred squares)",
+            F.group_norm(x, 2),
+            _group_norm_by_definition(x, 2, torch.ones(4)),
+            F.group_norm(x.double(), 2),
+        )
+
+
 def hardswish_large() -> None:
     x = torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])
     _compare(
@@ -359,6 +375,7 @@ if __name__ == "__main__":
     layer_norm_subnormal_gradient()
     group_norm_weight()
     group_norm_backward_weight()
+    group_norm_squares()
     hardswish_large()
     softplus_gradient()
     gelu_tanh_gradient()

@@ -690,6 +690,7 @@ DOCUMENTED_CASES = {
         _seeded(2, 4, 8, 8, scale=1e-3, seed=1),
         "group_norm_backward_weight",
     ),
+    "group_norm_squares": (F.group_norm, [_seeded(2, 4, 4, 4, scale=1e16, shift=1.86e19), 2], {}, None, "group_norm_squares"),
     "attention_v_near_the_largest": (
         F.scaled_dot_product_attention,
         [_seeded(2, 2, 32, 4), _seeded(2, 2, 32, 4, seed=1), _seeded(2, 2, 32, 4, seed=2) / 3.3558 * 1.7e38],
@@ -743,3 +744,30 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     named = "a documented torch defect" in explored.text
     assert named != planted, explored.text
     assert planted or f"benchmarks/explore_findings.py ({reproducer})" in explored.text, explored.text
+
+
+@pytest.mark.parametrize(
+    ("case", "scale", "shift"),
+    [("correct", 1e16, 1e19), ("group_norm_by_moments", 1e16, 1e19), ("centred_squares_beyond", 1e20, 0.0)],
+)
+def test_group_norm_is_excused_by_its_centred_squares_not_by_x_squared(case, scale, shift, tmp_path, run_dump, monkeypatch):
+    """Issue 39: group_norm's definition sums (x - mean)**2 per group, never x**2. At
+    x = 1e19 + 1e16 noise (float32) the sum of x**2 overflows float32 and the centred
+    squares (~1e33) fit: torch's kernel passes (judged as exploration judges a call), and
+    a variance by E[x**2] - E[x]**2 (explore_faults.group_norm_by_moments: NaN) fails;
+    before, the sum of x**2 excused it (passed). At a spread of 1e20 the centred squares
+    overflow every correct kernel's: excused, the cause named."""
+    from dumpwriter import DumpWriter
+
+    x = _seeded(2, 4, 4, 4, scale=scale, shift=shift)
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    writer.forward("Functional.group_norm.0", [x, 2], {}, F.group_norm(x.double(), 2).float())
+    if case == "group_norm_by_moments":
+        FAULTS[case].patch(monkeypatch)
+    run = run_dump(writer.write(), "--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore", f"--msprobe-out={tmp_path / 'out'}")
+    explored = run.calls["Functional.group_norm.0.forward.explore"]
+    assert explored.outcome == ("failed" if case == "group_norm_by_moments" else "passed"), explored.text
+    message = _records(tmp_path / "out")["Functional.group_norm.0.forward.explore"]["message"]
+    assert ("a group's centred squares (x - mean)**2 beyond its accumulator's range: 1" in message) == (case == "centred_squares_beyond"), (
+        message
+    )

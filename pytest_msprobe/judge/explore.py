@@ -611,6 +611,39 @@ def _sum_beyond(power: int) -> Callable[[CallName, Replayed, str], bool]:
     return beyond
 
 
+def _group_norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
+    """group_norm's input as (sample, group, elements of the group)."""
+    x, groups = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("num_groups")
+    if not isinstance(x, torch.Tensor) or not isinstance(groups, int) or x.dim() < 2 or not groups:
+        return None
+    return x.reshape(x.shape[0], groups, -1)
+
+
+#: How each API of the [explore] centred table groups its input for the mean and variance
+#: its definition forms: the input reshaped to (..., the elements of one group).
+CENTRED_GROUPS: dict[str, Callable[[list[Value], dict[str, Value]], torch.Tensor | None]] = {"group_norm": _group_norm_groups}
+
+
+def _centred_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """A group's sum of (x - mean)**2 (its finite elements) beyond the accumulator's range
+    or so far below its smallest normal value that it keeps fewer bits than it has: the
+    definition's variance. x**2 itself is no intermediate of the definition: under a large
+    common offset it overflows where the centred squares fit (issue 39: a variance by
+    E[x**2] - E[x]**2 must still fail there)."""
+    inputs = replayed.results.inputs
+    grouped = CENTRED_GROUPS[name.operator](list(inputs.args), dict(inputs.kwargs))
+    if grouped is None or not grouped.is_floating_point() or _largest(replayed.results) is None:
+        return False
+    info = torch.finfo(ACCUMULATOR.get(grouped.dtype, grouped.dtype))
+    wide = grouped.double()
+    finite = torch.isfinite(wide)
+    count = finite.sum(-1, keepdim=True).clamp_min(1)
+    mean = wide.where(finite, torch.zeros_like(wide)).sum(-1, keepdim=True) / count
+    totals = (wide - mean).square().where(finite, torch.zeros_like(wide)).sum(-1)
+    positive = totals[totals > 0]
+    return float(totals.max()) > info.max or (bool(positive.numel()) and float(positive.min()) < info.smallest_normal / info.eps)
+
+
 def _floats(replayed: Replayed) -> list[torch.Tensor]:
     """The forward's floating tensors, their finite elements only (masked positions left out)."""
     tensors = [leaf.tensor for leaf in replayed.results.inputs.leaves if leaf.tensor.is_floating_point()]
@@ -863,6 +896,14 @@ def _softplus_gradient(call: Arguments) -> bool:
     return _magnitude(products, False) > torch.finfo(torch.float32).max
 
 
+def _group_norm_squares(call: Arguments) -> bool:
+    """group_norm (forward, and the backward from its forward's statistics) where an x**2
+    overflows float32 (|x| past 1.84e19): torch's CPU kernel forms it (NaN from there on,
+    measured; 1.2e-4 off at 1.83e19), the definition's (x - mean)**2 does not."""
+    x = call.tensor(0, "input")
+    return x is not None and _magnitude(x.square(), False) > torch.finfo(torch.float32).max
+
+
 def _group_norm_gradient(call: Arguments) -> bool:
     """group_norm's input gradient where the CPU backward's fused rstd * weight, or its
     moment form's (mean sum(g w) - sum(g w x)) rstd**3, overflows float32 (per sample and
@@ -880,7 +921,7 @@ def _group_norm_gradient(call: Arguments) -> bool:
     products = (call.grads[0] * weight.reshape([1, -1] + [1] * (x.dim() - 2))).reshape(grouped.shape)
     moments = (products.sum(-1) * mean - (products * grouped).sum(-1)) * rstd**3
     fused = rstd.repeat_interleave(x.shape[1] // groups, 1) * weight.abs()
-    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max
+    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max or _group_norm_squares(call)
 
 
 def _attention_scores(call: Arguments) -> torch.Tensor | None:
@@ -949,10 +990,18 @@ DOCUMENTED = (
     ),
     Documented(
         "group_norm",
+        "forward",
+        F32,
+        _group_norm_squares,
+        "the CPU kernel forms x**2, which overflows where the definition's (x - mean)**2 fits",
+        "group_norm_squares",
+    ),
+    Documented(
+        "group_norm",
         "backward",
         F32,
         _group_norm_gradient,
-        "the CPU backward's fused rstd * weight (or rstd**3 sums) overflows",
+        "the CPU backward's fused rstd * weight, its rstd**3 sums or its forward's x**2 overflows",
         "group_norm_backward_weight",
     ),
     Documented(
@@ -1025,7 +1074,7 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 
 #: The intermediates a correct kernel cannot avoid, and which calls compute them: the
 #: exact result (every call), a sum of squares (norms, variances, distances: the
-#: [explore] squares table), a sum before a division (means, average pools: sums),
+#: [explore] squares table; for the centred table a group's (x - mean)**2), a sum before a division (means, average pools: sums),
 #: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
 #: (shifted_gradient), an attention's scores q k^T scale (scores), a recurrent gate's products (products), the terms of a sum of
 #: products (the [terms] table, which bound a partial sum, not the result), a norm it
@@ -1035,6 +1084,11 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 EXCUSES = (
     Excuse("exact result beyond the dtype's range", lambda name: True, _result_beyond),
     Excuse("sum of squares beyond its accumulator's range", lambda name: name.operator in summing_apis("squares"), _sum_beyond(2)),
+    Excuse(
+        "a group's centred squares (x - mean)**2 beyond its accumulator's range",
+        lambda name: name.operator in summing_apis("centred"),
+        _centred_beyond,
+    ),
     Excuse("sum beyond its accumulator's range", lambda name: name.operator in summing_apis("sums"), _sum_beyond(1)),
     Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
     Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),
