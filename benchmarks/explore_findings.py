@@ -7,6 +7,8 @@ float64, and a formula of the same cost in the same dtype without the defect.
 
 - gelu's left tail: torch computes 0.5 x (1 + erf(x / sqrt(2))), whose sum cancels below
   x = -4 (pytorch/pytorch#187806); 0.5 x erfc(-x / sqrt(2)) does not.
+- gelu's gradient in the same tail: torch's float32 kernel gives 0 from x ~ -6 on (-8: 0
+  where it is -3.98e-14), 0.5 erfc(-x / sqrt 2) + x exp(-x**2 / 2) / sqrt(2 pi) does not.
 - layer_norm's input gradient at a large input scale: torch's CPU backward multiplies by
   rstd**3, which falls among float32's subnormals once |x| reaches ~1e13 (sigma**3 past
   1e38); applying rstd to x_hat first keeps every intermediate normal.
@@ -71,6 +73,18 @@ def gelu_tail() -> None:
     for value in (-4.5, -5.0, -5.8, -6.0):
         point = torch.tensor([value])
         print(f"    x = {value}: torch {float(F.gelu(point)):.6g}, exact {float(0.5 * value * math.erfc(-value / math.sqrt(2))):.6g}")
+
+
+def gelu_tail_gradient() -> None:
+    x = torch.linspace(-10.0, -4.0, 25, dtype=torch.float32)
+    kernel = x.clone().requires_grad_()
+    F.gelu(kernel).backward(torch.ones_like(x))
+    assert kernel.grad is not None
+    exact = 0.5 * torch.special.erfc(-x.double() / math.sqrt(2)) + x.double() * torch.exp(-x.double().square() / 2) / math.sqrt(2 * math.pi)
+    formula = 0.5 * torch.special.erfc(-x / math.sqrt(2)) + x * torch.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    print("gelu gradient, float32, x in [-10, -4]: worst relative error against float64")
+    print(f"  torch                                      {_worst_relative(kernel.grad, exact):.3g}")
+    print(f"  0.5 erfc(-x / sqrt 2) + x pdf(x)           {_worst_relative(formula, exact):.3g}")
 
 
 def _layer_norm_input_grad(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -370,6 +384,7 @@ def one_minus_cos() -> None:
 
 if __name__ == "__main__":
     gelu_tail()
+    gelu_tail_gradient()
     layer_norm_scale()
     layer_norm_one_element()
     layer_norm_subnormal_gradient()

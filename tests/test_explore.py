@@ -675,6 +675,7 @@ def _seeded(*shape: int, scale: float = 1.0, shift: float = 0.0, seed: int = 0) 
 F = torch.nn.functional
 DOCUMENTED_CASES = {
     "gelu_tail": (F.gelu, [torch.linspace(-10.0, -4.0, 16)], {}, None, "gelu_tail"),
+    "gelu_tail_gradient": (F.gelu, [torch.linspace(-10.0, -4.0, 16)], {}, torch.ones(16), "gelu_tail_gradient"),
     "gelu_tanh_gradient": (
         F.gelu,
         [torch.tensor([8.5e37, -8.5e37, 1.0e20, 3.0] * 4)],
