@@ -882,6 +882,12 @@ def _gelu_tanh_gradient(call: Arguments) -> bool:
     return tanh and x is not None and _magnitude(3 * 0.044715 * x.square(), False) > torch.finfo(torch.float32).max
 
 
+def _hardswish_product(call: Arguments) -> bool:
+    """hardswish where x * relu6(x + 3) overflows float32 before the division by 6."""
+    x = call.tensor(0, "input")
+    return x is not None and _magnitude(x * (x + 3).clamp(0, 6), False) > torch.finfo(torch.float32).max
+
+
 def _softplus_gradient(call: Arguments) -> bool:
     """softplus's gradient where g exp(beta x) overflows float32 below the threshold (the
     kernel's g z / (z + 1), z = exp(beta x), where the definition's g sigmoid(beta x) does not)."""
@@ -996,6 +1002,7 @@ DOCUMENTED = (
     Documented(
         "softplus", "backward", F32, _softplus_gradient, "g * exp(x) overflows before the division by 1 + exp(x)", "softplus_gradient"
     ),
+    Documented("hardswish", "forward", F32, _hardswish_product, "x * relu6(x + 3) overflows before the division by 6", "hardswish_large"),
     Documented(
         "group_norm",
         "forward",
