@@ -683,6 +683,13 @@ DOCUMENTED_CASES = {
         torch.ones(16),
         "gelu_tanh_gradient",
     ),
+    "layer_norm_scale": (
+        F.layer_norm,
+        [_seeded(8, 32, scale=2.0**59), [32]],
+        {},
+        _seeded(8, 32, scale=2.0**-22, seed=1),
+        "layer_norm_scale, layer_norm_one_element",
+    ),
     "hardswish_large": (F.hardswish, [torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])], {}, None, "hardswish_large"),
     "softplus_gradient": (F.softplus, [torch.tensor([2.0, -1.0, 0.5, 2.4])], {}, torch.full((4,), 6.5e37), "softplus_gradient"),
     "group_norm_weight": (

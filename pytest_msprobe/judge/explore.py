@@ -930,6 +930,29 @@ def _group_norm_gradient(call: Arguments) -> bool:
     return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max or _group_norm_squares(call)
 
 
+def _layer_norm_gradient(call: Arguments) -> bool:
+    """layer_norm's backward where the CPU kernel's moment form leaves float32: its
+    rstd**3 among the subnormals (sigma past ~4e12), its sums of g w x (x, not x_hat) or
+    (mean sum(g w) - sum(g w x)) rstd**3 beyond the largest value, or a fused rstd * w,
+    rstd * sum(g w) (rows of one element) beyond it; the definition's rstd (g w - mean(g w)
+    - x_hat mean(g w x_hat)) forms none of them."""
+    x, shape, weight = (
+        call.tensor(0, "input"),
+        call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"),
+        call.tensor(2, "weight"),
+    )
+    eps = call.args[4] if len(call.args) > 4 else call.kwargs.get("eps", 1e-5)
+    if x is None or not call.grads or not isinstance(shape, (list, tuple)) or not shape or not isinstance(eps, float):
+        return False
+    dims = tuple(range(-len(shape), 0))
+    mean, rstd = x.mean(dims), (x.var(dims, unbiased=False) + eps).rsqrt()
+    products = call.grads[0] * (weight if weight is not None else 1.0)
+    sums, moments = (products * x).sum(dims), products.sum(dims)
+    largest, info = torch.finfo(torch.float32).max, torch.finfo(torch.float32)
+    beyond = [(products * x).abs().sum(dims), (moments * mean - sums) * rstd**3, rstd * moments, rstd * _magnitude(products, False)]
+    return any(_magnitude(value, False) > largest for value in beyond) or _underflows(rstd**3, info.smallest_normal)
+
+
 def _attention_scores(call: Arguments) -> torch.Tensor | None:
     """q k^T scale with the causal or boolean mask's positions at -inf (an additive mask
     added), float64; None where the shapes do not broadcast."""
@@ -1001,6 +1024,14 @@ DOCUMENTED = (
     ),
     Documented(
         "softplus", "backward", F32, _softplus_gradient, "g * exp(x) overflows before the division by 1 + exp(x)", "softplus_gradient"
+    ),
+    Documented(
+        "layer_norm",
+        "backward",
+        F32,
+        _layer_norm_gradient,
+        "the CPU backward's moment form (rstd**3, sums of g w x, fused rstd * g w) leaves float32's normal range",
+        "layer_norm_scale, layer_norm_one_element",
     ),
     Documented("hardswish", "forward", F32, _hardswish_product, "x * relu6(x + 3) overflows before the division by 6", "hardswish_large"),
     Documented(
