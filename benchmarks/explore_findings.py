@@ -29,6 +29,10 @@ float64, and a formula of the same cost in the same dtype without the defect.
   passes 1.84e19, 1.2e-4 off at 1.83e19) where the definition's (x - mean)**2 fits;
   the definition in float32 (mean, then the centred squares) stays finite (~300 ULP both
   sides of 1.84e19: the inputs' own rounding, 1e12 against a spread of 1e16).
+- batch_norm (training) with a weight near the largest value: the kernel fuses
+  weight * rstd, which overflows (all inf at weight 1.7e38, rstd 300) where the
+  definition's weight * x_hat in float32 is finite (67 ULP off: the kernel's own x_hat at
+  sigma 1e-3; float64's x_hat rounded to float32, times the weight: 0.39 ULP).
 - hardswish near the largest value: x * relu6(x + 3) overflows before the division by 6.
 - softplus's gradient at a large incoming gradient: g * exp(x) overflows before the
   division by 1 + exp(x); g * sigmoid(x) does not.
@@ -231,6 +235,22 @@ def group_norm_squares() -> None:
         )
 
 
+def batch_norm_weight() -> None:
+    x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0)) * 1e-3
+    weight = torch.full((4,), 1.7e38)
+
+    def normed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        zeros, ones = torch.zeros(4, dtype=x.dtype), torch.ones(4, dtype=x.dtype)
+        return F.batch_norm(x, zeros, ones, weight, zeros, training=True)
+
+    _compare(
+        "batch_norm (training), float32, weight 1.7e38, sigma ~ 1e-3 (formula: weight * x_hat)",
+        normed(x, weight),
+        normed(x, torch.ones(4)) * weight.reshape(1, 4, 1, 1),
+        normed(x.double(), weight.double()),
+    )
+
+
 def hardswish_large() -> None:
     x = torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])
     _compare(
@@ -391,6 +411,7 @@ if __name__ == "__main__":
     group_norm_weight()
     group_norm_backward_weight()
     group_norm_squares()
+    batch_norm_weight()
     hardswish_large()
     softplus_gradient()
     gelu_tanh_gradient()

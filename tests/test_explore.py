@@ -690,6 +690,13 @@ DOCUMENTED_CASES = {
         _seeded(8, 32, scale=2.0**-22, seed=1),
         "layer_norm_scale, layer_norm_one_element",
     ),
+    "batch_norm_weight": (
+        F.batch_norm,
+        [_seeded(2, 4, 16, 16, scale=1e-3), torch.zeros(4), torch.ones(4), torch.full((4,), 1.7e38), torch.zeros(4), True],
+        {},
+        None,
+        "batch_norm_weight",
+    ),
     "hardswish_large": (F.hardswish, [torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])], {}, None, "hardswish_large"),
     "softplus_gradient": (F.softplus, [torch.tensor([2.0, -1.0, 0.5, 2.4])], {}, torch.full((4,), 6.5e37), "softplus_gradient"),
     "group_norm_weight": (
@@ -738,7 +745,7 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
         from explore_faults import ExploreFault
 
         ExploreFault(F, "gelu", _gelu_by_sigmoid, (torch.float32,), "", {}).patch(monkeypatch)
-    wide = [arg.double().requires_grad_() if isinstance(arg, torch.Tensor) else arg for arg in args]
+    wide = [arg.double().requires_grad_(grad is not None) if isinstance(arg, torch.Tensor) else arg for arg in args]
     out = function(*wide, **kwargs)
     writer = DumpWriter(tmp_path / "dump", "tensor")
     call = f"Functional.{function.__name__}.0"

@@ -930,6 +930,21 @@ def _group_norm_gradient(call: Arguments) -> bool:
     return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max or _group_norm_squares(call)
 
 
+def _batch_norm_weight(call: Arguments) -> bool:
+    """batch_norm where the CPU kernel's fused weight * rstd overflows float32 (rstd from the
+    batch's statistics in training, the running variance otherwise) while the
+    definition's weight * x_hat fits (the exact result is checked first: EXCUSES)."""
+    x, running, weight = call.tensor(0, "input"), call.tensor(2, "running_var"), call.tensor(3, "weight")
+    training = call.args[5] if len(call.args) > 5 else call.kwargs.get("training", False)
+    eps = call.args[7] if len(call.args) > 7 else call.kwargs.get("eps", 1e-5)
+    if x is None or weight is None or x.dim() < 2 or not isinstance(eps, float):
+        return False
+    variance = x.transpose(0, 1).reshape(x.shape[1], -1).var(-1, unbiased=False) if training is True else running
+    if variance is None:
+        return False
+    return _magnitude((variance + eps).rsqrt() * weight.abs(), False) > torch.finfo(torch.float32).max
+
+
 def _layer_norm_gradient(call: Arguments) -> bool:
     """layer_norm's backward where the CPU kernel's moment form leaves float32: its
     rstd**3 among the subnormals (sigma past ~4e12), its sums of g w x (x, not x_hat) or
@@ -1032,6 +1047,14 @@ DOCUMENTED = (
         _layer_norm_gradient,
         "the CPU backward's moment form (rstd**3, sums of g w x, fused rstd * g w) leaves float32's normal range",
         "layer_norm_scale, layer_norm_one_element",
+    ),
+    Documented(
+        "batch_norm",
+        "forward",
+        F32,
+        _batch_norm_weight,
+        "the CPU kernel's fused weight * rstd overflows where weight * x_hat fits",
+        "batch_norm_weight",
     ),
     Documented("hardswish", "forward", F32, _hardswish_product, "x * relu6(x + 3) overflows before the division by 6", "hardswish_large"),
     Documented(
