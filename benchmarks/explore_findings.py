@@ -7,6 +7,8 @@ float64, and a formula of the same cost in the same dtype without the defect.
 
 - gelu's left tail: torch computes 0.5 x (1 + erf(x / sqrt(2))), whose sum cancels below
   x = -4 (pytorch/pytorch#187806); 0.5 x erfc(-x / sqrt(2)) does not.
+- gelu's gradient in the same tail: torch's float32 kernel gives 0 from x ~ -6 on (-8: 0
+  where it is -3.98e-14), 0.5 erfc(-x / sqrt 2) + x exp(-x**2 / 2) / sqrt(2 pi) does not.
 - layer_norm's input gradient at a large input scale: torch's CPU backward multiplies by
   rstd**3, which falls among float32's subnormals once |x| reaches ~1e13 (sigma**3 past
   1e38); applying rstd to x_hat first keeps every intermediate normal.
@@ -23,6 +25,14 @@ float64, and a formula of the same cost in the same dtype without the defect.
   (measured on the explored example: weight 1.7e38, rstd 2.2 in one group: inf in that
   group only, none at weight 1.5e38) where the definition's
   rstd (g w - mean(g w) - x_hat mean(g w x_hat)) is finite (1.3 ULP off).
+- group_norm under a large common offset: torch's CPU kernel forms x**2 (NaN once |x|
+  passes 1.84e19, 1.2e-4 off at 1.83e19) where the definition's (x - mean)**2 fits;
+  the definition in float32 (mean, then the centred squares) stays finite (~300 ULP both
+  sides of 1.84e19: the inputs' own rounding, 1e12 against a spread of 1e16).
+- batch_norm (training) with a weight near the largest value: the kernel fuses
+  weight * rstd, which overflows (all inf at weight 1.7e38, rstd 300) where the
+  definition's weight * x_hat in float32 is finite (67 ULP off: the kernel's own x_hat at
+  sigma 1e-3; float64's x_hat rounded to float32, times the weight: 0.39 ULP).
 - hardswish near the largest value: x * relu6(x + 3) overflows before the division by 6.
 - softplus's gradient at a large incoming gradient: g * exp(x) overflows before the
   division by 1 + exp(x); g * sigmoid(x) does not.
@@ -67,6 +77,18 @@ def gelu_tail() -> None:
     for value in (-4.5, -5.0, -5.8, -6.0):
         point = torch.tensor([value])
         print(f"    x = {value}: torch {float(F.gelu(point)):.6g}, exact {float(0.5 * value * math.erfc(-value / math.sqrt(2))):.6g}")
+
+
+def gelu_tail_gradient() -> None:
+    x = torch.linspace(-10.0, -4.0, 25, dtype=torch.float32)
+    kernel = x.clone().requires_grad_()
+    F.gelu(kernel).backward(torch.ones_like(x))
+    assert kernel.grad is not None
+    exact = 0.5 * torch.special.erfc(-x.double() / math.sqrt(2)) + x.double() * torch.exp(-x.double().square() / 2) / math.sqrt(2 * math.pi)
+    formula = 0.5 * torch.special.erfc(-x / math.sqrt(2)) + x * torch.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    print("gelu gradient, float32, x in [-10, -4]: worst relative error against float64")
+    print(f"  torch                                      {_worst_relative(kernel.grad, exact):.3g}")
+    print(f"  0.5 erfc(-x / sqrt 2) + x pdf(x)           {_worst_relative(formula, exact):.3g}")
 
 
 def _layer_norm_input_grad(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -198,6 +220,34 @@ def group_norm_backward_weight() -> None:
         input_gradient(torch.float32, F.group_norm),
         input_gradient(torch.float32, _group_norm_by_definition),
         input_gradient(torch.float64, F.group_norm),
+    )
+
+
+def group_norm_squares() -> None:
+    noise = torch.randn(2, 4, 4, 4, generator=torch.Generator().manual_seed(0)) * 1e16
+    for offset in (1.83e19, 1.86e19):
+        x = noise + offset  # float32: x**2 fits at 1.83e19, overflows at 1.86e19; (x - mean)**2 ~ 1e32 fits
+        _compare(
+            f"group_norm, float32, x = {offset:.3g} + 1e16 noise (formula: the definition, centred squares)",
+            F.group_norm(x, 2),
+            _group_norm_by_definition(x, 2, torch.ones(4)),
+            F.group_norm(x.double(), 2),
+        )
+
+
+def batch_norm_weight() -> None:
+    x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0)) * 1e-3
+    weight = torch.full((4,), 1.7e38)
+
+    def normed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        zeros, ones = torch.zeros(4, dtype=x.dtype), torch.ones(4, dtype=x.dtype)
+        return F.batch_norm(x, zeros, ones, weight, zeros, training=True)
+
+    _compare(
+        "batch_norm (training), float32, weight 1.7e38, sigma ~ 1e-3 (formula: weight * x_hat)",
+        normed(x, weight),
+        normed(x, torch.ones(4)) * weight.reshape(1, 4, 1, 1),
+        normed(x.double(), weight.double()),
     )
 
 
@@ -354,11 +404,14 @@ def one_minus_cos() -> None:
 
 if __name__ == "__main__":
     gelu_tail()
+    gelu_tail_gradient()
     layer_norm_scale()
     layer_norm_one_element()
     layer_norm_subnormal_gradient()
     group_norm_weight()
     group_norm_backward_weight()
+    group_norm_squares()
+    batch_norm_weight()
     hardswish_large()
     softplus_gradient()
     gelu_tanh_gradient()

@@ -675,6 +675,7 @@ def _seeded(*shape: int, scale: float = 1.0, shift: float = 0.0, seed: int = 0) 
 F = torch.nn.functional
 DOCUMENTED_CASES = {
     "gelu_tail": (F.gelu, [torch.linspace(-10.0, -4.0, 16)], {}, None, "gelu_tail"),
+    "gelu_tail_gradient": (F.gelu, [torch.linspace(-10.0, -4.0, 16)], {}, torch.ones(16), "gelu_tail_gradient"),
     "gelu_tanh_gradient": (
         F.gelu,
         [torch.tensor([8.5e37, -8.5e37, 1.0e20, 3.0] * 4)],
@@ -682,6 +683,21 @@ DOCUMENTED_CASES = {
         torch.ones(16),
         "gelu_tanh_gradient",
     ),
+    "layer_norm_scale": (
+        F.layer_norm,
+        [_seeded(8, 32, scale=2.0**59), [32]],
+        {},
+        _seeded(8, 32, scale=2.0**-22, seed=1),
+        "layer_norm_scale, layer_norm_one_element",
+    ),
+    "batch_norm_weight": (
+        F.batch_norm,
+        [_seeded(2, 4, 16, 16, scale=1e-3), torch.zeros(4), torch.ones(4), torch.full((4,), 1.7e38), torch.zeros(4), True],
+        {},
+        None,
+        "batch_norm_weight",
+    ),
+    "hardswish_large": (F.hardswish, [torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])], {}, None, "hardswish_large"),
     "softplus_gradient": (F.softplus, [torch.tensor([2.0, -1.0, 0.5, 2.4])], {}, torch.full((4,), 6.5e37), "softplus_gradient"),
     "group_norm_weight": (
         F.group_norm,
@@ -690,6 +706,7 @@ DOCUMENTED_CASES = {
         _seeded(2, 4, 8, 8, scale=1e-3, seed=1),
         "group_norm_backward_weight",
     ),
+    "group_norm_squares": (F.group_norm, [_seeded(2, 4, 4, 4, scale=1e16, shift=1.86e19), 2], {}, None, "group_norm_squares"),
     "attention_v_near_the_largest": (
         F.scaled_dot_product_attention,
         [_seeded(2, 2, 32, 4), _seeded(2, 2, 32, 4, seed=1), _seeded(2, 2, 32, 4, seed=2) / 3.3558 * 1.7e38],
@@ -728,7 +745,7 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
         from explore_faults import ExploreFault
 
         ExploreFault(F, "gelu", _gelu_by_sigmoid, (torch.float32,), "", {}).patch(monkeypatch)
-    wide = [arg.double().requires_grad_() if isinstance(arg, torch.Tensor) else arg for arg in args]
+    wide = [arg.double().requires_grad_(grad is not None) if isinstance(arg, torch.Tensor) else arg for arg in args]
     out = function(*wide, **kwargs)
     writer = DumpWriter(tmp_path / "dump", "tensor")
     call = f"Functional.{function.__name__}.0"
@@ -743,3 +760,30 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     named = "a documented torch defect" in explored.text
     assert named != planted, explored.text
     assert planted or f"benchmarks/explore_findings.py ({reproducer})" in explored.text, explored.text
+
+
+@pytest.mark.parametrize(
+    ("case", "scale", "shift"),
+    [("correct", 1e16, 1e19), ("group_norm_by_moments", 1e16, 1e19), ("centred_squares_beyond", 1e20, 0.0)],
+)
+def test_group_norm_is_excused_by_its_centred_squares_not_by_x_squared(case, scale, shift, tmp_path, run_dump, monkeypatch):
+    """Issue 39: group_norm's definition sums (x - mean)**2 per group, never x**2. At
+    x = 1e19 + 1e16 noise (float32) the sum of x**2 overflows float32 and the centred
+    squares (~1e33) fit: torch's kernel passes (judged as exploration judges a call), and
+    a variance by E[x**2] - E[x]**2 (explore_faults.group_norm_by_moments: NaN) fails;
+    before, the sum of x**2 excused it (passed). At a spread of 1e20 the centred squares
+    overflow every correct kernel's: excused, the cause named."""
+    from dumpwriter import DumpWriter
+
+    x = _seeded(2, 4, 4, 4, scale=scale, shift=shift)
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    writer.forward("Functional.group_norm.0", [x, 2], {}, F.group_norm(x.double(), 2).float())
+    if case == "group_norm_by_moments":
+        FAULTS[case].patch(monkeypatch)
+    run = run_dump(writer.write(), "--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore", f"--msprobe-out={tmp_path / 'out'}")
+    explored = run.calls["Functional.group_norm.0.forward.explore"]
+    assert explored.outcome == ("failed" if case == "group_norm_by_moments" else "passed"), explored.text
+    message = _records(tmp_path / "out")["Functional.group_norm.0.forward.explore"]["message"]
+    assert ("a group's centred squares (x - mean)**2 beyond its accumulator's range: 1" in message) == (case == "centred_squares_beyond"), (
+        message
+    )

@@ -611,6 +611,39 @@ def _sum_beyond(power: int) -> Callable[[CallName, Replayed, str], bool]:
     return beyond
 
 
+def _group_norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
+    """group_norm's input as (sample, group, elements of the group)."""
+    x, groups = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("num_groups")
+    if not isinstance(x, torch.Tensor) or not isinstance(groups, int) or x.dim() < 2 or not groups:
+        return None
+    return x.reshape(x.shape[0], groups, -1)
+
+
+#: How each API of the [explore] centred table groups its input for the mean and variance
+#: its definition forms: the input reshaped to (..., the elements of one group).
+CENTRED_GROUPS: dict[str, Callable[[list[Value], dict[str, Value]], torch.Tensor | None]] = {"group_norm": _group_norm_groups}
+
+
+def _centred_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
+    """A group's sum of (x - mean)**2 (its finite elements) beyond the accumulator's range
+    or so far below its smallest normal value that it keeps fewer bits than it has: the
+    definition's variance. x**2 itself is no intermediate of the definition: under a large
+    common offset it overflows where the centred squares fit (issue 39: a variance by
+    E[x**2] - E[x]**2 must still fail there)."""
+    inputs = replayed.results.inputs
+    grouped = CENTRED_GROUPS[name.operator](list(inputs.args), dict(inputs.kwargs))
+    if grouped is None or not grouped.is_floating_point() or _largest(replayed.results) is None:
+        return False
+    info = torch.finfo(ACCUMULATOR.get(grouped.dtype, grouped.dtype))
+    wide = grouped.double()
+    finite = torch.isfinite(wide)
+    count = finite.sum(-1, keepdim=True).clamp_min(1)
+    mean = wide.where(finite, torch.zeros_like(wide)).sum(-1, keepdim=True) / count
+    totals = (wide - mean).square().where(finite, torch.zeros_like(wide)).sum(-1)
+    positive = totals[totals > 0]
+    return float(totals.max()) > info.max or (bool(positive.numel()) and float(positive.min()) < info.smallest_normal / info.eps)
+
+
 def _floats(replayed: Replayed) -> list[torch.Tensor]:
     """The forward's floating tensors, their finite elements only (masked positions left out)."""
     tensors = [leaf.tensor for leaf in replayed.results.inputs.leaves if leaf.tensor.is_floating_point()]
@@ -849,6 +882,12 @@ def _gelu_tanh_gradient(call: Arguments) -> bool:
     return tanh and x is not None and _magnitude(3 * 0.044715 * x.square(), False) > torch.finfo(torch.float32).max
 
 
+def _hardswish_product(call: Arguments) -> bool:
+    """hardswish where x * relu6(x + 3) overflows float32 before the division by 6."""
+    x = call.tensor(0, "input")
+    return x is not None and _magnitude(x * (x + 3).clamp(0, 6), False) > torch.finfo(torch.float32).max
+
+
 def _softplus_gradient(call: Arguments) -> bool:
     """softplus's gradient where g exp(beta x) overflows float32 below the threshold (the
     kernel's g z / (z + 1), z = exp(beta x), where the definition's g sigmoid(beta x) does not)."""
@@ -861,6 +900,14 @@ def _softplus_gradient(call: Arguments) -> bool:
         return False
     products = call.grads[0].abs() * torch.exp(beta * x).where(beta * x <= threshold, torch.zeros_like(x))
     return _magnitude(products, False) > torch.finfo(torch.float32).max
+
+
+def _group_norm_squares(call: Arguments) -> bool:
+    """group_norm (forward, and the backward from its forward's statistics) where an x**2
+    overflows float32 (|x| past 1.84e19): torch's CPU kernel forms it (NaN from there on,
+    measured; 1.2e-4 off at 1.83e19), the definition's (x - mean)**2 does not."""
+    x = call.tensor(0, "input")
+    return x is not None and _magnitude(x.square(), False) > torch.finfo(torch.float32).max
 
 
 def _group_norm_gradient(call: Arguments) -> bool:
@@ -880,7 +927,45 @@ def _group_norm_gradient(call: Arguments) -> bool:
     products = (call.grads[0] * weight.reshape([1, -1] + [1] * (x.dim() - 2))).reshape(grouped.shape)
     moments = (products.sum(-1) * mean - (products * grouped).sum(-1)) * rstd**3
     fused = rstd.repeat_interleave(x.shape[1] // groups, 1) * weight.abs()
-    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max
+    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max or _group_norm_squares(call)
+
+
+def _batch_norm_weight(call: Arguments) -> bool:
+    """batch_norm where the CPU kernel's fused weight * rstd overflows float32 (rstd from the
+    batch's statistics in training, the running variance otherwise) while the
+    definition's weight * x_hat fits (the exact result is checked first: EXCUSES)."""
+    x, running, weight = call.tensor(0, "input"), call.tensor(2, "running_var"), call.tensor(3, "weight")
+    training = call.args[5] if len(call.args) > 5 else call.kwargs.get("training", False)
+    eps = call.args[7] if len(call.args) > 7 else call.kwargs.get("eps", 1e-5)
+    if x is None or weight is None or x.dim() < 2 or not isinstance(eps, float):
+        return False
+    variance = x.transpose(0, 1).reshape(x.shape[1], -1).var(-1, unbiased=False) if training is True else running
+    if variance is None:
+        return False
+    return _magnitude((variance + eps).rsqrt() * weight.abs(), False) > torch.finfo(torch.float32).max
+
+
+def _layer_norm_gradient(call: Arguments) -> bool:
+    """layer_norm's backward where the CPU kernel's moment form leaves float32: its
+    rstd**3 among the subnormals (sigma past ~4e12), its sums of g w x (x, not x_hat) or
+    (mean sum(g w) - sum(g w x)) rstd**3 beyond the largest value, or a fused rstd * w,
+    rstd * sum(g w) (rows of one element) beyond it; the definition's rstd (g w - mean(g w)
+    - x_hat mean(g w x_hat)) forms none of them."""
+    x, shape, weight = (
+        call.tensor(0, "input"),
+        call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"),
+        call.tensor(2, "weight"),
+    )
+    eps = call.args[4] if len(call.args) > 4 else call.kwargs.get("eps", 1e-5)
+    if x is None or not call.grads or not isinstance(shape, (list, tuple)) or not shape or not isinstance(eps, float):
+        return False
+    dims = tuple(range(-len(shape), 0))
+    mean, rstd = x.mean(dims), (x.var(dims, unbiased=False) + eps).rsqrt()
+    products = call.grads[0] * (weight if weight is not None else 1.0)
+    sums, moments = (products * x).sum(dims), products.sum(dims)
+    largest, info = torch.finfo(torch.float32).max, torch.finfo(torch.float32)
+    beyond = [(products * x).abs().sum(dims), (moments * mean - sums) * rstd**3, rstd * moments, rstd * _magnitude(products, False)]
+    return any(_magnitude(value, False) > largest for value in beyond) or _underflows(rstd**3, info.smallest_normal)
 
 
 def _attention_scores(call: Arguments) -> torch.Tensor | None:
@@ -940,6 +1025,14 @@ DOCUMENTED = (
         "gelu",
         "backward",
         F32,
+        _gelu_tail,
+        "its gradient's 1 + erf(x / sqrt 2) cancels below x = -4: 0 from x ~ -6 on",
+        "gelu_tail_gradient",
+    ),
+    Documented(
+        "gelu",
+        "backward",
+        F32,
         _gelu_tanh_gradient,
         "gelu(tanh)'s gradient: beta (1 + 3 kappa x**2) overflows where 1 - tanh**2 is 0, 0 * inf = NaN",
         "gelu_tanh_gradient",
@@ -948,11 +1041,36 @@ DOCUMENTED = (
         "softplus", "backward", F32, _softplus_gradient, "g * exp(x) overflows before the division by 1 + exp(x)", "softplus_gradient"
     ),
     Documented(
+        "layer_norm",
+        "backward",
+        F32,
+        _layer_norm_gradient,
+        "the CPU backward's moment form (rstd**3, sums of g w x, fused rstd * g w) leaves float32's normal range",
+        "layer_norm_scale, layer_norm_one_element",
+    ),
+    Documented(
+        "batch_norm",
+        "forward",
+        F32,
+        _batch_norm_weight,
+        "the CPU kernel's fused weight * rstd overflows where weight * x_hat fits",
+        "batch_norm_weight",
+    ),
+    Documented("hardswish", "forward", F32, _hardswish_product, "x * relu6(x + 3) overflows before the division by 6", "hardswish_large"),
+    Documented(
+        "group_norm",
+        "forward",
+        F32,
+        _group_norm_squares,
+        "the CPU kernel forms x**2, which overflows where the definition's (x - mean)**2 fits",
+        "group_norm_squares",
+    ),
+    Documented(
         "group_norm",
         "backward",
         F32,
         _group_norm_gradient,
-        "the CPU backward's fused rstd * weight (or rstd**3 sums) overflows",
+        "the CPU backward's fused rstd * weight, its rstd**3 sums or its forward's x**2 overflows",
         "group_norm_backward_weight",
     ),
     Documented(
@@ -1025,7 +1143,7 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 
 #: The intermediates a correct kernel cannot avoid, and which calls compute them: the
 #: exact result (every call), a sum of squares (norms, variances, distances: the
-#: [explore] squares table), a sum before a division (means, average pools: sums),
+#: [explore] squares table; for the centred table a group's (x - mean)**2), a sum before a division (means, average pools: sums),
 #: x - max(x) (softmax and its kin: shifted), a softmax-like backward's g - sum(g * y)
 #: (shifted_gradient), an attention's scores q k^T scale (scores), a recurrent gate's products (products), the terms of a sum of
 #: products (the [terms] table, which bound a partial sum, not the result), a norm it
@@ -1035,6 +1153,11 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 EXCUSES = (
     Excuse("exact result beyond the dtype's range", lambda name: True, _result_beyond),
     Excuse("sum of squares beyond its accumulator's range", lambda name: name.operator in summing_apis("squares"), _sum_beyond(2)),
+    Excuse(
+        "a group's centred squares (x - mean)**2 beyond its accumulator's range",
+        lambda name: name.operator in summing_apis("centred"),
+        _centred_beyond,
+    ),
     Excuse("sum beyond its accumulator's range", lambda name: name.operator in summing_apis("sums"), _sum_beyond(1)),
     Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
     Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),

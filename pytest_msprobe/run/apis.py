@@ -113,7 +113,7 @@ def fixed_shape_apis() -> frozenset[str]:
 @functools.cache
 def summing_apis(intermediate: str) -> frozenset[str]:
     """The APIs whose definition computes an intermediate of their inputs (`sums`,
-    `squares`, `shifted`, `shifted_gradient`, `products`, `scores`): the [explore] table."""
+    `squares`, `centred`, `shifted`, `shifted_gradient`, `products`, `scores`): the [explore] table."""
     return frozenset(_pytorch_toml()["explore"][intermediate])
 
 
