@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from pytest_msprobe.compat import file_reader, untyped
 from pytest_msprobe.errors import CallError, CallSkip
 
 if TYPE_CHECKING:
+    from pytest_msprobe.compat import PyTorchFileReader
     from pytest_msprobe.dump.index import Json, Record
 
 # Every dtype spelling a dump may use, PyTorch's and MindSpore's, mapped to torch.
@@ -256,7 +258,7 @@ class _NotPlain(Exception):
 
 
 class _TensorUnpickler(pickle.Unpickler):
-    def __init__(self, archive: torch._C.PyTorchFileReader) -> None:
+    def __init__(self, archive: PyTorchFileReader) -> None:
         super().__init__(io.BytesIO(archive.get_record("data.pkl")))
         self.archive = archive
 
@@ -284,13 +286,12 @@ class _TensorUnpickler(pickle.Unpickler):
             raise _NotPlain(f"{record}: not {pid[4]} elements")
         # torch's stub names a dtype; the reader takes a storage class, as torch.serialization passes it
         storage = self.archive.get_storage_from_record(record, size, torch.UntypedStorage)  # type: ignore[arg-type]
-        untyped = storage._typed_storage()._untyped_storage
-        return _Storage(untyped, dtype)
+        return _Storage(untyped(storage), dtype)
 
 
 def _saved_tensor(path: Path) -> torch.Tensor | None:
     """The tensor a plain torch.save(tensor) file holds; None for any other file."""
-    reader = getattr(torch._C, "PyTorchFileReader", None)
+    reader = file_reader()
     if reader is None or sys.byteorder != "little":
         return None
     try:

@@ -14,7 +14,6 @@ written as a one-call tensor dump: the test's message names it, and it is what
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -22,11 +21,10 @@ import hashlib
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
-from unittest import mock
 
 import torch
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, reject
@@ -34,6 +32,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
+from pytest_msprobe.compat import key_database, no_local_constants, seed_search
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.dump.writer import write_tensor_dump
@@ -163,7 +162,7 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
 
     test = _hypothesis_test(probe, space, plan, f"{index.key}::{label}", label, _small_angles(name, space))
     try:
-        with _no_local_constants():
+        with no_local_constants():
             test()
     except ExampleFailed as failure:
         return _counted(_failed(failure, index, name, plan), search)
@@ -222,13 +221,12 @@ def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, l
     # hypothesis.seed() would also switch the database off (its deterministic modes do):
     # the seed is set where seed() sets it, the database kept, so a failure found once
     # is replayed first the next time.
-    probe._hypothesis_internal_use_seed = int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big")
+    seed_search(probe, int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big"))
     test = given(space.variants())(probe)
     for variant in reversed(edges):  # run in this order, before any generated example
         test = example(variant)(test)
     test = chosen(test)
-    # hypothesis's handle on the wrapped test, which its type stubs do not declare
-    test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
+    key_database(test, key.encode())
     return test
 
 
@@ -237,23 +235,6 @@ def _small_angles(name: CallName, space: Neighbourhood) -> list[Variant]:
     angle or difference of two arguments ([explore] angles): 1 - cos(x1, x2) cancels only
     where x2 nears x1, which no draw of two independent moves reaches."""
     return space.near_variants() if name.operator in paired_apis() else []
-
-
-@contextlib.contextmanager
-def _no_local_constants() -> Iterator[None]:
-    """hypothesis (6.131 on) draws some values from the constants in the source of every
-    local module the process has imported (not site-packages, not the standard library),
-    and caches them per process: the examples would depend on which test modules, conftest
-    files and plugins ran before, so an in-process run and an xdist worker explored a call
-    differently. The search sees its global constants only: its examples depend on the
-    call alone."""
-    from hypothesis.internal.conjecture import providers
-
-    if not hasattr(providers, "_get_local_constants"):  # a hypothesis without local constants
-        yield
-        return
-    with mock.patch.object(providers, "_get_local_constants", providers.Constants), mock.patch.object(providers, "CONSTANTS_CACHE", {}):
-        yield
 
 
 def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan) -> CallResult:

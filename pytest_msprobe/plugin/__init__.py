@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.plugin import hookspecs, options
+from pytest_msprobe.plugin.compat import bestrelpath
 from pytest_msprobe.plugin.state import STATE_KEY, SessionState
 
 HYPOTHESIS_PLUGIN = "hypothesispytest"  # hypothesis's pytest11 entry point

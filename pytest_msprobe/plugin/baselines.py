@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.dump.index import read_index
 from pytest_msprobe.judge.baseline import FILE_NAME, KERNEL_STANDARD, Baseline, CallMetrics, compare, environment
 from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.judge.upgrade import RunComparison, call_signatures, compare_run, signed
 from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin.compat import bestrelpath
 from pytest_msprobe.plugin.kernels import report_test
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.results.writer import write_regressions

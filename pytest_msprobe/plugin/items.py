@@ -27,10 +27,9 @@ from pytest_msprobe.run.mindspore.tables import require_mindspore
 if TYPE_CHECKING:
     import os
 
-    from _pytest._code.code import TerminalRepr, TracebackStyle
-
     from pytest_msprobe.dump.cache import DumpSummary
     from pytest_msprobe.judge.explore import Plan
+    from pytest_msprobe.plugin.compat import TerminalRepr, TracebackStyle
 
 RESULT_KEY = pytest.StashKey[ResultRecord]()
 #: the name of the one test a dump that cannot be checked gets: `<dump.json>::collection`
@@ -236,7 +235,7 @@ class UncheckedDump(pytest.Item):
 def dump_lines(config: pytest.Config, dumps: list[Path]) -> Iterator[str]:
     """What each dump held besides the collected calls: Module/Cell entries (whole
     modules, outside an API-level check) and keys that are not call names."""
-    from _pytest.pathlib import bestrelpath
+    from pytest_msprobe.plugin.compat import bestrelpath
 
     for dump in dumps:
         try:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import pytest
-from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin.compat import bestrelpath
 from pytest_msprobe.plugin.state import session_state
 
 if TYPE_CHECKING:

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pytest
-from _pytest.pathlib import bestrelpath
 
 from pytest_msprobe.dump.cache import ensure_cached
 from pytest_msprobe.plugin import options, scheduling, workers
+from pytest_msprobe.plugin.compat import bestrelpath
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.run import isolation
 

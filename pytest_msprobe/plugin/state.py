@@ -226,9 +226,8 @@ def _recorded_metrics(config: pytest.Config, dumps: list[Path]) -> Baseline | No
     folder, imported = options.path(config, "msprobe_baseline"), options.path(config, "msprobe_reference_csv")
     if not folder and not imported:
         return None
-    from _pytest.pathlib import bestrelpath
-
     from pytest_msprobe.judge.baseline import Baseline, BaselineError, read_msprobe_details
+    from pytest_msprobe.plugin.compat import bestrelpath
 
     updating = bool(options.get(config, "msprobe_baseline_update"))
     try:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_msprobe.compat import torch_vf
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.errors import CallSkip
 
@@ -162,12 +163,6 @@ def _tensor_owner() -> type[torch.Tensor]:
     return torch.Tensor
 
 
-def _vf_owner() -> ModuleType:
-    import torch
-
-    return torch._VF
-
-
 def _aten(api_name: str) -> Callable[..., Value]:
     """`Aten.add.Tensor` names an overload; torch.ops.aten holds only operators."""
     import torch
@@ -191,7 +186,7 @@ PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Value]]] = {
     "Functional": _torch_attr("Functional", _namespace("torch.nn.functional")),
     "Torch": _torch_attr("Torch", _namespace("torch")),
     "Tensor": _torch_attr("Tensor", _tensor_owner),
-    "VF": _torch_attr("VF", _vf_owner),
+    "VF": _torch_attr("VF", torch_vf),
     "Aten": _aten,
     "Distributed": _distributed,
 }

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from pytest_msprobe.compat import join_threads, run_exit_handlers
 from pytest_msprobe.dump.index import CallName, DumpIndex
 
 if TYPE_CHECKING:
@@ -149,10 +150,8 @@ def end_process() -> None:
     (0.1-0.3 s with torch loaded, more on a busy machine). Only for a process whose work
     is over: an xdist worker of its own process after its session (its results sent, its
     session unconfigured)."""
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None:
-        shutdown()
-    atexit._run_exitfuncs()
+    join_threads()
+    run_exit_handlers()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
             if stream is not None:

@@ -68,6 +68,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from pytest_msprobe.compat import npu_option
+
 if TYPE_CHECKING:
     import torch
 
@@ -153,9 +155,7 @@ def npu_switches() -> list[Switch]:
 
 
 def _npu_precision_mode() -> str:
-    import torch_npu
-
-    value = torch_npu._C._npu_getOption("ACL_PRECISION_MODE")
+    value = npu_option("ACL_PRECISION_MODE")
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

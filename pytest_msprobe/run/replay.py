@@ -16,6 +16,7 @@ from typing import Protocol, TypeAlias
 
 import torch
 
+from pytest_msprobe.compat import engine_run_backward
 from pytest_msprobe.dump.index import Record
 from pytest_msprobe.dump.values import DecodeContext, RecordedDevice, TensorLeaf, Value, decode
 from pytest_msprobe.errors import CallError, CallSkip
@@ -231,7 +232,7 @@ def run_backward(outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None
     call, a tenth of a small dump's whole run. The pairing has checked the shapes, so the
     gradients go to autograd's engine as torch.autograd.backward hands them over; where
     this torch has no such entry point, torch.autograd.backward."""
-    engine_run = getattr(torch.autograd.graph, "_engine_run_backward", None)
+    engine_run = engine_run_backward()
     if engine_run is None or torch.overrides.has_torch_function((*outputs, *grads)):
         torch.autograd.backward(outputs, grads)
         return
