@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import dequant_swiglu_quant, grouped_matmul, moe_routing
 from ._common import Unsupported
 from .adam import npu_apply_adam, npu_apply_adam_w
 from .confusion_transpose import npu_confusion_transpose
@@ -32,7 +33,7 @@ from .moe_routing import (
     npu_moe_init_routing,
     npu_moe_init_routing_v2,
 )
-from .registry import BenchFunction, Registry
+from .registry import BenchFunction, Companions, Registry
 from .rms_norm import npu_rms_norm
 from .rotary import npu_rotary_mul
 from .softmax import npu_scaled_masked_softmax
@@ -67,7 +68,10 @@ BUILTIN: dict[str, Callable[..., Any]] = {
     "matmul_backward": matmul_backward,
 }
 
-default_registry = Registry(BUILTIN, builtin=True)
+#: what the references that have more to say about their ops say (registry.Companions)
+BUILTIN_COMPANIONS: dict[str, Companions] = {**grouped_matmul.COMPANIONS, **dequant_swiglu_quant.COMPANIONS, **moe_routing.COMPANIONS}
+
+default_registry = Registry(BUILTIN, builtin=True, companions=BUILTIN_COMPANIONS)
 
 
 def get(name: str) -> BenchFunction | None:
@@ -75,9 +79,9 @@ def get(name: str) -> BenchFunction | None:
     return default_registry.get(name)
 
 
-def register(name: str, func: Callable[..., Any], *, replace: bool = False) -> None:
+def register(name: str, func: Callable[..., Any], *, replace: bool = False, companions: Companions | None = None) -> None:
     """Register ``func`` as the reference of op ``name`` in the default registry."""
-    default_registry.register(name, func, replace=replace)
+    default_registry.register(name, func, replace=replace, companions=companions)
 
 
 def names() -> list[str]:
@@ -85,4 +89,15 @@ def names() -> list[str]:
     return default_registry.names()
 
 
-__all__ = ["BUILTIN", "BenchFunction", "Registry", "Unsupported", "default_registry", "get", "names", "register"]
+__all__ = [
+    "BUILTIN",
+    "BUILTIN_COMPANIONS",
+    "BenchFunction",
+    "Companions",
+    "Registry",
+    "Unsupported",
+    "default_registry",
+    "get",
+    "names",
+    "register",
+]

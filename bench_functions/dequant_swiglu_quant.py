@@ -7,6 +7,7 @@ import torch
 
 from ._common import Unsupported
 from .grouped_matmul import fitted_counts, groups_of
+from .registry import Companions
 
 
 def _group_rows(tensor: torch.Tensor | None, sizes: list[int], rows: int) -> torch.Tensor | None:
@@ -82,9 +83,6 @@ def written_rows(x: torch.Tensor, **kwargs: object) -> tuple[dict[int, int], dic
     return {0: total, 1: total}, {}, "past group_index's sum"
 
 
-npu_dequant_swiglu_quant.written_rows = written_rows  # type: ignore[attr-defined]
-
-
 def fit_generated(x: torch.Tensor, **kwargs: object) -> tuple[torch.Tensor | None, str]:
     """A statistics dump's generated group_index (counts) made non-negative and within
     x's rows, in place (see grouped_matmul.fit_generated)."""
@@ -98,4 +96,4 @@ def fit_generated(x: torch.Tensor, **kwargs: object) -> tuple[torch.Tensor | Non
     return group_index, "made non-negative sizes within the rows"
 
 
-npu_dequant_swiglu_quant.fit_generated = fit_generated  # type: ignore[attr-defined]
+COMPANIONS = {"npu_dequant_swiglu_quant": Companions(written_rows=written_rows, fit_generated=fit_generated)}

@@ -15,6 +15,7 @@ import torch
 
 from ._common import Unsupported, compute_dtype, one_node
 from .gelu import fast_gelu
+from .registry import Companions
 
 #: act_type -> the activation the kernel applies to each product (torch_npu docs)
 ACTIVATIONS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -356,9 +357,6 @@ def written_rows(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **kw
     return {0: total}, {0: total}, "past group_list's total"
 
 
-npu_grouped_matmul.written_rows = written_rows  # type: ignore[attr-defined]
-
-
 def fitted_counts(counts: torch.Tensor, length: int) -> torch.Tensor:
     """Generated group sizes made non-negative and scaled down to cover at most `length`."""
     counts = counts.clamp(min=0)
@@ -400,4 +398,4 @@ def fit_generated(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **k
     return group_list, how
 
 
-npu_grouped_matmul.fit_generated = fit_generated  # type: ignore[attr-defined]
+COMPANIONS = {"npu_grouped_matmul": Companions(written_rows=written_rows, fit_generated=fit_generated)}

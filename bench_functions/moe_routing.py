@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from ._common import Unsupported, compute_dtype, one_node, to_compute
+from .registry import Companions
 
 
 def _key_value_sort(expert_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,9 +62,6 @@ def _fit_generated_row_idx(
         return None, ""
     row_idx.copy_(documented)
     return row_idx, "set to the gating's row_idx arange(rows * k).reshape(k, rows).T"
-
-
-npu_moe_init_routing.fit_generated = _fit_generated_row_idx  # type: ignore[attr-defined]
 
 
 def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: torch.Tensor, num_expert: int) -> torch.Tensor:
@@ -195,9 +193,6 @@ def npu_moe_gating_top_k(
 def _gating_written(x: torch.Tensor, k: int, **kwargs: object) -> tuple[dict[int, int], dict[int, int], str]:
     """normOut is written only with out_flag=True."""
     return ({} if kwargs.get("out_flag") else {2: 0}), {}, "(out_flag=False)"
-
-
-npu_moe_gating_top_k.written_rows = _gating_written  # type: ignore[attr-defined]
 
 
 def _dynamic_quant(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,4 +336,8 @@ def _v2_written(x: torch.Tensor, expert_idx: torch.Tensor, **kwargs: object) -> 
     return rows, {}, "(past the pairs of the active experts, or not requested)"
 
 
-npu_moe_init_routing_v2.written_rows = _v2_written  # type: ignore[attr-defined]
+COMPANIONS = {
+    "npu_moe_init_routing": Companions(fit_generated=_fit_generated_row_idx),
+    "npu_moe_gating_top_k": Companions(written_rows=_gating_written),
+    "npu_moe_init_routing_v2": Companions(written_rows=_v2_written),
+}

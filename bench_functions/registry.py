@@ -13,7 +13,30 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+#: the op's arguments -> (output position -> rows written, gradient position -> rows
+#: written, why): the rows past those are left as the device memory held them
+WrittenRows: TypeAlias = Callable[..., tuple[dict[int, int], dict[int, int], str]]
+#: the op's arguments, generated from a statistics dump -> (the argument changed in
+#: place to one the op can read, or None; how): a tensor, `object` here (no torch import)
+FitGenerated: TypeAlias = Callable[..., tuple[object, str]]
+
+
+@dataclass(frozen=True)
+class Companions:
+    """What a reference says about its op besides computing it, where it has more to say.
+
+    Attributes:
+        written_rows: the rows its kernel writes, where it leaves some unwritten (the
+            plugin judges only those: pytest_msprobe/judge/written.py).
+        fit_generated: how arguments generated from a statistics dump are made ones the
+            kernel can read, such as row indices (pytest_msprobe/run/replay.py).
+    """
+
+    written_rows: WrittenRows | None = None
+    fit_generated: FitGenerated | None = None
 
 
 def _section(doc: str, heading: str) -> tuple[str, ...]:
@@ -49,15 +72,21 @@ class BenchFunction:
             bullets), for reports and generated scripts.
         choices: the behaviours it had to choose where the documentation is silent
             (its docstring's "Choices:" bullets).
+        companions: its ``Companions`` (none by default; a ``BenchFunction`` given as
+            ``func`` keeps its own unless others are given).
     """
 
-    def __init__(self, name: str, func: Callable[..., Any], *, builtin: bool = False) -> None:
+    companions: Companions
+
+    def __init__(self, name: str, func: Callable[..., Any], *, builtin: bool = False, companions: Companions | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a bench function name must be a non-empty string, got {name!r}")
         if not callable(func):
             raise TypeError(f"bench function {name!r} must be callable, got {type(func).__name__}")
         if isinstance(func, BenchFunction):
+            companions = companions or func.companions
             func = func.func
+        self.companions = companions or Companions()
         functools.update_wrapper(self, func)  # __doc__, __wrapped__ -> inspect.signature works
         self.name = name
         self.func: Callable[..., Any] = func
@@ -82,16 +111,23 @@ class BenchFunction:
 class Registry:
     """Name -> ``BenchFunction``. ``get`` of an unknown name is ``None``."""
 
-    def __init__(self, functions: Mapping[str, Callable[..., Any]] | None = None, *, builtin: bool = False) -> None:
+    def __init__(
+        self,
+        functions: Mapping[str, Callable[..., Any]] | None = None,
+        *,
+        builtin: bool = False,
+        companions: Mapping[str, Companions] | None = None,
+    ) -> None:
         self._functions: dict[str, BenchFunction] = {}
         for name, func in (functions or {}).items():
-            self._functions[name] = BenchFunction(name, func, builtin=builtin)
+            self._functions[name] = BenchFunction(name, func, builtin=builtin, companions=(companions or {}).get(name))
 
-    def register(self, name: str, func: Callable[..., Any], *, replace: bool = False) -> None:
+    def register(self, name: str, func: Callable[..., Any], *, replace: bool = False, companions: Companions | None = None) -> None:
         """Add the reference ``func`` for the op ``name`` (e.g. ``"npu_my_fused_op"``).
 
         ``func`` must take the op's exact arguments and return what the op returns. A name
-        already registered raises ``ValueError`` unless ``replace=True``.
+        already registered raises ``ValueError`` unless ``replace=True``. ``companions``:
+        what else it says about the op (``Companions``), such as the rows its kernel writes.
         """
         if name in self._functions and not replace:
             raise ValueError(
@@ -99,7 +135,7 @@ class Registry:
                 f"({self._functions[name].source}); pass replace=True to replace it, e.g. "
                 f"register({name!r}, func, replace=True)"
             )
-        self._functions[name] = BenchFunction(name, func)
+        self._functions[name] = BenchFunction(name, func, companions=companions)
 
     def get(self, name: str) -> BenchFunction | None:
         return self._functions.get(name)

@@ -19,6 +19,7 @@ import torch
 from dumpwriter import DumpWriter
 
 from pytest_msprobe import bench_functions
+from pytest_msprobe.bench_functions import Companions
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 K, N, M = 96, 16, 40
@@ -593,16 +594,14 @@ def test_act_type_in_every_mode_the_reference_accepts(tmp_path: Path, run_dump, 
 
 def on_the_device(kernel: Callable[..., list[torch.Tensor]]) -> Callable[..., list[torch.Tensor]]:
     """`kernel` where x comes in a dump's dtype (the device-side run), the reference
-    elsewhere (the bench, raised to float32), with the reference's row and generation
-    rules."""
+    elsewhere (the bench, raised to float32); registered with the reference's row and
+    generation rules (its companions)."""
     reference = bench_functions.get("npu_grouped_matmul")
     assert reference is not None
 
     def run(x: list[torch.Tensor], weight: list[torch.Tensor], **kwargs: object) -> list[torch.Tensor]:
         return kernel(x, weight, **kwargs) if in_dump_dtypes(x, kwargs) else reference(x, weight, **kwargs)
 
-    run.written_rows = reference.func.written_rows  # type: ignore[attr-defined]
-    run.fit_generated = reference.func.fit_generated  # type: ignore[attr-defined]
     return run
 
 
@@ -624,7 +623,8 @@ def test_statistics_dump_with_a_planted_kernel_fails_exactly_its_modes(fault: st
         write(writer, call, case, correct_outputs(case, dtype, seed=1))
         modes[f"{call}.forward"] = case.name
     registry = bench_functions.default_registry.copy()
-    registry.register("npu_grouped_matmul", on_the_device(functools.partial(planted_kernel, fault)), replace=True)
+    planted, rules = on_the_device(functools.partial(planted_kernel, fault)), bench_functions.BUILTIN_COMPANIONS["npu_grouped_matmul"]
+    registry.register("npu_grouped_matmul", planted, replace=True, companions=rules)
     monkeypatch.setattr(bench_functions, "default_registry", registry)
     result = run_dump(writer.write(), "--msprobe-device=cpu")
     expected = {call: "failed" if mode in FAULTS[fault] else "passed" for call, mode in modes.items()}
@@ -685,9 +685,10 @@ def test_repeat_compares_only_the_written_rows(tmp_path: Path, run_dump, monkeyp
         y[CUMULATIVE[-1] :] = torch.randn(y.shape[0] - CUMULATIVE[-1], y.shape[1]).to(y.dtype)
         return [y]
 
-    leftover_memory.written_rows = reference.func.written_rows
     registry = bench_functions.default_registry.copy()
-    registry.register("npu_grouped_matmul", leftover_memory, replace=True)
+    registry.register(
+        "npu_grouped_matmul", leftover_memory, replace=True, companions=Companions(written_rows=reference.companions.written_rows)
+    )
     monkeypatch.setattr(bench_functions, "default_registry", registry)
     result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-repeat=3")
     assert {call: o.outcome for call, o in result.calls.items()} == {"NPU.npu_grouped_matmul.0.forward": "passed"}

@@ -107,7 +107,7 @@ def test_init_routing_v2_judges_only_the_available_pairs(tmp_path: Path, run_dum
         "row_idx_type": 1,
     }
     expanded_x, row_idx, counts, scale = reference(x, expert_idx, **kwargs)
-    available = reference.func.written_rows(x, expert_idx, **kwargs)[0]
+    available = reference.companions.written_rows(x, expert_idx, **kwargs)[0]
     garbage_x, garbage_idx, garbage_counts = expanded_x.clone(), row_idx.clone(), counts.clone()
     garbage_x[available[0] :] = float("nan")
     garbage_idx[available[1] :] = 12345

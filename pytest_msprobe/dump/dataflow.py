@@ -446,10 +446,7 @@ def build(index: DumpIndex, max_elements: int) -> DataFlow:
 
 def dataflow_of(index: DumpIndex, max_elements: int) -> DataFlow:
     """The dump's data flow, made on first use and kept with the index."""
-    flow = index.__dict__.get("_dataflow")
-    if flow is None:
-        flow = index.__dict__["_dataflow"] = build(index, max_elements)
-    return flow
+    return index.derived(DataFlow, lambda index: build(index, max_elements))
 
 
 @dataclass(frozen=True)
@@ -462,6 +459,25 @@ class ModuleRecords:
     forward: Record
     backward: Record | None
     parameters_grad: Record | None
+
+
+@dataclass(frozen=True)
+class _ModuleTree:
+    """Which module made each call (construct.json), how many calls and modules each
+    module made, and the Module.* records: read once per dump."""
+
+    construct: dict[str, str | None]
+    children: dict[str, int]
+    data: dict[str, Record]
+
+
+def _module_tree(index: DumpIndex) -> _ModuleTree:
+    construct = _construct(index)
+    children: dict[str, int] = {}
+    for parent in construct.values():
+        if parent is not None:
+            children[parent] = children.get(parent, 0) + 1
+    return _ModuleTree(construct, children, _module_data(index))
 
 
 def _construct(index: DumpIndex) -> dict[str, str | None]:
@@ -491,15 +507,8 @@ def module_of(index: DumpIndex, forward_call: str) -> ModuleRecords | None:
     are then not this call's)."""
     if index.modules == 0:
         return None
-    cached = index.__dict__.get("_modules")
-    if cached is None:
-        construct = _construct(index)
-        children: dict[str, int] = {}
-        for parent in construct.values():
-            if parent is not None:
-                children[parent] = children.get(parent, 0) + 1
-        cached = index.__dict__["_modules"] = (construct, children, _module_data(index))
-    construct, children, data = cached
+    tree = index.derived(_ModuleTree, _module_tree)
+    construct, children, data = tree.construct, tree.children, tree.data
     parent = construct.get(forward_call)
     if parent is None or children.get(parent) != 1 or parent not in data or ".forward." not in parent:
         return None

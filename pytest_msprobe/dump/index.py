@@ -8,13 +8,14 @@ byte span: a worker later reads just that slice.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pytest_msprobe.errors import CallError, DumpError
 
@@ -24,6 +25,8 @@ from pytest_msprobe.errors import CallError, DumpError
 Json: TypeAlias = Any
 #: one record of dump.json: {"input_args": [...], "input_kwargs": {...}, "output": [...]}
 Record: TypeAlias = dict[str, Json]
+#: a value made from the whole dump and kept with its index (DumpIndex.derived)
+Derived = TypeVar("Derived")
 
 if TYPE_CHECKING:  # numpy is imported where the columns are made: the xdist controller names calls, needs no arrays
     import numpy as np
@@ -115,6 +118,7 @@ class DumpIndex:
     modules: int = 0
     skipped_names: list[str] = field(default_factory=list)
     key: str = ""  # the dump's name in test ids (its path from the rootdir): stable across machines
+    _derived: dict[type, object] = field(default_factory=dict, init=False, repr=False)  # see derived()
 
     def __len__(self) -> int:
         return len(self.names)
@@ -135,17 +139,28 @@ class DumpIndex:
         return [self.entry_at(position) for position in range(len(self))]
 
     def entry(self, name: str) -> IndexEntry | None:
-        position = self._positions().get(name)
+        position = self._positions.get(name)
         return None if position is None else self.entry_at(position)
 
+    def position_of(self, name: str) -> int:
+        """Where a call the index holds lies in dump order (KeyError for a name it does not)."""
+        return self._positions[name]
+
+    @functools.cached_property
     def _positions(self) -> dict[str, int]:
         """Name -> position, made on the first lookup by name (a backward call finding
         its forward), not while collecting."""
-        cache = self.__dict__.get("_positions_cache")
-        if cache is None:
-            cache = {name: position for position, name in enumerate(self.names)}
-            self.__dict__["_positions_cache"] = cache
-        return cache
+        return {name: position for position, name in enumerate(self.names)}
+
+    def derived(self, kind: type[Derived], make: Callable[[DumpIndex], Derived]) -> Derived:
+        """The one value of `kind` a later module makes from the whole dump (dump/dataflow.py's
+        data flow and module tree), made on its first use and kept with the index for
+        every call that follows; keyed by its type, so each is typed where it is read."""
+        found = self._derived.get(kind)
+        if found is None:
+            found = self._derived[kind] = make(self)
+        assert isinstance(found, kind)
+        return found
 
     def entry_of(self, name: str) -> IndexEntry:
         """The entry of a call the index holds (KeyError for a name it does not)."""

@@ -296,7 +296,8 @@ def _saved_tensor(path: Path) -> torch.Tensor | None:
         return None
     try:
         archive = reader(str(path))
-        if archive.has_record("byteorder") and archive.get_record("byteorder") != b"little":
+        # has_record: a method of torch's reader that its type stub leaves out
+        if archive.has_record("byteorder") and archive.get_record("byteorder") != b"little":  # type: ignore[attr-defined]
             return None
         loaded = _TensorUnpickler(archive).load()
     except Exception:  # noqa: BLE001 - not a plain saved tensor (or not a zip): torch.load says what it is

@@ -542,7 +542,7 @@ def _own_spread(
 
 def _backward_order(index: DumpIndex, call: str) -> int:
     entry = index.entry(f"{call}.backward")
-    return -1 if entry is None else index._positions()[f"{call}.backward"]
+    return -1 if entry is None else index.position_of(f"{call}.backward")
 
 
 def _share_of(index: DumpIndex, read: Read, framework_name: str, framework: Framework, settings: Settings) -> Share:

@@ -21,7 +21,7 @@ import torch
 
 from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.written import Written, cut
-from pytest_msprobe.run.replay import DeviceFailed, Results, step_for
+from pytest_msprobe.run.replay import DeviceFailed, Results, Run, step_for
 from pytest_msprobe.standards.pairing import Leaf, Mismatch, pair_leaves
 
 if TYPE_CHECKING:
@@ -41,8 +41,7 @@ def repeat_findings(
     may differ from run to run, so the reruns are cut as the first run was. A device
     whose result shows the others a random draw (a dropout's mask: run/dropout.py)
     draws anew on every run: its bits differ by design, and it is not rerun."""
-    api = getattr(device, "api", None)
-    if runs <= 1 or getattr(api, "reveal", None) is not None:
+    if runs <= 1 or (isinstance(device, Run) and device.api.reveal is not None):
         return []
     again = rerun(step_for(direction, results.inputs, framework), device, runs)
     if where is not None:

@@ -43,7 +43,7 @@ def written(name: CallName, inputs: Inputs, framework: str) -> Written | None:
     import pytest_msprobe.bench_functions as bench_functions  # only NPU calls need it (a script embeds it for them only)
 
     reference = bench_functions.get(name.api_name)
-    rows_of = getattr(reference.func, "written_rows", None) if reference is not None else None
+    rows_of = reference.companions.written_rows if reference is not None else None
     if rows_of is None:
         return None
     try:

@@ -107,7 +107,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     isolation.HARD_DEADLINE.disarm()
     config = session.config
     state = session_state(config)
-    if hasattr(config, "workeroutput") and state.problem is None and state._settings is not None:
+    if hasattr(config, "workeroutput") and state.problem is None and state.settings_built:
         from pytest_msprobe.judge.baseline import environment
 
         found = environment((), state.device_label())

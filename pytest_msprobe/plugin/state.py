@@ -129,6 +129,11 @@ class SessionState:
                 raise
             self.problem = str(exc)
 
+    @property
+    def settings_built(self) -> bool:
+        """This process built its Settings: it ran calls, on a device it could use."""
+        return self._settings is not None
+
     def settings(self) -> Settings:
         """Built once per process that runs calls; a problem with the device or an
         option's file is a usage error that tells the user what to fix."""

@@ -66,7 +66,7 @@ def _fit_generated(ctx: DecodeContext, args: list[Value], kwargs: dict[str, Valu
     import pytest_msprobe.bench_functions as bench_functions  # NPU calls only (a script embeds it for them only)
 
     reference = bench_functions.get(ctx.call.removeprefix("NPU.").rsplit(".", 1)[0])
-    fit = getattr(reference.func, "fit_generated", None) if reference is not None else None
+    fit = reference.companions.fit_generated if reference is not None else None
     if fit is None:
         return
     try:

@@ -25,7 +25,7 @@ Other APIs get no terms and keep the standards' output-scale rule.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -39,6 +39,14 @@ if TYPE_CHECKING:
 
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.run.replay import Side
+
+
+@runtime_checkable
+class TranslatesArguments(Protocol):
+    """A bench function called with another framework's arguments, which it translates to
+    torch's (run/mindspore/replay.py TorchTwin): the formulas read torch's names."""
+
+    def torch_arguments(self, args: list[Value], kwargs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]: ...
 
 
 def has_terms(name: CallName) -> bool:
@@ -275,8 +283,8 @@ def term_counts(name: CallName, bench: Side, inputs: Inputs, framework: str) -> 
 def torch_form(bench: Run, args: list[Value], kwargs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:
     """The arguments by torch's names and positions, which the formulas read: a MindSpore
     call's torch twin translates its own (softmax's axis is torch's dim)."""
-    translate = getattr(bench.function, "torch_arguments", None)
-    return translate(list(args), dict(kwargs)) if translate is not None else (list(args), kwargs)
+    function = bench.function
+    return function.torch_arguments(list(args), dict(kwargs)) if isinstance(function, TranslatesArguments) else (list(args), kwargs)
 
 
 def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Value, ...] | None:

@@ -38,7 +38,7 @@ SUPPORT_PACKAGE = "_msprobe_support"
 # Support files every script embeds: (package, path inside it, file patterns). Its
 # root __init__.py is written by _support_literal (the real one describes every stage).
 CORE_SUPPORT = (
-    ("pytest_msprobe", "", ("errors.py",)),
+    ("pytest_msprobe", "", ("errors.py", "compat.py")),
     ("pytest_msprobe.dump", "dump", ("__init__.py", "index.py", "tensors.py", "values.py")),
     (
         "pytest_msprobe.run",

@@ -109,8 +109,8 @@ def test_gating_top_k_picks_groups_then_experts(norm_type: int, mode: int) -> No
 
 def test_gating_top_k_norm_out_is_unwritten_without_out_flag() -> None:
     reference = get("npu_moe_gating_top_k")
-    assert reference.func.written_rows(rand(4, 8), 2) == ({2: 0}, {}, "(out_flag=False)")
-    assert reference.func.written_rows(rand(4, 8), 2, out_flag=True)[0] == {}
+    assert reference.companions.written_rows(rand(4, 8), 2) == ({2: 0}, {}, "(out_flag=False)")
+    assert reference.companions.written_rows(rand(4, 8), 2, out_flag=True)[0] == {}
 
 
 def test_grouped_matmul_quantised_int8_with_packed_scale_and_per_token_scale() -> None:
@@ -188,13 +188,13 @@ def test_dequant_swiglu_quant_dynamic_per_group() -> None:
         assert float(scale[i]) == pytest.approx(row_scale, rel=1e-5)
         assert [int(v) for v in out[i]] == [round(v / row_scale) for v in act]
     assert out.dtype == torch.int8 and out.shape == (tokens, h)
-    written = get("npu_dequant_swiglu_quant").func.written_rows(x, group_index=group_index)
+    written = get("npu_dequant_swiglu_quant").companions.written_rows(x, group_index=group_index)
     assert written == ({0: 5, 1: 5}, {}, "past group_index's sum")
 
 
 def test_generated_group_lists_are_made_readable_in_place() -> None:
     """What a statistics dump's replay does to a group_list generated at random."""
-    fit = get("npu_grouped_matmul").func.fit_generated
+    fit = get("npu_grouped_matmul").companions.fit_generated
     x, w = [rand(10, 4)], [rand(3, 4, 2)]
     cumulative = torch.tensor([7, 2, 9])
     assert fit(x, w, group_list=cumulative, group_type=0) == (cumulative, "sorted into a cumulative group_list")
@@ -211,10 +211,10 @@ def test_generated_group_lists_are_made_readable_in_place() -> None:
     valid = torch.tensor([2, 5, 9])
     assert fit(x, w, group_list=valid) == (None, "") and valid.tolist() == [2, 5, 9]
     index = torch.tensor([9, 9])
-    assert get("npu_dequant_swiglu_quant").func.fit_generated(rand(10, 4), group_index=index)[0] is index
+    assert get("npu_dequant_swiglu_quant").companions.fit_generated(rand(10, 4), group_index=index)[0] is index
     assert index.tolist() == [5, 5]
     row_idx = torch.tensor([[5, 5], [0, 1], [2, 2]], dtype=torch.int32)
-    assert get("npu_moe_init_routing").func.fit_generated(rand(3, 4), row_idx, row_idx.clone(), 3)[0] is row_idx
+    assert get("npu_moe_init_routing").companions.fit_generated(rand(3, 4), row_idx, row_idx.clone(), 3)[0] is row_idx
     assert row_idx.tolist() == [[0, 3], [1, 4], [2, 5]]  # the gating's row_idx
 
 
@@ -236,7 +236,7 @@ def test_init_routing_v2_dropless_active_range() -> None:
     assert v2(x, V2_EXPERTS, expert_tokens_num_type=0, **kwargs)[2].tolist() == [4, 6]
     assert v2(x, V2_EXPERTS, expert_tokens_num_type=2, **kwargs)[2][:2].tolist() == [[1, 4], [2, 2]]
     assert v2(x, V2_EXPERTS, expert_tokens_num_type=1, row_idx_type=1, **kwargs)[1][:6].tolist() == [0, 5, 6, 7, 3, 4]
-    written = v2.func.written_rows(x, V2_EXPERTS, expert_tokens_num_type=2, row_idx_type=1, **kwargs)
+    written = v2.companions.written_rows(x, V2_EXPERTS, expert_tokens_num_type=2, row_idx_type=1, **kwargs)
     assert written[0] == {0: 6, 3: 6, 1: 6, 2: 2}
 
 

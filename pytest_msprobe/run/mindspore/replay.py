@@ -125,7 +125,8 @@ def missing_kernel_is_skip(target: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class TorchTwin:
-    """A torch function called with MindSpore's arguments translated by the table."""
+    """A torch function called with MindSpore's arguments translated by the table (run/terms.py
+    TranslatesArguments: the terms' formulas read the translation)."""
 
     function: Callable[..., Value]
     spec: TwinSpec
