@@ -37,7 +37,7 @@ from pytest_msprobe.errors import CallSkip
 from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.offline import node_edges
 from pytest_msprobe.run.replay import Inputs, Results, Run, flat_outputs, needs_grad, tree_map
-from pytest_msprobe.standards.pairing import pair_leaves
+from pytest_msprobe.standards.pairing import Leaf, pair_leaves
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json
@@ -122,7 +122,9 @@ def _bench_outputs(results: Results, bench: Side, direction: str, framework: str
     if direction == "forward":
         leaves = list(pair_leaves(results.bench, results.bench))  # a None output is a Mismatch: no value
         return (
-            {position: (leaf.path, getattr(leaf, "device", None)) for position, leaf in enumerate(leaves)} if len(leaves) == count else {}
+            {position: (leaf.path, leaf.device if isinstance(leaf, Leaf) else None) for position, leaf in enumerate(leaves)}
+            if len(leaves) == count
+            else {}
         )
     if not isinstance(bench, Run) or not isinstance(results.bench, tuple):
         return {}  # a MindSpore bench without a torch twin has no torch graph to read

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pytest_msprobe import bench_functions
-from pytest_msprobe.bench_functions import BenchFunction, Registry
+from pytest_msprobe.bench_functions import BenchFunction, Companions, Registry
 
 REQUIRED = [
     "npu_fusion_attention",
@@ -68,6 +68,16 @@ def test_register_duplicate_replace_on_a_registry():
     assert not reg.get("npu_my_op").builtin
     with pytest.raises(TypeError):
         reg.register("npu_other", 42)
+
+
+def test_a_references_companions_are_kept_and_none_by_default():
+    rows = Companions(written_rows=lambda x: ({0: 1}, {}, "first row only"))
+    reg = Registry({"npu_plain": lambda x: x}, companions={"npu_rows": rows})
+    reg.register("npu_rows", lambda x: x, companions=rows)
+    assert reg.get("npu_rows").companions is rows and reg.get("npu_plain").companions == Companions()
+    assert BenchFunction("npu_again", reg.get("npu_rows")).companions is rows  # a BenchFunction given keeps its own
+    assert bench_functions.get("npu_grouped_matmul").companions.written_rows is not None
+    assert bench_functions.get("npu_rms_norm").companions == Companions()
 
 
 def test_module_level_register_uses_the_default_registry():
