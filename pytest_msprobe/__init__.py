@@ -1,7 +1,8 @@
 """pytest-msprobe: every API call of an msprobe dump becomes a pytest test.
 
 A call's path, one subpackage per stage; a module imports only from its own stage,
-the stages before it, and the shared `errors` (tests/test_layout.py checks this):
+the stages before it, and the shared `errors` and `compat` (tests/test_layout.py
+checks this):
 
     dump/      reading the dump: the streaming index and records, values, tensors,
                the index cache, which calls a run takes (lists, dedup)
@@ -15,6 +16,10 @@ the stages before it, and the shared `errors` (tests/test_layout.py checks this)
     plugin/    the pytest layer: options, session state, collection items, and one
                module of hooks per concern (reports, baselines, scale, scripts,
                workers, scheduling); the only stage that imports pytest
+
+`compat.py` holds the private APIs of torch, torch_npu, hypothesis and Python that the
+stages use (pytest's are in plugin/compat.py), so that an upgrade that moves one is
+changed in one place and named by tests/test_compat.py.
 
 The precision standards (`pytest_msprobe.standards`, from the repository's
 `standards/`) and the CPU references of NPU fused ops (`pytest_msprobe.bench_functions`)

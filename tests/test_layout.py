@@ -162,10 +162,18 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
             "run/ comes before results/",
         ),
         ({"judge/call.py": "import pytest\n"}, "only the pytest layer"),
+        ({"compat.py": "from _pytest.pathlib import bestrelpath\n"}, "only the pytest layer"),
         ({"standards/fast.py": "from pytest_msprobe.dump import index\n", "dump/index.py": ""}, "library imports no stage"),
         ({"standards/fast.py": "from .single_run import X\n", "standards/single_run.py": "from . import fast\n"}, "import cycle"),
     ],
-    ids=["reading-imports-running", "lazy-running-imports-results", "pytest-outside-plugin", "library-imports-stage", "cycle"],
+    ids=[
+        "reading-imports-running",
+        "lazy-running-imports-results",
+        "pytest-outside-plugin",
+        "pytest-privates-in-the-base-compat",
+        "library-imports-stage",
+        "cycle",
+    ],
 )
 def test_a_planted_violation_is_found(tmp_path, files, expected):
     found = violations(_plant(tmp_path, {"__init__.py": "", **files}))

@@ -4,7 +4,7 @@ from statistics in `tensors`), the index cache (`cache`), which calls a run take
 (`filters`: msprobe's lists and dedup), and one-call tensor dumps written in msprobe's
 format (`writer`: the examples exploration finds).
 
-May import: `pytest_msprobe.errors`. Never pytest, never a later stage.
+May import: `pytest_msprobe.errors`, `pytest_msprobe.compat`. Never pytest, never a later stage.
 """
 
 #: the largest tensor (elements) a call may create unless the user says otherwise: a

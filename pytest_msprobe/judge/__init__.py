@@ -9,5 +9,5 @@ standards (`findings`): the device's bits over repeated runs (`repeat`) and the
 overflow re-check of dumped inf/NaN (`overflow`); and the search around a call
 (`explore`: --msprobe-explore, hypothesis).
 
-May import: `dump`, `run`, `errors`, `standards`. Never pytest, never a later stage.
+May import: `dump`, `run`, `errors`, `compat`, `standards`. Never pytest, never a later stage.
 """

@@ -6,5 +6,5 @@ that share a rounded normaliser (`groups`), where the bench runs
 (`precision`), and the inputs around a dumped call that exploration draws
 (`neighbourhood`, hypothesis strategies).
 
-May import: `dump`, `errors`, `bench_functions`. Never pytest, never a later stage.
+May import: `dump`, `errors`, `compat`, `bench_functions`. Never pytest, never a later stage.
 """
