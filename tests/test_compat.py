@@ -73,6 +73,10 @@ def _moved(api: PrivateApi, problem: str) -> str:
     )
 
 
+def _api(name: str) -> PrivateApi:
+    return next(api for api in ALL_APIS if api.name == name)
+
+
 def _resolve(api: PrivateApi) -> object:
     """The object a dotted name names: the longest importable module, then attributes."""
     parts = api.name.split(".")
@@ -118,22 +122,25 @@ def test_a_moved_api_is_named_with_its_version() -> None:
 
 def test_the_engines_backward_gives_autograds_gradients() -> None:
     engine_run = compat.engine_run_backward()
-    assert engine_run is not None, _moved(compat.PRIVATE_APIS[0], "is gone")
+    engine = _api("torch.autograd.graph._engine_run_backward")
+    assert engine_run is not None, _moved(engine, "is gone")
     x, g = torch.linspace(-1, 1, 6, requires_grad=True), torch.linspace(0.5, 2, 6)
     torch.autograd.backward([x.sin()], [g])
     expected, x.grad = x.grad, None
     engine_run((x.sin(),), (g,), False, False, (), allow_unreachable=True, accumulate_grad=True)
-    assert torch.equal(x.grad, expected)
+    assert torch.equal(x.grad, expected), _moved(engine, "gives other gradients than torch.autograd.backward")
 
 
 def test_a_tensor_file_is_read_into_an_untyped_storage(tmp_path: Path) -> None:
     torch.save(torch.arange(4.0), tmp_path / "t.pt")
     reader = compat.file_reader()
-    assert reader is not None
+    assert reader is not None, _moved(_api("torch._C.PyTorchFileReader"), "is gone")
     archive = reader(str(tmp_path / "t.pt"))
-    assert b"_rebuild_tensor_v2" in archive.get_record("data.pkl")  # the global dump/tensors.py knows
+    rebuild = _api("torch._utils._rebuild_tensor_v2")
+    assert b"_rebuild_tensor_v2" in archive.get_record("data.pkl"), _moved(rebuild, "is not what torch.save pickles a tensor as")
     storage = compat.untyped(archive.get_storage_from_record("data/0", 16, torch.UntypedStorage))  # type: ignore[arg-type]
-    assert isinstance(storage, torch.UntypedStorage) and storage.nbytes() == 16
+    untyped = _api("torch.storage.TypedStorage._untyped_storage")
+    assert isinstance(storage, torch.UntypedStorage) and storage.nbytes() == 16, _moved(untyped, f"is a {type(storage)}")
 
 
 def _draws(seed: int) -> list[int]:
@@ -151,8 +158,9 @@ def _draws(seed: int) -> list[int]:
 
 
 def test_a_seeded_search_draws_the_same_examples_and_another_seed_others() -> None:
-    assert _draws(7) == _draws(7), "hypothesis no longer seeds a test by _hypothesis_internal_use_seed"
-    assert _draws(7) != _draws(8)
+    seeded = _api("_hypothesis_internal_use_seed")
+    assert _draws(7) == _draws(7), _moved(seeded, "no longer seeds a test: the same seed drew other examples")
+    assert _draws(7) != _draws(8), _moved(seeded, "no longer seeds a test: two seeds drew the same examples")
 
 
 def test_the_database_is_keyed_by_the_added_digest(tmp_path: Path) -> None:
@@ -171,16 +179,18 @@ def test_the_database_is_keyed_by_the_added_digest(tmp_path: Path) -> None:
         return {path.name for path in tmp_path.iterdir() if not path.name.startswith(".")}
 
     first = keys_after(b"one call")
-    assert keys_after(b"one call") == first
-    assert keys_after(b"another call") > first, "hypothesis no longer keys its database by _hypothesis_internal_add_digest"
+    keyed = _api("_hypothesis_internal_add_digest")
+    assert keys_after(b"one call") == first, _moved(keyed, "no longer keys the database: one key saved under another")
+    assert keys_after(b"another call") > first, _moved(keyed, "no longer keys the database: two keys saved under one")
 
 
 def test_a_search_sees_no_local_constants() -> None:
     from hypothesis.internal.conjecture import providers
 
     with compat.no_local_constants():
-        assert providers._get_local_constants() == providers.Constants()
-        assert not providers.CONSTANTS_CACHE
+        local = _api("hypothesis.internal.conjecture.providers._get_local_constants")
+        assert providers._get_local_constants() == providers.Constants(), _moved(local, "still gives local constants when patched")
+        assert not providers.CONSTANTS_CACHE, _moved(_api("hypothesis.internal.conjecture.providers.CONSTANTS_CACHE"), "is not emptied")
 
 
 def test_ending_a_process_waits_for_its_threads_and_runs_its_exit_handlers() -> None:
@@ -197,8 +207,9 @@ def test_ending_a_process_waits_for_its_threads_and_runs_its_exit_handlers() -> 
         "os._exit(0)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["thread alive: False", "exit handler ran"]
+    moved = f"{_moved(_api('threading._shutdown'), 'or atexit._run_exitfuncs moved')}: {done.stderr}"
+    assert done.returncode == 0, moved
+    assert done.stdout.splitlines() == ["thread alive: False", "exit handler ran"], moved
 
 
 def _private(name: str) -> bool:
