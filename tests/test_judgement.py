@@ -41,7 +41,12 @@ def test_an_unjudged_judgement_has_no_verdict_to_read() -> None:
 
 def test_rows_run_in_order_where_they_apply_while_the_verdict_is_an_error() -> None:
     ran: list[str] = []
-    table = [_row("a", True, "error", ran), _row("skipped", False, "pass", ran), _row("b", True, "warning", ran), _row("c", True, "pass", ran)]
+    table = [
+        _row("a", True, "error", ran),
+        _row("skipped", False, "pass", ran),
+        _row("b", True, "warning", ran),
+        _row("c", True, "pass", ran),
+    ]
     judgement = rejudged(_judgement(Verdict("error", "benchmark")), table)
     assert ran == ["a", "b"]  # "c" never runs: "b" left no error
     assert judgement.reached().status == "warning"

@@ -1,21 +1,20 @@
 """Offline, a recovered input gradient that autograd summed over several calls reading
 the same output (judge/offline.py Shared): the bench and the reference sum those calls'
-gradients too, as autograd did (judge/shares.py: the arithmetic and its allowance).
+gradients too (judge/shares.py: the arithmetic, and the allowance for another grouping).
 
-Where autograd summed a recovered input gradient over several calls reading the same
-output, the bench and the reference sum those calls' gradients too: the device's, where
-a call's record holds its input's gradient, else each run on its own dumped inputs and
-incoming gradients (judge/call.py _share_of). Both accumulate them as autograd does: each
-gradient in the dump's dtype D (the bench's rounded to D, as a correct kernel returns
-it), added in D in the order the dump recorded the calls' backwards. That rounding is
-autograd's, not the kernel's: against an exact sum, the sum's cancellation would count it
-as the kernel's error (on a bfloat16 dump, 12% of a correct linear's input gradient over
-1 ULP). A composite reader's rerun share the device added in pieces, another grouping:
-the device and the reference are judged beyond each element's allowance for that
-(judge/shares.py), as where this call's own graph adds its share in pieces. A call that
-cannot be run leaves the input out of the comparison, named; so does a sum the reference
-cannot rebuild within rounding of the dumped one (judge/shares.py rebuild_check: a reader
-the dump does not hold).
+The shares are the device's, where a call's record holds its input's gradient, else
+each call run on its own dumped inputs and incoming gradients (judge/call.py
+_share_of). Both sides accumulate them as autograd does: each gradient in the dump's
+dtype D (the bench's rounded to D, as a correct kernel returns it), added in D in the
+order the dump recorded the calls' backwards. That rounding is autograd's, not the
+kernel's: against an exact sum, the sum's cancellation would count it as the kernel's
+error (on a bfloat16 dump, 12% of a correct linear's input gradient over 1 ULP). A
+composite reader's rerun share the device added in pieces, another grouping: the device
+and the reference are judged beyond each element's allowance for that (judge/shares.py),
+as where this call's own graph adds its share in pieces. A call that cannot be run
+leaves the input out of the comparison, named; so does a sum the reference cannot
+rebuild within rounding of the dumped one (judge/shares.py rebuild_check: a reader the
+dump does not hold).
 """
 
 from __future__ import annotations
