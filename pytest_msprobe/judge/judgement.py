@@ -71,9 +71,9 @@ class Judgement:
 class Rejudgement:
     """One way of judging a call again where its verdict is an error."""
 
-    name: str  # what it judges against, for the reader
+    name: str  # what it judges against (exploration counts its excused examples by it: judge/explore.py)
     applies: Callable[[Judgement], bool]
-    run: Callable[[Judgement], Judgement]  # the judgement with its verdict, the one before where that stands
+    run: Callable[[Judgement], Judgement]  # the judgement again: its new verdict, or the one it had where the error stands
 
 
 def judge(judgement: Judgement) -> Verdict:
