@@ -127,6 +127,7 @@ from pytest_msprobe.plugin.workers import set_blas_threads
 set_blas_threads(1)
 from pytest_msprobe.dump.index import read_index
 from pytest_msprobe.judge import call as C
+from pytest_msprobe.judge.judgement import Judgement, judged
 from pytest_msprobe.judge.outcome import judge_call
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.replay import replay
@@ -157,11 +158,11 @@ def run(name):
     api, given = apis[str(name)], inputs[str(name)]
     device, bench, reference = framework.runs(api, given, settings)
     replay(name.direction, api, given, device, bench, reference, framework="pytorch")
-def judged(name):
+def judgement_of(name):
     done = replayed[str(name)]
-    C.judged_results(settings.registry, name, done.results, bench=done.bench, framework="pytorch")
+    judged(Judgement(settings.registry, name, done.results, done.bench, "pytorch"))
 parts = {"read the inputs": best(lambda n: C.read_inputs(index, n, settings.max_elements)), "replay": best(run),
-         "judgement (standards)": best(judged)}
+         "judgement (standards)": best(judgement_of)}
 total = best(lambda n: judge_call(index, n, settings))
 parts["the rest (record, text)"] = total - sum(parts.values())
 for part, ms in parts.items():

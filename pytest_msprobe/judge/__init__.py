@@ -1,6 +1,9 @@
-"""Judging a call: the check end to end (`call`: read, replay, judge with the
-standards), the references a call may be judged against besides the bench (`offline`:
-the dump's own outputs as the device result; `baseline`: a recorded run's metrics;
+"""Judging a call: the check end to end (`call`: read, replay, judge), what a verdict
+is made from and the ordered table of ways a call judged error is judged again
+(`judgement`: Judgement, RE_JUDGEMENTS; one more way of judging is one more row), the
+references a call may be judged against besides the bench (`offline`: the dump's own
+outputs as the device result, with the sums of gradients autograd added over several
+readers (`shared_sums`, its arithmetic in `shares`); `baseline`: a recorded run's metrics;
 `upgrade`: another dump of the model paired with a baseline's calls, and what regressed),
 the result as plain data (`record`), what any outcome amounts to (`outcome`), and the
 check of a standards registry's routes and thresholds before any call (`routing`),

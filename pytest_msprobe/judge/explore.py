@@ -37,8 +37,9 @@ from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.dump.writer import write_tensor_dump
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.judge.call import FRAMEWORKS, CallResult, Replayed, Settings, judge, read_inputs, relabelled, replay_inputs, verdict_for
+from pytest_msprobe.judge.call import FRAMEWORKS, CallResult, Replayed, Settings, read_inputs, replay_inputs
 from pytest_msprobe.judge.findings import Finding
+from pytest_msprobe.judge.judgement import Judgement, Rejudgement, judge, judged, relabelled
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX
 from pytest_msprobe.run.apis import fixed_shape_apis, normed_arguments, paired_apis, summing_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
@@ -48,8 +49,8 @@ from pytest_msprobe.run.terms import has_terms, term_magnitudes
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Value
-    from pytest_msprobe.run.replay import Results
-    from pytest_msprobe.standards import Registry, Verdict
+    from pytest_msprobe.run.replay import Inputs, Results, Side
+    from pytest_msprobe.standards import Registry
 
 #: how exploration moves a floating input: (original, raised to the bench's dtype) -> moved
 Move: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -81,9 +82,9 @@ class _Search:
 
 # Why an example is discarded where no overflow excuses it: the kernels refused its input.
 REJECTED = "input rejected by the kernels"
-# Why a judged example passes only once its errors are conditioned (_conditioned).
+# Why a judged example passes only once its errors are conditioned (EXCUSED_ROUNDINGS).
 WITHIN_ROUNDING = "errors within 16x the inputs' rounding (and flushed subnormals)"
-# Why a recurrent backward passes only once its gates' rounding joins that (_gates_conditioned).
+# Why a recurrent backward passes only once its gates' rounding joins that (EXCUSED_ROUNDINGS).
 GATES_ROUNDED = "errors within 16x the rounding of its saturating gates' results (recurrent backward)"
 
 
@@ -124,28 +125,25 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
     search = _Search()
     settings = dataclasses.replace(settings, registry=without_bias_tests(settings.registry, name.operator))
 
-    def judged(variant: Variant) -> CallResult:
+    def example_result(variant: Variant) -> CallResult:
         ctx = DecodeContext(index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided())
         inputs = decode_forward(variant.forward, ctx) if backward is None else decode_backward(variant.forward, variant.backward or {}, ctx)
         replayed = replay_inputs(index.framework, framework, name, api, inputs, settings)
-        verdict = verdict_for(settings.registry, name, replayed.results, bench=replayed.bench, framework=index.framework)
-        if verdict.status == "error":
+        judgement = judged(Judgement(settings.registry, name, replayed.results, replayed.bench, index.framework))
+        if judgement.error:
             cause = beyond_range(name, replayed, index.framework)
             if cause is not None:
                 raise Beyond(cause)
-            verdict = _conditioned(settings, name, replayed, index.framework, verdict)
-            if verdict.status != "error":
-                search.excused[WITHIN_ROUNDING] += 1
-            elif name.direction == "backward" and name.operator in RECURRENT_DEFINITIONS:
-                verdict = _gates_conditioned(settings, name, replayed, index.framework, verdict)
-                if verdict.status != "error":
-                    search.excused[GATES_ROUNDED] += 1
+            judgement, excused = _excused(judgement)
+            if excused is not None:
+                search.excused[excused] += 1
+        verdict = judgement.reached()
         documented = documented_defect(name, replayed) if verdict.status == "error" else None
         return CallResult(label, verdict, replayed.label, describe(variant), notes=[documented] if documented else [])
 
     def probe(variant: Variant) -> None:
         try:
-            result = judged(variant)
+            result = example_result(variant)
         except (CallSkip, CallError) as exc:
             search.discarded[exc.cause if isinstance(exc, Beyond) else REJECTED] += 1
             search.first_discard = search.first_discard or str(exc)
@@ -303,17 +301,21 @@ def without_bias_tests(registry: Registry, api: str) -> Registry:
 EXCUSED_SENSITIVITY = 16
 
 
-def _conditioned(
-    settings: Settings,
-    name: CallName,
-    replayed: Replayed,
-    framework: str,
-    verdict: Verdict,
-    sensitivity: Value | None = None,
-    excused: str = WITHIN_ROUNDING,
-) -> Verdict:
-    """The verdict again, with each element's error excused up to EXCUSED_SENSITIVITY
-    times its sensitivity to the inputs' rounding.
+def _excused(judgement: Judgement) -> tuple[Judgement, str | None]:
+    """The example judged error, excused by the first row of EXCUSED_ROUNDINGS that
+    applies and passes it, and that row's cause; the error and None where none does."""
+    for row in EXCUSED_ROUNDINGS:
+        if row.applies(judgement):
+            again = row.run(judgement)
+            if not again.error:
+                return again, row.name
+    return judgement, None
+
+
+def _conditioned(judgement: Judgement, sensitivity: Value, excused: str) -> Judgement:
+    """The judgement again, with each element's error excused up to EXCUSED_SENSITIVITY
+    times its sensitivity to the rounding of the inputs (`sensitivity`); where that is
+    still an error, the error stands.
 
     Explored inputs can be as ill-conditioned as inputs get (a large common offset under
     a normalisation): there a correct kernel in D errs by the condition number times D's
@@ -327,42 +329,60 @@ def _conditioned(
     (_largest_incoming), is taken off, the rest judged as before, with the
     terms' magnitudes where the call sums products: a NaN, an inf, or an error of a
     naive algorithm (a variance as E[x^2] - E[x]^2 loses u mean^2, hundreds of Delta)
-    still fails. `sensitivity` replaces input_sensitivity's, `excused` names the cause."""
-    sensitivity = input_sensitivity(name, replayed, framework) if sensitivity is None else sensitivity
-    if sensitivity is None:
-        return verdict
-    results = replayed.results
-
+    still fails. `excused` names the cause."""
+    results = judgement.results
     longest = max((size for leaf in results.inputs.leaves for size in leaf.tensor.shape), default=1)
     flushed = longest * _largest_incoming(results.inputs)
     allowed = _pairwise(
         lambda delta, device: EXCUSED_SENSITIVITY * delta + flushed * torch.finfo(device.dtype).smallest_normal, sensitivity, results.device
     )
-    device = _excused(results.device, results.bench, allowed)
-    terms = term_magnitudes(name, replayed.bench, results.inputs, framework)
-    again = judge(settings.registry, name, dataclasses.replace(results, device=device), None, terms)
-    return verdict if again.status == "error" else relabelled(again, f"{excused} excused")
+    device = _excused_device(results.device, results.bench, allowed)
+    terms = term_magnitudes(judgement.name, judgement.bench, results.inputs, judgement.framework)
+    again = Judgement(
+        judgement.registry, judgement.name, dataclasses.replace(results, device=device), judgement.bench, judgement.framework, terms=terms
+    )
+    verdict = judge(again)
+    return judgement if verdict.status == "error" else dataclasses.replace(again, verdict=relabelled(verdict, f"{excused} excused"))
 
 
-def _gates_conditioned(settings: Settings, name: CallName, replayed: Replayed, framework: str, verdict: Verdict) -> Verdict:
+def _within_inputs_rounding(judgement: Judgement) -> Judgement:
+    """_conditioned on input_sensitivity; the judgement as it was where that cannot be measured."""
+    sensitivity = input_sensitivity(judgement)
+    return judgement if sensitivity is None else _conditioned(judgement, sensitivity, WITHIN_ROUNDING)
+
+
+def _recurrent_backward(judgement: Judgement) -> bool:
+    return judgement.name.direction == "backward" and judgement.name.operator in RECURRENT_DEFINITIONS
+
+
+def _within_gates_rounding(judgement: Judgement) -> Judgement:
     """_conditioned with the sensitivity to the rounding of the gates' results besides
     the inputs' (gate_sensitivity): a recurrent backward's (1 - z) and 1 - n**2 are
     formed from gates that D holds rounded, and cancel where the gates saturate
     (measured: torch's fused float32 GRU backward and the GRU's definition run cell by
     cell in float32 err alike, 659 to 8e5 scaled ULP of the weight gradient as inputs
-    and state grow). The verdict as it was where either cannot be measured."""
-    inputs, gates = input_sensitivity(name, replayed, framework), gate_sensitivity(name, replayed, framework)
+    and state grow). The judgement as it was where either cannot be measured."""
+    inputs, gates = input_sensitivity(judgement), gate_sensitivity(judgement)
     if inputs is None or gates is None:
-        return verdict
-    return _conditioned(settings, name, replayed, framework, verdict, _pairwise(torch.maximum, inputs, gates), GATES_ROUNDED)
+        return judgement
+    return _conditioned(judgement, _pairwise(torch.maximum, inputs, gates), GATES_ROUNDED)
 
 
-def gate_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Value | None:
+#: How an explored example judged error is judged again, in order (_excused): its
+#: errors excused within a rounding a correct kernel's error may reach on such inputs.
+#: Each row's name is its cause, counted in the message and the metrics file.
+EXCUSED_ROUNDINGS = (
+    Rejudgement(WITHIN_ROUNDING, lambda judgement: True, _within_inputs_rounding),
+    Rejudgement(GATES_ROUNDED, _recurrent_backward, _within_gates_rounding),
+)
+
+
+def gate_sensitivity(judgement: Judgement) -> Value | None:
     """Element by element, the largest change of the bench's gradients when every gate's
     result of the API's definition (run/recurrent.py) moves by a rounding in D, y (1 +- u)
     under SENSITIVITY_PATTERNS random sign patterns; None where the definition cannot
     run the call."""
-    bench, inputs = replayed.bench, replayed.results.inputs
+    name, bench, inputs = judgement.name, judgement.bench, judgement.results.inputs
     definition = RECURRENT_DEFINITIONS.get(name.operator)
     floats = [leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.is_floating_point()]
     if definition is None or not floats or not isinstance(bench, Run):
@@ -371,7 +391,7 @@ def gate_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Valu
 
     def gradients(gate: Callable[[torch.Tensor], torch.Tensor] | None) -> Value | None:
         function = definition if gate is None else functools.partial(definition, gate=gate)
-        return evaluated(dataclasses.replace(bench, function=function), name.direction, inputs, framework)
+        return evaluated(dataclasses.replace(bench, function=function), name.direction, inputs, judgement.framework)
 
     plain = gradients(None)
     moved = [gradients(_rounded_gate(unit, seed)) for seed in range(SENSITIVITY_PATTERNS)]
@@ -400,10 +420,10 @@ def _largest_incoming(inputs: Value) -> float:
     return max([1.0, *(float(g.double().abs().nan_to_num(posinf=0.0, neginf=0.0).max()) for g in grads)])
 
 
-def _excused(device: Value, bench: Value, allowed: Value) -> Value:
+def _excused_device(device: Value, bench: Value, allowed: Value) -> Value:
     """The device's outputs with the error within `allowed` taken off (NaN stays NaN)."""
     if isinstance(device, (list, tuple)) and isinstance(bench, (list, tuple)) and isinstance(allowed, (list, tuple)):
-        return tuple(_excused(d, b, a) for d, b, a in zip(device, bench, allowed, strict=False))
+        return tuple(_excused_device(d, b, a) for d, b, a in zip(device, bench, allowed, strict=False))
     if not (
         isinstance(device, torch.Tensor)
         and isinstance(bench, torch.Tensor)
@@ -417,24 +437,24 @@ def _excused(device: Value, bench: Value, allowed: Value) -> Value:
     return (bench.double() + kept).to(device.dtype)
 
 
-def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Value | None:
+def input_sensitivity(judgement: Judgement) -> Value | None:
     """Element by element, in the bench's structure, the largest change of the bench's
     result when its inputs move as a correct kernel in D may move them: by a rounding,
     x (1 +- u) (u: D's unit roundoff) under a few random sign patterns, with D's
     subnormals flushed to zero (kernels that treat subnormal inputs as zero), and, for a
     backward defined from the forward's result (RESULT_BACKWARDS), that result rounded to
     D. None where the bench cannot run it."""
-    inputs, bench = replayed.results.inputs, replayed.bench
+    inputs, bench = judgement.results.inputs, judgement.bench
     floats = [leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.is_floating_point()]
     if not floats or not isinstance(bench, Run):
         return None
     unit = max(torch.finfo(dtype).eps for dtype in floats) / 2
     moves = [_rounded(unit, seed) for seed in range(SENSITIVITY_PATTERNS)] + [_flushed]
-    changes = [_change(name, replayed, bench, framework, move) for move in moves]
+    changes = [_change(judgement, bench, move) for move in moves]
     if any(change is None for change in changes):
         return None
     changes += [
-        _result_rounded(name, replayed, framework, unit, seed) for seed in range(SENSITIVITY_PATTERNS) if name.operator in RESULT_BACKWARDS
+        _result_rounded(judgement, unit, seed) for seed in range(SENSITIVITY_PATTERNS) if judgement.name.operator in RESULT_BACKWARDS
     ]
     merged = changes[0]
     for change in changes[1:]:
@@ -450,11 +470,12 @@ def input_sensitivity(name: CallName, replayed: Replayed, framework: str) -> Val
 RESULT_BACKWARDS = {"sigmoid": "sigmoid_backward", "tanh": "tanh_backward"}
 
 
-def _result_rounded(name: CallName, replayed: Replayed, framework: str, unit: float, seed: int) -> Value | None:
+def _result_rounded(judgement: Judgement, unit: float, seed: int) -> Value | None:
     """|backward(g, y (1 +- u)) - backward(g, y)| (y: the forward's exact result), as the
     bench's one input gradient; None where the call is not that backward's."""
-    grad = next((g for g in replayed.results.inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()), None)
-    result = _forward_result(replayed, framework)
+    name, inputs = judgement.name, judgement.results.inputs
+    grad = next((g for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()), None)
+    result = _forward_result(judgement.bench, inputs, judgement.framework)
     if name.direction != "backward" or grad is None or result is None or grad.shape != result.shape:
         return None
     backward = getattr(torch.ops.aten, RESULT_BACKWARDS[name.operator])
@@ -463,10 +484,10 @@ def _result_rounded(name: CallName, replayed: Replayed, framework: str, unit: fl
     return (torch.as_tensor(backward(g, moved) - backward(g, y)).abs(),)
 
 
-def _forward_result(replayed: Replayed, framework: str) -> torch.Tensor | None:
+def _forward_result(bench: Side, inputs: Inputs, framework: str) -> torch.Tensor | None:
     """A backward's forward result on the bench (its first floating output), None where
     the bench cannot run it."""
-    forward = evaluated(replayed.bench, "forward", dataclasses.replace(replayed.results.inputs, grads=None), framework)
+    forward = evaluated(bench, "forward", dataclasses.replace(inputs, grads=None), framework)
     return next((y for y in flat_outputs(forward) if isinstance(y, torch.Tensor) and y.is_floating_point()), None)
 
 
@@ -491,9 +512,9 @@ def _flushed(original: torch.Tensor, raised: torch.Tensor) -> torch.Tensor:
     return torch.where(original.abs() < torch.finfo(original.dtype).smallest_normal, torch.zeros_like(raised), raised)
 
 
-def _change(name: CallName, replayed: Replayed, bench: Run, framework: str, move: Move) -> Value | None:
+def _change(judgement: Judgement, bench: Run, move: Move) -> Value | None:
     """|bench(moved inputs) - bench(inputs)|, the inputs moved in the bench's precision."""
-    inputs = replayed.results.inputs
+    inputs = judgement.results.inputs
 
     def moved(value: Value) -> Value:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
@@ -506,10 +527,12 @@ def _change(name: CallName, replayed: Replayed, bench: Run, framework: str, move
         kwargs=tree_map(moved, inputs.kwargs),
         grads=tree_map(moved, inputs.grads) if inputs.grads is not None else None,
     )
-    again = evaluated(dataclasses.replace(bench, placement=Placement(bench.placement.device)), name.direction, perturbed, framework)
+    again = evaluated(
+        dataclasses.replace(bench, placement=Placement(bench.placement.device)), judgement.name.direction, perturbed, judgement.framework
+    )
     if again is None:
         return None
-    return _pairwise(lambda a, b: (a.double() - b.double()).abs(), again, replayed.results.bench)
+    return _pairwise(lambda a, b: (a.double() - b.double()).abs(), again, judgement.results.bench)
 
 
 def _pairwise(function: Value, left: Value, right: Value) -> Value:
@@ -1096,7 +1119,7 @@ def documented_defect(name: CallName, replayed: Replayed) -> str | None:
 def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     inputs = replayed.results.inputs
     grads = [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()]
-    result = _forward_result(replayed, framework)
+    result = _forward_result(replayed.bench, inputs, framework)
     if not grads or result is None:
         return False
     call = Arguments(

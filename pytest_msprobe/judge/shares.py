@@ -4,7 +4,7 @@ may lie from the bench's where the dump does not hold a composite reader's share
 Offline, an input gradient recovered from the data flow (judge/offline.py) is the sum of
 every reader's share, added by autograd in the dtype D in the order of the readers'
 backwards. The bench and the reference add the same shares in the same order
-(judge/call.py _add_shared): the device's own where a reader's record holds it, so those
+(judge/shared_sums.py): the device's own where a reader's record holds it, so those
 additions are the device's, bit for bit; else the reader rerun, its bench and reference
 values standing in for the device's (that reader's kernel is judged in its own test).
 A composite reader's share the device added differently: in pieces, one per edge of its

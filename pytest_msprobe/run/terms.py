@@ -8,7 +8,7 @@ of broadcasting arithmetic, copies and gathers), every output element is a sum o
 products of floating arguments, so the same API evaluated in the bench's precision on
 absolute values (|x|, |w|, |alpha|, |incoming gradient|) gives sum(|terms|) exactly:
 one more bench evaluation, run only for calls whose cheap verdict is an error
-(judge/call.py). The affine parameters of the normalisations (layer_norm, rms_norm,
+(judge/judgement.py). The affine parameters of the normalisations (layer_norm, rms_norm,
 group_norm, batch_norm, instance_norm) get theirs from a per-API formula instead (BACKWARD_TERMS): their
 weight gradient sum(g * x_hat) and bias gradient sum(g) over the batch cancel like any
 sum. A backward is linear in the incoming gradient g (dx = J^T g), so the input

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import DIRECTIONS, parse_call_name
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.judge.call import FRAMEWORKS, Settings, verdict_for
+from pytest_msprobe.judge.call import FRAMEWORKS, Settings
 from pytest_msprobe.judge.findings import Finding, annotated, dropout_findings, status_with
+from pytest_msprobe.judge.judgement import Judgement, judged
 from pytest_msprobe.judge.record import output_results
 from pytest_msprobe.judge.repeat import repeat_findings
 from pytest_msprobe.judge.written import cut_results, written
@@ -215,7 +216,7 @@ def _check(
         )
     finally:
         chosen.free()
-    return verdict_for(registry, call_name, results, bench=bench, framework=call.framework), findings
+    return judged(Judgement(registry, call_name, results, bench, call.framework)).reached(), findings
 
 
 def _said(outcome: Outcome) -> Outcome:

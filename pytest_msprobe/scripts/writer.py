@@ -56,7 +56,7 @@ CORE_SUPPORT = (
             "api_tables/pytorch.toml",
         ),
     ),
-    ("pytest_msprobe.judge", "judge", ("__init__.py", "call.py", "record.py", "findings.py", "repeat.py", "written.py")),
+    ("pytest_msprobe.judge", "judge", ("__init__.py", "call.py", "judgement.py", "record.py", "findings.py", "repeat.py", "written.py")),
     ("pytest_msprobe.scripts", "scripts", ("__init__.py", "runtime.py")),
     ("pytest_msprobe.standards", "standards", ("*.py", "tables/*.csv")),
 )
