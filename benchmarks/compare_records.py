@@ -11,8 +11,8 @@ relative path, and every row of one with the row of the same test in the other: 
 whose status, message, metric, threshold or any other field differs is printed, with
 the fields and both values, and so is every test or file on one side only.
 
-Why not `diff -r`: the same code run twice writes files that differ in four ways that say
-nothing about verdicts, found by running each harness twice on one dump (see
+Why not `diff -r`: the same code run twice writes files that differ in five ways that say
+nothing about a change of code, found by running each harness twice on one dump (see
 /work/records/README.md); they are the only things this script ignores:
 
 - file names carry the run's timestamp (msprobe's %Y%m%d%H%M%S, `_N` where that second was
@@ -24,6 +24,11 @@ nothing about verdicts, found by running each harness twice on one dump (see
 - row order: with pytest-xdist workers tests finish, and so are written, in any order:
   rows are matched by their test (dump and call; for the metrics lines also direction
   and output name; for the CSVs the name column, the rows of one name compared as a bag).
+- the random numbers of single-run dropout: the device draws a new mask each run (with
+  -n 0 too), and the dropped share, the metrics and the message follow it; the calls of
+  such an API (in a folder whose journal shows a single-run record with the `dropped`
+  finding) are compared by their verdict fields only (VERDICT_FIELDS: status, standard,
+  dtypes, shapes), in every file of that folder.
 
 msprobe_run_*.json is not read: it holds the session (start time, command line, versions),
 no verdict. Numbers are compared exactly, as written: a refactor must not move one bit.
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import posixpath
 import re
 import sys
 from collections import defaultdict
@@ -75,14 +81,24 @@ class Kind:
     pattern: str
     read: Callable[[Path], list[Row]]
     key: Callable[[Row], str]
+    name: Callable[[Row], str]  # the call (or kernel) the row is about
 
 
+JOURNAL = Kind("msprobe_records_*.jsonl", _jsonl_rows, _fields("dump", "call"), _fields("call"))
 KINDS = (
-    Kind("msprobe_records_*.jsonl", _jsonl_rows, _fields("dump", "call")),
-    Kind("accuracy_checking_metrics_*.jsonl", _jsonl_rows, _fields("dump", "call", "direction", "name")),
-    Kind("accuracy_checking_result_*.csv", _csv_rows, _first_column),
-    Kind("accuracy_checking_details_*.csv", _csv_rows, _first_column),
-    Kind("accuracy_checking_kernels_*.csv", _csv_rows, _first_column),
+    JOURNAL,
+    Kind("accuracy_checking_metrics_*.jsonl", _jsonl_rows, _fields("dump", "call", "direction", "name"), _fields("call")),
+    Kind("accuracy_checking_result_*.csv", _csv_rows, _first_column, _first_column),
+    Kind("accuracy_checking_details_*.csv", _csv_rows, _first_column, _first_column),
+    Kind("accuracy_checking_kernels_*.csv", _csv_rows, _first_column, _first_column),
+)
+#: `Functional.dropout.0.forward.output.0`, `Functional.dropout.float32.kernel` -> `Functional.dropout`
+API = re.compile(r"(.+?)\.(?:\d+|[a-z]*\d+\.kernel)(?:\.|$)")
+#: what a verdict is, the fields compared for a call that drew random numbers
+VERDICT_FIELDS = frozenset(
+    {"dump", "call", "direction", "name", "output", "path", "status", "standard", "reference", "device", "device_dtype"}
+    | {"bench_dtype", "shape", "outputs", "Forward Test Success", "Backward Test Success", "Status"}
+    | {"API name", "API Name", "Bench Dtype", "DEVICE Dtype", "Shape"}
 )
 
 
@@ -141,12 +157,40 @@ def field_changes(before: Json, after: Json, where: str = "") -> Iterator[str]:
         yield f"{where or 'row'}: {_text(before)} -> {_text(after)}"
 
 
-def _by_test(kind: Kind, path: Path, root: Path) -> dict[str, list[Row]]:
+def api(name: str) -> str:
+    match = API.match(name)
+    return match[1] if match else name
+
+
+def random_apis(journal: list[Row]) -> set[str]:
+    """The APIs whose single-run verdicts hang on random numbers drawn in the run: the
+    device runs a dropout with torch's generator, which no run seeds alike (even with
+    -n 0), so its mask, and with it the dropped share, the metrics and the message, differ
+    from run to run (the status does not: a wrong share is |z| > 5). Found in the journal:
+    a single-run record whose outputs carry the `dropped` finding (judge/findings.py)."""
+
+    def drew(row: Row) -> bool:
+        outputs = row.get("outputs")
+        findings = [output.get("findings") for output in outputs if isinstance(output, dict)] if isinstance(outputs, list) else []
+        return row.get("reference") == "single-run" and any(isinstance(found, dict) and "dropped" in found for found in findings)
+
+    return {api(str(row.get("call", ""))) for row in journal if drew(row)}
+
+
+def verdict_only(row: Row) -> Row:
+    """The fields of a row that are its verdict (for each output too), not its random numbers."""
+    kept: Row = {key: value for key, value in row.items() if key in VERDICT_FIELDS}
+    if isinstance(outputs := kept.get("outputs"), list):
+        kept["outputs"] = [verdict_only(output) if isinstance(output, dict) else output for output in outputs]
+    return kept
+
+
+def _by_test(kind: Kind, path: Path, root: Path, random: set[str]) -> dict[str, list[Row]]:
     tests: dict[str, list[Row]] = defaultdict(list)
     for row in kind.read(path):
         clean = normalised(row, str(root))
         assert isinstance(clean, dict)
-        tests[kind.key(clean)].append(clean)
+        tests[kind.key(clean)].append(verdict_only(clean) if api(kind.name(clean)) in random else clean)
     return tests
 
 
@@ -165,27 +209,55 @@ def _row_changes(before: list[Row], after: list[Row]) -> str:
     )
 
 
-def compare_file(name: str, kind: Kind, before: Path, after: Path, roots: tuple[Path, Path]) -> tuple[int, list[Difference]]:
-    """How many tests the file holds, and each that differs."""
-    old, new = _by_test(kind, before, roots[0]), _by_test(kind, after, roots[1])
+@dataclass(frozen=True)
+class Comparison:
+    """What was compared, and every difference found."""
+
+    files: int
+    tests: int
+    random_tests: int  # of tests: calls that drew random numbers, compared by verdict only
+    differences: list[Difference]
+
+
+def compare_file(name: str, kind: Kind, paths: tuple[Path, Path], roots: tuple[Path, Path], random: set[str]) -> Comparison:
+    """One file against its twin: its tests, and each that differs."""
+    old, new = (_by_test(kind, path, root, random) for path, root in zip(paths, roots, strict=True))
     tests = [*old, *(test for test in new if test not in old)]
     differing = [test for test in tests if sorted(map(_text, old.get(test, []))) != sorted(map(_text, new.get(test, [])))]
-    return len(tests), [Difference(name, test, _row_changes(old.get(test, []), new.get(test, []))) for test in differing]
+    drawn = sum(api(kind.name((old.get(test) or new[test])[0])) in random for test in tests)
+    return Comparison(
+        1, len(tests), drawn, [Difference(name, test, _row_changes(old.get(test, []), new.get(test, []))) for test in differing]
+    )
 
 
-def compare(before: Path, after: Path) -> tuple[int, int, list[Difference]]:
-    """Files compared, tests compared, and every difference between the two folders."""
+def _random_by_folder(files: dict[str, tuple[Kind, Path]]) -> dict[str, set[str]]:
+    """Each folder's random APIs, read from its journals: they hold for every file beside them."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for name, (kind, path) in files.items():
+        if kind is JOURNAL:
+            found[posixpath.dirname(name)] |= random_apis(kind.read(path))
+    return found
+
+
+def compare(before: Path, after: Path) -> Comparison:
+    """Every result file of two folders against its twin."""
     old, new = result_files(before), result_files(after)
     roots = before.resolve(), after.resolve()
-    differences = [Difference(name, "", "only in BEFORE") for name in old if name not in new]
-    differences += [Difference(name, "", "only in AFTER") for name in new if name not in old]
-    tests = 0
-    for name in sorted(old.keys() & new.keys()):
-        (kind, path), (_, twin) = old[name], new[name]
-        count, found = compare_file(name, kind, path, twin, roots)
-        tests += count
-        differences += found
-    return len(old.keys() & new.keys()), tests, differences
+    random = _random_by_folder(old)
+    for folder, apis in _random_by_folder(new).items():
+        random[folder] |= apis
+    parts = [
+        compare_file(name, old[name][0], (old[name][1], new[name][1]), roots, random[posixpath.dirname(name)])
+        for name in sorted(old.keys() & new.keys())
+    ]
+    alone = [Difference(name, "", "only in BEFORE") for name in old if name not in new]
+    alone += [Difference(name, "", "only in AFTER") for name in new if name not in old]
+    return Comparison(
+        len(parts),
+        sum(part.tests for part in parts),
+        sum(part.random_tests for part in parts),
+        alone + [difference for part in parts for difference in part.differences],
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -199,14 +271,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    files, tests, differences = compare(args.before, args.after)
-    for difference in differences:
+    result = compare(args.before, args.after)
+    for difference in result.differences:
         print(difference)
-    print(f"{files} files, {tests} tests compared: {len(differences)} differences")
-    if not files:
+    print(
+        f"{result.files} files, {result.tests} tests compared ({result.random_tests} of calls that drew random numbers, "
+        f"by verdict only): {len(result.differences)} differences"
+    )
+    if not result.files:
         print(f"no result files in both {args.before} and {args.after}: nothing was compared", file=sys.stderr)
         return 2
-    return 1 if differences else 0
+    return 1 if result.differences else 0
 
 
 if __name__ == "__main__":
