@@ -12,8 +12,8 @@ whose status, message, metric, threshold or any other field differs is printed, 
 the fields and both values, and so is every test or file on one side only.
 
 Why not `diff -r`: the same code run twice writes files that differ in five ways that say
-nothing about a change of code, found by running each harness twice on one dump (see
-/work/records/README.md); they are the only things this script ignores:
+nothing about a change of code, found by running each harness twice (see
+benchmarks/RESULTS-issue41-records.md); they are the only things this script ignores:
 
 - file names carry the run's timestamp (msprobe's %Y%m%d%H%M%S, `_N` where that second was
   taken): files are matched with it removed;
@@ -23,7 +23,7 @@ nothing about a change of code, found by running each harness twice on one dump 
   replaced by `<ROOT>` in every value (paths outside it, /work/real-dumps, stay);
 - row order: with pytest-xdist workers tests finish, and so are written, in any order:
   rows are matched by their test (dump and call; for the metrics lines also direction
-  and output name; for the CSVs the name column, the rows of one name compared as a bag).
+  and output name; for the CSVs the name column, the rows of one name compared as a bag);
 - the random numbers of single-run dropout: the device draws a new mask each run (with
   -n 0 too), and the dropped share, the metrics and the message follow it; the calls of
   such an API (in a folder whose journal shows a single-run record with the `dropped`
