@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run issue 41's verdict harnesses on one checkout of pytest-msprobe and keep every result file.
 #
-#   bash benchmarks/issue41_harnesses.sh WORKTREE OUT [real|real-small|kd|kd-full|real-small|kd-small ...]
+#   bash benchmarks/issue41_harnesses.sh WORKTREE OUT [real|kd|kd-full|real-small|kd-small ...]
 #   (also /work/records/run_harnesses.sh; benchmarks/RESULTS-issue41-records.md says what each made)
 #
 # WORKTREE: a checkout with its own venv (WORKTREE/.venv, plugin installed editable from it).
