@@ -37,6 +37,7 @@ SCRIPTS = {
     "bench_startup.py": HELP,
     "bench_transformer.py": HELP,
     "bench_verdicts.py": HELP,
+    "compare_records.py": HELP,
     "compiled_kernels.py": IMPORT,
     "cuda_kernels.py": HELP,
     "explore_findings.py": IMPORT,
