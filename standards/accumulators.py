@@ -24,9 +24,9 @@ import numpy as np
 from .chunks import CHUNK, BiasSums, chunks, dot, pow2_into
 from .pass_plan import Chunk, Offend, PassSpec, Plan
 from .pass_results import (
-    BeyondScaled,
     BenchmarkSums,
     BenchSquares,
+    BeyondScaled,
     BiasTotals,
     FiniteCheck,
     IdealSums,
@@ -49,7 +49,12 @@ if TYPE_CHECKING:
 
 __all__ = ["accumulate", "merged"]
 
+
 class Accumulator(Protocol):
+    """One metric over one thread's share of a pass: made for the pass's plan and the
+    share's `size` (init), fed each chunk in order (`add`), its totals handed over as a
+    Partial (`finish`), whose `merge` joins the other thread's."""
+
     def __init__(self, plan: Plan, size: int) -> None: ...
 
     def add(self, chunk: Chunk) -> None: ...
@@ -61,7 +66,6 @@ class _Finiteness:
     """FiniteCheck, from an error the pass computes anyway: the max ULP error where one
     is asked (inf/NaN make it inf/NaN), else the sum of |d - b| (so may a finite overflow:
     the plain path then judges, correctly, only slower)."""
-
 
     def __init__(self, plan: Plan, size: int) -> None:
         self.source = plan.finite_source
@@ -81,7 +85,6 @@ class _Finiteness:
 
 
 class _BenchSquares:
-
     def __init__(self, plan: Plan, size: int) -> None:
         self.total = 0.0
 
@@ -93,7 +96,6 @@ class _BenchSquares:
 
 
 class _RelBelow:
-
     def __init__(self, plan: Plan, size: int) -> None:
         self.counts = dict.fromkeys(plan.spec.rel_below, 0)
 
@@ -108,7 +110,6 @@ class _RelBelow:
 
 
 class _Legacy:
-
     def __init__(self, plan: Plan, size: int) -> None:
         self.d_squares = self.b_squares = self.d_dot_b = self.max_abs_err = 0.0
 
@@ -125,7 +126,6 @@ class _Legacy:
 
 
 class _Threshold:
-
     def __init__(self, plan: Plan, size: int) -> None:
         assert plan.spec.threshold is not None
         self.rtol, _, self.atol = plan.spec.threshold
@@ -150,7 +150,6 @@ class _Threshold:
 
 class _BeyondScaled:
     """Where the rule fails (score > 1), is |d - b| also over ulps x eps x max(|b|, floor x rms)?"""
-
 
     def __init__(self, plan: Plan, size: int) -> None:
         assert plan.spec.abs_scaled is not None
@@ -228,7 +227,6 @@ class _IdealBenchmark(_Benchmark):
 
 
 class _ThousandthScaled:
-
     def __init__(self, plan: Plan, size: int) -> None:
         assert plan.spec.thousandth_scaled is not None
         self.rms, self.factor = plan.spec.thousandth_scaled
@@ -247,7 +245,6 @@ class _ThousandthScaled:
 
 
 class _Ulp:
-
     def __init__(self, plan: Plan, size: int) -> None:
         assert plan.spec.ulp_threshold is not None
         self.unit, self.over = plan.unit, plan.spec.ulp_threshold / plan.unit
@@ -265,7 +262,6 @@ class _Ulp:
 
 
 class _Scaled:
-
     def __init__(self, plan: Plan, size: int) -> None:
         self.unit = plan.unit
         self.max = self.total = 0.0
@@ -284,7 +280,6 @@ class _Scaled:
 
 class _TopError:
     """The single-run rule's top check: the max ULP error over |b| >= q."""
-
 
     def __init__(self, plan: Plan, size: int) -> None:
         assert plan.spec.top is not None
@@ -314,7 +309,6 @@ class _TopError:
 
 
 class _Signs:
-
     def __init__(self, plan: Plan, size: int) -> None:
         self.scale = plan.spec.signs == "scale"
         self.up = self.down = self.outward = self.inward = 0
@@ -346,7 +340,6 @@ class _Signs:
 
 
 class _Bias:
-
     def __init__(self, plan: Plan, size: int) -> None:
         assert plan.spec.bias_q is not None
         self.sums = BiasSums(plan.info, plan.spec.bias_q, size)
@@ -369,7 +362,6 @@ _SCORES: dict[Offend, Callable[[Chunk], Array]] = {
 
 
 class _Worst:
-
     def __init__(self, plan: Plan, size: int) -> None:
         assert plan.spec.offend is not None
         self.score = _SCORES[plan.spec.offend]

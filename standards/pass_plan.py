@@ -49,6 +49,17 @@ class PassSpec:
     bias_q: float | None = None  # q: BiasTotals over the sampled chunks
     sumsq: bool = False  # BenchSquares: sum of b**2 (fast.run_with_rms)
 
+    def __post_init__(self) -> None:
+        """Refuse a metric whose input metric is not asked for (it would read nothing)."""
+        lacking = {
+            "abs_scaled needs threshold": self.abs_scaled is not None and self.threshold is None,
+            "benchmark_ideal needs benchmark": self.benchmark_ideal and self.benchmark is None,
+            "offend='score' needs threshold": self.offend == "score" and self.threshold is None,
+            "offend='scaled' needs scaled_rms": self.offend == "scaled" and self.scaled_rms is None,
+        }
+        if any(lacking.values()):
+            raise ValueError("PassSpec: " + "; ".join(what for what, missing in lacking.items() if missing))
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PassResult", "Partial", "TopK"]
 
+
 class Partial(Protocol):
     """One metric's totals over a share of the elements."""
 

@@ -96,8 +96,8 @@ import numpy as np
 from . import fast
 from .bias import NO_SUMS, abs_b_quantile, grouped_z, sample_blocks, sample_step, statistics
 from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistics here (tests read it from this module)
-from .dtypes import Array, DtypeInfo
 from .chunks import BiasSums
+from .dtypes import Array, DtypeInfo
 from .metrics import Pair, ulp_of
 from .pass_plan import PassSpec
 from .pass_results import BiasTotals, PassResult, ScaledSums, TopError

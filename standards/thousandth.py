@@ -103,7 +103,9 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: 
             return None
         computed = statistics(sums)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", computed)
-    return _finish(pair, {**metrics, **bias}, used, bias_failed, judged, share, limit, lambda: fast.worst(pair, PassSpec(offend="rel")), reference)
+    return _finish(
+        pair, {**metrics, **bias}, used, bias_failed, judged, share, limit, lambda: fast.worst(pair, PassSpec(offend="rel")), reference
+    )
 
 
 def _finish(

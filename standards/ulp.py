@@ -182,7 +182,13 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
     status = "error" if reasons else "pass"
     worst: tuple[Offender, ...] = ()
     if status != "pass":  # named only where a failure message shows them
-        worst = fast.worst(pair, PassSpec(offend="ulp")) if sr is not None else pair.offenders(pair.ulp_err) if pair.n_finite or pair.n_inf_nan else ()
+        worst = (
+            fast.worst(pair, PassSpec(offend="ulp"))
+            if sr is not None
+            else pair.offenders(pair.ulp_err)
+            if pair.n_finite or pair.n_inf_nan
+            else ()
+        )
     return pair.verdict(status, NAME, metrics, used, reasons, worst, kind)
 
 

@@ -220,6 +220,8 @@ def test_a_misspelt_metric_is_refused_by_name():
         fast.run(_pair(), ulp_treshold=1.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.PassSpec().sumsq = True
+    with pytest.raises(ValueError, match="offend='scaled' needs scaled_rms"):
+        fast.PassSpec(offend="scaled")  # its offenders would be scored by nothing
 
 
 def test_results_name_their_metrics_and_refuse_one_not_asked():
