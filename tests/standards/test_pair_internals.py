@@ -16,12 +16,13 @@ STANDARDS = Path(__file__).resolve().parents[2] / "standards"
 
 def _private_reaches(source: str) -> list[str]:
     """Attribute reads and writes of `__dict__` or `_cache` on anything but `self`."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr in ("__dict__", "_cache"):
-            if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
-                found.append(f"line {node.lineno}: .{node.attr}")
-    return sorted(found)
+    return sorted(
+        f"line {node.lineno}: .{node.attr}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute)
+        and node.attr in ("__dict__", "_cache")
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+    )
 
 
 def test_no_module_reaches_into_a_pairs_internals():
@@ -30,7 +31,10 @@ def test_no_module_reaches_into_a_pairs_internals():
 
 
 def test_the_check_finds_a_planted_reach():
-    assert _private_reaches('pair.__dict__.setdefault("sign_counts", (1, 2))\nx = pair._cache["k"]\n') == ["line 1: .__dict__", "line 2: ._cache"]
+    assert _private_reaches('pair.__dict__.setdefault("sign_counts", (1, 2))\nx = pair._cache["k"]\n') == [
+        "line 1: .__dict__",
+        "line 2: ._cache",
+    ]
 
 
 def test_what_a_pass_recorded_spares_the_float64_copies():
