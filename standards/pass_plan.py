@@ -92,7 +92,7 @@ class Chunk:
         self.buffers = _Buffers.allocate(d_buffer_dtype(d_dtype, plan.info))
         self.offset = self.size = 0
         self.sampled = False
-        self.device = self.bench = self.diff = self.abs_b = self.buffers.diff
+        self.device = self.bench = self.diff = self.abs_b = self.buffers.diff  # until the first load
         self._forget()
 
     def load(self, offset: int, device: Array, bench: Array) -> None:
