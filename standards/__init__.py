@@ -9,8 +9,10 @@ Where things are: one module per standard (binary_consistency, absolute_threshol
 thousandth, accumulative_error, benchmark, legacy), the rule used when no reference
 exists in single_run, shared quantities in metrics, per-dtype constants in dtypes,
 API routing and thresholds in registry + tables/*.csv, nested outputs in pairing, the
-fused chunked pass that judges large outputs quickly in fast.py; the sign tests' pure
-arithmetic in signs.
+fused chunked pass that judges large outputs quickly in fast.py (its metrics one
+accumulator each in accumulators, what a pass computes and a chunk's shared quantities
+in pass_plan, its results in pass_results, the chunk loop and threads in chunks, the
+one-standard passes in scans); the sign tests' pure arithmetic in signs.
 
 The package's names are imported on first use: the numerics import torch, and a
 process that only reads results (the xdist controller pooling kernel verdicts through

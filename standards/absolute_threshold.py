@@ -29,6 +29,8 @@ import numpy as np
 from . import fast
 from .bias import judge_bias, sample_step, statistics
 from .metrics import Pair
+from .pass_plan import PassSpec
+from .pass_results import BeyondScaled, BiasTotals, ThresholdCounts, Worst
 from .single_run import at_least_normal, tolerance_scale
 
 if TYPE_CHECKING:
@@ -106,14 +108,13 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference: R
     )
 
 
-def fast_threshold_metrics(pair: Pair, res: fast.Result) -> dict[str, float]:
-    """absolute_threshold_metrics from a fused pass's (n_small, rel_bad, abs_bad)."""
-    n_small, rel_bad, abs_bad = res["thr"]
-    n_normal = pair.n - n_small
+def fast_threshold_metrics(pair: Pair, counts: ThresholdCounts) -> dict[str, float]:
+    """absolute_threshold_metrics from a fused pass's counts."""
+    n_normal = pair.n - counts.n_small
     return {
         "inf_nan_error_ratio": 0.0,
-        "rel_err_ratio": rel_bad / n_normal if n_normal else 0.0,
-        "abs_err_ratio": abs_bad / n_small if n_small else 0.0,
+        "rel_err_ratio": counts.rel_bad / n_normal if n_normal else 0.0,
+        "abs_err_ratio": counts.abs_bad / counts.n_small if counts.n_small else 0.0,
     }
 
 
@@ -128,16 +129,18 @@ def _fast(
     (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
     res = fast.run(
         pair,
-        thr=(rtol, small, atol),
-        abs_scaled=(at_least_normal(floor * rms, pair.info), ulps * pair.info.eps),
-        offend="score",
-        sample=sample_step(pair.n),
-        bias=q_half,
+        PassSpec(
+            threshold=(rtol, small, atol),
+            abs_scaled=(at_least_normal(floor * rms, pair.info), ulps * pair.info.eps),
+            offend="score",
+            sample=sample_step(pair.n),
+            bias_q=q_half,
+        ),
     )
     if res is None:
         return None
-    metrics = fast_threshold_metrics(pair, res)
-    metrics["scaled_err_ratio"] = float(res["abs_scaled"] / pair.n)
+    metrics = fast_threshold_metrics(pair, res.of(ThresholdCounts))
+    metrics["scaled_err_ratio"] = float(res.of(BeyondScaled).count / pair.n)
     used = {
         "rtol": rtol,
         "small": small,
@@ -152,7 +155,7 @@ def _fast(
     reasons = threshold_reasons(
         metrics, {"rtol": rtol, "atol": atol, "ulps": ulps, "floor": floor}, ("inf_nan_error_ratio", "scaled_err_ratio")
     )
-    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "at_bias_ulp", statistics(res["bias"]))
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "at_bias_ulp", statistics(res.of(BiasTotals).sums))
     metrics.update(bias)
     reasons += bias_failed
     return pair.verdict(
@@ -161,6 +164,6 @@ def _fast(
         metrics,
         used,
         reasons,
-        fast.offenders(pair, res["offenders"]) if reasons else (),
+        fast.offenders(pair, res.of(Worst).items) if reasons else (),
         reference.kind if reference is not None else "single-run",
     )

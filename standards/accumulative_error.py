@@ -20,6 +20,8 @@ import numpy as np
 from . import fast
 from .absolute_threshold import absolute_threshold_metrics, fast_threshold_metrics, threshold_reasons
 from .metrics import Pair, sign_balance_z
+from .pass_plan import PassSpec
+from .pass_results import SignCounts, ThresholdCounts, Worst
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -33,11 +35,12 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference: R
     bound, small = thresholds["bound"], thresholds["accumulative_small"]
     res = None
     if fast.fast_ok(pair):  # one fused pass (fast.py); None: plain path
-        res = fast.run(pair, thr=(bound, small, bound), signs=True, offend="rel")
+        res = fast.run(pair, PassSpec(threshold=(bound, small, bound), signs="scale", offend="rel"))
     if res is not None:
-        metrics = fast_threshold_metrics(pair, res)
-        fast.keep_sign_counts(pair, res)
-        outward, inward = res["signs"][2:]
+        metrics = fast_threshold_metrics(pair, res.of(ThresholdCounts))
+        signs = res.of(SignCounts)
+        pair.keep_sign_counts(signs.up, signs.down)
+        outward, inward = signs.outward, signs.inward
     else:
         metrics = absolute_threshold_metrics(pair, bound, small, bound)
     metrics["eb"] = pair.error_balance()
@@ -69,7 +72,7 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference: R
         ()
         if not reasons
         # shown only for a failure
-        else (pair.offenders(pair.rel_err) if res is None else fast.offenders(pair, res["offenders"]))
+        else (pair.offenders(pair.rel_err) if res is None else fast.offenders(pair, res.of(Worst).items))
     )
     return pair.verdict(
         "error" if reasons else "pass", NAME, metrics, used, reasons, worst, reference.kind if reference is not None else "single-run"

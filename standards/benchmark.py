@@ -39,6 +39,8 @@ import numpy as np
 from . import fast
 from .bias import judge_bias
 from .metrics import Pair
+from .pass_plan import PassSpec
+from .pass_results import BenchmarkSums, IdealSums, SignCounts
 from .single_run import fast_single_run, scaled_ulp_err, single_run_metrics, single_run_reasons, tolerance_scale
 
 if TYPE_CHECKING:
@@ -203,23 +205,23 @@ def _ratio_reasons(
             reasons.append(f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)")
 
 
-def _bm_from_sums(n: int, n_small: int, small_bad: float, sq_sum: float, rel_max: float, rel_sum: float) -> dict[str, float]:
+def _bm_from_sums(n: int, sums: BenchmarkSums) -> dict[str, float]:
     """The four judged benchmark metrics from a fused pass's counts and sums."""
-    n_normal = n - n_small
+    n_small, n_normal = sums.n_small, n - sums.n_small
     return {
-        "small_value_err_ratio": float(small_bad / n_small) if n_small else 0.0,
-        "rmse": float(math.sqrt(sq_sum / n_normal)) if n_normal else 0.0,
-        "max_rel_err": float(rel_max) if n_normal else 0.0,
-        "mean_rel_err": float(rel_sum / n_normal) if n_normal else 0.0,
+        "small_value_err_ratio": float(sums.small_bad / n_small) if n_small else 0.0,
+        "rmse": float(math.sqrt(sums.squares / n_normal)) if n_normal else 0.0,
+        "max_rel_err": float(sums.rel_max) if n_normal else 0.0,
+        "mean_rel_err": float(sums.rel_sum / n_normal) if n_normal else 0.0,
     }
 
 
 def _ref_metrics(p: Pair, small: float, atol: float) -> dict[str, float]:
     """A reference output's benchmark metrics: fused where it may be, else plain."""
     if fast.fast_ok(p):
-        res = fast.run(p, bm=(small, atol))
+        res = fast.run(p, PassSpec(benchmark=(small, atol)))
         if res is not None:
-            return _bm_from_sums(p.n, *res["bm"])
+            return _bm_from_sums(p.n, res.of(BenchmarkSums))
     return benchmark_metrics(p, small, atol)
 
 
@@ -229,14 +231,15 @@ def _fast_ref(pair: Pair, thresholds: Mapping[str, float], small: float, atol: f
     (fast.py). The judgement is the plain path's (`_judge_ratios`)."""
     if reference.pair is None and not all(k in (reference.metrics or {}) for k, _ in JUDGED):
         return _fast(pair, thresholds, small, atol)  # judged by the single-run rule
-    res = fast.run(pair, bm=(small, atol), bm_ideal=True, signs="eb")
+    res = fast.run(pair, PassSpec(benchmark=(small, atol), benchmark_ideal=True, signs="balance"))
     if res is None:
         return None
-    fast.keep_sign_counts(pair, res)
-    n_small = res["bm"][0]
-    metrics = _bm_from_sums(pair.n, *res["bm"])
+    signs, sums = res.of(SignCounts), res.of(BenchmarkSums)
+    pair.keep_sign_counts(signs.up, signs.down)
+    n_small = sums.n_small
+    metrics = _bm_from_sums(pair.n, sums)
     metrics["eb"] = pair.error_balance()
-    ideal = _bm_from_sums(pair.n, n_small, *res["bm_ideal"])
+    ideal = _bm_from_sums(pair.n, res.of(IdealSums))
     ref = reference.metrics_for(lambda p: _ref_metrics(p, small, atol))
     used: dict[str, float] = {"small": small, "atol_bm": atol}
     reasons: list[str] = []
@@ -245,22 +248,23 @@ def _fast_ref(pair: Pair, thresholds: Mapping[str, float], small: float, atol: f
     metrics.update(bias)
     reasons.extend(bias_failed)
     status = "error" if reasons else "pass"
-    worst = fast.worst(pair, "rel") if status != "pass" else ()
+    worst = fast.worst(pair, PassSpec(offend="rel")) if status != "pass" else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, reference.kind)
 
 
 def _fast(pair: Pair, thresholds: Mapping[str, float], small: float, atol: float) -> Verdict | None:
     """Single run, large and all finite: one fused pass (fast.py)."""
-    sr = fast_single_run(pair, {"bm": (small, atol), "signs": "eb"}, scaled=True)
+    sr = fast_single_run(pair, PassSpec(benchmark=(small, atol), signs="balance"), scaled=True)
     if sr is None:
         return None
     res, extra = sr
-    fast.keep_sign_counts(pair, res)
-    metrics = _bm_from_sums(pair.n, *res["bm"])
+    signs = res.of(SignCounts)
+    pair.keep_sign_counts(signs.up, signs.down)
+    metrics = _bm_from_sums(pair.n, res.of(BenchmarkSums))
     metrics["eb"] = pair.error_balance()
     metrics.update(extra)
     used: dict[str, float] = {"small": small, "atol_bm": atol}
     reasons = single_run_reasons(pair, extra, thresholds, used)
     status = "error" if reasons else "pass"
-    worst = fast.worst(pair, "scaled", scaled_rms=fast.rms_or_none(pair)) if status != "pass" else ()
+    worst = fast.worst(pair, PassSpec(offend="scaled", scaled_rms=fast.rms_or_none(pair))) if status != "pass" else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, "single-run")

@@ -83,7 +83,7 @@ reaches z 4.5 by rows, below 5, and is caught by elements (5.5 ULP, z 10).
 Sampling as the single-run rule's (single_run.py rule 4): at least 2**20 elements in
 blocks, so a bias test costs a bounded pass whatever the output's size; where no fused
 pass runs anyway (the thousandth standard), only the sampled blocks are read
-(fast.sampled_bias).
+(scans.sampled_bias).
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import fast
+from .chunks import CHUNK, BiasSums
 from .dtypes import Array
-from .fast import QUANTILE_SAMPLE, BiasSums
+from .fast import QUANTILE_SAMPLE
 from .metrics import Pair, sign_balance_z
 from .signs import LIB_BIAS_KEY, bias_reasons, signs_z
 
@@ -104,7 +104,7 @@ if TYPE_CHECKING:
 
 __all__ = ["bias_metrics", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
-#: fast.BiasSums' totals where no element is finite
+#: chunks.BiasSums' totals where no element is finite
 NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
 #: the names of the bias metrics (and their sums) begin so
 BIAS_PREFIXES = ("bias_", "scale_bias_")
@@ -114,17 +114,17 @@ STAT_SAMPLE = 2**20
 
 
 def sample_step(n: int) -> int:
-    """Of n finite elements' blocks of fast.CHUNK, every this-many-th is in the sample."""
+    """Of n finite elements' blocks of chunks.CHUNK, every this-many-th is in the sample."""
     return max(1, n // STAT_SAMPLE)
 
 
 def sample_blocks(n: int) -> list[slice]:
     """The statistical sample of n finite elements, as the fused pass takes it."""
-    return [slice(lo, min(lo + fast.CHUNK, n)) for lo in range(0, n, fast.CHUNK * sample_step(n))]
+    return [slice(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK * sample_step(n))]
 
 
 def statistics(sums: Sequence[float], prefix: str = "") -> dict[str, float]:
-    """The four bias metrics from fast.BiasSums' totals (both paths of every standard),
+    """The four bias metrics from chunks.BiasSums' totals (both paths of every standard),
     and the sums they come from (`bias_n`, `*_signs`, `*_signs_sq`, and `bias_ulp_ms`,
     the mean square of the ULP errors, which gives the means their standard error):
     what the calls of one kernel pool into its verdict (judge/kernels.py)."""

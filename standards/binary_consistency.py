@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import fast
+from . import fast, scans
 from .metrics import Pair
 from .verdict import Offender, Verdict
 
@@ -27,7 +27,7 @@ def binary_consistency(pair: Pair, thresholds: Mapping[str, float], reference: R
     exact = getattr(pair, "exact", None)
     if exact is None and fast.fast_ok(pair):
         # chunked comparison in D: no float64 copies, no full-size masks
-        n_bad, first = fast.binary_scan(pair)
+        n_bad, first = scans.binary_scan(pair)
         return _verdict(pair, n_bad, fast.offenders(pair, [(1.0, i) for i in first]), reference)
     if exact is not None:  # integer/bool outputs: compare the raw values
         differ = (exact[0] != exact[1]).reshape(-1)

@@ -29,6 +29,8 @@ import numpy as np
 from . import fast
 from .dtypes import Array
 from .metrics import Pair
+from .pass_plan import PassSpec
+from .pass_results import LegacySums, RelBelow
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -69,26 +71,27 @@ def legacy_metrics(pair: Pair) -> dict[str, float]:
 
 def _fast_legacy(pair: Pair) -> dict[str, float] | None:
     """The legacy metrics from a fused pass (fast.py), reusing the standard's when fused."""
-    res = pair._cache.get("fast_legacy")
+    res = pair.fused_legacy
     if res is None:
-        if not fast.fast_ok(pair) or pair._cache.get("fast_nonfinite"):
+        if not fast.fast_ok(pair) or pair.fused_nonfinite:
             return None
         pair.want_legacy = True
-        res = fast.run(pair)
+        res = fast.run(pair, PassSpec())
         if res is None:
             return None
-    dd, bb, db, max_abs = res["legacy"]
+    sums, below = res.of(LegacySums), res.of(RelBelow).counts
+    dd, bb = sums.d_squares, sums.b_squares
     if 1e-280 < dd < 1e280 and 1e-280 < bb < 1e280:
-        cos = min(1.0, max(-1.0, db / (math.sqrt(dd) * math.sqrt(bb))))
+        cos = min(1.0, max(-1.0, sums.d_dot_b / (math.sqrt(dd) * math.sqrt(bb))))
     else:  # all-zero side or extreme magnitudes: the plain way
         cos = _cosine(pair.df, pair.bf)
-    lt = res["rel_lt"]
+    hundredth, thousandth, ten_thousandth = (below[limit] / pair.n for limit in fast.LEGACY_REL_LIMITS)
     return {
         "cosine": cos,
-        "max_abs_err": float(max_abs),
-        "rel_err_hundredth": lt[0.01] / pair.n,
-        "rel_err_thousandth": lt[0.001] / pair.n,
-        "rel_err_ten_thousandth": lt[0.0001] / pair.n,
+        "max_abs_err": float(sums.max_abs_err),
+        "rel_err_hundredth": hundredth,
+        "rel_err_thousandth": thousandth,
+        "rel_err_ten_thousandth": ten_thousandth,
     }
 
 

@@ -24,13 +24,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 
 from .dtypes import Array, DtypeInfo
 from .verdict import Offender, Verdict
+
+if TYPE_CHECKING:
+    from .pass_results import PassResult
 
 __all__ = ["Pair", "round_to_dtype", "ulp_of", "sign_balance_z"]
 
@@ -118,9 +121,14 @@ class Pair:
             self.tiny = 2.0**-8
         else:
             self.tiny = 2.0**-52 if bench_dtype == "float64" else 2.0**-23
-        # Any: each entry is typed by the accessor that reads it (cached(), small_mask ...;
-        # fast.py and legacy.py keep their pass results here too)
+        # Any: each entry is typed by the accessor that reads it (cached(), small_mask ...)
         self._cache: dict[Hashable, Any] = {}
+        # what a fused pass (fast.py, scans.py) learnt, for the standards judging it next
+        self.fused_nonfinite = False  # a pass met an inf/NaN (or a bench past D's range): judge the plain way
+        self.fused_legacy: PassResult | None = None  # a pass that summed the legacy metrics too (legacy.py)
+        self.bench_square_sum: float | None = None  # sum(b**2) in float64 (fast.bench_sumsq)
+        self._all_finite_by_pass = False  # mark_all_finite
+        self._sign_counts_by_pass: tuple[int, int] | None = None  # keep_sign_counts
 
     @cached_property
     def d(self) -> Array:
@@ -133,11 +141,14 @@ class Pair:
         return _flat64(self.bench_src)
 
     def mark_all_finite(self) -> None:
-        """Record that every element is both_finite (established by the fused pass)."""
-        self.__dict__.setdefault("all_finite", True)
-        self.__dict__.setdefault("n_finite", self.n)
-        self.__dict__.setdefault("n_inf_nan", 0)
-        self.__dict__.setdefault("finite_index", None)
+        """Record that every element is both_finite (established by a fused pass): the
+        finite counts then need no float64 copies."""
+        self._all_finite_by_pass = True
+
+    def keep_sign_counts(self, up: int, down: int) -> None:
+        """Record (#(d > b_D), #(d < b_D)) counted by a fused pass: the error balance
+        (sign_counts) then needs no float64 copies."""
+        self._sign_counts_by_pass = up, down
 
     # ----------------------------------------------------------------- building verdicts
     def verdict(
@@ -194,7 +205,7 @@ class Pair:
 
     @cached_property
     def all_finite(self) -> bool:
-        return bool(self.both_finite.all())
+        return self._all_finite_by_pass or bool(self.both_finite.all())
 
     @cached_property
     def finite_index(self) -> Array | None:
@@ -215,7 +226,7 @@ class Pair:
 
     @cached_property
     def n_finite(self) -> int:
-        return int(self.df.size)
+        return self.n if self.all_finite else int(self.df.size)
 
     @cached_property
     def n_inf_nan(self) -> int:
@@ -349,6 +360,8 @@ class Pair:
     @cached_property
     def sign_counts(self) -> tuple[int, int]:
         """(#(d > b_D), #(d < b_D)) over the both_finite elements."""
+        if self._sign_counts_by_pass is not None:
+            return self._sign_counts_by_pass
         pos = int(np.count_nonzero(self.df > self.bf_rounded))
         neg = int(np.count_nonzero(self.df < self.bf_rounded))
         return pos, neg

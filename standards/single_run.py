@@ -45,7 +45,7 @@ judge the device against what any correct kernel in D can do, in ULPs of D:
 4. Sampling. The statistical aggregates -- the bias statistics of 3. (both sign tests and
    both mean signed ULP errors) and the mean of 2a. -- are computed on a deterministic
    sample of at least STAT_SAMPLE (2**20) elements: every `sample_step(n)`-th block of
-   fast.CHUNK consecutive finite elements, n // STAT_SAMPLE (1 for n < 2**21, then all
+   chunks.CHUNK consecutive finite elements, n // STAT_SAMPLE (1 for n < 2**21, then all
    elements are used). Why: a sign test over 2**20 elements detects an imbalance of
    5 / sqrt(2**20) = 0.5% of the differing elements, and a mean over them has a standard
    error of ~0.001 ULP, far inside the limits above (0.2 ULP, and 1 ULP for the mean),
@@ -58,7 +58,7 @@ judge the device against what any correct kernel in D can do, in ULPs of D:
    (tests/standards/test_sampling.py: correct outputs pass, rounding toward zero and a
    half-ULP additive bias fail on an output twice the sample). Limit: a bias confined to
    the blocks between the sampled ones (at most (step - 1) / step of the output, in
-   contiguous runs of fast.CHUNK elements) is not seen by the statistics.
+   contiguous runs of chunks.CHUNK elements) is not seen by the statistics.
 
 Known limits: a wrong element below the top decile AND far below the output's RMS is
 judged at the RMS scale, so it can pass a single run (a cancellation could not deliver
@@ -89,14 +89,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from . import fast
 from .bias import NO_SUMS, abs_b_quantile, grouped_z, sample_blocks, sample_step, statistics
 from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistics here (tests read it from this module)
+from .chunks import BiasSums
 from .dtypes import Array, DtypeInfo
 from .metrics import Pair, ulp_of
+from .pass_plan import PassSpec
+from .pass_results import BiasTotals, PassResult, ScaledSums, TopError
 from .signs import LIB_BIAS_KEY, bias_reasons
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
@@ -165,7 +169,7 @@ def single_run_metrics(pair: Pair) -> dict[str, float]:
         defaults = pair.info.defaults
         scaled = scaled_ulp_err(pair)
         blocks = sample_blocks(pair.n_finite)
-        sums = fast.BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
+        sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
         for part in blocks:
             sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part], pair.abs_b[part])
         return {
@@ -201,32 +205,33 @@ def single_run_reasons(
     return reasons
 
 
-def fast_single_run(pair: Pair, spec: dict[str, object], scaled: bool, top: bool = True) -> tuple[fast.Result, dict[str, float]] | None:
+def fast_single_run(pair: Pair, spec: PassSpec, scaled: bool, top: bool = True) -> tuple[PassResult, dict[str, float]] | None:
     """The single-run metrics in one fused pass (fast.py), with the standard's own `spec`.
 
     -> (pass results, single_run_metrics-like dict) or None (take the plain path). With
     scaled=False the two scaled-ULP metrics are not computed (reported as 0); with
     top=False neither is `max_top_ulp_err` (left out: the caller bounds it, see ulp.py), and
     neither the RMS nor the top quantile is needed. The bias sample is fed to
-    fast.BiasSums in the pass, while each chunk is in cache, as the plain path feeds it.
+    chunks.BiasSums in the pass, while each chunk is in cache, as the plain path feeds it.
     """
     defaults = pair.info.defaults
     q_half, *q_top = fast.abs_b_quantiles(pair, (0.5, defaults["sr_top_quantile"]) if top else (0.5,))
-    spec = dict(spec, sample=sample_step(pair.n), bias=q_half)
+    spec = replace(spec, sample=sample_step(pair.n), bias_q=q_half)
     if scaled or top:
         top_scale = (q_top[0], defaults["sr_scale_floor"]) if top else None
         res = fast.run_with_rms(pair, spec, scaled, top_scale)
     else:
-        res = fast.run(pair, **spec)
+        res = fast.run(pair, spec)
     if res is None:
         return None
+    scaled_sums = res.of(ScaledSums) if scaled else None
     metrics = {
-        "max_scaled_ulp_err": float(res["scaled"][0]) if scaled else 0.0,
-        "mean_scaled_ulp_err": res["scaled"][1] / res["scaled"][2] if scaled else 0.0,
+        "max_scaled_ulp_err": float(scaled_sums.max) if scaled_sums is not None else 0.0,
+        "mean_scaled_ulp_err": scaled_sums.total / scaled_sums.count if scaled_sums is not None else 0.0,
     }
     if top:
-        metrics["max_top_ulp_err"] = float(res["top"])
-    metrics.update(grouped_z(pair, statistics(res["bias"])))
+        metrics["max_top_ulp_err"] = float(res.of(TopError).max)
+    metrics.update(grouped_z(pair, statistics(res.of(BiasTotals).sums)))
     return res, metrics
 
 
@@ -234,5 +239,5 @@ def fast_max_top_ulp_err(pair: Pair) -> float | None:
     """max_top_ulp_err by a fused pass of its own (fast.py); None: take the plain path."""
     defaults = pair.info.defaults
     (q_top,) = fast.abs_b_quantiles(pair, (defaults["sr_top_quantile"],))
-    res = fast.run_with_rms(pair, {}, False, (q_top, defaults["sr_scale_floor"]))
-    return float(res["top"]) if res is not None else None
+    res = fast.run_with_rms(pair, PassSpec(), False, (q_top, defaults["sr_scale_floor"]))
+    return float(res.of(TopError).max) if res is not None else None

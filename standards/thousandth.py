@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import fast
+from . import fast, scans
 from .bias import judge_bias, sample_step, statistics
 from .metrics import Pair
+from .pass_plan import PassSpec
+from .pass_results import RelBelow, ThousandthScaled
 from .single_run import at_least_normal, tolerance_scale
 
 if TYPE_CHECKING:
@@ -70,37 +72,40 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: 
     one fused pass (fast.py)."""
     sums = None
     q_half = fast.abs_b_quantiles(pair, (0.5,))[0] if reference is None else None
-    counted = fast.thousandth_count(pair, 0.001, q_half, sample_step(pair.n))
+    counted = scans.thousandth_count(pair, 0.001, q_half, sample_step(pair.n))
     if counted is not None:
         count, sums = counted
     else:
-        if pair._cache.get("fast_nonfinite"):
+        if pair.fused_nonfinite:
             return None
-        res = fast.run(pair, rel_lt=(0.001,))
+        res = fast.run(pair, PassSpec(rel_below=(0.001,)))
         if res is None:
             return None
-        count = res["rel_lt"][0.001]
+        count = res.of(RelBelow).counts[0.001]
     share = count / pair.n
     ulps = thresholds["sr_thousandth_ulp"]
     metrics = {"rel_err_thousandth": share}
     judged = share
     if share < limit:
         rms = fast.rms_or_none(pair)
-        res = fast.run(pair, th_scaled=(at_least_normal(rms, pair.info), ulps * pair.info.eps)) if rms is not None else None
+        spec = PassSpec(thousandth_scaled=(at_least_normal(rms, pair.info), ulps * pair.info.eps)) if rms is not None else None
+        res = fast.run(pair, spec) if spec is not None else None
         if res is None:
             return None
-        metrics["scaled_thousandth"] = judged = max(share, res["th_scaled"] / pair.n)
+        metrics["scaled_thousandth"] = judged = max(share, res.of(ThousandthScaled).count / pair.n)
     used = {"rel_err_thousandth": limit, "scaled_thousandth": limit, "sr_thousandth_ulp": ulps}
     computed = None
     if reference is None:  # the bias sums of the sample alone, from the raw arrays
         if sums is None:  # (the float32 pre-test has them)
             assert q_half is not None  # computed above for a check without a reference
-            sums = fast.sampled_bias(pair, q_half, sample_step(pair.n))
+            sums = scans.sampled_bias(pair, q_half, sample_step(pair.n))
         if sums is None:
             return None
         computed = statistics(sums)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", computed)
-    return _finish(pair, {**metrics, **bias}, used, bias_failed, judged, share, limit, lambda: fast.worst(pair, "rel"), reference)
+    return _finish(
+        pair, {**metrics, **bias}, used, bias_failed, judged, share, limit, lambda: fast.worst(pair, PassSpec(offend="rel")), reference
+    )
 
 
 def _finish(

@@ -48,6 +48,8 @@ from . import fast
 from .bias import BIAS_PREFIXES, judge_bias
 from .dtypes import Array, DtypeInfo
 from .metrics import Pair
+from .pass_plan import PassSpec
+from .pass_results import PassResult, UlpSums
 from .single_run import fast_max_top_ulp_err, fast_single_run, max_top_ulp_err, single_run_metrics, single_run_reasons
 
 if TYPE_CHECKING:
@@ -72,16 +74,16 @@ def ulp_metrics(pair: Pair, threshold: float) -> dict[str, float]:
     }
 
 
-def _fast_ulp_metrics(pair: Pair, res: fast.Result) -> dict[str, float]:
+def _fast_ulp_metrics(pair: Pair, res: PassResult) -> dict[str, float]:
     """ulp_metrics from a fused pass (fast.py) over an all-finite pair."""
-    u = res["ulp"]
-    return {"max_ulp_err": float(u[0]), "mean_ulp_err": u[1] / pair.n, "ulp_err_proportion": float(u[2] / pair.n)}
+    sums = res.of(UlpSums)
+    return {"max_ulp_err": float(sums.max), "mean_ulp_err": sums.total / pair.n, "ulp_err_proportion": float(sums.count / pair.n)}
 
 
 def _ref_metrics(p: Pair, threshold: float) -> dict[str, float]:
     """A reference output's ULP metrics: fused where it may be, else plain."""
     if fast.fast_ok(p):
-        res = fast.run(p, ulp_t=threshold)
+        res = fast.run(p, PassSpec(ulp_threshold=threshold))
         if res is not None:
             return _fast_ulp_metrics(p, res)
     return ulp_metrics(p, threshold)
@@ -119,14 +121,14 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
     fp32_like = pair.info.mantissa_bits >= 23
     if fp32_like:
         used["ulp_mean_max"] = thresholds["ulp_mean_max"]
-    sr: tuple[fast.Result, dict[str, float] | None] | None = None
+    sr: tuple[PassResult, dict[str, float] | None] | None = None
     if fast.fast_ok(pair):  # one fused pass (fast.py); None: plain path
         if reference is not None and (reference.pair is not None or "ulp_err_proportion" in (reference.metrics or {})):
             # judged against the reference: only the ULP metrics, no single-run rule
-            res = fast.run(pair, ulp_t=used["ulp_threshold"])
+            res = fast.run(pair, PassSpec(ulp_threshold=used["ulp_threshold"]))
             sr = (res, None) if res is not None else None
         else:
-            sr = fast_single_run(pair, {"ulp_t": used["ulp_threshold"]}, scaled=False, top=False)
+            sr = fast_single_run(pair, PassSpec(ulp_threshold=used["ulp_threshold"]), scaled=False, top=False)
     metrics = _fast_ulp_metrics(pair, sr[0]) if sr is not None else ulp_metrics(pair, used["ulp_threshold"])
     reasons: list[str] = []
     nonfinite = pair.unexpected_nonfinite_reason()
@@ -180,7 +182,13 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
     status = "error" if reasons else "pass"
     worst: tuple[Offender, ...] = ()
     if status != "pass":  # named only where a failure message shows them
-        worst = fast.worst(pair, "ulp") if sr is not None else pair.offenders(pair.ulp_err) if pair.n_finite or pair.n_inf_nan else ()
+        worst = (
+            fast.worst(pair, PassSpec(offend="ulp"))
+            if sr is not None
+            else pair.offenders(pair.ulp_err)
+            if pair.n_finite or pair.n_inf_nan
+            else ()
+        )
     return pair.verdict(status, NAME, metrics, used, reasons, worst, kind)
 
 

@@ -9,6 +9,7 @@ Counts, statuses, reasons and thresholds must be identical; sums (means, rmse, b
 may differ by summation order only.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -17,6 +18,9 @@ import torch
 from kernels import backward_cases, correct_cases, faults, valid_rewrites
 
 from pytest_msprobe.standards import check, fast
+from pytest_msprobe.standards.dtypes import dtype_info
+from pytest_msprobe.standards.metrics import Pair
+from pytest_msprobe.standards.pass_results import SignCounts, ThresholdCounts, UlpSums
 
 APIS = ("relu", "add", "matmul", "conv2d", "cumsum", "exp")
 
@@ -160,7 +164,7 @@ def test_reference_outputs_and_baseline_same_verdicts(monkeypatch, dtype):
     bad = _noisy(b, dtype, 400.0 if dtype == torch.float32 else 40.0, seed=5)
     calls = []
     real_run = fast.run
-    monkeypatch.setattr(fast, "run", lambda *a, **k: calls.append(k) or real_run(*a, **k))
+    monkeypatch.setattr(fast, "run", lambda pair, spec: calls.append(spec) or real_run(pair, spec))
     for api in APIS:
         monkeypatch.setattr(fast, "FAST_MIN_N", 1 << 62)
         base = {"": dict(check(b, ref, api=api).metrics)}  # a baseline's recorded metrics
@@ -175,7 +179,7 @@ def test_reference_outputs_and_baseline_same_verdicts(monkeypatch, dtype):
                 statuses.append(fused.status)
             if api in REF_APIS:
                 assert statuses == ["pass", "error"], (api, kind, statuses)
-    assert any("bm_ideal" in k for k in calls) and any("ulp_t" in k for k in calls)
+    assert any(spec.benchmark_ideal for spec in calls) and any(spec.ulp_threshold is not None for spec in calls)
     # a baseline lacking the judged metrics: the single-run rule, both ways
     for api in REF_APIS:
         plain, fused = _judge_both_ref(monkeypatch, b, bad, api, {"": {"eb": 0.0}})
@@ -199,3 +203,35 @@ def test_reference_structure_and_nonfinite_fall_back(monkeypatch):
         for device, reference in ((dev, nan_ref), (inf_dev, ref), (inf_dev, nan_ref)):
             plain, fused = _judge_both_ref(monkeypatch, b, device, api, reference)
             _same_ref(plain, fused)
+
+
+# ------------------------------------------------------------------ the pass's spec and results
+def _pair(n=3 * fast.CHUNK + 7):
+    b, d = _synthetic(torch.float32, n, seed=9)
+    return Pair(b, d, dtype_info("float32"), bench_dtype="float64", device_dtype="float32")
+
+
+def test_a_misspelt_metric_is_refused_by_name():
+    """The spec is typed: a keyword no metric has raises, naming it, where a dict of
+    keywords once ignored it."""
+    with pytest.raises(TypeError, match="ulp_treshold"):
+        fast.PassSpec(ulp_treshold=1.0)
+    with pytest.raises(TypeError, match="ulp_treshold"):
+        fast.run(_pair(), ulp_treshold=1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.PassSpec().sumsq = True
+    with pytest.raises(ValueError, match="offend='scaled' needs scaled_rms"):
+        fast.PassSpec(offend="scaled")  # its offenders would be scored by nothing
+
+
+def test_results_name_their_metrics_and_refuse_one_not_asked():
+    pair = _pair()
+    res = fast.run(pair, fast.PassSpec(ulp_threshold=1.0, signs="balance"))
+    assert res is not None
+    ulp = res.of(UlpSums)
+    err = np.abs(pair.d - pair.b) / (2.0 ** (np.floor(np.log2(np.abs(pair.b) + (pair.b == 0))) - 23))
+    assert ulp.max == pytest.approx(err.max()) and ulp.count == int(np.count_nonzero(err > 1.0))
+    signs = res.of(SignCounts)
+    assert (signs.up, signs.down) == pair.sign_counts
+    with pytest.raises(KeyError, match="ThresholdCounts"):
+        res.of(ThresholdCounts)

@@ -80,8 +80,8 @@ def test_rms_guess_in_another_binade_repeats_the_pass(monkeypatch):
     device = bench.to(torch.float32)
     passes = []
     real_run = fast.run
-    monkeypatch.setattr(fast, "run", lambda *a, **k: passes.append(k) or real_run(*a, **k))
+    monkeypatch.setattr(fast, "run", lambda pair, spec: passes.append(spec) or real_run(pair, spec))
     plain, fused = _both(monkeypatch, bench, device, "exp")
     _assert_same(plain, fused)
     assert fused.status == "pass"
-    assert [k.get("sumsq", False) for k in passes] == [True, False]  # guessed, then exact
+    assert [spec.sumsq for spec in passes] == [True, False]  # guessed, then exact
