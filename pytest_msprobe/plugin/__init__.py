@@ -52,10 +52,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    dumps = options.dump_files(config)
-    if not dumps:
+    chosen = options.read(config)
+    if chosen is None:
         return
-    state = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
+    state = SessionState(config, chosen)
     config.stash[STATE_KEY] = state
     config.add_cleanup(_thaw)  # added before pytest's unraisable-exception plugin adds its own: runs after it
     state.check()  # an option (or, where calls run, a device) that cannot work stops the run here, once
@@ -63,7 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     report_plugin = reports.ReportPlugin(config)
     config.pluginmanager.register(report_plugin, "msprobe-report")
-    if options.sample_statuses(config):  # --msprobe-html
+    if chosen.html is not None:
         from pytest_msprobe.plugin import html
 
         config.pluginmanager.register(html.HtmlPlugin(config, report_plugin), "msprobe-html")
@@ -75,12 +75,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin("pytest_msprobe.plugin.scale")
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         # The user named no paths: run the dump's tests only, not the repository's.
-        config.args[:] = [str(path) for path in dumps]
+        config.args[:] = [str(path) for path in chosen.dump]
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     state = parent.config.stash.get(STATE_KEY, None)
-    if state is None or file_path not in state.dumps:
+    if state is None or file_path not in state.options.dump:
         return None
     from pytest_msprobe.plugin.items import DumpFile
 
@@ -104,7 +104,7 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     config = node.config  # type: ignore[attr-defined]  # xdist's WorkerController
     state = config.stash.get(STATE_KEY, None)
     if state is not None:
-        prefixes = tuple(f"{bestrelpath(config.rootpath, dump)}::" for dump in state.dumps)
+        prefixes = tuple(f"{bestrelpath(config.rootpath, dump)}::" for dump in state.options.dump)
         state.only_dump_calls = state.only_dump_calls is not False and all(nodeid.startswith(prefixes) for nodeid in ids)
 
 
@@ -151,5 +151,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         return
     from pytest_msprobe.plugin.items import dump_lines
 
-    for line in dump_lines(config, state.dumps):
+    for line in dump_lines(config, state.options.dump):
         terminalreporter.write_line(line)

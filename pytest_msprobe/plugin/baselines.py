@@ -36,14 +36,8 @@ class BaselinePlugin:
     def __init__(self, config: pytest.Config, reports: ReportPlugin) -> None:
         self.config = config
         self.reports = reports  # its writer pools the kernel verdicts
-        self.save_to = options.path(config, "msprobe_baseline_save")
-        self.judged_by = options.path(config, "msprobe_baseline")
-        self.update = bool(options.get(config, "msprobe_baseline_update"))
-        if self.update and self.judged_by is None:
-            raise pytest.UsageError(
-                "--msprobe-baseline-update needs --msprobe-baseline=DIR, the baseline to update "
-                "(to record a new baseline of every call, use --msprobe-baseline-save=DIR)"
-            )
+        chosen = options.of(config)
+        self.save_to, self.judged_by, self.update = chosen.baseline_save, chosen.baseline, chosen.baseline_update
         self.current: dict[tuple[str | None, str], CallMetrics] = {}
         self._comparison: RunComparison | None = None
 
@@ -99,7 +93,7 @@ class BaselinePlugin:
         the calls (plugin/kernels.py's way: every call's record is needed)."""
         result = yield
         state = session_state(self.config)
-        if not state.gate or hasattr(self.config, "workerinput") or session.shouldfail or session.shouldstop:
+        if not state.options.gate or hasattr(self.config, "workerinput") or session.shouldfail or session.shouldstop:
             return result
         kernels = [change for change in self.comparison().kernels if change.kind == "regression"]
         session.testscollected += len(kernels)
@@ -130,7 +124,7 @@ class BaselinePlugin:
 
     def _dumps(self) -> list[tuple[str, Path]]:
         rootpath = self.config.rootpath
-        return [(bestrelpath(rootpath, path), path) for path in session_state(self.config).dumps]
+        return [(bestrelpath(rootpath, path), path) for path in options.of(self.config).dump]
 
 
 def summary_lines(comparison: RunComparison, updated: bool) -> list[str]:

@@ -80,21 +80,21 @@ class ReportOptions:
     def from_config(cls, config: pytest.Config) -> ReportOptions:
         """The options, falling back to --msprobe-config's acc_check/run_ut section for
         the lists and the failed-data folder."""
-        config_file = options.path(config, "msprobe_config")
+        chosen = options.of(config)
         try:
-            msprobe = filters.read_config(config_file) if config_file else filters.AccCheckConfig()
+            msprobe = filters.read_config(chosen.config) if chosen.config else filters.AccCheckConfig()
         except filters.FilterConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
-        save_failed = options.path(config, "msprobe_save_failed")
+        save_failed = chosen.save_failed
         if save_failed is None and msprobe.error_data_path:
             save_failed = Path(config.invocation_params.dir) / msprobe.error_data_path
         return cls(
-            out=options.out_folder(config),
-            resume=bool(options.get(config, "msprobe_resume")),
-            strict=bool(options.get(config, "msprobe_strict")),
-            white_list=filters.split_names(options.get(config, "msprobe_white_list")) or msprobe.white_list,
-            black_list=filters.split_names(options.get(config, "msprobe_black_list")) or msprobe.black_list,
-            dedup=bool(options.get(config, "msprobe_dedup")),
+            out=chosen.out,
+            resume=chosen.resume,
+            strict=chosen.strict,
+            white_list=chosen.white_list or msprobe.white_list,
+            black_list=chosen.black_list or msprobe.black_list,
+            dedup=chosen.dedup,
             save_failed=save_failed,
         )
 
