@@ -59,23 +59,47 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE_KEY] = state
     config.add_cleanup(_thaw)  # added before pytest's unraisable-exception plugin adds its own: runs after it
     state.check()  # an option (or, where calls run, a device) that cannot work stops the run here, once
-    from pytest_msprobe.plugin import baselines, reports  # only when a dump is given
-
-    report_plugin = reports.ReportPlugin(config)
-    config.pluginmanager.register(report_plugin, "msprobe-report")
-    if chosen.html is not None:
-        from pytest_msprobe.plugin import html
-
-        config.pluginmanager.register(html.HtmlPlugin(config, report_plugin), "msprobe-html")
-    from pytest_msprobe.plugin.kernels import KernelPlugin
-
-    config.pluginmanager.register(KernelPlugin(config, report_plugin), "msprobe-kernels")
-    config.pluginmanager.register(baselines.BaselinePlugin(config, report_plugin), "msprobe-baseline")
-    config.pluginmanager.import_plugin("pytest_msprobe.plugin.scripts")
-    config.pluginmanager.import_plugin("pytest_msprobe.plugin.scale")
+    plugins = _dump_plugins(config, chosen)
+    for name in REGISTERED:
+        if name in plugins:
+            config.pluginmanager.register(plugins[name], name)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         # The user named no paths: run the dump's tests only, not the repository's.
         config.args[:] = [str(path) for path in chosen.dump]
+
+
+# The plugins a dump brings, in the order they are registered. pluggy calls the hooks of
+# the later-registered first, so no order between them is left to this one: where one
+# hook must run before another's it says so (tryfirst/trylast, or a hook of ours that
+# one plugin calls when the other may go on: hookspecs.py). tests/test_hook_order.py
+# registers them in the reverse order and expects the same run.
+REGISTERED = (
+    "msprobe-report",
+    "msprobe-html",
+    "msprobe-kernels",
+    "msprobe-baseline",
+    "pytest_msprobe.plugin.scripts",
+    "pytest_msprobe.plugin.scale",
+)
+
+
+def _dump_plugins(config: pytest.Config, chosen: options.Options) -> dict[str, object]:
+    """Each plugin of REGISTERED this run uses, by name (imported only when a dump is given)."""
+    from pytest_msprobe.plugin import baselines, kernels, reports, scale, scripts
+
+    report_plugin = reports.ReportPlugin(config)
+    plugins: dict[str, object] = {
+        "msprobe-report": report_plugin,
+        "msprobe-kernels": kernels.KernelPlugin(config, report_plugin),
+        "msprobe-baseline": baselines.BaselinePlugin(config, report_plugin),
+        scripts.__name__: scripts,
+        scale.__name__: scale,
+    }
+    if chosen.html is not None:
+        from pytest_msprobe.plugin import html
+
+        plugins["msprobe-html"] = html.HtmlPlugin(config, report_plugin)
+    return plugins
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

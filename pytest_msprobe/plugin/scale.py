@@ -150,6 +150,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [*others, *calls]
 
 
+# tryfirst: pytest prints these lines in the reverse order of the calls, so the shard's
+# comes after the report plugin's.
+@pytest.hookimpl(tryfirst=True)
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     shard = options.of(config).shard
     if shard is None:
@@ -194,7 +197,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: obj
     the call's error record, so that the result files hold it like any other."""
     from pytest_msprobe.judge import outcome
     from pytest_msprobe.plugin.items import headline
-    from pytest_msprobe.plugin.reports import REPORT_ATTRIBUTE
+    from pytest_msprobe.plugin.reports import attach_record
 
     config = report.node.config  # the crashed WorkerController
     state = session_state(config)
@@ -209,7 +212,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: obj
     report.location = (relpath, None, headline(crashitem, call))  # as the item names itself
     report.longrepr = record.message
     report.user_properties.append(("msprobe_device", device))
-    setattr(report, REPORT_ATTRIBUTE, record.to_dict())
+    attach_record(report, record.to_dict(), serialized=False)
 
 
 def _planned_device(config: pytest.Config, worker: str) -> str:

@@ -41,7 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SCRIPTS_KEY] = ScriptOptions(chosen.scripts, chosen.scripts_all, standards.read_text("utf-8") if standards else None, note)
 
 
-@pytest.hookimpl(wrapper=True)
+# Outside the report plugin's wrapper (tryfirst): its failed-data section comes first.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     chosen = item.config.stash.get(SCRIPTS_KEY, None)
