@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401 - kept loaded: pytester drops the modules an in-process run imported, and a second import of torch crashes
 
 from pytest_msprobe.plugin import options
 
@@ -38,23 +39,21 @@ def test_the_options_value_has_a_field_per_option() -> None:
     assert {"msprobe_out", "msprobe_scripts", "msprobe_html", "msprobe_baseline"} <= path_options
 
 
-def test_the_options_are_frozen(pytester: pytest.Pytester, dumps: Path) -> None:
+def test_the_options_are_read_once_typed_and_frozen(pytester: pytest.Pytester, dumps: Path) -> None:
     shutil.copytree(dumps / ROPE, pytester.path / "rope")
-    config = pytester.parseconfigure("--msprobe-dump=rope", "--msprobe-device=cpu", "-p", "no:cacheprovider")
-    chosen = options.of(config)
+    run = pytester.inline_run("--msprobe-dump=rope", "--msprobe-device=cpu", "--msprobe-shard=1/4", "--msprobe-black-list=a, b", "--co")
+    chosen = options.of(run.getcall("pytest_collection_finish").session.config)
     assert chosen.dump == ((pytester.path / "rope" / "dump.json").resolve(),) and chosen.device == "cpu"
     assert chosen.out == pytester.path / "msprobe-out" and chosen.timeout == 300.0 and chosen.devices is None
+    assert chosen.shard == (1, 4) and chosen.black_list == ("a", "b") and chosen.html is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         chosen.out = Path("elsewhere")  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(
-    ("given", "field", "expected"), [("--msprobe-shard=1/4", "shard", (1, 4)), ("--msprobe-devices=0,2", "devices", (0, 2))]
-)
-def test_text_options_are_read_into_their_types(pytester: pytest.Pytester, dumps: Path, given: str, field: str, expected: object) -> None:
-    shutil.copytree(dumps / ROPE, pytester.path / "rope")
-    config = pytester.parseconfigure("--msprobe-dump=rope", "--msprobe-device=cpu", given, "-p", "no:cacheprovider")
-    assert getattr(options.of(config), field) == expected
+def test_device_lists_are_read_into_ids() -> None:
+    assert options.device_list("0, 2") == (0, 2) and options.device_list("") is None
+    with pytest.raises(pytest.UsageError, match="--msprobe-devices 'a,b': expected device ids"):
+        options.device_list("a,b")
 
 
 def written(root: Path, name: str) -> Path:

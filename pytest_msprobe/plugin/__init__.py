@@ -1,7 +1,8 @@
 """The pytest layer: the entry point's hooks here (options, markers, collection, the
 terminal summary), thin; the work is in the stages they call. Beside them: `options`
-(the flags and ini options, one table), `state` (the session's settings), `items`
-(the dump file and call items), `hookspecs` (hooks users implement), and one module of
+(the flags and ini options, one table, read once into one typed value), `state` (the
+session's settings), `items` (the dump file and call items), `hookspecs` (hooks users
+implement, and the plugin's own between its parts), and one module of
 hooks per concern: `reports`, `baselines`, `html` (the HTML report), `scale` (isolation,
 sharding, ordering), `scripts`, `workers` and `scheduling` (xdist).
 

@@ -54,6 +54,9 @@ class BaselinePlugin:
         return {(bestrelpath(rootpath, Path(v.key.dump)), v.key.name): CallMetrics.of_kernel(v) for v in verdicts}
 
     def pytest_sessionfinish(self) -> None:
+        """The baseline files and the regressions file. No order with the report plugin's
+        sessionfinish: of its writer, open or closed, this reads only the kernels' pool and
+        the files' names (the HTML report, which reads the closed files, goes last)."""
         if hasattr(self.config, "workerinput"):
             return
         if self.save_to is not None or self.update:
