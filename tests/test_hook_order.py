@@ -9,6 +9,7 @@ saved failed data, a new baseline, a black list and a shard: each plugin's hooks
 
 from __future__ import annotations
 
+import difflib
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,7 +24,7 @@ RUN = "run"  # each run writes here, then the folder is renamed after its order
 # what differs between two runs of the same calls: times, timestamps in names and texts,
 # the HTML report's compressed data (which holds the durations)
 VOLATILE = re.compile(
-    r"\d+(\.\d+)? ?m?s\b|[\d.]+ calls/s|\d{4}-\d\d-\d\d[ T][\d:.]+[+\-\d:]*|\d{14,}"
+    r"\d+ min\b|\d+(\.\d+)? ?m?s\b|[\d.]+ calls/s|\d{4}-\d\d-\d\d[ T][\d:.]+[+\-\d:]*|\d{14,}"
     r"|\"(duration|started|time)\": [^,}]+|time=\"[^\"]*\"|[A-Za-z0-9+/=]{200,}"
 )
 
@@ -70,6 +71,12 @@ def written(folder: Path) -> dict[str, str]:
     return files
 
 
+def diff(before: str, after: str) -> str:
+    """The lines that differ, for the assertion's message."""
+    lines = difflib.unified_diff(before.replace(">", ">\n").splitlines(), after.replace(">", ">\n").splitlines(), n=0, lineterm="")
+    return "\n".join(line[:300] for line in list(lines)[:20])
+
+
 def junit_cases(path: Path) -> list[tuple[str | None, str | None, list[str]]]:
     return [(case.get("classname"), case.get("name"), [child.tag for child in case]) for case in ET.parse(path).getroot().iter("testcase")]
 
@@ -100,4 +107,5 @@ def test_the_plugins_registered_in_reverse_make_the_same_run(
     assert reversed_[1] == text
     assert reversed_[3] == junit
     assert sorted(reversed_[2]) == sorted(files)
-    assert [name for name in files if reversed_[2][name] != files[name]] == []
+    differing = {name: diff(files[name], reversed_[2][name]) for name in files if reversed_[2][name] != files[name]}
+    assert differing == {}
