@@ -21,10 +21,11 @@ from upgrade_dumps import step
 import pytest_msprobe.plugin
 
 RUN = "run"  # each run writes here, then the folder is renamed after its order
-# what differs between two runs of the same calls: times, timestamps in names and texts,
-# the HTML report's compressed data (which holds the durations)
+# what differs between two runs of the same calls: times (a minute or more, on a busy
+# machine), timestamps in names and texts, the HTML report's compressed data (which holds
+# the durations)
 VOLATILE = re.compile(
-    r"\d+ min\b|\d+(\.\d+)? ?m?s\b|[\d.]+ calls/s|\d{4}-\d\d-\d\d[ T][\d:.]+[+\-\d:]*|\d{14,}"
+    r"\d+ min\b|\(\d+:\d\d:\d\d\)|\d+(\.\d+)? ?m?s\b|[\d.]+ calls/s|\d{4}-\d\d-\d\d[ T][\d:.]+[+\-\d:]*|\d{14,}"
     r"|\"(duration|started|time)\": [^,}]+|time=\"[^\"]*\"|[A-Za-z0-9+/=]{200,}"
 )
 
