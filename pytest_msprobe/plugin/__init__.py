@@ -1,7 +1,8 @@
 """The pytest layer: the entry point's hooks here (options, markers, collection, the
 terminal summary), thin; the work is in the stages they call. Beside them: `options`
-(the flags and ini options, one table), `state` (the session's settings), `items`
-(the dump file and call items), `hookspecs` (hooks users implement), and one module of
+(the flags and ini options, one table, read once into one typed value), `state` (the
+session's settings), `items` (the dump file and call items), `hookspecs` (hooks users
+implement, and the plugin's own between its parts), and one module of
 hooks per concern: `reports`, `baselines`, `html` (the HTML report), `scale` (isolation,
 sharding, ordering), `scripts`, `workers` and `scheduling` (xdist).
 
@@ -52,35 +53,59 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    dumps = options.dump_files(config)
-    if not dumps:
+    chosen = options.read(config)
+    if chosen is None:
         return
-    state = SessionState(config, dumps, bool(options.get(config, "msprobe_strict")))
+    state = SessionState(config, chosen)
     config.stash[STATE_KEY] = state
     config.add_cleanup(_thaw)  # added before pytest's unraisable-exception plugin adds its own: runs after it
     state.check()  # an option (or, where calls run, a device) that cannot work stops the run here, once
-    from pytest_msprobe.plugin import baselines, reports  # only when a dump is given
-
-    report_plugin = reports.ReportPlugin(config)
-    config.pluginmanager.register(report_plugin, "msprobe-report")
-    if options.sample_statuses(config):  # --msprobe-html
-        from pytest_msprobe.plugin import html
-
-        config.pluginmanager.register(html.HtmlPlugin(config, report_plugin), "msprobe-html")
-    from pytest_msprobe.plugin.kernels import KernelPlugin
-
-    config.pluginmanager.register(KernelPlugin(config, report_plugin), "msprobe-kernels")
-    config.pluginmanager.register(baselines.BaselinePlugin(config, report_plugin), "msprobe-baseline")
-    config.pluginmanager.import_plugin("pytest_msprobe.plugin.scripts")
-    config.pluginmanager.import_plugin("pytest_msprobe.plugin.scale")
+    plugins = _dump_plugins(config, chosen)
+    for name in REGISTERED:
+        if name in plugins:
+            config.pluginmanager.register(plugins[name], name)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         # The user named no paths: run the dump's tests only, not the repository's.
-        config.args[:] = [str(path) for path in dumps]
+        config.args[:] = [str(path) for path in chosen.dump]
+
+
+# The plugins a dump brings, in the order they are registered. pluggy calls the hooks of
+# the later-registered first, so no order between them is left to this one: where one
+# hook must run before another's it says so (tryfirst/trylast, or a hook of ours that
+# one plugin calls when the other may go on: hookspecs.py). tests/test_hook_order.py
+# registers them in the reverse order and expects the same run.
+REGISTERED = (
+    "msprobe-report",
+    "msprobe-html",
+    "msprobe-kernels",
+    "msprobe-baseline",
+    "pytest_msprobe.plugin.scripts",
+    "pytest_msprobe.plugin.scale",
+)
+
+
+def _dump_plugins(config: pytest.Config, chosen: options.Options) -> dict[str, object]:
+    """Each plugin of REGISTERED this run uses, by name (imported only when a dump is given)."""
+    from pytest_msprobe.plugin import baselines, kernels, reports, scale, scripts
+
+    report_plugin = reports.ReportPlugin(config)
+    plugins: dict[str, object] = {
+        "msprobe-report": report_plugin,
+        "msprobe-kernels": kernels.KernelPlugin(config, report_plugin),
+        "msprobe-baseline": baselines.BaselinePlugin(config, report_plugin),
+        scripts.__name__: scripts,
+        scale.__name__: scale,
+    }
+    if chosen.html is not None:
+        from pytest_msprobe.plugin import html
+
+        plugins["msprobe-html"] = html.HtmlPlugin(config, report_plugin)
+    return plugins
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     state = parent.config.stash.get(STATE_KEY, None)
-    if state is None or file_path not in state.dumps:
+    if state is None or file_path not in state.options.dump:
         return None
     from pytest_msprobe.plugin.items import DumpFile
 
@@ -104,7 +129,7 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     config = node.config  # type: ignore[attr-defined]  # xdist's WorkerController
     state = config.stash.get(STATE_KEY, None)
     if state is not None:
-        prefixes = tuple(f"{bestrelpath(config.rootpath, dump)}::" for dump in state.dumps)
+        prefixes = tuple(f"{bestrelpath(config.rootpath, dump)}::" for dump in state.options.dump)
         state.only_dump_calls = state.only_dump_calls is not False and all(nodeid.startswith(prefixes) for nodeid in ids)
 
 
@@ -151,5 +176,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         return
     from pytest_msprobe.plugin.items import dump_lines
 
-    for line in dump_lines(config, state.dumps):
+    for line in dump_lines(config, state.options.dump):
         terminalreporter.write_line(line)

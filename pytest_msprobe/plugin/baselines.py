@@ -28,7 +28,6 @@ from pytest_msprobe.results.writer import write_regressions
 if TYPE_CHECKING:
     from pytest_msprobe.plugin.reports import ReportPlugin
 
-REPORT_ATTRIBUTE = "msprobe_record"
 SHOWN_REGRESSIONS = 20
 
 
@@ -36,32 +35,16 @@ class BaselinePlugin:
     def __init__(self, config: pytest.Config, reports: ReportPlugin) -> None:
         self.config = config
         self.reports = reports  # its writer pools the kernel verdicts
-        self.save_to = options.path(config, "msprobe_baseline_save")
-        self.judged_by = options.path(config, "msprobe_baseline")
-        self.update = bool(options.get(config, "msprobe_baseline_update"))
-        if self.update and self.judged_by is None:
-            raise pytest.UsageError(
-                "--msprobe-baseline-update needs --msprobe-baseline=DIR, the baseline to update "
-                "(to record a new baseline of every call, use --msprobe-baseline-save=DIR)"
-            )
+        chosen = options.of(config)
+        self.save_to, self.judged_by, self.update = chosen.baseline_save, chosen.baseline, chosen.baseline_update
         self.current: dict[tuple[str | None, str], CallMetrics] = {}
         self._comparison: RunComparison | None = None
 
-    @pytest.hookimpl(tryfirst=True)  # before the report writer takes the record off the report
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    def pytest_msprobe_result(self, nodeid: str, record: ResultRecord) -> None:
+        """A call's result, as the report plugin wrote it (hookspecs.py)."""
         if self.save_to is None and session_state(self.config).baseline is None:
             return  # no baseline to write, and no recorded metrics to compare with
-        data = getattr(report, REPORT_ATTRIBUTE, None)
-        if report.when != "call" or data is None or hasattr(self.config, "workerinput"):
-            return
-        from pytest_msprobe.plugin.reports import record_data
-
-        attached = record_data(data)
-        if attached is None:
-            return
-        record = ResultRecord.from_dict(attached)
-        dump_key = report.nodeid.rsplit("::", 1)[0]
-        self.current[(dump_key, record.call)] = CallMetrics.of(record)
+        self.current[(nodeid.rsplit("::", 1)[0], record.call)] = CallMetrics.of(record)
 
     def _kernels(self) -> dict[tuple[str | None, str], CallMetrics]:
         """The run's kernel verdicts (plugin/kernels.py), keyed as its calls are."""
@@ -71,6 +54,9 @@ class BaselinePlugin:
         return {(bestrelpath(rootpath, Path(v.key.dump)), v.key.name): CallMetrics.of_kernel(v) for v in verdicts}
 
     def pytest_sessionfinish(self) -> None:
+        """The baseline files and the regressions file. No order with the report plugin's
+        sessionfinish: of its writer, open or closed, this reads only the kernels' pool and
+        the files' names (the HTML report, which reads the closed files, goes last)."""
         if hasattr(self.config, "workerinput"):
             return
         if self.save_to is not None or self.update:
@@ -93,13 +79,14 @@ class BaselinePlugin:
             recorded.calls.update({(key(dump), call): metrics for (dump, call), metrics in self.current.items()})
             recorded.write(self.judged_by)
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside KernelPlugin's wrapper: after the kernels' tests
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
         """Under --msprobe-gate a kernel that regressed is a failing test, reported after
-        the calls (plugin/kernels.py's way: every call's record is needed)."""
+        the calls and the kernels' own tests (plugin/kernels.py's way: every call's record
+        is needed)."""
         result = yield
         state = session_state(self.config)
-        if not state.gate or hasattr(self.config, "workerinput") or session.shouldfail or session.shouldstop:
+        if not state.options.gate or hasattr(self.config, "workerinput") or session.shouldfail or session.shouldstop:
             return result
         kernels = [change for change in self.comparison().kernels if change.kind == "regression"]
         session.testscollected += len(kernels)
@@ -119,6 +106,7 @@ class BaselinePlugin:
             self._comparison = compare_run(counterparts, calls, indexes)
         return self._comparison
 
+    @pytest.hookimpl(tryfirst=True)  # its section before the report plugin's msprobe summary
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         recorded = session_state(self.config).baseline
         if recorded is None or hasattr(self.config, "workerinput"):
@@ -130,7 +118,7 @@ class BaselinePlugin:
 
     def _dumps(self) -> list[tuple[str, Path]]:
         rootpath = self.config.rootpath
-        return [(bestrelpath(rootpath, path), path) for path in session_state(self.config).dumps]
+        return [(bestrelpath(rootpath, path), path) for path in options.of(self.config).dump]
 
 
 def summary_lines(comparison: RunComparison, updated: bool) -> list[str]:

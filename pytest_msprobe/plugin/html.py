@@ -2,7 +2,7 @@
 
 Where the test runs, the check keeps a sample of elements of each failing or warning
 output (of every output with --msprobe-html-all: Settings.sample_statuses, from
-options.sample_statuses), which travels in the ResultRecord to the single writer's journal like the
+Options.sample_statuses), which travels in the ResultRecord to the single writer's journal like the
 rest of the record. When the session ends, after the result files are closed, the
 controller (or the lone process) writes the report from that journal, and the terminal
 summary names it. Without the option no sample is taken and this plugin is not
@@ -30,11 +30,9 @@ class HtmlPlugin:
     def __init__(self, config: pytest.Config, reports: ReportPlugin) -> None:
         self.config = config
         self.reports = reports  # its writer holds the run's files
-        base = Path(config.invocation_params.dir)
-        self.target = base / options.get(config, "msprobe_html")
-        scripts = options.get(config, "msprobe_scripts")
-        self.scripts = base / scripts if scripts else None
-        self.baseline_folder = options.get(config, "msprobe_baseline") or options.get(config, "msprobe_reference_csv")
+        chosen = options.of(config)
+        assert chosen.html is not None  # registered only with --msprobe-html
+        self.target, self.scripts, self.baseline_folder = chosen.html, chosen.scripts, chosen.reference_label
         self.written: Path | None = None
         self.problem = ""
 
@@ -69,6 +67,6 @@ class HtmlPlugin:
             )
 
     def _title(self) -> str:
-        dumps = [bestrelpath(self.config.rootpath, path) for path in session_state(self.config).dumps]
+        dumps = [bestrelpath(self.config.rootpath, path) for path in options.of(self.config).dump]
         more = f" and {len(dumps) - TITLE_DUMPS} more" if len(dumps) > TITLE_DUMPS else ""
         return "pytest-msprobe: " + ", ".join(dumps[:TITLE_DUMPS]) + more

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -57,10 +57,11 @@ def open_dump(config: pytest.Config, path: Path, summary: bool = False) -> DumpI
     """The dump's index (with `summary`: what its current cache says of it, where it has
     one: the xdist controller's summary line needs no columns), or DumpError saying why
     this run cannot check the dump."""
-    index = (summary and cached_summary(path, options.cache_folder(config))) or load_index(path, options.cache_folder(config))
+    chosen = options.of(config)
+    index = (summary and cached_summary(path, chosen.cache_folder)) or load_index(path, chosen.cache_folder)
     if index.framework == "mindspore":
         require_mindspore()
-    if session_state(config).offline and index.task != "tensor":
+    if chosen.offline and index.task != "tensor":
         from pytest_msprobe.judge.offline import require_tensor_task  # torch: not in the xdist controller
 
         require_tensor_task(index)
@@ -86,7 +87,7 @@ class DumpFile(pytest.File):
         state.module_entries += index.modules
         state.unparsed_names.extend(index.skipped_names)
         api_types = [api_type.lower() for api_type, _ in index.apis]
-        explore = options.explore_examples(self.config)
+        explore = options.of(self.config).explore
         for position, (name, api, backward) in enumerate(zip(index.names, index.api.tolist(), index.backward.tolist(), strict=True)):
             markers = (DIRECTIONS[backward], "api_" + api_types[api])
             yield CallItem.from_parent(self, name=name, index=index, position=position, markers=markers)
@@ -142,7 +143,7 @@ class CallItem(pytest.Item):
         change = state.gated(self.index, record)
         if change is not None and change.kind == "regression":
             raise CallFailed(f"regression against the baseline (--msprobe-gate): {change.describe()}\n{record.message}")
-        failing = record.status == "error" or (record.status == "warning" and state.strict)
+        failing = record.status == "error" or (record.status == "warning" and options.of(self.config).strict)
         if failing and change is not None:
             pytest.xfail(f"failed the same way in the baseline, not a regression (--msprobe-gate): {change.describe()}")
         if failing:
@@ -179,8 +180,8 @@ class ExploreItem(CallItem):
     def plan(self) -> Plan:
         from pytest_msprobe.judge.explore import Plan
 
-        out = options.out_folder(self.config)
-        return Plan(self.examples, out / EXPLORED_FOLDER, out / HYPOTHESIS_FOLDER, session_state(self.config).strict)
+        chosen = options.of(self.config)
+        return Plan(self.examples, chosen.out / EXPLORED_FOLDER, chosen.out / HYPOTHESIS_FOLDER, chosen.strict)
 
     def judged(self) -> ResultRecord:
         from pytest_msprobe.judge.explore import explore_call
@@ -232,7 +233,7 @@ class UncheckedDump(pytest.Item):
         return self.path, None, f"{self.path.name}: not checked"
 
 
-def dump_lines(config: pytest.Config, dumps: list[Path]) -> Iterator[str]:
+def dump_lines(config: pytest.Config, dumps: Sequence[Path]) -> Iterator[str]:
     """What each dump held besides the collected calls: Module/Cell entries (whole
     modules, outside an API-level check) and keys that are not call names."""
     from pytest_msprobe.plugin.compat import bestrelpath

@@ -65,7 +65,7 @@ class KernelPlugin:
         """Under --msprobe-gate, why a failing kernel is expected to: the baseline's verdict
         of it (judge/baseline.py Baseline.kernel) was an error too; None otherwise."""
         state = session_state(self.config)
-        found = state.baseline.kernel(dump, name) if state.gate and state.baseline is not None else None
+        found = state.baseline.kernel(dump, name) if state.options.gate and state.baseline is not None else None
         if found is None or found[1].status != "error":
             return None
         return f"{name}: failed the same way in the baseline (recorded in {found[0]}), not a regression (--msprobe-gate)"
@@ -75,10 +75,11 @@ class KernelPlugin:
         a selection left calls out, that only the selected ones are evidence."""
         collected, resumed = self.reports.selected, self.reports.resumed_from
         since = f" and of the run in {resumed.journal.name} (--msprobe-resume)" if resumed is not None else ""
+        shard = options.of(self.config).shard
         selections = {
             "-k": self.config.getoption("keyword"),
             "-m": self.config.getoption("markexpr"),
-            "--msprobe-shard": options.get(self.config, "msprobe_shard"),
+            "--msprobe-shard": f"{shard[0]}/{shard[1]}" if shard else None,
         }
         chosen = [f"{flag} {shlex.quote(str(value))}" for flag, value in selections.items() if value]
         if not chosen:

@@ -1,14 +1,19 @@
 """The plugin's options: each one a command-line flag and the same setting as an ini
-option, declared once in a table.
+option, declared once in a table (OPTIONS), and read once, at configure, into one
+frozen, typed Options value that every hook reads (`of`): a misspelt option is then a
+type error, not a silent None, and every check of a value is made once, up front.
 
 A relative path means what pytest makes it mean where it was written: on the command
 line, relative to the current folder; in an ini file (or `-o`), relative to that ini
 file's folder, as pytest's own `paths` options are. So `msprobe_dump = step0` in a
-project's pytest.ini works from any subfolder of the project."""
+project's pytest.ini works from any subfolder of the project. Every path option is
+resolved by that one rule, in one place (`located`)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,7 @@ from typing import Any
 import pytest
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
+from pytest_msprobe.plugin.scheduling import parse_shard
 
 
 @dataclass(frozen=True)
@@ -217,6 +223,7 @@ OPTIONS = (
         "msprobe_html",
         "Write a self-contained HTML report of the run to this file: counts, environment, a sortable "
         "table of every call, and plots of each failing or warning call's elements",
+        "path",
         metavar="FILE",
     ),
     Option(
@@ -295,24 +302,182 @@ def add_options(parser: pytest.Parser) -> None:
             parser.addini(option.name, option.described, default=option.default)
 
 
-def get(config: pytest.Config, name: str) -> Any:  # Any: of the option's kind (a str, bool or list of paths)
+@dataclass(frozen=True)
+class Options:
+    """Every option's value, read once at configure from its flag or its ini setting,
+    checked and typed: every hook reads these fields, never the options by name. A
+    field is its option's name without `msprobe_` (tests/test_options.py holds the two
+    to each other); a path is absolute (see `located`)."""
+
+    dump: tuple[Path, ...]  # every dump.json the option names (dump_files)
+    device: str
+    out: Path
+    strict: bool
+    max_elements: int
+    standards: Path | None
+    offline: bool
+    baseline_save: Path | None
+    baseline: Path | None
+    baseline_update: bool
+    gate: bool
+    reference_csv: Path | None
+    resume: bool
+    config: Path | None
+    white_list: tuple[str, ...]
+    black_list: tuple[str, ...]
+    dedup: bool
+    save_failed: Path | None
+    scripts: Path | None
+    scripts_all: bool
+    html: Path | None
+    html_all: bool
+    devices: tuple[int, ...] | None  # None: every visible device
+    shard: tuple[int, int] | None  # (I, N); None: no sharding
+    explore: int
+    repeat: int
+    timeout: float
+    # Not an option: --msprobe-baseline (else --msprobe-reference-csv) as the user wrote
+    # it, which is what the HTML report names the recorded metrics by.
+    reference_label: str | None
+
+    @property
+    def sample_statuses(self) -> frozenset[str]:
+        """The verdict statuses whose outputs keep an element sample for the HTML report
+        (judge/samples.py): none without --msprobe-html, so a run without it costs nothing."""
+        if self.html is None:
+            return frozenset()
+        return SAMPLED_EVERY if self.html_all else SAMPLED_FAILING
+
+    @property
+    def cache_folder(self) -> Path:
+        """Where the dumps' index caches live: inside --msprobe-out."""
+        from pytest_msprobe.dump.cache import CACHE_FOLDER
+
+        return self.out / CACHE_FOLDER
+
+
+SAMPLED_FAILING = frozenset({"error", "warning"})
+SAMPLED_EVERY = frozenset({"error", "warning", "pass"})
+
+# Options that need another, or cannot go with one: (broken, what to do), checked once
+# the options are read, in this order.
+COMBINATIONS: tuple[tuple[Callable[[Options], bool], str], ...] = (
+    (lambda chosen: chosen.html_all and chosen.html is None, "--msprobe-html-all needs --msprobe-html=FILE, the report to write"),
+    (
+        lambda chosen: chosen.repeat > 1 and chosen.offline,
+        "--msprobe-repeat runs the device again on each call's inputs, and --msprobe-offline "
+        "runs no device (the dumped outputs are the device's, one run): drop one of them",
+    ),
+    (
+        lambda chosen: chosen.explore > 0 and chosen.offline,
+        "--msprobe-explore replays inputs the dump has no outputs for, so it needs the device under "
+        "test: drop --msprobe-offline (explore on the machine that has the device)",
+    ),
+    (
+        lambda chosen: chosen.scripts_all and chosen.scripts is None,
+        "--msprobe-scripts-all needs --msprobe-scripts=DIR, the folder to write the scripts in",
+    ),
+    (
+        lambda chosen: chosen.baseline_update and chosen.baseline is None,
+        "--msprobe-baseline-update needs --msprobe-baseline=DIR, the baseline to update "
+        "(to record a new baseline of every call, use --msprobe-baseline-save=DIR)",
+    ),
+)
+
+OPTIONS_KEY = pytest.StashKey[Options]()
+
+
+def read(config: pytest.Config) -> Options | None:
+    """The options, read, checked and kept in the config's stash for every hook (`of`);
+    None where no dump is named: the plugin then does nothing, and checks nothing."""
+    dumps = dump_files(config)
+    if not dumps:
+        return None
+    from pytest_msprobe.dump.filters import split_names
+
+    flag, text, path, whole = (
+        functools.partial(_flag, config),
+        functools.partial(_text, config),
+        functools.partial(located, config),
+        functools.partial(_whole, config),
+    )
+    chosen = Options(
+        dump=tuple(dumps),
+        device=str(text("msprobe_device")),
+        out=_out(config),
+        strict=flag("msprobe_strict"),
+        max_elements=whole("msprobe_max_elements"),
+        standards=path("msprobe_standards"),
+        offline=flag("msprobe_offline"),
+        baseline_save=path("msprobe_baseline_save"),
+        baseline=path("msprobe_baseline"),
+        baseline_update=flag("msprobe_baseline_update"),
+        gate=flag("msprobe_gate"),
+        reference_csv=path("msprobe_reference_csv"),
+        resume=flag("msprobe_resume"),
+        config=path("msprobe_config"),
+        white_list=split_names(text("msprobe_white_list")),
+        black_list=split_names(text("msprobe_black_list")),
+        dedup=flag("msprobe_dedup"),
+        save_failed=path("msprobe_save_failed"),
+        scripts=path("msprobe_scripts"),
+        scripts_all=flag("msprobe_scripts_all"),
+        html=path("msprobe_html"),
+        html_all=flag("msprobe_html_all"),
+        devices=device_list(text("msprobe_devices")),
+        shard=parse_shard(text("msprobe_shard")),
+        explore=whole("msprobe_explore"),
+        repeat=whole("msprobe_repeat"),
+        timeout=float(_number(config, "msprobe_timeout")),
+        reference_label=text("msprobe_baseline") or text("msprobe_reference_csv"),
+    )
+    for broken, message in COMBINATIONS:
+        if broken(chosen):
+            raise pytest.UsageError(message)
+    config.stash[OPTIONS_KEY] = chosen
+    return chosen
+
+
+def of(config: pytest.Config) -> Options:
+    """The options `read` at configure (only where a dump is named)."""
+    return config.stash[OPTIONS_KEY]
+
+
+def _given(config: pytest.Config, name: str) -> Any:  # Any: of the option's kind (a str, bool, number or list of paths)
     """The flag when given, else the ini value (whose default is the option's)."""
     value = config.getoption(name)
     return value if value is not None else config.getini(name)
 
 
-def path(config: pytest.Config, name: str) -> Path | None:
-    """A path option, absolute: the flag relative to the current folder, the ini value
-    relative to the ini file's folder, else the option's default (relative to the
-    current folder); None where the option is not set and has no default."""
+def _flag(config: pytest.Config, name: str) -> bool:
+    return bool(_given(config, name))
+
+
+def _text(config: pytest.Config, name: str) -> str | None:
+    value = _given(config, name)
+    return str(value) if value else None
+
+
+def located(config: pytest.Config, name: str) -> Path | None:
+    """A path option, absolute, by the one rule every path option follows: the flag
+    relative to the current folder, the ini value (or -o) relative to the ini file's
+    folder, else the option's default (relative to the current folder); None where the
+    option is not set (or set to nothing) and has no default."""
     given = config.getoption(name)
-    if given is not None:
+    if given:
         return Path(config.invocation_params.dir) / given
     written = config.getini(name)
     if written:
         return ini_folder(config) / written
     default = OPTIONS_BY_NAME[name].default
     return Path(config.invocation_params.dir) / default if default else None
+
+
+def _out(config: pytest.Config) -> Path:
+    """--msprobe-out, which has a default."""
+    folder = located(config, "msprobe_out")
+    assert folder is not None
+    return folder
 
 
 def ini_folder(config: pytest.Config) -> Path:
@@ -342,66 +507,30 @@ def dump_files(config: pytest.Config) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def number(config: pytest.Config, name: str) -> Any:  # Any: an int, or a float where the option takes one
+def _number(config: pytest.Config, name: str) -> int | float:
     """A number option's value: the flag's, which argparse checked, or the ini value,
     checked here the same way (an ini file is read after the command line is parsed)."""
     option = OPTIONS_BY_NAME[name]
     assert option.number is not None, f"{option.flag} takes no number"
     try:
-        return option.number(get(config, name))
+        return option.number(_given(config, name))
     except argparse.ArgumentTypeError as exc:
         raise pytest.UsageError(f"{option.flag} {exc}") from None
 
 
-def max_elements(config: pytest.Config) -> int:
-    return int(number(config, "msprobe_max_elements"))
+def _whole(config: pytest.Config, name: str) -> int:
+    return int(_number(config, name))
 
 
-def explore_examples(config: pytest.Config) -> int:
-    """--msprobe-explore's examples per call (0: no exploration). Exploring replays new
-    inputs, which a dump has no outputs for: it needs the device, not --msprobe-offline."""
-    examples = int(number(config, "msprobe_explore"))
-    if examples and get(config, "msprobe_offline"):
-        raise pytest.UsageError(
-            "--msprobe-explore replays inputs the dump has no outputs for, so it needs the device under "
-            "test: drop --msprobe-offline (explore on the machine that has the device)"
-        )
-    return examples
-
-
-def repeat(config: pytest.Config) -> int:
-    """--msprobe-repeat: how many times the device runs each call (1: once, no check)."""
-    value = int(number(config, "msprobe_repeat"))
-    if value > 1 and get(config, "msprobe_offline"):
-        raise pytest.UsageError(
-            "--msprobe-repeat runs the device again on each call's inputs, and --msprobe-offline "
-            "runs no device (the dumped outputs are the device's, one run): drop one of them"
-        )
-    return value
-
-
-def out_folder(config: pytest.Config) -> Path:
-    """--msprobe-out, absolute."""
-    folder = path(config, "msprobe_out")
-    assert folder is not None  # it has a default
-    return folder
-
-
-def cache_folder(config: pytest.Config) -> Path:
-    """Where the dumps' index caches live: inside --msprobe-out."""
-    from pytest_msprobe.dump.cache import CACHE_FOLDER
-
-    return out_folder(config) / CACHE_FOLDER
-
-
-SAMPLED_FAILING = frozenset({"error", "warning"})
-SAMPLED_EVERY = frozenset({"error", "warning", "pass"})
-
-
-def sample_statuses(config: pytest.Config) -> frozenset[str]:
-    """The verdict statuses whose outputs keep an element sample for the HTML report
-    (judge/samples.py): none without --msprobe-html, so a run without it costs nothing."""
-    wanted, every = get(config, "msprobe_html"), bool(get(config, "msprobe_html_all"))
-    if every and not wanted:
-        raise pytest.UsageError("--msprobe-html-all needs --msprobe-html=FILE, the report to write")
-    return (SAMPLED_EVERY if every else SAMPLED_FAILING) if wanted else frozenset()
+def device_list(raw: str | None) -> tuple[int, ...] | None:
+    """The ids of --msprobe-devices as written (None: every visible device); a list
+    that is not one is a usage error, told without asking any device."""
+    if not raw:
+        return None
+    try:
+        ids = tuple(int(part) for part in str(raw).split(",") if part.strip())
+    except ValueError:
+        raise pytest.UsageError(f"--msprobe-devices {raw!r}: expected device ids separated by commas, e.g. 0,1,2,3") from None
+    if not ids:
+        raise pytest.UsageError(f"--msprobe-devices {raw!r}: name at least one device id")
+    return ids

@@ -4,9 +4,12 @@ and failed_data.
 Where results go: the process that runs a test attaches its ResultRecord to the
 call-phase report (`report.msprobe_record`: a plain dict, or in an xdist worker that
 dict as one JSON string, which execnet sends and reads several times faster than the
-nested dict; `record_data` reads either). pytest's default report serialization copies
-a report's attributes, so under xdist it reaches the controller intact. The controller
-(or the lone process without xdist) is the single writer.
+nested dict; `attach_record` and `take_record` are all that know the attribute).
+pytest's default report serialization copies a report's attributes, so under xdist it
+reaches the controller intact. The controller (or the lone process without xdist) is
+the single writer: it takes the record off the report, writes it, and hands it on to
+the rest of the plugin (pytest_msprobe_result, hookspecs.py), so that no other hook
+reads the report before or after this one.
 
 Calls left out by the lists, by dedup or because --msprobe-resume found their results
 are deselected at collection (pytest counts them as "deselected"; the reasons are
@@ -80,21 +83,21 @@ class ReportOptions:
     def from_config(cls, config: pytest.Config) -> ReportOptions:
         """The options, falling back to --msprobe-config's acc_check/run_ut section for
         the lists and the failed-data folder."""
-        config_file = options.path(config, "msprobe_config")
+        chosen = options.of(config)
         try:
-            msprobe = filters.read_config(config_file) if config_file else filters.AccCheckConfig()
+            msprobe = filters.read_config(chosen.config) if chosen.config else filters.AccCheckConfig()
         except filters.FilterConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
-        save_failed = options.path(config, "msprobe_save_failed")
+        save_failed = chosen.save_failed
         if save_failed is None and msprobe.error_data_path:
             save_failed = Path(config.invocation_params.dir) / msprobe.error_data_path
         return cls(
-            out=options.out_folder(config),
-            resume=bool(options.get(config, "msprobe_resume")),
-            strict=bool(options.get(config, "msprobe_strict")),
-            white_list=filters.split_names(options.get(config, "msprobe_white_list")) or msprobe.white_list,
-            black_list=filters.split_names(options.get(config, "msprobe_black_list")) or msprobe.black_list,
-            dedup=bool(options.get(config, "msprobe_dedup")),
+            out=chosen.out,
+            resume=chosen.resume,
+            strict=chosen.strict,
+            white_list=chosen.white_list or msprobe.white_list,
+            black_list=chosen.black_list or msprobe.black_list,
+            dedup=chosen.dedup,
             save_failed=save_failed,
         )
 
@@ -201,14 +204,13 @@ class ReportPlugin:
             record = item.stash.get(RESULT_KEY, None) or _crashed(item, call, report.outcome)
             if self.options.save_failed and (record.status == "error" or (record.status == "warning" and self.options.strict)):
                 self._save_failed(item, record, report)
-            data = record.to_dict()
-            setattr(report, REPORT_ATTRIBUTE, json.dumps(data) if hasattr(self.config, "workerinput") else data)
+            attach_record(report, record.to_dict(), hasattr(self.config, "workerinput"))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writes or report.when != "call":
             return
-        data = record_data(report.__dict__.pop(REPORT_ATTRIBUTE, None))  # the controller keeps no records in memory
+        data = take_record(report)  # the controller keeps no records in memory
         if data is None:
             return
         represents = dict(report.user_properties).get(REPRESENTS_PROPERTY, 1)  # an int, set in collection
@@ -218,6 +220,7 @@ class ReportPlugin:
             session_state(self.config).worker_devices.setdefault(node.gateway.id, entry.record.device)
         self._writer().add(entry)
         self.summary.add(entry.record, entry.represents)
+        self.config.hook.pytest_msprobe_result(nodeid=report.nodeid, record=entry.record)
         self._show_progress()
 
     def _show_progress(self) -> None:
@@ -273,8 +276,19 @@ class ReportPlugin:
             terminalreporter.write_line(line)
 
 
-def record_data(attached: Record | str | None) -> Record | None:
-    """A report's record as attached (REPORT_ATTRIBUTE): a dict, or a worker's JSON string."""
+def attach_record(report: pytest.TestReport, record: Record, serialized: bool) -> None:
+    """Where the test ran: its record travels on its call report, to the single writer
+    (`serialized` in an xdist worker: one JSON string; see the module's docstring)."""
+    setattr(report, REPORT_ATTRIBUTE, json.dumps(record) if serialized else record)
+
+
+def take_record(report: pytest.TestReport) -> Record | None:
+    """The single writer takes the record off the report (None where it has none): a
+    report kept after it (pytest's and xdist's) holds no copy of it."""
+    attached: Record | str | None = getattr(report, REPORT_ATTRIBUTE, None)
+    if attached is None:
+        return None
+    delattr(report, REPORT_ATTRIBUTE)
     return json.loads(attached) if isinstance(attached, str) else attached
 
 

@@ -4,7 +4,6 @@ isolation. Registered by plugin/__init__.py only when a dump is given."""
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pytest
@@ -21,18 +20,6 @@ if TYPE_CHECKING:
     from xdist.workermanage import WorkerController
 
 
-@dataclass(frozen=True)
-class ScaleOptions:
-    shard: tuple[int, int] | None
-    timeout: float
-
-    @classmethod
-    def from_config(cls, config: pytest.Config) -> ScaleOptions:
-        timeout = float(options.number(config, "msprobe_timeout"))
-        return cls(scheduling.parse_shard(options.get(config, "msprobe_shard")), timeout)
-
-
-SCALE_KEY = pytest.StashKey[ScaleOptions]()
 SHARD_DROPPED_KEY = pytest.StashKey[int]()
 RANKS_KEY = pytest.StashKey[workers.HostRanks]()
 # what a worker tells the controller when it finishes (config.workeroutput)
@@ -40,7 +27,6 @@ ENVIRONMENT_OUTPUT = "msprobe_environment"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[SCALE_KEY] = ScaleOptions.from_config(config)
     if not hasattr(config, "workerinput"):
         workers.prefer_worksteal(config)
     if workers.is_controller(config):
@@ -134,8 +120,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """The xdist controller parses each dump once, before its workers start (xdist's
     own sessionstart, trylast), so that they collect from the index cache."""
     if session.config.pluginmanager.has_plugin("dsession"):
-        for dump in session_state(session.config).dumps:
-            ensure_cached(dump, options.cache_folder(session.config))
+        chosen = options.of(session.config)
+        for dump in chosen.dump:
+            ensure_cached(dump, chosen.cache_folder)
 
 
 @pytest.hookimpl(trylast=True)
@@ -146,7 +133,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     calls = [item for item in items if isinstance(item, CallItem)]
     others = [item for item in items if not isinstance(item, CallItem)]
-    shard = config.stash[SCALE_KEY].shard
+    shard = options.of(config).shard
     if shard is not None:
         part, total = shard
         mine = [scheduling.shard_of(str(item.call), total) == part for item in calls]
@@ -163,8 +150,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [*others, *calls]
 
 
+# tryfirst: pytest prints these lines in the reverse order of the calls, so the shard's
+# comes after the report plugin's.
+@pytest.hookimpl(tryfirst=True)
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
-    shard = config.stash[SCALE_KEY].shard
+    shard = options.of(config).shard
     if shard is None:
         return []
     return [f"msprobe: shard {shard[0]}/{shard[1]}: deselected {config.stash.get(SHARD_DROPPED_KEY, 0)} calls of the other shards"]
@@ -182,7 +172,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         return (yield)
     settings = session_state(item.config).settings()
     try:
-        with isolation.deadline(item.config.stash[SCALE_KEY].timeout * item.timeout_factor):
+        with isolation.deadline(options.of(item.config).timeout * item.timeout_factor):
             return (yield)
     except outcome.CallFailed:
         raise
@@ -207,32 +197,33 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: obj
     the call's error record, so that the result files hold it like any other."""
     from pytest_msprobe.judge import outcome
     from pytest_msprobe.plugin.items import headline
-    from pytest_msprobe.plugin.reports import REPORT_ATTRIBUTE
+    from pytest_msprobe.plugin.reports import attach_record
 
     config = report.node.config  # the crashed WorkerController
     state = session_state(config)
     relpath, _, call = crashitem.partition("::")
-    dumps = {bestrelpath(config.rootpath, dump): dump for dump in state.dumps}
+    dumps = {bestrelpath(config.rootpath, dump): dump for dump in state.options.dump}
     if relpath not in dumps:
         return
     worker = report.node.gateway.id
     device = state.worker_devices.get(worker) or _planned_device(config, worker)
-    record = outcome.crash_record(str(dumps[relpath]), call, device, worker, config.stash[SCALE_KEY].timeout)
+    record = outcome.crash_record(str(dumps[relpath]), call, device, worker, options.of(config).timeout)
     report.when = "call"  # the call phase is where it died
     report.location = (relpath, None, headline(crashitem, call))  # as the item names itself
     report.longrepr = record.message
     report.user_properties.append(("msprobe_device", device))
-    setattr(report, REPORT_ATTRIBUTE, record.to_dict())
+    attach_record(report, record.to_dict(), serialized=False)
 
 
 def _planned_device(config: pytest.Config, worker: str) -> str:
     """The device a worker that died before any result was to use, as the controller
     knows it (without torch): `cpu`, or the device kind and id."""
-    request = str(options.get(config, "msprobe_device"))
+    chosen = options.of(config)
+    request = chosen.device
     if request == "cpu":
         return "cpu"
     ranks = config.stash.get(RANKS_KEY, None)
     rank = ranks.ranks.get(worker) if ranks is not None else None
-    ids = workers.parse_device_list(options.get(config, "msprobe_devices"))
+    ids = chosen.devices
     index = workers.device_of(ids, rank) if ids else (rank or 0)
     return f"{request if request in ('cuda', 'npu') else 'device'}:{index} (worker {worker})"

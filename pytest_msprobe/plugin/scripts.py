@@ -30,21 +30,19 @@ SCRIPTS_KEY = pytest.StashKey["ScriptOptions | None"]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    folder = options.path(config, "msprobe_scripts")
-    every = bool(options.get(config, "msprobe_scripts_all"))
-    if not folder:
-        if every:
-            raise pytest.UsageError("--msprobe-scripts-all needs --msprobe-scripts=DIR, the folder to write the scripts in")
+    chosen = options.of(config)
+    if chosen.scripts is None:
         config.stash[SCRIPTS_KEY] = None
         return
-    standards = options.path(config, "msprobe_standards")
-    state = session_state(config)
-    modes = [flag for flag, used in (("--msprobe-offline", state.offline), ("--msprobe-baseline", state.baseline is not None)) if used]
+    standards = chosen.standards
+    used = (("--msprobe-offline", chosen.offline), ("--msprobe-baseline", session_state(config).baseline is not None))
+    modes = [flag for flag, on in used if on]
     note = f" (the run used {' and '.join(modes)}; the script replays on the device and judges against the bench)" if modes else ""
-    config.stash[SCRIPTS_KEY] = ScriptOptions(folder, every, standards.read_text("utf-8") if standards else None, note)
+    config.stash[SCRIPTS_KEY] = ScriptOptions(chosen.scripts, chosen.scripts_all, standards.read_text("utf-8") if standards else None, note)
 
 
-@pytest.hookimpl(wrapper=True)
+# Outside the report plugin's wrapper (tryfirst): its failed-data section comes first.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     chosen = item.config.stash.get(SCRIPTS_KEY, None)

@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_msprobe.plugin import options
-
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.judge.baseline import Baseline
     from pytest_msprobe.judge.call import Settings
     from pytest_msprobe.judge.record import ResultRecord
     from pytest_msprobe.judge.upgrade import Change, Counterparts
+    from pytest_msprobe.plugin.options import Options
     from pytest_msprobe.run.devices import Backend
     from pytest_msprobe.standards import Registry
 
@@ -37,8 +36,7 @@ _UNREAD = object()
 @dataclass
 class SessionState:
     config: pytest.Config
-    dumps: list[Path]
-    strict: bool
+    options: Options  # read once at configure (plugin/options.py)
     indexes: dict[Path, DumpIndex] = field(default_factory=dict)
     module_entries: int = 0
     unparsed_names: list[str] = field(default_factory=list)
@@ -62,23 +60,14 @@ class SessionState:
         return not is_controller(self.config)
 
     @property
-    def offline(self) -> bool:
-        return bool(options.get(self.config, "msprobe_offline"))
-
-    @property
     # Any: a Baseline or None, whose str-typed dump keys plugin/baselines.py calls with the
     # None key of calls outside any dump
     def baseline(self) -> Any:
         """The recorded metrics to judge against (judge.baseline.Baseline), or None;
         read once per process."""
         if self._baseline is _UNREAD:
-            self._baseline = _recorded_metrics(self.config, self.dumps)
+            self._baseline = _recorded_metrics(self.config, self.options)
         return self._baseline
-
-    @property
-    def gate(self) -> bool:
-        """--msprobe-gate: a regression against the baseline fails, a failure it held passes."""
-        return bool(options.get(self.config, "msprobe_gate"))
 
     def counterparts(self) -> Counterparts | None:
         """The baseline's record of each call (judge/upgrade.py), None without a baseline;
@@ -92,7 +81,7 @@ class SessionState:
     def gated(self, index: DumpIndex, record: ResultRecord) -> Change | None:
         """Under --msprobe-gate, the call's change against its record in the baseline;
         None without the gate or where it has no record (new, a dump of another model)."""
-        counterparts = self.counterparts() if self.gate else None
+        counterparts = self.counterparts() if self.options.gate else None
         if counterparts is None or record.status == "skip":
             return None
         from pytest_msprobe.judge.baseline import CallMetrics
@@ -100,27 +89,22 @@ class SessionState:
         return counterparts.change(index.key, lambda: index, record.call, CallMetrics.of(record))
 
     def check(self) -> None:
-        """At configure: every usage error of the options, once. Where calls run, the
-        device too (Settings); an xdist worker keeps a device problem as `problem`
-        instead of raising (see the module's docstring)."""
-        options.max_elements(self.config)
-        options.sample_statuses(self.config)
-        options.repeat(self.config)
-        options.explore_examples(self.config)
-        from pytest_msprobe.plugin.workers import parse_device_list
+        """At configure, after the options were read (and checked): what they name. The
+        device's name, the baseline; where calls run, the device too (Settings); an xdist
+        worker keeps a device problem as `problem` instead of raising (see the module's
+        docstring)."""
         from pytest_msprobe.run.devices import DeviceUnavailable, check_name
 
         try:
-            check_name(options.get(self.config, "msprobe_device"))
+            check_name(self.options.device)
         except DeviceUnavailable as exc:
             raise pytest.UsageError(f"--msprobe-device: {exc}") from None
-        parse_device_list(options.get(self.config, "msprobe_devices"))
         self.baseline  # noqa: B018 - a baseline that cannot be read is a usage error here
-        if self.gate and self.baseline is None:
+        if self.options.gate and self.baseline is None:
             raise pytest.UsageError("--msprobe-gate needs --msprobe-baseline=DIR, the baseline recorded before the upgrade")
         if not self.runs_calls:
-            if _custom_routes(self.config):  # the shipped tables are checked by the project's tests
-                _registry(self.config)
+            if _custom_routes(self.config, self.options):  # the shipped tables are checked by the project's tests
+                _registry(self.config, self.options)
             return
         try:
             self.settings()
@@ -141,17 +125,17 @@ class SessionState:
             from pytest_msprobe.judge.call import Settings
 
             _register_bench_functions(self.config)
-            backend, self.device_index = _backend(self.config)
+            backend, self.device_index = _backend(self.config, self.options.device)
             self._settings = Settings(
                 backend=backend,
                 device_index=self.device_index,
-                max_elements=options.max_elements(self.config),
-                registry=_registry(self.config),
-                device_request=options.get(self.config, "msprobe_device"),
-                offline=self.offline,
+                max_elements=self.options.max_elements,
+                registry=_registry(self.config, self.options),
+                device_request=self.options.device,
+                offline=self.options.offline,
                 baseline=self.baseline,
-                sample_statuses=options.sample_statuses(self.config),
-                repeat=options.repeat(self.config),
+                sample_statuses=self.options.sample_statuses,
+                repeat=self.options.repeat,
             )
         return self._settings
 
@@ -163,7 +147,7 @@ class SessionState:
             return self.settings().backend.describe(0)
         if self.worker_environment is not None:
             return str(self.worker_environment.get("device", ""))
-        return str(options.get(self.config, "msprobe_device"))
+        return self.options.device
 
     def environment_versions(self) -> dict[str, str] | None:
         """The versions a worker ran with (the controller imports no torch to ask);
@@ -173,13 +157,13 @@ class SessionState:
         return dict(self.worker_environment.get("versions", {}))
 
 
-def _backend(config: pytest.Config) -> tuple[Backend, int]:
+def _backend(config: pytest.Config, device: str) -> tuple[Backend, int]:
     """The backend, with this process's device (its xdist worker's share) selected."""
     from pytest_msprobe.plugin.workers import place_worker
     from pytest_msprobe.run.devices import DeviceUnavailable, backend
 
     try:
-        chosen = backend(options.get(config, "msprobe_device"))
+        chosen = backend(device)
         device_index = place_worker(config, chosen)
         chosen.select(device_index)
     except DeviceUnavailable as exc:
@@ -187,19 +171,19 @@ def _backend(config: pytest.Config) -> tuple[Backend, int]:
     return chosen, device_index
 
 
-def _custom_routes(config: pytest.Config) -> bool:
+def _custom_routes(config: pytest.Config, chosen: Options) -> bool:
     """A --msprobe-standards file or a conftest's pytest_msprobe_register_standards."""
-    return bool(options.path(config, "msprobe_standards")) or bool(config.hook.pytest_msprobe_register_standards.get_hookimpls())
+    return chosen.standards is not None or bool(config.hook.pytest_msprobe_register_standards.get_hookimpls())
 
 
-def _registry(config: pytest.Config) -> Registry:
+def _registry(config: pytest.Config, chosen: Options) -> Registry:
     """The shipped standards tables, the user's file over them, then conftest hooks;
     checked before any call is judged (judge.routing)."""
     from pytest_msprobe.judge.routing import routing_problems
     from pytest_msprobe.standards import Registry
 
     registry = Registry.default()
-    standards_file = options.path(config, "msprobe_standards")
+    standards_file = chosen.standards
     if standards_file:
         try:
             registry.load_file(standards_file)
@@ -224,17 +208,17 @@ def _register_bench_functions(config: pytest.Config) -> None:
     hook(registry=bench_functions.default_registry)
 
 
-def _recorded_metrics(config: pytest.Config, dumps: list[Path]) -> Baseline | None:
+def _recorded_metrics(config: pytest.Config, chosen: Options) -> Baseline | None:
     """A baseline folder and/or an msprobe details CSV: metrics to judge against. The
     baseline's dumps are matched with this run's by identity; the controller warns
     about a dump the baseline does not know (judge.baseline.DumpMatch)."""
-    folder, imported = options.path(config, "msprobe_baseline"), options.path(config, "msprobe_reference_csv")
+    folder, imported = chosen.baseline, chosen.reference_csv
     if not folder and not imported:
         return None
     from pytest_msprobe.judge.baseline import Baseline, BaselineError, read_msprobe_details
     from pytest_msprobe.plugin.compat import bestrelpath
 
-    updating = bool(options.get(config, "msprobe_baseline_update"))
+    updating = chosen.baseline_update
     try:
         recorded = Baseline.read(folder) if folder and folder.exists() else Baseline()
         if folder and not folder.exists() and not updating:
@@ -246,7 +230,7 @@ def _recorded_metrics(config: pytest.Config, dumps: list[Path]) -> Baseline | No
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
     if folder and folder.exists():
-        matches = recorded.match_dumps([(bestrelpath(config.rootpath, dump), dump) for dump in dumps])
+        matches = recorded.match_dumps([(bestrelpath(config.rootpath, dump), dump) for dump in chosen.dump])
         if not hasattr(config, "workerinput"):
             for match in matches:
                 note = match.note(f"--msprobe-baseline {folder}")

@@ -26,6 +26,8 @@ import pytest
 from pytest_msprobe.plugin import options
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from xdist.workermanage import WorkerController
 
     from pytest_msprobe.run.devices import Backend
@@ -63,30 +65,15 @@ def worker_count(config: pytest.Config) -> int:
 
 
 def device_ids(config: pytest.Config, backend: Backend) -> list[int]:
-    return parse_device_ids(options.get(config, "msprobe_devices"), backend)
+    return parse_device_ids(options.of(config).devices, backend)
 
 
-def parse_device_list(raw: str | None) -> list[int] | None:
-    """The ids of --msprobe-devices as written (None: every visible device); a list
-    that is not one is a usage error, told without asking any device."""
-    if not raw:
-        return None
-    try:
-        ids = [int(part) for part in str(raw).split(",") if part.strip()]
-    except ValueError:
-        raise pytest.UsageError(f"--msprobe-devices {raw!r}: expected device ids separated by commas, e.g. 0,1,2,3") from None
-    if not ids:
-        raise pytest.UsageError(f"--msprobe-devices {raw!r}: name at least one device id")
-    return ids
-
-
-def parse_device_ids(raw: str | None, backend: Backend) -> list[int]:
-    """The ids of --msprobe-devices, checked against the devices the backend sees;
-    every visible device by default."""
+def parse_device_ids(ids: Sequence[int] | None, backend: Backend) -> list[int]:
+    """The ids of --msprobe-devices (options.device_list), checked against the devices
+    the backend sees; every visible device by default."""
     from pytest_msprobe.run.devices import ACCELERATORS
 
     count = backend.device_count()
-    ids = parse_device_list(raw)
     if ids is None:
         return list(range(count))
     accelerator = ACCELERATORS.get(backend.name)
@@ -96,13 +83,13 @@ def parse_device_ids(raw: str | None, backend: Backend) -> list[int]:
         if not 0 <= device < count:
             where = f" ({visible_env}={visible!r}: ids count within that list)" if visible is not None else ""
             raise pytest.UsageError(
-                f"--msprobe-devices {raw!r}: there is no {backend.name} device {device}; "
+                f"--msprobe-devices {','.join(map(str, ids))!r}: there is no {backend.name} device {device}; "
                 f"{count} {'is' if count == 1 else 'are'} visible, numbered 0..{count - 1}{where}"
             )
-    return ids
+    return list(ids)
 
 
-def device_of(ids: list[int], rank: int | None) -> int:
+def device_of(ids: Sequence[int], rank: int | None) -> int:
     """Round robin: the worker of rank k on its host replays on the k-th id (modulo
     their number)."""
     return ids[(rank or 0) % len(ids)]
@@ -320,8 +307,8 @@ def host_layout(config: pytest.Config, ranks: HostRanks) -> str:
     """The controller's line once its workers are placed: per host, which worker
     replays on which of that host's devices (the controller imports no torch: a device
     is named by the id it gets, `#k` where the host's own count decides)."""
-    request = str(options.get(config, "msprobe_device"))
-    ids = parse_device_list(options.get(config, "msprobe_devices"))
+    chosen = options.of(config)
+    request, ids = chosen.device, chosen.devices
     kind = request if request in ("cuda", "npu") else "device"
 
     def device(rank: int) -> str:

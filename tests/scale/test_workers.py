@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_msprobe.plugin import workers
+from pytest_msprobe.plugin import options, workers
 
 
 @dataclass
@@ -24,21 +24,21 @@ class FakeBackend:
 
 def test_every_visible_device_by_default() -> None:
     assert workers.parse_device_ids(None, FakeBackend("npu", 4)) == [0, 1, 2, 3]
-    assert workers.parse_device_ids("", FakeBackend("cpu", 1)) == [0]
+    assert workers.parse_device_ids(options.device_list(""), FakeBackend("cpu", 1)) == [0]
 
 
 def test_ids_count_within_the_callers_visible_list(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "4,5,6,7")
     npu = FakeBackend("npu", 4)  # what torch_npu reports under that restriction
-    assert workers.parse_device_ids("2,3", npu) == [2, 3]
+    assert workers.parse_device_ids(options.device_list("2,3"), npu) == [2, 3]
     with pytest.raises(pytest.UsageError, match=r"no npu device 4; 4 are visible, numbered 0\.\.3 \(ASCEND_RT_VISIBLE_DEVICES='4,5,6,7'"):
-        workers.parse_device_ids("0,4", npu)
+        workers.parse_device_ids(options.device_list("0,4"), npu)
 
 
 @pytest.mark.parametrize("raw", ["a,b", "0;1", ",", "-1"])
 def test_bad_device_lists_say_what_is_expected(raw: str) -> None:
     with pytest.raises(pytest.UsageError, match="--msprobe-devices"):
-        workers.parse_device_ids(raw, FakeBackend("cuda", 2))
+        workers.parse_device_ids(options.device_list(raw), FakeBackend("cuda", 2))
 
 
 def test_workers_go_round_robin_over_the_ids() -> None:
