@@ -80,24 +80,6 @@ reference (float32 layer_norm, softmax), 0.45 (a division by a scalar's reciproc
 a planted softmax whose output is 2**-5 too large (4 bfloat16 ULPs) on 20 rows of 5
 reaches z 4.5 by rows, below 5, and is caught by elements (5.5 ULP, z 10).
 
-Far misroundings (16-bit and narrower). The sign tests need about 26 differing elements
-of one sign to be certain (z 5), and a truncating kernel differs from b_D in half of its
-elements: on 64 elements it escaped them 5% of the time. The accuracy model says more
-(tables/accuracy_model.csv, the 16-bit rows): a correct kernel computes in float32 and
-rounds to nearest once, and a float32 error of a few ULPs is 2**-13 (float16) to 2**-16
-(bfloat16) of D's ULP, so its result is never farther than half an ULP of D (plus that)
-from the bench. An element off b_D and more than FAR_MISROUNDING_ULP (0.5 + 1/16) ULPs of
-D from b, at the element's own magnitude (its terms' where measured), is then a rounding
-no correct kernel makes; truncation makes one of every element whose b lies in the upper
-7/16 of its ULP. A test fails where at least FAR_MISROUNDING_MIN (8) such elements lean
-one way (additive: below/above b_D; scale: toward/away from zero) with a sign test z of
-at least sqrt(8) over them: the few far elements a cancelled sum the scale does not
-capture can make fall either way, and 8 agree by chance with probability 2**-7. On 64
-elements a truncating kernel makes fewer than 8 with probability about 1e-7
-(`far_*` metrics, reported for 16-bit outputs). Not where a fused pass judged (outputs of
-2**16 elements and more, fast.py): it avoids the element arrays this test reads, and
-there the sign tests alone are certain of truncation (z about 180).
-
 Sampling as the single-run rule's (single_run.py rule 4): at least 2**20 elements in
 blocks, so a bias test costs a bounded pass whatever the output's size; where no fused
 pass runs anyway (the thousandth standard), only the sampled blocks are read
@@ -106,7 +88,6 @@ pass runs anyway (the thousandth standard), only the sampled blocks are read
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -115,13 +96,13 @@ import numpy as np
 from . import fast
 from .dtypes import Array
 from .fast import QUANTILE_SAMPLE, BiasSums
-from .metrics import Pair, sign_balance_z, ulp_of
+from .metrics import Pair, sign_balance_z
 from .signs import LIB_BIAS_KEY, bias_reasons, signs_z
 
 if TYPE_CHECKING:
     from .reference import Reference
 
-__all__ = ["bias_metrics", "far_metrics", "far_reasons", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
+__all__ = ["bias_metrics", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
 #: fast.BiasSums' totals where no element is finite
 NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
@@ -215,57 +196,6 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
     return pair.cached("bias_metrics", compute)
 
 
-#: (ULPs of D) beyond half an ULP plus what a float32 opmath error can be in a 16-bit D
-FAR_MISROUNDING_ULP = 0.5 + 1 / 16
-#: far misroundings one way, at least, for the far-misrounding test to fail
-FAR_MISROUNDING_MIN = 8
-#: the far-misrounding counts' names: below and above b_D, toward and away from zero
-FAR_KEYS = ("far_below", "far_above", "far_toward_zero", "far_away_from_zero")
-#: narrowest significands (bits after the point) of the dtypes a float32 opmath rounds to
-#: once: float16 10, bfloat16 7, the float8 formats fewer
-OPMATH_ROUNDED_BITS = 10
-
-
-def far_metrics(pair: Pair) -> dict[str, float]:
-    """Counts of the elements off b_D and over FAR_MISROUNDING_ULP from b (module
-    docstring), by direction: below/above b_D and toward/away from zero, over the
-    sample's blocks; none (an empty dict) where D is wider than OPMATH_ROUNDED_BITS."""
-    if pair.info.mantissa_bits > OPMATH_ROUNDED_BITS:
-        return {}
-
-    def compute() -> dict[str, float]:
-        counts = np.zeros(4)
-        for part in sample_blocks(pair.n_finite):
-            d, b_rounded, b = pair.df[part], pair.bf_rounded[part], pair.bf[part]
-            scale = pair.abs_b[part] if pair.terms is None else np.maximum(pair.abs_b[part], pair.terms[part])
-            far = (d != b_rounded) & (np.abs(d - b) > FAR_MISROUNDING_ULP * ulp_of(scale, pair.info))
-            below = d[far] < b_rounded[far]
-            toward = below == (b[far] > 0)
-            counts += (np.count_nonzero(below), np.count_nonzero(~below), np.count_nonzero(toward), np.count_nonzero(~toward))
-        return dict(zip(FAR_KEYS, map(float, counts), strict=True))
-
-    return pair.cached("far_metrics", compute)
-
-
-def far_reasons(metrics: Mapping[str, float]) -> list[str]:
-    """A reason per test whose far misroundings lean one way (module docstring); none
-    where the metrics have no counts."""
-    reasons = []
-    below, above, toward, away = FAR_KEYS
-    for one, other, what in ((below, above, "additive"), (toward, away, "scale")):
-        if one not in metrics:
-            continue
-        many, few = sorted((metrics[one], metrics[other]), reverse=True)
-        if many >= FAR_MISROUNDING_MIN and signs_z(many - few, many + few) >= math.sqrt(FAR_MISROUNDING_MIN):
-            side = one if metrics[one] >= metrics[other] else other
-            reasons.append(
-                f"{what} misrounding: {many:.0f} elements {side.removeprefix('far_').replace('_', ' ')} and more than "
-                f"{FAR_MISROUNDING_ULP:g} ULP from the bench (against {few:.0f} the other way): a float32 result rounded to "
-                "nearest once is never so far, so the kernel rounds otherwise (truncation?)"
-            )
-    return reasons
-
-
 def judge_bias(
     pair: Pair,
     reference: Reference | None,
@@ -277,29 +207,12 @@ def judge_bias(
     """A standard's bias test: against the reference run's own bias where there is one (
     `ref_bias_ulp`), against b_D with the standard's own limit `limit_key` without one,
     not at all against a baseline's metrics. `computed`: the single-run metrics a fused
-    pass already has. And, in 16-bit, the far-misrounding test (module docstring), which
-    needs no reference: the bench is in float32 or wider. -> (metrics to report, reasons)."""
-    if pair.n <= thresholds["sr_bias_z"] ** 2:
-        return {}, []  # a sign test over n elements has z <= sqrt(n): it cannot fail
-    metrics, reasons = _judge_signs(pair, reference, thresholds, used, limit_key, computed)
-    if computed is not None or (reference is not None and reference.pair is None):
-        return metrics, reasons  # a fused pass judged, or a baseline's metrics: no element arrays
-    far = far_metrics(pair)
-    return {**metrics, **far}, reasons + far_reasons(far)
-
-
-def _judge_signs(
-    pair: Pair,
-    reference: Reference | None,
-    thresholds: Mapping[str, float],
-    used: dict[str, float],
-    limit_key: str,
-    computed: dict[str, float] | None,
-) -> tuple[dict[str, float], list[str]]:
-    """The sign tests (module docstring), against the reference run's bias or b_D."""
+    pass already has. -> (metrics to report, reasons)."""
     z_limit = thresholds["sr_bias_z"]
     allowance = thresholds.get(LIB_BIAS_KEY, 0.0)
     lean = {LIB_BIAS_KEY: allowance} if allowance > 0 else {}
+    if pair.n <= z_limit**2:
+        return {}, []  # a sign test over n elements has z <= sqrt(n): it cannot fail
     if reference is not None:
         if reference.pair is None:
             return {}, []

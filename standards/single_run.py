@@ -93,7 +93,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import fast
-from .bias import NO_SUMS, abs_b_quantile, far_metrics, far_reasons, grouped_z, sample_blocks, sample_step, statistics
+from .bias import NO_SUMS, abs_b_quantile, grouped_z, sample_blocks, sample_step, statistics
 from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistics here (tests read it from this module)
 from .dtypes import Array, DtypeInfo
 from .metrics import Pair, ulp_of
@@ -173,7 +173,6 @@ def single_run_metrics(pair: Pair) -> dict[str, float]:
             "mean_scaled_ulp_err": sum(float(scaled[part].sum()) for part in blocks) / sum(part.stop - part.start for part in blocks),
             "max_top_ulp_err": max_top_ulp_err(pair, defaults["sr_top_quantile"], defaults["sr_scale_floor"]),
             **grouped_z(pair, statistics(sums.sums)),
-            **far_metrics(pair),
         }
 
     return pair.cached("single_run_metrics", compute)
@@ -199,7 +198,6 @@ def single_run_reasons(
     if limits.get(LIB_BIAS_KEY, 0.0) > 0:
         used[LIB_BIAS_KEY] = limits[LIB_BIAS_KEY]
     reasons.extend(bias_reasons(metrics, thresholds["sr_bias_z"], thresholds[bias_limit], allowance=limits.get(LIB_BIAS_KEY, 0.0)))
-    reasons.extend(far_reasons(metrics))  # 16-bit on the plain path (bias.py)
     return reasons
 
 
