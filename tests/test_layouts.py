@@ -24,6 +24,7 @@ from pytest_msprobe.run.apis import resolve_pytorch
 
 SHAPE = (1, 96, 20, 20)
 LAYOUT_LABEL = "against the reference run in channels_last layout"
+TERMS_LABEL = "conditioned on the terms' magnitudes"
 
 
 def _toward_zero(tensor: torch.Tensor, ulps: int = 1) -> torch.Tensor:
@@ -58,8 +59,11 @@ def test_a_correct_channels_last_kernel_passes(tmp_path: Path, run_dump) -> None
     assert sorted(result.by_outcome("passed")) == ["Functional.gelu.0.backward", "Functional.gelu.0.forward"], {
         name: call.text for name, call in result.calls.items()
     }
+    # Since gelu has terms (run/terms.py, issue 37), where x/2 + x/2 erf(x / sqrt 2) cancels
+    # the two layouts' erf differences are judged at the terms' scale, a re-judgement that
+    # comes before the layouts' (judge/call.py); either excuses this correct kernel.
     references = [call.properties["msprobe_reference"] for call in result.calls.values()]
-    assert any(LAYOUT_LABEL in reference for reference in references), references
+    assert any(LAYOUT_LABEL in reference or TERMS_LABEL in reference for reference in references), references
 
 
 def test_a_gelu_one_ulp_nearer_zero_is_within_what_a_correct_library_may_do(tmp_path: Path, run_dump) -> None:

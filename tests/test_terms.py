@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -111,7 +112,36 @@ def test_softmax_input_gradient_terms_do_not_cancel_a_common_gradient():
 
 def test_an_api_outside_the_tables_has_no_terms():
     x = torch.randn(4, 8, generator=_generator(8))
-    assert term_magnitudes(CallName("Functional", "gelu", 0, "forward"), _bench(F.gelu), _inputs([x]), "pytorch") is None
+    assert term_magnitudes(CallName("Torch", "tanh", 0, "forward"), _bench(torch.tanh), _inputs([x]), "pytorch") is None
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_output_terms_are_its_two_halves(approximate: str):
+    """gelu = x/2 + x/2 s: terms |x|/2 (1 + |s|), far above the output where s nears -1."""
+    x = torch.linspace(-4, 3, 57, dtype=torch.float64)
+    call = CallName("Functional", "gelu", 0, "forward")
+    terms = term_magnitudes(call, _bench(F.gelu), _inputs([x], {"approximate": approximate}), "pytorch")
+    inner = torch.erf(x / math.sqrt(2)) if approximate == "none" else torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))
+    assert torch.allclose(terms, 0.5 * x.abs() * (1 + inner.abs()), rtol=1e-12)
+    output = F.gelu(x, approximate=approximate).abs()
+    assert (terms >= output * (1 - 1e-12)).all()
+    assert (terms[x < -2] > 20 * output[x < -2]).all()
+
+
+@pytest.mark.parametrize(
+    ("api", "function", "kwargs"),
+    [("gelu", F.gelu, {}), ("gelu", F.gelu, {"approximate": "tanh"}), ("silu", F.silu, {}), ("mish", F.mish, {})],
+)
+def test_activation_gradient_terms_bound_the_gradient_and_exceed_it_where_it_cancels(api: str, function, kwargs: dict):
+    """Each formula's terms are a sum of the absolute values of the gradient's parts: never
+    below the exact gradient, and far above it at the gradient's zero (x near -0.75 for
+    gelu, -1.28 for silu, -1.19 for mish)."""
+    x = torch.linspace(-5, 3, 801, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(801, generator=_generator(11), dtype=torch.float64)
+    (exact,) = torch.autograd.grad(function(x, **kwargs), x, g)
+    (terms,) = term_magnitudes(CallName("Functional", api, 0, "backward"), _bench(function), _inputs([x.detach()], kwargs, [g]), "pytorch")
+    assert (terms >= exact.abs() * (1 - 1e-12)).all()
+    assert (terms > 100 * exact.abs()).any()
 
 
 def test_a_mindspore_twin_gives_the_formulas_its_arguments_by_torch_s_names():

@@ -18,16 +18,22 @@ cancels (softmax's y (g - sum(g y)), layer_norm's g - mean(g) - x_hat mean(g x_h
 which a correct kernel computes with the rounding of g's size, not of the result's.
 layer_norm's output gets terms too (FORWARD_TERMS): |w| (|x - mean| + |mean|) / sigma +
 |b|, the rounding of a mean computed in D under an offset (or over a row of one
-element, where the exact result is 0).
+element, where the exact result is 0). The activations whose definition is a sum
+that cancels for negative inputs get formulas too: gelu's x/2 + x/2 erf(x / sqrt 2) and its
+gradient, silu's and mish's gradients. A correct library's erf, tanh or sigmoid carries
+its documented few ULP (standards/tables/accuracy_model.csv) into the sum, which then
+cancels them into many ULPs of the result: bounded by the terms, not by the output.
 Other APIs get no terms and keep the standards' output-scale rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+import torch.nn.functional as F
 
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.run.apis import terms_table
@@ -225,8 +231,54 @@ def _channel_norm(
     return formula
 
 
+def _gelu_parts(args: list[Value], kwargs: dict[str, Value]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """gelu(x) = x/2 + x/2 s with s = erf(x / sqrt 2) (tanh of the cubic for approximate=
+    'tanh'): x, s and ds/dx. A correct kernel's s carries its math library's error (CUDA
+    documents 2 ULP for erff, 2 for tanhf; SLEEF's u10 1), an absolute error of s's
+    spacing; where s nears -1 (x below about -1) x/2 + x/2 s cancels, and that error
+    lands in ULPs of |x|/2, not of the output: XLA's and ONNX Runtime's float32 gelu of
+    the apizoo dump, inputs near -1.8, were 6.6 ULP off an output of 0.069."""
+    x = args[0]
+    if argument(args, kwargs, 1, "approximate", "none") == "tanh":
+        k, c = math.sqrt(2.0 / math.pi), 0.044715
+        s = torch.tanh(k * (x + c * x**3))
+        return x, s, (1 - s * s) * k * (1 + 3 * c * x * x)
+    return x, torch.erf(x * math.sqrt(0.5)), torch.exp(-0.5 * x * x) * math.sqrt(2.0 / math.pi)
+
+
+def _gelu_output(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+    """gelu's output x/2 + x/2 s: terms |x|/2 (1 + |s|)."""
+    x, s, _ = _gelu_parts(args, kwargs)
+    return 0.5 * x.abs() * (1 + s.abs())
+
+
+def _gelu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """gelu's dx = g ((1 + s) / 2 + x/2 ds/dx): terms |g| ((1 + |s|) / 2 + |x|/2 |ds/dx|);
+    (1 + s) / 2 + x phi(x) cancels below x of about -0.75 (Inductor's float32 gelu
+    backward against eager's, mean_rel_err 1.21-1.38x the reference's on 16 elements)."""
+    x, s, ds = _gelu_parts(args, kwargs)
+    return {"input": g.abs() * (0.5 * (1 + s.abs()) + 0.5 * x.abs() * ds.abs())}
+
+
+def _silu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """silu's dx = g sigma (1 + x (1 - sigma)): terms |g| sigma (1 + |x| (1 - sigma)); the
+    sum cancels at x near -1.28, where its zero is."""
+    x = args[0]
+    sigma = torch.sigmoid(x)
+    return {"input": g.abs() * sigma * (1 + x.abs() * (1 - sigma))}
+
+
+def _mish(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """mish's dx = g (t + x sigma (1 - t**2)), t = tanh(softplus(x)): terms |g| (t + |x|
+    sigma (1 - t**2)); the sum cancels at x near -1.19 (JAX's float32 mish backward of the
+    apizoo dump: mean_rel_err 2.29x the reference's on 16 elements, limit 2x)."""
+    x = args[0]
+    t = torch.tanh(F.softplus(x))
+    return {"input": g.abs() * (t + x.abs() * torch.sigmoid(x) * (1 - t * t))}
+
+
 # api -> a formula for its output's terms from the bench-precision arguments
-FORWARD_TERMS = {"layer_norm": _layer_norm_output}
+FORWARD_TERMS = {"layer_norm": _layer_norm_output, "gelu": _gelu_output}
 
 _CHANNEL_NORM_ARGUMENTS = ("input", "running_mean", "running_var", "weight", "bias")
 
@@ -242,6 +294,9 @@ BACKWARD_TERMS = {
     "group_norm": (("input", "num_groups", "weight", "bias"), _group_norm),
     "batch_norm": (_CHANNEL_NORM_ARGUMENTS, _channel_norm("training", False, lambda x: tuple(d for d in range(x.dim()) if d != 1))),
     "instance_norm": (_CHANNEL_NORM_ARGUMENTS, _channel_norm("use_input_stats", True, lambda x: tuple(range(2, x.dim())))),
+    "gelu": (("input", "approximate"), _gelu),
+    "silu": (("input",), _silu),
+    "mish": (("input",), _mish),
 }
 
 
