@@ -158,9 +158,9 @@ def _library_gelu(x: torch.Tensor, erf_ulps: int) -> torch.Tensor:
 
 
 def _gelu_dump(root: Path, erf_ulps: int) -> Path:
-    """16 float32 inputs where gelu's two halves cancel (x from -4 to -2)."""
+    """16 float32 inputs where gelu's two halves cancel (x from -2.5 to -1)."""
     writer = DumpWriter(root, "tensor")
-    x = torch.linspace(-4.0, -2.0, 16)
+    x = torch.linspace(-2.5, -1.0, 16)
     writer.forward("Functional.gelu.0", [x], {}, _library_gelu(x, erf_ulps))
     return writer.write()
 

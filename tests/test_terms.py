@@ -122,10 +122,14 @@ def test_gelu_output_terms_are_its_two_halves(approximate: str):
     call = CallName("Functional", "gelu", 0, "forward")
     terms = term_magnitudes(call, _bench(F.gelu), _inputs([x], {"approximate": approximate}), "pytorch")
     inner = torch.erf(x / math.sqrt(2)) if approximate == "none" else torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))
-    assert torch.allclose(terms, 0.5 * x.abs() * (1 + inner.abs()), rtol=1e-12)
+    halves = 0.5 * x.abs() * (1 + inner.abs())
     output = F.gelu(x, approximate=approximate).abs()
+    credited = halves <= 2**10 * output
+    assert torch.allclose(terms[credited], halves[credited], rtol=1e-12)
     assert (terms >= output * (1 - 1e-12)).all()
-    assert (terms[x < -2] > 20 * output[x < -2]).all()
+    assert (terms[(x < -2) & credited] > 20 * output[(x < -2) & credited]).all()
+    # cancelled past 10 bits (x below about -3): no credit, the output's own magnitude
+    assert (~credited[x < -3.5]).all() and torch.allclose(terms[~credited], output[~credited], rtol=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -134,14 +138,15 @@ def test_gelu_output_terms_are_its_two_halves(approximate: str):
 )
 def test_activation_gradient_terms_bound_the_gradient_and_exceed_it_where_it_cancels(api: str, function, kwargs: dict):
     """Each formula's terms are a sum of the absolute values of the gradient's parts: never
-    below the exact gradient, and far above it at the gradient's zero (x near -0.75 for
-    gelu, -1.28 for silu, -1.19 for mish)."""
+    below the exact gradient, above it near the gradient's zero (x near -0.75 for gelu,
+    -1.28 for silu, -1.19 for mish), and credited up to 2**10 times it (run/terms.py)."""
     x = torch.linspace(-5, 3, 801, dtype=torch.float64, requires_grad=True)
     g = torch.randn(801, generator=_generator(11), dtype=torch.float64)
     (exact,) = torch.autograd.grad(function(x, **kwargs), x, g)
     (terms,) = term_magnitudes(CallName("Functional", api, 0, "backward"), _bench(function), _inputs([x.detach()], kwargs, [g]), "pytorch")
-    assert (terms >= exact.abs() * (1 - 1e-12)).all()
-    assert (terms > 100 * exact.abs()).any()
+    assert (terms >= exact.abs() * (1 - 1e-6)).all()  # uncredited: |exact| as the formula rounds it
+    assert (terms > 10 * exact.abs()).any()
+    assert (terms <= 2**10 * exact.abs() * (1 + 1e-12)).all()  # credited up to 10 bits of cancellation
 
 
 def test_a_mindspore_twin_gives_the_formulas_its_arguments_by_torch_s_names():

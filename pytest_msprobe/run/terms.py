@@ -246,10 +246,27 @@ def _gelu_parts(args: list[Value], kwargs: dict[str, Value]) -> tuple[torch.Tens
     return x, torch.erf(x * math.sqrt(0.5)), torch.exp(-0.5 * x * x) * math.sqrt(2.0 / math.pi)
 
 
+#: how far (a factor) the activations' terms may stand above the exact result and be
+#: credited (_while_a_bit_is_kept): 10 of float32's 24 bits
+_MOST_CANCELLED = 2.0**10
+
+
+def _while_a_bit_is_kept(terms: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """The terms where they exceed the exact result by at most _MOST_CANCELLED, the
+    result's own magnitude elsewhere. A math library's documented error, cancelled into
+    a few hundred ULPs of the result, still leaves it 14 correct bits of float32, more
+    than bfloat16 or float16 carry: a correct kernel's rounding. Cancelled further, the
+    result is mostly the rounding of an intermediate the definition does not form (the
+    README's policy): gelu's 1 + erf(x / sqrt 2) below x of about -3 (its gradient's
+    below -3.7), where torch's kernel is percent-off and from about -6 on returns 0
+    (pytorch/pytorch#187806, judge/explore.py's documented defects): still an error."""
+    return torch.where(terms <= exact.abs() * _MOST_CANCELLED, terms, exact.abs())
+
+
 def _gelu_output(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
-    """gelu's output x/2 + x/2 s: terms |x|/2 (1 + |s|)."""
+    """gelu's output x/2 + x/2 s: terms |x|/2 (1 + |s|), while a bit is kept."""
     x, s, _ = _gelu_parts(args, kwargs)
-    return 0.5 * x.abs() * (1 + s.abs())
+    return _while_a_bit_is_kept(0.5 * x.abs() * (1 + s.abs()), 0.5 * x * (1 + s))
 
 
 def _gelu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -257,7 +274,8 @@ def _gelu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[
     (1 + s) / 2 + x phi(x) cancels below x of about -0.75 (Inductor's float32 gelu
     backward against eager's, mean_rel_err 1.21-1.38x the reference's on 16 elements)."""
     x, s, ds = _gelu_parts(args, kwargs)
-    return {"input": g.abs() * (0.5 * (1 + s.abs()) + 0.5 * x.abs() * ds.abs())}
+    terms = g.abs() * (0.5 * (1 + s.abs()) + 0.5 * x.abs() * ds.abs())
+    return {"input": _while_a_bit_is_kept(terms, g * (0.5 * (1 + s) + 0.5 * x * ds))}
 
 
 def _silu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -265,7 +283,7 @@ def _silu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[
     sum cancels at x near -1.28, where its zero is."""
     x = args[0]
     sigma = torch.sigmoid(x)
-    return {"input": g.abs() * sigma * (1 + x.abs() * (1 - sigma))}
+    return {"input": _while_a_bit_is_kept(g.abs() * sigma * (1 + x.abs() * (1 - sigma)), g * sigma * (1 + x * (1 - sigma)))}
 
 
 def _mish(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -273,8 +291,8 @@ def _mish(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[
     sigma (1 - t**2)); the sum cancels at x near -1.19 (JAX's float32 mish backward of the
     apizoo dump: mean_rel_err 2.29x the reference's on 16 elements, limit 2x)."""
     x = args[0]
-    t = torch.tanh(F.softplus(x))
-    return {"input": g.abs() * (t + x.abs() * torch.sigmoid(x) * (1 - t * t))}
+    t, sigma = torch.tanh(F.softplus(x)), torch.sigmoid(x)
+    return {"input": _while_a_bit_is_kept(g.abs() * (t + x.abs() * sigma * (1 - t * t)), g * (t + x * sigma * (1 - t * t)))}
 
 
 # api -> a formula for its output's terms from the bench-precision arguments
