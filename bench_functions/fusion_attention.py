@@ -143,7 +143,13 @@ def _row_block(b: int, n1: int, sq: int, skv: int) -> int:
 
 
 def _scores(
-    q: torch.Tensor, k: torch.Tensor, pse: torch.Tensor | None, r0: int, r1: int, scale: float, masked: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pse: torch.Tensor | None,
+    r0: int,
+    r1: int,
+    scale: float,
+    masked: torch.Tensor | None,
 ) -> torch.Tensor:
     """scale * (q k^T + pse) with masked entries at -inf, for query rows [r0, r1).
 
@@ -374,7 +380,9 @@ def _varlen_segments(cumulative: Sequence[int], total: int, what: str) -> list[t
     return segs
 
 
-def _varlen_rules(sparse_mode, atten_mask, pre, nxt, prefix, batch, n_batches, first, last, n1, n2, sq, skv, device) -> _MaskRules | None:
+def _varlen_rules(
+    sparse_mode, atten_mask, pre, nxt, prefix, batch, n_batches, first, last, n1, n2, sq, skv, device
+) -> _MaskRules | None:
     if atten_mask is None:
         return None
     rules = _MaskRules(sq, skv)
@@ -424,7 +432,17 @@ def _attention(
     q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
     if input_layout != "TND":
         rules = _mask_rules(
-            sparse_mode, atten_mask, pre_tockens, next_tockens, prefix, dims.b, dims.n1, dims.n2, dims.sq, dims.skv, q.device
+            sparse_mode,
+            atten_mask,
+            pre_tockens,
+            next_tockens,
+            prefix,
+            dims.b,
+            dims.n1,
+            dims.n2,
+            dims.sq,
+            dims.skv,
+            q.device,
         )
         out, m, l = _run(
             _to_bnsd(q, input_layout, dims.n1),

@@ -60,7 +60,13 @@ print("ACC_CHECK_SECONDS", time.perf_counter() - start)
 def make_dump(msprobe_python: str, dump: Path) -> None:
     print(f"making {dump.parent} (once; ~1 min)", flush=True)
     subprocess.run(
-        [msprobe_python, str(ROOT / "tests/dumps/models/make_dumps.py"), "transformer_large", "float32", str(dump.parent)],
+        [
+            msprobe_python,
+            str(ROOT / "tests/dumps/models/make_dumps.py"),
+            "transformer_large",
+            "float32",
+            str(dump.parent),
+        ],
         check=True,
         capture_output=True,
     )
@@ -74,7 +80,9 @@ def run_plugin(dump: Path, workers: int, out: Path) -> dict:
     result = subprocess.run(command, cwd=dump.parent, capture_output=True, text=True)
     wall = time.perf_counter() - start
     match = re.search(r"(\d+) run here in ([0-9.]+) s", result.stdout)
-    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", result.stdout.splitlines()[-1])}
+    counts = {
+        k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", result.stdout.splitlines()[-1])
+    }
     if match is None:
         raise RuntimeError(result.stdout[-3000:] + result.stderr[-3000:])
     return {"wall": wall, "tests": float(match.group(2)), "ran": int(match.group(1)), "counts": counts}

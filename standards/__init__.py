@@ -34,7 +34,13 @@ if TYPE_CHECKING:
     from .verdict import Offender, Verdict
 
 #: each exported name's module, imported when the name is first used
-_LAZY = {"Pair": "metrics", "Reference": "reference", "Registry": "registry", "Offender": "verdict", "Verdict": "verdict"}
+_LAZY = {
+    "Pair": "metrics",
+    "Reference": "reference",
+    "Registry": "registry",
+    "Offender": "verdict",
+    "Verdict": "verdict",
+}
 
 __all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
 

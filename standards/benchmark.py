@@ -63,7 +63,13 @@ def benchmark_metrics(pair: Pair, small: float, atol: float) -> dict[str, float]
         small_mask = pair.small_mask(small)
         n_small = int(np.count_nonzero(small_mask))
         n_normal = pair.n_finite - n_small
-        out = {"small_value_err_ratio": 0.0, "rmse": 0.0, "max_rel_err": 0.0, "mean_rel_err": 0.0, "eb": pair.error_balance()}
+        out = {
+            "small_value_err_ratio": 0.0,
+            "rmse": 0.0,
+            "max_rel_err": 0.0,
+            "mean_rel_err": 0.0,
+            "eb": pair.error_balance(),
+        }
         if n_small:
             out["small_value_err_ratio"] = float(np.count_nonzero((pair.abs_err > atol) & small_mask) / n_small)
         if n_normal:
@@ -99,7 +105,11 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference: Reference 
     """Judge by ratios to a reference, or by the single-run rule without one."""
     small, atol = pair.info.defaults["small"], thresholds["atol_bm"]
     if fast.fast_ok(pair):
-        verdict = _fast(pair, thresholds, small, atol) if reference is None else _fast_ref(pair, thresholds, small, atol, reference)
+        verdict = (
+            _fast(pair, thresholds, small, atol)
+            if reference is None
+            else _fast_ref(pair, thresholds, small, atol, reference)
+        )
         if verdict is not None:
             return verdict
     metrics = dict(benchmark_metrics(pair, small, atol))
@@ -127,7 +137,15 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference: Reference 
     else:
         score = pair.rel_err
     status = "error" if reasons else "pass"
-    return pair.verdict(status, NAME, metrics, used, reasons, pair.offenders(score) if status != "pass" and score is not None else (), kind)
+    return pair.verdict(
+        status,
+        NAME,
+        metrics,
+        used,
+        reasons,
+        pair.offenders(score) if status != "pass" and score is not None else (),
+        kind,
+    )
 
 
 def noise_metrics(pair: Pair, small: float, atol: float, ulps: float, floor: float) -> dict[str, float]:
@@ -174,7 +192,9 @@ def _judge_ratios(
     _ratio_reasons(metrics, ref, ideal, n_small, thresholds, used, found)
     if found and kind == "reference":
         ulps = thresholds.get("bm_noise_ulp", pair.info.defaults["bm_noise_ulp"])
-        noise = noise_metrics(pair, pair.info.defaults["small"], thresholds["atol_bm"], ulps, thresholds["sr_scale_floor"])
+        noise = noise_metrics(
+            pair, pair.info.defaults["small"], thresholds["atol_bm"], ulps, thresholds["sr_scale_floor"]
+        )
         floors = {key: max(ideal[key], noise.get(key, 0.0)) for key, _ in JUDGED}
         used["bm_noise_ulp"] = ulps
         found = []
@@ -202,7 +222,9 @@ def _ratio_reasons(
         ratio = 0.0 if dev == 0 else abs(dev) / max(abs(refv), floor)
         metrics[f"{limit_key}"] = ratio
         if ratio > thresholds[limit_key]:
-            reasons.append(f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)")
+            reasons.append(
+                f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)"
+            )
 
 
 def _bm_from_sums(n: int, sums: BenchmarkSums) -> dict[str, float]:
@@ -225,7 +247,9 @@ def _ref_metrics(p: Pair, small: float, atol: float) -> dict[str, float]:
     return benchmark_metrics(p, small, atol)
 
 
-def _fast_ref(pair: Pair, thresholds: Mapping[str, float], small: float, atol: float, reference: Reference) -> Verdict | None:
+def _fast_ref(
+    pair: Pair, thresholds: Mapping[str, float], small: float, atol: float, reference: Reference
+) -> Verdict | None:
     """With a reference, large and all finite: the device's metrics, and those of the bench
     rounded to D (the floors), from one fused pass; a reference output's from a second
     (fast.py). The judgement is the plain path's (`_judge_ratios`)."""

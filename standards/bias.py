@@ -165,7 +165,9 @@ def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[s
             f"{prefix}{name}_z": signs_z(total, spread),
             f"{prefix}{name}_signs": total,
             f"{prefix}{name}_signs_sq": spread,
-            **{f"{prefix}{name}_{key}_elements": metrics[f"{prefix}{name}_{key}"] for key in ("z", "signs", "signs_sq")},
+            **{
+                f"{prefix}{name}_{key}_elements": metrics[f"{prefix}{name}_{key}"] for key in ("z", "signs", "signs_sq")
+            },
         }
     return {**metrics, **grouped}
 

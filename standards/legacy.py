@@ -124,7 +124,13 @@ def legacy(pair: Pair, thresholds: Mapping[str, float], reference: Reference | N
             elif metrics["rel_err_ten_thousandth"] <= 0.9999:
                 warnings.append(f"rel_err_ten_thousandth {metrics['rel_err_ten_thousandth']:.6g} <= 0.9999")
     status = "error" if reasons else ("warning" if warnings else "pass")
-    used = {"cosine": 0.99, "max_abs_err": 0.001, "rel_err_hundredth": 0.99, "rel_err_thousandth": 0.999, "rel_err_ten_thousandth": 0.9999}
+    used = {
+        "cosine": 0.99,
+        "max_abs_err": 0.001,
+        "rel_err_hundredth": 0.99,
+        "rel_err_thousandth": 0.999,
+        "rel_err_ten_thousandth": 0.9999,
+    }
     return pair.verdict(
         status,
         NAME,

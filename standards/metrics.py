@@ -189,7 +189,10 @@ class Pair:
             picked.extend(int(i) for i in top[: k - len(picked)])
         shape = self.shape or ()
         return tuple(
-            Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(self.d[i]), float(self.b[i])) for i in picked
+            Offender(
+                tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(self.d[i]), float(self.b[i])
+            )
+            for i in picked
         )
 
     # ----------------------------------------------------------------- masks
@@ -272,7 +275,9 @@ class Pair:
         (bias.grouped_z), or None: every element a group of its own."""
         if self.groups_src is None:
             return None
-        ids = np.asarray(self.groups_src.cpu() if hasattr(self.groups_src, "cpu") else self.groups_src, dtype=np.int64).reshape(-1)
+        ids = np.asarray(
+            self.groups_src.cpu() if hasattr(self.groups_src, "cpu") else self.groups_src, dtype=np.int64
+        ).reshape(-1)
         return ids if self.all_finite else ids[self.both_finite]
 
     @cached_property

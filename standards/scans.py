@@ -46,7 +46,11 @@ def sampled_bias(pair: Pair, q: float, sample: int) -> list[float] | None:
             bench_d = bench_in_d(bench, info, bench_d_buf)
             # inf/NaN on either side make the sum inf/NaN (so may a finite overflow: then
             # the plain path judges, correctly, only slower)
-            if not (math.isfinite(float(diff.sum())) and math.isfinite(float(bench_d.max())) and math.isfinite(float(bench_d.min()))):
+            if not (
+                math.isfinite(float(diff.sum()))
+                and math.isfinite(float(bench_d.max()))
+                and math.isfinite(float(bench_d.min()))
+            ):
                 return None
             sums.add(device, bench_d, bench, diff, np.abs(bench64, out=abs_b))
         return sums.sums

@@ -63,11 +63,21 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference: Reference
             metrics["scaled_thousandth"] = judged = max(share, good / pair.n)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
     return _finish(
-        pair, {**metrics, **bias}, used, reasons + bias_failed, judged, share, limit, lambda: pair.offenders(pair.rel_err), reference
+        pair,
+        {**metrics, **bias},
+        used,
+        reasons + bias_failed,
+        judged,
+        share,
+        limit,
+        lambda: pair.offenders(pair.rel_err),
+        reference,
     )
 
 
-def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: Reference | None = None) -> Verdict | None:
+def _fast(
+    pair: Pair, thresholds: Mapping[str, float], limit: float, reference: Reference | None = None
+) -> Verdict | None:
     """Large and all finite: a float32 pre-test (with the bias sums of the sample), else
     one fused pass (fast.py)."""
     sums = None
@@ -88,7 +98,11 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: 
     judged = share
     if share < limit:
         rms = fast.rms_or_none(pair)
-        spec = PassSpec(thousandth_scaled=(at_least_normal(rms, pair.info), ulps * pair.info.eps)) if rms is not None else None
+        spec = (
+            PassSpec(thousandth_scaled=(at_least_normal(rms, pair.info), ulps * pair.info.eps))
+            if rms is not None
+            else None
+        )
         res = fast.run(pair, spec) if spec is not None else None
         if res is None:
             return None
@@ -104,7 +118,15 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: 
         computed = statistics(sums)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", computed)
     return _finish(
-        pair, {**metrics, **bias}, used, bias_failed, judged, share, limit, lambda: fast.worst(pair, PassSpec(offend="rel")), reference
+        pair,
+        {**metrics, **bias},
+        used,
+        bias_failed,
+        judged,
+        share,
+        limit,
+        lambda: fast.worst(pair, PassSpec(offend="rel")),
+        reference,
     )
 
 
@@ -132,5 +154,11 @@ def _finish(
         )
     status = "error" if reasons else "pass"
     return pair.verdict(
-        status, NAME, metrics, used, reasons, worst() if status != "pass" else (), reference.kind if reference is not None else "single-run"
+        status,
+        NAME,
+        metrics,
+        used,
+        reasons,
+        worst() if status != "pass" else (),
+        reference.kind if reference is not None else "single-run",
     )

@@ -77,7 +77,11 @@ def ulp_metrics(pair: Pair, threshold: float) -> dict[str, float]:
 def _fast_ulp_metrics(pair: Pair, res: PassResult) -> dict[str, float]:
     """ulp_metrics from a fused pass (fast.py) over an all-finite pair."""
     sums = res.of(UlpSums)
-    return {"max_ulp_err": float(sums.max), "mean_ulp_err": sums.total / pair.n, "ulp_err_proportion": float(sums.count / pair.n)}
+    return {
+        "max_ulp_err": float(sums.max),
+        "mean_ulp_err": sums.total / pair.n,
+        "ulp_err_proportion": float(sums.count / pair.n),
+    }
 
 
 def _ref_metrics(p: Pair, threshold: float) -> dict[str, float]:
@@ -111,7 +115,10 @@ def conditioned_ulp_metrics(pair: Pair, threshold: float) -> dict[str, float]:
 
 def _absolute_pass(metrics: dict[str, float], thresholds: Mapping[str, float], is_fp32_like: bool) -> bool:
     if is_fp32_like:
-        return metrics["mean_ulp_err"] < thresholds["ulp_mean_max"] or metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
+        return (
+            metrics["mean_ulp_err"] < thresholds["ulp_mean_max"]
+            or metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
+        )
     return metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
 
 
@@ -138,7 +145,9 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
     if pair.terms is not None:
         conditioned = conditioned_ulp_metrics(pair, used["ulp_threshold"])
         metrics.update(conditioned)
-        ok = ok or _absolute_pass({key.removeprefix("cond_"): value for key, value in conditioned.items()}, used, fp32_like)
+        ok = ok or _absolute_pass(
+            {key.removeprefix("cond_"): value for key, value in conditioned.items()}, used, fp32_like
+        )
     kind = "single-run"
     if reference is not None:
         kind = reference.kind
@@ -156,12 +165,18 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
             reasons.append("reference lacks ulp_err_proportion; judged by the single-run rule")
             kind = "single-run"
     if not ok:
-        rule = f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} and " if fp32_like else ""
+        rule = (
+            f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} and " if fp32_like else ""
+        )
         reasons.append(
             f"{rule}ulp_err_proportion {metrics['ulp_err_proportion']:.4g} >= "
             f"{used['ulp_prop_max']:.4g} (share of elements over "
             f"{used['ulp_threshold']:g} ULP)"
-            + (f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1" if "ulp_err_proportion_ratio" in metrics else "")
+            + (
+                f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1"
+                if "ulp_err_proportion_ratio" in metrics
+                else ""
+            )
             + (
                 f"; at the terms' magnitude: cond_mean_ulp_err {metrics['cond_mean_ulp_err']:.4g}, "
                 f"cond_ulp_err_proportion {metrics['cond_ulp_err_proportion']:.4g}"

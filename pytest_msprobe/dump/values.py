@@ -83,7 +83,9 @@ def decode(value: Json, ctx: DecodeContext, path: str) -> Value:
     if isinstance(value, list):
         return [decode(item, ctx, f"{path}[{i}]") for i, item in enumerate(value)]
     if not isinstance(value, dict):
-        raise CallError(f"{ctx.call} {path}: a bare {type(value).__name__} {value!r} where a recorded value was expected")
+        raise CallError(
+            f"{ctx.call} {path}: a bare {type(value).__name__} {value!r} where a recorded value was expected"
+        )
     kind = value.get("type")
     if kind is None:
         return {key: decode(item, ctx, f"{path}[{key!r}]") for key, item in value.items()}
@@ -108,7 +110,9 @@ def _plain(expected: tuple[type, ...]) -> Callable[[Record, DecodeContext, str],
 def _slice(value: dict, ctx: DecodeContext, path: str) -> slice:
     bounds = value.get("value")
     if not (
-        isinstance(bounds, list) and len(bounds) == 3 and all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds)
+        isinstance(bounds, list)
+        and len(bounds) == 3
+        and all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds)
     ):
         raise CallError(f"{ctx.call} {path}: slice value {bounds!r} is not [start, stop, step]")
     return slice(*bounds)
@@ -156,7 +160,10 @@ def _tensor(value: dict, ctx: DecodeContext, path: str) -> torch.Tensor:
     return ctx.tensor(value, path)
 
 
-NUMPY_SCALARS = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_")}
+NUMPY_SCALARS = {
+    name: getattr(np, name)
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_")
+}
 
 
 def _numpy_scalar(value: Record, ctx: DecodeContext, path: str) -> Value:

@@ -80,7 +80,14 @@ class CallMetrics:
         pairing: dict[str, str | int] = {"dtype": self.dtype} if self.dtype else {}
         pairing.update({"signature": self.signature, "order": self.order} if self.signature else {})
         return json.dumps(
-            {"dump": dump, "call": call, "status": self.status, "standard": self.standard, "outputs": self.outputs, **pairing},
+            {
+                "dump": dump,
+                "call": call,
+                "status": self.status,
+                "standard": self.standard,
+                "outputs": self.outputs,
+                **pairing,
+            },
             sort_keys=True,
             separators=(",", ":"),
         )
@@ -95,7 +102,9 @@ class CallMetrics:
 
     @classmethod
     def of_kernel(cls, verdict: KernelVerdict) -> CallMetrics:
-        return cls(verdict.status, KERNEL_STANDARD, {"": {key: _short(value) for key, value in verdict.metrics.items()}})
+        return cls(
+            verdict.status, KERNEL_STANDARD, {"": {key: _short(value) for key, value in verdict.metrics.items()}}
+        )
 
 
 def _short(value: float) -> float:
@@ -233,7 +242,9 @@ class Baseline:
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except OSError as exc:
-            raise BaselineError(f"{path}: cannot be read ({exc.strerror or exc}); record one with --msprobe-baseline-save") from None
+            raise BaselineError(
+                f"{path}: cannot be read ({exc.strerror or exc}); record one with --msprobe-baseline-save"
+            ) from None
         try:
             header = json.loads(lines[0]) if lines else {}
         except json.JSONDecodeError:
@@ -241,7 +252,9 @@ class Baseline:
         if header.get("format") != FORMAT:
             raise BaselineError(f"{path}: is not a pytest-msprobe baseline (no {FORMAT!r} header line)")
         if header.get("version") != VERSION:
-            raise BaselineError(f"{path}: baseline format version {header.get('version')!r}; this pytest-msprobe reads version {VERSION}")
+            raise BaselineError(
+                f"{path}: baseline format version {header.get('version')!r}; this pytest-msprobe reads version {VERSION}"
+            )
         baseline = cls(environment=header.get("environment", {}))
         for number, line in enumerate(lines[1:], start=2):
             try:
@@ -275,7 +288,9 @@ def _relabelled(verdict: Verdict, label: str) -> Verdict:
     reference = verdict.reference
     if reference == BASELINE_LABEL or reference.startswith(BASELINE_LABEL + ","):
         reference = label + reference[len(BASELINE_LABEL) :]
-    return dataclasses.replace(verdict, reference=reference, outputs=tuple(_relabelled(output, label) for output in verdict.outputs))
+    return dataclasses.replace(
+        verdict, reference=reference, outputs=tuple(_relabelled(output, label) for output in verdict.outputs)
+    )
 
 
 def _order(item: tuple[tuple[str | None, str], CallMetrics]) -> tuple[str, str]:
@@ -330,14 +345,19 @@ def largest_growth(current: CallMetrics, recorded: CallMetrics) -> tuple[float |
 
 def _any_error(recorded: CallMetrics) -> bool:
     return any(
-        value for metrics in recorded.outputs.values() for key, value in metrics.items() if key not in HIGHER_IS_BETTER and key != "eb"
+        value
+        for metrics in recorded.outputs.values()
+        for key, value in metrics.items()
+        if key not in HIGHER_IS_BETTER and key != "eb"
     )
 
 
 # --- the environment a baseline was recorded in ------------------------------------
 
 
-def environment(dumps: Iterable[tuple[str, Path]], device: str, versions: Mapping[str, str | None] | None = None) -> Record:
+def environment(
+    dumps: Iterable[tuple[str, Path]], device: str, versions: Mapping[str, str | None] | None = None
+) -> Record:
     """What produced the metrics: versions (this process's, unless given: the xdist
     controller imports no torch and takes a worker's), device, and which dumps (by content)."""
     if versions is None:

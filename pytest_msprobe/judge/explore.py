@@ -44,7 +44,16 @@ from pytest_msprobe.judge.record import EXPLORED_SUFFIX
 from pytest_msprobe.run.apis import fixed_shape_apis, normed_arguments, paired_apis, summing_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.run.recurrent import DEFINITIONS as RECURRENT_DEFINITIONS
-from pytest_msprobe.run.replay import DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs, tree_map
+from pytest_msprobe.run.replay import (
+    DeviceFailed,
+    Placement,
+    Run,
+    decode_backward,
+    decode_forward,
+    evaluated,
+    flat_outputs,
+    tree_map,
+)
 from pytest_msprobe.run.terms import has_terms, term_magnitudes
 
 if TYPE_CHECKING:
@@ -74,7 +83,9 @@ class _Search:
 
     judged: int = 0
     discarded: Counter[str] = dataclasses.field(default_factory=Counter)  # by cause
-    excused: Counter[str] = dataclasses.field(default_factory=Counter)  # judged examples that passed once excused, by cause
+    excused: Counter[str] = dataclasses.field(
+        default_factory=Counter
+    )  # judged examples that passed once excused, by cause
     first_discard: str = ""
     first: tuple[Variant, CallResult] | None = None  # the first judged example: the dumped call's inputs
     warning: tuple[Variant, CallResult] | None = None  # the first example judged warning
@@ -127,7 +138,11 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
 
     def example_result(variant: Variant) -> CallResult:
         ctx = DecodeContext(index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided())
-        inputs = decode_forward(variant.forward, ctx) if backward is None else decode_backward(variant.forward, variant.backward or {}, ctx)
+        inputs = (
+            decode_forward(variant.forward, ctx)
+            if backward is None
+            else decode_backward(variant.forward, variant.backward or {}, ctx)
+        )
         replayed = replay_inputs(index.framework, framework, name, api, inputs, settings)
         judgement = judged(Judgement(settings.registry, name, replayed.results, replayed.bench, index.framework))
         if judgement.error:
@@ -172,7 +187,9 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
             f"({_by_cause(search.discarded)}), e.g. {search.first_discard}"
         ) from None
     if search.first is None:
-        raise CallSkip(f"no valid input found around the call ({_by_cause(search.discarded)} discarded), e.g. {search.first_discard}")
+        raise CallSkip(
+            f"no valid input found around the call ({_by_cause(search.discarded)} discarded), e.g. {search.first_discard}"
+        )
     if search.warning is not None:
         _, result = search.warning
         return _counted(dataclasses.replace(result, notes=["the first warning is shown"]), search)
@@ -193,12 +210,20 @@ def _counted(result: CallResult, search: _Search) -> CallResult:
         f"({_by_cause(search.discarded)}), {excused} passed once excused ({_by_cause(search.excused)})"
     )
     leaves = result.verdict.outputs or (result.verdict,)
-    columns = {"explore_judged": search.judged, "explore_discarded": dict(search.discarded), "explore_excused": dict(search.excused)}
-    counts = Finding("explored", leaves[0].path, False, "the examples by cause are in the metrics file's explore_* columns", columns)
+    columns = {
+        "explore_judged": search.judged,
+        "explore_discarded": dict(search.discarded),
+        "explore_excused": dict(search.excused),
+    }
+    counts = Finding(
+        "explored", leaves[0].path, False, "the examples by cause are in the metrics file's explore_* columns", columns
+    )
     return dataclasses.replace(result, notes=[count, *result.notes], findings=[*result.findings, counts])
 
 
-def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]) -> Value:
+def _hypothesis_test(
+    probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]
+) -> Value:
     """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's
     cost is its own), its database keyed by the dump and the call; `first`, then the edges
     (run/neighbourhood.py EDGES) as its explicit examples, tried first."""
@@ -244,7 +269,11 @@ def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan
     if failure.result is None:
         assert failure.device_error is not None
         lines = "\n".join(
-            [f"inputs {_how_minimal(failure.variant)}:", *(f"  {line}" for line in describe(failure.variant)), f"  {reproduce}"]
+            [
+                f"inputs {_how_minimal(failure.variant)}:",
+                *(f"  {line}" for line in describe(failure.variant)),
+                f"  {reproduce}",
+            ]
         )
         raise _device_failed(failure.device_error, lines) from None
     return dataclasses.replace(failure.result, notes=[*failure.result.notes, _how_minimal(failure.variant), reproduce])
@@ -334,15 +363,26 @@ def _conditioned(judgement: Judgement, sensitivity: Value, excused: str) -> Judg
     longest = max((size for leaf in results.inputs.leaves for size in leaf.tensor.shape), default=1)
     flushed = longest * _largest_incoming(results.inputs)
     allowed = _pairwise(
-        lambda delta, device: EXCUSED_SENSITIVITY * delta + flushed * torch.finfo(device.dtype).smallest_normal, sensitivity, results.device
+        lambda delta, device: EXCUSED_SENSITIVITY * delta + flushed * torch.finfo(device.dtype).smallest_normal,
+        sensitivity,
+        results.device,
     )
     device = _excused_device(results.device, results.bench, allowed)
     terms = term_magnitudes(judgement.name, judgement.bench, results.inputs, judgement.framework)
     again = Judgement(
-        judgement.registry, judgement.name, dataclasses.replace(results, device=device), judgement.bench, judgement.framework, terms=terms
+        judgement.registry,
+        judgement.name,
+        dataclasses.replace(results, device=device),
+        judgement.bench,
+        judgement.framework,
+        terms=terms,
     )
     verdict = judge(again)
-    return judgement if verdict.status == "error" else dataclasses.replace(again, verdict=relabelled(verdict, f"{excused} excused"))
+    return (
+        judgement
+        if verdict.status == "error"
+        else dataclasses.replace(again, verdict=relabelled(verdict, f"{excused} excused"))
+    )
 
 
 def _within_inputs_rounding(judgement: Judgement) -> Judgement:
@@ -454,7 +494,9 @@ def input_sensitivity(judgement: Judgement) -> Value | None:
     if any(change is None for change in changes):
         return None
     changes += [
-        _result_rounded(judgement, unit, seed) for seed in range(SENSITIVITY_PATTERNS) if judgement.name.operator in RESULT_BACKWARDS
+        _result_rounded(judgement, unit, seed)
+        for seed in range(SENSITIVITY_PATTERNS)
+        if judgement.name.operator in RESULT_BACKWARDS
     ]
     merged = changes[0]
     for change in changes[1:]:
@@ -528,7 +570,10 @@ def _change(judgement: Judgement, bench: Run, move: Move) -> Value | None:
         grads=tree_map(moved, inputs.grads) if inputs.grads is not None else None,
     )
     again = evaluated(
-        dataclasses.replace(bench, placement=Placement(bench.placement.device)), judgement.name.direction, perturbed, judgement.framework
+        dataclasses.replace(bench, placement=Placement(bench.placement.device)),
+        judgement.name.direction,
+        perturbed,
+        judgement.framework,
     )
     if again is None:
         return None
@@ -575,7 +620,9 @@ def beyond_range(name: CallName, replayed: Replayed, framework: str) -> str | No
     where every input is finite (the bench's range holds D's: rsqrt's derivative
     -x**-1.5 / 2 at a bfloat16 subnormal overflows float32 too), and a sum of squares
     sums the finite elements."""
-    return next((excuse.cause for excuse in EXCUSES if excuse.computes(name) and excuse.beyond(name, replayed, framework)), None)
+    return next(
+        (excuse.cause for excuse in EXCUSES if excuse.computes(name) and excuse.beyond(name, replayed, framework)), None
+    )
 
 
 def _largest(results: Results) -> float | None:
@@ -589,7 +636,9 @@ def _beyond(values: Value, results: Results) -> bool:
     largest = _largest(results)
     if largest is None:
         return False
-    finite = all(bool(torch.isfinite(leaf.tensor).all()) for leaf in results.inputs.leaves if leaf.tensor.is_floating_point())
+    finite = all(
+        bool(torch.isfinite(leaf.tensor).all()) for leaf in results.inputs.leaves if leaf.tensor.is_floating_point()
+    )
     return any(_magnitude(value, finite) > largest for value in flat_outputs(values) if isinstance(value, torch.Tensor))
 
 
@@ -604,7 +653,10 @@ def _sum_beyond(power: int) -> Callable[[CallName, Replayed, str], bool]:
     inputs underflow)."""
 
     def beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
-        first = next((arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+        first = next(
+            (arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()),
+            None,
+        )
         if first is None or _largest(replayed.results) is None:
             return False
         info = torch.finfo(ACCUMULATOR.get(first.dtype, first.dtype))
@@ -625,7 +677,9 @@ def _group_norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Ten
 
 #: How each API of the [explore] centred table groups its input for the mean and variance
 #: its definition forms: the input reshaped to (..., the elements of one group).
-CENTRED_GROUPS: dict[str, Callable[[list[Value], dict[str, Value]], torch.Tensor | None]] = {"group_norm": _group_norm_groups}
+CENTRED_GROUPS: dict[str, Callable[[list[Value], dict[str, Value]], torch.Tensor | None]] = {
+    "group_norm": _group_norm_groups
+}
 
 
 def _centred_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
@@ -645,7 +699,9 @@ def _centred_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     mean = wide.where(finite, torch.zeros_like(wide)).sum(-1, keepdim=True) / count
     totals = (wide - mean).square().where(finite, torch.zeros_like(wide)).sum(-1)
     positive = totals[totals > 0]
-    return float(totals.max()) > info.max or (bool(positive.numel()) and float(positive.min()) < info.smallest_normal / info.eps)
+    return float(totals.max()) > info.max or (
+        bool(positive.numel()) and float(positive.min()) < info.smallest_normal / info.eps
+    )
 
 
 def _floats(replayed: Replayed) -> list[torch.Tensor]:
@@ -656,7 +712,9 @@ def _floats(replayed: Replayed) -> list[torch.Tensor]:
 
 def _shifted_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     """x - max(x) of the first argument beyond the dtype's range (its finite elements)."""
-    first = next((arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+    first = next(
+        (arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None
+    )
     largest = _largest(replayed.results)
     if first is None or largest is None:
         return False
@@ -683,7 +741,13 @@ def _scores_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     inputs = replayed.results.inputs
     q, k = (next(iter(inputs.args[i : i + 1]), None) for i in (0, 1))
     largest = _largest(replayed.results)
-    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or largest is None or q.dim() < 2 or k.dim() < 2:
+    if (
+        not isinstance(q, torch.Tensor)
+        or not isinstance(k, torch.Tensor)
+        or largest is None
+        or q.dim() < 2
+        or k.dim() < 2
+    ):
         return False
     given = inputs.kwargs.get("scale")
     scale = float(given) if isinstance(given, (int, float)) else 1 / math.sqrt(q.shape[-1])
@@ -729,16 +793,26 @@ def _norm_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     (finite elements only)."""
     args, kwargs = replayed.results.inputs.args, replayed.results.inputs.kwargs
     largest = _largest(replayed.results)
-    dim = kwargs.get("dim", args[2] if len(args) > 2 and isinstance(args[2], int) else 1)  # cosine_embedding_loss's is a target
+    dim = kwargs.get(
+        "dim", args[2] if len(args) > 2 and isinstance(args[2], int) else 1
+    )  # cosine_embedding_loss's is a target
     power = kwargs.get("p", args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else 2)
     if largest is None or not isinstance(dim, int) or not isinstance(power, (int, float)) or power <= 0:
         return False
     for position in normed_arguments(name.operator):
         tensor = args[position] if position < len(args) else None
-        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and -tensor.dim() <= dim < max(tensor.dim(), 1)):
+        if not (
+            isinstance(tensor, torch.Tensor)
+            and tensor.is_floating_point()
+            and -tensor.dim() <= dim < max(tensor.dim(), 1)
+        ):
             continue
         wide = tensor.double()
-        powers = wide.abs().pow(power).where(torch.isfinite(wide), torch.zeros_like(wide)).sum(dim) if wide.dim() else wide.abs() ** power
+        powers = (
+            wide.abs().pow(power).where(torch.isfinite(wide), torch.zeros_like(wide)).sum(dim)
+            if wide.dim()
+            else wide.abs() ** power
+        )
         accumulator = torch.finfo(ACCUMULATOR.get(tensor.dtype, tensor.dtype)).max
         if float(powers.max()) > accumulator or float(powers.max()) ** (1 / power) > largest:
             return True
@@ -760,7 +834,10 @@ def _std_backward(call: Arguments) -> list[torch.Tensor]:
 def _layer_norm_backward(call: Arguments) -> list[torch.Tensor]:
     """The input gradient rstd (g w - mean(g w) - x_hat mean(g w x_hat)): the row sums of
     g w (their partial sums bounded by sum |g w|)."""
-    shape, weight = call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"), call.tensor(2, "weight")
+    shape, weight = (
+        call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"),
+        call.tensor(2, "weight"),
+    )
     if not isinstance(shape, (list, tuple)) or weight is None:
         return []
     products = (call.grads[0] * weight).abs()
@@ -797,7 +874,11 @@ def _cosine_embedding_loss_backward(call: Arguments) -> list[torch.Tensor]:
     m = sum(x**2) + 1e-12): its backward chains div's and sqrt's formulas, the product
     m1 m2, x1 . x2's gradient g / sqrt(m1 m2) and the denominator's g (x1 . x2) / (m1 m2)
     over 2 sqrt(m1 m2)."""
-    x1, x2, target = call.tensor(0, "input1"), call.tensor(1, "input2"), call.args[2] if len(call.args) > 2 else call.kwargs.get("target")
+    x1, x2, target = (
+        call.tensor(0, "input1"),
+        call.tensor(1, "input2"),
+        call.args[2] if len(call.args) > 2 else call.kwargs.get("target"),
+    )
     if x1 is None or x2 is None or not isinstance(target, torch.Tensor):
         return []
     dim = target.dim()
@@ -808,7 +889,11 @@ def _cosine_embedding_loss_backward(call: Arguments) -> list[torch.Tensor]:
 def _group_norm_backward(call: Arguments) -> list[torch.Tensor]:
     """layer_norm's over each (sample, group of channels), the weight per channel: the
     group sums of |g w| (the definition's mean(g w) and mean(g w x_hat))."""
-    x, groups, weight = call.args[0], call.args[1] if len(call.args) > 1 else call.kwargs.get("num_groups"), call.tensor(2, "weight")
+    x, groups, weight = (
+        call.args[0],
+        call.args[1] if len(call.args) > 1 else call.kwargs.get("num_groups"),
+        call.tensor(2, "weight"),
+    )
     if not isinstance(x, torch.Tensor) or not isinstance(groups, int) or weight is None:
         return []
     products = (call.grads[0] * weight.reshape([1, -1] + [1] * (x.dim() - 2))).abs()
@@ -924,14 +1009,23 @@ def _group_norm_gradient(call: Arguments) -> bool:
         call.tensor(2, "weight"),
     )
     eps = call.args[4] if len(call.args) > 4 else call.kwargs.get("eps", 1e-5)
-    if x is None or weight is None or not call.grads or not isinstance(groups, int) or not isinstance(eps, float) or x.dim() < 2:
+    if (
+        x is None
+        or weight is None
+        or not call.grads
+        or not isinstance(groups, int)
+        or not isinstance(eps, float)
+        or x.dim() < 2
+    ):
         return False
     grouped = x.reshape(x.shape[0], groups, -1)
     mean, rstd = grouped.mean(-1), (grouped.var(-1, unbiased=False) + eps).rsqrt()
     products = (call.grads[0] * weight.reshape([1, -1] + [1] * (x.dim() - 2))).reshape(grouped.shape)
     moments = (products.sum(-1) * mean - (products * grouped).sum(-1)) * rstd**3
     fused = rstd.repeat_interleave(x.shape[1] // groups, 1) * weight.abs()
-    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max or _group_norm_squares(call)
+    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(
+        torch.float32
+    ).max or _group_norm_squares(call)
 
 
 def _batch_norm_weight(call: Arguments) -> bool:
@@ -968,7 +1062,12 @@ def _layer_norm_gradient(call: Arguments) -> bool:
     products = call.grads[0] * (weight if weight is not None else 1.0)
     sums, moments = (products * x).sum(dims), products.sum(dims)
     largest, info = torch.finfo(torch.float32).max, torch.finfo(torch.float32)
-    beyond = [(products * x).abs().sum(dims), (moments * mean - sums) * rstd**3, rstd * moments, rstd * _magnitude(products, False)]
+    beyond = [
+        (products * x).abs().sum(dims),
+        (moments * mean - sums) * rstd**3,
+        rstd * moments,
+        rstd * _magnitude(products, False),
+    ]
     return any(_magnitude(value, False) > largest for value in beyond) or _underflows(rstd**3, info.smallest_normal)
 
 
@@ -977,7 +1076,10 @@ def _attention_scores(call: Arguments) -> torch.Tensor | None:
     added), float64; None where the shapes do not broadcast."""
     q, k = call.tensor(0, "query"), call.tensor(1, "key")
     mask = call.args[3] if len(call.args) > 3 else call.kwargs.get("attn_mask")
-    causal, given = call.args[5] if len(call.args) > 5 else call.kwargs.get("is_causal", False), call.kwargs.get("scale")
+    causal, given = (
+        call.args[5] if len(call.args) > 5 else call.kwargs.get("is_causal", False),
+        call.kwargs.get("scale"),
+    )
     if q is None or k is None or q.dim() < 2:
         return None
     scale = float(given) if isinstance(given, (int, float)) else 1 / math.sqrt(q.shape[-1])
@@ -986,7 +1088,11 @@ def _attention_scores(call: Arguments) -> torch.Tensor | None:
         if causal is True:
             scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).tril().logical_not(), -math.inf)
         if isinstance(mask, torch.Tensor):
-            scores = scores.masked_fill(mask.logical_not(), -math.inf) if mask.dtype == torch.bool else scores + mask.double()
+            scores = (
+                scores.masked_fill(mask.logical_not(), -math.inf)
+                if mask.dtype == torch.bool
+                else scores + mask.double()
+            )
     except RuntimeError:
         return None
     return scores
@@ -1024,7 +1130,14 @@ F32 = (torch.float32,)
 #: The torch defects exploration finds (README, benchmarks/RESULTS-explore.md): an example
 #: that fails where one's regime holds names it and its reproducer (documented).
 DOCUMENTED = (
-    Documented("gelu", "forward", F32, _gelu_tail, "1 + erf(x / sqrt 2) cancels below x = -4 (pytorch/pytorch#187806)", "gelu_tail"),
+    Documented(
+        "gelu",
+        "forward",
+        F32,
+        _gelu_tail,
+        "1 + erf(x / sqrt 2) cancels below x = -4 (pytorch/pytorch#187806)",
+        "gelu_tail",
+    ),
     Documented(
         "gelu",
         "backward",
@@ -1042,7 +1155,12 @@ DOCUMENTED = (
         "gelu_tanh_gradient",
     ),
     Documented(
-        "softplus", "backward", F32, _softplus_gradient, "g * exp(x) overflows before the division by 1 + exp(x)", "softplus_gradient"
+        "softplus",
+        "backward",
+        F32,
+        _softplus_gradient,
+        "g * exp(x) overflows before the division by 1 + exp(x)",
+        "softplus_gradient",
     ),
     Documented(
         "layer_norm",
@@ -1060,7 +1178,14 @@ DOCUMENTED = (
         "the CPU kernel's fused weight * rstd overflows where weight * x_hat fits",
         "batch_norm_weight",
     ),
-    Documented("hardswish", "forward", F32, _hardswish_product, "x * relu6(x + 3) overflows before the division by 6", "hardswish_large"),
+    Documented(
+        "hardswish",
+        "forward",
+        F32,
+        _hardswish_product,
+        "x * relu6(x + 3) overflows before the division by 6",
+        "hardswish_large",
+    ),
     Documented(
         "group_norm",
         "forward",
@@ -1108,7 +1233,12 @@ def documented_defect(name: CallName, replayed: Replayed) -> str | None:
         torch.empty(0),  # the forward's result: no regime reads it
     )
     for entry in DOCUMENTED:
-        if entry.operator == name.operator and entry.direction == name.direction and dtypes <= set(entry.dtypes) and entry.regime(call):
+        if (
+            entry.operator == name.operator
+            and entry.direction == name.direction
+            and dtypes <= set(entry.dtypes)
+            and entry.regime(call)
+        ):
             return (
                 f"a documented torch defect: {entry.defect}; reproduced without the plugin by {REPRODUCERS} "
                 f"({entry.reproducer}): deselect it where it is known"
@@ -1123,13 +1253,18 @@ def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework:
     if not grads or result is None:
         return False
     call = Arguments(
-        [_widened(arg) for arg in inputs.args], {key: _widened(value) for key, value in inputs.kwargs.items()}, grads, result.double()
+        [_widened(arg) for arg in inputs.args],
+        {key: _widened(value) for key, value in inputs.kwargs.items()},
+        grads,
+        result.double(),
     )
     try:
         intermediates = BACKWARD_INTERMEDIATES[name.operator](call)
     except (IndexError, RuntimeError):  # another overload, shapes that do not broadcast: no evidence
         return False
-    floats = [d.dtype for d in flat_outputs(replayed.results.device) if isinstance(d, torch.Tensor) and d.is_floating_point()]
+    floats = [
+        d.dtype for d in flat_outputs(replayed.results.device) if isinstance(d, torch.Tensor) and d.is_floating_point()
+    ]
     tiny = min((torch.finfo(dtype).smallest_normal for dtype in floats), default=0.0)
     return _beyond(tuple(intermediates), replayed.results) or any(_underflows(value, tiny) for value in intermediates)
 
@@ -1156,23 +1291,41 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 #: multiplied by the incoming gradient).
 EXCUSES = (
     Excuse("exact result beyond the dtype's range", lambda name: True, _result_beyond),
-    Excuse("sum of squares beyond its accumulator's range", lambda name: name.operator in summing_apis("squares"), _sum_beyond(2)),
+    Excuse(
+        "sum of squares beyond its accumulator's range",
+        lambda name: name.operator in summing_apis("squares"),
+        _sum_beyond(2),
+    ),
     Excuse(
         "a group's centred squares (x - mean)**2 beyond its accumulator's range",
         lambda name: name.operator in summing_apis("centred"),
         _centred_beyond,
     ),
     Excuse("sum beyond its accumulator's range", lambda name: name.operator in summing_apis("sums"), _sum_beyond(1)),
-    Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
-    Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),
-    Excuse("attention scores q k^T scale beyond the dtype's range", lambda name: name.operator in summing_apis("scores"), _scores_beyond),
+    Excuse(
+        "x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond
+    ),
+    Excuse(
+        "a gate's products beyond the dtype's range",
+        lambda name: name.operator in summing_apis("products"),
+        _products_beyond,
+    ),
+    Excuse(
+        "attention scores q k^T scale beyond the dtype's range",
+        lambda name: name.operator in summing_apis("scores"),
+        _scores_beyond,
+    ),
     Excuse("terms of its sums of products beyond the dtype's range", has_terms, _terms_beyond),
     Excuse(
         "g - sum(g * y) of a softmax-like backward beyond the dtype's range",
         lambda name: name.direction == "backward" and name.operator in summing_apis("shifted_gradient"),
         _shifted_gradient_beyond,
     ),
-    Excuse("a norm it divides by beyond the dtype's range", lambda name: bool(normed_arguments(name.operator)), _norm_beyond),
+    Excuse(
+        "a norm it divides by beyond the dtype's range",
+        lambda name: bool(normed_arguments(name.operator)),
+        _norm_beyond,
+    ),
     Excuse(
         "an intermediate of its backward's formula (derivatives.yaml) beyond the dtype's range or below its normal values",
         lambda name: name.direction == "backward" and name.operator in BACKWARD_INTERMEDIATES,
@@ -1227,7 +1380,11 @@ def _values(tensor: torch.Tensor) -> str:
         return f"min {tensor.min().item()}, max {tensor.max().item()}"
     wide = tensor.double()
     finite = wide[torch.isfinite(wide)]
-    parts = [f"max |x| {finite.abs().max().item():.6g}, mean {finite.mean().item():.6g}" if finite.numel() else "no finite value"]
+    parts = [
+        f"max |x| {finite.abs().max().item():.6g}, mean {finite.mean().item():.6g}"
+        if finite.numel()
+        else "no finite value"
+    ]
     zeros, special = int((wide == 0).sum()), wide.numel() - finite.numel()
     parts += [f"{zeros} zeros"] * bool(zeros) + [f"{special} non-finite"] * bool(special)
     return ", ".join(parts)

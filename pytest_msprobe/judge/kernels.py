@@ -224,7 +224,9 @@ def _pooled(items: list[Evidence], prefix: str) -> dict[str, float]:
         metrics[f"{prefix}{test}_ulp"] = signed / total_n if total_n else 0.0
         for suffix in ("", "_elements") if grouped else ("",):
             keys = [f"{prefix}{test}_signs{suffix}", f"{prefix}{test}_signs_sq{suffix}"]
-            total, spread = (sum(item.sums.get(key, item.sums[key.removesuffix(suffix)]) for item in items) for key in keys)
+            total, spread = (
+                sum(item.sums.get(key, item.sums[key.removesuffix(suffix)]) for item in items) for key in keys
+            )
             metrics[f"{prefix}{test}_z{suffix}"] = signs_z(total, spread)
     squares = sum(item.sums.get(f"{prefix}bias_ulp_ms", 0.0) * item.sums[f"{prefix}bias_n"] for item in items)
     if all(f"{prefix}bias_ulp_ms" in item.sums for item in items):
@@ -299,7 +301,11 @@ def call_log_ratios(items: Iterable[Evidence]) -> dict[str, float]:
 def ratio_reasons(magnitude: dict[str, float], z_limit: float) -> list[str]:
     """The pooled error ratio's reason to fail: certainly above RATIO_LIMIT, i.e. its
     one-sided p below the normal tail at z_limit."""
-    p, p_limit, calls = magnitude[f"{RATIO}_p"], 0.5 * math.erfc(z_limit / math.sqrt(2)), int(magnitude[f"{RATIO}_calls"])
+    p, p_limit, calls = (
+        magnitude[f"{RATIO}_p"],
+        0.5 * math.erfc(z_limit / math.sqrt(2)),
+        int(magnitude[f"{RATIO}_calls"]),
+    )
     if p >= p_limit:
         return []
     return [
@@ -339,7 +345,9 @@ class KernelPool:
     def add(self, record: ResultRecord) -> None:
         name = parse_call_name(record.call)
         if name is not None and record.status == "error":
-            self.failed.setdefault((record.dump, f"{name.api_type}.{name.api_name}", name.direction), set()).add(record.call)
+            self.failed.setdefault((record.dump, f"{name.api_type}.{name.api_name}", name.direction), set()).add(
+                record.call
+            )
         for key, item in evidence_of(record):
             self.evidence.setdefault(key, {})[item.call, item.output] = item
 

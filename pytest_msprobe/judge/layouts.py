@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Value
 
 #: the layouts besides contiguous a device may run: tensor rank -> memory format
-LAYOUTS: dict[str, dict[int, torch.memory_format]] = {"channels_last": {4: torch.channels_last, 5: torch.channels_last_3d}}
+LAYOUTS: dict[str, dict[int, torch.memory_format]] = {
+    "channels_last": {4: torch.channels_last, 5: torch.channels_last_3d}
+}
 
 
 def other_layouts(api: Api, tensors: Iterable[torch.Tensor]) -> list[str]:
@@ -69,7 +71,12 @@ class LayoutReferences:
             self._outputs = {}
             for layout in self.layouts:
                 placement = dataclasses.replace(self.reference.placement, formats=LAYOUTS[layout])
-                output = evaluated(dataclasses.replace(self.reference, placement=placement), self.direction, self.inputs, self.framework)
+                output = evaluated(
+                    dataclasses.replace(self.reference, placement=placement),
+                    self.direction,
+                    self.inputs,
+                    self.framework,
+                )
                 if output is not None:
                     self._outputs[layout] = tree_map(_contiguous, output)
         return {layout: _aligned_like(output, like) for layout, output in self._outputs.items()}

@@ -216,7 +216,9 @@ class Change:
             return ""
         if self.limit is None:  # the same dump, judged against its record (judge/baseline.py compare)
             return f"{self.metric} {self.growth:.3g}x the baseline"
-        return f"{self.metric} {_number(self.before)} -> {_number(self.after)} ({self.growth:.3g}x, limit {self.limit:g}x)"
+        return (
+            f"{self.metric} {_number(self.before)} -> {_number(self.after)} ({self.growth:.3g}x, limit {self.limit:g}x)"
+        )
 
 
 def _number(value: float | None) -> str:
@@ -261,7 +263,19 @@ def call_change(now: CallMetrics, was: CallMetrics, name: str, recorded_as: str,
         kind = "improvement"
     else:
         kind = "unchanged"
-    return Change(kind, name, recorded_as, was.status, now.status, metric, before, after, ratio, limit if metric else None, dtype=dtype)
+    return Change(
+        kind,
+        name,
+        recorded_as,
+        was.status,
+        now.status,
+        metric,
+        before,
+        after,
+        ratio,
+        limit if metric else None,
+        dtype=dtype,
+    )
 
 
 @dataclass
@@ -280,7 +294,9 @@ class KernelChanges:
         worst_was = max((c.was for c in self.calls), key=lambda status: STATUS_RANK.get(status, 0))
         worst_now = max((c.now for c in self.calls), key=lambda status: STATUS_RANK.get(status, 0))
         measured = [c for c in self.calls if c.growth is not None and c.before and c.after]
-        pooled, before, after = (_geometric_mean([getattr(c, key) for c in measured]) for key in ("growth", "before", "after"))
+        pooled, before, after = (
+            _geometric_mean([getattr(c, key) for c in measured]) for key in ("growth", "before", "after")
+        )
         limit = KERNEL_LIMIT.get(self.dtype, KERNEL_LIMIT[DEFAULT_DTYPE])
         kinds = {c.kind for c in self.calls}
         if "regression" in kinds or (pooled is not None and pooled > limit):
@@ -290,7 +306,9 @@ class KernelChanges:
         else:
             kind = "unchanged"
         metric = f"{measured[0].metric.split(' ')[-1]} (geometric mean of {len(measured)} calls)" if measured else ""
-        return Change(kind, self.name, self.name, worst_was, worst_now, metric, before, after, pooled, limit if measured else None)
+        return Change(
+            kind, self.name, self.name, worst_was, worst_now, metric, before, after, pooled, limit if measured else None
+        )
 
 
 def _geometric_mean(values: list[float]) -> float | None:
@@ -320,7 +338,9 @@ def kernel_changes(changes: Iterable[Change]) -> list[Change]:
 
 def worst_first(changes: Iterable[Change]) -> list[Change]:
     """Regressions, worst first, then by name (a stable order for any run)."""
-    return sorted((c for c in changes if c.kind == "regression"), key=lambda c: (-c.severity()[0], -c.severity()[1], c.name))
+    return sorted(
+        (c for c in changes if c.kind == "regression"), key=lambda c: (-c.severity()[0], -c.severity()[1], c.name)
+    )
 
 
 # --- a run against a baseline: which record each call of this run is paired with ---------
@@ -334,7 +354,9 @@ def signed(
     found = {}
     for (dump, call), metrics in calls.items():
         known = signatures.get(dump or "", {}).get(call)
-        found[(dump, call)] = metrics if known is None else dataclasses.replace(metrics, order=known[0], signature=known[1])
+        found[(dump, call)] = (
+            metrics if known is None else dataclasses.replace(metrics, order=known[0], signature=known[1])
+        )
     return found
 
 
@@ -407,7 +429,9 @@ class RunComparison:
 
 
 def compare_run(
-    counterparts: Counterparts, calls: Mapping[tuple[str, str], CallMetrics], indexes: Mapping[str, Callable[[], DumpIndex]]
+    counterparts: Counterparts,
+    calls: Mapping[tuple[str, str], CallMetrics],
+    indexes: Mapping[str, Callable[[], DumpIndex]],
 ) -> RunComparison:
     """Each call that ran (`calls`: (dump key, call) -> its metrics) against its record,
     each kernel of the dumps paired by signature pooled, and what vanished (`indexes`:
@@ -458,7 +482,13 @@ def merged_changes(runs: Iterable[Iterable[Change]]) -> tuple[list[Change], list
     of every call would have found (msprobe-merge)."""
     calls: dict[tuple[str, str], Change] = {}
     for run in runs:
-        calls.update({(change.dump, change.name): change for change in run if kernel_name(change.name, change.dtype) is not None})
+        calls.update(
+            {(change.dump, change.name): change for change in run if kernel_name(change.name, change.dtype) is not None}
+        )
     joined = [calls[key] for key in sorted(calls)]
-    kernels = [kernel for dump in sorted({dump for dump, _ in calls}) for kernel in kernel_changes(c for c in joined if c.dump == dump)]
+    kernels = [
+        kernel
+        for dump in sorted({dump for dump, _ in calls})
+        for kernel in kernel_changes(c for c in joined if c.dump == dump)
+    ]
     return joined, kernels

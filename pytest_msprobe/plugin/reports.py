@@ -113,7 +113,9 @@ class ReportPlugin:
             if self.writes:
                 self.lock.acquire()
                 config.add_cleanup(self.lock.release)
-            self.resumed_from = RunFiles.latest(self.options.out) if self.options.resume and self.options.out.is_dir() else None
+            self.resumed_from = (
+                RunFiles.latest(self.options.out) if self.options.resume and self.options.out.is_dir() else None
+            )
             self.previous = read_journal(self.resumed_from.journal) if self.resumed_from else []
         except ResultFilesError as exc:
             raise pytest.UsageError(f"--msprobe-out: {exc}") from None
@@ -156,7 +158,9 @@ class ReportPlugin:
             if not isinstance(item, ExploreItem)
         }
         if self.options.dedup:
-            represents = filters.dedup(((item.path, item.call) for item, reason in reasons.items() if reason is None), self._signature)
+            represents = filters.dedup(
+                ((item.path, item.call) for item, reason in reasons.items() if reason is None), self._signature
+            )
             for item, reason in reasons.items():
                 count = represents.get((item.path, str(item.call)))
                 if reason is None and count is None:
@@ -164,7 +168,9 @@ class ReportPlugin:
                 elif count is not None:
                     item.user_properties.append((REPRESENTS_PROPERTY, count))
         of_call = {(item.path, item.name): reason for item, reason in reasons.items()}
-        reasons.update({item: of_call.get((item.path, str(item.call))) for item in calls if isinstance(item, ExploreItem)})
+        reasons.update(
+            {item: of_call.get((item.path, str(item.call))) for item in calls if isinstance(item, ExploreItem)}
+        )
         journal = self.resumed_from.journal.name if self.resumed_from else ""
         for item, reason in reasons.items():
             if reason is None and (str(item.path), item.name) in self.done:
@@ -202,7 +208,9 @@ class ReportPlugin:
         report = yield
         if call.when == "call" and isinstance(item, CallItem):
             record = item.stash.get(RESULT_KEY, None) or _crashed(item, call, report.outcome)
-            if self.options.save_failed and (record.status == "error" or (record.status == "warning" and self.options.strict)):
+            if self.options.save_failed and (
+                record.status == "error" or (record.status == "warning" and self.options.strict)
+            ):
                 self._save_failed(item, record, report)
             attach_record(report, record.to_dict(), hasattr(self.config, "workerinput"))
         return report
@@ -246,7 +254,9 @@ class ReportPlugin:
                 self.options.save_failed, *source, session_state(item.config).settings(), record, label=item.record_name
             )
         except Exception as exc:  # noqa: BLE001 - any failure here must not change the test's outcome
-            report.sections.append(("msprobe failed data", f"could not save {item.record_name}: {type(exc).__name__}: {exc}"))
+            report.sections.append(
+                ("msprobe failed data", f"could not save {item.record_name}: {type(exc).__name__}: {exc}")
+            )
         else:
             report.sections.append(("msprobe failed data", f"saved to {folder}"))
 

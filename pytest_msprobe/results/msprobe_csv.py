@@ -41,7 +41,15 @@ METRIC_COLUMNS = (
     ("mean_ulp_err", "ULP误差平均值"),
     ("ulp_err_proportion", "ULP误差大于阈值占比"),
 )
-DETAILS_HEADER = ("API Name", "Bench Dtype", "DEVICE Dtype", "Shape", *(column for _, column in METRIC_COLUMNS), "Status", "Message")
+DETAILS_HEADER = (
+    "API Name",
+    "Bench Dtype",
+    "DEVICE Dtype",
+    "Shape",
+    *(column for _, column in METRIC_COLUMNS),
+    "Status",
+    "Message",
+)
 
 SPACE = " "  # msprobe's mark for "does not apply"
 STATUS_TEXT = {"pass": "pass", "warning": "warning", "error": "error", "skip": "SKIP"}

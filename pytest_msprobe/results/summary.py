@@ -119,7 +119,9 @@ class Summary:
         if self.resumed:
             pace += f", {self.resumed} from the resumed run"
         if selected is not None and ran < selected and rate > 0:
-            pace += f"; {selected - ran} not run, about {(selected - ran) / rate:.0f} s more (rerun with --msprobe-resume)"
+            pace += (
+                f"; {selected - ran} not run, about {(selected - ran) / rate:.0f} s more (rerun with --msprobe-resume)"
+            )
         lines = [head, pace]
         failing = self.resumed_status["error"] + (self.resumed_status["warning"] if strict else 0)
         if failing:
@@ -145,5 +147,8 @@ class Summary:
 
 
 def _table(title: str, counts: dict[str, Counter[str]]) -> list[str]:
-    rows = [f"  {name:<22} " + "  ".join(f"{s} {counter[s]}" for s in STATUSES if counter[s]) for name, counter in sorted(counts.items())]
+    rows = [
+        f"  {name:<22} " + "  ".join(f"{s} {counter[s]}" for s in STATUSES if counter[s])
+        for name, counter in sorted(counts.items())
+    ]
     return [f"{title}:", *rows] if rows else []

@@ -62,7 +62,20 @@ REGRESSIONS_PREFIX = "msprobe_regressions_"
 #: the regressions file's columns (judge/upgrade.py's Change): the regressions (calls and
 #: kernels), worst first, then every other compared call and kernel, which msprobe-merge
 #: joins and pools again
-REGRESSION_COLUMNS = ("kind", "dump", "name", "baseline name", "was", "now", "metric", "before", "after", "growth", "limit", "dtype")
+REGRESSION_COLUMNS = (
+    "kind",
+    "dump",
+    "name",
+    "baseline name",
+    "was",
+    "now",
+    "metric",
+    "before",
+    "after",
+    "growth",
+    "limit",
+    "dtype",
+)
 _NUMBERS = ("before", "after", "growth", "limit")
 
 
@@ -107,7 +120,9 @@ class RunFiles:
     @classmethod
     def all(cls, folder: Path) -> list[RunFiles]:
         """Every run in a folder, oldest first (by the timestamps of their journals)."""
-        stamps = sorted(path.name[len(JOURNAL_PREFIX) : -len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl"))
+        stamps = sorted(
+            path.name[len(JOURNAL_PREFIX) : -len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl")
+        )
         return [cls(folder, stamp) for stamp in stamps]
 
     @classmethod
@@ -375,8 +390,14 @@ class ResultWriter:
 
     def _rewrite(self, entries: list[Entry]) -> None:
         """Start the files afresh from these entries: headers, then their rows."""
-        _replace(self.files.details, _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]), ENCODING)
-        _replace(self.files.metrics, "".join(json.dumps(row) + "\n" for entry in entries for row in metrics_rows(entry)))
+        _replace(
+            self.files.details,
+            _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]),
+            ENCODING,
+        )
+        _replace(
+            self.files.metrics, "".join(json.dumps(row) + "\n" for entry in entries for row in metrics_rows(entry))
+        )
         _replace(self.files.journal, "".join(entry.to_json() + "\n" for entry in entries))
 
 

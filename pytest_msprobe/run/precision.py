@@ -104,7 +104,12 @@ class Switch:
 
 
 def _attr_switch(owner: Owner, path: str, attribute: str, strict: Setting) -> Switch:
-    return Switch(f"{path}.{attribute}", lambda: getattr(owner(), attribute), lambda value: setattr(owner(), attribute, value), strict)
+    return Switch(
+        f"{path}.{attribute}",
+        lambda: getattr(owner(), attribute),
+        lambda value: setattr(owner(), attribute, value),
+        strict,
+    )
 
 
 @functools.cache
@@ -116,7 +121,12 @@ def cuda_switches() -> list[Switch]:
     switches = [
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_tf32", False),
         _attr_switch(lambda: torch.backends.cudnn, "torch.backends.cudnn", "allow_tf32", False),
-        Switch("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, "highest"),
+        Switch(
+            "torch.get_float32_matmul_precision()",
+            torch.get_float32_matmul_precision,
+            torch.set_float32_matmul_precision,
+            "highest",
+        ),
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_fp16_reduced_precision_reduction", False),
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_bf16_reduced_precision_reduction", False),
     ]
@@ -182,7 +192,9 @@ def _read(get: Callable[[], Setting]) -> tuple[bool, object]:
         return False, exc
 
 
-def problems(backend_name: str, switches: list[Switch], strict: str = "after setting it to", float32: bool = True) -> list[str]:
+def problems(
+    backend_name: str, switches: list[Switch], strict: str = "after setting it to", float32: bool = True
+) -> list[str]:
     """Why the accelerator does not compute in strict float32 now ([] : it does): each of
     `switches` that departs from its strict value (worded `<name> is <value> <strict>
     <its strict value>`) and, with `float32`, the settings beside them that lower
@@ -251,7 +263,10 @@ def strict_float32(backend_name: str) -> Iterator[None]:
     raise)."""
     switches = SWITCHES[backend_name]()
     saved = [(switch, _read(switch.get)) for switch in switches]
-    saved_api = [(owner, _read(_fp32_precision_of(owner))) for _, owner in (_fp32_precision_api() if backend_name == "cuda" else [])]
+    saved_api = [
+        (owner, _read(_fp32_precision_of(owner)))
+        for _, owner in (_fp32_precision_api() if backend_name == "cuda" else [])
+    ]
     try:
         for switch in switches:
             with contextlib.suppress(Exception):  # a setter that fails is reported by the read-back below
@@ -277,7 +292,11 @@ def float32_bench(dtypes: dict[torch.dtype, torch.dtype], floating_inputs: set[t
     import torch
 
     low = {torch.float16, torch.bfloat16}
-    return bool(dtypes) and bool(floating_inputs & low) and all(dtypes.get(dtype, dtype) == torch.float32 for dtype in floating_inputs)
+    return (
+        bool(dtypes)
+        and bool(floating_inputs & low)
+        and all(dtypes.get(dtype, dtype) == torch.float32 for dtype in floating_inputs)
+    )
 
 
 @dataclass(frozen=True)
@@ -310,7 +329,9 @@ def bench_site(
         import torch
 
         raised = {dtypes.get(dtype, dtype) for dtype in floating_inputs}
-        return BenchSite(False, f"{cpu} in float64" if torch.float64 in raised else cpu if dtypes else f"{cpu} (not raised)")
+        return BenchSite(
+            False, f"{cpu} in float64" if torch.float64 in raised else cpu if dtypes else f"{cpu} (not raised)"
+        )
     if api_name.startswith("NPU."):
         return BenchSite(False, f"{cpu} (an NPU fused operator's reference)")
     if standard == "binary_consistency":

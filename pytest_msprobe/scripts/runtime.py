@@ -72,7 +72,9 @@ def parse_args(call: ScriptCall, argv: list[str] | None) -> argparse.Namespace:
         description=f"Reproduce {call.name} of an msprobe dump: run it on the device "
         "and on the raised-precision CPU bench, and judge it as pytest-msprobe does."
     )
-    parser.add_argument("--device", default="auto", help="auto (npu, else cuda, else cpu), cpu, cuda or npu (default: auto)")
+    parser.add_argument(
+        "--device", default="auto", help="auto (npu, else cuda, else cpu), cpu, cuda or npu (default: auto)"
+    )
     parser.add_argument(
         "--direction",
         choices=DIRECTIONS,
@@ -86,7 +88,9 @@ def parse_args(call: ScriptCall, argv: list[str] | None) -> argparse.Namespace:
         help="the folder holding dump.json and dump_tensor_data/ (default: where the dump was)",
     )
     parser.add_argument(
-        "--generate", action="store_true", help="generate every input from its recorded statistics, even where the dump saved the tensor"
+        "--generate",
+        action="store_true",
+        help="generate every input from its recorded statistics, even where the dump saved the tensor",
     )
     parser.add_argument(
         "--seeds",
@@ -157,7 +161,9 @@ def _registry(call: ScriptCall) -> Registry:
     return registry
 
 
-def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int) -> Outcome:
+def _run(
+    call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int
+) -> Outcome:
     """One replay and verdict, with every way it can fail turned into a status, as
     outcome.judge_call does for the test."""
     print(f"\n--- inputs: {'as in the test' if variant == 0 else f'seed variant {variant}'}")
@@ -172,7 +178,9 @@ def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args:
     except Exception as exc:  # noqa: BLE001 - the script explains; --traceback shows the rest
         if args.traceback:
             traceback.print_exc()
-        return _said(Outcome(variant, "error", f"the check raised {type(exc).__name__}: {exc} (--traceback shows where)"))
+        return _said(
+            Outcome(variant, "error", f"the check raised {type(exc).__name__}: {exc} (--traceback shows where)")
+        )
     _print_verdict(verdict)
     for finding in findings:
         print(f"  {finding.path or 'output'}: {finding.reason}")
@@ -202,7 +210,9 @@ def _check(
         api = dataclasses.replace(api, device_fn=call.call_api, bench_fn=own, raised_fn=None)
     inputs = call.build_inputs(args.direction, args.dump_dir, args.generate, variant)
     for leaf in inputs.leaves:
-        print(f"  {leaf.path:<28} {str(leaf.tensor.dtype).removeprefix('torch.'):<9} {list(leaf.tensor.shape)}  {leaf.origin}")
+        print(
+            f"  {leaf.path:<28} {str(leaf.tensor.dtype).removeprefix('torch.'):<9} {list(leaf.tensor.shape)}  {leaf.origin}"
+        )
     settings = Settings(chosen, 0, call.max_elements, registry)
     device, bench, reference = framework.runs(api, inputs, settings)
     try:
@@ -247,4 +257,10 @@ def _print_verdict(verdict: Verdict) -> None:
 def _as_json(name: str, outcome: Outcome) -> Record:
     results = annotated(output_results(outcome.verdict), outcome.findings) if outcome.verdict is not None else []
     outputs = [dataclasses.asdict(o) for o in results]
-    return {"call": name, "variant": outcome.variant, "status": outcome.status, "message": outcome.message, "outputs": outputs}
+    return {
+        "call": name,
+        "variant": outcome.variant,
+        "status": outcome.status,
+        "message": outcome.message,
+        "outputs": outputs,
+    }

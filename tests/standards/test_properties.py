@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 from pytest_msprobe.standards import check
 
-settings.register_profile("standards", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "standards", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile("standards")
 
 APIS = ["relu", "add", "matmul", "conv2d", "cumsum", "exp"]  # one per standard
@@ -28,7 +30,16 @@ def test_identical_inputs_pass_with_zero_error(vals, dtype, api):
     b, d = bench_device(vals, dtype)
     v = check(b, d, api=api)
     assert v.status == "pass", v.message()
-    for key in ("error_rate", "max_ulp_err", "rmse", "max_rel_err", "rel_err_ratio", "max_abs_err", "inf_nan_error_ratio", "eb"):
+    for key in (
+        "error_rate",
+        "max_ulp_err",
+        "rmse",
+        "max_rel_err",
+        "rel_err_ratio",
+        "max_abs_err",
+        "inf_nan_error_ratio",
+        "eb",
+    ):
         assert v.metrics.get(key, 0.0) == 0.0
 
 
@@ -42,7 +53,11 @@ def test_adding_error_never_improves(vals, dtype, api, rel, where):
 
 
 @given(
-    values, st.sampled_from(DTYPES), st.sampled_from(APIS), st.sampled_from([float("nan"), float("inf"), float("-inf")]), st.integers(0, 63)
+    values,
+    st.sampled_from(DTYPES),
+    st.sampled_from(APIS),
+    st.sampled_from([float("nan"), float("inf"), float("-inf")]),
+    st.integers(0, 63),
 )
 def test_unexpected_nonfinite_is_always_error(vals, dtype, api, bad, where):
     b, d = bench_device(vals, dtype)
