@@ -1,4 +1,4 @@
-"""Library families as devices: are the verdicts true between two correct libraries?
+r"""Library families as devices: are the verdicts true between two correct libraries?
 
 Why
 ---
@@ -37,9 +37,9 @@ the measured biases of each family, per API and dtype).
 
 Example::
 
-    python benchmarks/library_families.py --families jax onnxruntime inductor \\
+    python benchmarks/library_families.py --families jax onnxruntime inductor \
         --markdown benchmarks/RESULTS-library-families.md
-    python benchmarks/library_families.py --families jax --only Functional.gelu Torch.tanh \\
+    python benchmarks/library_families.py --families jax --only Functional.gelu Torch.tanh \
         --write-dumps tests/dumps/families tests/dumps/models/apizoo_tensor_fp32
 """
 

@@ -1,15 +1,15 @@
-"""Another real library family as the device: JAX/XLA's CPU kernels (issue 37).
+r"""Another real library family as the device: JAX/XLA's CPU kernels (issue 37).
 
 The dumps under tests/dumps/families/ are calibration dumps (tests/dumps/models/apizoo_*,
 transformer12_*) whose forward outputs and input gradients JAX recomputed on the dumped
 inputs (float32 in float32; bfloat16 raised to float32, computed there, rounded once to
 nearest, as correct accelerator kernels do), made by
 
-    python benchmarks/library_families.py --families jax --write-dumps tests/dumps/families \\
-        --only Functional.gelu Torch.tanh Functional.hardswish Functional.layer_norm \\
-        Functional.linear Torch.sigmoid Functional.silu Torch.erf Functional.batch_norm \\
-        Functional.softmax --max-index 1 tests/dumps/models/apizoo_tensor_fp32 \\
-        tests/dumps/models/apizoo_tensor_bf16 tests/dumps/models/transformer12_tensor_fp32 \\
+    python benchmarks/library_families.py --families jax --write-dumps tests/dumps/families \
+        --only Functional.gelu Torch.tanh Functional.hardswish Functional.layer_norm \
+        Functional.linear Torch.sigmoid Functional.silu Torch.erf Functional.batch_norm \
+        Functional.softmax --max-index 1 tests/dumps/models/apizoo_tensor_fp32 \
+        tests/dumps/models/apizoo_tensor_bf16 tests/dumps/models/transformer12_tensor_fp32 \
         tests/dumps/models/transformer12_tensor_bf16
 
 (jax is needed to make them, not to run these tests). A linear's backward is msprobe's
