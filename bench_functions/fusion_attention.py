@@ -14,6 +14,7 @@ needs a few hundred MB, not the 4 GB of a float64 score matrix.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -295,28 +296,7 @@ def _dims(query, key, value, head_num: int, layout: str) -> _Dims:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != want:
             raise ValueError(f"{name} must be {want}-D for input_layout {layout}, got shape {tuple(t.shape)}")
-    if layout in ("BSH", "SBH"):
-        (b, sq) = (query.shape[0], query.shape[1]) if layout == "BSH" else (query.shape[1], query.shape[0])
-        skv = key.shape[1] if layout == "BSH" else key.shape[0]
-        if head_num <= 0 or query.shape[2] % head_num:
-            raise ValueError(f"hidden size {query.shape[2]} of query is not a multiple of head_num={head_num}")
-        d = query.shape[2] // head_num
-        if key.shape[2] % d:
-            raise ValueError(f"hidden size {key.shape[2]} of key is not a multiple of head dim {d}")
-        n1, n2 = head_num, key.shape[2] // d
-        if value.shape[2] % n2:
-            raise ValueError(f"hidden size {value.shape[2]} of value is not a multiple of N2={n2}")
-        dv = value.shape[2] // n2
-    elif layout == "TND":
-        b, sq, skv = 0, query.shape[0], key.shape[0]
-        n1, d, n2, dv = query.shape[1], query.shape[2], key.shape[1], value.shape[2]
-    else:
-        if layout == "BNSD":
-            b, n1, sq, d = query.shape
-            n2, skv, dv = key.shape[1], key.shape[2], value.shape[3]
-        else:
-            b, sq, n1, d = query.shape
-            n2, skv, dv = key.shape[2], key.shape[1], value.shape[3]
+    b, n1, n2, sq, skv, d, dv = _LAYOUT_DIMS[layout](query, key, value, head_num)
     if n1 != head_num:
         raise ValueError(f"query has {n1} heads but head_num={head_num}")
     if n2 <= 0 or n1 % n2:
@@ -324,6 +304,45 @@ def _dims(query, key, value, head_num: int, layout: str) -> _Dims:
     if key.shape[-1] != d and layout not in ("BSH", "SBH"):
         raise ValueError(f"query and key head dims differ: {d} vs {key.shape[-1]}")
     return _Dims(b, n1, n2, sq, skv, d, dv)
+
+
+def _hidden_dims(query, key, value, head_num: int, layout: str) -> tuple[int, ...]:
+    """(b, n1, n2, sq, skv, d, dv) of BSH/SBH, whose heads are folded into the hidden size."""
+    (b, sq) = (query.shape[0], query.shape[1]) if layout == "BSH" else (query.shape[1], query.shape[0])
+    skv = key.shape[1] if layout == "BSH" else key.shape[0]
+    if head_num <= 0 or query.shape[2] % head_num:
+        raise ValueError(f"hidden size {query.shape[2]} of query is not a multiple of head_num={head_num}")
+    d = query.shape[2] // head_num
+    if key.shape[2] % d:
+        raise ValueError(f"hidden size {key.shape[2]} of key is not a multiple of head dim {d}")
+    n1, n2 = head_num, key.shape[2] // d
+    if value.shape[2] % n2:
+        raise ValueError(f"hidden size {value.shape[2]} of value is not a multiple of N2={n2}")
+    return b, n1, n2, sq, skv, d, value.shape[2] // n2
+
+
+def _tnd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+    return 0, query.shape[1], key.shape[1], query.shape[0], key.shape[0], query.shape[2], value.shape[2]
+
+
+def _bnsd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+    b, n1, sq, d = query.shape
+    return b, n1, key.shape[1], sq, key.shape[2], d, value.shape[3]
+
+
+def _bsnd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+    b, sq, n1, d = query.shape
+    return b, n1, key.shape[2], sq, key.shape[1], d, value.shape[3]
+
+
+#: (b, n1, n2, sq, skv, d, dv) of each input_layout, from the shapes of query, key and value.
+_LAYOUT_DIMS = {
+    "BSH": functools.partial(_hidden_dims, layout="BSH"),
+    "SBH": functools.partial(_hidden_dims, layout="SBH"),
+    "TND": _tnd_dims,
+    "BNSD": _bnsd_dims,
+    "BSND": _bsnd_dims,
+}
 
 
 def _check_common(keep_prob: float, padding_mask, sparse_mode: int, softmax_layout: str, layout: str) -> None:

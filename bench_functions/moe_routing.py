@@ -206,7 +206,7 @@ def _dynamic_quant(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantised, scale
 
 
-def npu_moe_init_routing_v2(
+def npu_moe_init_routing_v2(  # noqa: PLR0915  torch_npu's operator, its steps in the order of its documentation; a split would scatter that order
     x: torch.Tensor,
     expert_idx: torch.Tensor,
     *,

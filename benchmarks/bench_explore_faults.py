@@ -94,7 +94,7 @@ def _run(dump: Path, out: Path, *args: str) -> dict[str, dict]:
     return _records(out)
 
 
-def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, scratch: Path) -> dict:
+def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, scratch: Path) -> dict:  # noqa: PLR0913  a benchmark's one step per fault, its arguments the table's columns
     patch = _Patch()
     fault.patch(patch)
     try:

@@ -118,7 +118,7 @@ def _alone(reg: Registry, name: str, api: str, bench: torch.Tensor, device: torc
     return reg.standards[name](pair, reg.thresholds_for(api, leaf.device_dtype), None)
 
 
-def _alone_ref(reg: Registry, name: str, api: str, bench, device, reference):
+def _alone_ref(reg: Registry, name: str, api: str, bench, device, reference):  # noqa: PLR0913  a benchmark's timing step, its arguments the table's columns
     """The standard by itself with a reference: a baseline's metrics or an output."""
     leaf = next(pair_leaves(bench, device))
     pair = _make_pair(leaf, dtype_info(leaf.device_dtype))
@@ -143,7 +143,7 @@ def _plain_check(reg: Registry, bench, device, api, reference):
 REF_STANDARDS = ("benchmark", "ulp")
 
 
-def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:
+def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:  # noqa: PLR0913  a benchmark's table over the tensors main made once
     """Benchmark and ulp with (a) a baseline's metrics, (b) a reference output."""
     refs = {}
     for name in REF_STANDARDS:
@@ -254,7 +254,7 @@ def _first_touch(args, bp: str, dp: str, with_msprobe: bool) -> dict:
     return out
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901, PLR0915  a benchmark script's main: one timed table per option, read top-down
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2**24)
     ap.add_argument("--repeat", type=int, default=5, help="steady state: timed rounds")

@@ -112,7 +112,7 @@ def normalized(folder: Path) -> dict[str, Any]:
     return found
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901  a benchmark script's main: options, then the interleaved runs, read top-down
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dump", type=Path, help="dump.json, or a folder of them (ranks: ours only)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of ours, each way")

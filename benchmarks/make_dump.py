@@ -111,7 +111,7 @@ class _Writer:
         return spec
 
 
-def make_dump(
+def make_dump(  # noqa: PLR0913  the synthetic dump's knobs, keyword-only with defaults
     root: Path, calls: int, *, task: str = "statistics", mix: str = "llm", scale: int = 1, seed: int = 0
 ) -> Path:
     """Write `root/dump.json` with `calls` entries (forward and backward records each

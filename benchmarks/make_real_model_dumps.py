@@ -106,7 +106,7 @@ def _hf(config_name: str, model_name: str, attention: str, **config: Any) -> Cal
     return build
 
 
-def _decoder(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int) -> dict[str, int]:
+def _decoder(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int) -> dict[str, int]:  # noqa: PLR0913  one argument per field of the model config it returns
     """A Llama-style decoder's config (Llama, Qwen2, Mistral name these alike): MLP 2 x hidden."""
     return dict(
         vocab_size=vocab,

@@ -35,7 +35,7 @@ class Transformer12(Transformer):
     """The tests' 12-block transformer with a mean-pooled classifier head: the shared
     maker's loss takes one label per sample."""
 
-    def __init__(s, dim: int, heads: int, mlp: int, seq: int, classes: int = 5, blocks: int = 12) -> None:
+    def __init__(s, dim: int, heads: int, mlp: int, seq: int, classes: int = 5, blocks: int = 12) -> None:  # noqa: PLR0913  the model's hyperparameters
         super().__init__(blocks, dim=dim, heads=heads, mlp=mlp, seq=seq)
         s.head = nn.Linear(dim, classes)
 

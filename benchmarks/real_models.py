@@ -266,7 +266,7 @@ def plugin_commit() -> str:
     return proc.stdout.strip() or "unknown (not a git checkout)"
 
 
-def markdown(
+def markdown(  # noqa: PLR0913  the report's parts, each printed
     verdicts: list[Verdict], modes: list[str], seconds: dict[str, float], root: Path, workers: int, label: str
 ) -> str:
     dumps = sorted({verdict.dump for verdict in verdicts})

@@ -45,7 +45,7 @@ _LAZY = {
 __all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
 
 
-def check(
+def check(  # noqa: PLR0913  the public API's keyword-only options (api, reference, terms, groups)
     bench: object,
     device: object,
     *,

@@ -127,7 +127,7 @@ def fast_threshold_metrics(pair: Pair, counts: ThresholdCounts) -> dict[str, flo
     }
 
 
-def _fast(
+def _fast(  # noqa: PLR0913  the standard's thresholds, each read by the fused pass
     pair: Pair,
     thresholds: Mapping[str, float],
     rtol: float,

@@ -173,7 +173,7 @@ def noise_metrics(pair: Pair, small: float, atol: float, ulps: float, floor: flo
     }
 
 
-def _judge_ratios(
+def _judge_ratios(  # noqa: PLR0913  the reference rule's metrics, floors and limits; each read
     pair: Pair,
     metrics: dict[str, float],
     ref: Mapping[str, float],
@@ -202,7 +202,7 @@ def _judge_ratios(
     reasons.extend(found)
 
 
-def _ratio_reasons(
+def _ratio_reasons(  # noqa: PLR0913  the reference rule's metrics, floors and limits; each read
     metrics: dict[str, float],
     ref: Mapping[str, float],
     ideal: Mapping[str, float],

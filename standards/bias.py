@@ -198,7 +198,7 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
     return pair.cached("bias_metrics", compute)
 
 
-def judge_bias(
+def judge_bias(  # noqa: PLR0913  every standard's bias test: the pair, reference, limits and what is already computed
     pair: Pair,
     reference: Reference | None,
     thresholds: Mapping[str, float],

@@ -44,7 +44,7 @@ class DtypeInfo:
         return 2.0**-self.mantissa_bits
 
 
-def _defaults(
+def _defaults(  # noqa: PLR0913  one keyword per default threshold of a dtype's table row
     *,
     small: float,
     rtol: float,

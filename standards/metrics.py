@@ -93,7 +93,7 @@ class Pair:
     build the result with `pair.verdict(...)`.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  the pair's tensors, dtypes and path, keyword-only
         self,
         bench: Array | torch.Tensor,
         device: Array | torch.Tensor,
@@ -151,7 +151,7 @@ class Pair:
         self._sign_counts_by_pass = up, down
 
     # ----------------------------------------------------------------- building verdicts
-    def verdict(
+    def verdict(  # noqa: PLR0913  one argument per field of the Verdict it builds
         self,
         status: str,
         standard: str,

@@ -50,7 +50,7 @@ def _is_leaf(x: object) -> bool:
     return isinstance(x, (torch.Tensor, np.ndarray) + _SCALARS)
 
 
-def to_array(x: object) -> tuple[Array | torch.Tensor, str]:
+def to_array(x: object) -> tuple[Array | torch.Tensor, str]:  # noqa: C901  one branch per kind of leaf (tensor, array, number, bool, complex), in the order they are tested
     """(values, dtype name): real floats are returned as they are (a torch tensor or a
     numpy array, converted to float64 only when a standard reads them), ints/bools as
     exact numpy arrays.
@@ -128,7 +128,7 @@ def _leaf(path: str, bench: object, device: object, any_precision: bool = False)
     return Leaf(path, b, d, bname, dname)
 
 
-def pair_leaves(
+def pair_leaves(  # noqa: C901  one walk over two nested outputs, a branch per container kind and mismatch
     bench: object, device: object, path: str = "", any_precision: bool = False
 ) -> Iterator[Leaf | Mismatch]:
     """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order.

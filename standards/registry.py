@@ -146,7 +146,7 @@ class Registry:
         return cached
 
     # ----------------------------------------------------------------- judging
-    def check(
+    def check(  # noqa: PLR0913  the public API's keyword-only options (api, reference, terms, groups)
         self,
         bench: object,
         device: object,

@@ -130,7 +130,7 @@ def _fast(
     )
 
 
-def _finish(
+def _finish(  # noqa: PLR0913  the verdict's metrics, counts and limits; each read
     pair: Pair,
     metrics: dict[str, float],
     used: dict[str, float],

@@ -122,7 +122,7 @@ def _absolute_pass(metrics: dict[str, float], thresholds: Mapping[str, float], i
     return metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
 
 
-def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
+def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:  # noqa: C901, PLR0915  the standard's steps (fast path, reference, floors, verdict) read top-down, each with its metric
     """Judge a matrix product by its ULP error."""
     used = {k: thresholds[k] for k in ("ulp_threshold", "ulp_prop_max", "ulp_floor")}
     fp32_like = pair.info.mantissa_bits >= 23

@@ -99,7 +99,7 @@ def violations(package_dirs: dict[str, Path]) -> list[str]:
     return problems
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:  # noqa: C901  Tarjan's algorithm as written in the literature
     """One cycle per strongly connected component of more than one module (Tarjan)."""
     index, low, stack, on_stack, found = {}, {}, [], set(), []
 

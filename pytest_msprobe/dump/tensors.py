@@ -232,7 +232,7 @@ class _Storage:
     dtype: torch.dtype
 
 
-def _rebuild_tensor(
+def _rebuild_tensor(  # noqa: PLR0913  torch's _rebuild_tensor_v2 signature: the unpickler calls it
     storage: object,
     storage_offset: int,
     size: tuple[int, ...],

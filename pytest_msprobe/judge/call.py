@@ -180,7 +180,7 @@ def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replaye
     return replay_inputs(index.framework, framework, name, api, inputs, settings, dumped)
 
 
-def replay_inputs(
+def replay_inputs(  # noqa: PLR0913  the call's framework, api, inputs and settings are each read; shared by judge_call, explore and offline
     framework_name: str,
     framework: Framework,
     name: CallName,

@@ -115,7 +115,7 @@ class ExampleFailed(Exception):
         self.variant, self.result, self.device_error = variant, result, device_error
 
 
-def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> CallResult:
+def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> CallResult:  # noqa: C901, PLR0915  the exploration's steps (plan, search, minimal example, verdict) read top-down; its skips name the step
     """The exploration's result, as judge_call reads a dumped call's. Raises CallSkip
     where the dumped call cannot be explored, replay.DeviceFailed where the device
     raised on an example (its message shows the minimal one)."""
@@ -221,7 +221,7 @@ def _counted(result: CallResult, search: _Search) -> CallResult:
     return dataclasses.replace(result, notes=[count, *result.notes], findings=[*result.findings, counts])
 
 
-def _hypothesis_test(
+def _hypothesis_test(  # noqa: PLR0913  hypothesis' test is built from the probe, the space and the plan's seeds and label
     probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]
 ) -> Value:
     """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's

@@ -187,7 +187,7 @@ class Evidence:
         return "; ".join(self.origins)
 
 
-def recovered_gradients(
+def recovered_gradients(  # noqa: PLR0913  the call, its inputs and which of them lack a gradient; each read
     index: DumpIndex, name: CallName, inputs: Inputs, needs_grad: list[bool], missing: list[int], max_elements: int
 ) -> Evidence:
     """The device's gradients of the inputs `missing`, from the module records where
@@ -212,7 +212,7 @@ def _tensor_at(index: DumpIndex, value: object, where: str, max_elements: int) -
     return DecodeContext(index.tensor_dir, index.task, where, max_elements).tensor(value, where)
 
 
-def _from_module(
+def _from_module(  # noqa: PLR0913  the module's records and the leaves wanted from them; each read
     index: DumpIndex,
     module: ModuleRecords,
     wanted: list[TensorLeaf],
@@ -276,7 +276,7 @@ def _incoming(index: DumpIndex, read: Read, max_elements: int) -> torch.Tensor:
     return grad.reshape(-1)
 
 
-def _from_dataflow(
+def _from_dataflow(  # noqa: PLR0913  the leaf, its position and the evidence filled in; each read
     index: DumpIndex, name: CallName, leaf: TensorLeaf, position: int, evidence: Evidence, max_elements: int
 ) -> None:
     data_name = leaf.spec.data_name

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 BIT_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def repeat_findings(
+def repeat_findings(  # noqa: PLR0913  --msprobe-repeat's side, results and options; each read
     device: Side, results: Results, direction: str, framework: str, runs: int, where: Written | None = None
 ) -> list[Finding]:
     """--msprobe-repeat: run the device runs - 1 more times on the call's inputs and
@@ -123,7 +123,7 @@ def _leaf_difference(first: Leaf, agains: list[Leaf | Mismatch | None], runs: in
     return _finding(first.path, text, runs, differing, max_abs, max_ulp)
 
 
-def _finding(path: str, text: str, runs: int, differing: int, max_abs: float, max_ulp: float) -> Finding:
+def _finding(path: str, text: str, runs: int, differing: int, max_abs: float, max_ulp: float) -> Finding:  # noqa: PLR0913  one argument per column of the finding it builds
     columns = {
         "repeat_runs": runs,
         "nondeterministic_elements": differing,

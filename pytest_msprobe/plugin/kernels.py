@@ -94,7 +94,7 @@ class KernelPlugin:
         )
 
 
-def report_test(
+def report_test(  # noqa: PLR0913  the fields of the junit test case it reports, keyword defaults
     config: pytest.Config,
     dump: str,
     name: str,

@@ -57,7 +57,7 @@ def flat_tensors(value: Value, prefix: str = "") -> dict[str, torch.Tensor]:
     return dict(sorted(found.items()))
 
 
-def save_failed_call(
+def save_failed_call(  # noqa: PLR0913  the call and its record, each written to the folder
     folder: Path, index: DumpIndex, name: CallName, settings: Settings, record: ResultRecord, label: str | None = None
 ) -> Path:
     """Write the call's folder (named `label`, else the call) and return it. A call that

@@ -339,7 +339,7 @@ class Neighbourhood:
     """The variants of one call: built from its records and its decoded dumped inputs
     (their leaves, in the order decoding found them)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  the space's fields, with defaults
         self,
         forward: Record,
         backward: Record | None,
@@ -461,7 +461,7 @@ class Neighbourhood:
         return {size: draw(st.integers(self.smallest_size, 2 * size)) for size in self.sizes}
 
 
-def _leaf_values(
+def _leaf_values(  # noqa: PLR0913  hypothesis' draw, the leaf and the variant's regime, seed and rng; each read
     draw: st.DrawFn, leaf: TensorLeaf, shape: tuple[int, ...], seed: int, regime: Regime, rng: np.random.Generator
 ) -> tuple[torch.Tensor, str]:
     """The leaf's tensor in this variant: the dumped one where nothing moves it."""

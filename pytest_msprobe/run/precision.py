@@ -200,33 +200,55 @@ def problems(
     <its strict value>`) and, with `float32`, the settings beside them that lower
     float32 alone (the fp32_precision API, the TF32 override variables, the ACL
     precision mode)."""
-    found = []
-    for switch in switches:
-        ok, value = _read(switch.get)
-        if not ok:
-            found.append(f"{switch.name} cannot be read ({type(value).__name__}: {value})")
-        elif value != switch.strict:
-            found.append(f"{switch.name} is {value!r} {strict} {switch.strict!r}")
-    if not float32:
-        return found
-    if backend_name == "cuda":
-        for name, owner in _fp32_precision_api():
-            ok, value = _read(_fp32_precision_of(owner))
-            if not ok or value in _REDUCED:
-                found.append(f"{name}.fp32_precision is {value!r}")
-        for variable in ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE"):
-            value = os.environ.get(variable)
-            if value is not None and value.strip().lower() not in _FALSE_ENV:
-                found.append(f"{variable}={value} overrides the TF32 switches")
-    if backend_name == "npu":
-        ok, mode = _read(_npu_precision_mode)
-        if not ok or mode != "must_keep_origin_dtype":
-            found.append(
-                f"the ACL precision mode is {mode if ok else 'unreadable'}, not must_keep_origin_dtype "
-                "(float32 matrix operators may run in float16): set torch_npu.npu.set_option("
-                "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench"
-            )
+    found = [problem for switch in switches for problem in _departs(switch, strict)]
+    if float32:
+        found += _FLOAT32_ALONE.get(backend_name, _none)()
     return found
+
+
+def _departs(switch: Switch, strict: str) -> list[str]:
+    """The switch's departure from its strict value ([] : none), or why it cannot be read."""
+    ok, value = _read(switch.get)
+    if not ok:
+        return [f"{switch.name} cannot be read ({type(value).__name__}: {value})"]
+    if value != switch.strict:
+        return [f"{switch.name} is {value!r} {strict} {switch.strict!r}"]
+    return []
+
+
+def _cuda_float32() -> list[str]:
+    """CUDA's settings that lower float32 alone: the fp32_precision API and the TF32
+    override variables."""
+    found = []
+    for name, owner in _fp32_precision_api():
+        ok, value = _read(_fp32_precision_of(owner))
+        if not ok or value in _REDUCED:
+            found.append(f"{name}.fp32_precision is {value!r}")
+    for variable in ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE"):
+        value = os.environ.get(variable)
+        if value is not None and value.strip().lower() not in _FALSE_ENV:
+            found.append(f"{variable}={value} overrides the TF32 switches")
+    return found
+
+
+def _npu_float32() -> list[str]:
+    """The NPU's setting that lowers float32 alone: the ACL precision mode."""
+    ok, mode = _read(_npu_precision_mode)
+    if ok and mode == "must_keep_origin_dtype":
+        return []
+    return [
+        f"the ACL precision mode is {mode if ok else 'unreadable'}, not must_keep_origin_dtype "
+        "(float32 matrix operators may run in float16): set torch_npu.npu.set_option("
+        "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench"
+    ]
+
+
+def _none() -> list[str]:
+    return []
+
+
+#: The settings beside the switches that lower float32 alone, by backend (others: none).
+_FLOAT32_ALONE: dict[str, Callable[[], list[str]]] = {"cuda": _cuda_float32, "npu": _npu_float32}
 
 
 #: The dtype whose results each switch lowers (by the last part of its name): TF32 and
@@ -309,7 +331,7 @@ class BenchSite:
     label: str
 
 
-def bench_site(
+def bench_site(  # noqa: PLR0913  rules 1-7 read every one of these; the caller has them apart
     backend_name: str,
     device: str,
     api_name: str,

@@ -86,7 +86,7 @@ def _tanh_cell(x: torch.Tensor, state: State, weights: Weights, gate: Gate) -> S
     return (_tanh(F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh), gate),)
 
 
-def _layer(
+def _layer(  # noqa: PLR0913  one recurrence step's cell, input, state, weights, direction and gate
     cell: Cell, x: torch.Tensor, state: State, weights: Weights, reverse: bool, gate: Gate
 ) -> tuple[torch.Tensor, State]:
     """One direction of one layer over x (time, batch, features): its outputs and final state."""
@@ -102,7 +102,7 @@ def _sequence(cell: Cell, states: int) -> Callable[..., tuple[torch.Tensor, ...]
     batch_first) over `cell`; raises where the call is not that overload or its result
     is not deterministic (dropout in training), so no sensitivity is measured there."""
 
-    def definition(
+    def definition(  # noqa: PLR0913  torch's _VF.lstm/gru/rnn signature, which it replaces
         input: torch.Tensor,
         hx: torch.Tensor | Sequence[torch.Tensor],
         params: Sequence[torch.Tensor],

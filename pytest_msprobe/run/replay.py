@@ -402,7 +402,7 @@ def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Valu
         return None
 
 
-def replay(
+def replay(  # noqa: PLR0913  the call, its inputs and the three sides; each read
     direction: str, api: Api, inputs: Inputs, device: Side, bench: Side, reference: Side | None, framework: str
 ) -> Results:
     """Run the call on every side. The bench raising is a skip (no verdict possible);

@@ -161,7 +161,7 @@ def _registry(call: ScriptCall) -> Registry:
     return registry
 
 
-def _run(
+def _run(  # noqa: PLR0913  the standalone script's call, backend, registry, options and variant; each read
     call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int
 ) -> Outcome:
     """One replay and verdict, with every way it can fail turned into a status, as
@@ -195,7 +195,7 @@ def _run(
     )
 
 
-def _check(
+def _check(  # noqa: PLR0913  the standalone script's call, backend, registry, options and variant; each read
     call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int
 ) -> tuple[Verdict, list[Finding]]:
     """check_call's steps, with the script's own inputs and API function: the verdict,

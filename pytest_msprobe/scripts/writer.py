@@ -89,7 +89,7 @@ class ScriptError(Exception):
     """A script cannot be written (an unknown call name): the message says why."""
 
 
-def write_script(
+def write_script(  # noqa: PLR0913  a public function's keyword-only options, with defaults
     index: DumpIndex,
     call_name: str | CallName,
     out_dir: Path,
