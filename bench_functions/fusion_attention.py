@@ -15,7 +15,7 @@ needs a few hundred MB, not the 4 GB of a float64 score matrix.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -336,7 +336,7 @@ def _bsnd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
 
 
 #: (b, n1, n2, sq, skv, d, dv) of each input_layout, from the shapes of query, key and value.
-_LAYOUT_DIMS = {
+_LAYOUT_DIMS: dict[str, Callable[..., tuple[int, ...]]] = {
     "BSH": functools.partial(_hidden_dims, layout="BSH"),
     "SBH": functools.partial(_hidden_dims, layout="SBH"),
     "TND": _tnd_dims,

@@ -45,7 +45,7 @@ from .single_run import fast_single_run, scaled_ulp_err, single_run_metrics, sin
 
 if TYPE_CHECKING:
     from .reference import Reference
-    from .verdict import Verdict
+    from .verdict import Status, Verdict
 
 NAME = "benchmark"
 JUDGED = (
@@ -136,7 +136,7 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference: Reference 
         score = scaled_ulp_err(pair) if reasons else None
     else:
         score = pair.rel_err
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     return pair.verdict(
         status,
         NAME,
@@ -271,7 +271,7 @@ def _fast_ref(
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
     metrics.update(bias)
     reasons.extend(bias_failed)
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     worst = fast.worst(pair, PassSpec(offend="rel")) if status != "pass" else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, reference.kind)
 
@@ -289,6 +289,6 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], small: float, atol: float
     metrics.update(extra)
     used: dict[str, float] = {"small": small, "atol_bm": atol}
     reasons = single_run_reasons(pair, extra, thresholds, used)
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     worst = fast.worst(pair, PassSpec(offend="scaled", scaled_rms=fast.rms_or_none(pair))) if status != "pass" else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, "single-run")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .dtypes import Array, DtypeInfo
-from .verdict import Offender, Verdict
+from .verdict import Offender, Status, Verdict
 
 if TYPE_CHECKING:
     from .pass_results import PassResult
@@ -153,7 +153,7 @@ class Pair:
     # ----------------------------------------------------------------- building verdicts
     def verdict(  # noqa: PLR0913  one argument per field of the Verdict it builds
         self,
-        status: str,
+        status: Status,
         standard: str,
         metrics: dict[str, float],
         thresholds: Mapping[str, float],

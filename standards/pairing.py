@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .dtypes import DTYPES, Array, dtype_name, is_float_name
+
+if TYPE_CHECKING:
+    from .verdict import Status
 
 __all__ = ["Leaf", "Mismatch", "pair_leaves", "to_array"]
 
@@ -39,7 +43,7 @@ class Mismatch:
     """A place where bench and device cannot be paired; status is "error" or "skip"."""
 
     path: str
-    status: str
+    status: Status
     reason: str
     device_dtype: str = ""
     bench_dtype: str = ""

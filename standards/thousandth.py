@@ -32,7 +32,7 @@ from .single_run import at_least_normal, tolerance_scale
 
 if TYPE_CHECKING:
     from .reference import Reference
-    from .verdict import Offender, Verdict
+    from .verdict import Offender, Status, Verdict
 
 NAME = "thousandth"
 
@@ -152,7 +152,7 @@ def _finish(  # noqa: PLR0913  the verdict's metrics, counts and limits; each re
                 else ""
             )
         )
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     return pair.verdict(
         status,
         NAME,

@@ -54,7 +54,7 @@ from .single_run import fast_max_top_ulp_err, fast_single_run, max_top_ulp_err, 
 
 if TYPE_CHECKING:
     from .reference import Reference
-    from .verdict import Offender, Verdict
+    from .verdict import Offender, Status, Verdict
 
 NAME = "ulp"
 #: how many unit roundoffs of the accumulator, times the terms' magnitude, a correct
@@ -194,7 +194,7 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
         reasons.extend(single_run_reasons(pair, bias_only, thresholds, used, bias_limit="ulp_bias_ulp"))
         for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp"):
             used.pop(key, None)
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     worst: tuple[Offender, ...] = ()
     if status != "pass":  # named only where a failure message shows them
         worst = (

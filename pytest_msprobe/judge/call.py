@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pytest_msprobe.judge.shares import Share
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
+    from pytest_msprobe.standards.verdict import Status
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Settings:
     baseline: BaselineMetrics | None = None  # recorded metrics to judge against
     # verdict statuses whose outputs keep a sample of elements for the HTML report
     # (judge/samples.py); empty: none is taken and nothing is computed
-    sample_statuses: frozenset[str] = frozenset()
+    sample_statuses: frozenset[Status] = frozenset()
     repeat: int = 1  # --msprobe-repeat: device runs compared bit for bit (judge/repeat.py); 1: one run
 
 

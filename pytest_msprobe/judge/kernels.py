@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pytest_msprobe.dump.index import parse_call_name
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
 from pytest_msprobe.standards.signs import LIB_BIAS_KEY, bias_reasons, signs_z
+from pytest_msprobe.standards.verdict import Status
 
 #: a kernel's name: `{api}.{dtype}.kernel.{direction}` (never a call name: no index)
 KERNEL_MARK = "kernel"
@@ -65,7 +66,7 @@ TESTS = ("bias", "scale_bias")
 MIN_CALLS = 2
 #: the calls a kernel pools: those that did not fail on their own. A failing call is
 #: reported already; the kernel verdict says what only the calls together show.
-POOLED = ("pass", "warning")
+POOLED: tuple[Status, ...] = ("pass", "warning")
 #: a call's mean error, whose ratio to the reference run's (`ref_` + it) is pooled
 MAGNITUDE = "mean_rel_err"
 RATIO = f"{MAGNITUDE}_ratio"
@@ -99,7 +100,7 @@ class Evidence:
 
     call: str
     output: str
-    status: str
+    status: Status
     sums: dict[str, float]
     limit: float
     z_limit: float
@@ -127,7 +128,7 @@ class Evidence:
 @dataclass(frozen=True)
 class KernelVerdict:
     key: KernelKey
-    status: str  # pass | error
+    status: Status  # pass | error
     metrics: dict[str, float]
     thresholds: dict[str, float]
     reasons: list[str]

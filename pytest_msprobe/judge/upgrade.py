@@ -46,10 +46,12 @@ from typing import TYPE_CHECKING
 from pytest_msprobe.dump.filters import signature
 from pytest_msprobe.dump.index import parse_call_name
 from pytest_msprobe.errors import CallError, DumpError
-from pytest_msprobe.judge.baseline import KERNEL_STANDARD, STATUS_RANK, Baseline, CallMetrics, compare
+from pytest_msprobe.judge.baseline import KERNEL_STANDARD, Baseline, CallMetrics, compare
+from pytest_msprobe.standards.verdict import STATUS_ORDER
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import DumpIndex
+    from pytest_msprobe.standards.verdict import Status
 
 #: a dump's calls: name -> (position in the dump, signature digest)
 Signatures = dict[str, tuple[int, str]]
@@ -190,8 +192,8 @@ class Change:
     kind: str  # KINDS
     name: str  # B's call (or kernel)
     recorded_as: str  # A's
-    was: str  # A's status
-    now: str  # B's status
+    was: Status  # A's status
+    now: Status  # B's status
     metric: str = ""  # the key metric compared ("" where none was)
     before: float | None = None
     after: float | None = None
@@ -202,7 +204,7 @@ class Change:
 
     def severity(self) -> tuple[int, float]:
         """Worst first: the most verdict ranks lost, then the largest growth."""
-        return (STATUS_RANK.get(self.now, 0) - STATUS_RANK.get(self.was, 0), self.growth or 0.0)
+        return (STATUS_ORDER.get(self.now, 1) - STATUS_ORDER.get(self.was, 1), self.growth or 0.0)
 
     def describe(self) -> str:
         """Before and after, for the failing test and the summary."""
@@ -256,7 +258,7 @@ def call_change(now: CallMetrics, was: CallMetrics, name: str, recorded_as: str,
     limit = CALL_LIMIT.get(dtype, CALL_LIMIT[DEFAULT_DTYPE])
     grown = growth(now, was, dtype)
     metric, before, after, ratio = grown if grown is not None else ("", None, None, None)
-    rank = STATUS_RANK.get(now.status, 0) - STATUS_RANK.get(was.status, 0)
+    rank = STATUS_ORDER.get(now.status, 1) - STATUS_ORDER.get(was.status, 1)
     if rank > 0 or (ratio is not None and ratio > limit):
         kind = "regression"
     elif rank < 0 or (ratio is not None and ratio < 1 / limit):
@@ -291,8 +293,8 @@ class KernelChanges:
         growths exceeds KERNEL_LIMIT; its statuses are the worst of its calls'. A call
         exact on either side (a metric of 0) is judged alone: a mean of logs has no room
         for it."""
-        worst_was = max((c.was for c in self.calls), key=lambda status: STATUS_RANK.get(status, 0))
-        worst_now = max((c.now for c in self.calls), key=lambda status: STATUS_RANK.get(status, 0))
+        worst_was = max((c.was for c in self.calls), key=lambda status: STATUS_ORDER.get(status, 1))
+        worst_now = max((c.now for c in self.calls), key=lambda status: STATUS_ORDER.get(status, 1))
         measured = [c for c in self.calls if c.growth is not None and c.before and c.after]
         pooled, before, after = (
             _geometric_mean([getattr(c, key) for c in measured]) for key in ("growth", "before", "after")
@@ -400,7 +402,7 @@ class Counterparts:
             if recorded is None:
                 return None
             same = compare(now, recorded, call)  # the same dump: judged against the record itself
-            return Change(same.kind, call, call, same.was, same.now, same.metric, None, None, same.ratio)
+            return Change(same.kind, call, call, recorded.status, same.now, same.metric, None, None, same.ratio)
         recorded_dump, pairing = found
         recorded_call = pairing.pairs.get(call)
         if not pairing.same_model or recorded_call is None:

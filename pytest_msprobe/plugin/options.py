@@ -16,12 +16,15 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.plugin.scheduling import parse_shard
+
+if TYPE_CHECKING:
+    from pytest_msprobe.standards.verdict import Status
 
 
 @dataclass(frozen=True)
@@ -349,7 +352,7 @@ class Options:
     reference_label: str | None
 
     @property
-    def sample_statuses(self) -> frozenset[str]:
+    def sample_statuses(self) -> frozenset[Status]:
         """The verdict statuses whose outputs keep an element sample for the HTML report
         (judge/samples.py): none without --msprobe-html, so a run without it costs nothing."""
         if self.html is None:
@@ -364,8 +367,8 @@ class Options:
         return self.out / CACHE_FOLDER
 
 
-SAMPLED_FAILING = frozenset({"error", "warning"})
-SAMPLED_EVERY = frozenset({"error", "warning", "pass"})
+SAMPLED_FAILING: frozenset[Status] = frozenset({"error", "warning"})
+SAMPLED_EVERY: frozenset[Status] = frozenset({"error", "warning", "pass"})
 
 # Options that need another, or cannot go with one: (broken, what to do), checked once
 # the options are read, in this order.

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.plugin.items import CallItem
+    from pytest_msprobe.standards.verdict import Status
 
 # pytest_msprobe.plugin.items is imported where it is used, as plugin/__init__.py does: the node classes
 # are then those of the session that collected the items.
@@ -66,7 +67,7 @@ PROGRESS_EVERY = 30.0  # seconds between progress lines in a long run
 REPRESENTS_PROPERTY = "msprobe_represents"
 # A test that ended without a ResultRecord (its check raised unexpectedly): the
 # status its record gets, by the report's outcome.
-STATUS_OF_OUTCOME = {"failed": "error", "skipped": "skip", "passed": "error"}
+STATUS_OF_OUTCOME: dict[str, Status] = {"failed": "error", "skipped": "skip", "passed": "error"}
 
 
 @dataclass(frozen=True)

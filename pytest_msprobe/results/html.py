@@ -45,11 +45,12 @@ from pytest_msprobe.results.writer import Entry
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
     from pytest_msprobe.judge.upgrade import RunComparison
+    from pytest_msprobe.standards.verdict import Status
 
 PAGE_ROWS = 500  # table rows drawn at once; "show more" draws more
 DEVICE_KINDS = ("cpu", "cuda", "npu")  # a record's device label starts with its --msprobe-device
 SHOWN_REGRESSIONS = 200
-BAD = ("error", "warning")
+BAD: tuple[Status, ...] = ("error", "warning")
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def _summary(records: list[ResultRecord]) -> str:
     )
     tables = [f"<table><tr><th>status</th><th>calls</th></tr>{status_rows}</table>"]
     for title, group in GROUPS:
-        counts: dict[str, Counter[str]] = {}
+        counts: dict[str, Counter[Status]] = {}
         for record in records:
             counts.setdefault(group(record), Counter())[record.status] += 1
         head = "".join(f"<th>{status}</th>" for status in STATUSES)

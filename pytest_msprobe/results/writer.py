@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
 from pytest_msprobe.judge.kernels import KernelPool, KernelVerdict
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
@@ -43,6 +43,7 @@ from pytest_msprobe.judge.upgrade import worst_first
 
 if TYPE_CHECKING:
     from pytest_msprobe.judge.upgrade import Change
+    from pytest_msprobe.standards.verdict import Status
 from pytest_msprobe.results.msprobe_csv import (
     DETAILS_HEADER,
     DETAILS_PREFIX,
@@ -320,7 +321,7 @@ def kernel_rows(verdicts: Iterable[KernelVerdict]) -> list[list[str]]:
 class CallStatus:
     """What the result CSV needs of a call: each direction's status and message."""
 
-    status: dict[str, str] = field(default_factory=dict)
+    status: dict[str, Status] = field(default_factory=dict)
     message: dict[str, str] = field(default_factory=dict)
 
 
@@ -433,8 +434,9 @@ def read_regressions(path: Path) -> list[Change]:
                 row["kind"],
                 row["name"],
                 row["baseline name"],
-                row["was"],
-                row["now"],
+                # the statuses write_regressions wrote
+                cast("Status", row["was"]),
+                cast("Status", row["now"]),
                 row["metric"],
                 **numbers,
                 dump=row["dump"],

@@ -28,15 +28,16 @@ from pytest_msprobe.judge.written import cut_results, written
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.run.replay import DeviceFailed, Inputs, replay
 from pytest_msprobe.standards import Registry
+from pytest_msprobe.standards.verdict import STATUS_ORDER
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.standards import Verdict
+    from pytest_msprobe.standards.verdict import Status
 
 # A script's exit status, as its test's outcome: 0 passed (warnings too), 1 failed, 2 skipped.
-EXIT_STATUS = {"pass": 0, "warning": 0, "error": 1, "skip": 2}
-STATUS_ORDER = ("skip", "pass", "warning", "error")
+EXIT_STATUS: dict[Status, int] = {"pass": 0, "warning": 0, "error": 1, "skip": 2}
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Outcome:
     """One run of the call: a verdict, or why there is none (as the test's status)."""
 
     variant: int
-    status: str
+    status: Status
     message: str
     verdict: Verdict | None = None
     findings: list[Finding] = dataclasses.field(default_factory=list)
@@ -142,7 +143,7 @@ def main(call: ScriptCall, argv: list[str] | None = None) -> int:
     outcomes = [_run(call, name, chosen, registry, args, variant) for variant in variants]
     if len(outcomes) > 1:
         print("\nseeds: " + ", ".join(f"variant {o.variant} {o.status}" for o in outcomes))
-    worst = max(outcomes, key=lambda o: STATUS_ORDER.index(o.status)).status
+    worst = max(outcomes, key=lambda o: STATUS_ORDER[o.status]).status
     print(f"\nverdict: {worst}")
     if args.json:
         args.json.write_text(json.dumps([_as_json(name, o) for o in outcomes], indent=1, default=str), encoding="utf-8")

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_msprobe.standards import check
+from pytest_msprobe.standards.verdict import STATUS_ORDER
 
 settings.register_profile(
     "standards", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -15,7 +16,6 @@ settings.load_profile("standards")
 APIS = ["relu", "add", "matmul", "conv2d", "cumsum", "exp"]  # one per standard
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 RAISED = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}
-SEVERITY = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
 
 values = st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=64)
 
@@ -49,7 +49,7 @@ def test_adding_error_never_improves(vals, dtype, api, rel, where):
     i = where % len(vals)
     worse = d.clone()
     worse[i] = (d[i].double() * (1 + rel) + rel).to(dtype)
-    assert SEVERITY[check(b, worse, api=api).status] >= SEVERITY[check(b, d, api=api).status]
+    assert STATUS_ORDER[check(b, worse, api=api).status] >= STATUS_ORDER[check(b, d, api=api).status]
 
 
 @given(
