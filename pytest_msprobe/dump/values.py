@@ -29,7 +29,27 @@ from pytest_msprobe.errors import CallError, CallSkip
 #: a decoded value, and what a replay passes and returns: a tensor, a Python or numpy
 #: scalar, None, a dtype, device, slice or Ellipsis, or a list/tuple/dict of them, as the
 #: API takes or returns. Any: no static type spans every API's arguments and outputs
+#: (a process group, a numpy scalar, an API's own output classes), so the replay (run/)
+#: passes them through as they come
 Value: TypeAlias = Any
+
+#: what the judging stage (judge/) reads of a side's outputs, statically: a tensor (or a
+#: numpy array where pair_leaves gives one), a number, a string, None, a dtype or slice,
+#: or a list/tuple/dict of them
+Nested: TypeAlias = (
+    torch.Tensor
+    | np.ndarray[Any, np.dtype[Any]]
+    | int
+    | float
+    | complex
+    | str
+    | None
+    | slice
+    | torch.dtype
+    | list["Nested"]
+    | tuple["Nested", ...]
+    | dict[str, "Nested"]
+)
 
 
 @dataclass(frozen=True)

@@ -57,12 +57,14 @@ from pytest_msprobe.run.replay import (
 from pytest_msprobe.run.terms import has_terms, term_magnitudes
 
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.replay import Inputs, Results, Side
     from pytest_msprobe.standards import Registry
 
 #: how exploration moves a floating input: (original, raised to the bench's dtype) -> moved
 Move: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: what _pairwise applies to each pair of floating tensors of one shape
+Pairwise: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 VALUES_SHOWN = 8  # a tensor of at most this many elements is shown whole
 
@@ -222,8 +224,8 @@ def _counted(result: CallResult, search: _Search) -> CallResult:
 
 
 def _hypothesis_test(  # noqa: PLR0913  hypothesis' test is built from the probe, the space and the plan's seeds and label
-    probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]
-) -> Value:
+    probe: Callable[[Variant], None], space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]
+) -> Callable[[], None]:
     """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's
     cost is its own), its database keyed by the dump and the call; `first`, then the edges
     (run/neighbourhood.py EDGES) as its explicit examples, tried first."""
@@ -341,7 +343,7 @@ def _excused(judgement: Judgement) -> tuple[Judgement, str | None]:
     return judgement, None
 
 
-def _conditioned(judgement: Judgement, sensitivity: Value, excused: str) -> Judgement:
+def _conditioned(judgement: Judgement, sensitivity: Nested, excused: str) -> Judgement:
     """The judgement again, with each element's error excused up to EXCUSED_SENSITIVITY
     times its sensitivity to the rounding of the inputs (`sensitivity`); where that is
     still an error, the error stands.
@@ -417,7 +419,7 @@ EXCUSED_ROUNDINGS = (
 )
 
 
-def gate_sensitivity(judgement: Judgement) -> Value | None:
+def gate_sensitivity(judgement: Judgement) -> Nested | None:
     """Element by element, the largest change of the bench's gradients when every gate's
     result of the API's definition (run/recurrent.py) moves by a rounding in D, y (1 +- u)
     under SENSITIVITY_PATTERNS random sign patterns; None where the definition cannot
@@ -429,7 +431,7 @@ def gate_sensitivity(judgement: Judgement) -> Value | None:
         return None
     unit = max(torch.finfo(dtype).eps for dtype in floats) / 2
 
-    def gradients(gate: Callable[[torch.Tensor], torch.Tensor] | None) -> Value | None:
+    def gradients(gate: Callable[[torch.Tensor], torch.Tensor] | None) -> Nested | None:
         function = definition if gate is None else functools.partial(definition, gate=gate)
         return evaluated(dataclasses.replace(bench, function=function), name.direction, inputs, judgement.framework)
 
@@ -452,7 +454,7 @@ def _rounded_gate(unit: float, seed: int) -> Callable[[torch.Tensor], torch.Tens
     return gate
 
 
-def _largest_incoming(inputs: Value) -> float:
+def _largest_incoming(inputs: Inputs) -> float:
     """max(1, the largest |incoming gradient|): a backward multiplies its intermediates by
     it, a flushed one among them too (layer_norm's weight gradient sums g x_hat, and x_hat
     of subnormal inputs is subnormal itself)."""
@@ -460,7 +462,7 @@ def _largest_incoming(inputs: Value) -> float:
     return max([1.0, *(float(g.double().abs().nan_to_num(posinf=0.0, neginf=0.0).max()) for g in grads)])
 
 
-def _excused_device(device: Value, bench: Value, allowed: Value) -> Value:
+def _excused_device(device: Nested, bench: Nested, allowed: Nested) -> Nested:
     """The device's outputs with the error within `allowed` taken off (NaN stays NaN)."""
     if isinstance(device, (list, tuple)) and isinstance(bench, (list, tuple)) and isinstance(allowed, (list, tuple)):
         return tuple(_excused_device(d, b, a) for d, b, a in zip(device, bench, allowed, strict=False))
@@ -477,7 +479,7 @@ def _excused_device(device: Value, bench: Value, allowed: Value) -> Value:
     return (bench.double() + kept).to(device.dtype)
 
 
-def input_sensitivity(judgement: Judgement) -> Value | None:
+def input_sensitivity(judgement: Judgement) -> Nested | None:
     """Element by element, in the bench's structure, the largest change of the bench's
     result when its inputs move as a correct kernel in D may move them: by a rounding,
     x (1 +- u) (u: D's unit roundoff) under a few random sign patterns, with D's
@@ -512,7 +514,7 @@ def input_sensitivity(judgement: Judgement) -> Value | None:
 RESULT_BACKWARDS = {"sigmoid": "sigmoid_backward", "tanh": "tanh_backward"}
 
 
-def _result_rounded(judgement: Judgement, unit: float, seed: int) -> Value | None:
+def _result_rounded(judgement: Judgement, unit: float, seed: int) -> Nested | None:
     """|backward(g, y (1 +- u)) - backward(g, y)| (y: the forward's exact result), as the
     bench's one input gradient; None where the call is not that backward's."""
     name, inputs = judgement.name, judgement.results.inputs
@@ -554,11 +556,11 @@ def _flushed(original: torch.Tensor, raised: torch.Tensor) -> torch.Tensor:
     return torch.where(original.abs() < torch.finfo(original.dtype).smallest_normal, torch.zeros_like(raised), raised)
 
 
-def _change(judgement: Judgement, bench: Run, move: Move) -> Value | None:
+def _change(judgement: Judgement, bench: Run, move: Move) -> Nested | None:
     """|bench(moved inputs) - bench(inputs)|, the inputs moved in the bench's precision."""
     inputs = judgement.results.inputs
 
-    def moved(value: Value) -> Value:
+    def moved(value: Nested) -> Nested:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             return value
         return move(value, value.to(bench.placement.dtypes.get(value.dtype, value.dtype)))
@@ -580,7 +582,7 @@ def _change(judgement: Judgement, bench: Run, move: Move) -> Value | None:
     return _pairwise(lambda a, b: (a.double() - b.double()).abs(), again, judgement.results.bench)
 
 
-def _pairwise(function: Value, left: Value, right: Value) -> Value:
+def _pairwise(function: Pairwise, left: Nested, right: Nested) -> Nested:
     """function(l, r) over two outputs of one structure (None where a side is not a
     floating tensor of the same shape)."""
     if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)) and len(left) == len(right):
@@ -631,7 +633,7 @@ def _largest(results: Results) -> float | None:
     return max(torch.finfo(d.dtype).max for d in outputs) if outputs else None
 
 
-def _beyond(values: Value, results: Results) -> bool:
+def _beyond(values: Nested, results: Results) -> bool:
     """Whether a value of `values` is beyond the device dtype's range (see beyond_range)."""
     largest = _largest(results)
     if largest is None:
@@ -667,7 +669,7 @@ def _sum_beyond(power: int) -> Callable[[CallName, Replayed, str], bool]:
     return beyond
 
 
-def _group_norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
+def _group_norm_groups(args: list[Nested], kwargs: dict[str, Nested]) -> torch.Tensor | None:
     """group_norm's input as (sample, group, elements of the group)."""
     x, groups = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("num_groups")
     if not isinstance(x, torch.Tensor) or not isinstance(groups, int) or x.dim() < 2 or not groups:
@@ -677,7 +679,7 @@ def _group_norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Ten
 
 #: How each API of the [explore] centred table groups its input for the mean and variance
 #: its definition forms: the input reshaped to (..., the elements of one group).
-CENTRED_GROUPS: dict[str, Callable[[list[Value], dict[str, Value]], torch.Tensor | None]] = {
+CENTRED_GROUPS: dict[str, Callable[[list[Nested], dict[str, Nested]], torch.Tensor | None]] = {
     "group_norm": _group_norm_groups
 }
 
@@ -905,8 +907,8 @@ class Arguments:
     """A backward's forward arguments, incoming gradients and forward result, floating
     tensors in float64: what BACKWARD_INTERMEDIATES' formulas read."""
 
-    args: list[Value]
-    kwargs: dict[str, Value]
+    args: list[Nested]
+    kwargs: dict[str, Nested]
     grads: list[torch.Tensor]
     result: torch.Tensor
 
@@ -915,7 +917,7 @@ class Arguments:
         return value if isinstance(value, torch.Tensor) and value.is_floating_point() else None
 
 
-def _widened(value: Value) -> Value:
+def _widened(value: Nested) -> Nested:
     return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
@@ -1335,7 +1337,7 @@ EXCUSES = (
 )
 
 
-def _derivative(replayed: Replayed, framework: str) -> tuple[Value, ...]:
+def _derivative(replayed: Replayed, framework: str) -> tuple[Nested, ...]:
     """The gradients for unit incoming gradients: the derivative itself (a correct
     kernel computes it before it multiplies by the incoming gradient)."""
     inputs = replayed.results.inputs

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_msprobe.dump.index import CallName
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.judge.layouts import LayoutReferences
     from pytest_msprobe.run.replay import Results, Side
     from pytest_msprobe.standards import Registry, Verdict
@@ -52,7 +52,7 @@ class Judgement:
     layouts: LayoutReferences | None = None  # offline: the reference run in the other memory layouts (judge/layouts.py)
     groups: torch.Tensor | None = None  # elements sharing a rounded normaliser, for the bias tests (run/groups.py)
     route: str | None = None  # the standard's routing name; None: the call's API
-    terms: Value = None  # each element's terms' magnitudes (run/terms.py), once a re-judgement evaluated them
+    terms: Nested = None  # each element's terms' magnitudes (run/terms.py), once a re-judgement evaluated them
     verdict: Verdict | None = None  # None until judged (judged() judges it against the bench first)
 
     @property
@@ -149,13 +149,13 @@ def _conditioned_on_terms(judgement: Judgement) -> Judgement:
     return dataclasses.replace(with_terms, verdict=relabelled(conditioned, "conditioned on the terms' magnitudes"))
 
 
-def _cut_as_results(value: Value, judgement: Judgement) -> Value:
+def _cut_as_results(value: Nested, judgement: Judgement) -> Nested:
     """A re-evaluation cut as the results were (judge/written.py)."""
     where = written(judgement.name, judgement.results.inputs, judgement.framework)
     return cut(value, where) if value is not None and where is not None else value
 
 
-def _aligned(terms: Value, bench: Value) -> Value:
+def _aligned(terms: Nested, bench: Nested) -> Nested:
     """The terms with the bench's structure: None where offline alignment left a
     gradient out of the comparison."""
     if isinstance(terms, tuple) and isinstance(bench, tuple) and len(terms) == len(bench):

@@ -38,7 +38,7 @@ from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
 
 DEVICE_LABEL = "dump (offline: the dumped outputs are the device result)"
 
@@ -63,7 +63,7 @@ class DumpedRun:
     graph_run: Run  # the call on the CPU in the dump's dtypes, to read its autograd node
     evidence: Evidence | None = None  # set by backward where gradients came from elsewhere in the dump
 
-    def _recorded(self, key: str) -> list[Value]:
+    def _recorded(self, key: str) -> list[Nested]:
         record = self.index.read_record(self.index.entry_of(str(self.name)))
         values = record.get(key)
         if not isinstance(values, list):
@@ -71,7 +71,7 @@ class DumpedRun:
         ctx = DecodeContext(self.index.tensor_dir, self.index.task, self.name.call, self.max_elements)
         return [decode(value, ctx, f"{self.name.direction}.{key}[{i}]") for i, value in enumerate(values)]
 
-    def forward(self, inputs: Inputs) -> Value:
+    def forward(self, inputs: Inputs) -> Nested:
         outputs = self._recorded("output")
         if all(output is None for output in outputs):
             raise CallSkip(
@@ -83,12 +83,12 @@ class DumpedRun:
 
     def recorded_gradients(
         self, inputs: Inputs, needs_grad: list[bool]
-    ) -> tuple[list[Value], list[Value], list[int | None]]:
+    ) -> tuple[list[Nested], list[Nested], list[int | None]]:
         """The dumped gradients, those of them that are the inputs' own (by the node's
         edges; None elsewhere), and the edges."""
         dumped = self._recorded("output")
         edges = node_edges(self.graph_run, inputs, needs_grad)
-        matched: list[Value] = [None] * sum(needs_grad)
+        matched: list[Nested] = [None] * sum(needs_grad)
         if len(edges) == len(dumped):
             for edge, grad in zip(edges, dumped, strict=False):
                 if edge is not None and isinstance(grad, torch.Tensor):
@@ -109,7 +109,7 @@ class DumpedRun:
             else grad
         )
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Nested, ...]:
         dumped, matched, edges = self.recorded_gradients(inputs, needs_grad)
         passed = [_passed_through(grad, inputs.grads) for grad in matched]
         if any(passed) and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs):
@@ -141,7 +141,7 @@ class DumpedRun:
         return tuple(matched)
 
 
-def _passed_through(grad: Value, incoming: list[Value] | None) -> bool:
+def _passed_through(grad: Nested, incoming: list[Nested] | None) -> bool:
     """Whether a gradient is an incoming gradient, bit for bit. At levels mix and L0
     msprobe also hooks the module of an in-place call (`nn.ReLU(inplace=True)`), and
     what it then records as the call's input gradient is the incoming one passed through

@@ -41,7 +41,7 @@ from pytest_msprobe.standards.pairing import Leaf, pair_leaves
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.replay import Side
 
 # Recorded statistics that say an output holds inf/NaN, in the order they are trusted.
@@ -124,7 +124,7 @@ def _finite(inputs: Inputs) -> bool:
 
 def _bench_outputs(
     results: Results, bench: Side, direction: str, framework: str, count: int
-) -> dict[int, tuple[str, Value]]:
+) -> dict[int, tuple[str, Nested]]:
     """Dumped output position -> (path, bench value). Forward outputs pair in order
     where their count matches; a backward's gradients through the autograd graph."""
     if direction == "forward":

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_msprobe.dump.index import Record
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.standards import Verdict
     from pytest_msprobe.standards.dtypes import Array, DtypeInfo
     from pytest_msprobe.standards.pairing import Leaf
@@ -48,7 +48,7 @@ HEATMAP_CELLS = 48
 CHUNK = 1 << 20  # elements converted to float64 at a time
 
 
-def element_samples(bench: Value, device: Value, verdict: Verdict, statuses: Iterable[Status]) -> list[Record]:
+def element_samples(bench: Nested, device: Nested, verdict: Verdict, statuses: Iterable[Status]) -> list[Record]:
     """A sample of each output whose verdict's status is in `statuses`, in the order of
     the verdict's outputs (the standards pair the leaves in this same order)."""
     from pytest_msprobe.standards.pairing import Leaf, pair_leaves
