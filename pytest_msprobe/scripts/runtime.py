@@ -140,7 +140,8 @@ def main(call: ScriptCall, argv: list[str] | None = None) -> int:
     variants = range(1 + (args.seeds if generated else 0))
     name = f"{call.name.rsplit('.', 1)[0]}.{args.direction}"
     print(f"{name}  ({call.framework}, {call.task} dump, device {chosen.describe(0)})")
-    outcomes = [_run(call, name, chosen, registry, args, variant) for variant in variants]
+    script = _Script(call, name, chosen, registry, args)
+    outcomes = [_run(script, variant) for variant in variants]
     if len(outcomes) > 1:
         print("\nseeds: " + ", ".join(f"variant {o.variant} {o.status}" for o in outcomes))
     worst = max(outcomes, key=lambda o: STATUS_ORDER[o.status]).status
@@ -162,14 +163,23 @@ def _registry(call: ScriptCall) -> Registry:
     return registry
 
 
-def _run(  # noqa: PLR0913  the standalone script's call, backend, registry, options and variant; each read
-    call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int
-) -> Outcome:
+@dataclass(frozen=True)
+class _Script:
+    """What every input variant of a script's run shares."""
+
+    call: ScriptCall
+    name: str
+    chosen: Backend
+    registry: Registry
+    args: argparse.Namespace
+
+
+def _run(script: _Script, variant: int) -> Outcome:
     """One replay and verdict, with every way it can fail turned into a status, as
     outcome.judge_call does for the test."""
     print(f"\n--- inputs: {'as in the test' if variant == 0 else f'seed variant {variant}'}")
     try:
-        verdict, findings = _check(call, name, chosen, registry, args, variant)
+        verdict, findings = _check(script, variant)
     except CallSkip as exc:
         return _said(Outcome(variant, "skip", f"skipped: {exc}"))
     except CallError as exc:
@@ -177,7 +187,7 @@ def _run(  # noqa: PLR0913  the standalone script's call, backend, registry, opt
     except DeviceFailed as exc:
         return _said(Outcome(variant, "error", str(exc)))
     except Exception as exc:  # noqa: BLE001 - the script explains; --traceback shows the rest
-        if args.traceback:
+        if script.args.traceback:
             traceback.print_exc()
         return _said(
             Outcome(variant, "error", f"the check raised {type(exc).__name__}: {exc} (--traceback shows where)")
@@ -196,11 +206,10 @@ def _run(  # noqa: PLR0913  the standalone script's call, backend, registry, opt
     )
 
 
-def _check(  # noqa: PLR0913  the standalone script's call, backend, registry, options and variant; each read
-    call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int
-) -> tuple[Verdict, list[Finding]]:
+def _check(script: _Script, variant: int) -> tuple[Verdict, list[Finding]]:
     """check_call's steps, with the script's own inputs and API function: the verdict,
     and what --repeat found."""
+    call, name, chosen, registry, args = script.call, script.name, script.chosen, script.registry, script.args
     call_name = parse_call_name(name)
     assert call_name is not None, name  # msprobe-script writes scripts of API calls only
     framework = FRAMEWORKS[call.framework]()
