@@ -1,12 +1,14 @@
 """hypothesis properties of every standard (deterministic, small budget)."""
 
+import typing
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_msprobe.standards import check
-from pytest_msprobe.standards.verdict import STATUS_ORDER
+from pytest_msprobe.standards.verdict import STATUS_ORDER, Status, worst_status
 
 settings.register_profile(
     "standards", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -93,3 +95,11 @@ def test_permutation_does_not_change_verdict(vals, dtype, api, rel, rnd):
             assert v2.metrics[key] == val, key
         else:
             assert v2.metrics[key] == pytest.approx(val, rel=1e-9, abs=1e-300)
+
+
+def test_statuses_are_the_ordered_ones():
+    """Status (the type every status field carries) and STATUS_ORDER name the same four
+    statuses, so no status is typed that the plugin and the scripts cannot rank."""
+    assert set(typing.get_args(Status)) == set(STATUS_ORDER)
+    assert worst_status(["pass", "skip", "warning"]) == "warning"
+    assert worst_status([]) == "skip"
