@@ -202,7 +202,7 @@ def problems(
     precision mode)."""
     found = [problem for switch in switches for problem in _departs(switch, strict)]
     if float32:
-        found += _FLOAT32_ALONE.get(backend_name, _none)()
+        found += _FLOAT32_ALONE.get(backend_name, list)()
     return found
 
 
@@ -241,10 +241,6 @@ def _npu_float32() -> list[str]:
         "(float32 matrix operators may run in float16): set torch_npu.npu.set_option("
         "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench"
     ]
-
-
-def _none() -> list[str]:
-    return []
 
 
 #: The settings beside the switches that lower float32 alone, by backend (others: none).
