@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -125,7 +126,8 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference: Reference 
             kind = reference.kind
             ideal = benchmark_metrics(_ideal(pair), small, atol)
             n_small = int(np.count_nonzero(pair.small_mask(small)))
-            _judge_ratios(pair, metrics, ref, ideal, n_small, thresholds, used, reasons, reference.kind)
+            rule = _RatioRule(metrics, ref, n_small, thresholds, used)
+            reasons.extend(_judge_ratios(pair, rule, ideal, reference.kind))
             bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
             metrics.update(bias)
             reasons.extend(bias_failed)
@@ -173,44 +175,40 @@ def noise_metrics(pair: Pair, small: float, atol: float, ulps: float, floor: flo
     }
 
 
-def _judge_ratios(  # noqa: PLR0913  the reference rule's metrics, floors and limits; each read
-    pair: Pair,
-    metrics: dict[str, float],
-    ref: Mapping[str, float],
-    ideal: Mapping[str, float],
-    n_small: int,
-    thresholds: Mapping[str, float],
-    used: dict[str, float],
-    reasons: list[str],
-    kind: str,
-) -> None:
+@dataclass(frozen=True)
+class _RatioRule:
+    """What the reference rule reads and writes, whatever floors it tries: the device's
+    metrics (each ratio is written into them), the reference's, the small elements'
+    count, the limits, and the limits used so far."""
+
+    metrics: dict[str, float]
+    ref: Mapping[str, float]
+    n_small: int
+    thresholds: Mapping[str, float]
+    used: dict[str, float]
+
+
+def _judge_ratios(pair: Pair, rule: _RatioRule, ideal: Mapping[str, float], kind: str) -> list[str]:
     """The reference rule (both paths): each judged metric's ratio to the reference's,
     floored by perfect rounding and, where that fails against another run, by a correct
     kernel's noise (a baseline's metrics come from the same kernel on the same inputs:
     no such noise)."""
-    found: list[str] = []
-    _ratio_reasons(metrics, ref, ideal, n_small, thresholds, used, found)
+    found = _ratio_reasons(rule, ideal)
     if found and kind == "reference":
+        thresholds = rule.thresholds
         ulps = thresholds.get("bm_noise_ulp", pair.info.defaults["bm_noise_ulp"])
         noise = noise_metrics(
             pair, pair.info.defaults["small"], thresholds["atol_bm"], ulps, thresholds["sr_scale_floor"]
         )
         floors = {key: max(ideal[key], noise.get(key, 0.0)) for key, _ in JUDGED}
-        used["bm_noise_ulp"] = ulps
-        found = []
-        _ratio_reasons(metrics, ref, floors, n_small, thresholds, used, found)
-    reasons.extend(found)
+        rule.used["bm_noise_ulp"] = ulps
+        found = _ratio_reasons(rule, floors)
+    return found
 
 
-def _ratio_reasons(  # noqa: PLR0913  the reference rule's metrics, floors and limits; each read
-    metrics: dict[str, float],
-    ref: Mapping[str, float],
-    ideal: Mapping[str, float],
-    n_small: int,
-    thresholds: Mapping[str, float],
-    used: dict[str, float],
-    reasons: list[str],
-) -> None:
+def _ratio_reasons(rule: _RatioRule, ideal: Mapping[str, float]) -> list[str]:
+    metrics, ref, n_small, thresholds, used = rule.metrics, rule.ref, rule.n_small, rule.thresholds, rule.used
+    reasons: list[str] = []
     for key, limit_key in JUDGED:
         dev, refv = metrics[key], ref[key]
         metrics[f"ref_{key}"] = float(refv)
@@ -225,6 +223,7 @@ def _ratio_reasons(  # noqa: PLR0913  the reference rule's metrics, floors and l
             reasons.append(
                 f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)"
             )
+    return reasons
 
 
 def _bm_from_sums(n: int, sums: BenchmarkSums) -> dict[str, float]:
@@ -267,7 +266,7 @@ def _fast_ref(
     ref = reference.metrics_for(lambda p: _ref_metrics(p, small, atol))
     used: dict[str, float] = {"small": small, "atol_bm": atol}
     reasons: list[str] = []
-    _judge_ratios(pair, metrics, ref, ideal, n_small, thresholds, used, reasons, reference.kind)
+    reasons.extend(_judge_ratios(pair, _RatioRule(metrics, ref, n_small, thresholds, used), ideal, reference.kind))
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
     metrics.update(bias)
     reasons.extend(bias_failed)
