@@ -101,7 +101,11 @@ def run_dump(pytester: pytest.Pytester) -> Callable[..., DumpRun]:
         for report in reprec.getreports("pytest_runtest_logreport"):
             name = report.nodeid.rsplit("::", 1)[-1]
             if report.when == "call" or (report.when == "setup" and not report.passed):
-                text = report.longreprtext if not report.skipped else getattr(report, "wasxfail", None) or str(report.longrepr[2])
+                text = (
+                    report.longreprtext
+                    if not report.skipped
+                    else getattr(report, "wasxfail", None) or str(report.longrepr[2])
+                )
                 calls[name] = CallOutcome(report.outcome, text, dict(report.user_properties), warned.get(name, []))
         errors = [report.longreprtext for report in reprec.getreports("pytest_collectreport") if report.failed]
         kernels = {name: calls.pop(name) for name in list(calls) if is_kernel(name)}

@@ -69,7 +69,11 @@ BUILTIN: dict[str, Callable[..., Any]] = {
 }
 
 #: what the references that have more to say about their ops say (registry.Companions)
-BUILTIN_COMPANIONS: dict[str, Companions] = {**grouped_matmul.COMPANIONS, **dequant_swiglu_quant.COMPANIONS, **moe_routing.COMPANIONS}
+BUILTIN_COMPANIONS: dict[str, Companions] = {
+    **grouped_matmul.COMPANIONS,
+    **dequant_swiglu_quant.COMPANIONS,
+    **moe_routing.COMPANIONS,
+}
 
 default_registry = Registry(BUILTIN, builtin=True, companions=BUILTIN_COMPANIONS)
 
@@ -79,7 +83,9 @@ def get(name: str) -> BenchFunction | None:
     return default_registry.get(name)
 
 
-def register(name: str, func: Callable[..., Any], *, replace: bool = False, companions: Companions | None = None) -> None:
+def register(
+    name: str, func: Callable[..., Any], *, replace: bool = False, companions: Companions | None = None
+) -> None:
     """Register ``func`` as the reference of op ``name`` in the default registry."""
     default_registry.register(name, func, replace=replace, companions=companions)
 

@@ -68,7 +68,9 @@ def one_node(compute: Callable[..., Sequence[torch.Tensor]], values: Sequence[ob
 class _OneNode(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: torch.autograd.function.FunctionCtx, compute: Callable[..., tuple[torch.Tensor, ...]], *tensors: torch.Tensor
+        ctx: torch.autograd.function.FunctionCtx,
+        compute: Callable[..., tuple[torch.Tensor, ...]],
+        *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         ctx.compute = compute  # type: ignore[attr-defined]
         ctx.save_for_backward(*tensors)
@@ -77,15 +79,21 @@ class _OneNode(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
         saved = ctx.saved_tensors  # type: ignore[attr-defined]
         needs = ctx.needs_input_grad[1:]  # type: ignore[attr-defined]
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_(need) for t, need in zip(saved, needs, strict=True)]
             outputs = ctx.compute(*leaves)  # type: ignore[attr-defined]
-            pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True) if grad is not None and out.requires_grad]
+            pairs = [
+                (out, grad) for out, grad in zip(outputs, grads, strict=True) if grad is not None and out.requires_grad
+            ]
             wanted = [leaf for leaf in leaves if leaf.requires_grad]
             found = iter(
-                torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True) if pairs and wanted else []
+                torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                if pairs and wanted
+                else []
             )
         return (None, *[next(found, None) if leaf.requires_grad else None for leaf in leaves])

@@ -23,7 +23,9 @@ def _state(out: Sequence[torch.Tensor] | None, op: str) -> tuple[torch.Tensor, t
     return out[0], out[1], out[2]
 
 
-def _moments(m: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _moments(
+    m: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta1: float, beta2: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """m_t = beta1 m + (1 - beta1) g;  v_t = beta2 v + (1 - beta2) g^2."""
     return beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
 
@@ -65,7 +67,9 @@ def npu_apply_adam(
     """
     var, m, v = _state(out, "npu_apply_adam")
     b1p, b2p = as_float(beta1_power, "beta1_power"), as_float(beta2_power, "beta2_power")
-    lr_, b1, b2, eps = (as_float(s, n) for s, n in ((lr, "lr"), (beta1, "beta1"), (beta2, "beta2"), (epsilon, "epsilon")))
+    lr_, b1, b2, eps = (
+        as_float(s, n) for s, n in ((lr, "lr"), (beta1, "beta1"), (beta2, "beta2"), (epsilon, "epsilon"))
+    )
     g = to_compute(grad).detach()
     m_t, v_t = _moments(to_compute(m).detach(), to_compute(v).detach(), g, b1, b2)
     lr_t = lr_ * (1 - b2p) ** 0.5 / (1 - b1p)
@@ -107,7 +111,14 @@ def npu_apply_adam_w(
     var, m, v = _state(out, "npu_apply_adam_w")
     b1p, b2p = as_float(beta1_power, "beta1_power"), as_float(beta2_power, "beta2_power")
     lr_, wd, b1, b2, eps = (
-        as_float(s, n) for s, n in ((lr, "lr"), (weight_decay, "weight_decay"), (beta1, "beta1"), (beta2, "beta2"), (epsilon, "epsilon"))
+        as_float(s, n)
+        for s, n in (
+            (lr, "lr"),
+            (weight_decay, "weight_decay"),
+            (beta1, "beta1"),
+            (beta2, "beta2"),
+            (epsilon, "epsilon"),
+        )
     )
     g = to_compute(grad).detach()
     if maximize:

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 import torch
 
 
-def npu_confusion_transpose(self: torch.Tensor, perm: Sequence[int], shape: Sequence[int], transpose_first: bool) -> torch.Tensor:
+def npu_confusion_transpose(
+    self: torch.Tensor, perm: Sequence[int], shape: Sequence[int], transpose_first: bool
+) -> torch.Tensor:
     """Permute then reshape (transpose_first=True), or reshape then permute (False).
 
     Facts:

@@ -51,7 +51,9 @@ def npu_dequant_swiglu_quant(
         raise ValueError(f"x's last axis must be even (2H), got {x.shape[-1]}")
     rows = x.shape[0]
     floats = [t for t in (weight_scale, activation_scale, quant_scale) if t is not None and t.is_floating_point()]
-    dtype = torch.float64 if any(t.dtype == torch.float64 for t in floats) or x.dtype == torch.float64 else torch.float32
+    dtype = (
+        torch.float64 if any(t.dtype == torch.float64 for t in floats) or x.dtype == torch.float64 else torch.float32
+    )
     sizes = [g.size for g in groups_of(group_index, 1, rows)] if group_index is not None else [rows]
     y = x.to(dtype)
     if bias is not None and group_index is None:

@@ -14,7 +14,8 @@ needs a few hundred MB, not the 4 GB of a float64 score matrix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -143,7 +144,13 @@ def _row_block(b: int, n1: int, sq: int, skv: int) -> int:
 
 
 def _scores(
-    q: torch.Tensor, k: torch.Tensor, pse: torch.Tensor | None, r0: int, r1: int, scale: float, masked: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pse: torch.Tensor | None,
+    r0: int,
+    r1: int,
+    scale: float,
+    masked: torch.Tensor | None,
 ) -> torch.Tensor:
     """scale * (q k^T + pse) with masked entries at -inf, for query rows [r0, r1).
 
@@ -289,28 +296,7 @@ def _dims(query, key, value, head_num: int, layout: str) -> _Dims:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != want:
             raise ValueError(f"{name} must be {want}-D for input_layout {layout}, got shape {tuple(t.shape)}")
-    if layout in ("BSH", "SBH"):
-        (b, sq) = (query.shape[0], query.shape[1]) if layout == "BSH" else (query.shape[1], query.shape[0])
-        skv = key.shape[1] if layout == "BSH" else key.shape[0]
-        if head_num <= 0 or query.shape[2] % head_num:
-            raise ValueError(f"hidden size {query.shape[2]} of query is not a multiple of head_num={head_num}")
-        d = query.shape[2] // head_num
-        if key.shape[2] % d:
-            raise ValueError(f"hidden size {key.shape[2]} of key is not a multiple of head dim {d}")
-        n1, n2 = head_num, key.shape[2] // d
-        if value.shape[2] % n2:
-            raise ValueError(f"hidden size {value.shape[2]} of value is not a multiple of N2={n2}")
-        dv = value.shape[2] // n2
-    elif layout == "TND":
-        b, sq, skv = 0, query.shape[0], key.shape[0]
-        n1, d, n2, dv = query.shape[1], query.shape[2], key.shape[1], value.shape[2]
-    else:
-        if layout == "BNSD":
-            b, n1, sq, d = query.shape
-            n2, skv, dv = key.shape[1], key.shape[2], value.shape[3]
-        else:
-            b, sq, n1, d = query.shape
-            n2, skv, dv = key.shape[2], key.shape[1], value.shape[3]
+    b, n1, n2, sq, skv, d, dv = _LAYOUT_DIMS[layout](query, key, value, head_num)
     if n1 != head_num:
         raise ValueError(f"query has {n1} heads but head_num={head_num}")
     if n2 <= 0 or n1 % n2:
@@ -318,6 +304,45 @@ def _dims(query, key, value, head_num: int, layout: str) -> _Dims:
     if key.shape[-1] != d and layout not in ("BSH", "SBH"):
         raise ValueError(f"query and key head dims differ: {d} vs {key.shape[-1]}")
     return _Dims(b, n1, n2, sq, skv, d, dv)
+
+
+def _hidden_dims(query, key, value, head_num: int, layout: str) -> tuple[int, ...]:
+    """(b, n1, n2, sq, skv, d, dv) of BSH/SBH, whose heads are folded into the hidden size."""
+    (b, sq) = (query.shape[0], query.shape[1]) if layout == "BSH" else (query.shape[1], query.shape[0])
+    skv = key.shape[1] if layout == "BSH" else key.shape[0]
+    if head_num <= 0 or query.shape[2] % head_num:
+        raise ValueError(f"hidden size {query.shape[2]} of query is not a multiple of head_num={head_num}")
+    d = query.shape[2] // head_num
+    if key.shape[2] % d:
+        raise ValueError(f"hidden size {key.shape[2]} of key is not a multiple of head dim {d}")
+    n1, n2 = head_num, key.shape[2] // d
+    if value.shape[2] % n2:
+        raise ValueError(f"hidden size {value.shape[2]} of value is not a multiple of N2={n2}")
+    return b, n1, n2, sq, skv, d, value.shape[2] // n2
+
+
+def _tnd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+    return 0, query.shape[1], key.shape[1], query.shape[0], key.shape[0], query.shape[2], value.shape[2]
+
+
+def _bnsd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+    b, n1, sq, d = query.shape
+    return b, n1, key.shape[1], sq, key.shape[2], d, value.shape[3]
+
+
+def _bsnd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+    b, sq, n1, d = query.shape
+    return b, n1, key.shape[2], sq, key.shape[1], d, value.shape[3]
+
+
+#: (b, n1, n2, sq, skv, d, dv) of each input_layout, from the shapes of query, key and value.
+_LAYOUT_DIMS: dict[str, Callable[..., tuple[int, ...]]] = {
+    "BSH": functools.partial(_hidden_dims, layout="BSH"),
+    "SBH": functools.partial(_hidden_dims, layout="SBH"),
+    "TND": _tnd_dims,
+    "BNSD": _bnsd_dims,
+    "BSND": _bsnd_dims,
+}
 
 
 def _check_common(keep_prob: float, padding_mask, sparse_mode: int, softmax_layout: str, layout: str) -> None:
@@ -374,7 +399,9 @@ def _varlen_segments(cumulative: Sequence[int], total: int, what: str) -> list[t
     return segs
 
 
-def _varlen_rules(sparse_mode, atten_mask, pre, nxt, prefix, batch, n_batches, first, last, n1, n2, sq, skv, device) -> _MaskRules | None:
+def _varlen_rules(
+    sparse_mode, atten_mask, pre, nxt, prefix, batch, n_batches, first, last, n1, n2, sq, skv, device
+) -> _MaskRules | None:
     if atten_mask is None:
         return None
     rules = _MaskRules(sq, skv)
@@ -424,7 +451,17 @@ def _attention(
     q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
     if input_layout != "TND":
         rules = _mask_rules(
-            sparse_mode, atten_mask, pre_tockens, next_tockens, prefix, dims.b, dims.n1, dims.n2, dims.sq, dims.skv, q.device
+            sparse_mode,
+            atten_mask,
+            pre_tockens,
+            next_tockens,
+            prefix,
+            dims.b,
+            dims.n1,
+            dims.n2,
+            dims.sq,
+            dims.skv,
+            q.device,
         )
         out, m, l = _run(
             _to_bnsd(q, input_layout, dims.n1),

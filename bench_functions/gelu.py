@@ -8,7 +8,7 @@ from ._common import to_compute
 
 
 def fast_gelu(self: torch.Tensor) -> torch.Tensor:
-    """fast_gelu(x) = x / (1 + exp(-1.702 |x|)) * exp(0.851 (x - |x|)) = x * sigmoid(1.702 x).
+    """The documented formula, x / (1 + exp(-1.702 |x|)) * exp(0.851 (x - |x|)), equals x * sigmoid(1.702 x).
 
     Both documented forms are the same function (for x >= 0 the second factor is 1; for
     x < 0 multiply numerator and denominator by exp(1.702 x)); the sigmoid form is evaluated

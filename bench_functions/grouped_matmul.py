@@ -40,7 +40,9 @@ class Group:
 def _int_list(value: torch.Tensor | Sequence[int]) -> list[int]:
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() or value.dim() != 1:
-            raise ValueError(f"group_list must be a 1-D integer tensor here, got {value.dtype} of shape {tuple(value.shape)}")
+            raise ValueError(
+                f"group_list must be a 1-D integer tensor here, got {value.dtype} of shape {tuple(value.shape)}"
+            )
         return [int(v) for v in value.tolist()]
     return [int(v) for v in value]
 
@@ -73,7 +75,9 @@ def groups_of(group_list: torch.Tensor | Sequence[int], group_list_type: int | N
             sizes = values
         indices = list(range(len(sizes)))
     else:
-        raise ValueError(f"group_list_type must be 0 (cumulative), 1 (counts) or 2 ([index, count] pairs), got {group_list_type!r}")
+        raise ValueError(
+            f"group_list_type must be 0 (cumulative), 1 (counts) or 2 ([index, count] pairs), got {group_list_type!r}"
+        )
     if any(size < 0 for size in sizes):
         raise ValueError(f"group_list gives negative group sizes {sizes}")
     if sum(sizes) > length:
@@ -133,7 +137,11 @@ def _dequantised(w: torch.Tensor, p: Params, dtype: torch.dtype) -> torch.Tensor
 
 
 def _product(
-    x: torch.Tensor, w: torch.Tensor, p: Params, per_token: torch.Tensor | None, act: Callable[[torch.Tensor], torch.Tensor]
+    x: torch.Tensor,
+    w: torch.Tensor,
+    p: Params,
+    per_token: torch.Tensor | None,
+    act: Callable[[torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """One group's result before the output dtype: formulas 1 to 4 of the docs."""
     if x.is_floating_point():
@@ -235,7 +243,9 @@ def npu_grouped_matmul(
             "to a dequantised or floating result only, so the activation of an int32 accumulator is not replayed"
         )
     if any(t.dtype == torch.int32 for t in (*xs, *ws)):
-        raise Unsupported("int4 x or weight (packed into int32 by npu_quantize): its packing and NZ layout are not reproduced")
+        raise Unsupported(
+            "int4 x or weight (packed into int32 by npu_quantize): its packing and NZ layout are not reproduced"
+        )
     split = (len(xs), len(xs) + len(ws))
 
     def compute(*flat: torch.Tensor) -> list[torch.Tensor]:
@@ -307,7 +317,10 @@ def _grouped(
         parts, part_tokens, picked = xs, [tokens[i] if tokens else None for i in range(n)], list(range(n))
     if any(not 0 <= i < n for i in picked):
         raise ValueError(f"group_list names weights {sorted(set(picked))} where the call has {n} (0..{n - 1})")
-    ys = [_product(part, weights[i], per_weight[i], tok, act) for part, i, tok in zip(parts, picked, part_tokens, strict=True)]
+    ys = [
+        _product(part, weights[i], per_weight[i], tok, act)
+        for part, i, tok in zip(parts, picked, part_tokens, strict=True)
+    ]
     if split_item in (0, 1):
         return [_to_output(y, out_dtype) for y in ys]
     if split_item not in (2, 3):
@@ -334,11 +347,16 @@ def _k_grouped(
     a, b = xs[0], weights[0]
     dtype = compute_dtype(a)
     groups = groups_of(group_list, group_list_type, a.shape[1])
-    ys = [act(torch.matmul(a[:, g.start : g.start + g.size].to(dtype), b[g.start : g.start + g.size].to(dtype))) for g in groups]
+    ys = [
+        act(torch.matmul(a[:, g.start : g.start + g.size].to(dtype), b[g.start : g.start + g.size].to(dtype)))
+        for g in groups
+    ]
     return torch.stack(ys).to(a.dtype)
 
 
-def written_rows(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **kwargs: object) -> tuple[dict[int, int], dict[int, int], str]:
+def written_rows(
+    x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **kwargs: object
+) -> tuple[dict[int, int], dict[int, int], str]:
     """Which leading rows the kernel writes: ({output position: rows}, {input tensor
     position: rows of its gradient}, why the rest is not), positions counted over the
     flattened outputs and the call's flattened tensor arguments; a position not named
@@ -364,7 +382,9 @@ def fitted_counts(counts: torch.Tensor, length: int) -> torch.Tensor:
     return counts if total <= length else counts * length // total
 
 
-def fit_generated(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **kwargs: object) -> tuple[torch.Tensor | None, str]:
+def fit_generated(
+    x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **kwargs: object
+) -> tuple[torch.Tensor | None, str]:
     """A statistics dump records only group_list's Max/Min/Mean/Norm, so the replay
     generates one at random within them; made here, in place, into a group_list the
     kernel can read: sorted where it is cumulative, sizes scaled down to the rows where
@@ -373,7 +393,11 @@ def fit_generated(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], **k
     or (None, "") where nothing needed doing."""
     group_list = kwargs.get("group_list")
     kind = kwargs.get("group_list_type", 0) or 0
-    if not isinstance(group_list, torch.Tensor) or group_list.is_floating_point() or group_list.dim() != (2 if kind == 2 else 1):
+    if (
+        not isinstance(group_list, torch.Tensor)
+        or group_list.is_floating_point()
+        or group_list.dim() != (2 if kind == 2 else 1)
+    ):
         return None, ""
     length = x[0].shape[1] if kwargs.get("group_type") == 2 else x[0].shape[0]
     if kind == 2:

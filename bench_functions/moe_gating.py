@@ -46,7 +46,9 @@ def _gating(x: torch.Tensor, finished: torch.Tensor | None, k: int) -> tuple[tor
     y = torch.gather(probs, -1, order).to(x.dtype)
     expert_idx = order.to(torch.int32)
     if finished is not None:
-        expert_idx = torch.where(finished.to(torch.bool).unsqueeze(-1), torch.full_like(expert_idx, num_experts), expert_idx)
+        expert_idx = torch.where(
+            finished.to(torch.bool).unsqueeze(-1), torch.full_like(expert_idx, num_experts), expert_idx
+        )
     rows = y.numel() // k
     row_idx = torch.arange(rows * k, dtype=torch.int32, device=x.device).reshape(k, rows).t().reshape(y.shape)
     return y, expert_idx, row_idx.contiguous()

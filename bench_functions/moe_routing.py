@@ -74,7 +74,9 @@ def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: torch.Tensor, nu
     Choices:
     - "The last row" is counted one past it (searchsorted right), so an expert with no rows repeats the previous total: the cumulative form group_list_type=0 expects.
     """
-    experts = torch.arange(num_expert, device=sorted_expert_for_source_row.device, dtype=sorted_expert_for_source_row.dtype)
+    experts = torch.arange(
+        num_expert, device=sorted_expert_for_source_row.device, dtype=sorted_expert_for_source_row.dtype
+    )
     ends = torch.searchsorted(sorted_expert_for_source_row.contiguous(), experts, right=True)
     return ends.to(sorted_expert_for_source_row.dtype)
 
@@ -121,7 +123,9 @@ def _finalized(values: Sequence[torch.Tensor | None], drop_pad_mode: int) -> tor
         num_rows = skip1.shape[0]
         k = expanded_src_to_dst_row.numel() // num_rows
     else:
-        raise ValueError("npu_moe_finalize_routing needs scales, export_for_source_row or skip1 to know the number of rows")
+        raise ValueError(
+            "npu_moe_finalize_routing needs scales, export_for_source_row or skip1 to know the number of rows"
+        )
     dst = expanded_src_to_dst_row.reshape(-1).long()
     dst = dst.reshape(k, num_rows).t() if drop_pad_mode in (0, 1) else dst.reshape(num_rows, k)
     kept = dst >= 0
@@ -202,7 +206,7 @@ def _dynamic_quant(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantised, scale
 
 
-def npu_moe_init_routing_v2(
+def npu_moe_init_routing_v2(  # noqa: PLR0915  torch_npu's operator, its steps in the order of its documentation; a split would scatter that order
     x: torch.Tensor,
     expert_idx: torch.Tensor,
     *,
@@ -252,7 +256,11 @@ def npu_moe_init_routing_v2(
     sorted_experts, positions = order.values, order.indices
     counts = torch.bincount(sorted_experts[:available] - start, minlength=end - start)[: end - start]
     expert_tokens = _expert_tokens(counts, start, expert_num, expert_tokens_num_type, expert_tokens_num_flag)
-    compute = torch.float64 if x.dtype == torch.float64 or (scale is not None and scale.dtype == torch.float64) else torch.float32
+    compute = (
+        torch.float64
+        if x.dtype == torch.float64 or (scale is not None and scale.dtype == torch.float64)
+        else torch.float32
+    )
     if drop_pad_mode == 1:
         slots = torch.full((expert_num * expert_capacity,), -1, dtype=torch.long)
         rank = torch.arange(available) - torch.searchsorted(sorted_experts[:available], sorted_experts[:available])
@@ -279,9 +287,14 @@ def npu_moe_init_routing_v2(
         values = gathered.to(compute)
         if scale is not None:
             smooth = scale.to(compute)
-            values = values * (smooth.reshape(1, -1) if smooth.shape[0] == 1 else smooth[slot_experts.clamp(0, smooth.shape[0] - 1)])
+            values = values * (
+                smooth.reshape(1, -1) if smooth.shape[0] == 1 else smooth[slot_experts.clamp(0, smooth.shape[0] - 1)]
+            )
         expanded_x, expanded_scale = _dynamic_quant(values)
-        expanded_x, expanded_scale = torch.where(filled.unsqueeze(-1), expanded_x, 0).to(torch.int8), expanded_scale * filled
+        expanded_x, expanded_scale = (
+            torch.where(filled.unsqueeze(-1), expanded_x, 0).to(torch.int8),
+            expanded_scale * filled,
+        )
     else:
         expanded_x = gathered
         if scale is not None:
@@ -310,7 +323,9 @@ def _expert_tokens(counts: torch.Tensor, start: int, expert_num: int, kind: int,
     return (counts.cumsum(0) if kind == 0 else counts).to(torch.int64)
 
 
-def _v2_written(x: torch.Tensor, expert_idx: torch.Tensor, **kwargs: object) -> tuple[dict[int, int], dict[int, int], str]:
+def _v2_written(
+    x: torch.Tensor, expert_idx: torch.Tensor, **kwargs: object
+) -> tuple[dict[int, int], dict[int, int], str]:
     """The rows past the available pairs; unrequested counts; the key_value pairs past
     the non-zero experts; expanded_scale without scale."""
     if kwargs.get("drop_pad_mode", 0) == 1:

@@ -78,7 +78,9 @@ class BenchFunction:
 
     companions: Companions
 
-    def __init__(self, name: str, func: Callable[..., Any], *, builtin: bool = False, companions: Companions | None = None) -> None:
+    def __init__(
+        self, name: str, func: Callable[..., Any], *, builtin: bool = False, companions: Companions | None = None
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a bench function name must be a non-empty string, got {name!r}")
         if not callable(func):
@@ -122,7 +124,9 @@ class Registry:
         for name, func in (functions or {}).items():
             self._functions[name] = BenchFunction(name, func, builtin=builtin, companions=(companions or {}).get(name))
 
-    def register(self, name: str, func: Callable[..., Any], *, replace: bool = False, companions: Companions | None = None) -> None:
+    def register(
+        self, name: str, func: Callable[..., Any], *, replace: bool = False, companions: Companions | None = None
+    ) -> None:
         """Add the reference ``func`` for the op ``name`` (e.g. ``"npu_my_fused_op"``).
 
         ``func`` must take the op's exact arguments and return what the op returns. A name

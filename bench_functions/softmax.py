@@ -7,7 +7,9 @@ import torch
 from ._common import to_compute
 
 
-def npu_scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor, scale: float = 1.0, fixed_triu_mask: bool = False) -> torch.Tensor:
+def npu_scaled_masked_softmax(
+    x: torch.Tensor, mask: torch.Tensor, scale: float = 1.0, fixed_triu_mask: bool = False
+) -> torch.Tensor:
     """y = softmax((x * scale).masked_fill(mask, -inf), dim=-1), in x's dtype.
 
     Facts:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def npu_sort_v2(self: torch.Tensor, dim: int = -1, descending: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+def npu_sort_v2(
+    self: torch.Tensor, dim: int = -1, descending: bool = False, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The values of ``self`` sorted along ``dim`` (no indices).
 
     Facts:

@@ -70,7 +70,18 @@ def main() -> None:
     )
     for name in CASES:
         proc = subprocess.run(
-            [sys.executable, __file__, "--one", name, "--seq", str(args.seq), "--heads", str(args.heads), "--dim", str(args.dim)],
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                name,
+                "--seq",
+                str(args.seq),
+                "--heads",
+                str(args.heads),
+                "--dim",
+                str(args.dim),
+            ],
             capture_output=True,
             text=True,
             check=True,

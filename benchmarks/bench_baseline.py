@@ -34,7 +34,9 @@ def synthetic(calls: int, seed: int = 0) -> Baseline:
         direction = "forward" if number % 2 == 0 else "backward"
         path = "" if direction == "forward" else "[0]"
         metrics = {key: float(f"{rng.random() * 1e-3:.6g}") for key in KEY_METRICS[standard]}
-        baseline.calls[("step0/rank0/dump.json", f"{api}.{number // 2}.{direction}")] = CallMetrics("pass", standard, {path: metrics})
+        baseline.calls[("step0/rank0/dump.json", f"{api}.{number // 2}.{direction}")] = CallMetrics(
+            "pass", standard, {path: metrics}
+        )
     return baseline
 
 

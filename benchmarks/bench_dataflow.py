@@ -46,9 +46,18 @@ DUMPS = {
 }
 
 
-def offline(dump: Path, env: dict[str, str], *extra: str, out: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+def offline(
+    dump: Path, env: dict[str, str], *extra: str, out: Path | None = None
+) -> tuple[float, subprocess.CompletedProcess]:
     with tempfile.TemporaryDirectory() as scratch:
-        command = [sys.executable, "-m", "pytest", f"--msprobe-dump={dump}", "--msprobe-offline", "--msprobe-device=cpu"]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"--msprobe-dump={dump}",
+            "--msprobe-offline",
+            "--msprobe-device=cpu",
+        ]
         command += [
             "-n",
             "0",
@@ -114,7 +123,9 @@ def result_rows(out: Path) -> list[dict[str, str]]:
 
 def statuses(rows: list[dict[str, str]]) -> dict[str, int]:
     """pass/warning/error/SKIP counts, forward and backward together."""
-    counts = collections.Counter(row[column].strip() for row in rows for column in ("Forward Test Success", "Backward Test Success"))
+    counts = collections.Counter(
+        row[column].strip() for row in rows for column in ("Forward Test Success", "Backward Test Success")
+    )
     return {status: counts[status] for status in ("pass", "warning", "error", "SKIP")}
 
 
@@ -135,7 +146,9 @@ def origins(junit: Path) -> collections.Counter[str]:
 def faulty_gradients(rows: list[dict[str, str]]) -> str:
     """Of the linear backwards in error, how many erred on the input gradient [0] and the weight gradient [1]."""
     linears = [
-        row["Message"] for row in rows if row["API name"].startswith("Functional.linear.") and row["Backward Test Success"] == "error"
+        row["Message"]
+        for row in rows
+        if row["API name"].startswith("Functional.linear.") and row["Backward Test Success"] == "error"
     ]
     return f"{len(linears)} linear backward errors: [0] in {sum('reason: [0]:' in m for m in linears)}, [1] in {sum('reason: [1]:' in m for m in linears)}"
 
@@ -165,7 +178,9 @@ def coverage(args: argparse.Namespace) -> None:
             f"{sum(o == 'skipped' for o, _ in gemm.values())} skipped; failed: "
             f"{'every linear backward (' + str(len(linears)) + ')' if failed == sorted(linears) and failed else failed}"
         )
-        print(f"    statuses {statuses(rows)}; GEMM gradients recovered from {dict(recovered)}; {faulty_gradients(rows)}")
+        print(
+            f"    statuses {statuses(rows)}; GEMM gradients recovered from {dict(recovered)}; {faulty_gradients(rows)}"
+        )
         for call, (outcome, message) in calls.items():
             if outcome == "skipped":
                 print(f"    skipped {call}: {message[:220]}")
@@ -177,7 +192,9 @@ def main() -> None:
     timing = commands.add_parser("time")
     timing.add_argument("--before", type=Path, help="a source tree of the code before (put first on PYTHONPATH)")
     timing.add_argument("--repeats", type=int, default=5)
-    timing.add_argument("--dump", type=Path, default=SHIPPED, help="the dump.json to check (default: the shipped transformer12 fp32)")
+    timing.add_argument(
+        "--dump", type=Path, default=SHIPPED, help="the dump.json to check (default: the shipped transformer12 fp32)"
+    )
     cover = commands.add_parser("coverage")
     cover.add_argument("dir", type=Path)
     cover.add_argument("--make", action="store_true", help="make the dumps first (needs mindstudio-probe)")

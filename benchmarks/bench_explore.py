@@ -55,7 +55,9 @@ def explore(dump: Path, examples: int, dedup: bool) -> dict:
         wall = time.perf_counter() - started
         records = [json.loads(line) for journal in Path(out).glob("msprobe_records_*.jsonl") for line in journal.open()]
     if not records:  # the session itself failed: say why instead of reporting an empty dump
-        raise SystemExit(f"{dump}: no explored test ran (exit {finished.returncode}):\n{finished.stdout[-2000:]}{finished.stderr[-2000:]}")
+        raise SystemExit(
+            f"{dump}: no explored test ran (exit {finished.returncode}):\n{finished.stdout[-2000:]}{finished.stderr[-2000:]}"
+        )
     statuses = Counter(record["status"] for record in records)
     judged = discarded = 0
     for record in records:

@@ -94,7 +94,7 @@ def _run(dump: Path, out: Path, *args: str) -> dict[str, dict]:
     return _records(out)
 
 
-def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, scratch: Path) -> dict:
+def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, scratch: Path) -> dict:  # noqa: PLR0913  a benchmark's one step per fault, its arguments the table's columns
     patch = _Patch()
     fault.patch(patch)
     try:
@@ -102,12 +102,20 @@ def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, 
         explored = records.get(call + ".explore", {})
         message = explored.get("message", "")
         found = re.search(r"--msprobe-dump=(\S+) --msprobe-explore=1", message)
-        again = _run(Path(found[1]), scratch / "again", "--msprobe-explore=1", "-m", "explore").get(call + ".explore", {}) if found else {}
+        again = (
+            _run(Path(found[1]), scratch / "again", "--msprobe-explore=1", "-m", "explore").get(call + ".explore", {})
+            if found
+            else {}
+        )
     finally:
         patch.undo()
     fault.patch_correct(patch)  # torch's own kernel where it is correct, else the fault's correct kernel
     try:
-        fixed = _run(Path(found[1]), scratch / "fixed", "--msprobe-explore=1", "-m", "explore").get(call + ".explore", {}) if found else {}
+        fixed = (
+            _run(Path(found[1]), scratch / "fixed", "--msprobe-explore=1", "-m", "explore").get(call + ".explore", {})
+            if found
+            else {}
+        )
     finally:
         patch.undo()
     return {
@@ -116,10 +124,16 @@ def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, 
         "call": call,
         "dumped": records.get(call, {}).get("status"),
         "explored": explored.get("status"),
-        "minimal": "edge" if "an edge tried first" in message else "shrunk" if "shrunk by hypothesis" in message else "",
+        "minimal": "edge"
+        if "an edge tried first" in message
+        else "shrunk"
+        if "shrunk by hypothesis" in message
+        else "",
         # the planted kernel itself crashing on an explored input (an empty row) is no finding
         "device_raised": "the device raised" in message,
-        "counts": next((line.strip() for line in message.splitlines() if "examples around the call judged" in line), ""),
+        "counts": next(
+            (line.strip() for line in message.splitlines() if "examples around the call judged" in line), ""
+        ),
         "reproduced": again.get("status"),
         "without_fault": fixed.get("status"),
     }

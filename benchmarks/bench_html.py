@@ -94,7 +94,17 @@ def passing_record(i: int, random: np.random.Generator) -> ResultRecord:
         "rel_err_ten_thousandth": 0.9999,
     }
     output = OutputResult(
-        0, "", "pass", "benchmark", "single-run", "float32", "float64", [4, 16], metrics, {"small": 2**-20, "atol_bm": 2**-30}, []
+        0,
+        "",
+        "pass",
+        "benchmark",
+        "single-run",
+        "float32",
+        "float64",
+        [4, 16],
+        metrics,
+        {"small": 2**-20, "atol_bm": 2**-30},
+        [],
     )
     direction = ("forward", "backward")[i % 2]
     return ResultRecord(
@@ -116,7 +126,11 @@ def entries(calls: int, failures: int) -> list[Entry]:
     made = []
     for i in range(failures):
         template = failing[i % len(failing)]
-        made.append(Entry(ResultRecord.from_dict({**template.to_dict(), "call": template.call.replace(".0.", f".{10_000 + i}.")})))
+        made.append(
+            Entry(
+                ResultRecord.from_dict({**template.to_dict(), "call": template.call.replace(".0.", f".{10_000 + i}.")})
+            )
+        )
     random = np.random.default_rng(0)
     made += [Entry(passing_record(i, random)) for i in range(calls - failures)]
     return made
@@ -126,7 +140,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--failures", type=int, default=200)
-    parser.add_argument("--processes", type=int, help="most rendering processes (default: plots.MAX_PROCESSES); 1: draw here")
+    parser.add_argument(
+        "--processes", type=int, help="most rendering processes (default: plots.MAX_PROCESSES); 1: draw here"
+    )
     args = parser.parse_args()
     from pytest_msprobe.results import plots
 
@@ -142,7 +158,9 @@ def main() -> None:
     from pytest_msprobe.results.elements import plot_data
 
     datas = [
-        plot_data(entry.record.outputs[sample["output"]], sample) for entry in made[: args.failures] for sample in entry.record.samples
+        plot_data(entry.record.outputs[sample["output"]], sample)
+        for entry in made[: args.failures]
+        for sample in entry.record.samples
     ]
     started = time.perf_counter()
     plots.render_all(datas)

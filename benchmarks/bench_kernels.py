@@ -33,7 +33,12 @@ from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.results.writer import Entry, RunFiles, kernel_metrics_row, kernel_rows, metrics_rows, read_journal
 
 MODELS = Path(__file__).parents[1] / "tests" / "dumps" / "models"
-DUMPS = ["transformer12_tensor_fp32", "transformer12_tensor_bf16", "transformer12_tensor_fp16", "transformer12_statistics_bf16"]
+DUMPS = [
+    "transformer12_tensor_fp32",
+    "transformer12_tensor_bf16",
+    "transformer12_tensor_fp16",
+    "transformer12_statistics_bf16",
+]
 REPEATS = 7
 SUMS = ("_n", "_signs", "_signs_sq", "_signs_elements", "_signs_sq_elements")
 
@@ -75,7 +80,11 @@ def measure(name: str, offline: bool, scratch: Path) -> dict[str, object]:
     shutil.copytree(MODELS / name, dump, dirs_exist_ok=True)
     out = scratch / f"out-{name}-{offline}"
     start = time.perf_counter()
-    subprocess.run(plugin_command(dump / "dump.json", out, *(("--msprobe-offline",) if offline else ())), capture_output=True, check=False)
+    subprocess.run(
+        plugin_command(dump / "dump.json", out, *(("--msprobe-offline",) if offline else ())),
+        capture_output=True,
+        check=False,
+    )
     wall = time.perf_counter() - start
     files = RunFiles.latest(out)
     assert files is not None, f"{name}: the run wrote no results"
@@ -85,7 +94,11 @@ def measure(name: str, offline: bool, scratch: Path) -> dict[str, object]:
     for record in records:
         pool.add(record)
     stripped = [without_sums(entry) for entry in entries]
-    pooled, with_sums, bare = best(lambda: pooling(records)), best(lambda: writing(entries)), best(lambda: writing(stripped))
+    pooled, with_sums, bare = (
+        best(lambda: pooling(records)),
+        best(lambda: writing(entries)),
+        best(lambda: writing(stripped)),
+    )
     return {
         "dump": name,
         "mode": "offline" if offline else "single",

@@ -1,4 +1,4 @@
-"""Time per call on a dump of LARGE calls, the CPU as the device: the plugin against
+r"""Time per call on a dump of LARGE calls, the CPU as the device: the plugin against
 msprobe's own runner (acc_check) on the same dump, same machine, same run.
 
     python benchmarks/bench_large_calls.py [--dump DIR/dump.json] [--repeat 3] [--workers 0 2]
@@ -8,7 +8,7 @@ The dump: one training step of a 2-block transformer with hidden size 1024, 16 h
 4096 and sequence 512 (tests/dumps/models/make_dumps.py's `transformer_large`), float32,
 tensor task: 62 dumped calls (31 APIs, forward and backward), ~0.9 GB, so it is not in
 git. Without --dump it is made (once) under /tmp/msprobe-large/ with the msprobe venv:
-    /work/probe-venv/bin/python tests/dumps/models/make_dumps.py transformer_large float32 \\
+    /work/probe-venv/bin/python tests/dumps/models/make_dumps.py transformer_large float32 \
         /tmp/msprobe-large/transformer_large_tensor_fp32
 
 Per round, interleaved so that every side sees the same machine load:
@@ -60,7 +60,13 @@ print("ACC_CHECK_SECONDS", time.perf_counter() - start)
 def make_dump(msprobe_python: str, dump: Path) -> None:
     print(f"making {dump.parent} (once; ~1 min)", flush=True)
     subprocess.run(
-        [msprobe_python, str(ROOT / "tests/dumps/models/make_dumps.py"), "transformer_large", "float32", str(dump.parent)],
+        [
+            msprobe_python,
+            str(ROOT / "tests/dumps/models/make_dumps.py"),
+            "transformer_large",
+            "float32",
+            str(dump.parent),
+        ],
         check=True,
         capture_output=True,
     )
@@ -74,7 +80,9 @@ def run_plugin(dump: Path, workers: int, out: Path) -> dict:
     result = subprocess.run(command, cwd=dump.parent, capture_output=True, text=True)
     wall = time.perf_counter() - start
     match = re.search(r"(\d+) run here in ([0-9.]+) s", result.stdout)
-    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", result.stdout.splitlines()[-1])}
+    counts = {
+        k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", result.stdout.splitlines()[-1])
+    }
     if match is None:
         raise RuntimeError(result.stdout[-3000:] + result.stderr[-3000:])
     return {"wall": wall, "tests": float(match.group(2)), "ran": int(match.group(1)), "counts": counts}

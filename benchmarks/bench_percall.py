@@ -195,7 +195,9 @@ def main() -> None:
                 phases[side].append(seconds)
     finally:
         if sides.get("before") is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(sides["before"])], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(sides["before"])], capture_output=True
+            )
     for side, values in phases.items():
         print(
             f"per call, -n 0 ({side}): {1000 * min(values) / calls:.2f} ms  (test phase {min(values):.3f} s for {calls} "
@@ -203,7 +205,9 @@ def main() -> None:
         )
     print(f"pytest's empty test, torch imported: {floor_ms(work, calls, args.repeats):.2f} ms")
     print("one call's parts, in-process (CPU time per call, this tree):")
-    subprocess.run([sys.executable, "-c", PARTS, str(dump), str(args.repeats), "offline" if args.offline else "single"], check=True)
+    subprocess.run(
+        [sys.executable, "-c", PARTS, str(dump), str(args.repeats), "offline" if args.offline else "single"], check=True
+    )
     print(f"load average after {load()}")
 
 

@@ -36,7 +36,17 @@ def record(i: int) -> ResultRecord:
         "rel_err_ten_thousandth": 0.9999,
     }
     output = OutputResult(
-        0, "", "pass", "benchmark", "single-run", "float32", "float64", [4, 16], metrics, {"small": 2**-20, "atol_bm": 2**-30}, []
+        0,
+        "",
+        "pass",
+        "benchmark",
+        "single-run",
+        "float32",
+        "float64",
+        [4, 16],
+        metrics,
+        {"small": 2**-20, "atol_bm": 2**-30},
+        [],
     )
     return ResultRecord(
         "/data/dump.json",

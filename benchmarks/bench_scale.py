@@ -52,7 +52,9 @@ def pytest_run(work: Path, *args: str) -> tuple[float, list[dict[str, Any]], sub
     wall = time.perf_counter() - started
     lines = [json.loads(line) for line in probe.read_text().splitlines()] if probe.exists() else []
     if done.returncode not in (0, 1, 5):
-        raise SystemExit(f"pytest {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"pytest {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
     return wall, lines, done
 
 
@@ -139,7 +141,9 @@ def bench_overhead(work: Path, calls: int, repeats: int) -> dict[str, Any]:
         make_dump(dump.parent, calls, mix="tiny")
     floor_tests = work / "floor" / "test_floor.py"  # pytest's own cost of a test that does nothing
     floor_tests.parent.mkdir(exist_ok=True)
-    floor_tests.write_text(f"import pytest\n\n@pytest.mark.parametrize('i', range({calls}))\ndef test_nothing(i):\n    pass\n")
+    floor_tests.write_text(
+        f"import pytest\n\n@pytest.mark.parametrize('i', range({calls}))\ndef test_nothing(i):\n    pass\n"
+    )
 
     def per_call_ms(*args: str) -> float:
         runs = [pytest_run(work, *args)[1][0] for _ in range(repeats)]
@@ -148,7 +152,9 @@ def bench_overhead(work: Path, calls: int, repeats: int) -> dict[str, Any]:
     return {
         "calls": calls,
         "per_call_ms": per_call_ms(f"--msprobe-dump={dump}", "--msprobe-out=out-overhead"),
-        "per_call_ms_no_logging_plugin": per_call_ms(f"--msprobe-dump={dump}", "--msprobe-out=out-overhead", "-p", "no:logging"),
+        "per_call_ms_no_logging_plugin": per_call_ms(
+            f"--msprobe-dump={dump}", "--msprobe-out=out-overhead", "-p", "no:logging"
+        ),
         "pytest_empty_test_ms": per_call_ms(str(floor_tests), "-p", "no:msprobe"),
     }
 

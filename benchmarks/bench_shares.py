@@ -36,7 +36,9 @@ from pytest_msprobe.standards import Registry  # noqa: E402
 def measured(dump: Path) -> list[str]:
     """One line per summed input gradient with an allowance."""
     index = read_index(dump)
-    settings = call_module.Settings(backend=Backend(), device_index=0, max_elements=1 << 30, registry=Registry.default(), offline=True)
+    settings = call_module.Settings(
+        backend=Backend(), device_index=0, max_elements=1 << 30, registry=Registry.default(), offline=True
+    )
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     original = shares.beyond
 
@@ -56,10 +58,14 @@ def measured(dump: Path) -> list[str]:
                 replayed = call_module.replay_call(index, name, settings)
             except (CallSkip, CallError):
                 continue
-            notes = [origin for origin in getattr(replayed.device.evidence, "origins", []) if "rounding allowance" in origin]
+            notes = [
+                origin for origin in getattr(replayed.device.evidence, "origins", []) if "rounding allowance" in origin
+            ]
             for number in range(0, len(seen) - 1, 2):
                 (device, bench, allowance), (reference, _, _) = seen[number], seen[number + 1]
-                lines.append(f"{dump.parent.name} {name}: {_line(device, reference, bench, allowance)}; {_readers(notes, number // 2)}")
+                lines.append(
+                    f"{dump.parent.name} {name}: {_line(device, reference, bench, allowance)}; {_readers(notes, number // 2)}"
+                )
     finally:
         shares.beyond = original
     return lines

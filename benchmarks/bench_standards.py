@@ -118,7 +118,7 @@ def _alone(reg: Registry, name: str, api: str, bench: torch.Tensor, device: torc
     return reg.standards[name](pair, reg.thresholds_for(api, leaf.device_dtype), None)
 
 
-def _alone_ref(reg: Registry, name: str, api: str, bench, device, reference):
+def _alone_ref(reg: Registry, name: str, api: str, bench, device, reference):  # noqa: PLR0913  a benchmark's timing step, its arguments the table's columns
     """The standard by itself with a reference: a baseline's metrics or an output."""
     leaf = next(pair_leaves(bench, device))
     pair = _make_pair(leaf, dtype_info(leaf.device_dtype))
@@ -143,7 +143,7 @@ def _plain_check(reg: Registry, bench, device, api, reference):
 REF_STANDARDS = ("benchmark", "ulp")
 
 
-def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:
+def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:  # noqa: PLR0913  a benchmark's table over the tensors main made once
     """Benchmark and ulp with (a) a baseline's metrics, (b) a reference output."""
     refs = {}
     for name in REF_STANDARDS:
@@ -170,8 +170,12 @@ def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:
                         )
                     )
                 )
-                times[name][f"{k} full"].append(_timed(lambda api=api, r=r: reg.check(bench_t, device_t, api=api, reference=r)))
-                times[name][f"{k} plain"].append(_timed(lambda api=api, r=r: _plain_check(reg, bench_t, device_t, api, r)))
+                times[name][f"{k} full"].append(
+                    _timed(lambda api=api, r=r: reg.check(bench_t, device_t, api=api, reference=r))
+                )
+                times[name][f"{k} plain"].append(
+                    _timed(lambda api=api, r=r: _plain_check(reg, bench_t, device_t, api, r))
+                )
             if theirs is not None:
                 times[name]["msprobe"].append(theirs(name))
     load_after = os.getloadavg()
@@ -233,20 +237,30 @@ def _first_touch(args, bp: str, dp: str, with_msprobe: bool) -> dict:
     for _ in range(args.first_repeat):
         for name in APIS:
             res = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--first-child", name, bp, dp], capture_output=True, text=True, check=True
+                [sys.executable, os.path.abspath(__file__), "--first-child", name, bp, dp],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             out[name]["ours"].append(json.loads(res.stdout.strip().splitlines()[-1])[name])
             if with_msprobe:
-                res = subprocess.run([args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp, name], capture_output=True, text=True, check=True)
+                res = subprocess.run(
+                    [args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp, name],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 out[name]["msprobe"].append(json.loads(res.stdout.strip().splitlines()[-1])[name])
     return out
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901, PLR0915  a benchmark script's main: one timed table per option, read top-down
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2**24)
     ap.add_argument("--repeat", type=int, default=5, help="steady state: timed rounds")
-    ap.add_argument("--warmup", type=int, default=3, help="steady state: untimed calls of every standard on each side first")
+    ap.add_argument(
+        "--warmup", type=int, default=3, help="steady state: untimed calls of every standard on each side first"
+    )
     ap.add_argument("--first-repeat", type=int, default=3, help="first touch: fresh processes per standard per side")
     ap.add_argument("--no-first", action="store_true", help="skip the first-touch table")
     ap.add_argument("--msprobe-python", default=os.environ.get("MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
@@ -279,7 +293,10 @@ def main() -> None:
         proc = None
         if have_msprobe:
             proc = subprocess.Popen(
-                [args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+                [args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             if proc.stdout.readline().strip() != "ready":
                 print("msprobe start failed: msprobe timings skipped")
@@ -307,7 +324,11 @@ def main() -> None:
             for name, api in APIS.items():
                 assert reg.standard_for(api, torch.float32) == name
                 times[name]["alone"].append(
-                    _timed(lambda name=name, api=api: statuses.__setitem__(name, _alone(reg, name, api, bench_t, device_t).status))
+                    _timed(
+                        lambda name=name, api=api: statuses.__setitem__(
+                            name, _alone(reg, name, api, bench_t, device_t).status
+                        )
+                    )
                 )
                 times[name]["full"].append(_timed(lambda api=api: reg.check(bench_t, device_t, api=api)))
                 if proc is not None:
@@ -323,7 +344,9 @@ def main() -> None:
         return
     tiny = _tiny_cost(reg)
     fmt = lambda xs, p=2: ", ".join(f"{x:.{p}f}" for x in xs)
-    print(f"n = {args.n} float32 elements vs float64 bench, {os.cpu_count()} CPUs, torch {torch.__version__}, numpy {np.__version__}")
+    print(
+        f"n = {args.n} float32 elements vs float64 bench, {os.cpu_count()} CPUs, torch {torch.__version__}, numpy {np.__version__}"
+    )
     if first is not None:
         print(
             f"\nFIRST TOUCH: the first call in a fresh process, best of {args.first_repeat} "
@@ -332,22 +355,36 @@ def main() -> None:
         print(f"{'standard':20s} {'ours alone (s)':>15s} {'msprobe (s)':>12s} {'alone x':>8s}   all ours / all msprobe")
         for name in APIS:
             o, m = min(first[name]["ours"]), (min(first[name]["msprobe"]) if first[name]["msprobe"] else float("nan"))
-            print(f"{name:20s} {o:15.4f} {m:12.4f} {m / o:7.1f}x   {fmt(first[name]['ours'], 4)} / {fmt(first[name]['msprobe'], 3)}")
-    print(f"\nSTEADY STATE: {args.warmup} untimed calls of every standard on each side, then best of {args.repeat} (interleaved)")
+            print(
+                f"{name:20s} {o:15.4f} {m:12.4f} {m / o:7.1f}x   {fmt(first[name]['ours'], 4)} / {fmt(first[name]['msprobe'], 3)}"
+            )
+    print(
+        f"\nSTEADY STATE: {args.warmup} untimed calls of every standard on each side, then best of {args.repeat} (interleaved)"
+    )
     print(f"load average (1/5/15 min) before {fmt(load_before)}; after {fmt(load_after)}")
-    print(f"{'standard':20s} {'verdict':>7s} {'alone (s)':>10s} {'full (s)':>9s} {'msprobe (s)':>12s} {'alone x':>8s} {'full x':>7s}")
+    print(
+        f"{'standard':20s} {'verdict':>7s} {'alone (s)':>10s} {'full (s)':>9s} {'msprobe (s)':>12s} {'alone x':>8s} {'full x':>7s}"
+    )
     ok = True
     for name in APIS:
         t = {k: min(v) if v else float("nan") for k, v in times[name].items()}
         if times[name]["msprobe"]:
             fa, ff = t["msprobe"] / t["alone"], t["msprobe"] / t["full"]
             ok &= fa >= 5
-            print(f"{name:20s} {statuses[name]:>7s} {t['alone']:10.4f} {t['full']:9.4f} {t['msprobe']:12.4f} {fa:7.1f}x {ff:6.1f}x")
+            print(
+                f"{name:20s} {statuses[name]:>7s} {t['alone']:10.4f} {t['full']:9.4f} {t['msprobe']:12.4f} {fa:7.1f}x {ff:6.1f}x"
+            )
         else:
             print(f"{name:20s} {statuses[name]:>7s} {t['alone']:10.4f} {t['full']:9.4f} {'-':>12s} {'-':>8s} {'-':>7s}")
     if any(times[name]["msprobe"] for name in APIS):
-        print("target (steady state, standard alone >= 5x faster than msprobe on every standard):", "met" if ok else "NOT met")
-    print("tiny output (3 elements), check() per call: " + ", ".join(f"{name} {sec * 1e6:.0f} us" for name, sec in tiny.items()))
+        print(
+            "target (steady state, standard alone >= 5x faster than msprobe on every standard):",
+            "met" if ok else "NOT met",
+        )
+    print(
+        "tiny output (3 elements), check() per call: "
+        + ", ".join(f"{name} {sec * 1e6:.0f} us" for name, sec in tiny.items())
+    )
 
 
 if __name__ == "__main__":

@@ -59,7 +59,9 @@ def wall(command: list[str], cwd: Path, env: dict[str, str]) -> float:
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
     return seconds
 
 
@@ -108,7 +110,9 @@ def main() -> None:
             times[name].append(wall(command, work, env))
     best = {name: min(values) for name, values in times.items()}
     floor = best["import torch"] + best["bare pytest"]
-    print(f"load average before {before}, after {load()}; a pure-Python loop took {loop:.2f} s; best of {args.repeats} (all runs, s):")
+    print(
+        f"load average before {before}, after {load()}; a pure-Python loop took {loop:.2f} s; best of {args.repeats} (all runs, s):"
+    )
     for name, values in times.items():
         print(f"  {name:14s} {best[name]:6.2f}   ({', '.join(f'{value:.2f}' for value in values)})")
     print(f"  {'floor':14s} {floor:6.2f}   (import torch + bare pytest)")

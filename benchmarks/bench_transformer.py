@@ -67,7 +67,11 @@ def the_dump(args: argparse.Namespace) -> tuple[Path, str]:
     if (made / "dump.json").exists():
         return made / "dump.json", "made with the shared maker (benchmarks/make_transformer_dump.py)"
     if args.msprobe_python.exists():
-        done = subprocess.run([str(args.msprobe_python), str(HERE / "make_transformer_dump.py"), str(made)], capture_output=True, text=True)
+        done = subprocess.run(
+            [str(args.msprobe_python), str(HERE / "make_transformer_dump.py"), str(made)],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode == 0 and (made / "dump.json").exists():
             return made / "dump.json", "made with the shared maker (benchmarks/make_transformer_dump.py)"
         print(f"the shared maker failed ({done.returncode}): {done.stderr[-500:]}; the shipped dump is used")
@@ -108,7 +112,7 @@ def normalized(folder: Path) -> dict[str, Any]:
     return found
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901  a benchmark script's main: options, then the interleaved runs, read top-down
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dump", type=Path, help="dump.json, or a folder of them (ranks: ours only)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of ours, each way")
@@ -138,7 +142,10 @@ def main() -> None:
         f"--msprobe-dump={dump}",
         "--msprobe-device=cpu",
     ]
-    runs = {"-n 0": [*ours, f"--msprobe-out={args.work / 'out-n0'}"], "-n 2": [*ours, f"--msprobe-out={args.work / 'out-n2'}", "-n", "2"]}
+    runs = {
+        "-n 0": [*ours, f"--msprobe-out={args.work / 'out-n0'}"],
+        "-n 2": [*ours, f"--msprobe-out={args.work / 'out-n2'}", "-n", "2"],
+    }
     msprobe = [str(args.msprobe_python), str(HERE / "msprobe_acc_check_cpu.py"), "-api_info", str(dump)]
     times: dict[str, list[float]] = {name: [] for name in runs}
     times["msprobe"], inside = [], []
@@ -148,7 +155,9 @@ def main() -> None:
             for name, command in runs.items():
                 seconds, done = timed(command, root, env)
                 if done.returncode not in (0, 1):
-                    raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+                    raise SystemExit(
+                        f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                    )
                 times[name].append(seconds)
         if repeat < args.msprobe_repeats and args.msprobe_python.exists() and not dump.is_dir():
             out = args.work / f"out-msprobe-{repeat}"
@@ -157,7 +166,9 @@ def main() -> None:
             if done.returncode != 0:
                 raise SystemExit(f"msprobe failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
             times["msprobe"].append(seconds)
-            inside.extend(float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("msprobe-seconds"))
+            inside.extend(
+                float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("msprobe-seconds")
+            )
     print(f"dump: {dump} ({calls} calls, {origin})")
     print(f"load average before {before}, after {load()}; machine before: {scaling_before}; after: {cpu_scaling()}")
     print("wall time of each process, best of its runs (all runs), s:")

@@ -57,7 +57,9 @@ print(json.dumps(out))
 def worktree(rev: str) -> Path:
     """REV in a worktree, its standards and bench_functions reachable as installed."""
     folder = Path(tempfile.mkdtemp(prefix="msprobe-before-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), rev], check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), rev], check=True, capture_output=True
+    )
     for package in ("standards", "bench_functions"):
         (folder / "pytest_msprobe" / package).symlink_to(folder / package)
     return folder

@@ -87,7 +87,9 @@ class Kind:
 JOURNAL = Kind("msprobe_records_*.jsonl", _jsonl_rows, _fields("dump", "call"), _fields("call"))
 KINDS = (
     JOURNAL,
-    Kind("accuracy_checking_metrics_*.jsonl", _jsonl_rows, _fields("dump", "call", "direction", "name"), _fields("call")),
+    Kind(
+        "accuracy_checking_metrics_*.jsonl", _jsonl_rows, _fields("dump", "call", "direction", "name"), _fields("call")
+    ),
     Kind("accuracy_checking_result_*.csv", _csv_rows, _first_column, _first_column),
     Kind("accuracy_checking_details_*.csv", _csv_rows, _first_column, _first_column),
     Kind("accuracy_checking_kernels_*.csv", _csv_rows, _first_column, _first_column),
@@ -149,7 +151,9 @@ def field_changes(before: Json, after: Json, where: str = "") -> Iterator[str]:
     """`field: before -> after` for every leaf that differs (nested fields dotted)."""
     if isinstance(before, dict) and isinstance(after, dict):
         for key in [*before, *(key for key in after if key not in before)]:
-            yield from field_changes(before.get(key, "<absent>"), after.get(key, "<absent>"), f"{where}.{key}" if where else key)
+            yield from field_changes(
+                before.get(key, "<absent>"), after.get(key, "<absent>"), f"{where}.{key}" if where else key
+            )
     elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
         for index, (one, other) in enumerate(zip(before, after, strict=True)):
             yield from field_changes(one, other, f"{where}[{index}]")
@@ -171,8 +175,14 @@ def random_apis(journal: list[Row]) -> set[str]:
 
     def drew(row: Row) -> bool:
         outputs = row.get("outputs")
-        findings = [output.get("findings") for output in outputs if isinstance(output, dict)] if isinstance(outputs, list) else []
-        return row.get("reference") == "single-run" and any(isinstance(found, dict) and "dropped" in found for found in findings)
+        findings = (
+            [output.get("findings") for output in outputs if isinstance(output, dict)]
+            if isinstance(outputs, list)
+            else []
+        )
+        return row.get("reference") == "single-run" and any(
+            isinstance(found, dict) and "dropped" in found for found in findings
+        )
 
     return {api(str(row.get("call", ""))) for row in journal if drew(row)}
 
@@ -204,9 +214,7 @@ def _row_changes(before: list[Row], after: list[Row]) -> str:
     came = [json.loads(text) for text in texts[1] if text not in texts[0]]
     if len(gone) == len(came):
         return " | ".join("; ".join(field_changes(one, other)) for one, other in zip(gone, came, strict=True))
-    return (
-        f"{len(before)} rows -> {len(after)}; only before: {[_text(r)[:200] for r in gone]}; only after: {[_text(r)[:200] for r in came]}"
-    )
+    return f"{len(before)} rows -> {len(after)}; only before: {[_text(r)[:200] for r in gone]}; only after: {[_text(r)[:200] for r in came]}"
 
 
 @dataclass(frozen=True)
@@ -219,14 +227,21 @@ class Comparison:
     differences: list[Difference]
 
 
-def compare_file(name: str, kind: Kind, paths: tuple[Path, Path], roots: tuple[Path, Path], random: set[str]) -> Comparison:
+def compare_file(
+    name: str, kind: Kind, paths: tuple[Path, Path], roots: tuple[Path, Path], random: set[str]
+) -> Comparison:
     """One file against its twin: its tests, and each that differs."""
     old, new = (_by_test(kind, path, root, random) for path, root in zip(paths, roots, strict=True))
     tests = [*old, *(test for test in new if test not in old)]
-    differing = [test for test in tests if sorted(map(_text, old.get(test, []))) != sorted(map(_text, new.get(test, [])))]
+    differing = [
+        test for test in tests if sorted(map(_text, old.get(test, []))) != sorted(map(_text, new.get(test, [])))
+    ]
     drawn = sum(api(kind.name((old.get(test) or new[test])[0])) in random for test in tests)
     return Comparison(
-        1, len(tests), drawn, [Difference(name, test, _row_changes(old.get(test, []), new.get(test, []))) for test in differing]
+        1,
+        len(tests),
+        drawn,
+        [Difference(name, test, _row_changes(old.get(test, []), new.get(test, []))) for test in differing],
     )
 
 
@@ -262,7 +277,9 @@ def compare(before: Path, after: Path) -> Comparison:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=(__doc__ or "").split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("before", type=Path, help="a folder of harness outputs (searched recursively)")
     parser.add_argument("after", type=Path, help="the folder to compare with it")

@@ -47,8 +47,12 @@ def _read(path: str) -> object:
 def settings(_: Path) -> None:
     for path in SETTINGS:
         print(f"  torch.backends.{path} = {_read(path)}")
-    print(f"  float32_matmul_precision {torch.get_float32_matmul_precision()}, cpu capability {BACKENDS.cpu.get_cpu_capability()}")
-    print(f"  device {torch.cuda.get_device_name()} capability {torch.cuda.get_device_capability()}, torch {torch.__version__}")
+    print(
+        f"  float32_matmul_precision {torch.get_float32_matmul_precision()}, cpu capability {BACKENDS.cpu.get_cpu_capability()}"
+    )
+    print(
+        f"  device {torch.cuda.get_device_name()} capability {torch.cuda.get_device_capability()}, torch {torch.__version__}"
+    )
 
 
 def tf32_linear(_: Path) -> None:
@@ -136,7 +140,9 @@ MEASUREMENTS: list[Callable[[Path], None]] = [settings, tf32_linear, rnn, batch_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dump-dir", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "dumps" / "models")
+    parser.add_argument(
+        "--dump-dir", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "dumps" / "models"
+    )
     options = parser.parse_args()
     for measure in MEASUREMENTS:
         print(f"{measure.__name__}:")

@@ -76,7 +76,9 @@ def gelu_tail() -> None:
     print(f"  0.5 x erfc(-x / sqrt 2)  {_worst_relative(erfc_form, exact):.3g}")
     for value in (-4.5, -5.0, -5.8, -6.0):
         point = torch.tensor([value])
-        print(f"    x = {value}: torch {float(F.gelu(point)):.6g}, exact {float(0.5 * value * math.erfc(-value / math.sqrt(2))):.6g}")
+        print(
+            f"    x = {value}: torch {float(F.gelu(point)):.6g}, exact {float(0.5 * value * math.erfc(-value / math.sqrt(2))):.6g}"
+        )
 
 
 def gelu_tail_gradient() -> None:
@@ -84,7 +86,9 @@ def gelu_tail_gradient() -> None:
     kernel = x.clone().requires_grad_()
     F.gelu(kernel).backward(torch.ones_like(x))
     assert kernel.grad is not None
-    exact = 0.5 * torch.special.erfc(-x.double() / math.sqrt(2)) + x.double() * torch.exp(-x.double().square() / 2) / math.sqrt(2 * math.pi)
+    exact = 0.5 * torch.special.erfc(-x.double() / math.sqrt(2)) + x.double() * torch.exp(
+        -x.double().square() / 2
+    ) / math.sqrt(2 * math.pi)
     formula = 0.5 * torch.special.erfc(-x / math.sqrt(2)) + x * torch.exp(-x * x / 2) / math.sqrt(2 * math.pi)
     print("gelu gradient, float32, x in [-10, -4]: worst relative error against float64")
     print(f"  torch                                      {_worst_relative(kernel.grad, exact):.3g}")
@@ -112,7 +116,9 @@ def layer_norm_scale() -> None:
         F.layer_norm(kernel, [32], eps=1e-5).backward(g)
         scale = exact.abs().amax(-1, keepdim=True) * torch.finfo(torch.float32).eps
         ulps = lambda found, exact=exact, scale=scale: float(((found.double() - exact).abs() / scale).max())  # noqa: E731
-        print(f"  |x| ~ 2**{exponent:<2}: torch {ulps(kernel.grad):10.1f}   without rstd**3 {ulps(_layer_norm_input_grad(x, g)):6.1f}")
+        print(
+            f"  |x| ~ 2**{exponent:<2}: torch {ulps(kernel.grad):10.1f}   without rstd**3 {ulps(_layer_norm_input_grad(x, g)):6.1f}"
+        )
     # the same kernel reached by a large weight instead (exploration's weights near the largest value)
     generator = torch.Generator().manual_seed(1)
     x, g, weight = (
@@ -268,7 +274,12 @@ def softplus_gradient() -> None:
     F.softplus(kernel).backward(g)
     assert kernel.grad is not None
     exact = g.double() * torch.sigmoid(x.double())
-    _compare("softplus gradient, float32, incoming gradient 6.5e37 (formula: g * sigmoid(x))", kernel.grad, g * torch.sigmoid(x), exact)
+    _compare(
+        "softplus gradient, float32, incoming gradient 6.5e37 (formula: g * sigmoid(x))",
+        kernel.grad,
+        g * torch.sigmoid(x),
+        exact,
+    )
 
 
 def gelu_tanh_gradient() -> None:
@@ -283,7 +294,12 @@ def gelu_tanh_gradient() -> None:
     c = x.clamp(-10, 10)
     t = torch.tanh(beta * (c + kappa * c**3))
     formula = 0.5 * (1 + t) + 0.5 * c * (1 - t * t) * beta * (1 + 3 * kappa * c * c)
-    _compare("gelu(tanh) gradient, float32, |x| up to 8.5e37 (formula: x clamped to [-10, 10])", kernel.grad, formula, wide.grad)
+    _compare(
+        "gelu(tanh) gradient, float32, |x| up to 8.5e37 (formula: x clamped to [-10, 10])",
+        kernel.grad,
+        formula,
+        wide.grad,
+    )
 
 
 def attention_flash() -> None:
@@ -303,7 +319,9 @@ def attention_flash() -> None:
 
     def key_gradient(dtype: torch.dtype, math: bool) -> torch.Tensor:
         q_, k_, v_ = (t.to(dtype).clone().requires_grad_() for t in (query, k, value))
-        (math_kernel(q_, k_, v_)[0] if math else F.scaled_dot_product_attention(q_, k_, v_)).backward(grad.to(dtype) * 0.003)
+        (math_kernel(q_, k_, v_)[0] if math else F.scaled_dot_product_attention(q_, k_, v_)).backward(
+            grad.to(dtype) * 0.003
+        )
         assert k_.grad is not None
         return k_.grad
 
@@ -315,10 +333,16 @@ def attention_flash() -> None:
     )
 
 
-def _attention_gradients(tensors: tuple[torch.Tensor, ...], g: torch.Tensor, precision: torch.dtype, math: bool) -> list[torch.Tensor]:
+def _attention_gradients(
+    tensors: tuple[torch.Tensor, ...], g: torch.Tensor, precision: torch.dtype, math: bool
+) -> list[torch.Tensor]:
     """sdpa's query, key and value gradients in `precision`, by the flash or the math kernel."""
     leaves = [t.to(precision).clone().requires_grad_() for t in tensors]
-    output = torch.ops.aten._scaled_dot_product_attention_math(*leaves)[0] if math else F.scaled_dot_product_attention(*leaves)
+    output = (
+        torch.ops.aten._scaled_dot_product_attention_math(*leaves)[0]
+        if math
+        else F.scaled_dot_product_attention(*leaves)
+    )
     output.backward(g.to(precision))
     return [t.grad for t in leaves if t.grad is not None]
 
@@ -389,8 +413,14 @@ def one_minus_cos() -> None:
     generator = torch.Generator().manual_seed(0)
     x1 = torch.randn(64, 16, generator=generator, dtype=torch.float64)
     noise = torch.randn(64, 16, generator=generator, dtype=torch.float64)
-    for dtype, steps in ((torch.float32, (4, 8, 11, 14, 20)), (torch.float16, (1, 3, 5, 8)), (torch.bfloat16, (1, 3, 5))):
-        print(f"cosine_embedding_loss (y = 1), {str(dtype).removeprefix('torch.')}: worst relative error against float64")
+    for dtype, steps in (
+        (torch.float32, (4, 8, 11, 14, 20)),
+        (torch.float16, (1, 3, 5, 8)),
+        (torch.bfloat16, (1, 3, 5)),
+    ):
+        print(
+            f"cosine_embedding_loss (y = 1), {str(dtype).removeprefix('torch.')}: worst relative error against float64"
+        )
         for k in steps:
             a, b = x1.to(dtype), (x1 + noise * 2.0**-k).to(dtype)
             exact = F.cosine_embedding_loss(a.double(), b.double(), torch.ones(64), reduction="none")

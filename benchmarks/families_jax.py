@@ -107,12 +107,16 @@ def amax(input: Array, dim: Any = (), keepdim: bool = False) -> Array:  # noqa: 
     return jnp.max(input, axis=_axes(dim, input.ndim), keepdims=keepdim)
 
 
-def var(input: Array, dim: Any = None, unbiased: bool = True, keepdim: bool = False, *, correction: Any = None) -> Array:  # noqa: A002
+def var(
+    input: Array, dim: Any = None, unbiased: bool = True, keepdim: bool = False, *, correction: Any = None
+) -> Array:  # noqa: A002
     ddof = (1 if unbiased else 0) if correction is None else correction
     return jnp.var(input, axis=_axes(dim, input.ndim), ddof=ddof, keepdims=keepdim)
 
 
-def std(input: Array, dim: Any = None, unbiased: bool = True, keepdim: bool = False, *, correction: Any = None) -> Array:  # noqa: A002
+def std(
+    input: Array, dim: Any = None, unbiased: bool = True, keepdim: bool = False, *, correction: Any = None
+) -> Array:  # noqa: A002
     return jnp.sqrt(var(input, dim, unbiased, keepdim, correction=correction))
 
 
@@ -149,7 +153,9 @@ def _affine(y: Array, weight: Array | None, bias: Array | None, shape: tuple[int
     return y
 
 
-def layer_norm(input: Array, normalized_shape: Sequence[int], weight: Array = None, bias: Array = None, eps: float = 1e-5) -> Array:  # noqa: A002
+def layer_norm(
+    input: Array, normalized_shape: Sequence[int], weight: Array = None, bias: Array = None, eps: float = 1e-5
+) -> Array:  # noqa: A002
     axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
     centred = input - jnp.mean(input, axis=axes, keepdims=True)
     y = centred * lax.rsqrt(jnp.mean(centred * centred, axis=axes, keepdims=True) + eps)
@@ -243,7 +249,13 @@ def _conv(spatial: int) -> Callable[..., Array]:
     letters = "HWD"[:spatial]
 
     def conv(
-        input: Array, weight: Array, bias: Array = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+        input: Array,
+        weight: Array,
+        bias: Array = None,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
     ) -> Array:  # noqa: A002
         if isinstance(padding, str):
             raise NotImplementedError(f"conv padding={padding!r}")
@@ -345,7 +357,13 @@ def pairwise_distance(x1: Array, x2: Array, p: float = 2.0, eps: float = 1e-6, k
 
 
 def cosine_embedding_loss(
-    input1: Array, input2: Array, target: Array, margin: float = 0.0, size_average: Any = None, reduce: Any = None, reduction: str = "mean"
+    input1: Array,
+    input2: Array,
+    target: Array,
+    margin: float = 0.0,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
 ) -> Array:
     tiny = 1e-12  # torch's EPSILON in cosine_embedding_loss
     dot = jnp.sum(input1 * input2, axis=-1)
@@ -469,7 +487,9 @@ def forward(api: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, ...
     return tuple(np.asarray(out) for out in outputs)
 
 
-def backward(api: str, args: list[Any], kwargs: dict[str, Any], wrt: list[tuple[str, Any]], cotangents: list[Any]) -> list[Any]:
+def backward(
+    api: str, args: list[Any], kwargs: dict[str, Any], wrt: list[tuple[str, Any]], cotangents: list[Any]
+) -> list[Any]:
     """The gradients of api's outputs, weighted by cotangents (numpy, one per output), with
     respect to the arguments wrt names (("args", i) or ("kwargs", key)), as numpy arrays."""
     import numpy as np

@@ -39,7 +39,9 @@ class Graph:
     def input(self, array: np.ndarray) -> str:
         name = self._name("in")
         array = np.asarray(array)
-        self.inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape))
+        self.inputs.append(
+            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
+        )
         self.feeds[name] = array
         return name
 
@@ -54,7 +56,9 @@ class Graph:
         return name
 
     def run(self, output: str) -> np.ndarray:
-        graph = helper.make_graph(self.nodes, "call", self.inputs, [helper.make_empty_tensor_value_info(output)], self.initializers)
+        graph = helper.make_graph(
+            self.nodes, "call", self.inputs, [helper.make_empty_tensor_value_info(output)], self.initializers
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
@@ -75,7 +79,11 @@ def node(op_type: str, **attributes: Any) -> Callable[..., np.ndarray]:
         return graph.run(
             graph.op(
                 op_type,
-                *(operand(graph, a) for a in args if isinstance(a, (np.ndarray, float, int)) and not isinstance(a, bool)),
+                *(
+                    operand(graph, a)
+                    for a in args
+                    if isinstance(a, (np.ndarray, float, int)) and not isinstance(a, bool)
+                ),
                 **attributes,
             )
         )
@@ -134,7 +142,9 @@ def softmax(op_type: str) -> Callable[..., np.ndarray]:
     return call
 
 
-def layer_norm(input: np.ndarray, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = 1e-5) -> np.ndarray:  # noqa: A002
+def layer_norm(
+    input: np.ndarray, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = 1e-5
+) -> np.ndarray:  # noqa: A002
     graph = Graph()
     shape = tuple(normalized_shape)
     scale = graph.input(weight) if weight is not None else graph.const(np.ones(shape))
@@ -159,7 +169,13 @@ def linear(input: np.ndarray, weight: np.ndarray, bias: Any = None) -> np.ndarra
 
 
 def conv(
-    input: np.ndarray, weight: np.ndarray, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+    input: np.ndarray,
+    weight: np.ndarray,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
 ) -> np.ndarray:  # noqa: A002
     spatial = input.ndim - 2
     if isinstance(padding, str):
@@ -170,11 +186,15 @@ def conv(
 
     graph = Graph()
     inputs = [graph.input(input), graph.input(weight)] + ([graph.input(bias)] if bias is not None else [])
-    return graph.run(graph.op("Conv", *inputs, strides=pair(stride), pads=pair(padding) * 2, dilations=pair(dilation), group=groups))
+    return graph.run(
+        graph.op("Conv", *inputs, strides=pair(stride), pads=pair(padding) * 2, dilations=pair(dilation), group=groups)
+    )
 
 
 def pool(op_type: str) -> Callable[..., np.ndarray]:
-    def call(input: np.ndarray, kernel_size: Any, stride: Any = None, padding: Any = 0, *rest: Any, **options: Any) -> np.ndarray:  # noqa: A002
+    def call(
+        input: np.ndarray, kernel_size: Any, stride: Any = None, padding: Any = 0, *rest: Any, **options: Any
+    ) -> np.ndarray:  # noqa: A002
         spatial = input.ndim - 2
 
         def pair(v: Any) -> list[int]:

@@ -43,7 +43,9 @@ def jax_function(api: str) -> Any:
             ctx.spec, ctx.tensors = spec, tensors
             outputs = families_jax.forward(api, raised(args), raised(kwargs))
             dtype = _float_dtype(list(tensors))
-            results = tuple(rounded(o, dtype if o.dtype.kind == "f" else torch.from_numpy(o[:0]).dtype) for o in outputs)
+            results = tuple(
+                rounded(o, dtype if o.dtype.kind == "f" else torch.from_numpy(o[:0]).dtype) for o in outputs
+            )
             ctx.dtypes = [r.dtype for r in results]
             return results if len(results) > 1 else results[0]
 
@@ -53,7 +55,9 @@ def jax_function(api: str) -> Any:
             args, kwargs = spec.rebuild(tensors)
             wanted = [i for i, t in enumerate(tensors) if t.dtype.is_floating_point and ctx.needs_input_grad[i + 1]]
             wrt = [spec.where[i] for i in wanted]
-            cotangents = [g if g is not None else torch.zeros((), dtype=d) for g, d in zip(grads, ctx.dtypes, strict=True)]
+            cotangents = [
+                g if g is not None else torch.zeros((), dtype=d) for g, d in zip(grads, ctx.dtypes, strict=True)
+            ]
             computed = families_jax.backward(api, raised(args), raised(kwargs), wrt, raised(cotangents))
             result: list[Any] = [None] * (len(tensors) + 1)
             for i, grad in zip(wanted, computed, strict=True):

@@ -157,7 +157,11 @@ class RunResult:
 
 def default_dumps() -> list[Path]:
     """Every tensor/statistics dump under tests/dumps/models/ but faults/, plus EXTRA_DUMPS."""
-    models = sorted(Path(p).parent for p in glob.glob(str(REPO / "tests/dumps/models/*/dump.json")) if Path(p).parent.name != "faults")
+    models = sorted(
+        Path(p).parent
+        for p in glob.glob(str(REPO / "tests/dumps/models/*/dump.json"))
+        if Path(p).parent.name != "faults"
+    )
     return models + [REPO / extra for extra in EXTRA_DUMPS]
 
 
@@ -271,8 +275,12 @@ class MakeSpec:
     def parse(cls, text: str) -> MakeSpec:
         parts = text.split(":")
         if len(parts) not in (3, 4, 5) or not all(parts) or (len(parts) == 5 and parts[4] not in ("L1", "mix")):
-            raise argparse.ArgumentTypeError(f"--make wants MODEL:DTYPE:CAP[:THREADS[:LEVEL]] (LEVEL L1 or mix), not {text!r}")
-        return cls(parts[0], parts[1], parts[2], int(parts[3]) if len(parts) >= 4 else 1, parts[4] if len(parts) == 5 else "L1")
+            raise argparse.ArgumentTypeError(
+                f"--make wants MODEL:DTYPE:CAP[:THREADS[:LEVEL]] (LEVEL L1 or mix), not {text!r}"
+            )
+        return cls(
+            parts[0], parts[1], parts[2], int(parts[3]) if len(parts) >= 4 else 1, parts[4] if len(parts) == 5 else "L1"
+        )
 
     @property
     def stem(self) -> str:
@@ -317,8 +325,9 @@ def differing_files(folder: Path, other: Path) -> str:
     outputs = [n for n in names if ".output." in n]
     _, diff, errors = filecmp.cmpfiles(folder / "dump_tensor_data", other / "dump_tensor_data", names, shallow=False)
     diff_outputs = sum(".output." in n for n in diff)
-    return f"{len(diff)}/{len(names)} tensor files ({diff_outputs}/{len(outputs)} outputs) differ bitwise from {other.name}" + (
-        f", {len(errors)} missing" if errors else ""
+    return (
+        f"{len(diff)}/{len(names)} tensor files ({diff_outputs}/{len(outputs)} outputs) differ bitwise from {other.name}"
+        + (f", {len(errors)} missing" if errors else "")
     )
 
 
@@ -339,7 +348,20 @@ def single_run_wanted(dump: Dump, policy: str, seen: set[tuple[str, str, str]]) 
 
 def summary_table(results: list[RunResult]) -> pd.DataFrame:
     """One row per (dump, mode, path)."""
-    columns = ["dump", "mode", "device", "reference", "rows", "judged", "errors", "warnings", "skips", "exit_status", "seconds", "note"]
+    columns = [
+        "dump",
+        "mode",
+        "device",
+        "reference",
+        "rows",
+        "judged",
+        "errors",
+        "warnings",
+        "skips",
+        "exit_status",
+        "seconds",
+        "note",
+    ]
     frame = pd.DataFrame([{c: getattr(r, c) for c in columns} for r in results])
     frame["seconds"] = frame["seconds"].round(1)
     return frame
@@ -368,7 +390,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "plus the torch and MindSpore dumps of EXTRA_DUMPS",
     )
     parser.add_argument(
-        "--caps", nargs="+", default=["default", "avx2", "avx512"], help="ATEN_CPU_CAPABILITY values (default: default avx2 avx512)"
+        "--caps",
+        nargs="+",
+        default=["default", "avx2", "avx512"],
+        help="ATEN_CPU_CAPABILITY values (default: default avx2 avx512)",
     )
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="OMP_NUM_THREADS values (default: 1 2)")
     parser.add_argument(
@@ -377,9 +402,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[""],
         help="ONEDNN_MAX_CPU_ISA caps, e.g. AVX512_CORE AVX2 ('' = no cap; default: no cap only)",
     )
-    parser.add_argument("--modes", nargs="+", choices=["single", "offline"], default=["single", "offline"], help="modes (default: both)")
     parser.add_argument(
-        "--scratch", type=Path, default=Path("/tmp/kd/runs"), help="where dump copies and outputs go (default /tmp/kd/runs)"
+        "--modes", nargs="+", choices=["single", "offline"], default=["single", "offline"], help="modes (default: both)"
+    )
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        default=Path("/tmp/kd/runs"),
+        help="where dump copies and outputs go (default /tmp/kd/runs)",
     )
     parser.add_argument(
         "--make",
@@ -393,10 +423,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "and judge it offline under every path (repeatable)",
     )
     parser.add_argument(
-        "--make-dump", action="append", default=[], metavar="CAP", help="short form: --make MAKE_MODEL:MAKE_DTYPE:CAP:1 (repeatable)"
+        "--make-dump",
+        action="append",
+        default=[],
+        metavar="CAP",
+        help="short form: --make MAKE_MODEL:MAKE_DTYPE:CAP:1 (repeatable)",
     )
     parser.add_argument(
-        "--maker-python", default="/tmp/kd/msvenv/bin/python", help="python with torch==2.13.0 and mindstudio-probe for --make"
+        "--maker-python",
+        default="/tmp/kd/msvenv/bin/python",
+        help="python with torch==2.13.0 and mindstudio-probe for --make",
     )
     parser.add_argument("--make-model", default="transformer12", help="MODEL of --make-dump (default transformer12)")
     parser.add_argument("--make-dtype", default="float32", help="DTYPE of --make-dump (default float32)")
@@ -425,7 +461,10 @@ def collect_dumps(args: argparse.Namespace) -> list[Dump]:
         first = first_made.setdefault((spec.stem, spec.dtype), made.folder)
         compared = differing_files(made.folder, first) if first != made.folder else "first made"
         reported = probe_path(KernelPath(spec.cap, spec.threads), args.maker_python, True)
-        print(f"made {made.name} in {seconds:.1f}s: {made.folder} (maker's torch reports {reported}; {compared})", flush=True)
+        print(
+            f"made {made.name} in {seconds:.1f}s: {made.folder} (maker's torch reports {reported}; {compared})",
+            flush=True,
+        )
         dumps.append(made)
     return dumps
 
@@ -457,9 +496,12 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - wall
     table = summary_table(results)
     events = pd.DataFrame(
-        [e for r in results for e in r.events], columns=["dump", "mode", "device", "reference", "call", "direction", "status", "message"]
+        [e for r in results for e in r.events],
+        columns=["dump", "mode", "device", "reference", "call", "direction", "status", "message"],
     )
-    with pd.option_context("display.max_rows", None, "display.width", 200, "display.max_columns", None, "display.max_colwidth", 60):
+    with pd.option_context(
+        "display.max_rows", None, "display.width", 200, "display.max_columns", None, "display.max_colwidth", 60
+    ):
         print(table.drop(columns=["note"]).to_string(index=False))
         print(f"\n{len(events)} errors/warnings")
     for event in events.itertuples(index=False):
@@ -467,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
             f"- [{event.status}] {event.dump} {event.mode} device={event.device} "
             f"reference={event.reference} {event.call} {event.direction}: {event.message}"
         )
-    print(f"\ntotal: {len(results)} runs, {table['errors'].sum()} errors, {table['warnings'].sum()} warnings, wall {wall:.1f}s")
+    print(
+        f"\ntotal: {len(results)} runs, {table['errors'].sum()} errors, {table['warnings'].sum()} warnings, wall {wall:.1f}s"
+    )
     if args.csv:
         table.to_csv(args.csv, index=False)
     if args.markdown:

@@ -35,7 +35,17 @@ def pooled_rows(out: Path) -> list[tuple[str, str, int, float, float, float, flo
             continue
         mean = sum(logs) / len(logs)
         spread = math.sqrt(sum((value - mean) ** 2 for value in logs) / (len(logs) - 1))
-        rows.append((Path(key.dump).parent.name, key.name, len(logs), math.exp(mean), spread, math.exp(max(logs)), math.exp(min(logs))))
+        rows.append(
+            (
+                Path(key.dump).parent.name,
+                key.name,
+                len(logs),
+                math.exp(mean),
+                spread,
+                math.exp(max(logs)),
+                math.exp(min(logs)),
+            )
+        )
     return rows
 
 
@@ -47,9 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [(out.name, *row) for out in args.outs for row in pooled_rows(out)]
     for dtype in sorted({row[2].rsplit(".", 3)[1] for row in rows}):
         chosen = [row for row in rows if row[2].rsplit(".", 3)[1] == dtype]
-        print(f"{dtype}: {len(chosen)} kernels, pooled {min(row[4] for row in chosen):.3f}-{max(row[4] for row in chosen):.3f}x")
-        for run, dump, name, calls, ratio, spread, largest, smallest in sorted(chosen, key=lambda row: -abs(math.log(row[4])))[: args.top]:
-            print(f"  {run} {dump} {name}: {calls} calls, {ratio:.3f}x (sd of log {spread:.3f}; calls {smallest:.2f}-{largest:.2f}x)")
+        print(
+            f"{dtype}: {len(chosen)} kernels, pooled {min(row[4] for row in chosen):.3f}-{max(row[4] for row in chosen):.3f}x"
+        )
+        for run, dump, name, calls, ratio, spread, largest, smallest in sorted(
+            chosen, key=lambda row: -abs(math.log(row[4]))
+        )[: args.top]:
+            print(
+                f"  {run} {dump} {name}: {calls} calls, {ratio:.3f}x (sd of log {spread:.3f}; calls {smallest:.2f}-{largest:.2f}x)"
+            )
     return 0
 
 

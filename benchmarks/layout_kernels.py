@@ -58,7 +58,12 @@ def cases(channels: int) -> dict[str, tuple[str, Callable[..., object], list[obj
         "avg_pool2d": ("Functional.avg_pool2d", F.avg_pool2d, [3, 2], {}),
         "adaptive_avg_pool2d": ("Functional.adaptive_avg_pool2d", F.adaptive_avg_pool2d, [1], {}),
         "max_pool2d": ("Functional.max_pool2d", F.max_pool2d, [3, 2], {}),
-        "interpolate bilinear": ("Functional.interpolate", F.interpolate, [], {"scale_factor": 2.0, "mode": "bilinear"}),
+        "interpolate bilinear": (
+            "Functional.interpolate",
+            F.interpolate,
+            [],
+            {"scale_factor": 2.0, "mode": "bilinear"},
+        ),
         "gelu": ("Functional.gelu", F.gelu, [], {}),
         "silu": ("Functional.silu", F.silu, [], {}),
         "hardswish": ("Functional.hardswish", F.hardswish, [], {}),
@@ -69,7 +74,9 @@ def cases(channels: int) -> dict[str, tuple[str, Callable[..., object], list[obj
     }
 
 
-def _run(function: Callable[..., object], x: object, extra: list[object], kwargs: dict[str, object], channels_last: bool) -> tuple:
+def _run(
+    function: Callable[..., object], x: object, extra: list[object], kwargs: dict[str, object], channels_last: bool
+) -> tuple:
     """(input, arguments, output, incoming gradient, gradients of the floating tensors)."""
     import torch
 
@@ -77,7 +84,9 @@ def _run(function: Callable[..., object], x: object, extra: list[object], kwargs
     cast = [a.to(dtype) if isinstance(a, torch.Tensor) else a for a in extra]
     laid = [x, *cast]
     if channels_last:
-        laid = [a.to(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in laid]
+        laid = [
+            a.to(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in laid
+        ]
     laid = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) else a for a in laid]
     y = function(*laid, **kwargs)
     upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -95,7 +104,9 @@ def measure(channels: list[int], dump_root: Path) -> dict[str, object]:
     for size in channels:
         for name, (api, function, extra, kwargs) in cases(size).items():
             for dtype_name in DTYPES:
-                x = torch.randn(4, size, 14, 14, generator=torch.Generator().manual_seed(2)).to(getattr(torch, dtype_name))
+                x = torch.randn(4, size, 14, 14, generator=torch.Generator().manual_seed(2)).to(
+                    getattr(torch, dtype_name)
+                )
                 args, contiguous, _, plain_grads = _run(function, x, extra, kwargs, False)
                 _, laid, upstream, laid_grads = _run(function, x, extra, kwargs, True)
                 forward = int((contiguous != laid).sum())
@@ -144,14 +155,18 @@ def main() -> None:
     for capability in args.capabilities:
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": "2"}
         command = [sys.executable, __file__, "--inner", "--channels", *map(str, args.channels)]
-        result = json.loads(subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+        result = json.loads(
+            subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+        )
         print(f"\n## ATEN_CPU_CAPABILITY={capability}, OMP_NUM_THREADS=2\n")
         print("| C | case | dtype | forward elements differing | backward (input gradient) elements differing |")
         print("| --- | --- | --- | --- | --- |")
         for size, name, dtype, forward, forward_n, backward, backward_n in result["rows"]:
             if forward or backward:
                 print(f"| {size} | {name} | {dtype} | {forward} / {forward_n} | {backward} / {backward_n} |")
-        print(f"\noffline on the dump written channels_last: {result['calls']} calls, {len(result['failed'])} judged error")
+        print(
+            f"\noffline on the dump written channels_last: {result['calls']} calls, {len(result['failed'])} judged error"
+        )
         for call in result["failed"]:
             print(f"- {call}")
 

@@ -1,4 +1,4 @@
-"""Library families as devices: are the verdicts true between two correct libraries?
+r"""Library families as devices: are the verdicts true between two correct libraries?
 
 Why
 ---
@@ -37,9 +37,9 @@ the measured biases of each family, per API and dtype).
 
 Example::
 
-    python benchmarks/library_families.py --families jax onnxruntime inductor \\
+    python benchmarks/library_families.py --families jax onnxruntime inductor \
         --markdown benchmarks/RESULTS-library-families.md
-    python benchmarks/library_families.py --families jax --only Functional.gelu Torch.tanh \\
+    python benchmarks/library_families.py --families jax --only Functional.gelu Torch.tanh \
         --write-dumps tests/dumps/families tests/dumps/models/apizoo_tensor_fp32
 """
 
@@ -110,7 +110,9 @@ class Family:
 def _jax_family() -> Family:
     import families_jax
 
-    return Family("jax", lambda: frozenset(families_jax.TABLE), families_jax.forward, families_jax.backward, raised=True)
+    return Family(
+        "jax", lambda: frozenset(families_jax.TABLE), families_jax.forward, families_jax.backward, raised=True
+    )
 
 
 def _onnx_family() -> Family:
@@ -179,7 +181,9 @@ def inductor_forward(api: str, args: list[Any], kwargs: dict[str, Any]) -> tuple
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
-def inductor_backward(api: str, args: list[Any], kwargs: dict[str, Any], wrt: list[tuple[str, Any]], cotangents: list[Any]) -> list[Any]:
+def inductor_backward(
+    api: str, args: list[Any], kwargs: dict[str, Any], wrt: list[tuple[str, Any]], cotangents: list[Any]
+) -> list[Any]:
     args, kwargs = list(args), dict(kwargs)
     leaves = []
     for where, key in wrt:
@@ -188,7 +192,9 @@ def inductor_backward(api: str, args: list[Any], kwargs: dict[str, Any], wrt: li
         leaves.append(holder[key])
     result = _compiled(api)(*args, **kwargs)
     outputs = list(result) if isinstance(result, (tuple, list)) else [result]
-    pairs = [(o, c) for o, c in zip(outputs, cotangents, strict=True) if isinstance(o, torch.Tensor) and o.requires_grad]
+    pairs = [
+        (o, c) for o, c in zip(outputs, cotangents, strict=True) if isinstance(o, torch.Tensor) and o.requires_grad
+    ]
     grads = torch.autograd.grad([o for o, _ in pairs], leaves, [c for _, c in pairs], allow_unused=True)
     return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves, strict=True)]
 
@@ -243,7 +249,9 @@ def grad_slots(forward: dict[str, Any], backward: dict[str, Any]) -> list[tuple[
     recorded = [(i, g) for i, g in enumerate(backward.get("output", [])) if g is not None]
     if not wanted or len(wanted) != len(recorded) or not all(is_tensor_record(g) for _, g in recorded):
         return None
-    if any(v["shape"] != g["shape"] or v["dtype"] != g["dtype"] for (_, v), (_, g) in zip(wanted, recorded, strict=True)):
+    if any(
+        v["shape"] != g["shape"] or v["dtype"] != g["dtype"] for (_, v), (_, g) in zip(wanted, recorded, strict=True)
+    ):
         return None
     return [(key, i) for (key, _), (i, _) in zip(wanted, recorded, strict=True)]
 
@@ -332,7 +340,9 @@ def torch_dtype_of(value: dict[str, Any]) -> torch.dtype:
     return torch_dtype(value["dtype"])
 
 
-def recompute_backward(family: Family, folder: Path, api: str, call: str, forward: dict[str, Any], record: dict[str, Any]) -> str:
+def recompute_backward(  # noqa: PLR0913  the family, the dump's folder and the call's records, each read
+    family: Family, folder: Path, api: str, call: str, forward: dict[str, Any], record: dict[str, Any]
+) -> str:
     """Recompute a backward call's input gradients in place; '' or why not."""
     if family.backward is None:
         return "the family does not differentiate"
@@ -350,8 +360,13 @@ def recompute_backward(family: Family, folder: Path, api: str, call: str, forwar
         return "incoming gradients for outputs the forward record lacks"
     cotangents = [cotangent(out, incoming[i] if i < len(incoming) else None) for i, out in enumerate(outputs)]
     wrt = [key for key, _ in slots]
-    grads = family.backward(api, family_inputs(family, args), family_inputs(family, kwargs), wrt, family_inputs(family, cotangents))
-    return write_all(folder, [(f"gradient {index}", record["output"][index], grad) for (_, index), grad in zip(slots, grads, strict=True)])
+    grads = family.backward(
+        api, family_inputs(family, args), family_inputs(family, kwargs), wrt, family_inputs(family, cotangents)
+    )
+    return write_all(
+        folder,
+        [(f"gradient {index}", record["output"][index], grad) for (_, index), grad in zip(slots, grads, strict=True)],
+    )
 
 
 def cotangent(output: Any, grad: Any) -> Any:
@@ -393,7 +408,9 @@ def recompute_dump(family: Family, source: Path, target: Path, only: frozenset[s
             else:
                 entry.reason = recompute_backward(family, target, api, call, data.get(f"{call}.forward", {}), record)
         except Exception as exc:  # a family that cannot compute the call: it keeps the dump's output
-            entry.reason = f"{family.name} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            entry.reason = (
+                f"{family.name} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            )
         entry.recomputed = entry.reason == ""
     (target / "dump.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
     return copy
@@ -433,9 +450,13 @@ def judge(copy: DumpCopy, label: str, mode: str, family: str) -> tuple[RunResult
     metrics file's rows come back too."""
     out = copy.folder.parent / f"{copy.folder.name}.out.{mode}"
     shutil.rmtree(out, ignore_errors=True)
-    result = RunResult(dump=label, mode=mode, device=family, reference="CPU in the dump's dtype" if mode == "offline" else "none")
+    result = RunResult(
+        dump=label, mode=mode, device=family, reference="CPU in the dump's dtype" if mode == "offline" else "none"
+    )
     started = time.perf_counter()
-    command = pytest_command(copy.folder / "dump.json", out, mode == "offline") + (SINGLE_RUN_PLUGIN[family] if mode == "single" else [])
+    command = pytest_command(copy.folder / "dump.json", out, mode == "offline") + (
+        SINGLE_RUN_PLUGIN[family] if mode == "single" else []
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks"), "MSPROBE_COMPILED": "device"}
     proc = subprocess.run(command, check=False, cwd=copy.folder.parent, capture_output=True, text=True, env=env)
     result.seconds = time.perf_counter() - started
@@ -534,15 +555,21 @@ def events_frame(results: list[tuple[RunResult, DumpCopy]]) -> pd.DataFrame:
                     "message": event["message"],
                 }
             )
-    return pd.DataFrame(rows, columns=["family", "dump", "mode", "call", "direction", "dtype", "outputs", "status", "message"])
+    return pd.DataFrame(
+        rows, columns=["family", "dump", "mode", "call", "direction", "dtype", "outputs", "status", "message"]
+    )
 
 
 def matrix_row(result: RunResult, copy: DumpCopy) -> dict[str, Any]:
     """One (family, dump, mode) row: directions recomputed and the verdicts."""
     forward = [e for e in copy.entries if e.direction == "forward"]
     backward = [e for e in copy.entries if e.direction == "backward"]
-    recomputed_errors = sum(1 for e in result.events if copy.recomputed(e["call"], e["direction"]) and e["status"] == "error")
-    recomputed_warnings = sum(1 for e in result.events if copy.recomputed(e["call"], e["direction"]) and e["status"] == "warning")
+    recomputed_errors = sum(
+        1 for e in result.events if copy.recomputed(e["call"], e["direction"]) and e["status"] == "error"
+    )
+    recomputed_warnings = sum(
+        1 for e in result.events if copy.recomputed(e["call"], e["direction"]) and e["status"] == "warning"
+    )
     return {
         "family": result.device,
         "dump": result.dump,
@@ -576,8 +603,25 @@ def not_recomputed(copies: list[tuple[str, DumpCopy]]) -> pd.DataFrame:
 def run_aten(dumps: list[Path], scratch: Path) -> pd.DataFrame:
     """kernel_diversity.py's offline matrix on the same dumps under ATen's paths."""
     table = scratch / "aten.csv"
-    command = [sys.executable, str(REPO / "benchmarks/kernel_diversity.py"), "--caps", "default", "avx2", "--threads", "1", "2"]
-    command += ["--modes", "offline", "--scratch", str(scratch / "aten"), "--csv", str(table), *(str(d.resolve()) for d in dumps)]
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks/kernel_diversity.py"),
+        "--caps",
+        "default",
+        "avx2",
+        "--threads",
+        "1",
+        "2",
+    ]
+    command += [
+        "--modes",
+        "offline",
+        "--scratch",
+        str(scratch / "aten"),
+        "--csv",
+        str(table),
+        *(str(d.resolve()) for d in dumps),
+    ]
     proc = subprocess.run(command, check=False, capture_output=True, text=True, cwd=REPO / "benchmarks")
     (scratch / "aten.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     return (
@@ -593,7 +637,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
-    parser.add_argument("dumps", nargs="*", type=Path, help="tensor dump folders; default: tests/dumps/models/*_tensor_* and examples/")
+    parser.add_argument(
+        "dumps", nargs="*", type=Path, help="tensor dump folders; default: tests/dumps/models/*_tensor_* and examples/"
+    )
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=["jax", "onnxruntime", "inductor"])
     parser.add_argument(
         "--modes",
@@ -603,12 +649,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="single: the copy's bench-side replay (no family as device)",
     )
     parser.add_argument("--only", nargs="+", default=[], help="recompute only these APIs (e.g. Functional.gelu)")
-    parser.add_argument("--scratch", type=Path, default=Path("/tmp/library_families"), help="where the copies and runs go")
-    parser.add_argument("--write-dumps", type=Path, help="keep the copies here (e.g. tests/dumps/families) and do not judge them")
-    parser.add_argument("--max-index", type=int, default=1 << 30, help="with --write-dumps: keep only calls whose index is below this")
-    parser.add_argument("--aten", action="store_true", help="also run kernel_diversity.py offline (ATen paths default/avx2 x 1/2 threads)")
+    parser.add_argument(
+        "--scratch", type=Path, default=Path("/tmp/library_families"), help="where the copies and runs go"
+    )
+    parser.add_argument(
+        "--write-dumps", type=Path, help="keep the copies here (e.g. tests/dumps/families) and do not judge them"
+    )
+    parser.add_argument(
+        "--max-index", type=int, default=1 << 30, help="with --write-dumps: keep only calls whose index is below this"
+    )
+    parser.add_argument(
+        "--aten",
+        action="store_true",
+        help="also run kernel_diversity.py offline (ATen paths default/avx2 x 1/2 threads)",
+    )
     parser.add_argument("--markdown", type=Path, help="write the matrix, events and bias table as markdown")
-    parser.add_argument("--csv-prefix", type=Path, help="write <prefix>matrix.csv, events.csv, biases.csv, bias_rows.csv")
+    parser.add_argument(
+        "--csv-prefix", type=Path, help="write <prefix>matrix.csv, events.csv, biases.csv, bias_rows.csv"
+    )
     return parser.parse_args(argv)
 
 
@@ -619,7 +677,7 @@ def dump_label(folder: Path) -> str:
         return str(folder)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901  a harness script's main: one branch per option, read top-down
     args = parse_args(argv)
     dumps = args.dumps or default_dumps()
     only = frozenset(args.only)
@@ -652,12 +710,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     matrix = pd.DataFrame([matrix_row(r, c) for r, c in runs])
     events = events_frame(runs)
-    rows = pd.concat([b for b in biases if not b.empty], ignore_index=True) if any(not b.empty for b in biases) else pd.DataFrame()
+    rows = (
+        pd.concat([b for b in biases if not b.empty], ignore_index=True)
+        if any(not b.empty for b in biases)
+        else pd.DataFrame()
+    )
     table = bias_table(rows)
     kept = not_recomputed(copies)
     aten = run_aten(dumps, args.scratch) if args.aten else pd.DataFrame()
     wall = time.perf_counter() - wall
-    with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_columns", None, "display.max_colwidth", 80):
+    with pd.option_context(
+        "display.max_rows", None, "display.width", 250, "display.max_columns", None, "display.max_colwidth", 80
+    ):
         print(matrix.drop(columns=["note"]).to_string(index=False))
         print(f"\n{len(events)} errors/warnings")
         for event in events.itertuples(index=False):
@@ -678,7 +742,12 @@ def main(argv: list[str] | None = None) -> int:
         ):
             frame.to_csv(f"{args.csv_prefix}{label}.csv", index=False)
     if args.markdown:
-        parts = ["## Matrix", to_markdown(matrix), "## Errors and warnings", to_markdown(events) if not events.empty else "none"]
+        parts = [
+            "## Matrix",
+            to_markdown(matrix),
+            "## Errors and warnings",
+            to_markdown(events) if not events.empty else "none",
+        ]
         parts += ["## Biases measured on recomputed outputs", to_markdown(table) if not table.empty else "none"]
         parts += ["## Not recomputed", to_markdown(kept)]
         if not aten.empty:

@@ -46,7 +46,15 @@ LLM_MIX: list[tuple[ApiKind, int]] = [
     (ApiKind("Torch", "matmul", lambda t, h: [[t, h], [h, t]], lambda t, h: [t, t]), 6),
     (ApiKind("Functional", "softmax", lambda t, h: [[t, t], _int(-1)], lambda t, h: [t, t]), 6),
     (ApiKind("Functional", "silu", lambda t, h: [[t, h]], lambda t, h: [t, h]), 6),
-    (ApiKind("Functional", "layer_norm", lambda t, h: [[t, h], {"type": "torch.Size", "value": [h]}, [h]], lambda t, h: [t, h]), 8),
+    (
+        ApiKind(
+            "Functional",
+            "layer_norm",
+            lambda t, h: [[t, h], {"type": "torch.Size", "value": [h]}, [h]],
+            lambda t, h: [t, h],
+        ),
+        8,
+    ),
     (ApiKind("Tensor", "add", lambda t, h: [[t, h], [t, h]], lambda t, h: [t, h]), 20),
     (ApiKind("Tensor", "mul", lambda t, h: [[t, h], [t, h]], lambda t, h: [t, h]), 16),
     (ApiKind("Torch", "cat", lambda t, h: [[[t, h], [t, h]], _int(0)], lambda t, h: [2 * t, h], backward=False), 8),
@@ -103,11 +111,15 @@ class _Writer:
         return spec
 
 
-def make_dump(root: Path, calls: int, *, task: str = "statistics", mix: str = "llm", scale: int = 1, seed: int = 0) -> Path:
+def make_dump(  # noqa: PLR0913  the synthetic dump's knobs, keyword-only with defaults
+    root: Path, calls: int, *, task: str = "statistics", mix: str = "llm", scale: int = 1, seed: int = 0
+) -> Path:
     """Write `root/dump.json` with `calls` entries (forward and backward records each
     count one); `scale` multiplies every tensor dimension. Returns the file's path."""
     if task == "tensor" and calls > 20_000:
-        raise ValueError("tensor dumps are for small sizes (one .npy per tensor); use the statistics task for large ones")
+        raise ValueError(
+            "tensor dumps are for small sizes (one .npy per tensor); use the statistics task for large ones"
+        )
     rng = random.Random(seed)
     writer = _Writer(root, task, rng)
     kinds = [kind for kind, _ in MIXES[mix]]
@@ -125,7 +137,8 @@ def make_dump(root: Path, calls: int, *, task: str = "statistics", mix: str = "l
         out_shape = kind.output(tokens, hidden)
         data[f"{prefix}.forward"] = {
             "input_args": [
-                writer.value(spec, dtype, f"{prefix}.forward.input.{i}", True) for i, spec in enumerate(kind.inputs(tokens, hidden))
+                writer.value(spec, dtype, f"{prefix}.forward.input.{i}", True)
+                for i, spec in enumerate(kind.inputs(tokens, hidden))
             ],
             "input_kwargs": {},
             "output": [writer.tensor(out_shape, dtype, f"{prefix}.forward.output.0", True)],
@@ -141,7 +154,12 @@ def make_dump(root: Path, calls: int, *, task: str = "statistics", mix: str = "l
             }
     root.mkdir(parents=True, exist_ok=True)
     path = root / "dump.json"
-    header = {"task": task, "level": "L1", "framework": "pytorch", "dump_data_dir": str(writer.tensors) if task == "tensor" else None}
+    header = {
+        "task": task,
+        "level": "L1",
+        "framework": "pytorch",
+        "dump_data_dir": str(writer.tensors) if task == "tensor" else None,
+    }
     with open(path, "w", encoding="utf-8") as handle:
         json.dump({**header, "data": data}, handle, indent=1)
     return path

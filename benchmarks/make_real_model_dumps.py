@@ -106,7 +106,7 @@ def _hf(config_name: str, model_name: str, attention: str, **config: Any) -> Cal
     return build
 
 
-def _decoder(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int) -> dict[str, int]:
+def _decoder(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int) -> dict[str, int]:  # noqa: PLR0913  one argument per field of the model config it returns
     """A Llama-style decoder's config (Llama, Qwen2, Mistral name these alike): MLP 2 x hidden."""
     return dict(
         vocab_size=vocab,
@@ -121,9 +121,25 @@ def _decoder(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, po
 
 _DECODER = _decoder(VOCAB, 32, 2, 4, 2, 64)
 _TINY_DECODER = _decoder(32, 16, 1, 2, 1, 16)  # the CI dump (tests/dumps/real/): one block, hidden 16
-_BERT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+_BERT = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
 _GPT2 = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
-_T5 = dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4, decoder_start_token_id=0)
+_T5 = dict(
+    vocab_size=VOCAB,
+    d_model=32,
+    d_kv=8,
+    d_ff=64,
+    num_layers=1,
+    num_decoder_layers=1,
+    num_heads=4,
+    decoder_start_token_id=0,
+)
 _BART = dict(
     vocab_size=VOCAB,
     d_model=32,
@@ -227,7 +243,9 @@ def dump_level(out_root: Path, level: str, jobs: list[tuple[str, str]]) -> None:
 
     torch.set_num_threads(1)
     out_root.mkdir(parents=True, exist_ok=True)
-    raw = Path(tempfile.mkdtemp(prefix=f".msprobe-{level}-", dir=out_root))  # beside the dumps: their files are moved, not copied
+    raw = Path(
+        tempfile.mkdtemp(prefix=f".msprobe-{level}-", dir=out_root)
+    )  # beside the dumps: their files are moved, not copied
     config = {
         "task": "tensor",
         "dump_path": str(raw),
@@ -260,10 +278,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_root", type=Path)
     parser.add_argument("--levels", nargs="+", default=["L1", "mix"], choices=["L1", "mix"])
-    parser.add_argument("--models", nargs="+", default=DEFAULT_L1, choices=list(MODELS), help="L1 models (default: all but the CI dump's)")
-    parser.add_argument("--mix-models", nargs="+", default=list(DEFAULT_MIX), choices=list(MODELS), help="level mix models")
-    parser.add_argument("--dtypes", nargs="+", default=list(DEFAULT_DTYPES), choices=list(DEFAULT_DTYPES), help="L1 dtypes")
-    parser.add_argument("--mix-dtypes", nargs="+", default=["float32"], choices=list(DEFAULT_DTYPES), help="level mix dtypes")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=DEFAULT_L1,
+        choices=list(MODELS),
+        help="L1 models (default: all but the CI dump's)",
+    )
+    parser.add_argument(
+        "--mix-models", nargs="+", default=list(DEFAULT_MIX), choices=list(MODELS), help="level mix models"
+    )
+    parser.add_argument(
+        "--dtypes", nargs="+", default=list(DEFAULT_DTYPES), choices=list(DEFAULT_DTYPES), help="L1 dtypes"
+    )
+    parser.add_argument(
+        "--mix-dtypes", nargs="+", default=["float32"], choices=list(DEFAULT_DTYPES), help="level mix dtypes"
+    )
     parser.add_argument("--worker", choices=["L1", "mix"], help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -276,10 +306,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             dump_level(args.out_root, "mix", jobs_for(args.mix_models, args.mix_dtypes))
         return 0
-    common = ["--models", *args.models, "--mix-models", *args.mix_models, "--dtypes", *args.dtypes, "--mix-dtypes", *args.mix_dtypes]
+    common = [
+        "--models",
+        *args.models,
+        "--mix-models",
+        *args.mix_models,
+        "--dtypes",
+        *args.dtypes,
+        "--mix-dtypes",
+        *args.mix_dtypes,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     workers = [
-        subprocess.Popen([sys.executable, __file__, str(args.out_root), "--worker", level, *common], env=env) for level in args.levels
+        subprocess.Popen([sys.executable, __file__, str(args.out_root), "--worker", level, *common], env=env)
+        for level in args.levels
     ]
     return max(worker.wait() for worker in workers)
 

@@ -35,7 +35,7 @@ class Transformer12(Transformer):
     """The tests' 12-block transformer with a mean-pooled classifier head: the shared
     maker's loss takes one label per sample."""
 
-    def __init__(s, dim: int, heads: int, mlp: int, seq: int, classes: int = 5, blocks: int = 12) -> None:
+    def __init__(s, dim: int, heads: int, mlp: int, seq: int, classes: int = 5, blocks: int = 12) -> None:  # noqa: PLR0913  the model's hyperparameters
         super().__init__(blocks, dim=dim, heads=heads, mlp=mlp, seq=seq)
         s.head = nn.Linear(dim, classes)
 
@@ -53,13 +53,17 @@ def main() -> None:
     parser.add_argument("--tool", type=Path, default=TOOL, help="the shared maker (default: ../shared/tools/...)")
     parser.add_argument("--dim", type=int, default=32, help="hidden size (heads: dim / 8; MLP: 2 x dim)")
     parser.add_argument("--seq", type=int, default=8, help="sequence length")
-    parser.add_argument("--blocks", type=int, default=12, help="transformer blocks (26 calls each; default 12: 326 calls)")
+    parser.add_argument(
+        "--blocks", type=int, default=12, help="transformer blocks (26 calls each; default 12: 326 calls)"
+    )
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("make_dump_torch", args.tool)
     assert spec is not None and spec.loader is not None
     maker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(maker)
-    model = lambda: Transformer12(dim=args.dim, heads=max(args.dim // 8, 1), mlp=2 * args.dim, seq=args.seq, blocks=args.blocks)  # noqa: E731
+    model = lambda: Transformer12(
+        dim=args.dim, heads=max(args.dim // 8, 1), mlp=2 * args.dim, seq=args.seq, blocks=args.blocks
+    )  # noqa: E731
     maker.MODELS["transformer12"] = (model, lambda: torch.randint(0, 64, (4, args.seq)), 5)
     sys.argv = [str(args.tool), "transformer12", "tensor", args.dtype, str(args.out)]
     maker.main()

@@ -96,7 +96,9 @@ class Known:
     matches: Callable[[Verdict], bool]
 
 
-def _api(*names: str, mode: str = "", direction: str = "", dtypes: tuple[str, ...] = (), text: str = "") -> Callable[[Verdict], bool]:
+def _api(
+    *names: str, mode: str = "", direction: str = "", dtypes: tuple[str, ...] = (), text: str = ""
+) -> Callable[[Verdict], bool]:
     def matches(verdict: Verdict) -> bool:
         return (
             verdict.api in names
@@ -175,8 +177,13 @@ def run_mode(mode: str, root: Path, out: Path, workers: int) -> tuple[list[Verdi
     try:
         entries = read_journal(journal_of(out))
     except ResultFilesError as exc:
-        raise SystemExit(f"{mode}: the plugin wrote no results (exit {proc.returncode}): {exc}; see {out.parent / f'{mode}.log'}") from exc
-    return [Verdict(mode, entry.record.dump, entry.record.call, entry.record.status, entry.record.message) for entry in entries], seconds
+        raise SystemExit(
+            f"{mode}: the plugin wrote no results (exit {proc.returncode}): {exc}; see {out.parent / f'{mode}.log'}"
+        ) from exc
+    return [
+        Verdict(mode, entry.record.dump, entry.record.call, entry.record.status, entry.record.message)
+        for entry in entries
+    ], seconds
 
 
 # --- the Markdown -------------------------------------------------------------------
@@ -185,7 +192,9 @@ def run_mode(mode: str, root: Path, out: Path, workers: int) -> tuple[list[Verdi
 def _table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> list[str]:
     header = list(header)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in row) + " |" for row in rows]
+    lines += [
+        "| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in row) + " |" for row in rows
+    ]
     return lines + [""]
 
 
@@ -198,7 +207,15 @@ def totals(verdicts: list[Verdict], modes: list[str], seconds: dict[str, float])
     for mode in modes:
         counts = Counter(verdict.status for verdict in verdicts if verdict.mode == mode)
         whole = sum(counts.values())
-        rows.append([mode, whole, *(counts[status] for status in STATUSES), _share(counts["skip"], whole), f"{seconds[mode]:.0f}"])
+        rows.append(
+            [
+                mode,
+                whole,
+                *(counts[status] for status in STATUSES),
+                _share(counts["skip"], whole),
+                f"{seconds[mode]:.0f}",
+            ]
+        )
     return _table(["mode", "verdicts", *STATUSES, "skipped share", "wall s"], rows)
 
 
@@ -226,9 +243,13 @@ def skips(verdicts: list[Verdict], modes: list[str]) -> list[str]:
 
 def events(verdicts: list[Verdict]) -> list[str]:
     flagged = sorted(
-        (verdict for verdict in verdicts if verdict.status in ("error", "warning")), key=lambda v: (classify(v), v.mode, v.dump, v.call)
+        (verdict for verdict in verdicts if verdict.status in ("error", "warning")),
+        key=lambda v: (classify(v), v.mode, v.dump, v.call),
     )
-    rows = [[classify(v), v.mode, v.status, v.dump, v.call, v.message.removeprefix(v.call).lstrip(": ")[:MESSAGE_CHARS]] for v in flagged]
+    rows = [
+        [classify(v), v.mode, v.status, v.dump, v.call, v.message.removeprefix(v.call).lstrip(": ")[:MESSAGE_CHARS]]
+        for v in flagged
+    ]
     return _table(["class", "mode", "status", "dump", "call", "message (start)"], rows)
 
 
@@ -239,11 +260,15 @@ def event_classes(verdicts: list[Verdict], modes: list[str]) -> list[str]:
 
 
 def plugin_commit() -> str:
-    proc = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h (%cs)"], check=False, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "-C", str(REPO), "log", "-1", "--format=%h (%cs)"], check=False, capture_output=True, text=True
+    )
     return proc.stdout.strip() or "unknown (not a git checkout)"
 
 
-def markdown(verdicts: list[Verdict], modes: list[str], seconds: dict[str, float], root: Path, workers: int, label: str) -> str:
+def markdown(  # noqa: PLR0913  the report's parts, each printed
+    verdicts: list[Verdict], modes: list[str], seconds: dict[str, float], root: Path, workers: int, label: str
+) -> str:
     dumps = sorted({verdict.dump for verdict in verdicts})
     lines = [
         "# The plugin on real models from model libraries",
@@ -290,12 +315,18 @@ def kept_notes(path: Path) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dumps", type=Path, default=Path("/work/real-dumps"), help="the dump folder (default /work/real-dumps)")
+    parser.add_argument(
+        "--dumps", type=Path, default=Path("/work/real-dumps"), help="the dump folder (default /work/real-dumps)"
+    )
     parser.add_argument("--make", action="store_true", help="make the dumps first, with --maker-python")
     parser.add_argument(
-        "--maker-python", default="/work/probe-venv/bin/python", help="a Python with torch, mindstudio-probe, transformers, timm"
+        "--maker-python",
+        default="/work/probe-venv/bin/python",
+        help="a Python with torch, mindstudio-probe, transformers, timm",
     )
-    parser.add_argument("--scratch", type=Path, default=Path("/tmp/real-models-runs"), help="where the runs' result files go")
+    parser.add_argument(
+        "--scratch", type=Path, default=Path("/tmp/real-models-runs"), help="where the runs' result files go"
+    )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers per run (default 2)")
     parser.add_argument("--markdown", type=Path, default=REPO / "benchmarks" / "RESULTS-real-models.md")
@@ -312,7 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         found, seconds[mode] = run_mode(mode, args.dumps.resolve(), args.scratch.resolve() / mode, args.workers)
         verdicts += found
-        print(f"{mode}: {len(found)} verdicts in {seconds[mode]:.0f} s", Counter(verdict.status for verdict in found), flush=True)
+        print(
+            f"{mode}: {len(found)} verdicts in {seconds[mode]:.0f} s",
+            Counter(verdict.status for verdict in found),
+            flush=True,
+        )
     table = markdown(verdicts, args.modes, seconds, args.dumps, args.workers, args.label)
     args.markdown.write_text(table + "\n" + kept_notes(args.markdown), encoding="utf-8")
     unclassified = [v for v in verdicts if v.status in ("error", "warning") and classify(v) == "unclassified"]

@@ -55,7 +55,10 @@ def batch_norm_statistics(dtype: torch.dtype, shift: float, weight_dtype: torch.
         out.backward(grad.double() if wide else grad)
         results[kind] = (out.detach(), inputs.grad, weight.grad)
     kernel, exact = results["kernel"], results["exact"]
-    return {name: _relative(found, wide) for name, found, wide in zip(("output", "input grad", "weight grad"), kernel, exact, strict=True)}
+    return {
+        name: _relative(found, wide)
+        for name, found, wide in zip(("output", "input grad", "weight grad"), kernel, exact, strict=True)
+    }
 
 
 def _saved_statistics(dtype: torch.dtype, weight_dtype: torch.dtype) -> tuple[torch.dtype, float]:
@@ -93,9 +96,18 @@ def layer_norm_affine_grad(dtype: torch.dtype, rows: int) -> tuple[float, float,
     wide_weight = weight.detach().double().requires_grad_()
     wide_bias = bias.detach().double().requires_grad_()
     F.layer_norm(x.double(), (32,), wide_weight, wide_bias).backward(grad.double())
-    assert wide_weight.grad is not None and wide_bias.grad is not None and weight.grad is not None and bias.grad is not None
+    assert (
+        wide_weight.grad is not None
+        and wide_bias.grad is not None
+        and weight.grad is not None
+        and bias.grad is not None
+    )
     rounded_once = grad.float().sum(0).to(dtype)
-    return _relative(weight.grad, wide_weight.grad), _relative(bias.grad, wide_bias.grad), _relative(rounded_once, wide_bias.grad)
+    return (
+        _relative(weight.grad, wide_weight.grad),
+        _relative(bias.grad, wide_bias.grad),
+        _relative(rounded_once, wide_bias.grad),
+    )
 
 
 def layer_norm_reduced() -> None:
@@ -106,7 +118,9 @@ def layer_norm_reduced() -> None:
         for dtype in REDUCED:
             for rows in (64, 512, 4096):
                 weight, bias, once = layer_norm_affine_grad(dtype, rows)
-                print(f"  {dtype}, {rows:5} rows: weight grad {weight:.3g}, bias grad {bias:.3g}; the float32 sum rounded once {once:.3g}")
+                print(
+                    f"  {dtype}, {rows:5} rows: weight grad {weight:.3g}, bias grad {bias:.3g}; the float32 sum rounded once {once:.3g}"
+                )
     finally:
         torch.set_num_threads(threads)
 
@@ -127,9 +141,15 @@ def cross_entropy_grad(dtype: torch.dtype, spread: float, seed: int) -> tuple[fl
     exact = grads[torch.float64]
     info = torch.finfo(dtype)
     kernel, once = (
-        (found.double() - exact) / (info.eps * exact.abs().clamp_min(info.tiny)) for found in (grads[dtype], grads[torch.float32].to(dtype))
+        (found.double() - exact) / (info.eps * exact.abs().clamp_min(info.tiny))
+        for found in (grads[dtype], grads[torch.float32].to(dtype))
     )
-    return float(kernel.abs().max()), float(kernel.mean(1).abs().max()), float(once.abs().max()), float(once.mean(1).abs().max())
+    return (
+        float(kernel.abs().max()),
+        float(kernel.mean(1).abs().max()),
+        float(once.abs().max()),
+        float(once.mean(1).abs().max()),
+    )
 
 
 def cross_entropy_reduced() -> None:

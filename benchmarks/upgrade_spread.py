@@ -65,8 +65,21 @@ def make(folder: Path, dtype: str, capability: str, threads: int, fault: str | N
 
 def record(dump: Path, folder: Path) -> Path:
     """The dump checked offline, its baseline saved (a nonzero exit status is data)."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--msprobe-dump={dump}", "--msprobe-offline"]
-    command += ["--msprobe-device=cpu", f"--msprobe-out={folder / 'out'}", f"--msprobe-baseline-save={folder / 'baseline'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--msprobe-dump={dump}",
+        "--msprobe-offline",
+    ]
+    command += [
+        "--msprobe-device=cpu",
+        f"--msprobe-out={folder / 'out'}",
+        f"--msprobe-baseline-save={folder / 'baseline'}",
+    ]
     subprocess.run(command, cwd=folder, capture_output=True, check=False)
     return folder / "baseline"
 
@@ -164,9 +177,15 @@ def main(argv: list[str] | None = None) -> int:
                 folder = Path(scratch) / f"{dtype}-{fault}"
                 folder.mkdir()
                 dump = make(folder / "dump", dtype, "native", 1, fault)
-                fault_rows.append(spread_row(f"{dtype} native/1t -> {fault}", *changes(made[("native", 1)], (dump, record(dump, folder)))))
+                fault_rows.append(
+                    spread_row(
+                        f"{dtype} native/1t -> {fault}", *changes(made[("native", 1)], (dump, record(dump, folder)))
+                    )
+                )
                 print(to_markdown([fault_rows[-1]]).splitlines()[-1], flush=True)
-    text = "## correct pairs\n\n" + to_markdown(rows) + "\n\n## the limits they give\n\n" + to_markdown(derivation(rows))
+    text = (
+        "## correct pairs\n\n" + to_markdown(rows) + "\n\n## the limits they give\n\n" + to_markdown(derivation(rows))
+    )
     text += "\n\n## planted faults (not used for the limits)\n\n" + to_markdown(fault_rows) + "\n"
     print(text)
     if args.markdown:

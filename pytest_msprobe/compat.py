@@ -49,7 +49,11 @@ PRIVATE_APIS = (
         "run/replay.py run_backward: autograd's engine without torch.autograd.backward's symbolic shape checks (sympy "
         "imported, 0.8 s a process); without it, torch.autograd.backward",
     ),
-    PrivateApi("torch._VF", "torch", "run/apis.py: the `VF` API type's functions (lstm, gru), as generated scripts call them too"),
+    PrivateApi(
+        "torch._VF",
+        "torch",
+        "run/apis.py: the `VF` API type's functions (lstm, gru), as generated scripts call them too",
+    ),
     PrivateApi(
         "torch._C.PyTorchFileReader",
         "torch",
@@ -66,7 +70,9 @@ PRIVATE_APIS = (
         "torch",
         "dump/tensors.py: the global torch.save pickles a plain tensor as; a file naming another is read by torch.load",
     ),
-    PrivateApi("torch_npu._C._npu_getOption", "torch_npu", "run/precision.py: the NPU's ACL_PRECISION_MODE, for the report"),
+    PrivateApi(
+        "torch_npu._C._npu_getOption", "torch_npu", "run/precision.py: the NPU's ACL_PRECISION_MODE, for the report"
+    ),
     PrivateApi(
         "_hypothesis_internal_use_seed",
         "hypothesis",
@@ -84,10 +90,22 @@ PRIVATE_APIS = (
         "hypothesis",
         "judge/explore.py: patched to the global constants only; a hypothesis without it (before 6.131) draws none",
     ),
-    PrivateApi("hypothesis.internal.conjecture.providers.Constants", "hypothesis", "judge/explore.py: the global constants' type"),
-    PrivateApi("hypothesis.internal.conjecture.providers.CONSTANTS_CACHE", "hypothesis", "judge/explore.py: emptied for a search"),
-    PrivateApi("threading._shutdown", "python", "run/isolation.py end_process: waits for the other threads as an exit does"),
-    PrivateApi("atexit._run_exitfuncs", "python", "run/isolation.py end_process: runs every exit handler before os._exit"),
+    PrivateApi(
+        "hypothesis.internal.conjecture.providers.Constants",
+        "hypothesis",
+        "judge/explore.py: the global constants' type",
+    ),
+    PrivateApi(
+        "hypothesis.internal.conjecture.providers.CONSTANTS_CACHE",
+        "hypothesis",
+        "judge/explore.py: emptied for a search",
+    ),
+    PrivateApi(
+        "threading._shutdown", "python", "run/isolation.py end_process: waits for the other threads as an exit does"
+    ),
+    PrivateApi(
+        "atexit._run_exitfuncs", "python", "run/isolation.py end_process: runs every exit handler before os._exit"
+    ),
 )
 
 
@@ -152,7 +170,10 @@ def no_local_constants() -> Iterator[None]:
     if not hasattr(providers, "_get_local_constants"):  # a hypothesis without local constants
         yield
         return
-    with mock.patch.object(providers, "_get_local_constants", providers.Constants), mock.patch.object(providers, "CONSTANTS_CACHE", {}):
+    with (
+        mock.patch.object(providers, "_get_local_constants", providers.Constants),
+        mock.patch.object(providers, "CONSTANTS_CACHE", {}),
+    ):
         yield
 
 

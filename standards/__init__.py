@@ -31,15 +31,22 @@ if TYPE_CHECKING:
     from .metrics import Pair
     from .reference import Reference
     from .registry import Registry
-    from .verdict import Offender, Verdict
+    from .verdict import Offender, Status, Verdict
 
 #: each exported name's module, imported when the name is first used
-_LAZY = {"Pair": "metrics", "Reference": "reference", "Registry": "registry", "Offender": "verdict", "Verdict": "verdict"}
+_LAZY = {
+    "Pair": "metrics",
+    "Reference": "reference",
+    "Registry": "registry",
+    "Offender": "verdict",
+    "Status": "verdict",
+    "Verdict": "verdict",
+}
 
-__all__ = ["check", "Verdict", "Registry", "Offender", "Pair", "Reference"]
+__all__ = ["check", "Verdict", "Status", "Registry", "Offender", "Pair", "Reference"]
 
 
-def check(
+def check(  # noqa: PLR0913  the public API's keyword-only options (api, reference, terms, groups)
     bench: object,
     device: object,
     *,

@@ -54,7 +54,9 @@ def absolute_threshold_metrics(pair: Pair, rtol: float, small: float, atol: floa
     }
 
 
-def threshold_reasons(metrics: dict[str, float], limits: dict[str, float], judged: Iterable[str] | None = None) -> list[str]:
+def threshold_reasons(
+    metrics: dict[str, float], limits: dict[str, float], judged: Iterable[str] | None = None
+) -> list[str]:
     """Reasons for every judged ratio above zero (default: the spec's three)."""
     reasons = []
     whats = {
@@ -82,7 +84,14 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference: R
     metrics = absolute_threshold_metrics(pair, rtol, small, atol)
     small_mask = pair.small_mask(small)
     score = np.where(small_mask, pair.abs_err / atol, pair.rel_err / rtol)
-    used = {"rtol": rtol, "small": small, "small_atol": atol, "inf_nan_error_ratio": 0.0, "rel_err_ratio": 0.0, "abs_err_ratio": 0.0}
+    used = {
+        "rtol": rtol,
+        "small": small,
+        "small_atol": atol,
+        "inf_nan_error_ratio": 0.0,
+        "rel_err_ratio": 0.0,
+        "abs_err_ratio": 0.0,
+    }
     limits = {"rtol": rtol, "atol": atol}
     judged = None
     if pair.n_finite:
@@ -118,8 +127,13 @@ def fast_threshold_metrics(pair: Pair, counts: ThresholdCounts) -> dict[str, flo
     }
 
 
-def _fast(
-    pair: Pair, thresholds: Mapping[str, float], rtol: float, small: float, atol: float, reference: Reference | None = None
+def _fast(  # noqa: PLR0913  the standard's thresholds, each read by the fused pass
+    pair: Pair,
+    thresholds: Mapping[str, float],
+    rtol: float,
+    small: float,
+    atol: float,
+    reference: Reference | None = None,
 ) -> Verdict | None:
     """Large and all finite: one fused pass (fast.py)."""
     rms = fast.rms_or_none(pair)
@@ -155,7 +169,9 @@ def _fast(
     reasons = threshold_reasons(
         metrics, {"rtol": rtol, "atol": atol, "ulps": ulps, "floor": floor}, ("inf_nan_error_ratio", "scaled_err_ratio")
     )
-    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "at_bias_ulp", statistics(res.of(BiasTotals).sums))
+    bias, bias_failed = judge_bias(
+        pair, reference, thresholds, used, "at_bias_ulp", statistics(res.of(BiasTotals).sums)
+    )
     metrics.update(bias)
     reasons += bias_failed
     return pair.verdict(

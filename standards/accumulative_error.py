@@ -56,7 +56,9 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference: R
     metrics["scale_eb_z"] = scale_z
     for key, zz in (("eb", z), ("scale_eb", scale_z)):
         if metrics[key] > thresholds["eb_max"] and zz > thresholds["sr_bias_z"]:
-            reasons.append(f"{key} {metrics[key]:.6g} > {thresholds['eb_max']:.6g} with sign-test z {zz:.3g}: a systematic bias")
+            reasons.append(
+                f"{key} {metrics[key]:.6g} > {thresholds['eb_max']:.6g} with sign-test z {zz:.3g}: a systematic bias"
+            )
     used = {
         "bound": bound,
         "small": small,
@@ -75,5 +77,11 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference: R
         else (pair.offenders(pair.rel_err) if res is None else fast.offenders(pair, res.of(Worst).items))
     )
     return pair.verdict(
-        "error" if reasons else "pass", NAME, metrics, used, reasons, worst, reference.kind if reference is not None else "single-run"
+        "error" if reasons else "pass",
+        NAME,
+        metrics,
+        used,
+        reasons,
+        worst,
+        reference.kind if reference is not None else "single-run",
     )

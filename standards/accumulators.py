@@ -169,7 +169,9 @@ class _BeyondScaled:
         return BeyondScaled(self.count)
 
 
-def _normal_sums(err: Array, rel: Array, normal: Array | None, scratch: Array, product: Array) -> tuple[float, float, float]:
+def _normal_sums(
+    err: Array, rel: Array, normal: Array | None, scratch: Array, product: Array
+) -> tuple[float, float, float]:
     """sum(err**2), max(rel), sum(rel) over a chunk's normal elements: the 0/1 mask
     `normal` (None: all are) multiplies them into `scratch` (which may be err itself),
     cheaper than selecting."""

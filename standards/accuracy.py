@@ -84,7 +84,12 @@ def load_model() -> tuple[dict[tuple[str, str], AccuracyClass], dict[str, str]]:
     """The shipped model: {(class, dtype): row} and {api: class}."""
     model = {
         (row["class"], row["dtype"]): AccuracyClass(
-            row["class"], row["dtype"], float(row["max_ulp"]), float(row["shared_ulp"]), row["reduction"] == "1", row["source"]
+            row["class"],
+            row["dtype"],
+            float(row["max_ulp"]),
+            float(row["shared_ulp"]),
+            row["reduction"] == "1",
+            row["source"],
         )
         for row in _table("accuracy_model.csv")
     }
@@ -95,7 +100,9 @@ def load_model() -> tuple[dict[tuple[str, str], AccuracyClass], dict[str, str]]:
     return model, classes
 
 
-def class_for(api: str, dtype: str, model: dict[tuple[str, str], AccuracyClass], classes: dict[str, str]) -> AccuracyClass | None:
+def class_for(
+    api: str, dtype: str, model: dict[tuple[str, str], AccuracyClass], classes: dict[str, str]
+) -> AccuracyClass | None:
     """The model's row for an API's outputs in `dtype`: its class's, or the dtype's row
     for every class (16-bit); None where the API is in no class."""
     every = model.get((EVERY_CLASS, dtype))

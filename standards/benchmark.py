@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -45,7 +46,7 @@ from .single_run import fast_single_run, scaled_ulp_err, single_run_metrics, sin
 
 if TYPE_CHECKING:
     from .reference import Reference
-    from .verdict import Verdict
+    from .verdict import Status, Verdict
 
 NAME = "benchmark"
 JUDGED = (
@@ -63,7 +64,13 @@ def benchmark_metrics(pair: Pair, small: float, atol: float) -> dict[str, float]
         small_mask = pair.small_mask(small)
         n_small = int(np.count_nonzero(small_mask))
         n_normal = pair.n_finite - n_small
-        out = {"small_value_err_ratio": 0.0, "rmse": 0.0, "max_rel_err": 0.0, "mean_rel_err": 0.0, "eb": pair.error_balance()}
+        out = {
+            "small_value_err_ratio": 0.0,
+            "rmse": 0.0,
+            "max_rel_err": 0.0,
+            "mean_rel_err": 0.0,
+            "eb": pair.error_balance(),
+        }
         if n_small:
             out["small_value_err_ratio"] = float(np.count_nonzero((pair.abs_err > atol) & small_mask) / n_small)
         if n_normal:
@@ -99,7 +106,11 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference: Reference 
     """Judge by ratios to a reference, or by the single-run rule without one."""
     small, atol = pair.info.defaults["small"], thresholds["atol_bm"]
     if fast.fast_ok(pair):
-        verdict = _fast(pair, thresholds, small, atol) if reference is None else _fast_ref(pair, thresholds, small, atol, reference)
+        verdict = (
+            _fast(pair, thresholds, small, atol)
+            if reference is None
+            else _fast_ref(pair, thresholds, small, atol, reference)
+        )
         if verdict is not None:
             return verdict
     metrics = dict(benchmark_metrics(pair, small, atol))
@@ -115,7 +126,8 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference: Reference 
             kind = reference.kind
             ideal = benchmark_metrics(_ideal(pair), small, atol)
             n_small = int(np.count_nonzero(pair.small_mask(small)))
-            _judge_ratios(pair, metrics, ref, ideal, n_small, thresholds, used, reasons, reference.kind)
+            rule = _RatioRule(metrics, ref, n_small, thresholds, used)
+            reasons.extend(_judge_ratios(pair, rule, ideal, reference.kind))
             bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
             metrics.update(bias)
             reasons.extend(bias_failed)
@@ -126,8 +138,16 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference: Reference 
         score = scaled_ulp_err(pair) if reasons else None
     else:
         score = pair.rel_err
-    status = "error" if reasons else "pass"
-    return pair.verdict(status, NAME, metrics, used, reasons, pair.offenders(score) if status != "pass" and score is not None else (), kind)
+    status: Status = "error" if reasons else "pass"
+    return pair.verdict(
+        status,
+        NAME,
+        metrics,
+        used,
+        reasons,
+        pair.offenders(score) if status != "pass" and score is not None else (),
+        kind,
+    )
 
 
 def noise_metrics(pair: Pair, small: float, atol: float, ulps: float, floor: float) -> dict[str, float]:
@@ -155,42 +175,40 @@ def noise_metrics(pair: Pair, small: float, atol: float, ulps: float, floor: flo
     }
 
 
-def _judge_ratios(
-    pair: Pair,
-    metrics: dict[str, float],
-    ref: Mapping[str, float],
-    ideal: Mapping[str, float],
-    n_small: int,
-    thresholds: Mapping[str, float],
-    used: dict[str, float],
-    reasons: list[str],
-    kind: str,
-) -> None:
+@dataclass(frozen=True)
+class _RatioRule:
+    """What the reference rule reads and writes, whatever floors it tries: the device's
+    metrics (each ratio is written into them), the reference's, the small elements'
+    count, the limits, and the limits used so far."""
+
+    metrics: dict[str, float]
+    ref: Mapping[str, float]
+    n_small: int
+    thresholds: Mapping[str, float]
+    used: dict[str, float]
+
+
+def _judge_ratios(pair: Pair, rule: _RatioRule, ideal: Mapping[str, float], kind: str) -> list[str]:
     """The reference rule (both paths): each judged metric's ratio to the reference's,
     floored by perfect rounding and, where that fails against another run, by a correct
     kernel's noise (a baseline's metrics come from the same kernel on the same inputs:
     no such noise)."""
-    found: list[str] = []
-    _ratio_reasons(metrics, ref, ideal, n_small, thresholds, used, found)
+    found = _ratio_reasons(rule, ideal)
     if found and kind == "reference":
+        thresholds = rule.thresholds
         ulps = thresholds.get("bm_noise_ulp", pair.info.defaults["bm_noise_ulp"])
-        noise = noise_metrics(pair, pair.info.defaults["small"], thresholds["atol_bm"], ulps, thresholds["sr_scale_floor"])
+        noise = noise_metrics(
+            pair, pair.info.defaults["small"], thresholds["atol_bm"], ulps, thresholds["sr_scale_floor"]
+        )
         floors = {key: max(ideal[key], noise.get(key, 0.0)) for key, _ in JUDGED}
-        used["bm_noise_ulp"] = ulps
-        found = []
-        _ratio_reasons(metrics, ref, floors, n_small, thresholds, used, found)
-    reasons.extend(found)
+        rule.used["bm_noise_ulp"] = ulps
+        found = _ratio_reasons(rule, floors)
+    return found
 
 
-def _ratio_reasons(
-    metrics: dict[str, float],
-    ref: Mapping[str, float],
-    ideal: Mapping[str, float],
-    n_small: int,
-    thresholds: Mapping[str, float],
-    used: dict[str, float],
-    reasons: list[str],
-) -> None:
+def _ratio_reasons(rule: _RatioRule, ideal: Mapping[str, float]) -> list[str]:
+    metrics, ref, n_small, thresholds, used = rule.metrics, rule.ref, rule.n_small, rule.thresholds, rule.used
+    reasons: list[str] = []
     for key, limit_key in JUDGED:
         dev, refv = metrics[key], ref[key]
         metrics[f"ref_{key}"] = float(refv)
@@ -202,7 +220,10 @@ def _ratio_reasons(
         ratio = 0.0 if dev == 0 else abs(dev) / max(abs(refv), floor)
         metrics[f"{limit_key}"] = ratio
         if ratio > thresholds[limit_key]:
-            reasons.append(f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)")
+            reasons.append(
+                f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)"
+            )
+    return reasons
 
 
 def _bm_from_sums(n: int, sums: BenchmarkSums) -> dict[str, float]:
@@ -225,7 +246,9 @@ def _ref_metrics(p: Pair, small: float, atol: float) -> dict[str, float]:
     return benchmark_metrics(p, small, atol)
 
 
-def _fast_ref(pair: Pair, thresholds: Mapping[str, float], small: float, atol: float, reference: Reference) -> Verdict | None:
+def _fast_ref(
+    pair: Pair, thresholds: Mapping[str, float], small: float, atol: float, reference: Reference
+) -> Verdict | None:
     """With a reference, large and all finite: the device's metrics, and those of the bench
     rounded to D (the floors), from one fused pass; a reference output's from a second
     (fast.py). The judgement is the plain path's (`_judge_ratios`)."""
@@ -243,11 +266,11 @@ def _fast_ref(pair: Pair, thresholds: Mapping[str, float], small: float, atol: f
     ref = reference.metrics_for(lambda p: _ref_metrics(p, small, atol))
     used: dict[str, float] = {"small": small, "atol_bm": atol}
     reasons: list[str] = []
-    _judge_ratios(pair, metrics, ref, ideal, n_small, thresholds, used, reasons, reference.kind)
+    reasons.extend(_judge_ratios(pair, _RatioRule(metrics, ref, n_small, thresholds, used), ideal, reference.kind))
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
     metrics.update(bias)
     reasons.extend(bias_failed)
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     worst = fast.worst(pair, PassSpec(offend="rel")) if status != "pass" else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, reference.kind)
 
@@ -265,6 +288,6 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], small: float, atol: float
     metrics.update(extra)
     used: dict[str, float] = {"small": small, "atol_bm": atol}
     reasons = single_run_reasons(pair, extra, thresholds, used)
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     worst = fast.worst(pair, PassSpec(offend="scaled", scaled_rms=fast.rms_or_none(pair))) if status != "pass" else ()
     return pair.verdict(status, NAME, metrics, used, reasons, worst, "single-run")

@@ -165,7 +165,9 @@ def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[s
             f"{prefix}{name}_z": signs_z(total, spread),
             f"{prefix}{name}_signs": total,
             f"{prefix}{name}_signs_sq": spread,
-            **{f"{prefix}{name}_{key}_elements": metrics[f"{prefix}{name}_{key}"] for key in ("z", "signs", "signs_sq")},
+            **{
+                f"{prefix}{name}_{key}_elements": metrics[f"{prefix}{name}_{key}"] for key in ("z", "signs", "signs_sq")
+            },
         }
     return {**metrics, **grouped}
 
@@ -196,7 +198,7 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
     return pair.cached("bias_metrics", compute)
 
 
-def judge_bias(
+def judge_bias(  # noqa: PLR0913  every standard's bias test: the pair, reference, limits and what is already computed
     pair: Pair,
     reference: Reference | None,
     thresholds: Mapping[str, float],

@@ -41,7 +41,10 @@ def binary_consistency(pair: Pair, thresholds: Mapping[str, float], reference: R
         idx = np.flatnonzero(differ)[:5]
         shape = pair.shape
         worst = tuple(
-            Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(pair.d[i]), float(pair.b[i])) for i in idx
+            Offender(
+                tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(pair.d[i]), float(pair.b[i])
+            )
+            for i in idx
         )
     return _verdict(pair, n_bad, worst, reference)
 
@@ -51,7 +54,9 @@ def _verdict(pair: Pair, n_bad: int, worst: tuple[Offender, ...], reference: Ref
     metrics = {"error_rate": rate}
     reasons = []
     if n_bad:
-        reasons.append(f"{n_bad} of {pair.n} elements differ from the bench (error_rate {rate:.6g} > 0); this op must be exact")
+        reasons.append(
+            f"{n_bad} of {pair.n} elements differ from the bench (error_rate {rate:.6g} > 0); this op must be exact"
+        )
     return pair.verdict(
         "error" if reasons else "pass",
         NAME,

@@ -227,6 +227,9 @@ class BiasSums:
             np.copyto(w, np.logical_and(upper, pos, out=down))
             s[6] += 2.0 * self.unit * dot(signed, w, prod) - total
         else:
-            for sign, mask in ((1, np.logical_and(upper, pos, out=down)), (-1, np.logical_and(upper, np.less(b, 0, out=neg), out=tmp))):
+            for sign, mask in (
+                (1, np.logical_and(upper, pos, out=down)),
+                (-1, np.logical_and(upper, np.less(b, 0, out=neg), out=tmp)),
+            ):
                 np.copyto(w, mask)
                 s[6] += sign * self.unit * dot(signed, w, prod)

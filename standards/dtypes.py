@@ -20,7 +20,9 @@ import torch
 #: or the bench's float64, of any shape; Any: the dtype is the call's, known at run time.
 Array: TypeAlias = np.ndarray[Any, np.dtype[Any]]
 #: what names a dtype: a torch or numpy dtype, a numpy scalar type, or a name ("fp16")
-DtypeLike: TypeAlias = "torch.dtype | np.dtype[Any] | type[np.generic] | type[float] | str"  # np.dtype[Any]: any numpy dtype
+DtypeLike: TypeAlias = (
+    "torch.dtype | np.dtype[Any] | type[np.generic] | type[float] | str"  # np.dtype[Any]: any numpy dtype
+)
 
 __all__ = ["DtypeInfo", "dtype_info", "dtype_name", "is_float_name", "DTYPES"]
 
@@ -42,7 +44,7 @@ class DtypeInfo:
         return 2.0**-self.mantissa_bits
 
 
-def _defaults(
+def _defaults(  # noqa: PLR0913  one keyword per default threshold of a dtype's table row
     *,
     small: float,
     rtol: float,
@@ -200,7 +202,12 @@ DTYPES: dict[str, DtypeInfo] = {
         ),
     ),
 }
-for _name, _m, _emin in (("float8_e4m3fn", 3, -6), ("float8_e5m2", 2, -14), ("float8_e4m3fnuz", 3, -7), ("float8_e5m2fnuz", 2, -15)):
+for _name, _m, _emin in (
+    ("float8_e4m3fn", 3, -6),
+    ("float8_e5m2", 2, -14),
+    ("float8_e4m3fnuz", 3, -7),
+    ("float8_e5m2fnuz", 2, -15),
+):
     _info = _fp8(_name, _m, _emin)
     if _info is not None:
         DTYPES[_name] = _info

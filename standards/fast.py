@@ -270,5 +270,7 @@ def offenders(pair: Pair, items: Iterable[tuple[float, int]]) -> tuple[Offender,
     d, b = raw_views(pair)
     shape = pair.shape or ()
     return tuple(
-        Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(d[i]), float(b[i])) for s, i in items if s > 0
+        Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(d[i]), float(b[i]))
+        for s, i in items
+        if s > 0
     )

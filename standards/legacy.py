@@ -34,7 +34,7 @@ from .pass_results import LegacySums, RelBelow
 
 if TYPE_CHECKING:
     from .reference import Reference
-    from .verdict import Verdict
+    from .verdict import Status, Verdict
 
 NAME = "legacy"
 LEGACY_KEYS = ("cosine", "max_abs_err", "rel_err_hundredth", "rel_err_thousandth", "rel_err_ten_thousandth")
@@ -123,8 +123,14 @@ def legacy(pair: Pair, thresholds: Mapping[str, float], reference: Reference | N
                 reasons.append(f"rel_err_thousandth {thousandth:.6g} <= 0.999")
             elif metrics["rel_err_ten_thousandth"] <= 0.9999:
                 warnings.append(f"rel_err_ten_thousandth {metrics['rel_err_ten_thousandth']:.6g} <= 0.9999")
-    status = "error" if reasons else ("warning" if warnings else "pass")
-    used = {"cosine": 0.99, "max_abs_err": 0.001, "rel_err_hundredth": 0.99, "rel_err_thousandth": 0.999, "rel_err_ten_thousandth": 0.9999}
+    status: Status = "error" if reasons else ("warning" if warnings else "pass")
+    used = {
+        "cosine": 0.99,
+        "max_abs_err": 0.001,
+        "rel_err_hundredth": 0.99,
+        "rel_err_thousandth": 0.999,
+        "rel_err_ten_thousandth": 0.9999,
+    }
     return pair.verdict(
         status,
         NAME,
@@ -136,7 +142,7 @@ def legacy(pair: Pair, thresholds: Mapping[str, float], reference: Reference | N
     )
 
 
-def msprobe_legacy_status(bench: Array, device: Array, dtype_name: str) -> str:
+def msprobe_legacy_status(bench: Array, device: Array, dtype_name: str) -> Status:
     """A faithful model of run_ut's legacy verdict, flaws included (for comparison only).
 
     NaN cosine is let through, NaN/inf differences poison max_abs_err and the shares.

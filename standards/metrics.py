@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .dtypes import Array, DtypeInfo
-from .verdict import Offender, Verdict
+from .verdict import Offender, Status, Verdict
 
 if TYPE_CHECKING:
     from .pass_results import PassResult
@@ -93,7 +93,7 @@ class Pair:
     build the result with `pair.verdict(...)`.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  the pair's tensors, dtypes and path, keyword-only
         self,
         bench: Array | torch.Tensor,
         device: Array | torch.Tensor,
@@ -151,9 +151,9 @@ class Pair:
         self._sign_counts_by_pass = up, down
 
     # ----------------------------------------------------------------- building verdicts
-    def verdict(
+    def verdict(  # noqa: PLR0913  one argument per field of the Verdict it builds
         self,
-        status: str,
+        status: Status,
         standard: str,
         metrics: dict[str, float],
         thresholds: Mapping[str, float],
@@ -189,7 +189,10 @@ class Pair:
             picked.extend(int(i) for i in top[: k - len(picked)])
         shape = self.shape or ()
         return tuple(
-            Offender(tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(self.d[i]), float(self.b[i])) for i in picked
+            Offender(
+                tuple(int(x) for x in np.unravel_index(i, shape)) if shape else (), float(self.d[i]), float(self.b[i])
+            )
+            for i in picked
         )
 
     # ----------------------------------------------------------------- masks
@@ -272,7 +275,9 @@ class Pair:
         (bias.grouped_z), or None: every element a group of its own."""
         if self.groups_src is None:
             return None
-        ids = np.asarray(self.groups_src.cpu() if hasattr(self.groups_src, "cpu") else self.groups_src, dtype=np.int64).reshape(-1)
+        ids = np.asarray(
+            self.groups_src.cpu() if hasattr(self.groups_src, "cpu") else self.groups_src, dtype=np.int64
+        ).reshape(-1)
         return ids if self.all_finite else ids[self.both_finite]
 
     @cached_property

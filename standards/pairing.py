@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .dtypes import DTYPES, Array, dtype_name, is_float_name
+
+if TYPE_CHECKING:
+    from .verdict import Status
 
 __all__ = ["Leaf", "Mismatch", "pair_leaves", "to_array"]
 
@@ -39,7 +43,7 @@ class Mismatch:
     """A place where bench and device cannot be paired; status is "error" or "skip"."""
 
     path: str
-    status: str
+    status: Status
     reason: str
     device_dtype: str = ""
     bench_dtype: str = ""
@@ -50,7 +54,7 @@ def _is_leaf(x: object) -> bool:
     return isinstance(x, (torch.Tensor, np.ndarray) + _SCALARS)
 
 
-def to_array(x: object) -> tuple[Array | torch.Tensor, str]:
+def to_array(x: object) -> tuple[Array | torch.Tensor, str]:  # noqa: C901  one branch per kind of leaf (tensor, array, number, bool, complex), in the order they are tested
     """(values, dtype name): real floats are returned as they are (a torch tensor or a
     numpy array, converted to float64 only when a standard reads them), ints/bools as
     exact numpy arrays.
@@ -104,17 +108,33 @@ def _leaf(path: str, bench: object, device: object, any_precision: bool = False)
     d, dname = to_array(device)
     where = path or "output"
     if _kind(bname) != _kind(dname):
-        return Mismatch(path, "error", f"{where}: dtype mismatch: device {dname}, bench {bname}", dname, bname, tuple(d.shape))
+        return Mismatch(
+            path, "error", f"{where}: dtype mismatch: device {dname}, bench {bname}", dname, bname, tuple(d.shape)
+        )
     if not any_precision and _kind(dname) in ("float", "complex") and _bits(bname) < _bits(dname):
-        return Mismatch(path, "error", f"{where}: bench dtype {bname} is narrower than the device's {dname}", dname, bname, tuple(d.shape))
+        return Mismatch(
+            path,
+            "error",
+            f"{where}: bench dtype {bname} is narrower than the device's {dname}",
+            dname,
+            bname,
+            tuple(d.shape),
+        )
     if b.shape != d.shape:
         return Mismatch(
-            path, "error", f"{where}: shape mismatch: device {tuple(d.shape)}, bench {tuple(b.shape)}", dname, bname, tuple(d.shape)
+            path,
+            "error",
+            f"{where}: shape mismatch: device {tuple(d.shape)}, bench {tuple(b.shape)}",
+            dname,
+            bname,
+            tuple(d.shape),
         )
     return Leaf(path, b, d, bname, dname)
 
 
-def pair_leaves(bench: object, device: object, path: str = "", any_precision: bool = False) -> Iterator[Leaf | Mismatch]:
+def pair_leaves(  # noqa: C901  one walk over two nested outputs, a branch per container kind and mismatch
+    bench: object, device: object, path: str = "", any_precision: bool = False
+) -> Iterator[Leaf | Mismatch]:
     """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order.
     `any_precision`: the device side may be wider than the bench (each element's terms'
     magnitudes, which a caller may give in float64 for a float32 bench)."""
@@ -134,7 +154,9 @@ def pair_leaves(bench: object, device: object, path: str = "", any_precision: bo
         if set(dkeys) != bkeys:
             missing = sorted(map(repr, bkeys - set(dkeys)))
             extra = sorted(map(repr, set(dkeys) - bkeys))
-            yield Mismatch(path, "error", f"{where}: keys differ: missing on the device {missing}, extra on the device {extra}")
+            yield Mismatch(
+                path, "error", f"{where}: keys differ: missing on the device {missing}, extra on the device {extra}"
+            )
             return
         for key in dkeys:
             yield from pair_leaves(bench[key], device[key], f"{path}[{key!r}]", any_precision)
@@ -151,10 +173,15 @@ def pair_leaves(bench: object, device: object, path: str = "", any_precision: bo
         for i, (b, d) in enumerate(zip(bench, device, strict=True)):
             yield from pair_leaves(b, d, f"{path}[{i}]", any_precision)
         return
-    if (_is_leaf(device) or _is_leaf(bench) or isinstance(device, (Mapping, Sequence)) or isinstance(bench, (Mapping, Sequence))) and not (
-        isinstance(device, (str, bytes)) and isinstance(bench, (str, bytes))
-    ):
-        yield Mismatch(path, "error", f"{where}: structure mismatch: device {type(device).__name__}, bench {type(bench).__name__}")
+    if (
+        _is_leaf(device)
+        or _is_leaf(bench)
+        or isinstance(device, (Mapping, Sequence))
+        or isinstance(bench, (Mapping, Sequence))
+    ) and not (isinstance(device, (str, bytes)) and isinstance(bench, (str, bytes))):
+        yield Mismatch(
+            path, "error", f"{where}: structure mismatch: device {type(device).__name__}, bench {type(bench).__name__}"
+        )
         return
     # not numeric (str, dtype, device, slice, ...): equality or nothing
     try:
@@ -162,6 +189,8 @@ def pair_leaves(bench: object, device: object, path: str = "", any_precision: bo
     except Exception:  # noqa: BLE001 - any odd __eq__
         equal = False
     if equal:
-        yield Mismatch(path, "skip", f"{where}: non-numeric output {type(device).__name__} {device!r}, equal on both sides")
+        yield Mismatch(
+            path, "skip", f"{where}: non-numeric output {type(device).__name__} {device!r}, equal on both sides"
+        )
     else:
         yield Mismatch(path, "error", f"{where}: non-numeric output differs: device {device!r}, bench {bench!r}")

@@ -39,7 +39,9 @@ class PassSpec:
     benchmark: tuple[float, float] | None = None  # (small, atol): BenchmarkSums
     benchmark_ideal: bool = False  # with benchmark: IdealSums, the same of the bench rounded to D
     ulp_threshold: float | None = None  # T: UlpSums, max/sum/#(> T) of the own-ULP error
-    signs: Literal["balance", "scale"] | None = None  # SignCounts: #(d > b_D), #(d < b_D); "scale": also outward, inward
+    signs: Literal["balance", "scale"] | None = (
+        None  # SignCounts: #(d > b_D), #(d < b_D); "scale": also outward, inward
+    )
     scaled_rms: float | None = None  # rms: ScaledSums, the ULP error at max(|b|, rms)
     top: tuple[float, float] | None = None  # (q, floor x rms): TopError, the max ULP error over |b| >= q
     thousandth_scaled: tuple[float, float] | None = None  # (rms, ulps x eps): ThousandthScaled
@@ -222,7 +224,12 @@ class _Buffers:
 
     @classmethod
     def allocate(cls, d_dtype: DTypeLike) -> _Buffers:
-        dtypes: dict[str, DTypeLike] = {"bench_d": d_dtype, "threshold_small": bool, "benchmark_small": bool, "benchmark_normal": bool}
+        dtypes: dict[str, DTypeLike] = {
+            "bench_d": d_dtype,
+            "threshold_small": bool,
+            "benchmark_small": bool,
+            "benchmark_normal": bool,
+        }
         dtypes |= {f"mask{i}": bool for i in range(1, 5)}
         return cls(**{f.name: np.empty(CHUNK, dtypes.get(f.name, np.float64)) for f in fields(cls)})
 

@@ -176,7 +176,9 @@ class SignCounts:
     inward: int
 
     def merge(self, other: Self) -> Self:
-        return type(self)(self.up + other.up, self.down + other.down, self.outward + other.outward, self.inward + other.inward)
+        return type(self)(
+            self.up + other.up, self.down + other.down, self.outward + other.outward, self.inward + other.inward
+        )
 
 
 @dataclass(frozen=True)

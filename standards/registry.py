@@ -146,7 +146,7 @@ class Registry:
         return cached
 
     # ----------------------------------------------------------------- judging
-    def check(
+    def check(  # noqa: PLR0913  the public API's keyword-only options (api, reference, terms, groups)
         self,
         bench: object,
         device: object,
@@ -161,7 +161,11 @@ class Registry:
         term_leaves = (
             {}
             if terms is None
-            else {leaf.path: leaf.device for leaf in pair_leaves(bench, terms, any_precision=True) if isinstance(leaf, Leaf)}
+            else {
+                leaf.path: leaf.device
+                for leaf in pair_leaves(bench, terms, any_precision=True)
+                if isinstance(leaf, Leaf)
+            }
         )
         verdicts = []
         for item in pair_leaves(bench, device):
@@ -245,7 +249,9 @@ class Registry:
                     shape=tuple(leaf.device.shape),
                 )
             ref_info = dtype_info(ref.device_dtype) if is_float_name(ref.device_dtype) else info
-            reference_pair = _make_pair(Leaf(leaf.path, leaf.bench, ref.device, leaf.bench_dtype, ref.device_dtype), ref_info)
+            reference_pair = _make_pair(
+                Leaf(leaf.path, leaf.bench, ref.device, leaf.bench_dtype, ref.device_dtype), ref_info
+            )
             reference_pair.terms_src = pair.terms_src
             reference_pair.groups_src = pair.groups_src
             reference = Reference("reference", pair=reference_pair)
@@ -261,9 +267,13 @@ class Registry:
 def _make_pair(leaf: Leaf, info: DtypeInfo) -> Pair:
     floating = is_float_name(leaf.device_dtype)
     if floating:
-        pair = Pair(leaf.bench, leaf.device, info, bench_dtype=leaf.bench_dtype, device_dtype=leaf.device_dtype, path=leaf.path)
+        pair = Pair(
+            leaf.bench, leaf.device, info, bench_dtype=leaf.bench_dtype, device_dtype=leaf.device_dtype, path=leaf.path
+        )
     else:
-        assert isinstance(leaf.bench, np.ndarray) and isinstance(leaf.device, np.ndarray)  # integers and bools: numpy (to_array)
+        assert isinstance(leaf.bench, np.ndarray) and isinstance(
+            leaf.device, np.ndarray
+        )  # integers and bools: numpy (to_array)
         pair = Pair(
             leaf.bench.astype(np.float64),
             leaf.device.astype(np.float64),
@@ -289,7 +299,9 @@ def _looks_like_baseline(reference: object) -> TypeGuard[Mapping[str, Mapping[st
     )
 
 
-def _parse_reference(bench: object, reference: object) -> tuple[dict[str, dict[str, float]] | None, dict[str, Leaf] | None, str | None]:
+def _parse_reference(
+    bench: object, reference: object
+) -> tuple[dict[str, dict[str, float]] | None, dict[str, Leaf] | None, str | None]:
     """-> (baseline {path: metrics} | None, reference leaves {path: Leaf} | None, problem)."""
     if reference is None:
         return None, None, None
@@ -314,7 +326,10 @@ def _combine(verdicts: list[Verdict]) -> Verdict:
     if worst is None:
         return Verdict(status="skip", standard="structure", reasons=("empty structure",))
     reasons = tuple(
-        r if r.startswith(v.path or "\0") else f"{v.path or 'output'}: {r}" for v in verdicts if v.status == status for r in v.reasons
+        r if r.startswith(v.path or "\0") else f"{v.path or 'output'}: {r}"
+        for v in verdicts
+        if v.status == status
+        for r in v.reasons
     )
     return Verdict(
         status=status,

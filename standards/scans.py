@@ -46,7 +46,11 @@ def sampled_bias(pair: Pair, q: float, sample: int) -> list[float] | None:
             bench_d = bench_in_d(bench, info, bench_d_buf)
             # inf/NaN on either side make the sum inf/NaN (so may a finite overflow: then
             # the plain path judges, correctly, only slower)
-            if not (math.isfinite(float(diff.sum())) and math.isfinite(float(bench_d.max())) and math.isfinite(float(bench_d.min()))):
+            if not (
+                math.isfinite(float(diff.sum()))
+                and math.isfinite(float(bench_d.max()))
+                and math.isfinite(float(bench_d.min()))
+            ):
                 return None
             sums.add(device, bench_d, bench, diff, np.abs(bench64, out=abs_b))
         return sums.sums
@@ -58,7 +62,7 @@ def sampled_bias(pair: Pair, q: float, sample: int) -> list[float] | None:
     return [sum(values) for values in zip(*parts, strict=False)]
 
 
-def thousandth_count(
+def thousandth_count(  # noqa: C901  the fused hot loop: a split would add a pass or a call per chunk
     pair: Pair, limit: float = 0.001, bias_q: float | None = None, sample: int = 1
 ) -> tuple[int, list[float] | None] | None:
     """(#elements with rel_err < limit, exactly as metrics.Pair counts them; with bias_q,

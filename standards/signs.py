@@ -46,7 +46,11 @@ def beyond_lean(metrics: dict[str, float], name: str, allowance: float, z_limit:
 
 
 def bias_reasons(
-    metrics: dict[str, float], z_limit: float, ulp_limit: float, reference: dict[str, float] | None = None, allowance: float = 0.0
+    metrics: dict[str, float],
+    z_limit: float,
+    ulp_limit: float,
+    reference: dict[str, float] | None = None,
+    allowance: float = 0.0,
 ) -> list[str]:
     """A reason per failed test: the device's sign test over its z limit AND its mean
     over the limit -- beyond the reference's own mean, when a reference run is given --

@@ -174,7 +174,8 @@ def single_run_metrics(pair: Pair) -> dict[str, float]:
             sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part], pair.abs_b[part])
         return {
             "max_scaled_ulp_err": float(scaled.max()),
-            "mean_scaled_ulp_err": sum(float(scaled[part].sum()) for part in blocks) / sum(part.stop - part.start for part in blocks),
+            "mean_scaled_ulp_err": sum(float(scaled[part].sum()) for part in blocks)
+            / sum(part.stop - part.start for part in blocks),
             "max_top_ulp_err": max_top_ulp_err(pair, defaults["sr_top_quantile"], defaults["sr_scale_floor"]),
             **grouped_z(pair, statistics(sums.sums)),
         }
@@ -183,7 +184,11 @@ def single_run_metrics(pair: Pair) -> dict[str, float]:
 
 
 def single_run_reasons(
-    pair: Pair, metrics: dict[str, float], limits: Mapping[str, float], used: dict[str, float], bias_limit: str = "sr_bias_ulp"
+    pair: Pair,
+    metrics: dict[str, float],
+    limits: Mapping[str, float],
+    used: dict[str, float],
+    bias_limit: str = "sr_bias_ulp",
 ) -> list[str]:
     """Reasons the single-run rule fails (empty list: pass); copies its limits into `used`.
     `bias_limit`: the threshold that bounds the bias means (a standard's own, bias.py)."""
@@ -201,11 +206,15 @@ def single_run_reasons(
             reasons.append(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} ({what})")
     if limits.get(LIB_BIAS_KEY, 0.0) > 0:
         used[LIB_BIAS_KEY] = limits[LIB_BIAS_KEY]
-    reasons.extend(bias_reasons(metrics, thresholds["sr_bias_z"], thresholds[bias_limit], allowance=limits.get(LIB_BIAS_KEY, 0.0)))
+    reasons.extend(
+        bias_reasons(metrics, thresholds["sr_bias_z"], thresholds[bias_limit], allowance=limits.get(LIB_BIAS_KEY, 0.0))
+    )
     return reasons
 
 
-def fast_single_run(pair: Pair, spec: PassSpec, scaled: bool, top: bool = True) -> tuple[PassResult, dict[str, float]] | None:
+def fast_single_run(
+    pair: Pair, spec: PassSpec, scaled: bool, top: bool = True
+) -> tuple[PassResult, dict[str, float]] | None:
     """The single-run metrics in one fused pass (fast.py), with the standard's own `spec`.
 
     -> (pass results, single_run_metrics-like dict) or None (take the plain path). With

@@ -32,7 +32,7 @@ from .single_run import at_least_normal, tolerance_scale
 
 if TYPE_CHECKING:
     from .reference import Reference
-    from .verdict import Offender, Verdict
+    from .verdict import Offender, Status, Verdict
 
 NAME = "thousandth"
 
@@ -63,11 +63,21 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference: Reference
             metrics["scaled_thousandth"] = judged = max(share, good / pair.n)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
     return _finish(
-        pair, {**metrics, **bias}, used, reasons + bias_failed, judged, share, limit, lambda: pair.offenders(pair.rel_err), reference
+        pair,
+        {**metrics, **bias},
+        used,
+        reasons + bias_failed,
+        judged,
+        share,
+        limit,
+        lambda: pair.offenders(pair.rel_err),
+        reference,
     )
 
 
-def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: Reference | None = None) -> Verdict | None:
+def _fast(
+    pair: Pair, thresholds: Mapping[str, float], limit: float, reference: Reference | None = None
+) -> Verdict | None:
     """Large and all finite: a float32 pre-test (with the bias sums of the sample), else
     one fused pass (fast.py)."""
     sums = None
@@ -88,7 +98,11 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: 
     judged = share
     if share < limit:
         rms = fast.rms_or_none(pair)
-        spec = PassSpec(thousandth_scaled=(at_least_normal(rms, pair.info), ulps * pair.info.eps)) if rms is not None else None
+        spec = (
+            PassSpec(thousandth_scaled=(at_least_normal(rms, pair.info), ulps * pair.info.eps))
+            if rms is not None
+            else None
+        )
         res = fast.run(pair, spec) if spec is not None else None
         if res is None:
             return None
@@ -104,11 +118,19 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], limit: float, reference: 
         computed = statistics(sums)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", computed)
     return _finish(
-        pair, {**metrics, **bias}, used, bias_failed, judged, share, limit, lambda: fast.worst(pair, PassSpec(offend="rel")), reference
+        pair,
+        {**metrics, **bias},
+        used,
+        bias_failed,
+        judged,
+        share,
+        limit,
+        lambda: fast.worst(pair, PassSpec(offend="rel")),
+        reference,
     )
 
 
-def _finish(
+def _finish(  # noqa: PLR0913  the verdict's metrics, counts and limits; each read
     pair: Pair,
     metrics: dict[str, float],
     used: dict[str, float],
@@ -130,7 +152,13 @@ def _finish(
                 else ""
             )
         )
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     return pair.verdict(
-        status, NAME, metrics, used, reasons, worst() if status != "pass" else (), reference.kind if reference is not None else "single-run"
+        status,
+        NAME,
+        metrics,
+        used,
+        reasons,
+        worst() if status != "pass" else (),
+        reference.kind if reference is not None else "single-run",
     )

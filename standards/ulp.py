@@ -54,7 +54,7 @@ from .single_run import fast_max_top_ulp_err, fast_single_run, max_top_ulp_err, 
 
 if TYPE_CHECKING:
     from .reference import Reference
-    from .verdict import Offender, Verdict
+    from .verdict import Offender, Status, Verdict
 
 NAME = "ulp"
 #: how many unit roundoffs of the accumulator, times the terms' magnitude, a correct
@@ -77,7 +77,11 @@ def ulp_metrics(pair: Pair, threshold: float) -> dict[str, float]:
 def _fast_ulp_metrics(pair: Pair, res: PassResult) -> dict[str, float]:
     """ulp_metrics from a fused pass (fast.py) over an all-finite pair."""
     sums = res.of(UlpSums)
-    return {"max_ulp_err": float(sums.max), "mean_ulp_err": sums.total / pair.n, "ulp_err_proportion": float(sums.count / pair.n)}
+    return {
+        "max_ulp_err": float(sums.max),
+        "mean_ulp_err": sums.total / pair.n,
+        "ulp_err_proportion": float(sums.count / pair.n),
+    }
 
 
 def _ref_metrics(p: Pair, threshold: float) -> dict[str, float]:
@@ -111,11 +115,14 @@ def conditioned_ulp_metrics(pair: Pair, threshold: float) -> dict[str, float]:
 
 def _absolute_pass(metrics: dict[str, float], thresholds: Mapping[str, float], is_fp32_like: bool) -> bool:
     if is_fp32_like:
-        return metrics["mean_ulp_err"] < thresholds["ulp_mean_max"] or metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
+        return (
+            metrics["mean_ulp_err"] < thresholds["ulp_mean_max"]
+            or metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
+        )
     return metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
 
 
-def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
+def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:  # noqa: C901, PLR0915  the standard's steps (fast path, reference, floors, verdict) read top-down, each with its metric
     """Judge a matrix product by its ULP error."""
     used = {k: thresholds[k] for k in ("ulp_threshold", "ulp_prop_max", "ulp_floor")}
     fp32_like = pair.info.mantissa_bits >= 23
@@ -138,7 +145,9 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
     if pair.terms is not None:
         conditioned = conditioned_ulp_metrics(pair, used["ulp_threshold"])
         metrics.update(conditioned)
-        ok = ok or _absolute_pass({key.removeprefix("cond_"): value for key, value in conditioned.items()}, used, fp32_like)
+        ok = ok or _absolute_pass(
+            {key.removeprefix("cond_"): value for key, value in conditioned.items()}, used, fp32_like
+        )
     kind = "single-run"
     if reference is not None:
         kind = reference.kind
@@ -156,12 +165,18 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
             reasons.append("reference lacks ulp_err_proportion; judged by the single-run rule")
             kind = "single-run"
     if not ok:
-        rule = f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} and " if fp32_like else ""
+        rule = (
+            f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} and " if fp32_like else ""
+        )
         reasons.append(
             f"{rule}ulp_err_proportion {metrics['ulp_err_proportion']:.4g} >= "
             f"{used['ulp_prop_max']:.4g} (share of elements over "
             f"{used['ulp_threshold']:g} ULP)"
-            + (f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1" if "ulp_err_proportion_ratio" in metrics else "")
+            + (
+                f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1"
+                if "ulp_err_proportion_ratio" in metrics
+                else ""
+            )
             + (
                 f"; at the terms' magnitude: cond_mean_ulp_err {metrics['cond_mean_ulp_err']:.4g}, "
                 f"cond_ulp_err_proportion {metrics['cond_ulp_err_proportion']:.4g}"
@@ -179,7 +194,7 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
         reasons.extend(single_run_reasons(pair, bias_only, thresholds, used, bias_limit="ulp_bias_ulp"))
         for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp"):
             used.pop(key, None)
-    status = "error" if reasons else "pass"
+    status: Status = "error" if reasons else "pass"
     worst: tuple[Offender, ...] = ()
     if status != "pass":  # named only where a failure message shows them
         worst = (

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, Literal, NamedTuple, TypeAlias
 
-__all__ = ["Verdict", "Offender", "STATUS_ORDER", "worst_status"]
+__all__ = ["Verdict", "Offender", "Status", "STATUS_ORDER", "worst_status"]
 
-#: severity used to combine verdicts: a structure is as bad as its worst leaf
-STATUS_ORDER = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
+#: what a verdict can be: every status field, parameter and result of the plugin is one
+Status: TypeAlias = Literal["pass", "warning", "error", "skip"]
+
+#: severity used to combine verdicts: a structure is as bad as its worst leaf (the one
+#: order of the plugin and of the standalone scripts, which embed this module)
+STATUS_ORDER: Final[dict[Status, int]] = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
 
 
 class Offender(NamedTuple):
@@ -25,9 +29,9 @@ class Offender(NamedTuple):
     bench: float
 
 
-def worst_status(statuses: Iterable[str]) -> str:
+def worst_status(statuses: Iterable[Status]) -> Status:
     """error > warning > pass > skip; no statuses (or all skip) -> skip."""
-    worst = "skip"
+    worst: Status = "skip"
     for status in statuses:
         if STATUS_ORDER[status] > STATUS_ORDER[worst]:
             worst = status
@@ -38,7 +42,7 @@ def worst_status(statuses: Iterable[str]) -> str:
 class Verdict:
     """How one output (or a structure of outputs) compares with its bench."""
 
-    status: str
+    status: Status
     standard: str
     metrics: dict[str, float] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)

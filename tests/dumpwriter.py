@@ -41,7 +41,9 @@ class DumpWriter:
                 stats.update(Max=bool(tensor.any()), Min=bool(tensor.all()))
             elif tensor.dtype.is_floating_point:
                 wide = tensor.double()
-                stats.update(Max=wide.max().item(), Min=wide.min().item(), Mean=wide.mean().item(), Norm=wide.norm().item())
+                stats.update(
+                    Max=wide.max().item(), Min=wide.min().item(), Mean=wide.mean().item(), Norm=wide.norm().item()
+                )
             else:
                 stats.update(Max=int(tensor.max()), Min=int(tensor.min()))
         value = {
@@ -62,7 +64,9 @@ class DumpWriter:
         outputs = list(output) if isinstance(output, tuple) else [output]
         self.data[prefix] = {
             "input_args": [self.value(arg, f"{prefix}.input.{i}") for i, arg in enumerate(args)],
-            "input_kwargs": {key: self.value(arg, f"{prefix}.kwargs.{key}") for key, arg in kwargs.items()},  # msprobe: kwargs.<key>.pt
+            "input_kwargs": {
+                key: self.value(arg, f"{prefix}.kwargs.{key}") for key, arg in kwargs.items()
+            },  # msprobe: kwargs.<key>.pt
             "output": [self.value(out, f"{prefix}.output.{i}") for i, out in enumerate(outputs)],
         }
 

@@ -87,7 +87,9 @@ def _attention_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]) 
         if is_causal:
             scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
         if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+            scores = (
+                scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+            )
         return torch.matmul(_naive_softmax(scores, -1), v)
 
     return attention
@@ -100,13 +102,17 @@ def _by_moments(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> torch.Ten
     return (x - mean) / torch.sqrt(var + eps)
 
 
-def _affine(y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+def _affine(
+    y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, shape: tuple[int, ...]
+) -> torch.Tensor:
     y = y * weight.reshape(shape) if weight is not None else y
     return y + bias.reshape(shape) if bias is not None else y
 
 
 def _layer_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
-    def layer_norm(x: torch.Tensor, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> torch.Tensor:
+    def layer_norm(
+        x: torch.Tensor, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5
+    ) -> torch.Tensor:
         if x.dtype not in dtypes:
             return original(x, normalized_shape, weight, bias, eps)
         y = _by_moments(x, tuple(range(-len(normalized_shape), 0)), eps)
@@ -139,7 +145,9 @@ def _batch_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) 
 
 
 def _group_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
-    def group_norm(x: torch.Tensor, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> torch.Tensor:
+    def group_norm(
+        x: torch.Tensor, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5
+    ) -> torch.Tensor:
         if x.dtype not in dtypes:
             return original(x, num_groups, weight, bias, eps)
         grouped = x.reshape(x.shape[0], num_groups, -1)
@@ -149,7 +157,9 @@ def _group_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) 
     return group_norm
 
 
-def _elementwise(formula: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Callable, tuple[torch.dtype, ...]], Callable]:
+def _elementwise(
+    formula: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[Callable, tuple[torch.dtype, ...]], Callable]:
     """A unary API computed by `formula` in its dtype."""
 
     def wrap(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
@@ -205,8 +215,12 @@ def _squares_in_dtype(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Ca
         total = squares.new_zeros(squares.shape[:-1])
         for position in range(squares.shape[-1]):
             total = total + squares[..., position]
-        mean = (total / max(squares.shape[-1], 1)).reshape(*x.shape[: x.dim() - len(normalized_shape)], *[1] * len(normalized_shape))
-        y = x * torch.rsqrt(mean + (torch.finfo(torch.float32).eps if eps is None else eps))  # torch's default: float32's
+        mean = (total / max(squares.shape[-1], 1)).reshape(
+            *x.shape[: x.dim() - len(normalized_shape)], *[1] * len(normalized_shape)
+        )
+        y = x * torch.rsqrt(
+            mean + (torch.finfo(torch.float32).eps if eps is None else eps)
+        )  # torch's default: float32's
         return y * weight if weight is not None else y
 
     return rms_norm
@@ -214,7 +228,9 @@ def _squares_in_dtype(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Ca
 
 def _embedding_loss(cos: torch.Tensor, target: torch.Tensor, margin: float, reduction: str) -> torch.Tensor:
     """cosine_embedding_loss from cos (aten's Loss.cpp): 1 - cos where y = 1, max(0, cos - margin) where y = -1."""
-    losses = torch.where(target == 1, 1 - cos, torch.where(target == -1, (cos - margin).clamp_min(0), torch.zeros_like(cos)))
+    losses = torch.where(
+        target == 1, 1 - cos, torch.where(target == -1, (cos - margin).clamp_min(0), torch.zeros_like(cos))
+    )
     return {"none": losses, "sum": losses.sum()}.get(reduction, losses.mean())
 
 
@@ -222,12 +238,16 @@ def _one_minus_cos(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Calla
     """cosine_embedding_loss as 1 - cos with cos rounded to x1's dtype: for x2 near x1, cos
     rounds to 1 or 1 - eps and 1 - cos keeps no bit of its result (torch's own kernel, Loss.cpp)."""
 
-    def loss(x1: torch.Tensor, x2: torch.Tensor, target: torch.Tensor, margin: float = 0.0, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def loss(
+        x1: torch.Tensor, x2: torch.Tensor, target: torch.Tensor, margin: float = 0.0, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         if x1.dtype not in dtypes or args or set(kwargs) - {"reduction"}:
             return original(x1, x2, target, margin, *args, **kwargs)
         dim = target.dim()
         squares = ((x1 * x1).sum(dim) + 1e-12) * ((x2 * x2).sum(dim) + 1e-12)
-        return _embedding_loss((x1 * x2).sum(dim) / torch.sqrt(squares), target, margin, kwargs.get("reduction", "mean"))
+        return _embedding_loss(
+            (x1 * x2).sum(dim) / torch.sqrt(squares), target, margin, kwargs.get("reduction", "mean")
+        )
 
     return loss
 
@@ -242,7 +262,9 @@ def _rounded_once(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callab
     def api(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if x.dtype not in dtypes:
             return original(x, *args, **kwargs)
-        return original(x.double(), *map(widened, args), **{key: widened(value) for key, value in kwargs.items()}).to(x.dtype)
+        return original(x.double(), *map(widened, args), **{key: widened(value) for key, value in kwargs.items()}).to(
+            x.dtype
+        )
 
     return api
 
@@ -277,7 +299,9 @@ class ExploreFault:
 
 EXAMPLE = "examples/mlpcnn_tensor_fp32"
 MODELS = "tests/dumps/models/"
-SOFTMAX_WITHOUT_MAX = "NVIDIA/FasterTransformer#43 'fastertransformer nan error' (the attention softmax did not subtract the max)"
+SOFTMAX_WITHOUT_MAX = (
+    "NVIDIA/FasterTransformer#43 'fastertransformer nan error' (the attention softmax did not subtract the max)"
+)
 LOSSES = MODELS + "losses_tensor_"
 MOMENTS = "tracel-ai/burn#5607 'fused f32 layer_norm loses precision for rows with large mean (E[x^2]-E[x]^2)'"
 
@@ -288,7 +312,10 @@ FAULTS = {
         _softmax_without_max,
         (F32,),
         SOFTMAX_WITHOUT_MAX,
-        {EXAMPLE: ("Tensor.softmax.0.forward",), MODELS + "embedattn_tensor_fp32": ("Tensor.softmax.0.forward",)},  # masked: causal -inf
+        {
+            EXAMPLE: ("Tensor.softmax.0.forward",),
+            MODELS + "embedattn_tensor_fp32": ("Tensor.softmax.0.forward",),
+        },  # masked: causal -inf
     ),
     "half_softmax_without_max": ExploreFault(
         torch.Tensor,
@@ -358,7 +385,10 @@ FAULTS = {
         MOMENTS,
         {
             EXAMPLE: ("Functional.layer_norm.0.forward",),
-            MODELS + "transformer12_tensor_fp32": ("Functional.layer_norm.3.forward", "Functional.layer_norm.24.forward"),
+            MODELS + "transformer12_tensor_fp32": (
+                "Functional.layer_norm.3.forward",
+                "Functional.layer_norm.24.forward",
+            ),
         },
     ),
     "half_variance_by_moments": ExploreFault(
@@ -369,7 +399,9 @@ FAULTS = {
         MOMENTS,
         {
             MODELS + "transformer12_tensor_fp16": ("Functional.layer_norm.12.forward",),
-            MODELS + "transformer12_tensor_bf16": ("Functional.layer_norm.0.forward",),  # bfloat16's draws keep 4 bits: too few
+            MODELS + "transformer12_tensor_bf16": (
+                "Functional.layer_norm.0.forward",
+            ),  # bfloat16's draws keep 4 bits: too few
             MODELS + "apizoo_tensor_bf16": ("Functional.layer_norm.0.forward",),
         },
     ),

@@ -94,7 +94,9 @@ def dot_toward_zero(original: Callable) -> Callable:
         if input.dtype not in (torch.float32, torch.bfloat16):
             return output
         with torch.no_grad():
-            exact = original(input.detach().double(), weight.detach().double(), None if bias is None else bias.detach().double())
+            exact = original(
+                input.detach().double(), weight.detach().double(), None if bias is None else bias.detach().double()
+            )
             return _overwrite(output, round_float64_toward_zero(exact, input.dtype))
 
     return faulty_linear
@@ -197,11 +199,16 @@ class _SoftmaxBackwardHalfAccumulator(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         low, f32 = y.dtype, torch.float32
         dim = ctx.dim % y.dim()
-        products = aten._to_copy(aten.mul.Tensor(aten._to_copy(grad, dtype=f32), aten._to_copy(y, dtype=f32)), dtype=low)
+        products = aten._to_copy(
+            aten.mul.Tensor(aten._to_copy(grad, dtype=f32), aten._to_copy(y, dtype=f32)), dtype=low
+        )
         total = aten.select.int(products, dim, 0)
         for j in range(1, y.shape[dim]):  # the fault: the running sum is stored in the input dtype
             total = aten._to_copy(
-                aten.add.Tensor(aten._to_copy(total, dtype=f32), aten._to_copy(aten.select.int(products, dim, j), dtype=f32)), dtype=low
+                aten.add.Tensor(
+                    aten._to_copy(total, dtype=f32), aten._to_copy(aten.select.int(products, dim, j), dtype=f32)
+                ),
+                dtype=low,
             )
         total = aten.unsqueeze(aten._to_copy(total, dtype=f32), dim)
         dx = aten.mul.Tensor(aten._to_copy(y, dtype=f32), aten.sub.Tensor(aten._to_copy(grad, dtype=f32), total))
@@ -249,7 +256,9 @@ def embedding_backward_lost_duplicates(original: Callable) -> Callable:
     """float32 embedding backward that loses the contributions of repeated indices (a
     lost update / unsynchronised write): the forward is correct."""
 
-    def faulty_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    def faulty_embedding(
+        input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False
+    ):
         plain = padding_idx is None and max_norm is None and not scale_grad_by_freq and not sparse
         if weight.dtype != torch.float32 or not plain or not (torch.is_grad_enabled() and weight.requires_grad):
             return original(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
@@ -280,7 +289,9 @@ class _MaxPoolBackwardAllTies(torch.autograd.Function):
         cols = aten.reshape(aten.im2col(x, kernel, dilation, padding, stride), [n, c, kernel[0] * kernel[1], -1])
         tied = aten.eq.Tensor(cols, aten.reshape(y, [n, c, 1, -1]))  # the fault: every tie, not the first
         routed = aten.mul.Tensor(tied, aten.reshape(grad, [n, c, 1, -1]))
-        dx = aten.col2im(aten.reshape(routed, [n, c * kernel[0] * kernel[1], -1]), [h, w], kernel, dilation, padding, stride)
+        dx = aten.col2im(
+            aten.reshape(routed, [n, c * kernel[0] * kernel[1], -1]), [h, w], kernel, dilation, padding, stride
+        )
         return dx, None
 
 
@@ -291,10 +302,14 @@ def maxpool_backward_all_ties(original: Callable) -> Callable:
     def pair(value):
         return tuple(value) * (2 // len(value)) if isinstance(value, (tuple, list)) else (value, value)
 
-    def faulty_max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    def faulty_max_pool2d(
+        input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False
+    ):
         plain = input.dim() == 4 and not ceil_mode and not return_indices
         if input.dtype != torch.float32 or not plain or not (torch.is_grad_enabled() and input.requires_grad):
-            return original(input, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=return_indices)
+            return original(
+                input, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=return_indices
+            )
         kernel = pair(kernel_size)
         stride = kernel if stride is None or (isinstance(stride, (tuple, list)) and not stride) else pair(stride)
         return _MaxPoolBackwardAllTies.apply(input, (kernel, stride, pair(padding), pair(dilation), original))
@@ -360,7 +375,9 @@ class _EinsumBackwardScaled(torch.autograd.Function):
         operands = ctx.saved_tensors
         with torch.enable_grad():
             wide = [aten._to_copy(operand.detach(), dtype=torch.float64).requires_grad_() for operand in operands]
-            exact = torch.autograd.grad(ctx.original(ctx.equation, *wide), wide, aten._to_copy(grad, dtype=torch.float64))
+            exact = torch.autograd.grad(
+                ctx.original(ctx.equation, *wide), wide, aten._to_copy(grad, dtype=torch.float64)
+            )
         return (
             None,
             None,

@@ -69,7 +69,9 @@ class Tape:
         self.counts[api] += 1
         return f"{api}.{number}"
 
-    def call(self, api: str, function: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], *, grads: bool = True) -> Any:
+    def call(
+        self, api: str, function: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], *, grads: bool = True
+    ) -> Any:
         call = self.name(api)
         sources: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -82,9 +84,15 @@ class Tape:
 
         with torch.enable_grad():
             output = function(*tree(leaf, args), **tree(leaf, kwargs))
-        self.writer.forward(call, tree(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, args), kwargs, _detached(output))
+        self.writer.forward(
+            call, tree(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, args), kwargs, _detached(output)
+        )
         detached = tree(
-            lambda v: v.detach().requires_grad_(grads and v.is_floating_point() and v.requires_grad) if isinstance(v, torch.Tensor) else v,
+            lambda v: (
+                v.detach().requires_grad_(grads and v.is_floating_point() and v.requires_grad)
+                if isinstance(v, torch.Tensor)
+                else v
+            ),
             output,
         )
         self.entries.append(Entry(call, sources, flat(output), flat(detached)))
@@ -99,7 +107,9 @@ class Tape:
             if entry.backward is not None:
                 produced = entry.backward(incoming)
             else:
-                pairs = [(o, g) for o, g in zip(entry.outputs, incoming, strict=True) if g is not None and o.requires_grad]
+                pairs = [
+                    (o, g) for o, g in zip(entry.outputs, incoming, strict=True) if g is not None and o.requires_grad
+                ]
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
                 produced = [made.grad for _, made in entry.sources]
                 self.writer.backward(entry.call, incoming, produced)
@@ -126,7 +136,9 @@ def grouped_matmul(tape: Tape, x: torch.Tensor, weights: list[torch.Tensor], gro
     def backward(incoming: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
         (grad,) = incoming
         assert grad is not None
-        [grad_x] = tape.call("NPU.npu_grouped_matmul", gmm, [[grad], [w.detach() for w in weights]], kwargs, grads=False)
+        [grad_x] = tape.call(
+            "NPU.npu_grouped_matmul", gmm, [[grad], [w.detach() for w in weights]], kwargs, grads=False
+        )
         weight_kwargs = {**kwargs, "split_item": 3, "group_type": 2}
         [grad_w] = tape.call("NPU.npu_grouped_matmul", gmm, [[x.detach().t()], [grad]], weight_kwargs, grads=False)
         return [grad_x, *[g.t() for g in grad_w.unbind(0)]]

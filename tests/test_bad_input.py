@@ -78,7 +78,9 @@ def raw(text: bytes | str) -> Callable[[Path], Path]:
     return build
 
 
-def dump(entries: dict, *, task="tensor", files: dict | None = None, header: dict | None = None) -> Callable[[Path], Path]:
+def dump(
+    entries: dict, *, task="tensor", files: dict | None = None, header: dict | None = None
+) -> Callable[[Path], Path]:
     def build(root: Path) -> Path:
         data_dir = root / "dump_tensor_data"
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -112,21 +114,49 @@ def secret_outside(path: Path, root: Path) -> None:
 
 
 CASES = [
-    Case("truncated_json", lambda r: raw(json.dumps({"task": "tensor", "data": healthy()})[:-20])(r), "dump", "ends early"),
+    Case(
+        "truncated_json",
+        lambda r: raw(json.dumps({"task": "tensor", "data": healthy()})[:-20])(r),
+        "dump",
+        "ends early",
+    ),
     Case("invalid_json", raw('{"task": "tensor", "data": {oops}}'), "dump", "not a valid dump.json"),
     Case("empty_file", raw(""), "dump", "expected an object"),
     Case("top_level_array", raw("[1, 2]"), "dump", "expected an object"),
     Case("no_data", raw(json.dumps({"task": "tensor"})), "dump", 'no "data" object'),
     Case("data_not_object", raw(json.dumps({"task": "tensor", "data": [1]})), "dump", '"data" is not an object'),
     Case("task_missing", raw(json.dumps({"data": healthy()})), "dump", '"task"'),
-    Case("task_unknown", raw(json.dumps({"task": "everything", "data": healthy()})), "dump", 'expected "tensor" or "statistics"'),
-    Case("framework_unknown", raw(json.dumps({"task": "statistics", "framework": "jax", "data": healthy()})), "dump", '"framework"'),
-    Case("not_utf8", raw(b'{"task": "\xff\xfe"}'), "dump", "not UTF-8"),
-    Case("empty_dump", raw(json.dumps({"task": "statistics", "data": {"Module.fc.Linear.forward.0": {}}})), "dump", "holds no API calls"),
-    Case("record_not_object", dump(broken(value=[1, 2])), "failed", "not an object"),
-    Case("args_not_list", dump(broken(value={"input_args": {"a": 1}, "input_kwargs": {}})), "failed", "input_args must be a list"),
     Case(
-        "shape_not_list", dump(broken(value=call(tensor("2x3", data_name="good.pt")))), "failed", "is not a list of non-negative integers"
+        "task_unknown",
+        raw(json.dumps({"task": "everything", "data": healthy()})),
+        "dump",
+        'expected "tensor" or "statistics"',
+    ),
+    Case(
+        "framework_unknown",
+        raw(json.dumps({"task": "statistics", "framework": "jax", "data": healthy()})),
+        "dump",
+        '"framework"',
+    ),
+    Case("not_utf8", raw(b'{"task": "\xff\xfe"}'), "dump", "not UTF-8"),
+    Case(
+        "empty_dump",
+        raw(json.dumps({"task": "statistics", "data": {"Module.fc.Linear.forward.0": {}}})),
+        "dump",
+        "holds no API calls",
+    ),
+    Case("record_not_object", dump(broken(value=[1, 2])), "failed", "not an object"),
+    Case(
+        "args_not_list",
+        dump(broken(value={"input_args": {"a": 1}, "input_kwargs": {}})),
+        "failed",
+        "input_args must be a list",
+    ),
+    Case(
+        "shape_not_list",
+        dump(broken(value=call(tensor("2x3", data_name="good.pt")))),
+        "failed",
+        "is not a list of non-negative integers",
     ),
     Case("negative_shape", dump(broken(value=call(tensor([-1, 3], data_name="good.pt")))), "failed", "non-negative"),
     Case(
@@ -147,10 +177,18 @@ CASES = [
         "failed",
         "is not a int",
     ),
-    Case("missing_tensor_file", dump(broken(value=call(tensor([2, 3], data_name="gone.pt")))), "failed", "'gone.pt' is missing"),
+    Case(
+        "missing_tensor_file",
+        dump(broken(value=call(tensor([2, 3], data_name="gone.pt")))),
+        "failed",
+        "'gone.pt' is missing",
+    ),
     Case(
         "corrupt_tensor_file",
-        dump(broken(value=call(tensor([2, 3], data_name="bad.pt"))), files={"bad.pt": lambda p, r: p.write_bytes(b"\x80\x02garbage" * 10)}),
+        dump(
+            broken(value=call(tensor([2, 3], data_name="bad.pt"))),
+            files={"bad.pt": lambda p, r: p.write_bytes(b"\x80\x02garbage" * 10)},
+        ),
         "failed",
         "cannot load 'bad.pt'",
     ),
@@ -160,7 +198,12 @@ CASES = [
         "failed",
         "points outside",
     ),
-    Case("data_name_absolute", dump(broken(value=call(tensor([2, 3], data_name="/etc/hostname.pt")))), "failed", "points outside"),
+    Case(
+        "data_name_absolute",
+        dump(broken(value=call(tensor([2, 3], data_name="/etc/hostname.pt")))),
+        "failed",
+        "points outside",
+    ),
     Case(
         "symlink_escapes",
         dump(
@@ -170,7 +213,12 @@ CASES = [
         "failed",
         "points outside",
     ),
-    Case("not_a_tensor_file", dump(broken(value=call(tensor([2, 3], data_name="notes.txt")))), "failed", "is not a .pt or .npy file name"),
+    Case(
+        "not_a_tensor_file",
+        dump(broken(value=call(tensor([2, 3], data_name="notes.txt")))),
+        "failed",
+        "is not a .pt or .npy file name",
+    ),
     Case(
         "pickle_payload",
         dump(
@@ -190,7 +238,11 @@ CASES = [
         "npy_object_array",
         dump(
             broken(value=call(tensor([2, 3], data_name="obj.npy"))),
-            files={"obj.npy": lambda p, r: np.save(p, np.array([Payload(r / "PWNED")] * 6, dtype=object).reshape(2, 3), allow_pickle=True)},
+            files={
+                "obj.npy": lambda p, r: np.save(
+                    p, np.array([Payload(r / "PWNED")] * 6, dtype=object).reshape(2, 3), allow_pickle=True
+                )
+            },
         ),
         "failed",
         "cannot load 'obj.npy'",
@@ -209,12 +261,25 @@ CASES = [
     ),
     Case(
         "file_not_a_tensor",
-        dump(broken(value=call(tensor([2, 3], data_name="dict.pt"))), files={"dict.pt": save_tensor({"a": torch.zeros(1)})}),
+        dump(
+            broken(value=call(tensor([2, 3], data_name="dict.pt"))),
+            files={"dict.pt": save_tensor({"a": torch.zeros(1)})},
+        ),
         "failed",
         "not a tensor",
     ),
-    Case("huge_shape", dump(broken(value=call(tensor([1 << 20, 1 << 20]))), task="statistics"), "skipped", "above the limit"),
-    Case("min_above_max", dump(broken(value=call(tensor([2, 3], Max=-1.0, Min=1.0))), task="statistics"), "failed", "Min=1.0 > Max=-1.0"),
+    Case(
+        "huge_shape",
+        dump(broken(value=call(tensor([1 << 20, 1 << 20]))), task="statistics"),
+        "skipped",
+        "above the limit",
+    ),
+    Case(
+        "min_above_max",
+        dump(broken(value=call(tensor([2, 3], Max=-1.0, Min=1.0))), task="statistics"),
+        "failed",
+        "Min=1.0 > Max=-1.0",
+    ),
     Case(
         "statistic_not_number",
         dump(broken(value=call(tensor([2, 3], Max="big"))), task="statistics"),
@@ -233,7 +298,12 @@ CASES = [
         "skipped",
         "not in the replay table",
     ),
-    Case("unknown_api_type", dump(broken("Jax.exp.0.forward", call(tensor([2, 3], data_name="good.pt")))), "skipped", "api type 'Jax'"),
+    Case(
+        "unknown_api_type",
+        dump(broken("Jax.exp.0.forward", call(tensor([2, 3], data_name="good.pt")))),
+        "skipped",
+        "api type 'Jax'",
+    ),
     Case(
         "distributed_call",
         dump(broken("Distributed.all_reduce.0.forward", call(tensor([2, 3], data_name="good.pt")))),
@@ -273,7 +343,9 @@ def test_broken_dump_is_reported_not_crashed(case: Case, tmp_path: Path, run_dum
     (outcome,) = broken_calls.values()
     assert outcome.outcome == case.expect, outcome.text
     assert case.says in outcome.text
-    assert "\x1b" not in outcome.text and "weights_only` set to `False" not in outcome.text  # never advise loading unsafely
+    assert (
+        "\x1b" not in outcome.text and "weights_only` set to `False" not in outcome.text
+    )  # never advise loading unsafely
     assert result.calls[HEALTHY].outcome == "passed", result.calls[HEALTHY].text
 
 

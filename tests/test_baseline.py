@@ -35,7 +35,9 @@ def test_baseline_is_versioned_sorted_and_names_its_environment(clean_baseline) 
     (identity,) = header["environment"]["dumps"].values()
     assert len(identity["sha256"]) == 64
     names = [json.loads(line)["call"] for line in lines[1:]]
-    assert names == sorted(names) and len([name for name in names if not is_kernel(name)]) == 49  # and the kernels' verdicts
+    assert (
+        names == sorted(names) and len([name for name in names if not is_kernel(name)]) == 49
+    )  # and the kernels' verdicts
 
 
 def test_rerun_without_change_passes(clean_baseline, run_dump, pytester: pytest.Pytester) -> None:
@@ -83,7 +85,9 @@ def test_bad_baseline_is_a_usage_error(copy_dump, pytester: pytest.Pytester, tmp
     folder = tmp_path / "old"
     folder.mkdir()
     (folder / FILE_NAME).write_text(json.dumps({"format": "pytest-msprobe-baseline", "version": 99}) + "\n")
-    result = pytester.runpytest(f"--msprobe-dump={copy_dump('npu_rope_statistics_fp16')}", f"--msprobe-baseline={folder}")
+    result = pytester.runpytest(
+        f"--msprobe-dump={copy_dump('npu_rope_statistics_fp16')}", f"--msprobe-baseline={folder}"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*baseline format version 99*"])
 

@@ -70,7 +70,11 @@ def _keep_flags():
     before = _flags()
     saved = {name: owner().fp32_precision for name, owner in precision._fp32_precision_api()}
     reductions = {name: getattr(torch.backends.cuda.matmul, name) for name in REDUCTIONS}
-    legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    legacy = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
     yield
     for name, value in reductions.items():
         setattr(torch.backends.cuda.matmul, name, value)
@@ -236,7 +240,10 @@ def _ignoring(*attributes: str):
     that drops the setting would do."""
 
     def switches() -> list[precision.Switch]:
-        return [dataclasses.replace(s, set=lambda value: None) if s.name.endswith(attributes) else s for s in precision.cuda_switches()]
+        return [
+            dataclasses.replace(s, set=lambda value: None) if s.name.endswith(attributes) else s
+            for s in precision.cuda_switches()
+        ]
 
     return switches
 
@@ -277,7 +284,9 @@ def test_a_check_that_fails_at_run_time_skips_the_call_instead_of_judging_it(mon
     api = _api("Functional.linear", F.linear)
     cpu = torch.device("cpu")
     device = Run(api, F.linear, Placement(cpu))
-    bench = Run(api, F.linear, Placement(cpu, {H: torch.float32}), context=functools.partial(precision.strict_float32, "cuda"))
+    bench = Run(
+        api, F.linear, Placement(cpu, {H: torch.float32}), context=functools.partial(precision.strict_float32, "cuda")
+    )
     results = replay("forward", api, _inputs(x, w), device, bench, None, framework="pytorch")
     assert results.bench.dtype == torch.float32
     _set_user_tf32()
@@ -312,7 +321,13 @@ def test_the_verdict_and_the_record_say_where_the_bench_ran(write_dump, monkeypa
 
     x, w = torch.randn(64, 32), torch.randn(16, 32)
     dump = write_dump(
-        {"Functional.linear.0.forward": {"input_args": [_stats(x), _stats(w)], "input_kwargs": {}, "output": [_stats(F.linear(x, w))]}}
+        {
+            "Functional.linear.0.forward": {
+                "input_args": [_stats(x), _stats(w)],
+                "input_kwargs": {},
+                "output": [_stats(F.linear(x, w))],
+            }
+        }
     )
     index = read_index(dump)
     name = CallName("Functional", "linear", 0, "forward")
@@ -327,7 +342,9 @@ def test_the_verdict_and_the_record_say_where_the_bench_ran(write_dump, monkeypa
     result = check_call(index, name, _settings("cpu"))
     assert result.verdict.status == plain.verdict.status == "pass"
     assert result.verdict.reference == f"{plain.verdict.reference}, bench on the CPU (labelled by the test)"
-    assert all(o.reference.endswith(", bench on the CPU (labelled by the test)") for o in output_results(result.verdict))
+    assert all(
+        o.reference.endswith(", bench on the CPU (labelled by the test)") for o in output_results(result.verdict)
+    )
 
 
 def _stats(t: torch.Tensor) -> dict[str, object]:
@@ -380,7 +397,9 @@ def _strict_cuda_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.linear(x.cuda(), w.cuda()).cpu()
 
 
-def _scaled_linear_errors(x: torch.Tensor, w: torch.Tensor, *linears: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> list[float]:
+def _scaled_linear_errors(
+    x: torch.Tensor, w: torch.Tensor, *linears: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+) -> list[float]:
     """Each linear's largest error against the float64 result, at the terms' scale."""
     exact, scale = F.linear(x.double(), w.double()), F.linear(x.double().abs(), w.double().abs())
     return [float(((linear(x, w).double() - exact).abs() / scale).max()) for linear in linears]
@@ -422,7 +441,9 @@ def test_torch_s_defaults_are_named_per_dtype() -> None:
     assert "torch.backends.cudnn.allow_tf32 is True where strict is False" in float32
     assert not any("reduced_precision_reduction" in line for line in float32)
     bfloat16 = precision.lowered_precision("cuda", {"bfloat16"})
-    assert bfloat16 == ["torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction is True where strict is False"]
+    assert bfloat16 == [
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction is True where strict is False"
+    ]
     assert precision.lowered_precision("cpu", {"float32", "bfloat16"}) == []
 
 
@@ -435,7 +456,10 @@ def test_only_the_failing_outputs_dtypes_are_asked_about() -> None:
     from pytest_msprobe.judge.call import failing_dtypes
     from pytest_msprobe.standards import Verdict
 
-    outputs = (Verdict("error", "benchmark", device_dtype="float32"), Verdict("pass", "benchmark", device_dtype="bfloat16"))
+    outputs = (
+        Verdict("error", "benchmark", device_dtype="float32"),
+        Verdict("pass", "benchmark", device_dtype="bfloat16"),
+    )
     assert failing_dtypes(Verdict("error", "benchmark", outputs=outputs)) == {"float32"}
     assert failing_dtypes(Verdict("error", "ulp", device_dtype="float16")) == {"float16"}
 
@@ -448,4 +472,7 @@ def test_a_float32_lstm_failing_on_cuda_names_the_tf32_it_ran_in(copy_dump, run_
     result = run_dump(copy_dump("models/lstm_tensor_fp32"), "--msprobe-device=cuda", "-k", "lstm.0.forward")
     outcome = result.calls["Torch.lstm.0.forward"]
     assert outcome.outcome == "failed"
-    assert "the device computed in lowered precision, by its own settings: torch.backends.cudnn.allow_tf32 is True" in outcome.text
+    assert (
+        "the device computed in lowered precision, by its own settings: torch.backends.cudnn.allow_tf32 is True"
+        in outcome.text
+    )

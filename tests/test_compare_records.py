@@ -121,11 +121,19 @@ def test_folders_without_result_files_are_no_comparison(tmp_path):
 def _dropout_run(root: Path, dropped: int, status: str) -> Path:
     """A single-run journal and metrics file of one dropout call, as the plugin writes them."""
     call, dump = "Functional.dropout.0.forward", str(root / "dump.json")
-    message = f"{call}: {status} by the benchmark standard on cpu\n  output: dropout rate: {dropped} of 512 elements dropped"
+    message = (
+        f"{call}: {status} by the benchmark standard on cpu\n  output: dropout rate: {dropped} of 512 elements dropped"
+    )
     output = {"index": 0, "path": "", "status": status, "standard": "benchmark", "metrics": {"rmse": dropped * 1e-12}}
     record = {"dump": dump, "call": call, "status": status, "reference": "single-run", "message": message}
     record["outputs"] = [{**output, "findings": {"dropped": dropped}}]
-    metrics = {"dump": dump, "call": "Functional.dropout.0", "direction": "forward", "name": f"{call}.output.0", "status": status}
+    metrics = {
+        "dump": dump,
+        "call": "Functional.dropout.0",
+        "direction": "forward",
+        "name": f"{call}.output.0",
+        "status": status,
+    }
     (root / "out").mkdir(parents=True)
     (root / "out" / "msprobe_records_20261127000000.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
     (root / "out" / "accuracy_checking_metrics_20261127000000.jsonl").write_text(
@@ -147,7 +155,9 @@ def test_a_single_run_dropout_is_compared_by_its_verdict_only(tmp_path):
 
 def test_an_offline_dropout_is_compared_in_full(tmp_path):
     """Offline the mask is the dumped one: the same in every run, so every field counts."""
-    before, after = (_dropout_run(tmp_path / side, dropped, "pass") for side, dropped in (("before", 56), ("after", 50)))
+    before, after = (
+        _dropout_run(tmp_path / side, dropped, "pass") for side, dropped in (("before", 56), ("after", 50))
+    )
     for root in (before, after):
         journal = root / "out" / "msprobe_records_20261127000000.jsonl"
         journal.write_text(journal.read_text(encoding="utf-8").replace('"single-run"', '"cpu"'), encoding="utf-8")

@@ -37,11 +37,17 @@ COMPAT_MODULES = (ROOT / "pytest_msprobe" / "compat.py", ROOT / "pytest_msprobe"
 PUBLIC_UNDERSCORE = {"_exit", "_replace", "_asdict", "_fields", "_make"}
 # what the tests and benchmarks reach besides the package's (where: the first user)
 TESTS_PRIVATE_APIS = (
-    PrivateApi("_pytest.pytester.SysModulesSnapshot", "pytest", "tests/mindspore_replay/conftest.py: keeps MindSpore loaded"),
+    PrivateApi(
+        "_pytest.pytester.SysModulesSnapshot", "pytest", "tests/mindspore_replay/conftest.py: keeps MindSpore loaded"
+    ),
     PrivateApi("torch.ops.aten._to_copy", "torch", "tests/model_faults.py: a planted kernel's dtype casts"),
     PrivateApi("torch.nn.GRU._flat_weights", "torch", "tests/dumps/models/make_dumps.py: torch.gru's weights list"),
-    PrivateApi("torch._dynamo.config.cache_size_limit", "torch", "benchmarks/library_families.py: more compiled variants"),
-    PrivateApi("torch.ops.aten._scaled_dot_product_attention_math", "torch", "benchmarks/explore_findings.py: the math kernel"),
+    PrivateApi(
+        "torch._dynamo.config.cache_size_limit", "torch", "benchmarks/library_families.py: more compiled variants"
+    ),
+    PrivateApi(
+        "torch.ops.aten._scaled_dot_product_attention_math", "torch", "benchmarks/explore_findings.py: the math kernel"
+    ),
 )
 ALL_APIS = (*compat.PRIVATE_APIS, *plugin_compat.PRIVATE_APIS, *TESTS_PRIVATE_APIS)
 # an instance attribute: read from an instance the class makes
@@ -116,7 +122,9 @@ def test_every_checked_signature_is_of_a_listed_api() -> None:
 
 def test_a_moved_api_is_named_with_its_version() -> None:
     gone = PrivateApi("torch.autograd.graph._no_such_entry", "torch", "nothing")
-    with pytest.raises(pytest.fail.Exception, match=rf"_no_such_entry is gone: .* in torch {re.escape(torch.__version__)}"):
+    with pytest.raises(
+        pytest.fail.Exception, match=rf"_no_such_entry is gone: .* in torch {re.escape(torch.__version__)}"
+    ):
         _resolve(gone)
 
 
@@ -137,10 +145,14 @@ def test_a_tensor_file_is_read_into_an_untyped_storage(tmp_path: Path) -> None:
     assert reader is not None, _moved(_api("torch._C.PyTorchFileReader"), "is gone")
     archive = reader(str(tmp_path / "t.pt"))
     rebuild = _api("torch._utils._rebuild_tensor_v2")
-    assert b"_rebuild_tensor_v2" in archive.get_record("data.pkl"), _moved(rebuild, "is not what torch.save pickles a tensor as")
+    assert b"_rebuild_tensor_v2" in archive.get_record("data.pkl"), _moved(
+        rebuild, "is not what torch.save pickles a tensor as"
+    )
     storage = compat.untyped(archive.get_storage_from_record("data/0", 16, torch.UntypedStorage))  # type: ignore[arg-type]
     untyped = _api("torch.storage.TypedStorage._untyped_storage")
-    assert isinstance(storage, torch.UntypedStorage) and storage.nbytes() == 16, _moved(untyped, f"is a {type(storage)}")
+    assert isinstance(storage, torch.UntypedStorage) and storage.nbytes() == 16, _moved(
+        untyped, f"is a {type(storage)}"
+    )
 
 
 def _draws(seed: int) -> list[int]:
@@ -172,7 +184,9 @@ def test_the_database_is_keyed_by_the_added_digest(tmp_path: Path) -> None:
         raise AssertionError
 
     def keys_after(key: bytes) -> set[str]:
-        test = settings(database=DirectoryBasedExampleDatabase(tmp_path), phases=[Phase.generate])(given(st.integers())(failing))
+        test = settings(database=DirectoryBasedExampleDatabase(tmp_path), phases=[Phase.generate])(
+            given(st.integers())(failing)
+        )
         compat.key_database(test, key)
         with pytest.raises(AssertionError):
             test()
@@ -189,8 +203,12 @@ def test_a_search_sees_no_local_constants() -> None:
 
     with compat.no_local_constants():
         local = _api("hypothesis.internal.conjecture.providers._get_local_constants")
-        assert providers._get_local_constants() == providers.Constants(), _moved(local, "still gives local constants when patched")
-        assert not providers.CONSTANTS_CACHE, _moved(_api("hypothesis.internal.conjecture.providers.CONSTANTS_CACHE"), "is not emptied")
+        assert providers._get_local_constants() == providers.Constants(), _moved(
+            local, "still gives local constants when patched"
+        )
+        assert not providers.CONSTANTS_CACHE, _moved(
+            _api("hypothesis.internal.conjecture.providers.CONSTANTS_CACHE"), "is not emptied"
+        )
 
 
 def test_ending_a_process_waits_for_its_threads_and_runs_its_exit_handlers() -> None:
@@ -236,25 +254,41 @@ def _private_uses(tree: ast.Module, own: set[str]) -> Iterator[tuple[int, str]]:
     """(line, name) of each private name of another project the module uses: a private
     module imported, a private attribute read or set, or named to getattr/patch.object."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] not in FIRST_PARTY:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] not in FIRST_PARTY
+        ):
             modules = node.module.split(".")
             if any(_private(part) or part == "internal" for part in modules):
                 yield node.lineno, node.module
             yield from ((node.lineno, alias.name) for alias in node.names if _private(alias.name))
         elif isinstance(node, ast.Import):
-            yield from ((node.lineno, alias.name) for alias in node.names if any(_private(part) for part in alias.name.split(".")))
+            yield from (
+                (node.lineno, alias.name)
+                for alias in node.names
+                if any(_private(part) for part in alias.name.split("."))
+            )
         elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own | PUBLIC_UNDERSCORE:
             yield node.lineno, node.attr
         elif isinstance(node, ast.Call) and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
             called = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
             name = node.args[1].value
-            if called in ("getattr", "hasattr", "setattr", "object") and isinstance(name, str) and _private(name) and name not in own:
+            if (
+                called in ("getattr", "hasattr", "setattr", "object")
+                and isinstance(name, str)
+                and _private(name)
+                and name not in own
+            ):
                 yield node.lineno, name
 
 
 def _listed(name: str, apis: tuple[PrivateApi, ...]) -> bool:
     parts = name.split(".")
-    return any(api.name.split(".")[i : i + len(parts)] == parts for api in apis for i in range(len(api.name.split("."))))
+    return any(
+        api.name.split(".")[i : i + len(parts)] == parts for api in apis for i in range(len(api.name.split(".")))
+    )
 
 
 def private_uses(files: list[Path]) -> list[tuple[Path, int, str]]:
@@ -270,13 +304,23 @@ def _sources() -> list[Path]:
 
 def test_the_package_reaches_private_apis_only_through_its_compat_modules() -> None:
     found = private_uses(_sources())
-    outside = [f"{path.relative_to(ROOT)}:{line}: {name}" for path, line, name in found if path.parts[len(ROOT.parts)] in PACKAGE]
-    outside = [use for use in outside if not any(use.startswith(str(module.relative_to(ROOT))) for module in COMPAT_MODULES)]
+    outside = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path, line, name in found
+        if path.parts[len(ROOT.parts)] in PACKAGE
+    ]
+    outside = [
+        use for use in outside if not any(use.startswith(str(module.relative_to(ROOT))) for module in COMPAT_MODULES)
+    ]
     assert outside == [], "use these through pytest_msprobe/compat.py (pytest's through plugin/compat.py)"
 
 
 def test_every_private_api_used_is_listed_and_checked() -> None:
-    unlisted = [f"{path.relative_to(ROOT)}:{line}: {name}" for path, line, name in private_uses(_sources()) if not _listed(name, ALL_APIS)]
+    unlisted = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path, line, name in private_uses(_sources())
+        if not _listed(name, ALL_APIS)
+    ]
     assert unlisted == [], "list each in compat.PRIVATE_APIS (the tests' and benchmarks' in TESTS_PRIVATE_APIS here)"
 
 

@@ -36,7 +36,9 @@ VIEWS = {
     "reshape": lambda t: t.reshape(6, 32),
     "split, heads, transpose": lambda t: t[..., 8:16].reshape(4, 6, 2, 4).transpose(1, 2),
     "transposed twice": lambda t: t[..., 16:24].reshape(4, 6, 2, 4).transpose(1, 2).transpose(-2, -1),
-    "heads merged back (a copy)": lambda t: t[..., :8].reshape(4, 6, 2, 4).transpose(1, 2).transpose(1, 2).reshape(4, 6, 8),
+    "heads merged back (a copy)": lambda t: (
+        t[..., :8].reshape(4, 6, 2, 4).transpose(1, 2).transpose(1, 2).reshape(4, 6, 8)
+    ),
 }
 
 
@@ -86,11 +88,19 @@ def test_gradients_several_calls_read_are_judged_summed(copy_dump, run_dump) -> 
     folder = "embedattn_tensor_bf16"
     result = run_dump(copy_dump(f"models/{folder}"), "--msprobe-device=cpu", "--msprobe-offline")
     assert _skipped_gemm_backwards(result) == {}
-    judged = {call: o for call, o in result.by_outcome("passed").items() if call.startswith(GEMM_BACKWARD) and call.endswith(".backward")}
+    judged = {
+        call: o
+        for call, o in result.by_outcome("passed").items()
+        if call.startswith(GEMM_BACKWARD) and call.endswith(".backward")
+    }
     assert len(judged) >= 4
     assert result.by_outcome("failed") == {}
     assert not any(outcome.warnings for outcome in result.calls.values())
-    shared = [o.properties["msprobe_reference"] for o in judged.values() if "judged together with" in o.properties["msprobe_reference"]]
+    shared = [
+        o.properties["msprobe_reference"]
+        for o in judged.values()
+        if "judged together with" in o.properties["msprobe_reference"]
+    ]
     assert len(shared) == 3 and all("Tensor.__add__.0" in reference for reference in shared)
 
 
@@ -104,7 +114,9 @@ def test_a_linear_backward_wrong_inside_the_call_is_an_error_offline(level: str,
     dump = copy_dump(f"models/faults/{folder}")
     result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
     linears = [
-        name for name in json.loads(dump.read_text())["data"] if name.startswith("Functional.linear.") and name.endswith(".backward")
+        name
+        for name in json.loads(dump.read_text())["data"]
+        if name.startswith("Functional.linear.") and name.endswith(".backward")
     ]
     failed = result.by_outcome("failed")
     assert sorted(failed) == sorted(linears)
@@ -129,16 +141,23 @@ def test_at_mix_a_module_of_several_calls_falls_back_to_the_data_flow(copy_dump,
     construct["Functional.linear.1.forward"] = block
     construct_path.write_text(json.dumps(construct))
     result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
-    matmuls = {call: o for call, o in result.calls.items() if call.startswith("Torch.matmul.") and call.endswith(".backward")}
+    matmuls = {
+        call: o for call, o in result.calls.items() if call.startswith("Torch.matmul.") and call.endswith(".backward")
+    }
     assert len(matmuls) == 2
     for call, outcome in matmuls.items():
         assert outcome.outcome == "passed", (call, outcome.text)
         reference = outcome.properties["msprobe_reference"]
-        assert "module's record" not in reference and ".backward input[0] (the gradient of the output it read)" in reference, reference
+        assert (
+            "module's record" not in reference
+            and ".backward input[0] (the gradient of the output it read)" in reference
+        ), reference
     proj = result.calls["Functional.linear.1.backward"]
     assert proj.outcome == "failed" and "[0]: error" in proj.text, proj.text
     assert "module's record" not in proj.properties["msprobe_reference"]
-    assert "input_args[0]'s gradient from Torch.matmul.1.backward input[0]" in proj.properties["msprobe_reference"], proj.properties
+    assert "input_args[0]'s gradient from Torch.matmul.1.backward input[0]" in proj.properties["msprobe_reference"], (
+        proj.properties
+    )
     assert "input_args[1] was made by no dumped call" in proj.text, proj.text
     assert result.calls["Functional.linear.2.backward"].outcome == "failed"
     assert "parameters_grad" in result.calls["Functional.linear.2.backward"].text
@@ -166,7 +185,9 @@ def test_an_undumped_reader_of_the_output_leaves_the_gradient_out_with_the_reaso
 def test_skips_are_counted_by_reason_in_the_summary(copy_dump, pytester) -> None:
     dump = copy_dump("models/faults/linear_backward_bf16")
     _drop(dump, ["Torch.matmul.1"])
-    result = pytester.runpytest_inprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-offline", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess(
+        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-offline", "-p", "no:cacheprovider"
+    )
     text = result.stdout.str()
     assert "skipped, by reason" in text
     assert "no dumped call read them" in text.split("skipped, by reason", 1)[1]
@@ -222,7 +243,9 @@ def _fp16_apizoo_offline(call: str, plant: Callable[[Path], None] | None, copy_d
 
 
 @pytest.mark.parametrize("fault", [False, True])
-def test_a_gradient_recorded_inside_a_composite_call_is_recovered_from_the_producer(fault: bool, copy_dump, run_dump) -> None:
+def test_a_gradient_recorded_inside_a_composite_call_is_recovered_from_the_producer(
+    fault: bool, copy_dump, run_dump
+) -> None:
     """F.normalize is x / norm(x).clamp_min(eps).expand_as(x): msprobe records the
     division's node, whose first edge leads straight to x although x's gradient also
     flows through the norm. Paired with x, a correct float16 kernel failed (max_rel_err
@@ -232,7 +255,9 @@ def test_a_gradient_recorded_inside_a_composite_call_is_recovered_from_the_produ
         "Functional.normalize.0.backward", _normalize_gradient_without_the_norm if fault else None, copy_dump, run_dump
     )
     assert outcome.outcome == ("failed" if fault else "passed"), outcome.text
-    assert "from Functional.layer_norm.0.backward input[0]" in outcome.properties["msprobe_reference"], outcome.properties
+    assert "from Functional.layer_norm.0.backward input[0]" in outcome.properties["msprobe_reference"], (
+        outcome.properties
+    )
 
 
 def test_a_reader_whose_view_the_values_do_not_settle_leaves_the_sum_out(copy_dump, run_dump) -> None:
@@ -244,12 +269,18 @@ def test_a_reader_whose_view_the_values_do_not_settle_leaves_the_sum_out(copy_du
     cosine_similarity, reading h[:, 8] and h[:, 9] where hardswish's values are not, is
     still judged through the sum."""
     dump = copy_dump("models/apizoo_tensor_bf16")
-    calls = ["Functional.linear.0.backward", "Functional.normalize.0.backward", "Functional.cosine_similarity.0.backward"]
+    calls = [
+        "Functional.linear.0.backward",
+        "Functional.normalize.0.backward",
+        "Functional.cosine_similarity.0.backward",
+    ]
     result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", "-k", " or ".join(calls))
     for call in calls[:2]:
         outcome = result.calls[call]
         assert outcome.outcome == "skipped", (call, outcome.text)
-        assert "Functional.hardswish.0 may have read the same elements of Functional.layer_norm.0's output" in outcome.text, outcome.text
+        assert (
+            "Functional.hardswish.0 may have read the same elements of Functional.layer_norm.0's output" in outcome.text
+        ), outcome.text
     cosine = result.calls[calls[2]]
     assert cosine.outcome == "passed" and "judged together with" in cosine.properties["msprobe_reference"], cosine.text
 
@@ -273,7 +304,9 @@ def _matmul_input_gradient_off(dump: Path, share: float) -> None:
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("share", [0.0, 0.02])
-def test_a_summed_gemm_gradient_is_judged_beside_the_other_readers_device_gradients(dtype: str, share: float, copy_dump, run_dump) -> None:
+def test_a_summed_gemm_gradient_is_judged_beside_the_other_readers_device_gradients(
+    dtype: str, share: float, copy_dump, run_dump
+) -> None:
     """q and k are read by two attentions and a matmul; autograd summed their gradients
     in D. With the attentions' gradients rerun on the bench, their float16 kernels'
     rounding (several ULPs of the sum) failed a correct matmul at ratio 1 to the
@@ -323,18 +356,26 @@ def _linear_input_gradient_with_bfloat16_weight(dump: Path) -> None:
 
 
 @pytest.mark.parametrize("fault", [False, True])
-def test_a_sum_with_composite_shares_passes_a_correct_linear_and_fails_a_wrong_one(fault: bool, copy_dump, run_dump) -> None:
+def test_a_sum_with_composite_shares_passes_a_correct_linear_and_fails_a_wrong_one(
+    fault: bool, copy_dump, run_dump
+) -> None:
     """The float16 qkv linear's input gradient is the sum of 26 readers' shares; the
     shares of normalize and cosine_similarity are not in the dump, and autograd added
     them in pieces (composite). A correct kernel failed (ulp_err_proportion 0.109,
     1.8x the reference's); judged beyond the allowance for that grouping it passes, and
     the bfloat16-rounded weight is still an error."""
     outcome = _fp16_apizoo_offline(
-        "Functional.linear.0.backward", _linear_input_gradient_with_bfloat16_weight if fault else None, copy_dump, run_dump
+        "Functional.linear.0.backward",
+        _linear_input_gradient_with_bfloat16_weight if fault else None,
+        copy_dump,
+        run_dump,
     )
     assert outcome.outcome == ("failed" if fault else "passed"), outcome.text
     reference = outcome.properties["msprobe_reference"]
-    assert "the composite shares of Functional.cosine_similarity.0, Functional.normalize.0 are not in the dump" in reference, reference
+    assert (
+        "the composite shares of Functional.cosine_similarity.0, Functional.normalize.0 are not in the dump"
+        in reference
+    ), reference
 
 
 # tests/dumps/models/make_dumps.py's SharedReaders: h read by a GEMM, a dropout and a mul,
@@ -347,7 +388,9 @@ HIDDEN_READERS = {
 }
 
 
-@pytest.mark.parametrize("folder", ["shared_tensor_bf16", "shared_tensor_fp16", "shared_mix_tensor_bf16", "shared_mix_tensor_fp16"])
+@pytest.mark.parametrize(
+    "folder", ["shared_tensor_bf16", "shared_tensor_fp16", "shared_mix_tensor_bf16", "shared_mix_tensor_fp16"]
+)
 def test_a_sum_the_reference_cannot_rebuild_is_a_skip_naming_its_readers(folder: str, copy_dump, run_dump) -> None:
     """Issue 39: a reader the dump does not hold added its share to the gradient the dump
     recorded and to no sum rebuilt here. Before, each such GEMM backward failed (bfloat16:
@@ -359,8 +402,14 @@ def test_a_sum_the_reference_cannot_rebuild_is_a_skip_naming_its_readers(folder:
     result = run_dump(copy_dump(f"models/{folder}"), "--msprobe-device=cpu", "--msprobe-offline")
     assert result.by_outcome("failed") == {}
     skipped = result.by_outcome("skipped")
-    hidden = {call: readers for call, readers in HIDDEN_READERS.items() if not (folder.startswith("shared_mix") and "linear" in call)}
+    hidden = {
+        call: readers
+        for call, readers in HIDDEN_READERS.items()
+        if not (folder.startswith("shared_mix") and "linear" in call)
+    }
     for call, readers in hidden.items():
-        assert "is not the sum of its readers' gradients" in skipped[call].text and f"({readers})" in skipped[call].text, skipped[call].text
+        assert (
+            "is not the sum of its readers' gradients" in skipped[call].text and f"({readers})" in skipped[call].text
+        ), skipped[call].text
     einsum = result.by_outcome("passed")["Torch.einsum.0.backward"].properties["msprobe_reference"]
     assert "judged together with Functional.dropout.0, Tensor.__mul__.0" in einsum, einsum

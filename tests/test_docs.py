@@ -137,7 +137,9 @@ def broken_links(text: str, base: Path) -> list[str]:
 # --------------------------------------------------------------------------- options
 @pytest.fixture(scope="module")
 def help_text() -> str:
-    done = subprocess.run([sys.executable, "-m", "pytest", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -170,23 +172,38 @@ def test_each_option_shows_its_type_and_default() -> None:
 
 def test_the_docs_name_only_flags_that_exist(help_text: str) -> None:
     flags = set(FLAG.findall(help_text))
-    pages = [README, ROOT / "CHANGELOG.md", *(p for p in DOCS.rglob("*.md") if "_generated" not in p.parts and "_build" not in p.parts)]
-    assert {str(p.relative_to(ROOT)): unknown for p in pages if (unknown := unknown_flags(p.read_text(encoding="utf-8"), flags))} == {}
+    pages = [
+        README,
+        ROOT / "CHANGELOG.md",
+        *(p for p in DOCS.rglob("*.md") if "_generated" not in p.parts and "_build" not in p.parts),
+    ]
+    assert {
+        str(p.relative_to(ROOT)): unknown
+        for p in pages
+        if (unknown := unknown_flags(p.read_text(encoding="utf-8"), flags))
+    } == {}
     assert unknown_flags("run with `--msprobe-dump=x --msprobe-offlin`", flags) == ["--msprobe-offlin"]  # planted
 
 
 def test_the_docs_name_only_files_that_exist() -> None:
     pages = [README, *(p for p in DOCS.rglob("*.md") if "_generated" not in p.parts and "results" not in p.parts)]
-    assert {str(p.relative_to(ROOT)): missing for p in pages if (missing := missing_files(p.read_text(encoding="utf-8")))} == {}
+    assert {
+        str(p.relative_to(ROOT)): missing for p in pages if (missing := missing_files(p.read_text(encoding="utf-8")))
+    } == {}
     planted = "see `benchmarks/bench_html.py`, `judge/offline.py`, `judge/nosuch.py` and `benchmarks/RESULTS-nosuch.md`"
     assert missing_files(planted) == ["benchmarks/RESULTS-nosuch.md", "pytest_msprobe/judge/nosuch.py"]
-    harnesses = re.findall(r"`(\w+\.(?:py|sh))`", (DOCS / "explanation" / "measurements.md").read_text(encoding="utf-8"))
+    harnesses = re.findall(
+        r"`(\w+\.(?:py|sh))`", (DOCS / "explanation" / "measurements.md").read_text(encoding="utf-8")
+    )
     assert len(harnesses) > 20 and [h for h in harnesses if not (ROOT / "benchmarks" / h).exists()] == []
 
 
 def test_help_texts_follow_pytests_style() -> None:
     assert style_problems(OPTIONS) == []
-    planted = (Option("msprobe_planted", "see the README for this.", default="3"), Option("msprobe_typed", "Typed", number=Number("x", 0)))
+    planted = (
+        Option("msprobe_planted", "see the README for this.", default="3"),
+        Option("msprobe_typed", "Typed", number=Number("x", 0)),
+    )
     assert style_problems(planted) == [
         "--msprobe-planted: not capitalised",
         "--msprobe-planted: ends with a period",
@@ -222,7 +239,9 @@ def test_every_dtype_default_threshold_is_rendered() -> None:
     float16 = DTYPES["float16"]
     planted = {**DTYPES, "float16": dataclasses.replace(float16, defaults={**float16.defaults, "planted_limit": 0.5})}
     assert missing_thresholds(planted, rendered) == ["float16: planted_limit"]
-    assert "| `rtol` | 2^-20 | 2^-20 | 2^-10 | 2^-8 |" in rendered  # float64, float32, float16, bfloat16: as dtypes.py writes them
+    assert (
+        "| `rtol` | 2^-20 | 2^-20 | 2^-10 | 2^-8 |" in rendered
+    )  # float64, float32, float16, bfloat16: as dtypes.py writes them
 
 
 def test_every_standard_marker_script_result_column_and_results_file_is_rendered() -> None:
@@ -235,7 +254,10 @@ def test_every_standard_marker_script_result_column_and_results_file_is_rendered
     rendered = gen.scripts_markdown(scripts)
     assert all(f"## `{name}`" in rendered and f"usage: {name}" in rendered for name in scripts)
     files = gen.result_files_markdown(
-        gen.result_files(msprobe_csv, writer), msprobe_csv.RESULT_HEADER, msprobe_csv.METRIC_COLUMNS, msprobe_csv.DETAILS_HEADER
+        gen.result_files(msprobe_csv, writer),
+        msprobe_csv.RESULT_HEADER,
+        msprobe_csv.METRIC_COLUMNS,
+        msprobe_csv.DETAILS_HEADER,
     )
     assert all(f"| `{column}` |" in files for column in (*msprobe_csv.RESULT_HEADER, *msprobe_csv.DETAILS_HEADER))
     assert all(f"| `{column}` | `{key}` |" in files for key, column in msprobe_csv.METRIC_COLUMNS)
@@ -253,8 +275,14 @@ def test_the_readme_keeps_its_set_up_commands_first_and_its_links() -> None:
     assert '-e ".[mindspore,test,dev,docs]"' in commands[1] and commands[1].endswith("pytest -n 2 tests")
     assert len(text.splitlines()) <= 120
     assert broken_links(text, ROOT) == []
-    assert broken_links("[gate](docs/how-to/upgrade-gate.md) [x](docs/how-to/nosuch.md#a)", ROOT) == ["docs/how-to/nosuch.md"]
-    for page in ("docs/how-to/offline.md", "docs/how-to/upgrade-gate.md", "docs/how-to/many-devices.md"):  # one click each
+    assert broken_links("[gate](docs/how-to/upgrade-gate.md) [x](docs/how-to/nosuch.md#a)", ROOT) == [
+        "docs/how-to/nosuch.md"
+    ]
+    for page in (
+        "docs/how-to/offline.md",
+        "docs/how-to/upgrade-gate.md",
+        "docs/how-to/many-devices.md",
+    ):  # one click each
         assert f"]({page})" in text, page
 
 
@@ -267,7 +295,20 @@ def test_the_docs_build_with_warnings_as_errors(tmp_path: Path) -> None:
     pytest.importorskip("myst_parser", reason="the docs extra is not installed: pip install -e '.[docs]'")
     out = tmp_path / "html"
     done = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-d", str(tmp_path / "doctrees"), str(DOCS), str(out)],
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-q",
+            "-b",
+            "html",
+            "-d",
+            str(tmp_path / "doctrees"),
+            str(DOCS),
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

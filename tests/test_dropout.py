@@ -41,7 +41,9 @@ def faulty_dropout(drop: float, scale: Callable[[float], float]) -> Callable[...
 
 
 def dropout_dump(
-    root: Path, dtypes: tuple[torch.dtype, ...] = (torch.float32,), kernels: dict[str, Callable[..., torch.Tensor]] | None = None
+    root: Path,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+    kernels: dict[str, Callable[..., torch.Tensor]] | None = None,
 ) -> Path:
     """Forward and backward of each call, in each dtype (the second numbered 10 on);
     `kernels` may replace Functional.dropout's kernel."""
@@ -100,14 +102,18 @@ def _faulty_run(
 
 
 @MODES
-def test_kept_elements_scaled_by_1_over_p_fail(mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kept_elements_scaled_by_1_over_p_fail(
+    mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Planted: the kept elements scaled by 1 / p instead of 1 / (1 - p) (p = 0.3)."""
     result = _faulty_run(mode, faulty_dropout(0.3, lambda p: 1 / p), tmp_path, run_dump, monkeypatch)
     assert sorted(result.by_outcome("failed")) == ["Functional.dropout.2.backward", "Functional.dropout.2.forward"]
 
 
 @MODES
-def test_a_dropped_share_far_from_p_fails(mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dropped_share_far_from_p_fails(
+    mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Planted: half of the elements dropped where p = 0.3, the kept ones scaled right."""
     result = _faulty_run(mode, faulty_dropout(0.5, lambda p: 1 / (1 - p)), tmp_path, run_dump, monkeypatch)
     assert sorted(result.by_outcome("failed")) == ["Functional.dropout.2.backward", "Functional.dropout.2.forward"]
@@ -123,10 +129,16 @@ def test_attention_with_dropout_skips_and_without_is_judged(tmp_path: Path, run_
     q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
     for number, p in enumerate((0.1, 0.0)):
         writer.forward(
-            f"Functional.scaled_dot_product_attention.{number}", [q, k, v, None, p], {}, F.scaled_dot_product_attention(q, k, v, None, p)
+            f"Functional.scaled_dot_product_attention.{number}",
+            [q, k, v, None, p],
+            {},
+            F.scaled_dot_product_attention(q, k, v, None, p),
         )
     result = run_dump(writer.write(), "--msprobe-device=cpu")
-    assert "dropout_p=0.1 draws random numbers" in result.by_outcome("skipped")["Functional.scaled_dot_product_attention.0.forward"].text
+    assert (
+        "dropout_p=0.1 draws random numbers"
+        in result.by_outcome("skipped")["Functional.scaled_dot_product_attention.0.forward"].text
+    )
     assert list(result.by_outcome("passed")) == ["Functional.scaled_dot_product_attention.1.forward"]
 
 
@@ -179,7 +191,9 @@ def _torch_a(p: float) -> float:
 
 
 def alpha_dump(
-    root: Path, dtypes: tuple[torch.dtype, ...] = (torch.float32,), kernels: dict[str, Callable[..., torch.Tensor]] | None = None
+    root: Path,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+    kernels: dict[str, Callable[..., torch.Tensor]] | None = None,
 ) -> Path:
     """Each call after a selu that makes its input, forward and backward, in each dtype
     (the second dtype's calls numbered 10 on); `kernels` replaces an API's kernel."""
@@ -243,7 +257,9 @@ def test_an_alpha_dropout_dropping_far_from_p_fails(
     mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Planted: 40% of the elements dropped where p = 0.2, the constants right."""
-    result = _faulty_run(mode, faulty_alpha_dropout(0.4, _torch_a), tmp_path, run_dump, monkeypatch, "alpha_dropout", alpha_dump)
+    result = _faulty_run(
+        mode, faulty_alpha_dropout(0.4, _torch_a), tmp_path, run_dump, monkeypatch, "alpha_dropout", alpha_dump
+    )
     failed = sorted(name for name in result.by_outcome("failed") if "alpha" in name)
     assert "Functional.alpha_dropout.0.forward" in failed, failed
     assert "dropout rate" in result.calls["Functional.alpha_dropout.0.forward"].text

@@ -77,7 +77,9 @@ def test_numel_counts_every_tensor(dumps: Path) -> None:
 def test_a_call_is_found_by_name_and_a_name_the_index_lacks_is_a_key_error(dumps: Path) -> None:
     index = read_index(dumps / "torch_mlpcnn_tensor_fp32" / "dump.json")
     position = index.position_of("Functional.linear.0.forward")
-    assert index.names[position] == "Functional.linear.0.forward" and index.entry_at(position) == index.entry_of(index.names[position])
+    assert index.names[position] == "Functional.linear.0.forward" and index.entry_at(position) == index.entry_of(
+        index.names[position]
+    )
     with pytest.raises(KeyError):
         index.position_of("Functional.linear.999.forward")
 
@@ -97,7 +99,9 @@ def test_what_is_derived_from_a_dump_is_made_once_per_kind(dumps: Path) -> None:
     first = index.derived(list, calls)
     assert index.derived(list, calls) is first and index.derived(int, count) == len(index)
     assert made == ["calls", "count"]
-    assert read_index(dumps / "torch_mlpcnn_tensor_fp32" / "dump.json").derived(int, lambda index: -1) == -1  # kept per index
+    assert (
+        read_index(dumps / "torch_mlpcnn_tensor_fp32" / "dump.json").derived(int, lambda index: -1) == -1
+    )  # kept per index
 
 
 def test_record_changed_after_indexing_is_a_call_error(tmp_path: Path) -> None:

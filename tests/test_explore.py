@@ -40,7 +40,9 @@ def _records(out: Path) -> dict[str, dict]:
 
 
 def test_the_cpu_kernels_pass_every_explored_call_of_the_example_dump(run_dump, tmp_path):
-    run = run_dump(EXAMPLE, "--msprobe-device=cpu", "--msprobe-explore=20", "-m", "explore", f"--msprobe-out={tmp_path}")
+    run = run_dump(
+        EXAMPLE, "--msprobe-device=cpu", "--msprobe-explore=20", "-m", "explore", f"--msprobe-out={tmp_path}"
+    )
     assert len(run.calls) == 49
     assert not run.by_outcome("failed"), {name: call.text[:400] for name, call in run.by_outcome("failed").items()}
     assert not [name for name, call in run.calls.items() if call.warnings]
@@ -63,7 +65,10 @@ ROOT = Path(__file__).parent.parent
 # 1 - cos at small angles (judged against a correct kernel: torch's own has that fault).
 TESTED = {
     "half_softmax_without_max": ("tests/dumps/models/embedattn_tensor_bf16", "Tensor.softmax.0.forward"),
-    "attention_without_max": ("tests/dumps/models/apizoo_tensor_fp16", "Functional.scaled_dot_product_attention.1.forward"),
+    "attention_without_max": (
+        "tests/dumps/models/apizoo_tensor_fp16",
+        "Functional.scaled_dot_product_attention.1.forward",
+    ),
     "variance_by_moments": ("tests/dumps/models/transformer12_tensor_fp32", "Functional.layer_norm.3.forward"),
     "half_variance_by_moments": ("tests/dumps/models/transformer12_tensor_bf16", "Functional.layer_norm.0.forward"),
     "mean_as_sum_over_n": ("tests/dumps/models/apizoo_tensor_fp16", "Tensor.mean.0.forward"),
@@ -79,14 +84,20 @@ def test_the_tested_faults_are_in_the_catalogue():
     assert all(call in FAULTS[name].where[folder] for name, (folder, call) in TESTED.items())
 
 
-@pytest.mark.parametrize(("fault_name", "folder", "call"), FAULT_CASES, ids=[f"{n}-{Path(f).name}-{c}" for n, f, c in FAULT_CASES])
-def test_exploration_finds_a_fault_the_dumped_step_does_not_trip(fault_name, folder, call, run_dump, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("fault_name", "folder", "call"), FAULT_CASES, ids=[f"{n}-{Path(f).name}-{c}" for n, f, c in FAULT_CASES]
+)
+def test_exploration_finds_a_fault_the_dumped_step_does_not_trip(
+    fault_name, folder, call, run_dump, tmp_path, monkeypatch
+):
     """Each hidden fault of the catalogue, with at most 50 examples, on real calls (masked
     attention included), shrunk, reproduced by its one-call dump, which passes without it."""
     fault = FAULTS[fault_name]
     fault.patch(monkeypatch)
     out = tmp_path / "out"
-    run = run_dump(ROOT / folder / "dump.json", "--msprobe-device=cpu", "--msprobe-explore=50", "-k", call, f"--msprobe-out={out}")
+    run = run_dump(
+        ROOT / folder / "dump.json", "--msprobe-device=cpu", "--msprobe-explore=50", "-k", call, f"--msprobe-out={out}"
+    )
     dumped, explored = run.calls[call], run.calls[call + ".explore"]
     assert dumped.outcome == "passed", dumped.text
     assert explored.outcome == "failed", explored.text
@@ -107,7 +118,9 @@ def test_exploration_finds_a_fault_the_dumped_step_does_not_trip(fault_name, fol
 
 def _comparable(out: Path) -> dict[str, tuple[str, str]]:
     """Each record's status and message, its example's path made relative to `out`."""
-    return {name: (record["status"], record["message"].replace(str(out), "OUT")) for name, record in _records(out).items()}
+    return {
+        name: (record["status"], record["message"].replace(str(out), "OUT")) for name, record in _records(out).items()
+    }
 
 
 def test_a_rerun_finds_and_shrinks_to_the_same_example(run_dump, tmp_path, monkeypatch):
@@ -200,7 +213,11 @@ class _NanAtOverflow(torch.autograd.Function):
 
 def _rsqrt_nan_at_overflow(original):
     def rsqrt(x, *args, **kwargs):
-        return _NanAtOverflow.apply(x) if x.dtype == torch.bfloat16 and not args and not kwargs else original(x, *args, **kwargs)
+        return (
+            _NanAtOverflow.apply(x)
+            if x.dtype == torch.bfloat16 and not args and not kwargs
+            else original(x, *args, **kwargs)
+        )
 
     return rsqrt
 
@@ -213,7 +230,14 @@ def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path, monkeypa
     monkeypatch.setattr(torch, "rsqrt", _rsqrt_nan_at_overflow(torch.rsqrt))
     dump = Path(__file__).parent / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json"
     run = run_dump(
-        dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", "Torch.rsqrt.0.backward", f"--msprobe-out={tmp_path}"
+        dump,
+        "--msprobe-device=cpu",
+        "--msprobe-explore=50",
+        "-m",
+        "explore",
+        "-k",
+        "Torch.rsqrt.0.backward",
+        f"--msprobe-out={tmp_path}",
     )
     explored = run.calls["Torch.rsqrt.0.backward.explore"]
     assert explored.outcome == "passed", explored.text
@@ -253,11 +277,15 @@ DEFINED_INTERMEDIATES = [
 ]
 
 
-@pytest.mark.parametrize(("dump", "call", "cause"), DEFINED_INTERMEDIATES, ids=[call for _, call, _ in DEFINED_INTERMEDIATES])
+@pytest.mark.parametrize(
+    ("dump", "call", "cause"), DEFINED_INTERMEDIATES, ids=[call for _, call, _ in DEFINED_INTERMEDIATES]
+)
 def test_an_intermediate_the_definition_computes_beyond_the_range_is_discarded(dump, call, cause, run_dump, tmp_path):
     """Such examples are excused by that cause and counted by it, not failures."""
     path = Path(__file__).parent / "dumps" / "models" / dump / "dump.json"
-    run = run_dump(path, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", call, f"--msprobe-out={tmp_path}")
+    run = run_dump(
+        path, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", call, f"--msprobe-out={tmp_path}"
+    )
     explored = run.calls[call + ".explore"]
     assert explored.outcome == "passed", explored.text
     message = _records(tmp_path)[call + ".explore"]["message"]
@@ -285,7 +313,9 @@ def test_the_rounding_of_a_gru_s_gates_does_not_excuse_gates_held_in_half_precis
     monkeypatch.setattr(torch, "gru", _gru_with_half_gates(torch.gru))
     dump = Path(__file__).parent / "dumps" / "models" / "gru_tensor_fp32" / "dump.json"
     call = "Torch.gru.0.backward"
-    run = run_dump(dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", call, f"--msprobe-out={tmp_path}")
+    run = run_dump(
+        dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", call, f"--msprobe-out={tmp_path}"
+    )
     assert run.calls[call + ".explore"].outcome == "failed", run.calls[call + ".explore"].text
 
 
@@ -315,7 +345,9 @@ def test_exploration_finds_the_left_tail_of_torch_s_own_float32_gelu(run_dump, t
     assert run.calls["Functional.gelu.0.forward.explore"].outcome == ("failed" if cancels else "passed")
     monkeypatch.setattr(torch.nn.functional, "gelu", _erfc_gelu(torch.nn.functional.gelu))
     fixed = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'erfc'}")
-    assert fixed.calls["Functional.gelu.0.forward.explore"].outcome == "passed", fixed.calls["Functional.gelu.0.forward.explore"].text
+    assert fixed.calls["Functional.gelu.0.forward.explore"].outcome == "passed", fixed.calls[
+        "Functional.gelu.0.forward.explore"
+    ].text
 
 
 def test_rms_norm_s_default_eps_is_the_device_dtype_s_on_the_bench(run_dump, tmp_path):
@@ -409,7 +441,9 @@ def test_group_norm_s_definition_passes_exploration_and_torch_s_rstd_cubed_fails
     this torch does so."""
     generator = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 4, 8, 8, generator=generator) * 0.5).requires_grad_()
-    torch.nn.functional.group_norm(x, 2, torch.full((4,), 1.7e38)).backward(torch.randn(2, 4, 8, 8, generator=generator) * 1e-3)
+    torch.nn.functional.group_norm(x, 2, torch.full((4,), 1.7e38)).backward(
+        torch.randn(2, 4, 8, 8, generator=generator) * 1e-3
+    )
     overflows = not bool(torch.isfinite(x.grad).all())
     dump = Path(__file__).parent / "dumps" / "models" / "apizoo_tensor_fp32" / "dump.json"
     select = ("--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", "Functional.group_norm.0.backward")
@@ -437,7 +471,15 @@ def test_a_bfloat16_gelu_gradient_in_the_left_tail_is_judged_against_an_exact_be
     writer = DumpWriter(tmp_path / "dump", "tensor")
     writer.forward("Functional.gelu.0", [x], {}, out.detach())
     writer.backward("Functional.gelu.0", [g], [leaf.grad])
-    select = ("--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore", "-k", "backward", f"--msprobe-out={tmp_path / 'out'}")
+    select = (
+        "--msprobe-device=cpu",
+        "--msprobe-explore=1",
+        "-m",
+        "explore",
+        "-k",
+        "backward",
+        f"--msprobe-out={tmp_path / 'out'}",
+    )
     explored = run_dump(writer.write(), *select).calls["Functional.gelu.0.backward.explore"]
     assert explored.outcome == "passed", explored.text
 
@@ -480,7 +522,9 @@ def _wrong_off_the_dumped_shape(original, rows: int):
 
     def softmax(x: torch.Tensor, dim=None, *args, **kwargs) -> torch.Tensor:
         result = original(x, dim, *args, **kwargs)
-        return result if x.dtype != torch.float32 or x.shape[0] == rows else result * float("nan")  # the float64 bench is right
+        return (
+            result if x.dtype != torch.float32 or x.shape[0] == rows else result * float("nan")
+        )  # the float64 bench is right
 
     return softmax
 
@@ -489,11 +533,19 @@ def test_the_failing_example_is_kept_in_the_database_and_replayed_first(run_dump
     index = read_index(EXAMPLE)
     rows = read_inputs(index, index.entry("Tensor.softmax.0.forward").name, 10**7).args[0].shape[0]
     monkeypatch.setattr(torch.Tensor, "softmax", _wrong_off_the_dumped_shape(torch.Tensor.softmax, rows))
-    args = ("-k", "Tensor.softmax.0.forward.explore", "--msprobe-device=cpu", "--msprobe-explore=100", f"--msprobe-out={tmp_path}")
+    args = (
+        "-k",
+        "Tensor.softmax.0.forward.explore",
+        "--msprobe-device=cpu",
+        "--msprobe-explore=100",
+        f"--msprobe-out={tmp_path}",
+    )
     first = run_dump(EXAMPLE, *args).calls["Tensor.softmax.0.forward.explore"]
     assert any((tmp_path / "hypothesis").rglob("*"))
     # with one example left to generate, only the saved failure can fail the rerun
-    again = run_dump(EXAMPLE, *args[:-2], "--msprobe-explore=1", f"--msprobe-out={tmp_path}").calls["Tensor.softmax.0.forward.explore"]
+    again = run_dump(EXAMPLE, *args[:-2], "--msprobe-explore=1", f"--msprobe-out={tmp_path}").calls[
+        "Tensor.softmax.0.forward.explore"
+    ]
     assert first.outcome == again.outcome == "failed"
 
 
@@ -524,7 +576,9 @@ def test_save_failed_and_scripts_take_the_minimal_example(run_dump, tmp_path, mo
 
 
 def test_result_files_hold_the_explored_rows(run_dump, tmp_path):
-    run_dump(EXAMPLE, "-k", "Functional.linear.0", "--msprobe-device=cpu", "--msprobe-explore=5", f"--msprobe-out={tmp_path}")
+    run_dump(
+        EXAMPLE, "-k", "Functional.linear.0", "--msprobe-device=cpu", "--msprobe-explore=5", f"--msprobe-out={tmp_path}"
+    )
     result = next(tmp_path.glob("accuracy_checking_result_*.csv")).read_text().splitlines()
     rows = {line.split(",")[0]: line for line in result[1:]}
     assert set(rows) == {"Functional.linear.0", "Functional.linear.0.explore"}
@@ -606,8 +660,12 @@ def test_variants_keep_the_call_and_its_valid_inputs(data):
     for leaf, tensor in zip(leaves, variant.tensors.values(), strict=True):
         assert tensor.dtype == leaf.tensor.dtype
         if not tensor.is_floating_point() and tensor.numel() and leaf.tensor.numel():
-            assert leaf.tensor.min() <= tensor.min() and tensor.max() <= leaf.tensor.max()  # indexes in range, masks boolean
-    non_tensors = lambda record: [value for value in record.get("input_kwargs", {}).values() if value.get("type") != "torch.Tensor"]
+            assert (
+                leaf.tensor.min() <= tensor.min() and tensor.max() <= leaf.tensor.max()
+            )  # indexes in range, masks boolean
+    non_tensors = lambda record: [
+        value for value in record.get("input_kwargs", {}).values() if value.get("type") != "torch.Tensor"
+    ]
     assert non_tensors(variant.forward) == non_tensors(space.forward)
 
 
@@ -630,13 +688,21 @@ def test_kernels_that_crash_on_disagreeing_sizes_are_explored_at_their_dumped_sh
     (In a subprocess: without the table this run would die, not fail.)"""
     dump = Path(__file__).parent / "dumps" / "models" / "lstm_tensor_fp32" / "dump.json"
     result = pytester.runpytest_subprocess(
-        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-p", "no:cacheprovider"
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+        "--msprobe-explore=50",
+        "-m",
+        "explore",
+        "-p",
+        "no:cacheprovider",
     )
     result.assert_outcomes(passed=6)  # Torch.lstm, Functional.linear, Functional.cross_entropy: forward and backward
 
 
 @pytest.mark.parametrize("fault", [False, True], ids=["correct", "attention_without_max"])
-def test_attention_scores_beyond_float32_are_excused_and_an_unshifted_softmax_is_not(fault, tmp_path, run_dump, monkeypatch):
+def test_attention_scores_beyond_float32_are_excused_and_an_unshifted_softmax_is_not(
+    fault, tmp_path, run_dump, monkeypatch
+):
     """Issue 39: a float32 attention whose q and k are near 1e20 has scores q k^T / 2 near
     1e40: every correct kernel's scores overflow float32 (torch's: inf and NaN), the
     float64 bench's do not. Judged as exploration judges a call (--msprobe-explore=1),
@@ -652,10 +718,22 @@ def test_attention_scores_beyond_float32_are_excused_and_an_unshifted_softmax_is
     q, k, v = (tensor.to(dtype) for tensor in (q, k, v))
     writer = DumpWriter(tmp_path / "dump", "tensor")
     call = "Functional.scaled_dot_product_attention.0"
-    writer.forward(call, [q, k, v], {}, torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double()).to(dtype))
+    writer.forward(
+        call,
+        [q, k, v],
+        {},
+        torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double()).to(dtype),
+    )
     if fault:
         FAULTS["attention_without_max"].patch(monkeypatch)
-    run = run_dump(writer.write(), "--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore", f"--msprobe-out={tmp_path / 'out'}")
+    run = run_dump(
+        writer.write(),
+        "--msprobe-device=cpu",
+        "--msprobe-explore=1",
+        "-m",
+        "explore",
+        f"--msprobe-out={tmp_path / 'out'}",
+    )
     explored = run.calls[f"{call}.forward.explore"]
     if fault:
         assert explored.outcome == "failed", explored.text
@@ -692,13 +770,26 @@ DOCUMENTED_CASES = {
     ),
     "batch_norm_weight": (
         F.batch_norm,
-        [_seeded(2, 4, 16, 16, scale=1e-3), torch.zeros(4), torch.ones(4), torch.full((4,), 1.7e38), torch.zeros(4), True],
+        [
+            _seeded(2, 4, 16, 16, scale=1e-3),
+            torch.zeros(4),
+            torch.ones(4),
+            torch.full((4,), 1.7e38),
+            torch.zeros(4),
+            True,
+        ],
         {},
         None,
         "batch_norm_weight",
     ),
     "hardswish_large": (F.hardswish, [torch.tensor([8.5e37, 1.0e38, -3.0e37, 2.0])], {}, None, "hardswish_large"),
-    "softplus_gradient": (F.softplus, [torch.tensor([2.0, -1.0, 0.5, 2.4])], {}, torch.full((4,), 6.5e37), "softplus_gradient"),
+    "softplus_gradient": (
+        F.softplus,
+        [torch.tensor([2.0, -1.0, 0.5, 2.4])],
+        {},
+        torch.full((4,), 6.5e37),
+        "softplus_gradient",
+    ),
     "group_norm_weight": (
         F.group_norm,
         [_seeded(2, 4, 8, 8, scale=0.5), 2, torch.full((4,), 3.0e38)],
@@ -706,7 +797,13 @@ DOCUMENTED_CASES = {
         _seeded(2, 4, 8, 8, scale=1e-3, seed=1),
         "group_norm_backward_weight",
     ),
-    "group_norm_squares": (F.group_norm, [_seeded(2, 4, 4, 4, scale=1e16, shift=1.86e19), 2], {}, None, "group_norm_squares"),
+    "group_norm_squares": (
+        F.group_norm,
+        [_seeded(2, 4, 4, 4, scale=1e16, shift=1.86e19), 2],
+        {},
+        None,
+        "group_norm_squares",
+    ),
     "attention_v_near_the_largest": (
         F.scaled_dot_product_attention,
         [_seeded(2, 2, 32, 4), _seeded(2, 2, 32, 4, seed=1), _seeded(2, 2, 32, 4, seed=2) / 3.3558 * 1.7e38],
@@ -726,7 +823,9 @@ DOCUMENTED_CASES = {
 
 def _gelu_by_sigmoid(original, dtypes):
     """A planted gelu outside the gelu_tail regime: x sigmoid(1.702 x), off by ~1e-2."""
-    return lambda x, *args, **kwargs: x * torch.sigmoid(1.702 * x) if x.dtype in dtypes else original(x, *args, **kwargs)
+    return lambda x, *args, **kwargs: (
+        x * torch.sigmoid(1.702 * x) if x.dtype in dtypes else original(x, *args, **kwargs)
+    )
 
 
 @pytest.mark.parametrize("case", [*DOCUMENTED_CASES, "planted_gelu_outside_the_tail"])
@@ -740,7 +839,9 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     from dumpwriter import DumpWriter
 
     planted = case not in DOCUMENTED_CASES
-    function, args, kwargs, grad, reproducer = DOCUMENTED_CASES.get(case, (F.gelu, [torch.linspace(0.5, 2.0, 16)], {}, None, ""))
+    function, args, kwargs, grad, reproducer = DOCUMENTED_CASES.get(
+        case, (F.gelu, [torch.linspace(0.5, 2.0, 16)], {}, None, "")
+    )
     if planted:
         from explore_faults import ExploreFault
 
@@ -754,7 +855,15 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
         out.backward(grad.double())
         writer.backward(call, [grad], [arg.grad.float() for arg in wide if isinstance(arg, torch.Tensor)])
     direction = "forward" if grad is None else "backward"
-    select = ("--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore", "-k", direction, f"--msprobe-out={tmp_path / 'out'}")
+    select = (
+        "--msprobe-device=cpu",
+        "--msprobe-explore=1",
+        "-m",
+        "explore",
+        "-k",
+        direction,
+        f"--msprobe-out={tmp_path / 'out'}",
+    )
     explored = run_dump(writer.write(), *select).calls[f"{call}.{direction}.explore"]
     assert explored.outcome == "failed", explored.text
     named = "a documented torch defect" in explored.text
@@ -766,7 +875,9 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     ("case", "scale", "shift"),
     [("correct", 1e16, 1e19), ("group_norm_by_moments", 1e16, 1e19), ("centred_squares_beyond", 1e20, 0.0)],
 )
-def test_group_norm_is_excused_by_its_centred_squares_not_by_x_squared(case, scale, shift, tmp_path, run_dump, monkeypatch):
+def test_group_norm_is_excused_by_its_centred_squares_not_by_x_squared(
+    case, scale, shift, tmp_path, run_dump, monkeypatch
+):
     """Issue 39: group_norm's definition sums (x - mean)**2 per group, never x**2. At
     x = 1e19 + 1e16 noise (float32) the sum of x**2 overflows float32 and the centred
     squares (~1e33) fit: torch's kernel passes (judged as exploration judges a call), and
@@ -780,10 +891,17 @@ def test_group_norm_is_excused_by_its_centred_squares_not_by_x_squared(case, sca
     writer.forward("Functional.group_norm.0", [x, 2], {}, F.group_norm(x.double(), 2).float())
     if case == "group_norm_by_moments":
         FAULTS[case].patch(monkeypatch)
-    run = run_dump(writer.write(), "--msprobe-device=cpu", "--msprobe-explore=1", "-m", "explore", f"--msprobe-out={tmp_path / 'out'}")
+    run = run_dump(
+        writer.write(),
+        "--msprobe-device=cpu",
+        "--msprobe-explore=1",
+        "-m",
+        "explore",
+        f"--msprobe-out={tmp_path / 'out'}",
+    )
     explored = run.calls["Functional.group_norm.0.forward.explore"]
     assert explored.outcome == ("failed" if case == "group_norm_by_moments" else "passed"), explored.text
     message = _records(tmp_path / "out")["Functional.group_norm.0.forward.explore"]["message"]
-    assert ("a group's centred squares (x - mean)**2 beyond its accumulator's range: 1" in message) == (case == "centred_squares_beyond"), (
-        message
-    )
+    assert ("a group's centred squares (x - mean)**2 beyond its accumulator's range: 1" in message) == (
+        case == "centred_squares_beyond"
+    ), message

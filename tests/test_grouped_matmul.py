@@ -36,7 +36,9 @@ def spans(cumulative: list[int]) -> list[tuple[int, int]]:
     return list(zip([0, *cumulative[:-1]], cumulative, strict=True))
 
 
-def truth_rows(x: torch.Tensor, ws: list[torch.Tensor], bias: list[torch.Tensor] | None, cumulative: list[int]) -> torch.Tensor:
+def truth_rows(
+    x: torch.Tensor, ws: list[torch.Tensor], bias: list[torch.Tensor] | None, cumulative: list[int]
+) -> torch.Tensor:
     """float64 truth of a single x split by rows: group i's rows times weight i (+ bias i);
     rows past the total are left NaN (the kernel does not write them)."""
     out = torch.full((x.shape[0], ws[0].shape[1]), float("nan"), dtype=torch.float64)
@@ -87,7 +89,13 @@ def cases(dtype: torch.dtype, seed: int) -> list[Case]:
         Case(
             "cumulative_split2_bias",
             [[x], ws],
-            {"bias": bias, "group_list": torch.tensor(CUMULATIVE), "split_item": 2, "group_type": 0, "group_list_type": 0},
+            {
+                "bias": bias,
+                "group_list": torch.tensor(CUMULATIVE),
+                "split_item": 2,
+                "group_type": 0,
+                "group_list_type": 0,
+            },
             [rows],
             [CUMULATIVE[-1]],
         ),
@@ -101,7 +109,13 @@ def cases(dtype: torch.dtype, seed: int) -> list[Case]:
         Case(
             "multi_x_single_out",
             [xs, ws],
-            {"group_list": torch.tensor(COUNTS), "split_item": 2, "group_type": 0, "group_list_type": 1, "output_dtype": dtype},
+            {
+                "group_list": torch.tensor(COUNTS),
+                "split_item": 2,
+                "group_type": 0,
+                "group_list_type": 1,
+                "output_dtype": dtype,
+            },
             [cat_truth],
         ),
         Case(
@@ -156,7 +170,10 @@ def quantised_cases(seed: int) -> list[tuple[Case, torch.dtype]]:
     per_group = torch.cat(
         [
             xb[s:t].double()
-            @ ((wb[i].double() + g_offset[i].double().repeat_interleave(24, 0)) * g_scale[i].double().repeat_interleave(24, 0))
+            @ (
+                (wb[i].double() + g_offset[i].double().repeat_interleave(24, 0))
+                * g_scale[i].double().repeat_interleave(24, 0)
+            )
             + b_bias[i].double()
             for i, (s, t) in enumerate(spans(CUMULATIVE))
         ]
@@ -310,7 +327,9 @@ def messages(pytester: pytest.Pytester) -> dict[str, str]:
 UNWRITTEN = "rows 31-39 (9 of 40) past group_list's total: not written by the kernel, not judged"
 
 
-def test_every_mode_passes_offline_and_unwritten_rows_are_named(tmp_path: Path, run_dump, pytester: pytest.Pytester) -> None:
+def test_every_mode_passes_offline_and_unwritten_rows_are_named(
+    tmp_path: Path, run_dump, pytester: pytest.Pytester
+) -> None:
     dump, names = correct_dump(tmp_path / "dump")
     result = run_dump(dump, "--msprobe-offline")
     assert set(result.calls) == set(names)
@@ -373,7 +392,11 @@ def unbound(values: list[torch.Tensor] | None, count: int) -> list[torch.Tensor 
 
 def low_word_float(scale: torch.Tensor) -> torch.Tensor:
     """An int64 quantisation scale carries float32 bits in its low word (torch_npu's packing)."""
-    return (scale & 0xFFFFFFFF).to(torch.int32).view(torch.float32).double() if scale.dtype == torch.int64 else scale.double()
+    return (
+        (scale & 0xFFFFFFFF).to(torch.int32).view(torch.float32).double()
+        if scale.dtype == torch.int64
+        else scale.double()
+    )
 
 
 def dequantised(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
@@ -425,7 +448,9 @@ def planted_kernel(
         bounds = spans(group_ends(group_list, group_list_type, a.shape[1], fault))
         return [torch.stack([act(product(a[:, s:t], b[s:t])) for s, t in bounds]).to(out_dtype)]
     n = len(ws)
-    biases, scales, offsets, a_scales, a_offsets = (unbound(v, n) for v in (bias, scale, offset, antiquant_scale, antiquant_offset))
+    biases, scales, offsets, a_scales, a_offsets = (
+        unbound(v, n) for v in (bias, scale, offset, antiquant_scale, antiquant_offset)
+    )
     single = len(x) == 1 and group_list is not None
     if single and group_list_type == 2:  # [[weight index, count], ...]
         assert isinstance(group_list, torch.Tensor)
@@ -452,7 +477,11 @@ def planted_kernel(
             y = part.double() @ ws[j].double() + (b.double() if integer_bias else 0)
             if scales[j] is not None:
                 y = y * low_word_float(scales[j]) * (token.double()[:, None] if token is not None else 1)
-                y = y + (b.double() if b is not None and not integer_bias else 0) + (offsets[j].double() if offsets[j] is not None else 0)
+                y = (
+                    y
+                    + (b.double() if b is not None and not integer_bias else 0)
+                    + (offsets[j].double() if offsets[j] is not None else 0)
+                )
         ys.append(act(y))
     if split_item in (0, 1):
         return [to_output(y, out_dtype) for y in ys]
@@ -465,7 +494,13 @@ def planted_kernel(
 #: fault -> the modes of cases() and quantised_cases() it changes: every mode with more
 #: than one weight, every cumulative group_list (a Python list, or group_list_type 0),
 #: every mode with floating products (int8 products are exact in int32: no float16 sum)
-SEVERAL_WEIGHTS = {"multi_x_split0", "list_group_list_split1", "cumulative_split2_bias", "counts_split3_3d_weight", "multi_x_single_out"}
+SEVERAL_WEIGHTS = {
+    "multi_x_split0",
+    "list_group_list_split1",
+    "cumulative_split2_bias",
+    "counts_split3_3d_weight",
+    "multi_x_single_out",
+}
 QUANTISED = {
     "int8_out_index_count",
     "int32_out_multi_x",
@@ -498,7 +533,10 @@ def test_the_planted_kernel_is_the_truth_but_for_its_fault() -> None:
             assert torch.equal(out[:rows], to_output(truth[:rows], out.dtype)), case.name
         for fault, modes in FAULTS.items():
             faulty = planted_kernel(fault, *case.args, **case.kwargs)
-            same = all(f.shape == c.shape and torch.equal(f.nan_to_num(), c.nan_to_num()) for f, c in zip(faulty, clean, strict=True))
+            same = all(
+                f.shape == c.shape and torch.equal(f.nan_to_num(), c.nan_to_num())
+                for f, c in zip(faulty, clean, strict=True)
+            )
             assert same == (case.name not in modes), (fault, case.name)
 
 
@@ -527,7 +565,11 @@ def test_each_planted_fault_fails_its_calls_and_only_them(dtype: torch.dtype, tm
         add(case, correct_outputs(case, dtype, seed=1), "passed")
         for fault in (fault for fault, modes in FAULTS.items() if case.name in modes):
             faulty = planted_kernel(fault, *case.args, **case.kwargs)
-            add(case, [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(faulty, written, strict=True)], "failed")
+            add(
+                case,
+                [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(faulty, written, strict=True)],
+                "failed",
+            )
         if case.name == "cumulative_split2_bias":
             add(case, [rounded(nan_inside(case), dtype, CUMULATIVE[-1], seed=3)], "failed")
     result = run_dump(writer.write(), "--msprobe-offline")
@@ -546,9 +588,18 @@ def test_each_planted_fault_fails_the_quantised_modes(tmp_path: Path, run_dump) 
         faults = [fault for fault, modes in FAULTS.items() if case.name in modes]
         written = case.written or [None] * len(case.truth)
         for variant, fault in enumerate(["none", *faults]):
-            outputs = correct_outputs(case, dtype, seed=1) if fault == "none" else planted_kernel(fault, *case.args, **case.kwargs)
+            outputs = (
+                correct_outputs(case, dtype, seed=1)
+                if fault == "none"
+                else planted_kernel(fault, *case.args, **case.kwargs)
+            )
             call = f"NPU.npu_grouped_matmul.{10 * number + variant}"
-            write(writer, call, case, [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(outputs, written, strict=True)])
+            write(
+                writer,
+                call,
+                case,
+                [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(outputs, written, strict=True)],
+            )
             expected[f"{call}.forward"] = "passed" if fault == "none" else "failed"
     result = run_dump(writer.write(), "--msprobe-offline")
     assert {call: o.outcome for call, o in result.calls.items()} == expected
@@ -582,9 +633,16 @@ def test_act_type_in_every_mode_the_reference_accepts(tmp_path: Path, run_dump, 
             expected[f"NPU.npu_grouped_matmul.{10 * number}.forward"] = "skipped"
             continue
         bare = {key: value for key, value in kwargs.items() if key != "act_type"}
-        for variant, outputs in enumerate([planted_kernel("none", *case.args, **kwargs), planted_kernel("none", *case.args, **bare)]):
+        for variant, outputs in enumerate(
+            [planted_kernel("none", *case.args, **kwargs), planted_kernel("none", *case.args, **bare)]
+        ):
             call = f"NPU.npu_grouped_matmul.{10 * number + variant}"
-            write(writer, call, activated, [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(outputs, written, strict=True)])
+            write(
+                writer,
+                call,
+                activated,
+                [rounded(y.double(), dtype, rows, seed=2) for y, rows in zip(outputs, written, strict=True)],
+            )
             expected[f"{call}.forward"] = ("passed", "failed")[variant]
     result = run_dump(writer.write(), "--msprobe-offline")
     assert {call: o.outcome for call, o in result.calls.items()} == expected
@@ -606,7 +664,9 @@ def on_the_device(kernel: Callable[..., list[torch.Tensor]]) -> Callable[..., li
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_statistics_dump_with_a_planted_kernel_fails_exactly_its_modes(fault: str, tmp_path: Path, run_dump, monkeypatch) -> None:
+def test_statistics_dump_with_a_planted_kernel_fails_exactly_its_modes(
+    fault: str, tmp_path: Path, run_dump, monkeypatch
+) -> None:
     """Statistics task, replayed on the CPU with the planted kernel as the device (the
     reference stays the bench), every floating mode in float16 and bfloat16 and every
     quantised mode but the bare int32 product (its call has no floating argument, so
@@ -623,7 +683,10 @@ def test_statistics_dump_with_a_planted_kernel_fails_exactly_its_modes(fault: st
         write(writer, call, case, correct_outputs(case, dtype, seed=1))
         modes[f"{call}.forward"] = case.name
     registry = bench_functions.default_registry.copy()
-    planted, rules = on_the_device(functools.partial(planted_kernel, fault)), bench_functions.BUILTIN_COMPANIONS["npu_grouped_matmul"]
+    planted, rules = (
+        on_the_device(functools.partial(planted_kernel, fault)),
+        bench_functions.BUILTIN_COMPANIONS["npu_grouped_matmul"],
+    )
     registry.register("npu_grouped_matmul", planted, replace=True, companions=rules)
     monkeypatch.setattr(bench_functions, "default_registry", registry)
     result = run_dump(writer.write(), "--msprobe-device=cpu")
@@ -632,7 +695,9 @@ def test_statistics_dump_with_a_planted_kernel_fails_exactly_its_modes(fault: st
     assert not any(o.warnings for o in result.calls.values() if o.outcome == "passed")
 
 
-def backward_truth(x: torch.Tensor, ws: list[torch.Tensor], grad: torch.Tensor, group_of_rows: list[tuple[int, int]]) -> list[torch.Tensor]:
+def backward_truth(
+    x: torch.Tensor, ws: list[torch.Tensor], grad: torch.Tensor, group_of_rows: list[tuple[int, int]]
+) -> list[torch.Tensor]:
     """grad_x rows of group i = grad_i @ w_i^T (NaN past the total); grad_w_i = x_i^T @ grad_i."""
     grad_x = torch.full(x.shape, float("nan"), dtype=torch.float64)
     grad_ws = []
@@ -643,7 +708,9 @@ def backward_truth(x: torch.Tensor, ws: list[torch.Tensor], grad: torch.Tensor, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_backward_input_and_per_group_weight_gradients(dtype: torch.dtype, tmp_path: Path, run_dump, pytester: pytest.Pytester) -> None:
+def test_backward_input_and_per_group_weight_gradients(
+    dtype: torch.dtype, tmp_path: Path, run_dump, pytester: pytest.Pytester
+) -> None:
     """A dumped backward of npu_grouped_matmul: the gradients of x and of each group's
     weight, correctly rounded, pass; rows of x's gradient past the total are garbage and
     not judged; a weight gradient made from the next group's rows fails."""
@@ -659,7 +726,9 @@ def test_backward_input_and_per_group_weight_gradients(dtype: torch.dtype, tmp_p
     for number, grads in enumerate((truth, wrong)):
         call = f"NPU.npu_grouped_matmul.{number}"
         writer.forward(call, [[x], ws], kwargs, forward)
-        writer.backward(call, [grad], [rounded(grads[0], dtype, CUMULATIVE[-1], seed=2), *[g.to(dtype) for g in grads[1:]]])
+        writer.backward(
+            call, [grad], [rounded(grads[0], dtype, CUMULATIVE[-1], seed=2), *[g.to(dtype) for g in grads[1:]]]
+        )
     result = run_dump(writer.write(), "--msprobe-offline")
     outcomes = {call: outcome.outcome for call, outcome in result.calls.items()}
     assert outcomes == {
@@ -668,7 +737,9 @@ def test_backward_input_and_per_group_weight_gradients(dtype: torch.dtype, tmp_p
         "NPU.npu_grouped_matmul.1.forward": "passed",
         "NPU.npu_grouped_matmul.1.backward": "failed",
     }
-    assert "past group_list's total: not written by the kernel" in messages(pytester)["NPU.npu_grouped_matmul.0.backward"]
+    assert (
+        "past group_list's total: not written by the kernel" in messages(pytester)["NPU.npu_grouped_matmul.0.backward"]
+    )
 
 
 def test_repeat_compares_only_the_written_rows(tmp_path: Path, run_dump, monkeypatch) -> None:
@@ -687,7 +758,10 @@ def test_repeat_compares_only_the_written_rows(tmp_path: Path, run_dump, monkeyp
 
     registry = bench_functions.default_registry.copy()
     registry.register(
-        "npu_grouped_matmul", leftover_memory, replace=True, companions=Companions(written_rows=reference.companions.written_rows)
+        "npu_grouped_matmul",
+        leftover_memory,
+        replace=True,
+        companions=Companions(written_rows=reference.companions.written_rows),
     )
     monkeypatch.setattr(bench_functions, "default_registry", registry)
     result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-repeat=3")

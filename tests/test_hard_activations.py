@@ -32,11 +32,15 @@ def activations_dump(root: Path, dtype: torch.dtype) -> Path:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_correct_hard_activations_pass(dtype: torch.dtype, tmp_path: Path, run_dump) -> None:
     result = run_dump(activations_dump(tmp_path / "dump", dtype), "--msprobe-device=cpu")
-    assert sorted(result.by_outcome("passed")) == sorted(f"{call}.{d}" for call in CALLS for d in ("forward", "backward"))
+    assert sorted(result.by_outcome("passed")) == sorted(
+        f"{call}.{d}" for call in CALLS for d in ("forward", "backward")
+    )
 
 
 @pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)], ids=["single-run", "offline"])
-def test_a_scaled_hardswish_fails(mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_scaled_hardswish_fails(
+    mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Planted: float32 hardswish 2**-10 too large, on the device (single-run) or in the
     dumped outputs (offline)."""
     faulty = scaled_in(torch.float32, 1 + 2**-10)(F.hardswish)

@@ -55,7 +55,12 @@ def gated_run(
         "-rA",
     )
     reports = [
-        (report.nodeid, report.when, report.outcome, tuple(title for title, _ in report.sections if title.startswith("msprobe")))
+        (
+            report.nodeid,
+            report.when,
+            report.outcome,
+            tuple(title for title, _ in report.sections if title.startswith("msprobe")),
+        )
         for report in reprec.getreports("pytest_runtest_logreport")
     ]
     return reports, capsys.readouterr().out
@@ -74,12 +79,17 @@ def written(folder: Path) -> dict[str, str]:
 
 def diff(before: str, after: str) -> str:
     """The lines that differ, for the assertion's message."""
-    lines = difflib.unified_diff(before.replace(">", ">\n").splitlines(), after.replace(">", ">\n").splitlines(), n=0, lineterm="")
+    lines = difflib.unified_diff(
+        before.replace(">", ">\n").splitlines(), after.replace(">", ">\n").splitlines(), n=0, lineterm=""
+    )
     return "\n".join(line[:300] for line in list(lines)[:20])
 
 
 def junit_cases(path: Path) -> list[tuple[str | None, str | None, list[str]]]:
-    return [(case.get("classname"), case.get("name"), [child.tag for child in case]) for case in ET.parse(path).getroot().iter("testcase")]
+    return [
+        (case.get("classname"), case.get("name"), [child.tag for child in case])
+        for case in ET.parse(path).getroot().iter("testcase")
+    ]
 
 
 def test_the_plugins_registered_in_reverse_make_the_same_run(
@@ -93,10 +103,17 @@ def test_the_plugins_registered_in_reverse_make_the_same_run(
     )  # fmt: skip
     runs = {}
     for order in ("registered", "reversed"):
-        monkeypatch.setattr(pytest_msprobe.plugin, "REGISTERED", pytest_msprobe.plugin.REGISTERED[:: 1 if order == "registered" else -1])
+        monkeypatch.setattr(
+            pytest_msprobe.plugin, "REGISTERED", pytest_msprobe.plugin.REGISTERED[:: 1 if order == "registered" else -1]
+        )
         reports, text = gated_run(pytester, capsys, after)
         folder = (pytester.path / RUN).rename(pytester.path / order)
-        runs[order] = (reports, VOLATILE.sub("T", text.replace(str(pytester.path), "")), written(folder), junit_cases(folder / "junit.xml"))
+        runs[order] = (
+            reports,
+            VOLATILE.sub("T", text.replace(str(pytester.path), "")),
+            written(folder),
+            junit_cases(folder / "junit.xml"),
+        )
     registered, reversed_ = runs["registered"], runs["reversed"]
     reports, text, files, junit = registered
     assert {outcome for _, when, outcome, _ in reports if when == "call"} == {"passed", "failed"}

@@ -36,7 +36,9 @@ def in_place_dump(root: Path, gradient_scale: float = 1.0) -> Path:
         y = function(x.clone(), *args, **kwargs)
         upstream = torch.randn(16, 32, generator=generator)
         y.backward(upstream)
-        writer.forward(call, [x.detach(), *(a.detach() if isinstance(a, torch.Tensor) else a for a in args)], kwargs, y.detach())
+        writer.forward(
+            call, [x.detach(), *(a.detach() if isinstance(a, torch.Tensor) else a for a in args)], kwargs, y.detach()
+        )
         grads = [x.grad] + [a.grad for a in args if isinstance(a, torch.Tensor)]
         scale = gradient_scale if call.startswith("Functional.relu") else 1.0
         writer.backward(call, [upstream], [g * scale for g in grads])
@@ -46,7 +48,9 @@ def in_place_dump(root: Path, gradient_scale: float = 1.0) -> Path:
 @pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)], ids=["single-run", "offline"])
 def test_in_place_calls_are_judged(mode: tuple[str, ...], tmp_path: Path, run_dump) -> None:
     result = run_dump(in_place_dump(tmp_path / "dump"), "--msprobe-device=cpu", *mode)
-    assert sorted(result.by_outcome("passed")) == sorted(f"{call}.{d}" for call in CALLS for d in ("forward", "backward"))
+    assert sorted(result.by_outcome("passed")) == sorted(
+        f"{call}.{d}" for call in CALLS for d in ("forward", "backward")
+    )
 
 
 def test_a_wrong_in_place_gradient_fails_offline(tmp_path: Path, run_dump) -> None:
@@ -76,7 +80,9 @@ def module_hooked_relu_dump(root: Path, faulty: bool = False) -> Path:
 
 
 @pytest.mark.parametrize("faulty", [False, True], ids=["correct", "passes-through"])
-def test_a_passed_through_in_place_gradient_is_recovered_from_the_data_flow(faulty: bool, tmp_path: Path, run_dump) -> None:
+def test_a_passed_through_in_place_gradient_is_recovered_from_the_data_flow(
+    faulty: bool, tmp_path: Path, run_dump
+) -> None:
     """Real: resnet's ReLU(inplace=True) at level mix (benchmarks/RESULTS-real-models.md), 5
     false errors offline before. The relu's own gradient comes from its producer's record:
     correct, it passes; a device relu that passes the gradient through fails there."""

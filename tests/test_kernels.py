@@ -30,7 +30,9 @@ TOWARD_ZERO = FAULTS["bf16_dot_toward_zero"]
 HALF_ACCUMULATOR = FAULTS["fp16_gemm_fp16_accumulation"]
 
 
-def small_head_dump(root: Path, faulty: bool, fault=TOWARD_ZERO, dtype: torch.dtype = torch.bfloat16, softmax: bool = False) -> Path:
+def small_head_dump(
+    root: Path, faulty: bool, fault=TOWARD_ZERO, dtype: torch.dtype = torch.bfloat16, softmax: bool = False
+) -> Path:
     """CALLS calls of a 16 -> 10 linear on 4 rows in `dtype`, the outputs written by the
     correct kernel or by the faulty one; with `softmax`, a softmax of each output in
     bfloat16 too (a dtype whose calls' error ratios a kernel pools)."""
@@ -39,7 +41,8 @@ def small_head_dump(root: Path, faulty: bool, fault=TOWARD_ZERO, dtype: torch.dt
     linear = fault.wrap(F.linear) if faulty else F.linear
     for index in range(CALLS):
         x, weight, bias = (
-            (torch.randn(*shape, generator=generator) / scale).to(dtype) for shape, scale in (((4, 16), 1), ((10, 16), 4), ((10,), 4))
+            (torch.randn(*shape, generator=generator) / scale).to(dtype)
+            for shape, scale in (((4, 16), 1), ((10, 16), 4), ((10,), 4))
         )
         output = linear(x, weight, bias)
         writer.forward(f"Functional.linear.{index}", [x, weight, bias], {}, output)
@@ -57,7 +60,10 @@ def test_a_bias_no_call_can_make_certain_fails_its_kernel(tmp_path, run_dump, mo
     if faulty and mode == "single-run":
         TOWARD_ZERO.patch(monkeypatch)
     result = run_dump(
-        dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}", *(("--msprobe-offline",) if mode == "offline" else ())
+        dump,
+        "--msprobe-device=cpu",
+        f"--msprobe-out={tmp_path / 'out'}",
+        *(("--msprobe-offline",) if mode == "offline" else ()),
     )
     calls = result.calls
     assert sorted(calls) == sorted(f"Functional.linear.{index}.forward" for index in range(CALLS))
@@ -84,7 +90,10 @@ def test_a_float16_accumulator_on_a_small_head_fails_every_call(tmp_path, run_du
     if mode == "single-run":
         HALF_ACCUMULATOR.patch(monkeypatch)
     result = run_dump(
-        dump, "--msprobe-device=cpu", f"--msprobe-out={tmp_path / 'out'}", *(("--msprobe-offline",) if mode == "offline" else ())
+        dump,
+        "--msprobe-device=cpu",
+        f"--msprobe-out={tmp_path / 'out'}",
+        *(("--msprobe-offline",) if mode == "offline" else ()),
     )
     assert {call: outcome.outcome for call, outcome in result.calls.items()} == {
         f"Functional.linear.{index}.forward": "failed" for index in range(CALLS)
@@ -98,7 +107,9 @@ def test_a_selection_pools_only_what_ran_and_says_so(tmp_path, run_dump):
     selection (fails if it pooled calls that did not run, or said nothing)."""
     dump = small_head_dump(tmp_path / "dump", faulty=True)
     chosen = " or ".join(f"Functional.linear.{index}.forward" for index in range(0, CALLS, 2))
-    result = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline", f"--msprobe-out={tmp_path / 'out'}", "-k", chosen)
+    result = run_dump(
+        dump, "--msprobe-device=cpu", "--msprobe-offline", f"--msprobe-out={tmp_path / 'out'}", "-k", chosen
+    )
     assert len(result.calls) == CALLS // 2
     kernel = result.kernels[KERNEL]
     assert kernel.outcome == "failed" and f"pooled tests of {CALLS // 2} calls" in kernel.text, kernel.text
@@ -141,10 +152,18 @@ def test_kernel_verdicts_are_the_same_however_the_calls_ran(tmp_path, pytester):
             "-p",
             "no:cacheprovider",
         )
-        return pytester.inline_run(*args, *((*extra, "-p", "no:benchmark") if "-n" in extra else ("-p", "no:xdist", *extra))).ret
+        return pytester.inline_run(
+            *args, *((*extra, "-p", "no:benchmark") if "-n" in extra else ("-p", "no:xdist", *extra))
+        ).ret
 
     assert run("lone") == run("n2", "-n", "2") == pytest.ExitCode.TESTS_FAILED
-    run("resumed", "-k", " or ".join(f"Functional.{api}.{index}.forward" for index in range(0, CALLS, 2) for api in ("linear", "softmax")))
+    run(
+        "resumed",
+        "-k",
+        " or ".join(
+            f"Functional.{api}.{index}.forward" for index in range(0, CALLS, 2) for api in ("linear", "softmax")
+        ),
+    )
     assert run("resumed", "--msprobe-resume") == pytest.ExitCode.TESTS_FAILED
     for shard in ("1/2", "2/2"):
         run(f"shard{shard[0]}", f"--msprobe-shard={shard}")
@@ -170,11 +189,17 @@ def test_a_baseline_of_one_dump_names_the_kernel_that_got_worse_in_another(tmp_p
     before, after = small_head_dump(tmp_path / "before", faulty=False), small_head_dump(tmp_path / "after", faulty=True)
     common = ("--msprobe-device=cpu", "--msprobe-offline", "-p", "no:cacheprovider", "-p", "no:xdist")
     saved = pytester.runpytest(
-        f"--msprobe-dump={before}", *common, f"--msprobe-baseline-save={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'a'}"
+        f"--msprobe-dump={before}",
+        *common,
+        f"--msprobe-baseline-save={tmp_path / 'baseline'}",
+        f"--msprobe-out={tmp_path / 'a'}",
     )
     assert saved.ret == pytest.ExitCode.OK
     checked = pytester.runpytest(
-        f"--msprobe-dump={after}", *common, f"--msprobe-baseline={tmp_path / 'baseline'}", f"--msprobe-out={tmp_path / 'b'}"
+        f"--msprobe-dump={after}",
+        *common,
+        f"--msprobe-baseline={tmp_path / 'baseline'}",
+        f"--msprobe-out={tmp_path / 'b'}",
     )
     checked.stdout.fnmatch_lines(
         [
@@ -235,10 +260,14 @@ def test_the_kernel_fails_where_its_calls_error_ratio_is_certainly_over_the_limi
     from pytest_msprobe.results.html import kernels_section
 
     verdict = judge_kernel(
-        KernelKey("d", "Functional.softmax", "bfloat16", "forward"), [_ratio_evidence(*item) for item in enumerate(ratios)], 0
+        KernelKey("d", "Functional.softmax", "bfloat16", "forward"),
+        [_ratio_evidence(*item) for item in enumerate(ratios)],
+        0,
     )
     assert verdict.status == status, verdict.message()
-    assert 0.0 <= verdict.metrics["mean_rel_err_ratio_p"] <= 1.0 and verdict.metrics["mean_rel_err_ratio_calls"] == len(ratios)
+    assert 0.0 <= verdict.metrics["mean_rel_err_ratio_p"] <= 1.0 and verdict.metrics["mean_rel_err_ratio_calls"] == len(
+        ratios
+    )
     if status == "error":
         assert verdict.leading_test == "mean_rel_err_ratio" and "certainly over 1.5x" in verdict.reasons[0]
         assert "log mean_rel_err_ratio of each output" in kernels_section([verdict])
@@ -276,7 +305,9 @@ def _leaning_evidence(call: int, lean: float, allowance: float):
     return Evidence(f"Functional.gelu.{call}.forward", "output 0", "pass", sums, 0.25, 5.0, True, allowance)
 
 
-@pytest.mark.parametrize("lean, status", [(-0.5, "pass"), (-3.0, "pass"), (-4.0, "error")], ids=["xla", "at-the-bound", "beyond"])
+@pytest.mark.parametrize(
+    "lean, status", [(-0.5, "pass"), (-3.0, "pass"), (-4.0, "error")], ids=["xla", "at-the-bound", "beyond"]
+)
 def test_a_kernel_pools_its_calls_against_the_accuracy_model(lean, status):
     """Inductor's and XLA's float32 gelu lean -0.5 ULP from ATen's: within the 3 ULP the
     accuracy model allows gelu (standards/tables/accuracy_model.csv), so the pooled kernel

@@ -66,7 +66,9 @@ def test_no_test_folder_shadows_a_package() -> None:
     import importlib.metadata
 
     packages = set(importlib.metadata.packages_distributions()) | OPTIONAL_PACKAGES
-    folders = {path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and not (path / "__init__.py").exists()}
+    folders = {
+        path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and not (path / "__init__.py").exists()
+    }
     assert folders & packages == set()
 
 
@@ -97,7 +99,7 @@ def violations(package_dirs: dict[str, Path]) -> list[str]:
     return problems
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:  # noqa: C901  Tarjan's algorithm as written in the literature
     """One cycle per strongly connected component of more than one module (Tarjan)."""
     index, low, stack, on_stack, found = {}, {}, [], set(), []
 
@@ -163,8 +165,14 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
         ),
         ({"judge/call.py": "import pytest\n"}, "only the pytest layer"),
         ({"compat.py": "from _pytest.pathlib import bestrelpath\n"}, "only the pytest layer"),
-        ({"standards/fast.py": "from pytest_msprobe.dump import index\n", "dump/index.py": ""}, "library imports no stage"),
-        ({"standards/fast.py": "from .single_run import X\n", "standards/single_run.py": "from . import fast\n"}, "import cycle"),
+        (
+            {"standards/fast.py": "from pytest_msprobe.dump import index\n", "dump/index.py": ""},
+            "library imports no stage",
+        ),
+        (
+            {"standards/fast.py": "from .single_run import X\n", "standards/single_run.py": "from . import fast\n"},
+            "import cycle",
+        ),
     ],
     ids=[
         "reading-imports-running",
@@ -188,7 +196,11 @@ def test_the_flat_layouts_module_paths_are_gone(old):
 
 @pytest.mark.parametrize(
     "package,name",
-    [("pytest_msprobe.dump", "read_index"), ("pytest_msprobe.results", "ResultRecord"), ("pytest_msprobe.scripts", "write_script")],
+    [
+        ("pytest_msprobe.dump", "read_index"),
+        ("pytest_msprobe.results", "ResultRecord"),
+        ("pytest_msprobe.scripts", "write_script"),
+    ],
 )
 def test_a_subpackage_answers_no_old_module_attribute(package, name):
     assert not hasattr(importlib.import_module(package), name)

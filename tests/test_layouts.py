@@ -76,7 +76,9 @@ def test_a_gelu_one_ulp_nearer_zero_is_within_what_a_correct_library_may_do(tmp_
 def test_a_biased_channels_last_kernel_fails(tmp_path: Path, run_dump) -> None:
     """Planted: the channels_last kernel's results each BEYOND_THE_MODEL ULPs nearer zero."""
     result = run_dump(
-        gelu_dump(tmp_path / "dump", lambda t: _toward_zero(t, BEYOND_THE_MODEL)), "--msprobe-device=cpu", "--msprobe-offline"
+        gelu_dump(tmp_path / "dump", lambda t: _toward_zero(t, BEYOND_THE_MODEL)),
+        "--msprobe-device=cpu",
+        "--msprobe-offline",
     )
     assert sorted(result.by_outcome("failed")) == ["Functional.gelu.0.backward", "Functional.gelu.0.forward"]
     for call in result.calls.values():

@@ -1,15 +1,15 @@
-"""Another real library family as the device: JAX/XLA's CPU kernels (issue 37).
+r"""Another real library family as the device: JAX/XLA's CPU kernels (issue 37).
 
 The dumps under tests/dumps/families/ are calibration dumps (tests/dumps/models/apizoo_*,
 transformer12_*) whose forward outputs and input gradients JAX recomputed on the dumped
 inputs (float32 in float32; bfloat16 raised to float32, computed there, rounded once to
 nearest, as correct accelerator kernels do), made by
 
-    python benchmarks/library_families.py --families jax --write-dumps tests/dumps/families \\
-        --only Functional.gelu Torch.tanh Functional.hardswish Functional.layer_norm \\
-        Functional.linear Torch.sigmoid Functional.silu Torch.erf Functional.batch_norm \\
-        Functional.softmax --max-index 1 tests/dumps/models/apizoo_tensor_fp32 \\
-        tests/dumps/models/apizoo_tensor_bf16 tests/dumps/models/transformer12_tensor_fp32 \\
+    python benchmarks/library_families.py --families jax --write-dumps tests/dumps/families \
+        --only Functional.gelu Torch.tanh Functional.hardswish Functional.layer_norm \
+        Functional.linear Torch.sigmoid Functional.silu Torch.erf Functional.batch_norm \
+        Functional.softmax --max-index 1 tests/dumps/models/apizoo_tensor_fp32 \
+        tests/dumps/models/apizoo_tensor_bf16 tests/dumps/models/transformer12_tensor_fp32 \
         tests/dumps/models/transformer12_tensor_bf16
 
 (jax is needed to make them, not to run these tests). A linear's backward is msprobe's
@@ -51,7 +51,11 @@ _RUNS: dict[str, object] = {}
 
 
 def _calls(dump: str) -> list[str]:
-    return [name for name in json.loads((FAMILIES / dump / "dump.json").read_text())["data"] if not name.startswith(("Module.", "Cell."))]
+    return [
+        name
+        for name in json.loads((FAMILIES / dump / "dump.json").read_text())["data"]
+        if not name.startswith(("Module.", "Cell."))
+    ]
 
 
 CASES = [pytest.param(dump, call, id=f"{dump}-{call}") for dump in DUMPS for call in _calls(dump)]
@@ -72,10 +76,17 @@ def offline_run(run_dump):
 def test_the_family_dumps_are_small_and_jax_made():
     size = sum(f.stat().st_size for f in FAMILIES.rglob("*") if f.is_file())
     assert size < 1_000_000
-    assert DUMPS == ["jax_apizoo_tensor_bf16", "jax_apizoo_tensor_fp32", "jax_transformer12_tensor_bf16", "jax_transformer12_tensor_fp32"]
+    assert DUMPS == [
+        "jax_apizoo_tensor_bf16",
+        "jax_apizoo_tensor_fp32",
+        "jax_transformer12_tensor_bf16",
+        "jax_transformer12_tensor_fp32",
+    ]
     # JAX's outputs, not ATen's: the gelu the families dump holds differs from the calibration dump's
     made = torch.load(FAMILIES / "jax_transformer12_tensor_fp32/dump_tensor_data/Functional.gelu.0.forward.output.0.pt")
-    aten = torch.load(FAMILIES.parent / "models/transformer12_tensor_fp32/dump_tensor_data/Functional.gelu.0.forward.output.0.pt")
+    aten = torch.load(
+        FAMILIES.parent / "models/transformer12_tensor_fp32/dump_tensor_data/Functional.gelu.0.forward.output.0.pt"
+    )
     assert made.shape == aten.shape and not torch.equal(made, aten)
 
 
@@ -122,7 +133,10 @@ def _layer_norm_truncated(_: torch.Tensor, tensors: Path) -> torch.Tensor:
 #: gelu 3 ULP, normalisation 7 ULP; the JAX output's own lean (gelu -0.4..-0.6) added
 PLANTED = [
     pytest.param(
-        "jax_transformer12_tensor_fp32", "Functional.gelu.0", lambda t, _: away_from_zero(t, 5), id="float32-gelu-5-ulp-away-from-zero"
+        "jax_transformer12_tensor_fp32",
+        "Functional.gelu.0",
+        lambda t, _: away_from_zero(t, 5),
+        id="float32-gelu-5-ulp-away-from-zero",
     ),
     pytest.param(
         "jax_apizoo_tensor_fp32",
@@ -130,7 +144,12 @@ PLANTED = [
         lambda t, _: away_from_zero(t, 10),
         id="float32-layer_norm-10-ulp-away-from-zero",
     ),
-    pytest.param("jax_apizoo_tensor_bf16", "Functional.layer_norm.0", _layer_norm_truncated, id="bfloat16-layer_norm-truncated-64-rows"),
+    pytest.param(
+        "jax_apizoo_tensor_bf16",
+        "Functional.layer_norm.0",
+        _layer_norm_truncated,
+        id="bfloat16-layer_norm-truncated-64-rows",
+    ),
     pytest.param(
         "jax_transformer12_tensor_bf16",
         "Functional.layer_norm.0",

@@ -56,9 +56,13 @@ def test_correct_cpu_passes_every_call_of_a_real_model(name, mode, copy_dump, ru
     assert {kernel: outcome.text for kernel, outcome in result.kernels.items() if outcome.outcome != "passed"} == {}
     judged = [call for call, outcome in result.calls.items() if outcome.outcome == "passed"]
     assert any(call.endswith(".backward") for call in judged) and any(call.endswith(".forward") for call in judged)
-    if mode == "offline" and name in TENSOR_DUMPS:  # the GEMM backwards msprobe records at the reshape: judged through the data flow
+    if (
+        mode == "offline" and name in TENSOR_DUMPS
+    ):  # the GEMM backwards msprobe records at the reshape: judged through the data flow
         gemm = ("Functional.linear.", "Torch.matmul.", "Tensor.__matmul__.")
-        skipped = [call for call in result.by_outcome("skipped") if call.startswith(gemm) and call.endswith(".backward")]
+        skipped = [
+            call for call in result.by_outcome("skipped") if call.startswith(gemm) and call.endswith(".backward")
+        ]
         assert skipped == []
 
 
@@ -67,7 +71,9 @@ def _faulty_calls(fault, calls: list[str], judged: set[str]) -> set[str]:
     directions = tuple(fault.direction.split("+"))
     if fault.name == "softmax_low_precision_sum":
         directions = ("forward", "backward")  # its backward reads the stored (wrong) output
-    return {call for call in calls if call.startswith(fault.call_prefix) and call.endswith(directions) and call in judged}
+    return {
+        call for call in calls if call.startswith(fault.call_prefix) and call.endswith(directions) and call in judged
+    }
 
 
 # Below the floor of what separates a correct kernel from these faults in one call, on
@@ -84,7 +90,9 @@ def _faulty_calls(fault, calls: list[str], judged: set[str]) -> set[str]:
 BELOW_FLOOR = {"softmax_low_precision_sum", "softmax_backward_half_accumulator"}
 #: the faults with a dump of their own (make_dumps.py FAULT_DUMPS) that are defects
 DUMPED = sorted(name for name in FAULTS if (MODELS / "faults" / name).is_dir())
-FAULT_RUNS = [(name, mode) for name in DUMPED if name not in BELOW_FLOOR and not FAULTS[name].within_model for mode in MODES]
+FAULT_RUNS = [
+    (name, mode) for name in DUMPED if name not in BELOW_FLOOR and not FAULTS[name].within_model for mode in MODES
+]
 #: the faults the accuracy model says a correct library may produce (reclassified)
 WITHIN_MODEL_RUNS = [(name, mode) for name in DUMPED if FAULTS[name].within_model for mode in MODES]
 
@@ -116,7 +124,9 @@ def test_planted_fault_fails_exactly_the_faulty_calls(fault_name, mode, copy_dum
     assert expected, f"no judged call of {fault.call_prefix} in the fault's direction"
     assert failed - {call for call in failed if call.startswith(fault.call_prefix)} == set(), "a clean API failed"
     assert {
-        kernel for kernel, outcome in result.kernels.items() if outcome.outcome == "failed" and not kernel.startswith(fault.call_prefix)
+        kernel
+        for kernel, outcome in result.kernels.items()
+        if outcome.outcome == "failed" and not kernel.startswith(fault.call_prefix)
     } == set()
     assert expected <= failed, f"missed: {sorted(expected - failed)}"
 
@@ -146,7 +156,9 @@ def _write_faulty_softmax(dump: Path, fault) -> None:
 # the bench rounded to D (correct bfloat16/float16 kernels pool to 2.65x its scaled-ULP
 # error, the faults 2.0-3.1x) nor the dumped output (the shipped dumps' avx512 float32 gelu
 # is 3.2x more accurate than this CPU's correct one, in each of 12 calls)
-NO_REFERENCE = "single-run on the CPU has no reference run, and no reference-free floor separates it (RESULTS-kernels.md)"
+NO_REFERENCE = (
+    "single-run on the CPU has no reference run, and no reference-free floor separates it (RESULTS-kernels.md)"
+)
 # offline, the half-accumulator backward pools to 1.20x the reference's mean_rel_err
 # (correct pairs up to 1.23x) and to 1.70x its scaled-ULP error (correct 16-bit pairs up
 # to 1.15x), but its 12 calls spread too widely (1.23-2.46x, sd of log 0.19) for Student's
@@ -192,7 +204,9 @@ def test_a_softmax_fault_no_call_shows_fails_its_kernel(fault_name, name, mode, 
     failed = {kernel: outcome.text for kernel, outcome in result.kernels.items() if outcome.outcome == "failed"}
     dtype = "bfloat16" if name.endswith("bf16") else "float16"
     assert list(failed) == [f"Functional.softmax.{dtype}.kernel.{fault.direction}"], sorted(failed)
-    assert "mean_rel_err_ratio" in "".join(failed.values()) and f"of {12 - len(caught_alone)} calls" in "".join(failed.values())
+    assert "mean_rel_err_ratio" in "".join(failed.values()) and f"of {12 - len(caught_alone)} calls" in "".join(
+        failed.values()
+    )
 
 
 @pytest.mark.parametrize("name", ["gru_tensor_fp32", "lstm_tensor_fp32"])

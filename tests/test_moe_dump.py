@@ -30,7 +30,9 @@ EXPECTED = {
 
 @pytest.mark.parametrize("task", ["tensor", "statistics"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_every_call_of_the_moe_step_is_judged_and_passes(dtype: torch.dtype, task: str, tmp_path: Path, run_dump) -> None:
+def test_every_call_of_the_moe_step_is_judged_and_passes(
+    dtype: torch.dtype, task: str, tmp_path: Path, run_dump
+) -> None:
     """Statistics: inputs drawn anew, so bfloat16 gating rows where two experts'
     probabilities round alike are common; the reference's choice must not depend on the
     precision it ran in (bench_functions/moe_gating.py)."""
@@ -76,12 +78,24 @@ def test_gating_top_k_norm_out_without_out_flag_is_not_judged(tmp_path: Path, ru
     from dumpwriter import DumpWriter
 
     reference = bench_functions.get("npu_moe_gating_top_k")
-    x, bias = torch.randn(8, 16, dtype=torch.float64).bfloat16(), (torch.randn(16, dtype=torch.float64) * 0.1).bfloat16()
-    kwargs = {"bias": bias, "k_group": 2, "group_count": 4, "group_select_mode": 1, "norm_type": 1, "routed_scaling_factor": 2.5}
+    x, bias = (
+        torch.randn(8, 16, dtype=torch.float64).bfloat16(),
+        (torch.randn(16, dtype=torch.float64) * 0.1).bfloat16(),
+    )
+    kwargs = {
+        "bias": bias,
+        "k_group": 2,
+        "group_count": 4,
+        "group_select_mode": 1,
+        "norm_type": 1,
+        "routed_scaling_factor": 2.5,
+    }
     y, idx, _ = reference(x.double(), 3, **{**kwargs, "bias": bias.double()})
     writer = DumpWriter(tmp_path / "dump", "tensor")
     writer.forward("NPU.npu_moe_gating_top_k.0", [x, 3], kwargs, (y.bfloat16(), idx, torch.full((8, 16), float("nan"))))
-    writer.forward("NPU.npu_moe_gating_top_k.1", [x, 3], kwargs, ((y * 1.05).bfloat16(), idx, torch.full((8, 16), float("nan"))))
+    writer.forward(
+        "NPU.npu_moe_gating_top_k.1", [x, 3], kwargs, ((y * 1.05).bfloat16(), idx, torch.full((8, 16), float("nan")))
+    )
     result = run_dump(writer.write(), "--msprobe-offline")
     assert {call: o.outcome for call, o in result.calls.items()} == {
         "NPU.npu_moe_gating_top_k.0.forward": "passed",
@@ -115,8 +129,12 @@ def test_init_routing_v2_judges_only_the_available_pairs(tmp_path: Path, run_dum
     swapped = garbage_x.clone()
     swapped[[0, 1]] = garbage_x[[1, 0]]
     writer = DumpWriter(tmp_path / "dump", "tensor")
-    writer.forward("NPU.npu_moe_init_routing_v2.0", [x, expert_idx], kwargs, (garbage_x, garbage_idx, garbage_counts, scale))
-    writer.forward("NPU.npu_moe_init_routing_v2.1", [x, expert_idx], kwargs, (swapped, garbage_idx, garbage_counts, scale))
+    writer.forward(
+        "NPU.npu_moe_init_routing_v2.0", [x, expert_idx], kwargs, (garbage_x, garbage_idx, garbage_counts, scale)
+    )
+    writer.forward(
+        "NPU.npu_moe_init_routing_v2.1", [x, expert_idx], kwargs, (swapped, garbage_idx, garbage_counts, scale)
+    )
     result = run_dump(writer.write(), "--msprobe-offline")
     assert {call: o.outcome for call, o in result.calls.items()} == {
         "NPU.npu_moe_init_routing_v2.0.forward": "passed",

@@ -39,7 +39,12 @@ def calls() -> list[tuple[str, list, dict, bool]]:
             {"scale": 0.5},
             False,
         ),
-        ("npu_layer_norm_eval", [make(4, 32, seed=13), [32], make(32, seed=14), make(32, seed=15)], {"eps": 1e-5}, False),
+        (
+            "npu_layer_norm_eval",
+            [make(4, 32, seed=13), [32], make(32, seed=14), make(32, seed=15)],
+            {"eps": 1e-5},
+            False,
+        ),
         ("npu_mish", [make(8, 16, seed=16)], {}, False),
         ("npu_linear", [make(4, 32, seed=17), make(16, 32, seed=18), make(16, seed=19)], {}, False),
         ("npu_moe_gating_top_k_softmax", [make(8, 6, seed=20)], {"k": 2}, False),
@@ -52,7 +57,9 @@ def write_npu_dump(root: Path, task: str) -> Path:
     for number, (op, args, kwargs, has_backward) in enumerate(calls()):
         call = f"NPU.{op}.{number}"
         reference = bench_functions.get(op)
-        leaves = [a.clone().requires_grad_(a.dtype.is_floating_point) if isinstance(a, torch.Tensor) else a for a in args]
+        leaves = [
+            a.clone().requires_grad_(a.dtype.is_floating_point) if isinstance(a, torch.Tensor) else a for a in args
+        ]
         output = reference(*leaves, **kwargs)
         writer.forward(call, args, kwargs, output)
         if has_backward:
@@ -60,7 +67,9 @@ def write_npu_dump(root: Path, task: str) -> Path:
             grad = make(*first.shape, seed=100 + number)
             first.backward(grad)
             extra = [None] * (len(output) - 1) if isinstance(output, tuple) else []
-            writer.backward(call, [grad, *extra], [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.grad is not None])
+            writer.backward(
+                call, [grad, *extra], [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.grad is not None]
+            )
     return writer.write()
 
 

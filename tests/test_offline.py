@@ -40,7 +40,11 @@ def test_untouched_dump_passes_offline_without_warning(copy_dump, run_dump) -> N
     assert result.calls["Torch.exp.0.forward"].properties["msprobe_device"].startswith("dump (offline")
 
 
-PERTURBED = ["Torch.exp.0.forward.output.0.pt", "Functional.linear.2.forward.output.0.pt", "Torch.exp.0.backward.output.0.pt"]
+PERTURBED = [
+    "Torch.exp.0.forward.output.0.pt",
+    "Functional.linear.2.forward.output.0.pt",
+    "Torch.exp.0.backward.output.0.pt",
+]
 
 
 @pytest.mark.parametrize("kind", PERTURBATIONS)

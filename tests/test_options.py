@@ -41,7 +41,9 @@ def test_the_options_value_has_a_field_per_option() -> None:
 
 def test_the_options_are_read_once_typed_and_frozen(pytester: pytest.Pytester, dumps: Path) -> None:
     shutil.copytree(dumps / ROPE, pytester.path / "rope")
-    run = pytester.inline_run("--msprobe-dump=rope", "--msprobe-device=cpu", "--msprobe-shard=1/4", "--msprobe-black-list=a, b", "--co")
+    run = pytester.inline_run(
+        "--msprobe-dump=rope", "--msprobe-device=cpu", "--msprobe-shard=1/4", "--msprobe-black-list=a, b", "--co"
+    )
     chosen = options.of(run.getcall("pytest_collection_finish").session.config)
     assert chosen.dump == ((pytester.path / "rope" / "dump.json").resolve(),) and chosen.device == "cpu"
     assert chosen.out == pytester.path / "msprobe-out" and chosen.timeout == 300.0 and chosen.devices is None
@@ -77,7 +79,9 @@ def project(pytester: pytest.Pytester, dumps: Path, monkeypatch: pytest.MonkeyPa
         shutil.copytree(dumps / ROPE, pytester.path / "rope")
         pytester.makeconftest(FAILING_CAT)
     settings = {"msprobe_dump": "rope", "msprobe_device": "cpu", **lines}
-    pytester.makepyprojecttoml("[tool.pytest.ini_options]\n" + "".join(f'{name} = "{value}"\n' for name, value in settings.items()))
+    pytester.makepyprojecttoml(
+        "[tool.pytest.ini_options]\n" + "".join(f'{name} = "{value}"\n' for name, value in settings.items())
+    )
     sub = pytester.path / "sub"
     sub.mkdir(exist_ok=True)
     monkeypatch.chdir(sub)
@@ -112,14 +116,20 @@ def test_the_html_report_links_the_scripts_where_pyproject_put_them(
 def make_baseline(pytester: pytest.Pytester, dumps: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A baseline of the rope dump in inputs/baseline, recorded from the project's folder."""
     project(pytester, dumps, monkeypatch, {"msprobe_out": "first", "msprobe_baseline_save": "inputs/baseline"})
-    pytester.runpytest("-p", "no:cacheprovider", "-q").assert_outcomes(passed=2, failed=1)  # cat, by the conftest's standard
+    pytester.runpytest("-p", "no:cacheprovider", "-q").assert_outcomes(
+        passed=2, failed=1
+    )  # cat, by the conftest's standard
 
 
 # option: (its value in pyproject.toml, what to write at it (folder, file, text), a broken
 # file at the same path under the current folder)
 READ = {
     "msprobe_standards": ("inputs/standards.csv", "api,standard\n", "api,standard\nlinear,nosuch\n"),
-    "msprobe_config": ("inputs/config.json", '{"acc_check": {"black_list": ["silu"]}}', '{"acc_check": {"white_list": "linear"}}'),
+    "msprobe_config": (
+        "inputs/config.json",
+        '{"acc_check": {"black_list": ["silu"]}}',
+        '{"acc_check": {"white_list": "linear"}}',
+    ),
     "msprobe_reference_csv": ("inputs/details.csv", "API Name\n", "nothing,here\n1,2\n"),
     "msprobe_baseline": ("inputs/baseline", None, '{"format": "pytest-msprobe-baseline", "version": 99}\n'),
 }
@@ -146,7 +156,9 @@ def test_a_relative_input_path_in_pyproject_is_read_beside_it(
     result.assert_outcomes(passed=2, failed=1)
 
 
-def test_a_relative_dump_in_pyproject_is_found_beside_it(pytester: pytest.Pytester, dumps: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_relative_dump_in_pyproject_is_found_beside_it(
+    pytester: pytest.Pytester, dumps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sub = project(pytester, dumps, monkeypatch, {})
     (sub / "rope").mkdir()  # a folder without a dump.json: a usage error if it were read
     result = pytester.runpytest("-p", "no:cacheprovider", "-q")

@@ -73,7 +73,11 @@ def test_kernel_overflow_fails_and_input_overflow_is_a_note(
     assert metrics[f"{KERNEL}.output.0"]["overflow"] == "kernel" and metrics[f"{KERNEL}.output.0"]["status"] == "error"
     assert metrics[f"{KERNEL}.output.0"]["overflow_bench_max_abs"] <= 1.0
     assert metrics[f"{INPUT}.output.0"]["overflow"] == "input" and metrics[f"{INPUT}.output.0"]["status"] == "pass"
-    assert metrics[f"{INPUT}.output.0"]["overflow_bench_max_abs"] > metrics[f"{INPUT}.output.0"]["overflow_dtype_max"] == 65504
+    assert (
+        metrics[f"{INPUT}.output.0"]["overflow_bench_max_abs"]
+        > metrics[f"{INPUT}.output.0"]["overflow_dtype_max"]
+        == 65504
+    )
     assert "overflow" not in metrics[f"{NON_FINITE_INPUTS}.output.0"]  # its inputs hold inf: no claim
     assert "overflow" not in metrics[f"{CORRECT}.output.0"]
 
@@ -87,8 +91,13 @@ def test_kernel_overflow_fails_and_input_overflow_is_a_note(
 
     header, details = details_rows(out)
     assert tuple(header) == DETAILS_HEADER  # msprobe's columns, no new one
-    assert details[f"{KERNEL}.output.0"]["Status"] == "error" and "kernel overflow" in details[f"{KERNEL}.output.0"]["Message"]
-    assert details[f"{INPUT}.output.0"]["Status"] == "pass" and "input overflow" in details[f"{INPUT}.output.0"]["Message"]
+    assert (
+        details[f"{KERNEL}.output.0"]["Status"] == "error"
+        and "kernel overflow" in details[f"{KERNEL}.output.0"]["Message"]
+    )
+    assert (
+        details[f"{INPUT}.output.0"]["Status"] == "pass" and "input overflow" in details[f"{INPUT}.output.0"]["Message"]
+    )
 
 
 def test_statistics_dump_says_its_inputs_were_generated(tmp_path: Path, run_dump) -> None:
@@ -108,7 +117,10 @@ def test_a_mean_or_norm_overflowing_alone_is_no_overflow_of_the_output(tmp_path:
     result = run_dump(writer.write(), "--msprobe-device=cpu")
     assert result.calls["Torch.exp.0.forward"].outcome == "passed"
     assert result.calls["Torch.exp.1.forward"].outcome == "failed"
-    assert "kernel overflow" in result.calls["Torch.exp.1.forward"].text and "(Max=inf)" in result.calls["Torch.exp.1.forward"].text
+    assert (
+        "kernel overflow" in result.calls["Torch.exp.1.forward"].text
+        and "(Max=inf)" in result.calls["Torch.exp.1.forward"].text
+    )
 
 
 def test_a_gradient_is_re_checked_against_the_bench_gradient_of_its_input(tmp_path: Path, run_dump) -> None:
@@ -119,7 +131,9 @@ def test_a_gradient_is_re_checked_against_the_bench_gradient_of_its_input(tmp_pa
     writer = DumpWriter(tmp_path / "dump", "tensor")
     generator = torch.Generator().manual_seed(5)
     for call in ("Functional.linear.0", "Functional.linear.1"):
-        x, w, b, upstream = (torch.randn(*shape, generator=generator).to(torch.float16) for shape in ((4, 8), (5, 8), (5,), (4, 5)))
+        x, w, b, upstream = (
+            torch.randn(*shape, generator=generator).to(torch.float16) for shape in ((4, 8), (5, 8), (5,), (4, 5))
+        )
         writer.forward(call, [x, w, b], {}, torch.nn.functional.linear(x, w, b))
         grads = [upstream.sum(0), upstream @ w, x.T @ upstream]
         grads[0 if call.endswith("0") else 2][1] = float("inf")

@@ -48,7 +48,9 @@ def test_help_states_the_defaults(pytester: pytest.Pytester) -> None:
 
 
 def test_plugin_import_costs_nothing() -> None:
-    code = "import sys, pytest_msprobe.plugin; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
+    code = (
+        "import sys, pytest_msprobe.plugin; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -74,7 +76,13 @@ def test_verbose_shows_the_node_id_that_deselect_takes(pytester: pytest.Pytester
     shown.stdout.fnmatch_lines(["rope/dump.json::Torch.cat.8.forward PASSED*"])
     assert "::Torch::cat::" not in shown.stdout.str()
     left = pytester.runpytest(
-        dump, "--msprobe-device=cpu", "-q", "-p", "no:cacheprovider", "--deselect", "rope/dump.json::Torch.cat.8.forward"
+        dump,
+        "--msprobe-device=cpu",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--deselect",
+        "rope/dump.json::Torch.cat.8.forward",
     )
     left.assert_outcomes(passed=2, deselected=1)
 
@@ -92,7 +100,9 @@ def test_module_entries_are_not_collected(pytester: pytest.Pytester, local) -> N
     result = pytester.runpytest(f"--msprobe-dump={local('torch_mlpcnn_mix_tensor_fp16')}", "--co", "-q")
     result.stdout.fnmatch_lines(["49 tests collected*"])
     assert not any("::Module." in line for line in result.stdout.lines)
-    result.stdout.fnmatch_lines(["msprobe: torch_mlpcnn_mix_tensor_fp16/dump.json: 49 API calls, 18 Module/Cell entries not collected*"])
+    result.stdout.fnmatch_lines(
+        ["msprobe: torch_mlpcnn_mix_tensor_fp16/dump.json: 49 API calls, 18 Module/Cell entries not collected*"]
+    )
 
 
 def test_markers_and_keywords_select_calls(pytester: pytest.Pytester, local) -> None:
@@ -117,7 +127,9 @@ def test_ini_options_work_like_flags(pytester: pytest.Pytester, local) -> None:
     pytester.runpytest("-q").assert_outcomes(passed=3)
 
 
-def test_ini_paths_are_relative_to_the_ini_file(pytester: pytest.Pytester, local, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ini_paths_are_relative_to_the_ini_file(
+    pytester: pytest.Pytester, local, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`pytest` in a subfolder of the project finds the dump and writes the results
     where the ini file says, as pytest's own path options do."""
     pytester.makeini(
@@ -158,7 +170,9 @@ def test_a_dump_inside_the_repository_runs_from_any_folder(tmp_path: Path) -> No
 def test_unknown_device_is_a_usage_error(pytester: pytest.Pytester, local) -> None:
     result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}", "--msprobe-device=tpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--msprobe-device: invalid choice: 'tpu' (choose from 'auto', 'cpu', 'cuda', 'npu')*"])
+    result.stderr.fnmatch_lines(
+        ["*--msprobe-device: invalid choice: 'tpu' (choose from 'auto', 'cpu', 'cuda', 'npu')*"]
+    )
     pytester.makeini("[pytest]\nmsprobe_device = tpu\n")  # an ini value is checked after argparse, by the plugin
     result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16', 'again')}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -173,14 +187,21 @@ def test_unknown_device_is_a_usage_error(pytester: pytest.Pytester, local) -> No
             "api,dtype,threshold,value\nlinear,*,rmse_ratoi,2\n",
             "threshold 'rmse_ratoi' of 'linear' is read by no standard (did you mean 'rmse_ratio'?)",
         ),
-        ("api,dtype,threshold,value\nlinear,float128,rtol,2\n", "threshold of 'linear' for dtype 'float128': not a floating dtype"),
+        (
+            "api,dtype,threshold,value\nlinear,float128,rtol,2\n",
+            "threshold of 'linear' for dtype 'float128': not a floating dtype",
+        ),
     ],
     ids=["unknown_standard", "unknown_threshold", "unknown_dtype"],
 )
 def test_a_standards_file_is_checked_at_start_up(pytester: pytest.Pytester, local, rows: str, says: str) -> None:
     pytester.makefile(".csv", standards=rows)
     result = pytester.runpytest(
-        f"--msprobe-dump={local(STATS)}", "--msprobe-device=cpu", "--msprobe-standards=standards.csv", "-p", "no:cacheprovider"
+        f"--msprobe-dump={local(STATS)}",
+        "--msprobe-device=cpu",
+        "--msprobe-standards=standards.csv",
+        "-p",
+        "no:cacheprovider",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert says in result.stderr.str()
@@ -205,11 +226,15 @@ def test_missing_dump_path_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*--msprobe-dump nowhere/dump.json: no such file or folder*"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="checks the message where torch_npu is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch_npu") is not None, reason="checks the message where torch_npu is not installed"
+)
 def test_npu_without_torch_npu_says_it_is_not_installed(pytester: pytest.Pytester, local) -> None:
     result = pytester.runpytest(f"--msprobe-dump={local('npu_rope_statistics_fp16')}", "--msprobe-device=npu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--msprobe-device: torch_npu is not installed. Install pytest-msprobe?npu? (torch_npu)*"])
+    result.stderr.fnmatch_lines(
+        ["*--msprobe-device: torch_npu is not installed. Install pytest-msprobe?npu? (torch_npu)*"]
+    )
     assert "is installed but" not in result.stderr.str()
 
 
@@ -246,12 +271,20 @@ def test_last_failed_reruns_only_the_failed_call(pytester: pytest.Pytester, loca
 
 def junit_properties(path: Path) -> dict[str, dict[str, str]]:
     tree = ET.parse(path)
-    return {case.get("name"): {prop.get("name"): prop.get("value") for prop in case.iter("property")} for case in tree.iter("testcase")}
+    return {
+        case.get("name"): {prop.get("name"): prop.get("value") for prop in case.iter("property")}
+        for case in tree.iter("testcase")
+    }
 
 
 def test_junit_carries_status_standard_and_metrics(pytester: pytest.Pytester, local) -> None:
     pytester.runpytest(
-        f"--msprobe-dump={local(STATS)}", "--msprobe-device=cpu", "-q", "--junitxml=out.xml", "-k", "linear.0.forward or topk"
+        f"--msprobe-dump={local(STATS)}",
+        "--msprobe-device=cpu",
+        "-q",
+        "--junitxml=out.xml",
+        "-k",
+        "linear.0.forward or topk",
     )
     props = junit_properties(pytester.path / "out.xml")
     linear = props["Functional.linear.0.forward"]
@@ -279,7 +312,9 @@ def test_statistics_verdicts_do_not_depend_on_order_or_workers(pytester: pytest.
     for label, extra in {"first": ["-p", "no:xdist"], "again": ["-p", "no:xdist"], "n2": ["-n", "2"]}.items():
         pytester.runpytest(dump, "--msprobe-device=cpu", "-q", f"--junitxml={label}.xml", *extra)
         runs[label] = junit_properties(pytester.path / f"{label}.xml")
-    pytester.runpytest(dump, "--msprobe-device=cpu", "-q", "--junitxml=one.xml", "-k", "Functional.layer_norm.0.backward")
+    pytester.runpytest(
+        dump, "--msprobe-device=cpu", "-q", "--junitxml=one.xml", "-k", "Functional.layer_norm.0.backward"
+    )
     one = junit_properties(pytester.path / "one.xml")
     assert len([name for name in runs["first"] if not is_kernel(name)]) == 49  # and the kernels' tests
     assert runs["first"] == runs["again"] == runs["n2"]

@@ -40,7 +40,9 @@ def _bf16_adds(dump: Path) -> set[str]:
     return {
         name
         for name, entry in _data(dump).items()
-        if name.startswith(FAULT.call_prefix) and name.endswith(".forward") and entry["output"][0]["dtype"] == "torch.bfloat16"
+        if name.startswith(FAULT.call_prefix)
+        and name.endswith(".forward")
+        and entry["output"][0]["dtype"] == "torch.bfloat16"
     }
 
 
@@ -52,7 +54,8 @@ def _write_faulty_outputs(dump: Path, calls: set[str]) -> None:
     for name in calls:
         entry = _data(dump)[name]
         args = [
-            torch.load(folder / arg["data_name"], weights_only=True) if "data_name" in arg else arg["value"] for arg in entry["input_args"]
+            torch.load(folder / arg["data_name"], weights_only=True) if "data_name" in arg else arg["value"]
+            for arg in entry["input_args"]
         ]
         torch.save(faulty(*args), folder / entry["output"][0]["data_name"])
 
@@ -69,7 +72,9 @@ def test_a_transformers_llama_passes_on_the_cpu_that_dumped_it(mode, copy_dump, 
     if mode == "single-run":
         assert skipped == {}
     assert {
-        call: outcome.text for call, outcome in skipped.items() if not call.endswith(".backward") or COMPOSITE not in outcome.text
+        call: outcome.text
+        for call, outcome in skipped.items()
+        if not call.endswith(".backward") or COMPOSITE not in outcome.text
     } == {}
     forwards = [call for call in result.calls if call.endswith(".forward")]
     assert forwards and all(result.calls[call].outcome == "passed" for call in forwards)

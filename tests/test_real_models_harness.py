@@ -21,29 +21,49 @@ def sdpa_dump(write_dump):
     def entry(p: float) -> dict:
         return {"input_args": [], "input_kwargs": {"dropout_p": {"type": "float", "value": p}}, "output": []}
 
-    return write_dump({f"{SDPA}.forward": entry(0.1), "Functional.scaled_dot_product_attention.1.forward": entry(0.0)}, task="tensor")
+    return write_dump(
+        {f"{SDPA}.forward": entry(0.1), "Functional.scaled_dot_product_attention.1.forward": entry(0.0)}, task="tensor"
+    )
 
 
-def _verdict(call: str, message: str, dump: str = "/d/resnet_L1_tensor_bf16/dump.json", mode: str = "single", status: str = "error"):
+def _verdict(
+    call: str,
+    message: str,
+    dump: str = "/d/resnet_L1_tensor_bf16/dump.json",
+    mode: str = "single",
+    status: str = "error",
+):
     return real_models.Verdict(mode, dump, call, status, f"{call}: {message}")
 
 
 def test_each_known_class_matches_its_calls_and_an_unknown_error_stays_unclassified(sdpa_dump):
     exact = "error by binary_consistency: [0]: 117 of 32768 elements differ from the bench; this op must be exact"
-    assert real_models.classify(_verdict("Functional.max_pool2d.0.backward", exact)).startswith("false alarm: max_pool2d")
+    assert real_models.classify(_verdict("Functional.max_pool2d.0.backward", exact)).startswith(
+        "false alarm: max_pool2d"
+    )
     assert real_models.classify(_verdict("Functional.batch_norm.3.forward", "max_scaled_ulp_err 9 > 8")).startswith(
         "torch defect: batch_norm"
     )
     # the same batch_norm error in float32 is no torch defect we know of: it stays new
     assert (
-        real_models.classify(_verdict("Functional.batch_norm.3.forward", "x", dump="/d/resnet_L1_tensor_fp32/dump.json")) == "unclassified"
+        real_models.classify(
+            _verdict("Functional.batch_norm.3.forward", "x", dump="/d/resnet_L1_tensor_fp32/dump.json")
+        )
+        == "unclassified"
     )
     leaf = "the device raised RuntimeError: a leaf Variable that requires grad is being used in an in-place operation."
-    assert real_models.classify(_verdict("Tensor.__iadd__.0.backward", leaf, mode="offline")).startswith("false alarm: an in-place")
+    assert real_models.classify(_verdict("Tensor.__iadd__.0.backward", leaf, mode="offline")).startswith(
+        "false alarm: an in-place"
+    )
     assert real_models.classify(_verdict("Tensor.__iadd__.0.backward", leaf, mode="single")) == "unclassified"
     # sdpa is random only where its dumped dropout_p is not 0
-    assert real_models.classify(_verdict(f"{SDPA}.backward", "x", dump=str(sdpa_dump))).startswith("false alarm: scaled_dot")
-    assert real_models.classify(_verdict("Functional.scaled_dot_product_attention.1.forward", "x", dump=str(sdpa_dump))) == "unclassified"
+    assert real_models.classify(_verdict(f"{SDPA}.backward", "x", dump=str(sdpa_dump))).startswith(
+        "false alarm: scaled_dot"
+    )
+    assert (
+        real_models.classify(_verdict("Functional.scaled_dot_product_attention.1.forward", "x", dump=str(sdpa_dump)))
+        == "unclassified"
+    )
     assert real_models.classify(_verdict("Functional.linear.0.forward", "max_ulp_err 900 > 64")) == "unclassified"
 
 
@@ -55,11 +75,16 @@ def test_the_tables_count_every_verdict_and_name_each_skip_once():
         _verdict("Functional.dropout.1.forward", "Functional.dropout draws random numbers (p = 0.2)", status="skip"),
         _verdict("Functional.linear.1.forward", "max_ulp_err 900 > 64"),
     ]
-    text = real_models.markdown(verdicts, ["single", "offline"], {"single": 1.0, "offline": 2.0}, Path("/d"), 2, "before")
+    text = real_models.markdown(
+        verdicts, ["single", "offline"], {"single": 1.0, "offline": 2.0}, Path("/d"), 2, "before"
+    )
     assert "| single | 4 | 1 | 0 | 1 | 2 | 50.0% | 1 |" in text
     assert "| offline | 1 | 1 | 0 | 0 | 0 | 0.0% | 2 |" in text
     assert "| Functional.dropout | forward | 2 | 0 | Functional.dropout draws random numbers (p = N) |" in text
-    assert "| unclassified | single | error | resnet_L1_tensor_bf16 | Functional.linear.1.forward | max_ulp_err 900 > 64 |" in text
+    assert (
+        "| unclassified | single | error | resnet_L1_tensor_bf16 | Functional.linear.1.forward | max_ulp_err 900 > 64 |"
+        in text
+    )
 
 
 def test_a_rerun_keeps_the_notes_written_by_hand(tmp_path):

@@ -41,7 +41,9 @@ def test_a_definition_is_torch_s_kernel_with_its_gradients(api, layers, bidirect
     assert len(found) == len(expected)
     for mine, theirs in zip(found, expected, strict=True):
         assert torch.allclose(mine, theirs, rtol=1e-12, atol=1e-12)
-    weights = [torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) for out in expected]
+    weights = [
+        torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) for out in expected
+    ]
     wanted = torch.autograd.grad([(w * out).sum() for w, out in zip(weights, expected, strict=True)], leaves)
     got = torch.autograd.grad([(w * out).sum() for w, out in zip(weights, found, strict=True)], leaves)
     assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-12) for a, b in zip(got, wanted, strict=True))

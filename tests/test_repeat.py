@@ -61,7 +61,10 @@ def test_a_nondeterministic_kernel_fails_forward_and_backward(nondeterministic, 
     out = pytester.path / "msprobe-out"
     [journal] = out.glob("msprobe_records_*.jsonl")
     records = {record["call"]: record for record in map(json.loads, journal.read_text().splitlines())}
-    assert {call: records[call]["status"] for call in LINEAR + EXP} == {**dict.fromkeys(LINEAR, "error"), **dict.fromkeys(EXP, "pass")}
+    assert {call: records[call]["status"] for call in LINEAR + EXP} == {
+        **dict.fromkeys(LINEAR, "error"),
+        **dict.fromkeys(EXP, "pass"),
+    }
     [metrics_file] = out.glob("accuracy_checking_metrics_*.jsonl")
     metrics = {row["name"]: row for row in map(json.loads, metrics_file.read_text().splitlines())}
     forward = metrics["Functional.linear.0.forward.output.0"]
@@ -69,7 +72,9 @@ def test_a_nondeterministic_kernel_fails_forward_and_backward(nondeterministic, 
     assert 0 < forward["nondeterministic_elements"] <= 32 * 16 and 0 < forward["nondeterministic_max_abs_diff"] < 1e-4
     weight_gradient = metrics["Functional.linear.0.backward.output.1"]
     assert weight_gradient["nondeterministic_elements"] > 0
-    assert "nondeterministic_elements" not in metrics["Functional.linear.0.backward.output.0"]  # x's gradient: one order
+    assert (
+        "nondeterministic_elements" not in metrics["Functional.linear.0.backward.output.0"]
+    )  # x's gradient: one order
     assert "nondeterministic_elements" not in metrics["Torch.exp.0.forward.output.0"]
     [details_file] = out.glob("accuracy_checking_details_*.csv")
     with open(details_file, encoding="utf-8-sig", newline="") as handle:
@@ -106,7 +111,9 @@ def test_bits_not_values_are_compared() -> None:
     other_nan = nan.view(torch.int32).add(1).view(torch.float32)  # a NaN with another payload
     below_one = torch.nextafter(torch.tensor([1.0]), torch.tensor([0.0]))
     assert bit_differences((nan, torch.tensor([0.0])), [(nan.clone(), torch.tensor([0.0]))], 2) == []
-    found = bit_differences((nan, torch.tensor([0.0]), torch.tensor([1.0])), [(other_nan, torch.tensor([-0.0]), below_one)], 2)
+    found = bit_differences(
+        (nan, torch.tensor([0.0]), torch.tensor([1.0])), [(other_nan, torch.tensor([-0.0]), below_one)], 2
+    )
     assert [finding.path for finding in found] == ["[0]", "[1]", "[2]"]
     assert "no finite value changed" in found[0].text and "no finite value changed" in found[1].text
     assert found[2].columns["nondeterministic_max_ulp_diff"] == 1

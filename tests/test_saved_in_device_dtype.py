@@ -48,7 +48,9 @@ def test_the_plain_bench_fails_these_correct_gradients() -> None:
 
 def test_correct_softmax_gradients_pass_against_the_saved_in_d_bench(tmp_path: Path, run_dump) -> None:
     result = run_dump(softmax_dump(tmp_path / "dump"), "--msprobe-device=cpu")
-    assert sorted(result.by_outcome("passed")) == sorted(f"{call}.{direction}" for call in DTYPES for direction in ("forward", "backward"))
+    assert sorted(result.by_outcome("passed")) == sorted(
+        f"{call}.{direction}" for call in DTYPES for direction in ("forward", "backward")
+    )
     for call, dtype in DTYPES.items():
         spelled = str(dtype).removeprefix("torch.")
         # softmax's input gradient has terms (run/terms.py): that re-judgement comes first and suffices
@@ -60,7 +62,9 @@ def test_correct_softmax_gradients_pass_against_the_saved_in_d_bench(tmp_path: P
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_planted_fault_still_fails(dtype: torch.dtype, tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_planted_fault_still_fails(
+    dtype: torch.dtype, tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(torch.Tensor, "softmax", scaled_in(dtype, 1 + 2**-5)(torch.Tensor.softmax))
     result = run_dump(softmax_dump(tmp_path / "dump"), "--msprobe-device=cpu")
     faulty = next(call for call, call_dtype in DTYPES.items() if call_dtype == dtype)

@@ -41,7 +41,9 @@ def setitem_dump(root: Path) -> Path:
 def test_setitem_is_judged_by_what_it_writes(mode: tuple[str, ...], tmp_path: Path, run_dump) -> None:
     result = run_dump(setitem_dump(tmp_path / "dump"), "--msprobe-device=cpu", *mode)
     if mode:
-        assert not result.by_outcome("passed") and all("records no output" in call.text for call in result.calls.values())
+        assert not result.by_outcome("passed") and all(
+            "records no output" in call.text for call in result.calls.values()
+        )
         return
     assert sorted(result.by_outcome("passed")) == [f"Tensor.__setitem__.{number}.forward" for number in range(7)]
     assert "ambiguous" in result.calls["Tensor.__setitem__.7.forward"].text

@@ -13,7 +13,12 @@ from faults import scaled_in
 
 from pytest_msprobe.run.devices import DeviceUnavailable, backend
 
-TORCH_DUMPS = ["torch_mlpcnn_tensor_fp32", "torch_mlpcnn_statistics_bf16", "torch_mlpcnn_mix_tensor_fp16", "npu_rope_statistics_fp16"]
+TORCH_DUMPS = [
+    "torch_mlpcnn_tensor_fp32",
+    "torch_mlpcnn_statistics_bf16",
+    "torch_mlpcnn_mix_tensor_fp16",
+    "npu_rope_statistics_fp16",
+]
 
 
 def _device_param(name: str) -> object:
@@ -56,7 +61,9 @@ FAULTS = [
 
 
 @pytest.mark.parametrize(("name", "owner", "api", "dtype", "prefix"), FAULTS, ids=[f[0] for f in FAULTS])
-def test_planted_fault_fails_exactly_that_api(name, owner, api, dtype, prefix, copy_dump, run_dump, monkeypatch) -> None:
+def test_planted_fault_fails_exactly_that_api(
+    name, owner, api, dtype, prefix, copy_dump, run_dump, monkeypatch
+) -> None:
     dump = copy_dump(name)
     monkeypatch.setattr(owner, api, scaled_in(dtype, 1 + 2**-5)(getattr(owner, api)))
     result = run_dump(dump, "--msprobe-device=cpu")
@@ -72,11 +79,15 @@ def test_a_statistics_calls_verdict_does_not_depend_on_its_index(write_dump, run
     correct kernel must not: 200 copies of the bfloat16 Tensor.__mul__.1 (its backward is
     a broadcast product summed over the batch, which cancels) were 19 errors before the
     conditioned verdicts (scaled_err_ratio 0.25 > 0)."""
-    data = json.loads((Path(__file__).parent / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json").read_text())["data"]
+    data = json.loads((Path(__file__).parent / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json").read_text())[
+        "data"
+    ]
     copies = {
         f"Tensor.__mul__.{1000 + k}.{direction}": data[f"Tensor.__mul__.1.{direction}"]
         for k in range(200)
         for direction in ("forward", "backward")
     }
     result = run_dump(write_dump(copies), "--msprobe-device=cpu")
-    assert len(result.by_outcome("passed")) == 400, {call: o.text for call, o in result.calls.items() if o.outcome != "passed"}
+    assert len(result.by_outcome("passed")) == 400, {
+        call: o.text for call, o in result.calls.items() if o.outcome != "passed"
+    }

@@ -34,7 +34,10 @@ def _shares(generator: torch.Generator, numel: int, composites: int) -> list[Sha
         scale = 10.0 ** torch.randint(-3, 1, (1,), generator=generator).item()
         value = torch.randn(gather.size, generator=generator, dtype=torch.float64) * scale
         if reader < composites and reader % 3:
-            spread = [torch.randn(gather.size, generator=generator, dtype=torch.float64) * scale for _ in range(1 + reader % 2)]
+            spread = [
+                torch.randn(gather.size, generator=generator, dtype=torch.float64) * scale
+                for _ in range(1 + reader % 2)
+            ]
             pieces = [*spread, value - sum(spread)]
             shares.append(Share(gather, value, value, Kind.RERUN, pieces))
         else:
@@ -67,7 +70,13 @@ def test_the_device_s_other_grouping_stays_within_the_allowance(dtype: torch.dty
 def test_only_the_elements_a_rerun_share_reaches_get_an_allowance() -> None:
     numel = 8
     first = Share(np.arange(numel), torch.ones(numel), torch.ones(numel), Kind.RECORDED)
-    rerun = Share(np.arange(2, 4), torch.full((2,), 0.3), torch.full((2,), 0.3), Kind.RERUN, [torch.full((2,), 0.1), torch.full((2,), 0.2)])
+    rerun = Share(
+        np.arange(2, 4),
+        torch.full((2,), 0.3),
+        torch.full((2,), 0.3),
+        Kind.RERUN,
+        [torch.full((2,), 0.1), torch.full((2,), 0.2)],
+    )
     own = Share(np.arange(numel), torch.full((numel,), 0.7), torch.full((numel,), 0.7), Kind.OWN)
     summed = accumulated([first, rerun, own], numel, torch.float16, "bench")
     assert summed.allowance.nonzero().reshape(-1).tolist() == [2, 3]
@@ -81,14 +90,24 @@ def test_a_value_is_judged_beyond_its_allowance() -> None:
     assert kept.tolist() == [1.0, 1.0, 0.9970703125, 1.0078125]
 
 
-@pytest.mark.parametrize(("function", "count"), [(lambda x, w: F.normalize(x, dim=1), 2), (lambda x, w: F.linear(x, w), 1)])
+@pytest.mark.parametrize(
+    ("function", "count"), [(lambda x, w: F.normalize(x, dim=1), 2), (lambda x, w: F.linear(x, w), 1)]
+)
 def test_a_composite_call_s_gradient_comes_in_pieces(function, count: int) -> None:
     """F.normalize's graph reaches x along the division and the norm: two pieces that sum
     to x's gradient; a linear's one."""
-    x, w, g = torch.randn(4, 8, dtype=torch.float16), torch.randn(8, 8, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16)
+    x, w, g = (
+        torch.randn(4, 8, dtype=torch.float16),
+        torch.randn(8, 8, dtype=torch.float16),
+        torch.randn(4, 8, dtype=torch.float16),
+    )
     leaves = [TensorLeaf(f"input_args[{i}]", None, t, "test") for i, t in enumerate((x, w))]
     inputs = Inputs([x, w], {}, leaves, grads=[g])
-    run = Run(Api("f", function, function, in_place=False, raise_bench=True), function, Placement(torch.device("cpu"), dict(RAISED)))
+    run = Run(
+        Api("f", function, function, in_place=False, raise_bench=True),
+        function,
+        Placement(torch.device("cpu"), dict(RAISED)),
+    )
     pieces = gradient_pieces(run, inputs, [True, False], 0)
     assert len(pieces) == count and all(piece.dtype == torch.float32 for piece in pieces)
     torch.testing.assert_close(sum(pieces), run.backward(inputs, [True, False])[0])

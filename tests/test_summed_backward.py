@@ -36,7 +36,9 @@ def _calls(generator: torch.Generator) -> dict[str, tuple[Callable[..., torch.Te
 
 
 def summed_dump(
-    root: Path, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16), max_pool2d: Callable[..., torch.Tensor] = MAX_POOL2D
+    root: Path,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
+    max_pool2d: Callable[..., torch.Tensor] = MAX_POOL2D,
 ) -> Path:
     """Each call in each dtype (the first numbered as named, the second from 10 on)."""
     writer = DumpWriter(root, "tensor")
@@ -47,7 +49,11 @@ def summed_dump(
 
 
 def _write_calls(
-    writer: DumpWriter, generator: torch.Generator, dtype: torch.dtype, offset: int, max_pool2d: Callable[..., torch.Tensor]
+    writer: DumpWriter,
+    generator: torch.Generator,
+    dtype: torch.dtype,
+    offset: int,
+    max_pool2d: Callable[..., torch.Tensor],
 ) -> None:
     for named, (function, args) in _calls(generator).items():
         api, number = named.rsplit(".", 1)
@@ -76,7 +82,9 @@ class _DropsOne(torch.autograd.Function):
         (indices,) = ctx.saved_tensors
         flat_indices, flat_g = indices.flatten(2), g.flatten(2).clone()
         if g.dtype == torch.float32:
-            counts = torch.zeros(ctx.shape, dtype=g.dtype).flatten(2).scatter_add_(2, flat_indices, torch.ones_like(flat_g))
+            counts = (
+                torch.zeros(ctx.shape, dtype=g.dtype).flatten(2).scatter_add_(2, flat_indices, torch.ones_like(flat_g))
+            )
             shared = (counts.gather(2, flat_indices) > 1).view(-1).nonzero()
             if shared.numel():  # windows that overlap
                 flat_g.view(-1)[int(shared[0])] = 0
@@ -97,7 +105,9 @@ def test_correct_summed_backwards_pass(mode: tuple[str, ...], tmp_path: Path, ru
 
 
 @pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)], ids=["single-run", "offline"])
-def test_a_dropped_contribution_fails(mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dropped_contribution_fails(
+    mode: tuple[str, ...], tmp_path: Path, run_dump, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Planted: one of the overlapping contributions left out of a float32 max_pool2d
     gradient, on the device (single-run) or in the dumped gradient (offline)."""
     if mode:

@@ -21,7 +21,11 @@ class _Spec:
 
 
 def _inputs(args, kwargs=None, grads=None) -> Inputs:
-    leaves = [TensorLeaf(f"input_args[{i}]", _Spec(), arg, "test") for i, arg in enumerate(args) if isinstance(arg, torch.Tensor)]
+    leaves = [
+        TensorLeaf(f"input_args[{i}]", _Spec(), arg, "test")
+        for i, arg in enumerate(args)
+        if isinstance(arg, torch.Tensor)
+    ]
     return Inputs(list(args), dict(kwargs or {}), leaves, grads)
 
 
@@ -36,7 +40,9 @@ def _generator(seed: int) -> torch.Generator:
 
 def test_linear_forward_terms_are_the_sums_of_absolute_products():
     x, w, b = (torch.randn(*shape, generator=_generator(i)) for i, shape in enumerate([(4, 8), (3, 8), (3,)]))
-    terms = term_magnitudes(CallName("Functional", "linear", 0, "forward"), _bench(F.linear), _inputs([x, w, b]), "pytorch")
+    terms = term_magnitudes(
+        CallName("Functional", "linear", 0, "forward"), _bench(F.linear), _inputs([x, w, b]), "pytorch"
+    )
     expected = x.double().abs() @ w.double().abs().T + b.double().abs()
     assert terms.dtype == torch.float64 and torch.allclose(terms, expected, rtol=1e-12)
 
@@ -44,7 +50,9 @@ def test_linear_forward_terms_are_the_sums_of_absolute_products():
 def test_linear_backward_terms_are_the_gradients_on_absolute_values():
     x, w, b = (torch.randn(*shape, generator=_generator(i)) for i, shape in enumerate([(16, 8), (3, 8), (3,)]))
     g = torch.randn(16, 3, generator=_generator(9))
-    terms = term_magnitudes(CallName("Functional", "linear", 0, "backward"), _bench(F.linear), _inputs([x, w, b], grads=[g]), "pytorch")
+    terms = term_magnitudes(
+        CallName("Functional", "linear", 0, "backward"), _bench(F.linear), _inputs([x, w, b], grads=[g]), "pytorch"
+    )
     grad_x, grad_w, grad_b = terms
     assert torch.allclose(grad_x, g.double().abs() @ w.double().abs())
     assert torch.allclose(grad_w, g.double().abs().T @ x.double().abs())
@@ -58,8 +66,12 @@ def test_sub_forward_has_no_terms_but_its_backward_does():
     its broadcast gradient -sum(g) is."""
     a, b = torch.randn(4, 3, generator=_generator(1)), torch.randn(3, generator=_generator(2))
     g = torch.randn(4, 3, generator=_generator(3))
-    assert term_magnitudes(CallName("Torch", "sub", 0, "forward"), _bench(torch.sub), _inputs([a, b]), "pytorch") is None
-    _, grad_b = term_magnitudes(CallName("Torch", "sub", 0, "backward"), _bench(torch.sub), _inputs([a, b], grads=[g]), "pytorch")
+    assert (
+        term_magnitudes(CallName("Torch", "sub", 0, "forward"), _bench(torch.sub), _inputs([a, b]), "pytorch") is None
+    )
+    _, grad_b = term_magnitudes(
+        CallName("Torch", "sub", 0, "backward"), _bench(torch.sub), _inputs([a, b], grads=[g]), "pytorch"
+    )
     assert torch.allclose(grad_b, g.double().abs().sum(0))
 
 
@@ -68,7 +80,9 @@ def test_layer_norm_gradients_get_their_terms_with_the_mean_conditioning():
     w, b = torch.randn(16, generator=_generator(5)), torch.randn(16, generator=_generator(6))
     g = torch.randn(2, 5, 16, generator=_generator(7))
     call = CallName("Functional", "layer_norm", 0, "backward")
-    grad_x, grad_w, grad_b = term_magnitudes(call, _bench(F.layer_norm), _inputs([x, [16], w, b, 1e-5], grads=[g]), "pytorch")
+    grad_x, grad_w, grad_b = term_magnitudes(
+        call, _bench(F.layer_norm), _inputs([x, [16], w, b, 1e-5], grads=[g]), "pytorch"
+    )
     wide = x.double()
     inverse_sigma = 1 / torch.sqrt(wide.var(dim=-1, unbiased=False, keepdim=True) + 1e-5)
     x_hat = F.layer_norm(wide, [16], eps=1e-5).abs() + wide.mean(dim=-1, keepdim=True).abs() * inverse_sigma
@@ -83,7 +97,9 @@ def test_layer_norm_output_terms_carry_the_mean_rounding():
     """A row of one element: the output is exactly 0, its terms |mean| / sqrt(eps)."""
     x = torch.tensor([[0.203125], [-3.0]])
     call = CallName("Functional", "layer_norm", 0, "forward")
-    terms = term_magnitudes(call, _bench(F.layer_norm), _inputs([x, [1], torch.ones(1), torch.zeros(1), 1e-5]), "pytorch")
+    terms = term_magnitudes(
+        call, _bench(F.layer_norm), _inputs([x, [1], torch.ones(1), torch.zeros(1), 1e-5]), "pytorch"
+    )
     assert torch.allclose(terms, x.double().abs() / math.sqrt(1e-5))
 
 
@@ -121,7 +137,11 @@ def test_gelu_output_terms_are_its_two_halves(approximate: str):
     x = torch.linspace(-4, 3, 57, dtype=torch.float64)
     call = CallName("Functional", "gelu", 0, "forward")
     terms = term_magnitudes(call, _bench(F.gelu), _inputs([x], {"approximate": approximate}), "pytorch")
-    inner = torch.erf(x / math.sqrt(2)) if approximate == "none" else torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))
+    inner = (
+        torch.erf(x / math.sqrt(2))
+        if approximate == "none"
+        else torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))
+    )
     halves = 0.5 * x.abs() * (1 + inner.abs())
     output = F.gelu(x, approximate=approximate).abs()
     credited = halves <= 2**10 * output
@@ -143,7 +163,9 @@ def test_activation_gradient_terms_bound_the_gradient_and_exceed_it_where_it_can
     x = torch.linspace(-5, 3, 801, dtype=torch.float64, requires_grad=True)
     g = torch.randn(801, generator=_generator(11), dtype=torch.float64)
     (exact,) = torch.autograd.grad(function(x, **kwargs), x, g)
-    (terms,) = term_magnitudes(CallName("Functional", api, 0, "backward"), _bench(function), _inputs([x.detach()], kwargs, [g]), "pytorch")
+    (terms,) = term_magnitudes(
+        CallName("Functional", api, 0, "backward"), _bench(function), _inputs([x.detach()], kwargs, [g]), "pytorch"
+    )
     assert (terms >= exact.abs() * (1 - 1e-6)).all()  # uncredited: |exact| as the formula rounds it
     assert (terms > 10 * exact.abs()).any()
     assert (terms <= 2**10 * exact.abs() * (1 + 1e-12)).all()  # credited up to 10 bits of cancellation
@@ -155,7 +177,9 @@ def test_a_mindspore_twin_gives_the_formulas_its_arguments_by_torch_s_names():
     from pytest_msprobe.run.mindspore.replay import TorchTwin
     from pytest_msprobe.run.mindspore.tables import TwinSpec
 
-    twin = TorchTwin(torch.softmax, TwinSpec("torch.softmax", rename={"axis": "dim"}, params=("input", "axis"), defaults={"dim": -1}))
+    twin = TorchTwin(
+        torch.softmax, TwinSpec("torch.softmax", rename={"axis": "dim"}, params=("input", "axis"), defaults={"dim": -1})
+    )
     x, g = torch.randn(6, 5, generator=_generator(11)), torch.randn(6, 5, generator=_generator(12))
     call = CallName("Functional", "softmax", 0, "backward")
     (mindspore_terms,) = term_magnitudes(call, _bench(twin), _inputs([x], {"axis": 0}, grads=[g]), "mindspore")
@@ -170,7 +194,9 @@ def test_layer_norm_output_terms_carry_a_centred_row_s_accumulation():
     correct kernel carries into every x - mean; |mean| would give none."""
     x = torch.tensor([[-2.0, 1.0, 1.0, 0.0]])
     call = CallName("Functional", "layer_norm", 0, "forward")
-    terms = term_magnitudes(call, _bench(F.layer_norm), _inputs([x, [4], torch.ones(4), torch.zeros(4), 1e-5]), "pytorch")
+    terms = term_magnitudes(
+        call, _bench(F.layer_norm), _inputs([x, [4], torch.ones(4), torch.zeros(4), 1e-5]), "pytorch"
+    )
     sigma = math.sqrt(1.5 + 1e-5)
     assert torch.allclose(terms, (x.double().abs() + 1.0) / sigma)
 
@@ -187,13 +213,17 @@ def test_instance_norm_parameter_gradients_sum_over_the_batch_and_space():
         torch.randn(2, 3, 4, 5, generator=_generator(16)),
     )
     call = CallName("Functional", "instance_norm", 0, "backward")
-    grad_x, grad_w, grad_b = term_magnitudes(call, _bench(F.instance_norm), _inputs([x, None, None, w, b], grads=[g]), "pytorch")
+    grad_x, grad_w, grad_b = term_magnitudes(
+        call, _bench(F.instance_norm), _inputs([x, None, None, w, b], grads=[g]), "pytorch"
+    )
     wide = x.double()
     mean = wide.mean(dim=(2, 3), keepdim=True)
     inverse_sigma = 1 / torch.sqrt(wide.var(dim=(2, 3), unbiased=False, keepdim=True) + 1e-5)
     x_hat = ((wide - mean).abs() + wide.abs().mean(dim=(2, 3), keepdim=True)) * inverse_sigma
     g_hat = (g.double() * w.double().reshape(1, 3, 1, 1)).abs()
-    expected_x = inverse_sigma * (g_hat + g_hat.mean((2, 3), keepdim=True) + x_hat * (g_hat * x_hat).mean((2, 3), keepdim=True))
+    expected_x = inverse_sigma * (
+        g_hat + g_hat.mean((2, 3), keepdim=True) + x_hat * (g_hat * x_hat).mean((2, 3), keepdim=True)
+    )
     assert torch.allclose(grad_x, expected_x)
     assert torch.allclose(grad_w, (g.double().abs() * x_hat).sum(dim=(0, 2, 3)))
     assert torch.allclose(grad_b, g.double().abs().sum(dim=(0, 2, 3)))
@@ -209,7 +239,9 @@ def test_group_norm_input_gradient_gets_terms_beside_its_node_s_none_gradients()
     w, b = torch.randn(4, generator=_generator(14)), torch.randn(4, generator=_generator(15))
     g = torch.randn(2, 4, 3, 3, generator=_generator(16))
     call = CallName("Functional", "group_norm", 0, "backward")
-    grad_x, grad_w, grad_b = term_magnitudes(call, _bench(F.group_norm), _inputs([x, 2, w, b, 1e-5], grads=[g, None, None]), "pytorch")
+    grad_x, grad_w, grad_b = term_magnitudes(
+        call, _bench(F.group_norm), _inputs([x, 2, w, b, 1e-5], grads=[g, None, None]), "pytorch"
+    )
     grouped = x.double().reshape(2, 2, 18)
     inverse_sigma = 1 / torch.sqrt(grouped.var(dim=-1, unbiased=False, keepdim=True) + 1e-5)
     x_hat = ((grouped - grouped.mean(-1, keepdim=True)).abs() + grouped.abs().mean(-1, keepdim=True)) * inverse_sigma

@@ -35,7 +35,10 @@ def other_path(root: Path, dtype: str, *extra: str) -> Path:
     """The dump written by torch's unvectorised kernels on 2 threads (another correct path)."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
     subprocess.run(
-        [sys.executable, str(MAKER), str(root), "--dtype", dtype, "--threads", "2", *extra], check=True, env=env, capture_output=True
+        [sys.executable, str(MAKER), str(root), "--dtype", dtype, "--threads", "2", *extra],
+        check=True,
+        env=env,
+        capture_output=True,
     )
     return root / "dump.json"
 
@@ -72,12 +75,17 @@ def test_a_correct_upgrade_names_nothing(tmp_path: Path, run_dump, capsys, dtype
     before = step(tmp_path / "a", "mlp", DTYPES[dtype], None)
     after = other_path(tmp_path / "b", dtype)
     differing = filecmp.cmpfiles(
-        before.parent / "dump_tensor_data", after.parent / "dump_tensor_data", os.listdir(after.parent / "dump_tensor_data")
+        before.parent / "dump_tensor_data",
+        after.parent / "dump_tensor_data",
+        os.listdir(after.parent / "dump_tensor_data"),
     )[1]
     assert differing, "the two kernel paths wrote the same bits"
     result, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
     assert result.ret == pytest.ExitCode.OK and result.by_outcome("failed") == {}, summary
-    assert "b/dump.json paired with the baseline's" in summary and "40 calls by name and signature, 0 new, 0 vanished" in summary
+    assert (
+        "b/dump.json paired with the baseline's" in summary
+        and "40 calls by name and signature, 0 new, 0 vanished" in summary
+    )
     assert "0 regression" in summary and "kernels of the paired dumps: 0 regressed of 9" in summary
     assert regression_rows(tmp_path / "out") == []
 
@@ -87,14 +95,16 @@ def test_a_planted_fault_names_exactly_its_calls_and_kernels(tmp_path: Path, run
     before = step(tmp_path / "a", "mlp", DTYPES[dtype], None)
     after = step(tmp_path / "b", "mlp", DTYPES[dtype], "gelu_scaled")
     html, junit = tmp_path / "report.html", tmp_path / "gate.xml"
-    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after, f"--msprobe-html={html}", f"--junitxml={junit}")
+    result, summary = gated_pair(
+        tmp_path, run_dump, capsys, before, after, f"--msprobe-html={html}", f"--junitxml={junit}"
+    )
     kernels = {f"Functional.gelu.{dtype}.kernel.{direction}.regression" for direction in ("forward", "backward")}
     assert set(result.by_outcome("failed")) == GELU_CALLS | kernels, summary
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     text = result.calls["Functional.gelu.0.forward"].text
-    assert text.startswith("regression against the baseline (--msprobe-gate): Functional.gelu.0.forward: pass -> error, mean_rel_err "), (
-        text
-    )
+    assert text.startswith(
+        "regression against the baseline (--msprobe-gate): Functional.gelu.0.forward: pass -> error, mean_rel_err "
+    ), text
     assert "8 regression, 0 improvement, 32 unchanged, 0 new, 0 vanished" in summary
     rows = regression_rows(tmp_path / "out")
     assert {row["name"] for row in rows} == GELU_CALLS | {name.removesuffix(".regression") for name in kernels}
@@ -114,7 +124,9 @@ def test_a_fault_already_in_the_baseline_is_no_regression(tmp_path: Path, run_du
     assert set(gated.by_outcome("skipped")) == GELU_CALLS  # xfailed: pytest reports them as skipped
     assert "failed the same way in the baseline, not a regression" in gated.calls["Functional.gelu.0.forward"].text
     assert "0 regression" in summary
-    ungated = run_dump(after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={tmp_path / 'baseline'}")
+    ungated = run_dump(
+        after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={tmp_path / 'baseline'}"
+    )
     assert set(ungated.by_outcome("failed")) == GELU_CALLS
 
 
@@ -140,7 +152,9 @@ def test_a_dump_of_another_model_compares_nothing(tmp_path: Path, run_dump, caps
     assert "are dumps of different models" in summary and "nothing was compared" in summary, summary
     assert "0 regression, 0 improvement, 0 unchanged" in summary
     # nothing to gate against: the faulty calls fail as they would with no baseline
-    assert set(result.by_outcome("failed")) == {f"Functional.gelu.{i}.{d}" for i in range(2) for d in ("forward", "backward")}
+    assert set(result.by_outcome("failed")) == {
+        f"Functional.gelu.{i}.{d}" for i in range(2) for d in ("forward", "backward")
+    }
 
 
 def test_calls_whose_names_shifted_pair_by_signature_in_order(tmp_path: Path, run_dump, capsys) -> None:
@@ -149,7 +163,9 @@ def test_calls_whose_names_shifted_pair_by_signature_in_order(tmp_path: Path, ru
     before = step(tmp_path / "a", "mlp", torch.float32, None)
     after = step(tmp_path / "b", "mlp_shifted", torch.float32, "gelu_scaled")
     result, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
-    assert "40 calls by name and signature (8 of them by signature: their names shifted), 2 new, 0 vanished" in summary, summary
+    assert (
+        "40 calls by name and signature (8 of them by signature: their names shifted), 2 new, 0 vanished" in summary
+    ), summary
     shifted = {f"Functional.gelu.{index}.{direction}" for index in range(1, 5) for direction in ("forward", "backward")}
     assert set(result.by_outcome("failed")) - {"Functional.gelu.0.forward", "Functional.gelu.0.backward"} >= shifted
     assert (
@@ -165,28 +181,57 @@ def test_the_gate_is_the_same_under_xdist_and_shards(tmp_path: Path, run_dump, p
     baseline = recorded(run_dump, before, tmp_path)
 
     def failed(*extra: str) -> set[str]:
-        args = (f"--msprobe-dump={after}", *OFFLINE, f"--msprobe-baseline={baseline}", "--msprobe-gate", "-p", "no:cacheprovider")
-        reports = pytester.inline_run(*args, f"--msprobe-out={tmp_path / str(len(extra))}", *extra).getreports("pytest_runtest_logreport")
+        args = (
+            f"--msprobe-dump={after}",
+            *OFFLINE,
+            f"--msprobe-baseline={baseline}",
+            "--msprobe-gate",
+            "-p",
+            "no:cacheprovider",
+        )
+        reports = pytester.inline_run(*args, f"--msprobe-out={tmp_path / str(len(extra))}", *extra).getreports(
+            "pytest_runtest_logreport"
+        )
         return {report.nodeid.rsplit("::", 1)[-1] for report in reports if report.when == "call" and report.failed}
 
     lone = failed("-p", "no:xdist")
     assert lone >= GELU_CALLS
     assert failed("-n", "2", "-p", "no:benchmark") == lone
-    shards = failed("-p", "no:xdist", "--msprobe-shard=1/2") | failed("-p", "no:xdist", "--msprobe-shard=2/2", "-k", "not linear")
+    shards = failed("-p", "no:xdist", "--msprobe-shard=1/2") | failed(
+        "-p", "no:xdist", "--msprobe-shard=2/2", "-k", "not linear"
+    )
     assert shards == lone
     # msprobe-merge joins the shards' compared calls and pools their kernels again: the lone run's regressions
     assert merge_main(["-o", str(tmp_path / "merged"), str(tmp_path / "3"), str(tmp_path / "5")]) == 0
-    assert {row["name"] for row in regression_rows(tmp_path / "merged")} == {row["name"] for row in regression_rows(tmp_path / "2")}
+    assert {row["name"] for row in regression_rows(tmp_path / "merged")} == {
+        row["name"] for row in regression_rows(tmp_path / "2")
+    }
 
 
 def test_pairing_by_signature_in_order() -> None:
     """B inserted a gelu of another signature first: its later gelus pair with A's by
     signature in order, not by their (shifted) names; fails with pairing by name first."""
-    recorded = {"F.relu.0.forward": (0, "r"), "F.gelu.0.forward": (1, "g"), "F.gelu.1.forward": (2, "g"), "F.tanh.0.forward": (3, "t")}
-    current = {"F.add.0.forward": (0, "a"), "F.gelu.0.forward": (1, "g2"), "F.gelu.1.forward": (2, "g"), "F.gelu.2.forward": (3, "g")}
+    recorded = {
+        "F.relu.0.forward": (0, "r"),
+        "F.gelu.0.forward": (1, "g"),
+        "F.gelu.1.forward": (2, "g"),
+        "F.tanh.0.forward": (3, "t"),
+    }
+    current = {
+        "F.add.0.forward": (0, "a"),
+        "F.gelu.0.forward": (1, "g2"),
+        "F.gelu.1.forward": (2, "g"),
+        "F.gelu.2.forward": (3, "g"),
+    }
     pairing = pair_calls(recorded, current)
-    assert pairing.pairs == {"F.gelu.1.forward": "F.gelu.0.forward", "F.gelu.2.forward": "F.gelu.1.forward"}  # shifted by one
-    assert pairing.new == ("F.add.0.forward", "F.gelu.0.forward") and pairing.vanished == ("F.relu.0.forward", "F.tanh.0.forward")
+    assert pairing.pairs == {
+        "F.gelu.1.forward": "F.gelu.0.forward",
+        "F.gelu.2.forward": "F.gelu.1.forward",
+    }  # shifted by one
+    assert pairing.new == ("F.add.0.forward", "F.gelu.0.forward") and pairing.vanished == (
+        "F.relu.0.forward",
+        "F.tanh.0.forward",
+    )
     assert pairing.by_signature == 2 and pairing.same_model
     assert pair_calls(recorded, recorded).pairs == {name: name for name in recorded}
 
@@ -201,7 +246,9 @@ def test_a_metric_grown_beyond_the_limit_is_a_regression_with_the_same_verdict(d
     assert call_change(was, beyond, "x", "x", dtype).kind == "improvement"
 
 
-def test_online_the_same_dump_gates_by_its_own_records(copy_dump, run_dump, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_online_the_same_dump_gates_by_its_own_records(
+    copy_dump, run_dump, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """One dump replayed before and after (found by content): each call is judged
     against its own recorded metrics, so silu, as wrong as before, passes; layer_norm,
     wrong only after, is a regression and fails."""
@@ -211,12 +258,18 @@ def test_online_the_same_dump_gates_by_its_own_records(copy_dump, run_dump, monk
     silu = scaled_in(torch.bfloat16, 1 + 2**-6)(torch.nn.functional.silu)
     monkeypatch.setattr(torch.nn.functional, "silu", silu)
     run_dump(dump, f"--msprobe-out={tmp_path / 'before'}", f"--msprobe-baseline-save={tmp_path / 'baseline'}")
-    monkeypatch.setattr(torch.nn.functional, "layer_norm", scaled_in(torch.bfloat16, 1 + 2**-6)(torch.nn.functional.layer_norm))
-    result = run_dump(dump, f"--msprobe-out={tmp_path / 'after'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate")
+    monkeypatch.setattr(
+        torch.nn.functional, "layer_norm", scaled_in(torch.bfloat16, 1 + 2**-6)(torch.nn.functional.layer_norm)
+    )
+    result = run_dump(
+        dump, f"--msprobe-out={tmp_path / 'after'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate"
+    )
     failed = set(result.by_outcome("failed"))
     assert failed and {name.split(".")[1] for name in failed} == {"layer_norm"}, failed
     assert all("regression against the baseline (--msprobe-gate)" in result.calls[name].text for name in failed)
-    assert {result.calls[f"Functional.silu.0.{direction}"].outcome for direction in ("forward", "backward")} == {"passed"}
+    assert {result.calls[f"Functional.silu.0.{direction}"].outcome for direction in ("forward", "backward")} == {
+        "passed"
+    }
 
 
 def test_a_kernel_that_failed_before_is_expected_to_fail(tmp_path: Path, run_dump) -> None:
@@ -234,7 +287,10 @@ def test_a_kernel_that_failed_before_is_expected_to_fail(tmp_path: Path, run_dum
     ungated = run_dump(after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={baseline}")
     assert ungated.kernels[KERNEL].outcome == "failed" and ungated.ret == pytest.ExitCode.TESTS_FAILED
     gated = gate(run_dump, after, baseline, tmp_path / "gated")
-    assert gated.kernels[KERNEL].outcome == "skipped" and "failed the same way in the baseline" in gated.kernels[KERNEL].text
+    assert (
+        gated.kernels[KERNEL].outcome == "skipped"
+        and "failed the same way in the baseline" in gated.kernels[KERNEL].text
+    )
     assert gated.ret == pytest.ExitCode.OK
 
 

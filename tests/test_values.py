@@ -82,7 +82,9 @@ def test_generation_is_a_function_of_the_seed() -> None:
     wanted = spec(Max=1.0, Min=0.0, Mean=0.5)
     seed = seed_for("Torch.op.0", "input_args[0]")
     assert torch.equal(generate_tensor(wanted, seed, "x"), generate_tensor(wanted, seed, "x"))
-    assert not torch.equal(generate_tensor(wanted, seed, "x"), generate_tensor(wanted, seed_for("Torch.op.1", "input_args[0]"), "x"))
+    assert not torch.equal(
+        generate_tensor(wanted, seed, "x"), generate_tensor(wanted, seed_for("Torch.op.1", "input_args[0]"), "x")
+    )
 
 
 def test_inf_and_nan_statistics_are_honoured() -> None:

@@ -59,7 +59,9 @@ MODELS = {
 }
 
 
-def scaled(factor: Callable[[torch.dtype], float]) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+def scaled(
+    factor: Callable[[torch.dtype], float],
+) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
     """A kernel whose every result is `factor(dtype)` times the correct one."""
 
     def wrap(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

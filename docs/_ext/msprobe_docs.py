@@ -68,7 +68,11 @@ def options_markdown(options: Sequence[Any]) -> str:
         )
     ]
     for option in options:
-        value = "" if option.kind == "bool" else f"={option.metavar or ('PATH' if option.kind.startswith('path') else 'VALUE')}"
+        value = (
+            ""
+            if option.kind == "bool"
+            else f"={option.metavar or ('PATH' if option.kind.startswith('path') else 'VALUE')}"
+        )
         parts.append(
             f"{anchor('option-' + option.name)}## `{option.flag}{value}`\n\n"
             f"{option.help}.\n\n"
@@ -170,18 +174,27 @@ def result_files(msprobe_csv: Any, writer: Any) -> list[tuple[str, str]]:
     """The files a run writes into --msprobe-out, by the writer's own prefixes."""
     return [
         (f"{msprobe_csv.RESULT_PREFIX}{{timestamp}}.csv", "msprobe's result CSV: one row per call (UTF-8 with BOM)"),
-        (f"{msprobe_csv.DETAILS_PREFIX}{{timestamp}}.csv", "msprobe's details CSV: one row per output, every metric (UTF-8 with BOM)"),
+        (
+            f"{msprobe_csv.DETAILS_PREFIX}{{timestamp}}.csv",
+            "msprobe's details CSV: one row per output, every metric (UTF-8 with BOM)",
+        ),
         (f"{writer.METRICS_PREFIX}{{timestamp}}.jsonl", "every metric of every output, numbers, and the columns below"),
         (
             f"{writer.JOURNAL_PREFIX}{{timestamp}}.jsonl",
             "the journal: every finished call's record, read by `--msprobe-resume`, `msprobe-merge` and `msprobe-report`",
         ),
-        (f"{writer.RUN_PREFIX}{{timestamp}}.json", "the run: when, how long, the command, the environment, the sessions that wrote it"),
+        (
+            f"{writer.RUN_PREFIX}{{timestamp}}.json",
+            "the run: when, how long, the command, the environment, the sessions that wrote it",
+        ),
     ]
 
 
 def result_files_markdown(
-    files: Sequence[tuple[str, str]], result_header: Sequence[str], metric_columns: Sequence[tuple[str, str]], details_header: Sequence[str]
+    files: Sequence[tuple[str, str]],
+    result_header: Sequence[str],
+    metric_columns: Sequence[tuple[str, str]],
+    details_header: Sequence[str],
 ) -> str:
     """The files of a run and the columns of msprobe's two CSVs, each details column with
     the name its metric has in the metrics file."""
@@ -230,7 +243,8 @@ def script_help(target: str) -> str:
 def scripts_markdown(scripts: dict[str, str]) -> str:
     """Each console script's usage, from its own argparse."""
     return "\n".join(
-        f"{anchor('script-' + name)}## `{name}`\n\n`{target}`\n\n```text\n{script_help(target)}\n```\n" for name, target in scripts.items()
+        f"{anchor('script-' + name)}## `{name}`\n\n`{target}`\n\n```text\n{script_help(target)}\n```\n"
+        for name, target in scripts.items()
     )
 
 
@@ -258,11 +272,17 @@ def generated_parts() -> dict[Path, str]:
         GENERATED / "dtype-defaults.md": dtype_defaults_markdown(DTYPES),
         GENERATED / "standards.md": standards_markdown(SHIPPED_STANDARDS),
         GENERATED / "reasoning.md": docstrings_markdown(
-            [*dict.fromkeys(f.__module__ for f in SHIPPED_STANDARDS.values()), *(f"pytest_msprobe.standards.{m}" for m in REASONING)]
+            [
+                *dict.fromkeys(f.__module__ for f in SHIPPED_STANDARDS.values()),
+                *(f"pytest_msprobe.standards.{m}" for m in REASONING),
+            ]
         ),
         GENERATED / "markers.md": markers_markdown(MARKERS),
         GENERATED / "result-files.md": result_files_markdown(
-            result_files(msprobe_csv, writer), msprobe_csv.RESULT_HEADER, msprobe_csv.METRIC_COLUMNS, msprobe_csv.DETAILS_HEADER
+            result_files(msprobe_csv, writer),
+            msprobe_csv.RESULT_HEADER,
+            msprobe_csv.METRIC_COLUMNS,
+            msprobe_csv.DETAILS_HEADER,
         ),
         GENERATED / "scripts.md": scripts_markdown(console_scripts(ROOT / "pyproject.toml")),
     }

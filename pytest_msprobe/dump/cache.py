@@ -100,7 +100,12 @@ def cached_summary(dump: Path, folder: Path) -> DumpSummary | None:
     if header is None:
         return None
     return DumpSummary(
-        dump, int(header["calls"]), header["task"], header["framework"], int(header["modules"]), list(header["skipped_names"])
+        dump,
+        int(header["calls"]),
+        header["task"],
+        header["framework"],
+        int(header["modules"]),
+        list(header["skipped_names"]),
     )
 
 
@@ -139,7 +144,9 @@ def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
         suffixes = tuple(f".{direction}" for direction in DIRECTIONS)
         names = [
             f"{prefixes[api]}{number}{suffixes[backward]}"
-            for api, number, backward in zip(columns["api"].tolist(), columns["number"].tolist(), columns["backward"].tolist(), strict=True)
+            for api, number, backward in zip(
+                columns["api"].tolist(), columns["number"].tolist(), columns["backward"].tolist(), strict=True
+            )
         ]
     except (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError, zipfile.BadZipFile):
         return None
@@ -152,7 +159,10 @@ def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
         apis=apis,
         modules=header["modules"],
         skipped_names=header["skipped_names"],
-        **{name: column.astype(dtype, copy=False) for (name, column), dtype in zip(columns.items(), COLUMNS.values(), strict=True)},
+        **{
+            name: column.astype(dtype, copy=False)
+            for (name, column), dtype in zip(columns.items(), COLUMNS.values(), strict=True)
+        },
     )
 
 

@@ -174,8 +174,13 @@ def view_gather(producer: _Values, consumer: torch.Tensor) -> np.ndarray | None:
     if not bool(single.all()):
         if not bool(single.any()):
             raise Ambiguous("every value it holds is repeated in the producer's output")
-        fits = (_affine_gather(_refined(tuple(consumer.shape), reverse), known, single, producer.flat.size) for reverse in (False, True))
-        known = next((gather for gather in fits if gather is not None and bool((producer.flat[gather] == bits).all())), None)
+        fits = (
+            _affine_gather(_refined(tuple(consumer.shape), reverse), known, single, producer.flat.size)
+            for reverse in (False, True)
+        )
+        known = next(
+            (gather for gather in fits if gather is not None and bool((producer.flat[gather] == bits).all())), None
+        )
         if known is None:
             raise UnsettledView("it holds repeated values and no strided view of the producer's output reads it")
     if np.unique(known).size != known.size:
@@ -202,7 +207,9 @@ class DataFlow:
     def tensor(self, port: Port) -> torch.Tensor:
         where = f"{port.call} {port.data_name}"
         if port.spec.numel > self.max_elements:
-            raise CallSkip(f"{where}: {port.spec.numel:,} elements, above --msprobe-max-elements: the data flow cannot read it")
+            raise CallSkip(
+                f"{where}: {port.spec.numel:,} elements, above --msprobe-max-elements: the data flow cannot read it"
+            )
         return load_tensor(self.index.tensor_dir, port.spec, where)
 
     def values(self, port: Port) -> _Values:
@@ -347,7 +354,9 @@ class DataFlow:
         try:
             self._reads(producer, consumer)
         except UnsettledView as exc:
-            return Unsettled(consumer, np.flatnonzero(np.isin(self.values(producer).flat, _bits(self.tensor(consumer)))), str(exc))
+            return Unsettled(
+                consumer, np.flatnonzero(np.isin(self.values(producer).flat, _bits(self.tensor(consumer)))), str(exc)
+            )
         except Ambiguous:
             return None
         return None
@@ -387,7 +396,9 @@ def _recorded_extremes(spec: TensorSpec) -> np.ndarray:
     """The bits of the recorded Max and Min in the tensor's dtype; empty unless both are
     finite, non-zero and exactly representable there (the statistics are elements)."""
     extremes = [
-        value for value in (spec.stats.get("Max"), spec.stats.get("Min")) if isinstance(value, (int, float)) and not isinstance(value, bool)
+        value
+        for value in (spec.stats.get("Max"), spec.stats.get("Min"))
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
     ]
     if len(extremes) != 2 or not all(math.isfinite(value) and value for value in extremes):
         return np.zeros(0, dtype=np.int64)
@@ -489,7 +500,11 @@ def _construct(index: DumpIndex) -> dict[str, str | None]:
         return {}  # absent or unreadable: no module evidence, the data flow still holds
     if not isinstance(loaded, dict):
         return {}
-    return {key: value for key, value in loaded.items() if isinstance(key, str) and (value is None or isinstance(value, str))}
+    return {
+        key: value
+        for key, value in loaded.items()
+        if isinstance(key, str) and (value is None or isinstance(value, str))
+    }
 
 
 def _module_data(index: DumpIndex) -> dict[str, Record]:
@@ -513,4 +528,6 @@ def module_of(index: DumpIndex, forward_call: str) -> ModuleRecords | None:
     if parent is None or children.get(parent) != 1 or parent not in data or ".forward." not in parent:
         return None
     stem, number = parent.rsplit(".forward.", 1)
-    return ModuleRecords(parent, data[parent], data.get(f"{stem}.backward.{number}"), data.get(f"{stem}.parameters_grad.{number}"))
+    return ModuleRecords(
+        parent, data[parent], data.get(f"{stem}.backward.{number}"), data.get(f"{stem}.parameters_grad.{number}")
+    )

@@ -48,7 +48,9 @@ def read_config(path: Path) -> AccCheckConfig:
     for key in ("white_list", "black_list"):
         value = section.get(key) or []
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise FilterConfigError(f'--msprobe-config {path}: {key} must be a list of API names, e.g. ["conv2d", "linear"]')
+            raise FilterConfigError(
+                f'--msprobe-config {path}: {key} must be a list of API names, e.g. ["conv2d", "linear"]'
+            )
         lists[key] = tuple(value)
     error_data_path = section.get("error_data_path")
     if error_data_path is not None and not isinstance(error_data_path, str):
@@ -95,7 +97,9 @@ def signature(record: Json) -> str:
 DumpKey = TypeVar("DumpKey", bound=Hashable)  # how the caller names a dump (its path)
 
 
-def dedup(calls: Iterable[tuple[DumpKey, CallName]], read_signature: Callable[[DumpKey, CallName], str]) -> dict[tuple[DumpKey, str], int]:
+def dedup(
+    calls: Iterable[tuple[DumpKey, CallName]], read_signature: Callable[[DumpKey, CallName], str]
+) -> dict[tuple[DumpKey, str], int]:
     """Keep the first test of each (dump, API, direction, signature): kept test (dump,
     test name) -> how many tests it stands for, itself included, so that the counts
     add up to the tests given. A backward test's signature is its call's forward's (the
@@ -111,5 +115,7 @@ def dedup(calls: Iterable[tuple[DumpKey, CallName]], read_signature: Callable[[D
         first = min(names, key=lambda name: name.direction != "forward")
         signature = read_signature(dump, first)
         for name in names:
-            counts[keepers.setdefault((dump, name.api_type, name.api_name, name.direction, signature), (dump, str(name)))] += 1
+            counts[
+                keepers.setdefault((dump, name.api_type, name.api_name, name.direction, signature), (dump, str(name)))
+            ] += 1
     return dict(counts)

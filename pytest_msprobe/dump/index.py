@@ -132,7 +132,9 @@ class DumpIndex:
         return CallName(api_type, api_name, int(self.number[position]), DIRECTIONS[int(self.backward[position])])
 
     def entry_at(self, position: int) -> IndexEntry:
-        return IndexEntry(self.call_at(position), int(self.start[position]), int(self.end[position]), int(self.numel[position]))
+        return IndexEntry(
+            self.call_at(position), int(self.start[position]), int(self.end[position]), int(self.numel[position])
+        )
 
     @property
     def entries(self) -> list[IndexEntry]:
@@ -248,7 +250,9 @@ class _Calls:
     def add(self, name: CallName, start: int, end: int, numel: int) -> None:
         self.names.append(str(name))
         api = self.apis.setdefault((name.api_type, name.api_name), len(self.apis))
-        for column, value in zip(self.columns, (api, name.index, name.direction == "backward", start, end, numel), strict=True):
+        for column, value in zip(
+            self.columns, (api, name.index, name.direction == "backward", start, end, numel), strict=True
+        ):
             column.append(value)
 
     def index(self, path: Path, task: str, level: str, framework: str) -> DumpIndex:

@@ -107,7 +107,9 @@ def tensor_spec(value: Record, where: str) -> TensorSpec:
     if not isinstance(data_name, str):
         raise CallError(f"{where}: data_name {data_name!r} is not a string")
     stats = {key: value.get(key) for key in ("Max", "Min", "Mean", "Norm")}
-    return TensorSpec(torch_dtype(value.get("dtype")), tuple(shape), stats, data_name, bool(value.get("requires_grad", False)))
+    return TensorSpec(
+        torch_dtype(value.get("dtype")), tuple(shape), stats, data_name, bool(value.get("requires_grad", False))
+    )
 
 
 def check_size(spec: TensorSpec, where: str, max_elements: int) -> None:
@@ -149,7 +151,9 @@ def load_tensor(tensor_dir: Path, spec: TensorSpec, where: str) -> torch.Tensor:
     except Exception as exc:  # a corrupt or hostile file: name it, never crash the run
         raise CallError(f"{where}: cannot load {spec.data_name!r}: {load_failure(exc)}") from exc
     if tuple(loaded.shape) != spec.shape:
-        raise CallError(f"{where}: {spec.data_name!r} holds shape {list(loaded.shape)}, the dump says {list(spec.shape)}")
+        raise CallError(
+            f"{where}: {spec.data_name!r} holds shape {list(loaded.shape)}, the dump says {list(spec.shape)}"
+        )
     if loaded.dtype != spec.dtype:
         raise CallError(f"{where}: {spec.data_name!r} holds {loaded.dtype}, the dump says {spec.dtype}")
     return loaded
@@ -228,7 +232,7 @@ class _Storage:
     dtype: torch.dtype
 
 
-def _rebuild_tensor(
+def _rebuild_tensor(  # noqa: PLR0913  torch's _rebuild_tensor_v2 signature: the unpickler calls it
     storage: object,
     storage_offset: int,
     size: tuple[int, ...],

@@ -29,7 +29,27 @@ from pytest_msprobe.errors import CallError, CallSkip
 #: a decoded value, and what a replay passes and returns: a tensor, a Python or numpy
 #: scalar, None, a dtype, device, slice or Ellipsis, or a list/tuple/dict of them, as the
 #: API takes or returns. Any: no static type spans every API's arguments and outputs
+#: (a process group, a numpy scalar, an API's own output classes), so the replay (run/)
+#: passes them through as they come
 Value: TypeAlias = Any
+
+#: what the judging stage (judge/) reads of a side's outputs, statically: a tensor (or a
+#: numpy array where pair_leaves gives one), a number, a string, None, a dtype or slice,
+#: or a list/tuple/dict of them
+Nested: TypeAlias = (
+    torch.Tensor
+    | np.ndarray[Any, np.dtype[Any]]
+    | int
+    | float
+    | complex
+    | str
+    | None
+    | slice
+    | torch.dtype
+    | list["Nested"]
+    | tuple["Nested", ...]
+    | dict[str, "Nested"]
+)
 
 
 @dataclass(frozen=True)
@@ -83,7 +103,9 @@ def decode(value: Json, ctx: DecodeContext, path: str) -> Value:
     if isinstance(value, list):
         return [decode(item, ctx, f"{path}[{i}]") for i, item in enumerate(value)]
     if not isinstance(value, dict):
-        raise CallError(f"{ctx.call} {path}: a bare {type(value).__name__} {value!r} where a recorded value was expected")
+        raise CallError(
+            f"{ctx.call} {path}: a bare {type(value).__name__} {value!r} where a recorded value was expected"
+        )
     kind = value.get("type")
     if kind is None:
         return {key: decode(item, ctx, f"{path}[{key!r}]") for key, item in value.items()}
@@ -108,7 +130,9 @@ def _plain(expected: tuple[type, ...]) -> Callable[[Record, DecodeContext, str],
 def _slice(value: dict, ctx: DecodeContext, path: str) -> slice:
     bounds = value.get("value")
     if not (
-        isinstance(bounds, list) and len(bounds) == 3 and all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds)
+        isinstance(bounds, list)
+        and len(bounds) == 3
+        and all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds)
     ):
         raise CallError(f"{ctx.call} {path}: slice value {bounds!r} is not [start, stop, step]")
     return slice(*bounds)
@@ -156,7 +180,10 @@ def _tensor(value: dict, ctx: DecodeContext, path: str) -> torch.Tensor:
     return ctx.tensor(value, path)
 
 
-NUMPY_SCALARS = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_")}
+NUMPY_SCALARS = {
+    name: getattr(np, name)
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_")
+}
 
 
 def _numpy_scalar(value: Record, ctx: DecodeContext, path: str) -> Value:

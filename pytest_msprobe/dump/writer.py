@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
 
 
-def tensor_entry(tensor: torch.Tensor, data_name: str, *, kind: str = "torch.Tensor", requires_grad: bool = False) -> Record:
+def tensor_entry(
+    tensor: torch.Tensor, data_name: str, *, kind: str = "torch.Tensor", requires_grad: bool = False
+) -> Record:
     """A tensor's record as msprobe writes it: dtype, shape, Max/Min/Mean/Norm (JSON
     Infinity/NaN where the tensor holds them) and the file holding its data."""
     stats: Record = {"Max": None, "Min": None, "Mean": None, "Norm": None}
@@ -30,7 +32,12 @@ def tensor_entry(tensor: torch.Tensor, data_name: str, *, kind: str = "torch.Ten
         real = wide.real if tensor.dtype.is_complex else wide
         stats.update(Max=real.max().item(), Min=real.min().item(), Mean=real.mean().item(), Norm=wide.norm().item())
     elif tensor.numel():
-        stats.update(Max=int(tensor.max()), Min=int(tensor.min()), Mean=tensor.double().mean().item(), Norm=tensor.double().norm().item())
+        stats.update(
+            Max=int(tensor.max()),
+            Min=int(tensor.min()),
+            Mean=tensor.double().mean().item(),
+            Norm=tensor.double().norm().item(),
+        )
     return {
         "type": kind,
         "dtype": str(tensor.dtype),
@@ -41,7 +48,9 @@ def tensor_entry(tensor: torch.Tensor, data_name: str, *, kind: str = "torch.Ten
     }
 
 
-def write_tensor_dump(folder: Path, records: dict[str, Record], tensors: dict[str, torch.Tensor], framework: str = "pytorch") -> Path:
+def write_tensor_dump(
+    folder: Path, records: dict[str, Record], tensors: dict[str, torch.Tensor], framework: str = "pytorch"
+) -> Path:
     """`folder/dump.json` holding `records` (call name -> record) and every tensor as
     `folder/dump_tensor_data/<data_name>` (torch.save: loaded with weights_only=True);
     returns the dump.json path."""

@@ -32,22 +32,23 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, cast
 
 from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.standards.verdict import STATUS_ORDER
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.judge.kernels import KernelVerdict
     from pytest_msprobe.standards import Verdict
+    from pytest_msprobe.standards.verdict import Status
 
 FORMAT = "pytest-msprobe-baseline"
 VERSION = 1
 FILE_NAME = "msprobe-baseline.jsonl"
 BASELINE_LABEL = "baseline"  # the standards' name of a reference of recorded metrics
 IMPORTED_LABEL = "reference CSV"  # what a verdict against an msprobe details CSV is called instead
-STATUS_RANK = {"skip": -1, "pass": 0, "warning": 1, "error": 2}
 IMPROVED_BELOW = 0.5  # every judged metric at most half the baseline's: an improvement
 
 #: the standard a baseline's kernel verdicts are recorded under (judge/kernels.py): a
@@ -66,7 +67,7 @@ class BaselineError(Exception):
 class CallMetrics:
     """What a baseline holds of one call."""
 
-    status: str
+    status: Status
     standard: str
     outputs: dict[str, dict[str, float]]  # output path -> metric -> value
     # what pairs the call with a call of another dump of the model (judge/upgrade.py):
@@ -80,7 +81,14 @@ class CallMetrics:
         pairing: dict[str, str | int] = {"dtype": self.dtype} if self.dtype else {}
         pairing.update({"signature": self.signature, "order": self.order} if self.signature else {})
         return json.dumps(
-            {"dump": dump, "call": call, "status": self.status, "standard": self.standard, "outputs": self.outputs, **pairing},
+            {
+                "dump": dump,
+                "call": call,
+                "status": self.status,
+                "standard": self.standard,
+                "outputs": self.outputs,
+                **pairing,
+            },
             sort_keys=True,
             separators=(",", ":"),
         )
@@ -95,7 +103,9 @@ class CallMetrics:
 
     @classmethod
     def of_kernel(cls, verdict: KernelVerdict) -> CallMetrics:
-        return cls(verdict.status, KERNEL_STANDARD, {"": {key: _short(value) for key, value in verdict.metrics.items()}})
+        return cls(
+            verdict.status, KERNEL_STANDARD, {"": {key: _short(value) for key, value in verdict.metrics.items()}}
+        )
 
 
 def _short(value: float) -> float:
@@ -233,7 +243,9 @@ class Baseline:
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except OSError as exc:
-            raise BaselineError(f"{path}: cannot be read ({exc.strerror or exc}); record one with --msprobe-baseline-save") from None
+            raise BaselineError(
+                f"{path}: cannot be read ({exc.strerror or exc}); record one with --msprobe-baseline-save"
+            ) from None
         try:
             header = json.loads(lines[0]) if lines else {}
         except json.JSONDecodeError:
@@ -241,7 +253,9 @@ class Baseline:
         if header.get("format") != FORMAT:
             raise BaselineError(f"{path}: is not a pytest-msprobe baseline (no {FORMAT!r} header line)")
         if header.get("version") != VERSION:
-            raise BaselineError(f"{path}: baseline format version {header.get('version')!r}; this pytest-msprobe reads version {VERSION}")
+            raise BaselineError(
+                f"{path}: baseline format version {header.get('version')!r}; this pytest-msprobe reads version {VERSION}"
+            )
         baseline = cls(environment=header.get("environment", {}))
         for number, line in enumerate(lines[1:], start=2):
             try:
@@ -275,7 +289,9 @@ def _relabelled(verdict: Verdict, label: str) -> Verdict:
     reference = verdict.reference
     if reference == BASELINE_LABEL or reference.startswith(BASELINE_LABEL + ","):
         reference = label + reference[len(BASELINE_LABEL) :]
-    return dataclasses.replace(verdict, reference=reference, outputs=tuple(_relabelled(output, label) for output in verdict.outputs))
+    return dataclasses.replace(
+        verdict, reference=reference, outputs=tuple(_relabelled(output, label) for output in verdict.outputs)
+    )
 
 
 def _order(item: tuple[tuple[str | None, str], CallMetrics]) -> tuple[str, str]:
@@ -290,8 +306,8 @@ def _order(item: tuple[tuple[str | None, str], CallMetrics]) -> tuple[str, str]:
 class Change:
     kind: str  # "regression", "improvement", "unchanged", "new"
     call: str
-    was: str
-    now: str
+    was: Status | Literal[""]  # "": a new call, with no recorded status
+    now: Status
     ratio: float | None  # the largest growth of a judged metric (now / baseline)
     metric: str
 
@@ -300,7 +316,7 @@ def compare(current: CallMetrics, recorded: CallMetrics | None, call: str) -> Ch
     if recorded is None:
         return Change("new", call, "", current.status, None, "")
     ratio, metric = largest_growth(current, recorded)
-    was, now = STATUS_RANK.get(recorded.status, 0), STATUS_RANK.get(current.status, 0)
+    was, now = STATUS_ORDER.get(recorded.status, 1), STATUS_ORDER.get(current.status, 1)
     if now > was:
         kind = "regression"
     elif now < was or (ratio is not None and ratio <= IMPROVED_BELOW and _any_error(recorded)):
@@ -330,14 +346,19 @@ def largest_growth(current: CallMetrics, recorded: CallMetrics) -> tuple[float |
 
 def _any_error(recorded: CallMetrics) -> bool:
     return any(
-        value for metrics in recorded.outputs.values() for key, value in metrics.items() if key not in HIGHER_IS_BETTER and key != "eb"
+        value
+        for metrics in recorded.outputs.values()
+        for key, value in metrics.items()
+        if key not in HIGHER_IS_BETTER and key != "eb"
     )
 
 
 # --- the environment a baseline was recorded in ------------------------------------
 
 
-def environment(dumps: Iterable[tuple[str, Path]], device: str, versions: Mapping[str, str | None] | None = None) -> Record:
+def environment(
+    dumps: Iterable[tuple[str, Path]], device: str, versions: Mapping[str, str | None] | None = None
+) -> Record:
     """What produced the metrics: versions (this process's, unless given: the xdist
     controller imports no torch and takes a worker's), device, and which dumps (by content)."""
     if versions is None:
@@ -431,7 +452,9 @@ def read_msprobe_details(path: Path) -> Baseline:
         outputs[f"[{position}]"] = metrics
         if position == "0":
             outputs[""] = metrics
-        status = str(row.get("Status", "")).strip().lower()
+        # msprobe writes pass, warning, error or SKIP; any other text is kept as written
+        # (ranked as a skip where it meets another status)
+        status = cast("Status", str(row.get("Status", "")).strip().lower())
         baseline.calls[(None, name)] = CallMetrics(_worse(previous.status if previous else "pass", status), "", outputs)
     return baseline
 
@@ -446,5 +469,5 @@ def _is_number(text: str | None) -> bool:
     return True
 
 
-def _worse(first: str, second: str) -> str:
-    return max((first, second), key=lambda status: STATUS_RANK.get(status, -1))
+def _worse(first: Status, second: Status) -> Status:
+    return max((first, second), key=lambda status: STATUS_ORDER.get(status, 0))

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pytest_msprobe.judge.shares import Share
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
+    from pytest_msprobe.standards.verdict import Status
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Settings:
     baseline: BaselineMetrics | None = None  # recorded metrics to judge against
     # verdict statuses whose outputs keep a sample of elements for the HTML report
     # (judge/samples.py); empty: none is taken and nothing is computed
-    sample_statuses: frozenset[str] = frozenset()
+    sample_statuses: frozenset[Status] = frozenset()
     repeat: int = 1  # --msprobe-repeat: device runs compared bit for bit (judge/repeat.py); 1: one run
 
 
@@ -162,7 +163,9 @@ def call_findings(replayed: Replayed, name: CallName, framework: str, settings: 
     found += dropout_findings(replayed.results, name)
     if settings.repeat > 1:
         try:
-            found += repeat_findings(replayed.device, replayed.results, name.direction, framework, settings.repeat, replayed.written)
+            found += repeat_findings(
+                replayed.device, replayed.results, name.direction, framework, settings.repeat, replayed.written
+            )
         finally:
             settings.backend.free()
     return found
@@ -178,7 +181,7 @@ def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replaye
     return replay_inputs(index.framework, framework, name, api, inputs, settings, dumped)
 
 
-def replay_inputs(
+def replay_inputs(  # noqa: PLR0913  the call's framework, api, inputs and settings are each read; shared by judge_call, explore and offline
     framework_name: str,
     framework: Framework,
     name: CallName,
@@ -206,13 +209,17 @@ def replay_inputs(
             _add_shared(results, device, bench, framework, settings)
         elif isinstance(reference, Run):
             others = other_layouts(api, (leaf.tensor for leaf in results.inputs.leaves))
-            layouts = LayoutReferences(reference, results.inputs, name.direction, framework_name, others) if others else None
+            layouts = (
+                LayoutReferences(reference, results.inputs, name.direction, framework_name, others) if others else None
+            )
     where = written(name, inputs, framework_name)
     results, notes = cut_results(align_offline(results) if dumped is not None else results, where)
     return Replayed(results, bench, label, device, where, notes, layouts)
 
 
-def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Framework) -> tuple[Side, Side, str]:
+def offline_runs(
+    index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Framework
+) -> tuple[Side, Side, str]:
     """The dump's own outputs as the device; as the reference, the dump's framework on
     the CPU in the dump's dtypes (a MindSpore kernel is held to MindSpore's CPU kernel,
     not to torch's, as online). Which inputs a dumped gradient belongs to is read from
@@ -222,7 +229,11 @@ def offline_runs(index: DumpIndex, name: CallName, api: Api, settings: Settings,
     from pytest_msprobe.judge.offline import DEVICE_LABEL, DumpedRun
 
     graph_run = Run(api, api.bench_fn, Placement(torch.device("cpu")))
-    return DumpedRun(index, name, settings.max_elements, graph_run), framework.reference_in_dump_dtype(api, settings), DEVICE_LABEL
+    return (
+        DumpedRun(index, name, settings.max_elements, graph_run),
+        framework.reference_in_dump_dtype(api, settings),
+        DEVICE_LABEL,
+    )
 
 
 def _add_shared(results: Results, device: DumpedRun, bench: Side, framework: Framework, settings: Settings) -> None:
@@ -234,7 +245,12 @@ def _add_shared(results: Results, device: DumpedRun, bench: Side, framework: Fra
     assert device.evidence is not None  # replay_inputs: its gradients were recovered
     index, name, framework_name = device.index, device.name, device.index.framework  # the dump's call
     call = SummingCall(
-        index, name, bench, results.inputs, framework_name, lambda read: _share_of(index, read, framework_name, framework, settings)
+        index,
+        name,
+        bench,
+        results.inputs,
+        framework_name,
+        lambda read: _share_of(index, read, framework_name, framework, settings),
     )
     add_shared(results, device.evidence, call)
 
@@ -284,7 +300,13 @@ def _share_of(index: DumpIndex, read: Read, framework_name: str, framework: Fram
         raise
     except Exception as exc:  # noqa: BLE001 - that call's own test reports it; here the sum cannot be made
         raise CallSkip(f"{call}'s backward does not run on the bench: {type(exc).__name__}: {exc}") from exc
-    return Share(read.gather, bench_grads[slot], reference_grads[slot], Kind.RERUN, pieces_of(bench, inputs, framework_name, slot))
+    return Share(
+        read.gather,
+        bench_grads[slot],
+        reference_grads[slot],
+        Kind.RERUN,
+        pieces_of(bench, inputs, framework_name, slot),
+    )
 
 
 def align_offline(results: Results) -> Results:
@@ -348,7 +370,9 @@ class PytorchReplay:
         reference = Run(api, api.bench_fn, Placement(cpu)) if backend.name != "cpu" else None
         return device, bench, reference
 
-    def bench_site(self, api: Api, inputs: Inputs, settings: Settings, dtypes: dict[torch.dtype, torch.dtype]) -> BenchSite:
+    def bench_site(
+        self, api: Api, inputs: Inputs, settings: Settings, dtypes: dict[torch.dtype, torch.dtype]
+    ) -> BenchSite:
         """Where this call's bench runs: run/precision.py's rule."""
         import torch
 
@@ -358,7 +382,9 @@ class PytorchReplay:
         floating = {tensor.dtype for tensor in leaves}
         low = sorted(floating & {torch.float16, torch.bfloat16}, key=str)
         api_type, api_name = api.name.split(".", 1)
-        standard = settings.registry.standard_for(CallName(api_type, api_name, 0, "forward").operator, low[0]) if low else ""
+        standard = (
+            settings.registry.standard_for(CallName(api_type, api_name, 0, "forward").operator, low[0]) if low else ""
+        )
         return bench_site(
             settings.backend.name,
             f"{settings.backend.name}:{settings.device_index}",

@@ -44,16 +44,27 @@ from pytest_msprobe.judge.record import EXPLORED_SUFFIX
 from pytest_msprobe.run.apis import fixed_shape_apis, normed_arguments, paired_apis, summing_apis
 from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.run.recurrent import DEFINITIONS as RECURRENT_DEFINITIONS
-from pytest_msprobe.run.replay import DeviceFailed, Placement, Run, decode_backward, decode_forward, evaluated, flat_outputs, tree_map
+from pytest_msprobe.run.replay import (
+    DeviceFailed,
+    Placement,
+    Run,
+    decode_backward,
+    decode_forward,
+    evaluated,
+    flat_outputs,
+    tree_map,
+)
 from pytest_msprobe.run.terms import has_terms, term_magnitudes
 
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.replay import Inputs, Results, Side
     from pytest_msprobe.standards import Registry
 
 #: how exploration moves a floating input: (original, raised to the bench's dtype) -> moved
 Move: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: what _pairwise applies to each pair of floating tensors of one shape
+Pairwise: TypeAlias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 VALUES_SHOWN = 8  # a tensor of at most this many elements is shown whole
 
@@ -74,7 +85,9 @@ class _Search:
 
     judged: int = 0
     discarded: Counter[str] = dataclasses.field(default_factory=Counter)  # by cause
-    excused: Counter[str] = dataclasses.field(default_factory=Counter)  # judged examples that passed once excused, by cause
+    excused: Counter[str] = dataclasses.field(
+        default_factory=Counter
+    )  # judged examples that passed once excused, by cause
     first_discard: str = ""
     first: tuple[Variant, CallResult] | None = None  # the first judged example: the dumped call's inputs
     warning: tuple[Variant, CallResult] | None = None  # the first example judged warning
@@ -104,7 +117,7 @@ class ExampleFailed(Exception):
         self.variant, self.result, self.device_error = variant, result, device_error
 
 
-def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> CallResult:
+def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> CallResult:  # noqa: C901, PLR0915  the exploration's steps (plan, search, minimal example, verdict) read top-down; its skips name the step
     """The exploration's result, as judge_call reads a dumped call's. Raises CallSkip
     where the dumped call cannot be explored, replay.DeviceFailed where the device
     raised on an example (its message shows the minimal one)."""
@@ -127,7 +140,11 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
 
     def example_result(variant: Variant) -> CallResult:
         ctx = DecodeContext(index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided())
-        inputs = decode_forward(variant.forward, ctx) if backward is None else decode_backward(variant.forward, variant.backward or {}, ctx)
+        inputs = (
+            decode_forward(variant.forward, ctx)
+            if backward is None
+            else decode_backward(variant.forward, variant.backward or {}, ctx)
+        )
         replayed = replay_inputs(index.framework, framework, name, api, inputs, settings)
         judgement = judged(Judgement(settings.registry, name, replayed.results, replayed.bench, index.framework))
         if judgement.error:
@@ -172,7 +189,9 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
             f"({_by_cause(search.discarded)}), e.g. {search.first_discard}"
         ) from None
     if search.first is None:
-        raise CallSkip(f"no valid input found around the call ({_by_cause(search.discarded)} discarded), e.g. {search.first_discard}")
+        raise CallSkip(
+            f"no valid input found around the call ({_by_cause(search.discarded)} discarded), e.g. {search.first_discard}"
+        )
     if search.warning is not None:
         _, result = search.warning
         return _counted(dataclasses.replace(result, notes=["the first warning is shown"]), search)
@@ -193,12 +212,20 @@ def _counted(result: CallResult, search: _Search) -> CallResult:
         f"({_by_cause(search.discarded)}), {excused} passed once excused ({_by_cause(search.excused)})"
     )
     leaves = result.verdict.outputs or (result.verdict,)
-    columns = {"explore_judged": search.judged, "explore_discarded": dict(search.discarded), "explore_excused": dict(search.excused)}
-    counts = Finding("explored", leaves[0].path, False, "the examples by cause are in the metrics file's explore_* columns", columns)
+    columns = {
+        "explore_judged": search.judged,
+        "explore_discarded": dict(search.discarded),
+        "explore_excused": dict(search.excused),
+    }
+    counts = Finding(
+        "explored", leaves[0].path, False, "the examples by cause are in the metrics file's explore_* columns", columns
+    )
     return dataclasses.replace(result, notes=[count, *result.notes], findings=[*result.findings, counts])
 
 
-def _hypothesis_test(probe: Value, space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]) -> Value:
+def _hypothesis_test(  # noqa: PLR0913  hypothesis' test is built from the probe, the space and the plan's seeds and label
+    probe: Callable[[Variant], None], space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]
+) -> Callable[[], None]:
     """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's
     cost is its own), its database keyed by the dump and the call; `first`, then the edges
     (run/neighbourhood.py EDGES) as its explicit examples, tried first."""
@@ -244,7 +271,11 @@ def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan
     if failure.result is None:
         assert failure.device_error is not None
         lines = "\n".join(
-            [f"inputs {_how_minimal(failure.variant)}:", *(f"  {line}" for line in describe(failure.variant)), f"  {reproduce}"]
+            [
+                f"inputs {_how_minimal(failure.variant)}:",
+                *(f"  {line}" for line in describe(failure.variant)),
+                f"  {reproduce}",
+            ]
         )
         raise _device_failed(failure.device_error, lines) from None
     return dataclasses.replace(failure.result, notes=[*failure.result.notes, _how_minimal(failure.variant), reproduce])
@@ -312,7 +343,7 @@ def _excused(judgement: Judgement) -> tuple[Judgement, str | None]:
     return judgement, None
 
 
-def _conditioned(judgement: Judgement, sensitivity: Value, excused: str) -> Judgement:
+def _conditioned(judgement: Judgement, sensitivity: Nested, excused: str) -> Judgement:
     """The judgement again, with each element's error excused up to EXCUSED_SENSITIVITY
     times its sensitivity to the rounding of the inputs (`sensitivity`); where that is
     still an error, the error stands.
@@ -334,15 +365,26 @@ def _conditioned(judgement: Judgement, sensitivity: Value, excused: str) -> Judg
     longest = max((size for leaf in results.inputs.leaves for size in leaf.tensor.shape), default=1)
     flushed = longest * _largest_incoming(results.inputs)
     allowed = _pairwise(
-        lambda delta, device: EXCUSED_SENSITIVITY * delta + flushed * torch.finfo(device.dtype).smallest_normal, sensitivity, results.device
+        lambda delta, device: EXCUSED_SENSITIVITY * delta + flushed * torch.finfo(device.dtype).smallest_normal,
+        sensitivity,
+        results.device,
     )
     device = _excused_device(results.device, results.bench, allowed)
     terms = term_magnitudes(judgement.name, judgement.bench, results.inputs, judgement.framework)
     again = Judgement(
-        judgement.registry, judgement.name, dataclasses.replace(results, device=device), judgement.bench, judgement.framework, terms=terms
+        judgement.registry,
+        judgement.name,
+        dataclasses.replace(results, device=device),
+        judgement.bench,
+        judgement.framework,
+        terms=terms,
     )
     verdict = judge(again)
-    return judgement if verdict.status == "error" else dataclasses.replace(again, verdict=relabelled(verdict, f"{excused} excused"))
+    return (
+        judgement
+        if verdict.status == "error"
+        else dataclasses.replace(again, verdict=relabelled(verdict, f"{excused} excused"))
+    )
 
 
 def _within_inputs_rounding(judgement: Judgement) -> Judgement:
@@ -377,7 +419,7 @@ EXCUSED_ROUNDINGS = (
 )
 
 
-def gate_sensitivity(judgement: Judgement) -> Value | None:
+def gate_sensitivity(judgement: Judgement) -> Nested | None:
     """Element by element, the largest change of the bench's gradients when every gate's
     result of the API's definition (run/recurrent.py) moves by a rounding in D, y (1 +- u)
     under SENSITIVITY_PATTERNS random sign patterns; None where the definition cannot
@@ -389,7 +431,7 @@ def gate_sensitivity(judgement: Judgement) -> Value | None:
         return None
     unit = max(torch.finfo(dtype).eps for dtype in floats) / 2
 
-    def gradients(gate: Callable[[torch.Tensor], torch.Tensor] | None) -> Value | None:
+    def gradients(gate: Callable[[torch.Tensor], torch.Tensor] | None) -> Nested | None:
         function = definition if gate is None else functools.partial(definition, gate=gate)
         return evaluated(dataclasses.replace(bench, function=function), name.direction, inputs, judgement.framework)
 
@@ -412,7 +454,7 @@ def _rounded_gate(unit: float, seed: int) -> Callable[[torch.Tensor], torch.Tens
     return gate
 
 
-def _largest_incoming(inputs: Value) -> float:
+def _largest_incoming(inputs: Inputs) -> float:
     """max(1, the largest |incoming gradient|): a backward multiplies its intermediates by
     it, a flushed one among them too (layer_norm's weight gradient sums g x_hat, and x_hat
     of subnormal inputs is subnormal itself)."""
@@ -420,7 +462,7 @@ def _largest_incoming(inputs: Value) -> float:
     return max([1.0, *(float(g.double().abs().nan_to_num(posinf=0.0, neginf=0.0).max()) for g in grads)])
 
 
-def _excused_device(device: Value, bench: Value, allowed: Value) -> Value:
+def _excused_device(device: Nested, bench: Nested, allowed: Nested) -> Nested:
     """The device's outputs with the error within `allowed` taken off (NaN stays NaN)."""
     if isinstance(device, (list, tuple)) and isinstance(bench, (list, tuple)) and isinstance(allowed, (list, tuple)):
         return tuple(_excused_device(d, b, a) for d, b, a in zip(device, bench, allowed, strict=False))
@@ -437,7 +479,7 @@ def _excused_device(device: Value, bench: Value, allowed: Value) -> Value:
     return (bench.double() + kept).to(device.dtype)
 
 
-def input_sensitivity(judgement: Judgement) -> Value | None:
+def input_sensitivity(judgement: Judgement) -> Nested | None:
     """Element by element, in the bench's structure, the largest change of the bench's
     result when its inputs move as a correct kernel in D may move them: by a rounding,
     x (1 +- u) (u: D's unit roundoff) under a few random sign patterns, with D's
@@ -454,7 +496,9 @@ def input_sensitivity(judgement: Judgement) -> Value | None:
     if any(change is None for change in changes):
         return None
     changes += [
-        _result_rounded(judgement, unit, seed) for seed in range(SENSITIVITY_PATTERNS) if judgement.name.operator in RESULT_BACKWARDS
+        _result_rounded(judgement, unit, seed)
+        for seed in range(SENSITIVITY_PATTERNS)
+        if judgement.name.operator in RESULT_BACKWARDS
     ]
     merged = changes[0]
     for change in changes[1:]:
@@ -470,7 +514,7 @@ def input_sensitivity(judgement: Judgement) -> Value | None:
 RESULT_BACKWARDS = {"sigmoid": "sigmoid_backward", "tanh": "tanh_backward"}
 
 
-def _result_rounded(judgement: Judgement, unit: float, seed: int) -> Value | None:
+def _result_rounded(judgement: Judgement, unit: float, seed: int) -> Nested | None:
     """|backward(g, y (1 +- u)) - backward(g, y)| (y: the forward's exact result), as the
     bench's one input gradient; None where the call is not that backward's."""
     name, inputs = judgement.name, judgement.results.inputs
@@ -512,11 +556,11 @@ def _flushed(original: torch.Tensor, raised: torch.Tensor) -> torch.Tensor:
     return torch.where(original.abs() < torch.finfo(original.dtype).smallest_normal, torch.zeros_like(raised), raised)
 
 
-def _change(judgement: Judgement, bench: Run, move: Move) -> Value | None:
+def _change(judgement: Judgement, bench: Run, move: Move) -> Nested | None:
     """|bench(moved inputs) - bench(inputs)|, the inputs moved in the bench's precision."""
     inputs = judgement.results.inputs
 
-    def moved(value: Value) -> Value:
+    def moved(value: Nested) -> Nested:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             return value
         return move(value, value.to(bench.placement.dtypes.get(value.dtype, value.dtype)))
@@ -528,14 +572,17 @@ def _change(judgement: Judgement, bench: Run, move: Move) -> Value | None:
         grads=tree_map(moved, inputs.grads) if inputs.grads is not None else None,
     )
     again = evaluated(
-        dataclasses.replace(bench, placement=Placement(bench.placement.device)), judgement.name.direction, perturbed, judgement.framework
+        dataclasses.replace(bench, placement=Placement(bench.placement.device)),
+        judgement.name.direction,
+        perturbed,
+        judgement.framework,
     )
     if again is None:
         return None
     return _pairwise(lambda a, b: (a.double() - b.double()).abs(), again, judgement.results.bench)
 
 
-def _pairwise(function: Value, left: Value, right: Value) -> Value:
+def _pairwise(function: Pairwise, left: Nested, right: Nested) -> Nested:
     """function(l, r) over two outputs of one structure (None where a side is not a
     floating tensor of the same shape)."""
     if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)) and len(left) == len(right):
@@ -575,7 +622,9 @@ def beyond_range(name: CallName, replayed: Replayed, framework: str) -> str | No
     where every input is finite (the bench's range holds D's: rsqrt's derivative
     -x**-1.5 / 2 at a bfloat16 subnormal overflows float32 too), and a sum of squares
     sums the finite elements."""
-    return next((excuse.cause for excuse in EXCUSES if excuse.computes(name) and excuse.beyond(name, replayed, framework)), None)
+    return next(
+        (excuse.cause for excuse in EXCUSES if excuse.computes(name) and excuse.beyond(name, replayed, framework)), None
+    )
 
 
 def _largest(results: Results) -> float | None:
@@ -584,12 +633,14 @@ def _largest(results: Results) -> float | None:
     return max(torch.finfo(d.dtype).max for d in outputs) if outputs else None
 
 
-def _beyond(values: Value, results: Results) -> bool:
+def _beyond(values: Nested, results: Results) -> bool:
     """Whether a value of `values` is beyond the device dtype's range (see beyond_range)."""
     largest = _largest(results)
     if largest is None:
         return False
-    finite = all(bool(torch.isfinite(leaf.tensor).all()) for leaf in results.inputs.leaves if leaf.tensor.is_floating_point())
+    finite = all(
+        bool(torch.isfinite(leaf.tensor).all()) for leaf in results.inputs.leaves if leaf.tensor.is_floating_point()
+    )
     return any(_magnitude(value, finite) > largest for value in flat_outputs(values) if isinstance(value, torch.Tensor))
 
 
@@ -604,7 +655,10 @@ def _sum_beyond(power: int) -> Callable[[CallName, Replayed, str], bool]:
     inputs underflow)."""
 
     def beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
-        first = next((arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+        first = next(
+            (arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()),
+            None,
+        )
         if first is None or _largest(replayed.results) is None:
             return False
         info = torch.finfo(ACCUMULATOR.get(first.dtype, first.dtype))
@@ -615,7 +669,7 @@ def _sum_beyond(power: int) -> Callable[[CallName, Replayed, str], bool]:
     return beyond
 
 
-def _group_norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
+def _group_norm_groups(args: list[Nested], kwargs: dict[str, Nested]) -> torch.Tensor | None:
     """group_norm's input as (sample, group, elements of the group)."""
     x, groups = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("num_groups")
     if not isinstance(x, torch.Tensor) or not isinstance(groups, int) or x.dim() < 2 or not groups:
@@ -625,7 +679,9 @@ def _group_norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Ten
 
 #: How each API of the [explore] centred table groups its input for the mean and variance
 #: its definition forms: the input reshaped to (..., the elements of one group).
-CENTRED_GROUPS: dict[str, Callable[[list[Value], dict[str, Value]], torch.Tensor | None]] = {"group_norm": _group_norm_groups}
+CENTRED_GROUPS: dict[str, Callable[[list[Nested], dict[str, Nested]], torch.Tensor | None]] = {
+    "group_norm": _group_norm_groups
+}
 
 
 def _centred_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
@@ -645,7 +701,9 @@ def _centred_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     mean = wide.where(finite, torch.zeros_like(wide)).sum(-1, keepdim=True) / count
     totals = (wide - mean).square().where(finite, torch.zeros_like(wide)).sum(-1)
     positive = totals[totals > 0]
-    return float(totals.max()) > info.max or (bool(positive.numel()) and float(positive.min()) < info.smallest_normal / info.eps)
+    return float(totals.max()) > info.max or (
+        bool(positive.numel()) and float(positive.min()) < info.smallest_normal / info.eps
+    )
 
 
 def _floats(replayed: Replayed) -> list[torch.Tensor]:
@@ -656,7 +714,9 @@ def _floats(replayed: Replayed) -> list[torch.Tensor]:
 
 def _shifted_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     """x - max(x) of the first argument beyond the dtype's range (its finite elements)."""
-    first = next((arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None)
+    first = next(
+        (arg for arg in replayed.results.inputs.args if isinstance(arg, torch.Tensor) and arg.is_floating_point()), None
+    )
     largest = _largest(replayed.results)
     if first is None or largest is None:
         return False
@@ -683,7 +743,13 @@ def _scores_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     inputs = replayed.results.inputs
     q, k = (next(iter(inputs.args[i : i + 1]), None) for i in (0, 1))
     largest = _largest(replayed.results)
-    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or largest is None or q.dim() < 2 or k.dim() < 2:
+    if (
+        not isinstance(q, torch.Tensor)
+        or not isinstance(k, torch.Tensor)
+        or largest is None
+        or q.dim() < 2
+        or k.dim() < 2
+    ):
         return False
     given = inputs.kwargs.get("scale")
     scale = float(given) if isinstance(given, (int, float)) else 1 / math.sqrt(q.shape[-1])
@@ -729,16 +795,26 @@ def _norm_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     (finite elements only)."""
     args, kwargs = replayed.results.inputs.args, replayed.results.inputs.kwargs
     largest = _largest(replayed.results)
-    dim = kwargs.get("dim", args[2] if len(args) > 2 and isinstance(args[2], int) else 1)  # cosine_embedding_loss's is a target
+    dim = kwargs.get(
+        "dim", args[2] if len(args) > 2 and isinstance(args[2], int) else 1
+    )  # cosine_embedding_loss's is a target
     power = kwargs.get("p", args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else 2)
     if largest is None or not isinstance(dim, int) or not isinstance(power, (int, float)) or power <= 0:
         return False
     for position in normed_arguments(name.operator):
         tensor = args[position] if position < len(args) else None
-        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and -tensor.dim() <= dim < max(tensor.dim(), 1)):
+        if not (
+            isinstance(tensor, torch.Tensor)
+            and tensor.is_floating_point()
+            and -tensor.dim() <= dim < max(tensor.dim(), 1)
+        ):
             continue
         wide = tensor.double()
-        powers = wide.abs().pow(power).where(torch.isfinite(wide), torch.zeros_like(wide)).sum(dim) if wide.dim() else wide.abs() ** power
+        powers = (
+            wide.abs().pow(power).where(torch.isfinite(wide), torch.zeros_like(wide)).sum(dim)
+            if wide.dim()
+            else wide.abs() ** power
+        )
         accumulator = torch.finfo(ACCUMULATOR.get(tensor.dtype, tensor.dtype)).max
         if float(powers.max()) > accumulator or float(powers.max()) ** (1 / power) > largest:
             return True
@@ -760,7 +836,10 @@ def _std_backward(call: Arguments) -> list[torch.Tensor]:
 def _layer_norm_backward(call: Arguments) -> list[torch.Tensor]:
     """The input gradient rstd (g w - mean(g w) - x_hat mean(g w x_hat)): the row sums of
     g w (their partial sums bounded by sum |g w|)."""
-    shape, weight = call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"), call.tensor(2, "weight")
+    shape, weight = (
+        call.args[1] if len(call.args) > 1 else call.kwargs.get("normalized_shape"),
+        call.tensor(2, "weight"),
+    )
     if not isinstance(shape, (list, tuple)) or weight is None:
         return []
     products = (call.grads[0] * weight).abs()
@@ -797,7 +876,11 @@ def _cosine_embedding_loss_backward(call: Arguments) -> list[torch.Tensor]:
     m = sum(x**2) + 1e-12): its backward chains div's and sqrt's formulas, the product
     m1 m2, x1 . x2's gradient g / sqrt(m1 m2) and the denominator's g (x1 . x2) / (m1 m2)
     over 2 sqrt(m1 m2)."""
-    x1, x2, target = call.tensor(0, "input1"), call.tensor(1, "input2"), call.args[2] if len(call.args) > 2 else call.kwargs.get("target")
+    x1, x2, target = (
+        call.tensor(0, "input1"),
+        call.tensor(1, "input2"),
+        call.args[2] if len(call.args) > 2 else call.kwargs.get("target"),
+    )
     if x1 is None or x2 is None or not isinstance(target, torch.Tensor):
         return []
     dim = target.dim()
@@ -808,7 +891,11 @@ def _cosine_embedding_loss_backward(call: Arguments) -> list[torch.Tensor]:
 def _group_norm_backward(call: Arguments) -> list[torch.Tensor]:
     """layer_norm's over each (sample, group of channels), the weight per channel: the
     group sums of |g w| (the definition's mean(g w) and mean(g w x_hat))."""
-    x, groups, weight = call.args[0], call.args[1] if len(call.args) > 1 else call.kwargs.get("num_groups"), call.tensor(2, "weight")
+    x, groups, weight = (
+        call.args[0],
+        call.args[1] if len(call.args) > 1 else call.kwargs.get("num_groups"),
+        call.tensor(2, "weight"),
+    )
     if not isinstance(x, torch.Tensor) or not isinstance(groups, int) or weight is None:
         return []
     products = (call.grads[0] * weight.reshape([1, -1] + [1] * (x.dim() - 2))).abs()
@@ -820,8 +907,8 @@ class Arguments:
     """A backward's forward arguments, incoming gradients and forward result, floating
     tensors in float64: what BACKWARD_INTERMEDIATES' formulas read."""
 
-    args: list[Value]
-    kwargs: dict[str, Value]
+    args: list[Nested]
+    kwargs: dict[str, Nested]
     grads: list[torch.Tensor]
     result: torch.Tensor
 
@@ -830,7 +917,7 @@ class Arguments:
         return value if isinstance(value, torch.Tensor) and value.is_floating_point() else None
 
 
-def _widened(value: Value) -> Value:
+def _widened(value: Nested) -> Nested:
     return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
@@ -924,14 +1011,23 @@ def _group_norm_gradient(call: Arguments) -> bool:
         call.tensor(2, "weight"),
     )
     eps = call.args[4] if len(call.args) > 4 else call.kwargs.get("eps", 1e-5)
-    if x is None or weight is None or not call.grads or not isinstance(groups, int) or not isinstance(eps, float) or x.dim() < 2:
+    if (
+        x is None
+        or weight is None
+        or not call.grads
+        or not isinstance(groups, int)
+        or not isinstance(eps, float)
+        or x.dim() < 2
+    ):
         return False
     grouped = x.reshape(x.shape[0], groups, -1)
     mean, rstd = grouped.mean(-1), (grouped.var(-1, unbiased=False) + eps).rsqrt()
     products = (call.grads[0] * weight.reshape([1, -1] + [1] * (x.dim() - 2))).reshape(grouped.shape)
     moments = (products.sum(-1) * mean - (products * grouped).sum(-1)) * rstd**3
     fused = rstd.repeat_interleave(x.shape[1] // groups, 1) * weight.abs()
-    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(torch.float32).max or _group_norm_squares(call)
+    return max(_magnitude(moments, False), _magnitude(fused, False)) > torch.finfo(
+        torch.float32
+    ).max or _group_norm_squares(call)
 
 
 def _batch_norm_weight(call: Arguments) -> bool:
@@ -968,7 +1064,12 @@ def _layer_norm_gradient(call: Arguments) -> bool:
     products = call.grads[0] * (weight if weight is not None else 1.0)
     sums, moments = (products * x).sum(dims), products.sum(dims)
     largest, info = torch.finfo(torch.float32).max, torch.finfo(torch.float32)
-    beyond = [(products * x).abs().sum(dims), (moments * mean - sums) * rstd**3, rstd * moments, rstd * _magnitude(products, False)]
+    beyond = [
+        (products * x).abs().sum(dims),
+        (moments * mean - sums) * rstd**3,
+        rstd * moments,
+        rstd * _magnitude(products, False),
+    ]
     return any(_magnitude(value, False) > largest for value in beyond) or _underflows(rstd**3, info.smallest_normal)
 
 
@@ -977,7 +1078,10 @@ def _attention_scores(call: Arguments) -> torch.Tensor | None:
     added), float64; None where the shapes do not broadcast."""
     q, k = call.tensor(0, "query"), call.tensor(1, "key")
     mask = call.args[3] if len(call.args) > 3 else call.kwargs.get("attn_mask")
-    causal, given = call.args[5] if len(call.args) > 5 else call.kwargs.get("is_causal", False), call.kwargs.get("scale")
+    causal, given = (
+        call.args[5] if len(call.args) > 5 else call.kwargs.get("is_causal", False),
+        call.kwargs.get("scale"),
+    )
     if q is None or k is None or q.dim() < 2:
         return None
     scale = float(given) if isinstance(given, (int, float)) else 1 / math.sqrt(q.shape[-1])
@@ -986,7 +1090,11 @@ def _attention_scores(call: Arguments) -> torch.Tensor | None:
         if causal is True:
             scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).tril().logical_not(), -math.inf)
         if isinstance(mask, torch.Tensor):
-            scores = scores.masked_fill(mask.logical_not(), -math.inf) if mask.dtype == torch.bool else scores + mask.double()
+            scores = (
+                scores.masked_fill(mask.logical_not(), -math.inf)
+                if mask.dtype == torch.bool
+                else scores + mask.double()
+            )
     except RuntimeError:
         return None
     return scores
@@ -1024,7 +1132,14 @@ F32 = (torch.float32,)
 #: The torch defects exploration finds (README, benchmarks/RESULTS-explore.md): an example
 #: that fails where one's regime holds names it and its reproducer (documented).
 DOCUMENTED = (
-    Documented("gelu", "forward", F32, _gelu_tail, "1 + erf(x / sqrt 2) cancels below x = -4 (pytorch/pytorch#187806)", "gelu_tail"),
+    Documented(
+        "gelu",
+        "forward",
+        F32,
+        _gelu_tail,
+        "1 + erf(x / sqrt 2) cancels below x = -4 (pytorch/pytorch#187806)",
+        "gelu_tail",
+    ),
     Documented(
         "gelu",
         "backward",
@@ -1042,7 +1157,12 @@ DOCUMENTED = (
         "gelu_tanh_gradient",
     ),
     Documented(
-        "softplus", "backward", F32, _softplus_gradient, "g * exp(x) overflows before the division by 1 + exp(x)", "softplus_gradient"
+        "softplus",
+        "backward",
+        F32,
+        _softplus_gradient,
+        "g * exp(x) overflows before the division by 1 + exp(x)",
+        "softplus_gradient",
     ),
     Documented(
         "layer_norm",
@@ -1060,7 +1180,14 @@ DOCUMENTED = (
         "the CPU kernel's fused weight * rstd overflows where weight * x_hat fits",
         "batch_norm_weight",
     ),
-    Documented("hardswish", "forward", F32, _hardswish_product, "x * relu6(x + 3) overflows before the division by 6", "hardswish_large"),
+    Documented(
+        "hardswish",
+        "forward",
+        F32,
+        _hardswish_product,
+        "x * relu6(x + 3) overflows before the division by 6",
+        "hardswish_large",
+    ),
     Documented(
         "group_norm",
         "forward",
@@ -1108,7 +1235,12 @@ def documented_defect(name: CallName, replayed: Replayed) -> str | None:
         torch.empty(0),  # the forward's result: no regime reads it
     )
     for entry in DOCUMENTED:
-        if entry.operator == name.operator and entry.direction == name.direction and dtypes <= set(entry.dtypes) and entry.regime(call):
+        if (
+            entry.operator == name.operator
+            and entry.direction == name.direction
+            and dtypes <= set(entry.dtypes)
+            and entry.regime(call)
+        ):
             return (
                 f"a documented torch defect: {entry.defect}; reproduced without the plugin by {REPRODUCERS} "
                 f"({entry.reproducer}): deselect it where it is known"
@@ -1123,13 +1255,18 @@ def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework:
     if not grads or result is None:
         return False
     call = Arguments(
-        [_widened(arg) for arg in inputs.args], {key: _widened(value) for key, value in inputs.kwargs.items()}, grads, result.double()
+        [_widened(arg) for arg in inputs.args],
+        {key: _widened(value) for key, value in inputs.kwargs.items()},
+        grads,
+        result.double(),
     )
     try:
         intermediates = BACKWARD_INTERMEDIATES[name.operator](call)
     except (IndexError, RuntimeError):  # another overload, shapes that do not broadcast: no evidence
         return False
-    floats = [d.dtype for d in flat_outputs(replayed.results.device) if isinstance(d, torch.Tensor) and d.is_floating_point()]
+    floats = [
+        d.dtype for d in flat_outputs(replayed.results.device) if isinstance(d, torch.Tensor) and d.is_floating_point()
+    ]
     tiny = min((torch.finfo(dtype).smallest_normal for dtype in floats), default=0.0)
     return _beyond(tuple(intermediates), replayed.results) or any(_underflows(value, tiny) for value in intermediates)
 
@@ -1156,23 +1293,41 @@ def _derivative_beyond(name: CallName, replayed: Replayed, framework: str) -> bo
 #: multiplied by the incoming gradient).
 EXCUSES = (
     Excuse("exact result beyond the dtype's range", lambda name: True, _result_beyond),
-    Excuse("sum of squares beyond its accumulator's range", lambda name: name.operator in summing_apis("squares"), _sum_beyond(2)),
+    Excuse(
+        "sum of squares beyond its accumulator's range",
+        lambda name: name.operator in summing_apis("squares"),
+        _sum_beyond(2),
+    ),
     Excuse(
         "a group's centred squares (x - mean)**2 beyond its accumulator's range",
         lambda name: name.operator in summing_apis("centred"),
         _centred_beyond,
     ),
     Excuse("sum beyond its accumulator's range", lambda name: name.operator in summing_apis("sums"), _sum_beyond(1)),
-    Excuse("x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond),
-    Excuse("a gate's products beyond the dtype's range", lambda name: name.operator in summing_apis("products"), _products_beyond),
-    Excuse("attention scores q k^T scale beyond the dtype's range", lambda name: name.operator in summing_apis("scores"), _scores_beyond),
+    Excuse(
+        "x - max(x) beyond the dtype's range", lambda name: name.operator in summing_apis("shifted"), _shifted_beyond
+    ),
+    Excuse(
+        "a gate's products beyond the dtype's range",
+        lambda name: name.operator in summing_apis("products"),
+        _products_beyond,
+    ),
+    Excuse(
+        "attention scores q k^T scale beyond the dtype's range",
+        lambda name: name.operator in summing_apis("scores"),
+        _scores_beyond,
+    ),
     Excuse("terms of its sums of products beyond the dtype's range", has_terms, _terms_beyond),
     Excuse(
         "g - sum(g * y) of a softmax-like backward beyond the dtype's range",
         lambda name: name.direction == "backward" and name.operator in summing_apis("shifted_gradient"),
         _shifted_gradient_beyond,
     ),
-    Excuse("a norm it divides by beyond the dtype's range", lambda name: bool(normed_arguments(name.operator)), _norm_beyond),
+    Excuse(
+        "a norm it divides by beyond the dtype's range",
+        lambda name: bool(normed_arguments(name.operator)),
+        _norm_beyond,
+    ),
     Excuse(
         "an intermediate of its backward's formula (derivatives.yaml) beyond the dtype's range or below its normal values",
         lambda name: name.direction == "backward" and name.operator in BACKWARD_INTERMEDIATES,
@@ -1182,7 +1337,7 @@ EXCUSES = (
 )
 
 
-def _derivative(replayed: Replayed, framework: str) -> tuple[Value, ...]:
+def _derivative(replayed: Replayed, framework: str) -> tuple[Nested, ...]:
     """The gradients for unit incoming gradients: the derivative itself (a correct
     kernel computes it before it multiplies by the incoming gradient)."""
     inputs = replayed.results.inputs
@@ -1227,7 +1382,11 @@ def _values(tensor: torch.Tensor) -> str:
         return f"min {tensor.min().item()}, max {tensor.max().item()}"
     wide = tensor.double()
     finite = wide[torch.isfinite(wide)]
-    parts = [f"max |x| {finite.abs().max().item():.6g}, mean {finite.mean().item():.6g}" if finite.numel() else "no finite value"]
+    parts = [
+        f"max |x| {finite.abs().max().item():.6g}, mean {finite.mean().item():.6g}"
+        if finite.numel()
+        else "no finite value"
+    ]
     zeros, special = int((wide == 0).sum()), wide.numel() - finite.numel()
     parts += [f"{zeros} zeros"] * bool(zeros) + [f"{special} non-finite"] * bool(special)
     return ", ".join(parts)

@@ -22,6 +22,7 @@ from pytest_msprobe.judge.record import OutputResult
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName, Json
     from pytest_msprobe.run.replay import Results
+    from pytest_msprobe.standards.verdict import Status
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Finding:
         return f"{self.kind}: {self.text}"
 
 
-def status_with(status: str, findings: list[Finding]) -> str:
+def status_with(status: Status, findings: list[Finding]) -> Status:
     """The call's status: an error where a finding fails, else the verdict's."""
     return "error" if any(finding.fails for finding in findings) else status
 

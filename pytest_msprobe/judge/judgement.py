@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_msprobe.dump.index import CallName
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.judge.layouts import LayoutReferences
     from pytest_msprobe.run.replay import Results, Side
     from pytest_msprobe.standards import Registry, Verdict
@@ -52,7 +52,7 @@ class Judgement:
     layouts: LayoutReferences | None = None  # offline: the reference run in the other memory layouts (judge/layouts.py)
     groups: torch.Tensor | None = None  # elements sharing a rounded normaliser, for the bias tests (run/groups.py)
     route: str | None = None  # the standard's routing name; None: the call's API
-    terms: Value = None  # each element's terms' magnitudes (run/terms.py), once a re-judgement evaluated them
+    terms: Nested = None  # each element's terms' magnitudes (run/terms.py), once a re-judgement evaluated them
     verdict: Verdict | None = None  # None until judged (judged() judges it against the bench first)
 
     @property
@@ -73,7 +73,9 @@ class Rejudgement:
 
     name: str  # what it judges against (exploration counts its excused examples by it: judge/explore.py)
     applies: Callable[[Judgement], bool]
-    run: Callable[[Judgement], Judgement]  # the judgement again: its new verdict, or the one it had where the error stands
+    run: Callable[
+        [Judgement], Judgement
+    ]  # the judgement again: its new verdict, or the one it had where the error stands
 
 
 def judge(judgement: Judgement) -> Verdict:
@@ -93,7 +95,9 @@ def judge(judgement: Judgement) -> Verdict:
 def judged(judgement: Judgement) -> Judgement:
     """The verdict against the bench (by the groups of the call's outputs), then each
     re-judgement of RE_JUDGEMENTS that applies, in order, while it is an error."""
-    grouped = dataclasses.replace(judgement, groups=groups_of(judgement.name, judgement.bench, judgement.results.inputs))
+    grouped = dataclasses.replace(
+        judgement, groups=groups_of(judgement.name, judgement.bench, judgement.results.inputs)
+    )
     return rejudged(dataclasses.replace(grouped, verdict=judge(grouped)), RE_JUDGEMENTS)
 
 
@@ -112,7 +116,9 @@ def relabelled(verdict: Verdict, how: str) -> Verdict:
 
 
 def _sums_contributions(judgement: Judgement) -> bool:
-    return sums_contributions(judgement.name, judgement.bench, judgement.results.inputs, judgement.framework)  # run/summed.py
+    return sums_contributions(
+        judgement.name, judgement.bench, judgement.results.inputs, judgement.framework
+    )  # run/summed.py
 
 
 def _by_summed_route(judgement: Judgement) -> Judgement:
@@ -131,7 +137,8 @@ def _conditioned_on_terms(judgement: Judgement) -> Judgement:
     (one more bench evaluation, only here); the terms stay for the next rows, where
     the error stands too."""
     terms = _aligned(
-        term_magnitudes(judgement.name, judgement.bench, judgement.results.inputs, judgement.framework), judgement.results.bench
+        term_magnitudes(judgement.name, judgement.bench, judgement.results.inputs, judgement.framework),
+        judgement.results.bench,
     )
     with_terms = dataclasses.replace(judgement, terms=_cut_as_results(terms, judgement))
     if with_terms.terms is None:
@@ -142,13 +149,13 @@ def _conditioned_on_terms(judgement: Judgement) -> Judgement:
     return dataclasses.replace(with_terms, verdict=relabelled(conditioned, "conditioned on the terms' magnitudes"))
 
 
-def _cut_as_results(value: Value, judgement: Judgement) -> Value:
+def _cut_as_results(value: Nested, judgement: Judgement) -> Nested:
     """A re-evaluation cut as the results were (judge/written.py)."""
     where = written(judgement.name, judgement.results.inputs, judgement.framework)
     return cut(value, where) if value is not None and where is not None else value
 
 
-def _aligned(terms: Value, bench: Value) -> Value:
+def _aligned(terms: Nested, bench: Nested) -> Nested:
     """The terms with the bench's structure: None where offline alignment left a
     gradient out of the comparison."""
     if isinstance(terms, tuple) and isinstance(bench, tuple) and len(terms) == len(bench):
@@ -171,12 +178,15 @@ def _against_saved_in_device_dtype(judgement: Judgement) -> Judgement:
     grads = evaluated(saved_in_d, "backward", inputs, judgement.framework) if saved_in_d is not None else None
     if saved_in_d is None or saved_in_d.saved_in is None or grads is None:
         return judgement
-    again = dataclasses.replace(judgement, results=dataclasses.replace(judgement.results, bench=_cut_as_results(grads, judgement)))
+    again = dataclasses.replace(
+        judgement, results=dataclasses.replace(judgement.results, bench=_cut_as_results(grads, judgement))
+    )
     verdict = judge(again)
     if verdict.status == "error":
         return judgement
     return dataclasses.replace(
-        again, verdict=relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}")
+        again,
+        verdict=relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}"),
     )
 
 
@@ -196,7 +206,11 @@ def _against_other_layouts(judgement: Judgement) -> Judgement:
     others = {
         layout: judged(
             Judgement(
-                judgement.registry, judgement.name, dataclasses.replace(results, reference=reference), judgement.bench, judgement.framework
+                judgement.registry,
+                judgement.name,
+                dataclasses.replace(results, reference=reference),
+                judgement.bench,
+                judgement.framework,
             )
         )
         for layout, reference in judgement.layouts.outputs(results.reference).items()
@@ -209,16 +223,23 @@ def _against_other_layouts(judgement: Judgement) -> Judgement:
         how = f"an error against the reference run in {' and '.join(others)} layout too"
         return dataclasses.replace(judgement, verdict=relabelled(judgement.reached(), how))
     return dataclasses.replace(
-        again, verdict=relabelled(again.reached(), f"against the reference run in {least} layout (the device may have run it)")
+        again,
+        verdict=relabelled(
+            again.reached(), f"against the reference run in {least} layout (the device may have run it)"
+        ),
     )
 
 
 #: The re-judgements of a call judged error, in the order they are tried.
 RE_JUDGEMENTS = (
-    Rejudgement("by the standard of a backward that sums overlapping contributions", _sums_contributions, _by_summed_route),
+    Rejudgement(
+        "by the standard of a backward that sums overlapping contributions", _sums_contributions, _by_summed_route
+    ),
     Rejudgement("conditioned on the terms' magnitudes", _always, _conditioned_on_terms),
     Rejudgement(
-        "against the bench saving its forward results in the device dtype", _backward_without_reference, _against_saved_in_device_dtype
+        "against the bench saving its forward results in the device dtype",
+        _backward_without_reference,
+        _against_saved_in_device_dtype,
     ),
     Rejudgement("against the reference run in the other memory layouts", _in_other_layouts, _against_other_layouts),
 )

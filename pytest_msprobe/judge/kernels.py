@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pytest_msprobe.dump.index import parse_call_name
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
 from pytest_msprobe.standards.signs import LIB_BIAS_KEY, bias_reasons, signs_z
+from pytest_msprobe.standards.verdict import Status
 
 #: a kernel's name: `{api}.{dtype}.kernel.{direction}` (never a call name: no index)
 KERNEL_MARK = "kernel"
@@ -65,7 +66,7 @@ TESTS = ("bias", "scale_bias")
 MIN_CALLS = 2
 #: the calls a kernel pools: those that did not fail on their own. A failing call is
 #: reported already; the kernel verdict says what only the calls together show.
-POOLED = ("pass", "warning")
+POOLED: tuple[Status, ...] = ("pass", "warning")
 #: a call's mean error, whose ratio to the reference run's (`ref_` + it) is pooled
 MAGNITUDE = "mean_rel_err"
 RATIO = f"{MAGNITUDE}_ratio"
@@ -99,7 +100,7 @@ class Evidence:
 
     call: str
     output: str
-    status: str
+    status: Status
     sums: dict[str, float]
     limit: float
     z_limit: float
@@ -127,7 +128,7 @@ class Evidence:
 @dataclass(frozen=True)
 class KernelVerdict:
     key: KernelKey
-    status: str  # pass | error
+    status: Status  # pass | error
     metrics: dict[str, float]
     thresholds: dict[str, float]
     reasons: list[str]
@@ -224,7 +225,9 @@ def _pooled(items: list[Evidence], prefix: str) -> dict[str, float]:
         metrics[f"{prefix}{test}_ulp"] = signed / total_n if total_n else 0.0
         for suffix in ("", "_elements") if grouped else ("",):
             keys = [f"{prefix}{test}_signs{suffix}", f"{prefix}{test}_signs_sq{suffix}"]
-            total, spread = (sum(item.sums.get(key, item.sums[key.removesuffix(suffix)]) for item in items) for key in keys)
+            total, spread = (
+                sum(item.sums.get(key, item.sums[key.removesuffix(suffix)]) for item in items) for key in keys
+            )
             metrics[f"{prefix}{test}_z{suffix}"] = signs_z(total, spread)
     squares = sum(item.sums.get(f"{prefix}bias_ulp_ms", 0.0) * item.sums[f"{prefix}bias_n"] for item in items)
     if all(f"{prefix}bias_ulp_ms" in item.sums for item in items):
@@ -299,7 +302,11 @@ def call_log_ratios(items: Iterable[Evidence]) -> dict[str, float]:
 def ratio_reasons(magnitude: dict[str, float], z_limit: float) -> list[str]:
     """The pooled error ratio's reason to fail: certainly above RATIO_LIMIT, i.e. its
     one-sided p below the normal tail at z_limit."""
-    p, p_limit, calls = magnitude[f"{RATIO}_p"], 0.5 * math.erfc(z_limit / math.sqrt(2)), int(magnitude[f"{RATIO}_calls"])
+    p, p_limit, calls = (
+        magnitude[f"{RATIO}_p"],
+        0.5 * math.erfc(z_limit / math.sqrt(2)),
+        int(magnitude[f"{RATIO}_calls"]),
+    )
     if p >= p_limit:
         return []
     return [
@@ -339,7 +346,9 @@ class KernelPool:
     def add(self, record: ResultRecord) -> None:
         name = parse_call_name(record.call)
         if name is not None and record.status == "error":
-            self.failed.setdefault((record.dump, f"{name.api_type}.{name.api_name}", name.direction), set()).add(record.call)
+            self.failed.setdefault((record.dump, f"{name.api_type}.{name.api_name}", name.direction), set()).add(
+                record.call
+            )
         for key, item in evidence_of(record):
             self.evidence.setdefault(key, {})[item.call, item.output] = item
 

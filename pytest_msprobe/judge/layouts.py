@@ -35,10 +35,12 @@ from pytest_msprobe.run.apis import Api, layout_sensitive_apis
 from pytest_msprobe.run.replay import Inputs, Run, evaluated, tree_map
 
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
 
 #: the layouts besides contiguous a device may run: tensor rank -> memory format
-LAYOUTS: dict[str, dict[int, torch.memory_format]] = {"channels_last": {4: torch.channels_last, 5: torch.channels_last_3d}}
+LAYOUTS: dict[str, dict[int, torch.memory_format]] = {
+    "channels_last": {4: torch.channels_last, 5: torch.channels_last_3d}
+}
 
 
 def other_layouts(api: Api, tensors: Iterable[torch.Tensor]) -> list[str]:
@@ -59,9 +61,9 @@ class LayoutReferences:
     direction: str
     framework: str
     layouts: list[str]
-    _outputs: dict[str, Value] | None = field(default=None, repr=False)
+    _outputs: dict[str, Nested] | None = field(default=None, repr=False)
 
-    def outputs(self, like: Value) -> dict[str, Value]:
+    def outputs(self, like: Nested) -> dict[str, Nested]:
         """layout -> the reference's outputs in it, left out (None) wherever `like` (the
         contiguous reference, as aligned with the dump) is; a layout whose run fails is
         not among them."""
@@ -69,17 +71,22 @@ class LayoutReferences:
             self._outputs = {}
             for layout in self.layouts:
                 placement = dataclasses.replace(self.reference.placement, formats=LAYOUTS[layout])
-                output = evaluated(dataclasses.replace(self.reference, placement=placement), self.direction, self.inputs, self.framework)
+                output = evaluated(
+                    dataclasses.replace(self.reference, placement=placement),
+                    self.direction,
+                    self.inputs,
+                    self.framework,
+                )
                 if output is not None:
                     self._outputs[layout] = tree_map(_contiguous, output)
         return {layout: _aligned_like(output, like) for layout, output in self._outputs.items()}
 
 
-def _contiguous(value: Value) -> Value:
+def _contiguous(value: Nested) -> Nested:
     return value.contiguous() if isinstance(value, torch.Tensor) else value
 
 
-def _aligned_like(value: Value, like: Value) -> Value:
+def _aligned_like(value: Nested, like: Nested) -> Nested:
     if isinstance(value, tuple) and isinstance(like, tuple) and len(value) == len(like):
         return tuple(None if other is None else item for item, other in zip(value, like, strict=True))
     return value

@@ -38,7 +38,7 @@ from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
 
 DEVICE_LABEL = "dump (offline: the dumped outputs are the device result)"
 
@@ -63,7 +63,7 @@ class DumpedRun:
     graph_run: Run  # the call on the CPU in the dump's dtypes, to read its autograd node
     evidence: Evidence | None = None  # set by backward where gradients came from elsewhere in the dump
 
-    def _recorded(self, key: str) -> list[Value]:
+    def _recorded(self, key: str) -> list[Nested]:
         record = self.index.read_record(self.index.entry_of(str(self.name)))
         values = record.get(key)
         if not isinstance(values, list):
@@ -71,7 +71,7 @@ class DumpedRun:
         ctx = DecodeContext(self.index.tensor_dir, self.index.task, self.name.call, self.max_elements)
         return [decode(value, ctx, f"{self.name.direction}.{key}[{i}]") for i, value in enumerate(values)]
 
-    def forward(self, inputs: Inputs) -> Value:
+    def forward(self, inputs: Inputs) -> Nested:
         outputs = self._recorded("output")
         if all(output is None for output in outputs):
             raise CallSkip(
@@ -81,12 +81,14 @@ class DumpedRun:
             )
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def recorded_gradients(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[list[Value], list[Value], list[int | None]]:
+    def recorded_gradients(
+        self, inputs: Inputs, needs_grad: list[bool]
+    ) -> tuple[list[Nested], list[Nested], list[int | None]]:
         """The dumped gradients, those of them that are the inputs' own (by the node's
         edges; None elsewhere), and the edges."""
         dumped = self._recorded("output")
         edges = node_edges(self.graph_run, inputs, needs_grad)
-        matched: list[Value] = [None] * sum(needs_grad)
+        matched: list[Nested] = [None] * sum(needs_grad)
         if len(edges) == len(dumped):
             for edge, grad in zip(edges, dumped, strict=False):
                 if edge is not None and isinstance(grad, torch.Tensor):
@@ -101,9 +103,13 @@ class DumpedRun:
         if not isinstance(grad, torch.Tensor):
             return None
         passed = _passed_through(grad, inputs.grads)
-        return None if passed and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs) else grad
+        return (
+            None
+            if passed and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs)
+            else grad
+        )
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Nested, ...]:
         dumped, matched, edges = self.recorded_gradients(inputs, needs_grad)
         passed = [_passed_through(grad, inputs.grads) for grad in matched]
         if any(passed) and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs):
@@ -118,7 +124,11 @@ class DumpedRun:
             for position, grad in self.evidence.grads.items():
                 matched[position] = grad
         if all(grad is None for grad in matched):
-            why = "; ".join(self.evidence.left_out) if self.evidence is not None and self.evidence.left_out else "no tensor dump"
+            why = (
+                "; ".join(self.evidence.left_out)
+                if self.evidence is not None and self.evidence.left_out
+                else "no tensor dump"
+            )
             if len(edges) != len(dumped):
                 raise CallSkip(
                     f"the inputs' gradients are neither at the call nor elsewhere in the dump ({why}): the dump holds "
@@ -131,7 +141,7 @@ class DumpedRun:
         return tuple(matched)
 
 
-def _passed_through(grad: Value, incoming: list[Value] | None) -> bool:
+def _passed_through(grad: Nested, incoming: list[Nested] | None) -> bool:
     """Whether a gradient is an incoming gradient, bit for bit. At levels mix and L0
     msprobe also hooks the module of an in-place call (`nn.ReLU(inplace=True)`), and
     what it then records as the call's input gradient is the incoming one passed through
@@ -177,7 +187,7 @@ class Evidence:
         return "; ".join(self.origins)
 
 
-def recovered_gradients(
+def recovered_gradients(  # noqa: PLR0913  the call, its inputs and which of them lack a gradient; each read
     index: DumpIndex, name: CallName, inputs: Inputs, needs_grad: list[bool], missing: list[int], max_elements: int
 ) -> Evidence:
     """The device's gradients of the inputs `missing`, from the module records where
@@ -202,8 +212,13 @@ def _tensor_at(index: DumpIndex, value: object, where: str, max_elements: int) -
     return DecodeContext(index.tensor_dir, index.task, where, max_elements).tensor(value, where)
 
 
-def _from_module(
-    index: DumpIndex, module: ModuleRecords, wanted: list[TensorLeaf], missing: list[int], evidence: Evidence, max_elements: int
+def _from_module(  # noqa: PLR0913  the module's records and the leaves wanted from them; each read
+    index: DumpIndex,
+    module: ModuleRecords,
+    wanted: list[TensorLeaf],
+    missing: list[int],
+    evidence: Evidence,
+    max_elements: int,
 ) -> None:
     """Module input i's gradient is its backward output i; parameter p's its
     parameters_grad[p]: each paired with the call's input holding the same bits."""
@@ -239,7 +254,11 @@ def _from_module(
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bool((a.contiguous().view(torch.uint8) == b.contiguous().view(torch.uint8)).all())
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and bool((a.contiguous().view(torch.uint8) == b.contiguous().view(torch.uint8)).all())
+    )
 
 
 def _incoming(index: DumpIndex, read: Read, max_elements: int) -> torch.Tensor:
@@ -257,7 +276,9 @@ def _incoming(index: DumpIndex, read: Read, max_elements: int) -> torch.Tensor:
     return grad.reshape(-1)
 
 
-def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position: int, evidence: Evidence, max_elements: int) -> None:
+def _from_dataflow(  # noqa: PLR0913  the leaf, its position and the evidence filled in; each read
+    index: DumpIndex, name: CallName, leaf: TensorLeaf, position: int, evidence: Evidence, max_elements: int
+) -> None:
     data_name = leaf.spec.data_name
     try:
         flow = dataflow_of(index, max_elements)
@@ -295,13 +316,15 @@ def _from_dataflow(index: DumpIndex, name: CallName, leaf: TensorLeaf, position:
             "read them: an op the dump does not hold read that output, and its share of the gradient cannot be separated"
         )
         return
-    evidence.grads[position] = incoming[torch.from_numpy(read.gather.reshape(-1))].reshape(leaf.tensor.shape).to(leaf.tensor.dtype)
+    evidence.grads[position] = (
+        incoming[torch.from_numpy(read.gather.reshape(-1))].reshape(leaf.tensor.shape).to(leaf.tensor.dtype)
+    )
     origin = f"{leaf.path}'s gradient from {read.producer.call}.backward input[{read.producer.output}] (the gradient of the output it read)"
     if others:
-        evidence.shared.append(Shared(position, read.gather, read.producer.spec.numel, f"{read.producer.call}.backward", others))
-        origin += (
-            f", judged together with {', '.join(sorted({o.consumer.call for o in others}))}: the bench sums their gradients as autograd did"
+        evidence.shared.append(
+            Shared(position, read.gather, read.producer.spec.numel, f"{read.producer.call}.backward", others)
         )
+        origin += f", judged together with {', '.join(sorted({o.consumer.call for o in others}))}: the bench sums their gradients as autograd did"
     evidence.origins.append(origin)
 
 
@@ -343,7 +366,9 @@ def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | N
     ]
 
 
-def _leaves_reached(node: torch.autograd.graph.Node | None, leaf_of: Callable[[torch.autograd.graph.Node], int | None]) -> set[int]:
+def _leaves_reached(
+    node: torch.autograd.graph.Node | None, leaf_of: Callable[[torch.autograd.graph.Node], int | None]
+) -> set[int]:
     """The inputs an edge's gradient flows on to, through the call's own graph. An input
     the node reaches directly AND through another edge gets the sum of both: the direct
     edge's gradient is part of it (F.normalize's x / norm(x): msprobe records DivBackward's

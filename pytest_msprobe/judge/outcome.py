@@ -37,7 +37,11 @@ class CallFailed(Exception):
 
 
 def judge_call(
-    index: DumpIndex, name: CallName, settings: Settings, check: Callable[[], CallResult] | None = None, suffix: str = ""
+    index: DumpIndex,
+    name: CallName,
+    settings: Settings,
+    check: Callable[[], CallResult] | None = None,
+    suffix: str = "",
 ) -> ResultRecord:
     """Check one call and describe the result, whatever happened. `check` replaces
     the check of the dumped call (judge/explore.py's search around it); its record is
@@ -52,10 +56,18 @@ def judge_call(
     try:
         result = check() if check is not None else check_call(index, name, settings)
     except CallSkip as exc:
-        record = ResultRecord(status="skip", standard="", reference="", message=f"{label}: {exc}", dump=dump, call=label, device=device)
+        record = ResultRecord(
+            status="skip", standard="", reference="", message=f"{label}: {exc}", dump=dump, call=label, device=device
+        )
     except CallError as exc:
         record = ResultRecord(
-            status="error", standard="", reference="", message=f"{label}: bad input: {exc}", dump=dump, call=label, device=device
+            status="error",
+            standard="",
+            reference="",
+            message=f"{label}: bad input: {exc}",
+            dump=dump,
+            call=label,
+            device=device,
         )
     except DeviceFailed as exc:
         message = (
@@ -63,7 +75,9 @@ def judge_call(
             if isolation.is_out_of_memory(exc, settings.backend)
             else f"{label}: {exc}"
         )
-        record = ResultRecord(status="error", standard="", reference="", message=message, dump=dump, call=label, device=device)
+        record = ResultRecord(
+            status="error", standard="", reference="", message=message, dump=dump, call=label, device=device
+        )
     else:
         verdict = result.verdict
         record = ResultRecord(

@@ -41,7 +41,7 @@ from pytest_msprobe.standards.pairing import Leaf, pair_leaves
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.replay import Side
 
 # Recorded statistics that say an output holds inf/NaN, in the order they are trusted.
@@ -49,7 +49,9 @@ EXTREMES = ("Max", "Min")
 SUMS = ("Mean", "Norm")
 
 
-def overflow_findings(results: Results, bench: Side, direction: str, framework: str, cut: Collection[int] = ()) -> list[Finding]:
+def overflow_findings(
+    results: Results, bench: Side, direction: str, framework: str, cut: Collection[int] = ()
+) -> list[Finding]:
     """A finding per dumped output that holds inf/NaN while every input is finite.
 
     `cut`: positions of outputs whose unwritten rows were left out of the judgement
@@ -100,7 +102,9 @@ def _non_finite_stats(value: Json) -> str:
     found = [
         f"{key}={value[key]}"
         for key in keys
-        if isinstance(value.get(key), (int, float)) and not isinstance(value.get(key), bool) and not math.isfinite(value[key])
+        if isinstance(value.get(key), (int, float))
+        and not isinstance(value.get(key), bool)
+        and not math.isfinite(value[key])
     ]
     return ", ".join(found)
 
@@ -108,7 +112,9 @@ def _non_finite_stats(value: Json) -> str:
 def _finite(inputs: Inputs) -> bool:
     """Every floating input (incoming gradients included) and float argument finite."""
     if any(
-        not bool(torch.isfinite(leaf.tensor).all()) for leaf in inputs.leaves if leaf.tensor.is_floating_point() or leaf.tensor.is_complex()
+        not bool(torch.isfinite(leaf.tensor).all())
+        for leaf in inputs.leaves
+        if leaf.tensor.is_floating_point() or leaf.tensor.is_complex()
     ):
         return False
     scalars: list[float] = []
@@ -116,13 +122,18 @@ def _finite(inputs: Inputs) -> bool:
     return all(math.isfinite(value) for value in scalars)
 
 
-def _bench_outputs(results: Results, bench: Side, direction: str, framework: str, count: int) -> dict[int, tuple[str, Value]]:
+def _bench_outputs(
+    results: Results, bench: Side, direction: str, framework: str, count: int
+) -> dict[int, tuple[str, Nested]]:
     """Dumped output position -> (path, bench value). Forward outputs pair in order
     where their count matches; a backward's gradients through the autograd graph."""
     if direction == "forward":
         leaves = list(pair_leaves(results.bench, results.bench))  # a None output is a Mismatch: no value
         return (
-            {position: (leaf.path, leaf.device if isinstance(leaf, Leaf) else None) for position, leaf in enumerate(leaves)}
+            {
+                position: (leaf.path, leaf.device if isinstance(leaf, Leaf) else None)
+                for position, leaf in enumerate(leaves)
+            }
             if len(leaves) == count
             else {}
         )

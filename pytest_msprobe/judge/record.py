@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
     from pytest_msprobe.standards import Verdict
+    from pytest_msprobe.standards.verdict import Status
 
 # The record (and test) of a call's exploration (judge/explore.py): `<call name>.explore`.
 EXPLORED_SUFFIX = ".explore"
@@ -20,7 +21,7 @@ class OutputResult:
 
     index: int  # position among the call's compared leaves: `...forward.output.{index}`
     path: str
-    status: str
+    status: Status
     standard: str
     reference: str
     device_dtype: str
@@ -38,7 +39,7 @@ class OutputResult:
 class ResultRecord:
     dump: str  # the dump.json path as given to pytest (absolute)
     call: str  # the full call name, direction included
-    status: str  # pass | warning | error | skip
+    status: Status
     standard: str
     reference: str
     device: str

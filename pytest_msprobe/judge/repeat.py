@@ -25,14 +25,15 @@ from pytest_msprobe.run.replay import DeviceFailed, Results, Run, step_for
 from pytest_msprobe.standards.pairing import Leaf, Mismatch, pair_leaves
 
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.replay import Side
+    from pytest_msprobe.standards.dtypes import Array
 
 # element size (bytes) -> the signed integer dtype its bits are viewed as
 BIT_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def repeat_findings(
+def repeat_findings(  # noqa: PLR0913  --msprobe-repeat's side, results and options; each read
     device: Side, results: Results, direction: str, framework: str, runs: int, where: Written | None = None
 ) -> list[Finding]:
     """--msprobe-repeat: run the device runs - 1 more times on the call's inputs and
@@ -49,7 +50,7 @@ def repeat_findings(
     return bit_differences(results.device, again, runs)
 
 
-def rerun(step: Callable[[Side], Value], device: Side, runs: int) -> list[Value]:
+def rerun(step: Callable[[Side], Nested], device: Side, runs: int) -> list[Nested]:
     """The device's outputs of runs 2..runs (the first is the replay's). The device
     raising now, after it ran once, is the call's error."""
     outputs = []
@@ -61,7 +62,7 @@ def rerun(step: Callable[[Side], Value], device: Side, runs: int) -> list[Value]
     return outputs
 
 
-def bit_differences(first: Value, others: list[Value], runs: int) -> list[Finding]:
+def bit_differences(first: Nested, others: list[Nested], runs: int) -> list[Finding]:
     """Every output of `first` whose bits differ in any of `others` (runs in all), in
     flatten order."""
     paired = [{leaf.path: leaf for leaf in pair_leaves(first, other)} for other in others]
@@ -123,7 +124,7 @@ def _leaf_difference(first: Leaf, agains: list[Leaf | Mismatch | None], runs: in
     return _finding(first.path, text, runs, differing, max_abs, max_ulp)
 
 
-def _finding(path: str, text: str, runs: int, differing: int, max_abs: float, max_ulp: float) -> Finding:
+def _finding(path: str, text: str, runs: int, differing: int, max_abs: float, max_ulp: float) -> Finding:  # noqa: PLR0913  one argument per column of the finding it builds
     columns = {
         "repeat_runs": runs,
         "nondeterministic_elements": differing,
@@ -133,7 +134,7 @@ def _finding(path: str, text: str, runs: int, differing: int, max_abs: float, ma
     return Finding("nondeterministic", path, True, text, columns)
 
 
-def _tensor(value: Value) -> torch.Tensor:
+def _tensor(value: Array | torch.Tensor) -> torch.Tensor:
     """A leaf as pair_leaves gives it (a torch tensor, or numpy for integer, bool and
     complex values), as a torch tensor with the same bits."""
     return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))

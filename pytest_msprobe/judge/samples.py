@@ -34,10 +34,11 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_msprobe.dump.index import Record
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.standards import Verdict
     from pytest_msprobe.standards.dtypes import Array, DtypeInfo
     from pytest_msprobe.standards.pairing import Leaf
+    from pytest_msprobe.standards.verdict import Status
 
 #: a leaf's values, flat: torch or numpy, in their own dtype (read a chunk at a time)
 Flat: TypeAlias = "torch.Tensor | Array"
@@ -47,7 +48,7 @@ HEATMAP_CELLS = 48
 CHUNK = 1 << 20  # elements converted to float64 at a time
 
 
-def element_samples(bench: Value, device: Value, verdict: Verdict, statuses: Iterable[str]) -> list[Record]:
+def element_samples(bench: Nested, device: Nested, verdict: Verdict, statuses: Iterable[Status]) -> list[Record]:
     """A sample of each output whose verdict's status is in `statuses`, in the order of
     the verdict's outputs (the standards pair the leaves in this same order)."""
     from pytest_msprobe.standards.pairing import Leaf, pair_leaves

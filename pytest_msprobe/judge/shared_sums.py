@@ -76,7 +76,11 @@ def add_shared(results: Results, evidence: Evidence, call: SummingCall) -> None:
     """The bench's and the reference's gradient of each shared input summed over its
     readers (module docstring); the inputs left out named in `evidence.left_out`, each
     allowance in `evidence.origins`. Raises CallSkip where no input gradient is left."""
-    columns = _Columns(list(results.device), list(results.bench), list(results.reference) if isinstance(results.reference, tuple) else None)
+    columns = _Columns(
+        list(results.device),
+        list(results.bench),
+        list(results.reference) if isinstance(results.reference, tuple) else None,
+    )
     spread = _own_spread(call.name, call.bench, call.inputs, call.framework)
     for shared in evidence.shared:
         _sum_shared(columns, shared, call, spread, evidence)
@@ -117,7 +121,9 @@ def _sum_shared(columns: _Columns, shared: Shared, call: SummingCall, spread: Sp
         evidence.origins.append(_allowance_note(composite, len(pieces), sums.allowance, centre, dtype))
 
 
-def _ordered_shares(columns: _Columns, shared: Shared, call: SummingCall, pieces: list[torch.Tensor]) -> tuple[list[Share], list[str]]:
+def _ordered_shares(
+    columns: _Columns, shared: Shared, call: SummingCall, pieces: list[torch.Tensor]
+) -> tuple[list[Share], list[str]]:
     """The call's own share and every other reader's, in the order the dump recorded
     their backwards; and the readers whose rerun share is composite (in pieces)."""
     position = shared.position
@@ -151,13 +157,21 @@ def _summed(columns: _Columns, shared: Shared, shares: list[Share], dtype: torch
 
 
 def _rebuild_disagreement(
-    columns: _Columns, shared: Shared, sums: _Sums | None, spread: tuple[torch.Tensor, torch.Tensor] | None, dtype: torch.dtype
+    columns: _Columns,
+    shared: Shared,
+    sums: _Sums | None,
+    spread: tuple[torch.Tensor, torch.Tensor] | None,
+    dtype: torch.dtype,
 ) -> str | None:
     """How the dumped sum lies beyond what the reference's (else the bench's) rebuilt
     one allows (judge/shares.py rebuild_check); None where it does not, or where the
     call's own share's spread is unknown (no check there)."""
     position = shared.position
-    rebuilt = columns.reference if columns.reference is not None and columns.reference[position] is not None else columns.bench
+    rebuilt = (
+        columns.reference
+        if columns.reference is not None and columns.reference[position] is not None
+        else columns.bench
+    )
     if sums is None or rebuilt[position] is None or spread is None:
         return None
     bound = rebuild_bound(sums.rounding, sums.allowance, spread[0].reshape(-1), spread[1].reshape(-1), dtype)
@@ -176,10 +190,15 @@ def _own_spread(name: CallName, bench: Side, inputs: Inputs, framework_name: str
     terms the call's own share sums and their magnitude, from the bench evaluated on ones
     and on absolute values; None where the API's gradients are not sums of products
     (run/terms.py term_counts), which bounds no correct kernel's share: no check there."""
-    counts, terms = term_counts(name, bench, inputs, framework_name), term_magnitudes(name, bench, inputs, framework_name)
+    counts, terms = (
+        term_counts(name, bench, inputs, framework_name),
+        term_magnitudes(name, bench, inputs, framework_name),
+    )
 
     def spread(position: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        found = [value[position] if isinstance(value, tuple) and len(value) > position else None for value in (counts, terms)]
+        found = [
+            value[position] if isinstance(value, tuple) and len(value) > position else None for value in (counts, terms)
+        ]
         count, magnitude = found
         return (count, magnitude) if isinstance(count, torch.Tensor) and isinstance(magnitude, torch.Tensor) else None
 
@@ -203,11 +222,17 @@ def pieces_of(bench: Side, inputs: Inputs, framework_name: str, slot: int) -> li
         return []
 
 
-def _allowance_note(composite: list[str], own_pieces: int, allowance: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype) -> str:
+def _allowance_note(
+    composite: list[str], own_pieces: int, allowance: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype
+) -> str:
     """What the verdict's reference says of the allowance: whose shares, how many elements
     and how wide, in ULPs of D at the bench's value."""
     widths = (allowance / ulp(bench.reshape(-1).double(), dtype))[allowance > 0]
-    whose = [f"the composite shares of {', '.join(composite)} are not in the dump (rerun on the bench)"] if composite else []
+    whose = (
+        [f"the composite shares of {', '.join(composite)} are not in the dump (rerun on the bench)"]
+        if composite
+        else []
+    )
     whose += [f"this call's own graph adds its share in {own_pieces} pieces"] if own_pieces > 1 else []
     return (
         f"{' and '.join(whose)}: the device added them in another grouping; device and reference judged beyond each "

@@ -156,7 +156,11 @@ def _rounded_share(share: Share, index: torch.Tensor, numel: int) -> torch.Tenso
 
 
 def rebuild_bound(
-    rounding: torch.Tensor, allowance: torch.Tensor, own_counts: torch.Tensor, own_terms: torch.Tensor, dtype: torch.dtype
+    rounding: torch.Tensor,
+    allowance: torch.Tensor,
+    own_counts: torch.Tensor,
+    own_terms: torch.Tensor,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
     """How far the dumped sum may lie from the reference's where both sums hold the same
     shares (module docstring), over the judged call's elements: both sides' additions and

@@ -46,10 +46,12 @@ from typing import TYPE_CHECKING
 from pytest_msprobe.dump.filters import signature
 from pytest_msprobe.dump.index import parse_call_name
 from pytest_msprobe.errors import CallError, DumpError
-from pytest_msprobe.judge.baseline import KERNEL_STANDARD, STATUS_RANK, Baseline, CallMetrics, compare
+from pytest_msprobe.judge.baseline import KERNEL_STANDARD, Baseline, CallMetrics, compare
+from pytest_msprobe.standards.verdict import STATUS_ORDER
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import DumpIndex
+    from pytest_msprobe.standards.verdict import Status
 
 #: a dump's calls: name -> (position in the dump, signature digest)
 Signatures = dict[str, tuple[int, str]]
@@ -190,8 +192,8 @@ class Change:
     kind: str  # KINDS
     name: str  # B's call (or kernel)
     recorded_as: str  # A's
-    was: str  # A's status
-    now: str  # B's status
+    was: Status  # A's status
+    now: Status  # B's status
     metric: str = ""  # the key metric compared ("" where none was)
     before: float | None = None
     after: float | None = None
@@ -202,7 +204,7 @@ class Change:
 
     def severity(self) -> tuple[int, float]:
         """Worst first: the most verdict ranks lost, then the largest growth."""
-        return (STATUS_RANK.get(self.now, 0) - STATUS_RANK.get(self.was, 0), self.growth or 0.0)
+        return (STATUS_ORDER.get(self.now, 1) - STATUS_ORDER.get(self.was, 1), self.growth or 0.0)
 
     def describe(self) -> str:
         """Before and after, for the failing test and the summary."""
@@ -216,7 +218,9 @@ class Change:
             return ""
         if self.limit is None:  # the same dump, judged against its record (judge/baseline.py compare)
             return f"{self.metric} {self.growth:.3g}x the baseline"
-        return f"{self.metric} {_number(self.before)} -> {_number(self.after)} ({self.growth:.3g}x, limit {self.limit:g}x)"
+        return (
+            f"{self.metric} {_number(self.before)} -> {_number(self.after)} ({self.growth:.3g}x, limit {self.limit:g}x)"
+        )
 
 
 def _number(value: float | None) -> str:
@@ -254,14 +258,26 @@ def call_change(now: CallMetrics, was: CallMetrics, name: str, recorded_as: str,
     limit = CALL_LIMIT.get(dtype, CALL_LIMIT[DEFAULT_DTYPE])
     grown = growth(now, was, dtype)
     metric, before, after, ratio = grown if grown is not None else ("", None, None, None)
-    rank = STATUS_RANK.get(now.status, 0) - STATUS_RANK.get(was.status, 0)
+    rank = STATUS_ORDER.get(now.status, 1) - STATUS_ORDER.get(was.status, 1)
     if rank > 0 or (ratio is not None and ratio > limit):
         kind = "regression"
     elif rank < 0 or (ratio is not None and ratio < 1 / limit):
         kind = "improvement"
     else:
         kind = "unchanged"
-    return Change(kind, name, recorded_as, was.status, now.status, metric, before, after, ratio, limit if metric else None, dtype=dtype)
+    return Change(
+        kind,
+        name,
+        recorded_as,
+        was.status,
+        now.status,
+        metric,
+        before,
+        after,
+        ratio,
+        limit if metric else None,
+        dtype=dtype,
+    )
 
 
 @dataclass
@@ -277,10 +293,12 @@ class KernelChanges:
         growths exceeds KERNEL_LIMIT; its statuses are the worst of its calls'. A call
         exact on either side (a metric of 0) is judged alone: a mean of logs has no room
         for it."""
-        worst_was = max((c.was for c in self.calls), key=lambda status: STATUS_RANK.get(status, 0))
-        worst_now = max((c.now for c in self.calls), key=lambda status: STATUS_RANK.get(status, 0))
+        worst_was = max((c.was for c in self.calls), key=lambda status: STATUS_ORDER.get(status, 1))
+        worst_now = max((c.now for c in self.calls), key=lambda status: STATUS_ORDER.get(status, 1))
         measured = [c for c in self.calls if c.growth is not None and c.before and c.after]
-        pooled, before, after = (_geometric_mean([getattr(c, key) for c in measured]) for key in ("growth", "before", "after"))
+        pooled, before, after = (
+            _geometric_mean([getattr(c, key) for c in measured]) for key in ("growth", "before", "after")
+        )
         limit = KERNEL_LIMIT.get(self.dtype, KERNEL_LIMIT[DEFAULT_DTYPE])
         kinds = {c.kind for c in self.calls}
         if "regression" in kinds or (pooled is not None and pooled > limit):
@@ -290,7 +308,9 @@ class KernelChanges:
         else:
             kind = "unchanged"
         metric = f"{measured[0].metric.split(' ')[-1]} (geometric mean of {len(measured)} calls)" if measured else ""
-        return Change(kind, self.name, self.name, worst_was, worst_now, metric, before, after, pooled, limit if measured else None)
+        return Change(
+            kind, self.name, self.name, worst_was, worst_now, metric, before, after, pooled, limit if measured else None
+        )
 
 
 def _geometric_mean(values: list[float]) -> float | None:
@@ -320,7 +340,9 @@ def kernel_changes(changes: Iterable[Change]) -> list[Change]:
 
 def worst_first(changes: Iterable[Change]) -> list[Change]:
     """Regressions, worst first, then by name (a stable order for any run)."""
-    return sorted((c for c in changes if c.kind == "regression"), key=lambda c: (-c.severity()[0], -c.severity()[1], c.name))
+    return sorted(
+        (c for c in changes if c.kind == "regression"), key=lambda c: (-c.severity()[0], -c.severity()[1], c.name)
+    )
 
 
 # --- a run against a baseline: which record each call of this run is paired with ---------
@@ -334,7 +356,9 @@ def signed(
     found = {}
     for (dump, call), metrics in calls.items():
         known = signatures.get(dump or "", {}).get(call)
-        found[(dump, call)] = metrics if known is None else dataclasses.replace(metrics, order=known[0], signature=known[1])
+        found[(dump, call)] = (
+            metrics if known is None else dataclasses.replace(metrics, order=known[0], signature=known[1])
+        )
     return found
 
 
@@ -378,7 +402,7 @@ class Counterparts:
             if recorded is None:
                 return None
             same = compare(now, recorded, call)  # the same dump: judged against the record itself
-            return Change(same.kind, call, call, same.was, same.now, same.metric, None, None, same.ratio)
+            return Change(same.kind, call, call, recorded.status, same.now, same.metric, None, None, same.ratio)
         recorded_dump, pairing = found
         recorded_call = pairing.pairs.get(call)
         if not pairing.same_model or recorded_call is None:
@@ -407,7 +431,9 @@ class RunComparison:
 
 
 def compare_run(
-    counterparts: Counterparts, calls: Mapping[tuple[str, str], CallMetrics], indexes: Mapping[str, Callable[[], DumpIndex]]
+    counterparts: Counterparts,
+    calls: Mapping[tuple[str, str], CallMetrics],
+    indexes: Mapping[str, Callable[[], DumpIndex]],
 ) -> RunComparison:
     """Each call that ran (`calls`: (dump key, call) -> its metrics) against its record,
     each kernel of the dumps paired by signature pooled, and what vanished (`indexes`:
@@ -458,7 +484,13 @@ def merged_changes(runs: Iterable[Iterable[Change]]) -> tuple[list[Change], list
     of every call would have found (msprobe-merge)."""
     calls: dict[tuple[str, str], Change] = {}
     for run in runs:
-        calls.update({(change.dump, change.name): change for change in run if kernel_name(change.name, change.dtype) is not None})
+        calls.update(
+            {(change.dump, change.name): change for change in run if kernel_name(change.name, change.dtype) is not None}
+        )
     joined = [calls[key] for key in sorted(calls)]
-    kernels = [kernel for dump in sorted({dump for dump, _ in calls}) for kernel in kernel_changes(c for c in joined if c.dump == dump)]
+    kernels = [
+        kernel
+        for dump in sorted({dump for dump, _ in calls})
+        for kernel in kernel_changes(c for c in joined if c.dump == dump)
+    ]
     return joined, kernels

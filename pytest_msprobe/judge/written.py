@@ -22,7 +22,7 @@ from pytest_msprobe.run.replay import Results, needs_grad, tree_map
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.replay import Inputs
 
 
@@ -58,21 +58,21 @@ def written(name: CallName, inputs: Inputs, framework: str) -> Written | None:
     return Written(rows, why) if rows else None
 
 
-def _numbered(value: Value, function: Callable[[int, Value], Value]) -> Value:
+def _numbered(value: Nested, function: Callable[[int, Nested], Nested]) -> Nested:
     """``value`` with ``function(position, leaf)`` applied to each leaf, positions counted
     over the flattened outputs (a single output is position 0)."""
     position = itertools.count()
 
-    def one(item: Value) -> Value:
+    def one(item: Nested) -> Nested:
         return function(next(position), item)
 
     return tree_map(one, value) if isinstance(value, (list, tuple)) else one(value)
 
 
-def cut(value: Value, where: Written) -> Value:
+def cut(value: Nested, where: Written) -> Nested:
     """``value`` (a side's outputs) with each named output cut to its written rows."""
 
-    def one(number: int, item: Value) -> Value:
+    def one(number: int, item: Nested) -> Nested:
         rows = where.rows.get(number)
         return item[:rows] if rows is not None and isinstance(item, torch.Tensor) and item.dim() else item
 
@@ -86,14 +86,19 @@ def cut_results(results: Results, where: Written | None) -> tuple[Results, list[
         return results, []
     notes: list[str] = []
 
-    def note(number: int, item: Value) -> Value:
+    def note(number: int, item: Nested) -> Nested:
         if isinstance(item, torch.Tensor) and number in where.rows:
             notes.append(_note(number, item, where.rows[number], where.why))
         return item
 
     _numbered(results.bench, note)
-    cut_sides = {side: cut(getattr(results, side), where) for side in ("device", "bench", "reference")}
-    return dataclasses.replace(results, **cut_sides), [line for line in notes if line]
+    shortened = dataclasses.replace(
+        results,
+        device=cut(results.device, where),
+        bench=cut(results.bench, where),
+        reference=cut(results.reference, where),
+    )
+    return shortened, [line for line in notes if line]
 
 
 def _note(number: int, tensor: torch.Tensor, rows: int, why: str) -> str:

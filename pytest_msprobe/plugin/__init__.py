@@ -130,7 +130,9 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     state = config.stash.get(STATE_KEY, None)
     if state is not None:
         prefixes = tuple(f"{bestrelpath(config.rootpath, dump)}::" for dump in state.options.dump)
-        state.only_dump_calls = state.only_dump_calls is not False and all(nodeid.startswith(prefixes) for nodeid in ids)
+        state.only_dump_calls = state.only_dump_calls is not False and all(
+            nodeid.startswith(prefixes) for nodeid in ids
+        )
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -101,7 +101,11 @@ class BaselinePlugin:
             counterparts = session_state(self.config).counterparts()
             assert counterparts is not None  # only asked where a baseline is given
             paths = dict(self._dumps())
-            calls = {(dump or "", call): metrics for (dump, call), metrics in self.current.items() if metrics.standard != KERNEL_STANDARD}
+            calls = {
+                (dump or "", call): metrics
+                for (dump, call), metrics in self.current.items()
+                if metrics.standard != KERNEL_STANDARD
+            }
             indexes = {key: functools.partial(read_index, path) for key, path in paths.items()}
             self._comparison = compare_run(counterparts, calls, indexes)
         return self._comparison
@@ -142,7 +146,9 @@ def summary_lines(comparison: RunComparison, updated: bool) -> list[str]:
         lines.append(f"  ... and {len(regressions) - SHOWN_REGRESSIONS} more regressions")
     if comparison.kernels:
         worse = sum(change.kind == "regression" for change in comparison.kernels)
-        lines.append(f"kernels of the paired dumps: {worse} regressed of {len(comparison.kernels)} compared (their paired calls pooled)")
+        lines.append(
+            f"kernels of the paired dumps: {worse} regressed of {len(comparison.kernels)} compared (their paired calls pooled)"
+        )
     lines += [f"  vanished {name}" for name in comparison.vanished[:SHOWN_REGRESSIONS]]
     return lines
 
@@ -162,4 +168,7 @@ def kernel_lines(kernels: dict[tuple[str | None, str], CallMetrics], recorded: B
             worse.append(f"  kernel worse {dump}::{name}: {then.status} -> {metrics.status}{where}")
     if not kernels:
         return []
-    return [f"kernels: {len(worse)} worse of {compared} compared with the baseline ({len(kernels) - compared} not in it)", *worse]
+    return [
+        f"kernels: {len(worse)} worse of {compared} compared with the baseline ({len(kernels) - compared} not in it)",
+        *worse,
+    ]

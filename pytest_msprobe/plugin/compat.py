@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 
 PRIVATE_APIS = (
     PrivateApi("_pytest.pathlib.bestrelpath", "pytest", "plugin/: a path in the plugin's lines, as pytest shows paths"),
-    PrivateApi("_pytest._code.code.TerminalRepr", "pytest", "plugin/items.py: repr_failure's declared type (type checks only)"),
-    PrivateApi("_pytest._code.code.TracebackStyle", "pytest", "plugin/items.py: repr_failure's declared type (type checks only)"),
+    PrivateApi(
+        "_pytest._code.code.TerminalRepr", "pytest", "plugin/items.py: repr_failure's declared type (type checks only)"
+    ),
+    PrivateApi(
+        "_pytest._code.code.TracebackStyle",
+        "pytest",
+        "plugin/items.py: repr_failure's declared type (type checks only)",
+    ),
 )

@@ -88,12 +88,19 @@ class DumpFile(pytest.File):
         state.unparsed_names.extend(index.skipped_names)
         api_types = [api_type.lower() for api_type, _ in index.apis]
         explore = options.of(self.config).explore
-        for position, (name, api, backward) in enumerate(zip(index.names, index.api.tolist(), index.backward.tolist(), strict=True)):
+        for position, (name, api, backward) in enumerate(
+            zip(index.names, index.api.tolist(), index.backward.tolist(), strict=True)
+        ):
             markers = (DIRECTIONS[backward], "api_" + api_types[api])
             yield CallItem.from_parent(self, name=name, index=index, position=position, markers=markers)
             if explore:
                 yield ExploreItem.from_parent(
-                    self, name=name + EXPLORED_SUFFIX, index=index, position=position, markers=(*markers, "explore"), examples=explore
+                    self,
+                    name=name + EXPLORED_SUFFIX,
+                    index=index,
+                    position=position,
+                    markers=(*markers, "explore"),
+                    examples=explore,
                 )
 
 
@@ -147,11 +154,15 @@ class CallItem(pytest.Item):
         if failing and change is not None:
             pytest.xfail(f"failed the same way in the baseline, not a regression (--msprobe-gate): {change.describe()}")
         if failing:
-            raise CallFailed(record.message + ("\n(a warning fails under --msprobe-strict)" if record.status == "warning" else ""))
+            raise CallFailed(
+                record.message + ("\n(a warning fails under --msprobe-strict)" if record.status == "warning" else "")
+            )
         if record.status == "warning":
             warnings.warn(AccuracyWarning(record.message), stacklevel=1)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: TracebackStyle | None = None) -> str | TerminalRepr:
+    def repr_failure(
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: TracebackStyle | None = None
+    ) -> str | TerminalRepr:
         if isinstance(excinfo.value, CallFailed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
@@ -244,6 +255,10 @@ def dump_lines(config: pytest.Config, dumps: Sequence[Path]) -> Iterator[str]:
         except DumpError as exc:
             yield f"msprobe: {bestrelpath(config.rootpath, dump)}: not checked: {str(exc).splitlines()[0]}"
             continue
-        left_out = f", {index.modules} Module/Cell entries not collected (whole modules, not API calls)" if index.modules else ""
+        left_out = (
+            f", {index.modules} Module/Cell entries not collected (whole modules, not API calls)"
+            if index.modules
+            else ""
+        )
         odd = f", {len(index.skipped_names)} keys that are not call names ignored" if index.skipped_names else ""
         yield f"msprobe: {bestrelpath(config.rootpath, dump)}: {len(index)} API calls{left_out}{odd}"

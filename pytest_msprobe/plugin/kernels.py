@@ -59,7 +59,9 @@ class KernelPlugin:
             calls = " or ".join(item.call for item in verdict.evidence[:REPLAYED_CALLS])
             text += f"\n  replay the calls carrying most evidence: pytest --msprobe-dump={shlex.quote(verdict.key.dump)} -k {shlex.quote(calls)}"
         expected = self._failed_before(dump, verdict.key.name) if failed else None
-        report_test(self.config, dump, verdict.key.name, text, failed, [("msprobe_kernel_calls", len(verdict.calls))], expected)
+        report_test(
+            self.config, dump, verdict.key.name, text, failed, [("msprobe_kernel_calls", len(verdict.calls))], expected
+        )
 
     def _failed_before(self, dump: str, name: str) -> str | None:
         """Under --msprobe-gate, why a failing kernel is expected to: the baseline's verdict
@@ -68,7 +70,9 @@ class KernelPlugin:
         found = state.baseline.kernel(dump, name) if state.options.gate and state.baseline is not None else None
         if found is None or found[1].status != "error":
             return None
-        return f"{name}: failed the same way in the baseline (recorded in {found[0]}), not a regression (--msprobe-gate)"
+        return (
+            f"{name}: failed the same way in the baseline (recorded in {found[0]}), not a regression (--msprobe-gate)"
+        )
 
     def _scope(self) -> str:
         """What was pooled: the records of this session, and of the run it resumed; where
@@ -90,7 +94,7 @@ class KernelPlugin:
         )
 
 
-def report_test(
+def report_test(  # noqa: PLR0913  the fields of the junit test case it reports, keyword defaults
     config: pytest.Config,
     dump: str,
     name: str,

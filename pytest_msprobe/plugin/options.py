@@ -16,12 +16,15 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.plugin.scheduling import parse_shard
+
+if TYPE_CHECKING:
+    from pytest_msprobe.standards.verdict import Status
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,11 @@ OPTIONS = (
         "path",
         metavar="FILE",
     ),
-    Option("msprobe_white_list", "Check only these APIs, comma separated (linear,conv2d or Functional.linear)", metavar="A,B"),
+    Option(
+        "msprobe_white_list",
+        "Check only these APIs, comma separated (linear,conv2d or Functional.linear)",
+        metavar="A,B",
+    ),
     Option("msprobe_black_list", "Never check these APIs, comma separated", metavar="A,B"),
     Option(
         "msprobe_dedup",
@@ -283,11 +290,15 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(option.flag, action="store_true", default=None, dest=option.name, help=option.help)
             parser.addini(option.name, option.help, type="bool", default=option.default)
         elif option.kind == "paths":
-            group.addoption(option.flag, action="append", default=None, dest=option.name, metavar="PATH", help=option.help)
+            group.addoption(
+                option.flag, action="append", default=None, dest=option.name, metavar="PATH", help=option.help
+            )
             parser.addini(option.name, option.help, type="paths", default=[])
         elif option.kind == "path":
             # No ini default: a value read back from the ini came from a file (or -o), and is relative to it.
-            group.addoption(option.flag, default=None, dest=option.name, metavar=option.metavar or "PATH", help=option.described)
+            group.addoption(
+                option.flag, default=None, dest=option.name, metavar=option.metavar or "PATH", help=option.described
+            )
             parser.addini(option.name, option.described, default=None)
         else:
             group.addoption(
@@ -341,7 +352,7 @@ class Options:
     reference_label: str | None
 
     @property
-    def sample_statuses(self) -> frozenset[str]:
+    def sample_statuses(self) -> frozenset[Status]:
         """The verdict statuses whose outputs keep an element sample for the HTML report
         (judge/samples.py): none without --msprobe-html, so a run without it costs nothing."""
         if self.html is None:
@@ -356,13 +367,16 @@ class Options:
         return self.out / CACHE_FOLDER
 
 
-SAMPLED_FAILING = frozenset({"error", "warning"})
-SAMPLED_EVERY = frozenset({"error", "warning", "pass"})
+SAMPLED_FAILING: frozenset[Status] = frozenset({"error", "warning"})
+SAMPLED_EVERY: frozenset[Status] = frozenset({"error", "warning", "pass"})
 
 # Options that need another, or cannot go with one: (broken, what to do), checked once
 # the options are read, in this order.
 COMBINATIONS: tuple[tuple[Callable[[Options], bool], str], ...] = (
-    (lambda chosen: chosen.html_all and chosen.html is None, "--msprobe-html-all needs --msprobe-html=FILE, the report to write"),
+    (
+        lambda chosen: chosen.html_all and chosen.html is None,
+        "--msprobe-html-all needs --msprobe-html=FILE, the report to write",
+    ),
     (
         lambda chosen: chosen.repeat > 1 and chosen.offline,
         "--msprobe-repeat runs the device again on each call's inputs, and --msprobe-offline "
@@ -530,7 +544,9 @@ def device_list(raw: str | None) -> tuple[int, ...] | None:
     try:
         ids = tuple(int(part) for part in str(raw).split(",") if part.strip())
     except ValueError:
-        raise pytest.UsageError(f"--msprobe-devices {raw!r}: expected device ids separated by commas, e.g. 0,1,2,3") from None
+        raise pytest.UsageError(
+            f"--msprobe-devices {raw!r}: expected device ids separated by commas, e.g. 0,1,2,3"
+        ) from None
     if not ids:
         raise pytest.UsageError(f"--msprobe-devices {raw!r}: name at least one device id")
     return ids

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.plugin.items import CallItem
+    from pytest_msprobe.standards.verdict import Status
 
 # pytest_msprobe.plugin.items is imported where it is used, as plugin/__init__.py does: the node classes
 # are then those of the session that collected the items.
@@ -66,7 +67,7 @@ PROGRESS_EVERY = 30.0  # seconds between progress lines in a long run
 REPRESENTS_PROPERTY = "msprobe_represents"
 # A test that ended without a ResultRecord (its check raised unexpectedly): the
 # status its record gets, by the report's outcome.
-STATUS_OF_OUTCOME = {"failed": "error", "skipped": "skip", "passed": "error"}
+STATUS_OF_OUTCOME: dict[str, Status] = {"failed": "error", "skipped": "skip", "passed": "error"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,9 @@ class ReportPlugin:
             if self.writes:
                 self.lock.acquire()
                 config.add_cleanup(self.lock.release)
-            self.resumed_from = RunFiles.latest(self.options.out) if self.options.resume and self.options.out.is_dir() else None
+            self.resumed_from = (
+                RunFiles.latest(self.options.out) if self.options.resume and self.options.out.is_dir() else None
+            )
             self.previous = read_journal(self.resumed_from.journal) if self.resumed_from else []
         except ResultFilesError as exc:
             raise pytest.UsageError(f"--msprobe-out: {exc}") from None
@@ -156,7 +159,9 @@ class ReportPlugin:
             if not isinstance(item, ExploreItem)
         }
         if self.options.dedup:
-            represents = filters.dedup(((item.path, item.call) for item, reason in reasons.items() if reason is None), self._signature)
+            represents = filters.dedup(
+                ((item.path, item.call) for item, reason in reasons.items() if reason is None), self._signature
+            )
             for item, reason in reasons.items():
                 count = represents.get((item.path, str(item.call)))
                 if reason is None and count is None:
@@ -164,7 +169,9 @@ class ReportPlugin:
                 elif count is not None:
                     item.user_properties.append((REPRESENTS_PROPERTY, count))
         of_call = {(item.path, item.name): reason for item, reason in reasons.items()}
-        reasons.update({item: of_call.get((item.path, str(item.call))) for item in calls if isinstance(item, ExploreItem)})
+        reasons.update(
+            {item: of_call.get((item.path, str(item.call))) for item in calls if isinstance(item, ExploreItem)}
+        )
         journal = self.resumed_from.journal.name if self.resumed_from else ""
         for item, reason in reasons.items():
             if reason is None and (str(item.path), item.name) in self.done:
@@ -202,7 +209,9 @@ class ReportPlugin:
         report = yield
         if call.when == "call" and isinstance(item, CallItem):
             record = item.stash.get(RESULT_KEY, None) or _crashed(item, call, report.outcome)
-            if self.options.save_failed and (record.status == "error" or (record.status == "warning" and self.options.strict)):
+            if self.options.save_failed and (
+                record.status == "error" or (record.status == "warning" and self.options.strict)
+            ):
                 self._save_failed(item, record, report)
             attach_record(report, record.to_dict(), hasattr(self.config, "workerinput"))
         return report
@@ -246,7 +255,9 @@ class ReportPlugin:
                 self.options.save_failed, *source, session_state(item.config).settings(), record, label=item.record_name
             )
         except Exception as exc:  # noqa: BLE001 - any failure here must not change the test's outcome
-            report.sections.append(("msprobe failed data", f"could not save {item.record_name}: {type(exc).__name__}: {exc}"))
+            report.sections.append(
+                ("msprobe failed data", f"could not save {item.record_name}: {type(exc).__name__}: {exc}")
+            )
         else:
             report.sections.append(("msprobe failed data", f"saved to {folder}"))
 

@@ -157,7 +157,9 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     shard = options.of(config).shard
     if shard is None:
         return []
-    return [f"msprobe: shard {shard[0]}/{shard[1]}: deselected {config.stash.get(SHARD_DROPPED_KEY, 0)} calls of the other shards"]
+    return [
+        f"msprobe: shard {shard[0]}/{shard[1]}: deselected {config.stash.get(SHARD_DROPPED_KEY, 0)} calls of the other shards"
+    ]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -186,7 +188,13 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         message = isolation.out_of_memory_text(item.index, item.call, exc, device)
     isolation.release_memory(settings.backend)
     item.stash[RESULT_KEY] = ResultRecord(
-        dump=str(item.path), call=item.record_name, status="error", standard="", reference="", device=device, message=message
+        dump=str(item.path),
+        call=item.record_name,
+        status="error",
+        standard="",
+        reference="",
+        device=device,
+        message=message,
     )
     raise outcome.CallFailed(message)
 

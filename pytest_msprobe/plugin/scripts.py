@@ -37,13 +37,21 @@ def pytest_configure(config: pytest.Config) -> None:
     standards = chosen.standards
     used = (("--msprobe-offline", chosen.offline), ("--msprobe-baseline", session_state(config).baseline is not None))
     modes = [flag for flag, on in used if on]
-    note = f" (the run used {' and '.join(modes)}; the script replays on the device and judges against the bench)" if modes else ""
-    config.stash[SCRIPTS_KEY] = ScriptOptions(chosen.scripts, chosen.scripts_all, standards.read_text("utf-8") if standards else None, note)
+    note = (
+        f" (the run used {' and '.join(modes)}; the script replays on the device and judges against the bench)"
+        if modes
+        else ""
+    )
+    config.stash[SCRIPTS_KEY] = ScriptOptions(
+        chosen.scripts, chosen.scripts_all, standards.read_text("utf-8") if standards else None, note
+    )
 
 
 # Outside the report plugin's wrapper (tryfirst): its failed-data section comes first.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     chosen = item.config.stash.get(SCRIPTS_KEY, None)
     if chosen is None or call.when != "call" or not (chosen.every or report.failed):
@@ -54,7 +62,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if not isinstance(item, CallItem):
         return report
     record = item.stash.get(RESULT_KEY, None)
-    judged = (record.message.splitlines()[0] if record is not None else f"the check raised ({report.outcome})") + chosen.note
+    judged = (
+        record.message.splitlines()[0] if record is not None else f"the check raised ({report.outcome})"
+    ) + chosen.note
     try:
         source = item.replayable()
         if source is None:
@@ -68,7 +78,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             file_name=item.record_name,
         )
     except Exception as exc:  # noqa: BLE001 - a script that cannot be written must not change the test's outcome
-        report.sections.append(("msprobe script", f"could not write the script of {item.record_name}: {type(exc).__name__}: {exc}"))
+        report.sections.append(
+            ("msprobe script", f"could not write the script of {item.record_name}: {type(exc).__name__}: {exc}")
+        )
     else:
         report.sections.append(("msprobe script", f"reproduce it alone: python {path}"))
     return report

@@ -101,7 +101,9 @@ class SessionState:
             raise pytest.UsageError(f"--msprobe-device: {exc}") from None
         self.baseline  # noqa: B018 - a baseline that cannot be read is a usage error here
         if self.options.gate and self.baseline is None:
-            raise pytest.UsageError("--msprobe-gate needs --msprobe-baseline=DIR, the baseline recorded before the upgrade")
+            raise pytest.UsageError(
+                "--msprobe-gate needs --msprobe-baseline=DIR, the baseline recorded before the upgrade"
+            )
         if not self.runs_calls:
             if _custom_routes(self.config, self.options):  # the shipped tables are checked by the project's tests
                 _registry(self.config, self.options)

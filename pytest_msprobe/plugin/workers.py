@@ -283,7 +283,11 @@ def prefer_worksteal(config: pytest.Config) -> None:
     magnitude, so a run without an explicit --dist steals work instead. Called before
     xdist makes its scheduler (at session start)."""
     given = config.known_args_namespace
-    if getattr(config.option, "numprocesses", None) and getattr(given, "dist", None) == "no" and not getattr(given, "distload", False):
+    if (
+        getattr(config.option, "numprocesses", None)
+        and getattr(given, "dist", None) == "no"
+        and not getattr(given, "distload", False)
+    ):
         config.option.dist = "worksteal"
 
 
@@ -320,7 +324,9 @@ def host_layout(config: pytest.Config, ranks: HostRanks) -> str:
     if request == "cpu":
         threads = "1 CPU thread(s) each"
     else:
-        threads = ("#k: the k-th device its host sees; " if not ids else "") + "CPU threads: a host's cores over its devices in use"
+        threads = (
+            "#k: the k-th device its host sees; " if not ids else ""
+        ) + "CPU threads: a host's cores over its devices in use"
     return _line(sum(len(placed) for _, placed in hosts), config.option.dist, hosts, threads) + ranks.unanswered_note()
 
 

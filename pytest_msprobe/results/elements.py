@@ -134,7 +134,9 @@ def tolerance_of(output: OutputResult, rms: float) -> Tolerance:
     """The standard's per-element tolerance from the thresholds it applied."""
     make = TOLERANCES.get(output.standard)
     if make is None:
-        return Tolerance(None, f"the {output.standard or 'applied'} standard judges no single element: no tolerance line")
+        return Tolerance(
+            None, f"the {output.standard or 'applied'} standard judges no single element: no tolerance line"
+        )
     from pytest_msprobe.standards.dtypes import dtype_info
 
     try:
@@ -143,7 +145,9 @@ def tolerance_of(output: OutputResult, rms: float) -> Tolerance:
         return Tolerance(None, f"no tolerance line: the {output.standard} thresholds lack {missing}")
 
 
-def _curve_points(tolerance: Tolerance, magnitude: np.ndarray, worst_bench: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _curve_points(
+    tolerance: Tolerance, magnitude: np.ndarray, worst_bench: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
     shown = np.concatenate([magnitude, np.abs(worst_bench)])
     shown = shown[shown > 0]
     if tolerance.curve is None or not shown.size:
@@ -170,7 +174,10 @@ def _absolute_threshold(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, 
     def curve(x: np.ndarray) -> np.ndarray:
         return np.maximum(np.where(x > small, rtol * x, atol), allowed * np.maximum(x, floor * rms))
 
-    return Tolerance(curve, text + f", or {ulps:g} ULP of {info.name} at max(|bench|, {floor:.3g} x rms) (all elements must be within)")
+    return Tolerance(
+        curve,
+        text + f", or {ulps:g} ULP of {info.name} at max(|bench|, {floor:.3g} x rms) (all elements must be within)",
+    )
 
 
 def _accumulative_error(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, rms: float) -> Tolerance:
@@ -185,7 +192,8 @@ def _accumulative_error(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, 
 def _ulp(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, rms: float) -> Tolerance:
     limit, share = thresholds["ulp_threshold"], thresholds["ulp_prop_max"]
     return Tolerance(
-        lambda x: limit * _ulps_at(info, x), f"dashed: {limit:g} ULP of {info.name} (at most a share {share:.3g} of elements above it)"
+        lambda x: limit * _ulps_at(info, x),
+        f"dashed: {limit:g} ULP of {info.name} (at most a share {share:.3g} of elements above it)",
     )
 
 
@@ -197,7 +205,8 @@ def _thousandth(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, rms: flo
     ulps = thresholds["sr_thousandth_ulp"]
     allowed = ulps * info.eps
     return Tolerance(
-        lambda x: np.maximum(0.001 * x, allowed * np.maximum(x, rms)), text + f", or {ulps:g} ULP of {info.name} at max(|bench|, rms)"
+        lambda x: np.maximum(0.001 * x, allowed * np.maximum(x, rms)),
+        text + f", or {ulps:g} ULP of {info.name} at max(|bench|, rms)",
     )
 
 

@@ -51,11 +51,13 @@ def flat_tensors(value: Value, prefix: str = "") -> dict[str, torch.Tensor]:
         elif isinstance(item, torch.Tensor):
             found[path] = item.detach().to("cpu").contiguous().clone()
         elif isinstance(item, numpy.ndarray) or hasattr(item, "asnumpy"):  # MindSpore tensors
-            found[path] = torch.from_numpy(numpy.ascontiguousarray(item if isinstance(item, numpy.ndarray) else item.asnumpy()))
+            found[path] = torch.from_numpy(
+                numpy.ascontiguousarray(item if isinstance(item, numpy.ndarray) else item.asnumpy())
+            )
     return dict(sorted(found.items()))
 
 
-def save_failed_call(
+def save_failed_call(  # noqa: PLR0913  the call and its record, each written to the folder
     folder: Path, index: DumpIndex, name: CallName, settings: Settings, record: ResultRecord, label: str | None = None
 ) -> Path:
     """Write the call's folder (named `label`, else the call) and return it. A call that
@@ -73,7 +75,9 @@ def save_failed_call(
     try:
         results = replay_call(index, name, settings).results  # offline: the dump's outputs are the device's
         inputs = results.inputs
-        tensors["inputs"] = flat_tensors({"input_args": inputs.args, "input_kwargs": inputs.kwargs, "grads": inputs.grads or []})
+        tensors["inputs"] = flat_tensors(
+            {"input_args": inputs.args, "input_kwargs": inputs.kwargs, "grads": inputs.grads or []}
+        )
         sides = {"device": results.device, "bench": results.bench, "reference": results.reference}
         tensors.update({side: flat_tensors(value, "output") for side, value in sides.items() if value is not None})
     except (CallSkip, CallError, DeviceFailed) as exc:

@@ -45,11 +45,12 @@ from pytest_msprobe.results.writer import Entry
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
     from pytest_msprobe.judge.upgrade import RunComparison
+    from pytest_msprobe.standards.verdict import Status
 
 PAGE_ROWS = 500  # table rows drawn at once; "show more" draws more
 DEVICE_KINDS = ("cpu", "cuda", "npu")  # a record's device label starts with its --msprobe-device
 SHOWN_REGRESSIONS = 200
-BAD = ("error", "warning")
+BAD: tuple[Status, ...] = ("error", "warning")
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,9 @@ def _headline(records: list[ResultRecord]) -> tuple[str, str]:
         if not counts["pass"] and counts["skip"]:
             return "clean", f"Nothing judged: all {counts['skip']} calls skipped"
         return "clean", f"All passed: {counts['pass']} calls{skipped}"
-    bad = ", ".join(f"{counts[status]} {status}{'s' if counts[status] != 1 else ''}" for status in BAD if counts[status])
+    bad = ", ".join(
+        f"{counts[status]} {status}{'s' if counts[status] != 1 else ''}" for status in BAD if counts[status]
+    )
     return "failing", f"{bad} in {len(records)} calls{skipped}"
 
 
@@ -152,22 +155,27 @@ GROUPS: tuple[tuple[str, Callable[[ResultRecord], str]], ...] = (
 def _summary(records: list[ResultRecord]) -> str:
     by_status = Counter(record.status for record in records)
     status_rows = "".join(
-        f'<tr><td><span class="badge {status}">{status}</span></td><td class="n">{by_status[status]}</td></tr>' for status in STATUSES
+        f'<tr><td><span class="badge {status}">{status}</span></td><td class="n">{by_status[status]}</td></tr>'
+        for status in STATUSES
     )
     tables = [f"<table><tr><th>status</th><th>calls</th></tr>{status_rows}</table>"]
     for title, group in GROUPS:
-        counts: dict[str, Counter[str]] = {}
+        counts: dict[str, Counter[Status]] = {}
         for record in records:
             counts.setdefault(group(record), Counter())[record.status] += 1
         head = "".join(f"<th>{status}</th>" for status in STATUSES)
         body = "".join(
-            f"<tr><td>{_e(name)}</td>" + "".join(f'<td class="n">{counter[status] or ""}</td>' for status in STATUSES) + "</tr>"
+            f"<tr><td>{_e(name)}</td>"
+            + "".join(f'<td class="n">{counter[status] or ""}</td>' for status in STATUSES)
+            + "</tr>"
             for name, counter in sorted(counts.items())
         )
         tables.append(f"<table><tr><th>{_e(title)}</th>{head}</tr>{body}</table>")
     skips = Counter(skip_reason(record.message) for record in records if record.status == "skip")
     if skips:
-        rows = "".join(f'<tr><td>{_e(reason)}</td><td class="n">{count}</td></tr>' for reason, count in skips.most_common())
+        rows = "".join(
+            f'<tr><td>{_e(reason)}</td><td class="n">{count}</td></tr>' for reason, count in skips.most_common()
+        )
         tables.append(f'<table class="skips"><tr><th>skipped, by reason</th><th>calls</th></tr>{rows}</table>')
     return f'<div class="counts">{"".join(tables)}</div>'
 
@@ -190,7 +198,9 @@ def _environment(sessions: Sequence[dict]) -> str:
         return '<p class="muted">not recorded</p>'
     last = sessions[-1]
     env = last.get("environment", {}) or {}
-    items = "".join(f"<div><dt>{_e(name)}</dt><dd>{_e(value(env) or 'not used')}</dd></div>" for name, value in ENVIRONMENT_ROWS)
+    items = "".join(
+        f"<div><dt>{_e(name)}</dt><dd>{_e(value(env) or 'not used')}</dd></div>" for name, value in ENVIRONMENT_ROWS
+    )
     command = last.get("command")
     shown = f"<p>command: <code>{_e(shlex.join(str(part) for part in command))}</code></p>" if command else ""
     return f'<dl class="environment">{items}</dl>{shown}'
@@ -241,7 +251,10 @@ def _against(output: OutputResult, key: str) -> str:
 
 
 def _worst_output(record: ResultRecord) -> OutputResult | None:
-    return next((output for output in record.outputs if output.status == record.status), record.outputs[0] if record.outputs else None)
+    return next(
+        (output for output in record.outputs if output.status == record.status),
+        record.outputs[0] if record.outputs else None,
+    )
 
 
 def _number(value: float) -> str:
@@ -268,7 +281,8 @@ def _figures(records: list[ResultRecord]) -> dict[tuple[int, int], tuple[str, st
                     datas.append(data)
     svgs = plots.render_all(datas)
     return {
-        key: (plots.inline_svg(svg, f"f{number}-"), text) for number, (key, svg, text) in enumerate(zip(keys, svgs, captions, strict=False))
+        key: (plots.inline_svg(svg, f"f{number}-"), text)
+        for number, (key, svg, text) in enumerate(zip(keys, svgs, captions, strict=False))
     }
 
 
@@ -321,7 +335,8 @@ def _call_section(
     if baselines:
         parts.append(_trend(record, baselines))
     parts.append(
-        "<h4>Inputs</h4>" + (f"<pre>{_e(chr(10).join(record.origins))}</pre>" if record.origins else '<p class="muted">none recorded</p>')
+        "<h4>Inputs</h4>"
+        + (f"<pre>{_e(chr(10).join(record.origins))}</pre>" if record.origins else '<p class="muted">none recorded</p>')
     )
     parts.append(f"<h4>Reproduce</h4><pre>{_e(reproduce(record, scripts))}</pre>")
     if not record.samples:  # without samples its worst elements are only in the message
@@ -468,7 +483,9 @@ def _baseline_section(records: list[ResultRecord], index: BaselineIndex, label: 
     compared = changes(records, index)
     counts = Counter(change.kind for _, change, _ in compared)
     head = ", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new"))
-    regressions = sorted((item for item in compared if item[1].kind == "regression"), key=lambda item: -(item[1].ratio or 0.0))
+    regressions = sorted(
+        (item for item in compared if item[1].kind == "regression"), key=lambda item: -(item[1].ratio or 0.0)
+    )
     rows = []
     for record, change, recorded in regressions[:SHOWN_REGRESSIONS]:
         growth = f"{change.metric} {change.ratio:.3g}x" if change.ratio is not None else ""
@@ -477,11 +494,19 @@ def _baseline_section(records: list[ResultRecord], index: BaselineIndex, label: 
             f"<td>{_e(growth)}</td><td>{_now_vs_then(CallMetrics.of(record), recorded)}</td></tr>"
         )
     table = (
-        ("<table><tr><th>call</th><th>status</th><th>largest growth</th><th>metrics now / baseline</th></tr>" + "".join(rows) + "</table>")
+        (
+            "<table><tr><th>call</th><th>status</th><th>largest growth</th><th>metrics now / baseline</th></tr>"
+            + "".join(rows)
+            + "</table>"
+        )
         if rows
         else '<p class="muted">no regression</p>'
     )
-    more = f'<p class="muted">... and {len(regressions) - SHOWN_REGRESSIONS} more</p>' if len(regressions) > SHOWN_REGRESSIONS else ""
+    more = (
+        f'<p class="muted">... and {len(regressions) - SHOWN_REGRESSIONS} more</p>'
+        if len(regressions) > SHOWN_REGRESSIONS
+        else ""
+    )
     created = index.baseline.environment.get("created", "")
     return (
         f'<section id="baseline"><h2>Against the baseline</h2><p>{_e(label)}{_e(f" (recorded {created})" if created else "")}: '
@@ -489,7 +514,9 @@ def _baseline_section(records: list[ResultRecord], index: BaselineIndex, label: 
     )
 
 
-def _against_baseline(records: list[ResultRecord], context: ReportContext, baselines: list[tuple[str, BaselineIndex]]) -> str:
+def _against_baseline(
+    records: list[ResultRecord], context: ReportContext, baselines: list[tuple[str, BaselineIndex]]
+) -> str:
     """The regressions of the run's own comparison where it paired a dump by signature;
     else the records against the newest baseline kept, by name ("" without one)."""
     if context.comparison is not None and context.comparison.paired:

@@ -42,7 +42,9 @@ def journal_of(source: Path) -> Path:
         return source
     files = RunFiles.latest(source) if source.is_dir() else None
     if files is None:
-        raise ResultFilesError(f"{source}: no {JOURNAL_PREFIX}*.jsonl here; name a --msprobe-out folder or a journal file")
+        raise ResultFilesError(
+            f"{source}: no {JOURNAL_PREFIX}*.jsonl here; name a --msprobe-out folder or a journal file"
+        )
     return files.journal
 
 
@@ -122,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for source in merged.read:
         print(f"msprobe-merge: {source.line()}")
-    note = f" ({merged.repeated} tests found in several sources: the last source's record kept)" if merged.repeated else ""
+    note = (
+        f" ({merged.repeated} tests found in several sources: the last source's record kept)" if merged.repeated else ""
+    )
     total = sum(source.records for source in merged.read) - merged.repeated
     print(
         f"msprobe-merge: wrote {total} records to {files.result}, {files.details}, {files.kernels}, {files.metrics}, {files.journal}{note}"
@@ -147,7 +151,9 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("sources", nargs="+", type=Path, help="--msprobe-out folders or msprobe_records_*.jsonl files")
     parser.add_argument("-o", "--out", type=Path, default=Path("msprobe-report.html"), help="the HTML file to write")
-    parser.add_argument("--scripts", type=Path, help="the run's --msprobe-scripts folder: its scripts are the reproduce commands")
+    parser.add_argument(
+        "--scripts", type=Path, help="the run's --msprobe-scripts folder: its scripts are the reproduce commands"
+    )
     parser.add_argument(
         "--baseline",
         type=Path,
@@ -163,7 +169,9 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     except (ResultFilesError, BaselineError) as exc:
         print(f"msprobe-report: {exc}", file=sys.stderr)
         return 2
-    path = write_report(merged.entries, args.out, ReportContext(args.title, tuple(merged.sessions), args.scripts, baselines))
+    path = write_report(
+        merged.entries, args.out, ReportContext(args.title, tuple(merged.sessions), args.scripts, baselines)
+    )
     print(f"msprobe-report: wrote {path}")
     return 0
 

@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterable
 
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
+from pytest_msprobe.standards.verdict import Status
 
 RESULT_PREFIX = "accuracy_checking_result_"
 DETAILS_PREFIX = "accuracy_checking_details_"
@@ -41,10 +42,18 @@ METRIC_COLUMNS = (
     ("mean_ulp_err", "ULP误差平均值"),
     ("ulp_err_proportion", "ULP误差大于阈值占比"),
 )
-DETAILS_HEADER = ("API Name", "Bench Dtype", "DEVICE Dtype", "Shape", *(column for _, column in METRIC_COLUMNS), "Status", "Message")
+DETAILS_HEADER = (
+    "API Name",
+    "Bench Dtype",
+    "DEVICE Dtype",
+    "Shape",
+    *(column for _, column in METRIC_COLUMNS),
+    "Status",
+    "Message",
+)
 
 SPACE = " "  # msprobe's mark for "does not apply"
-STATUS_TEXT = {"pass": "pass", "warning": "warning", "error": "error", "skip": "SKIP"}
+STATUS_TEXT: dict[Status, str] = {"pass": "pass", "warning": "warning", "error": "error", "skip": "SKIP"}
 
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
 # injection"); full-width forms included because some spreadsheets fold them.
@@ -78,7 +87,7 @@ def dtype_text(dtype: str) -> str:
     return dtype if "." in dtype or not dtype else f"torch.{dtype}"
 
 
-def status_text(status: str) -> str:
+def status_text(status: Status) -> str:
     return STATUS_TEXT.get(status, status)
 
 
@@ -104,7 +113,7 @@ def details_rows(record: ResultRecord) -> list[list[str]]:
     ]
 
 
-def result_row(call: str, forward: str | None, backward: str | None, messages: Iterable[str]) -> list[str]:
+def result_row(call: str, forward: Status | None, backward: Status | None, messages: Iterable[str]) -> list[str]:
     """One row per call (name without direction). A direction that was not run is a
     single space, as msprobe marks a call without backward."""
     return [

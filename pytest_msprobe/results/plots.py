@@ -234,7 +234,9 @@ def _draw_scatter(canvas: Canvas, data: PlotData) -> None:
     x_low, x_high = _log_range(x)
     y_low, y_high = _log_range(y)
     canvas.points.set_offsets(np.column_stack([np.maximum(data.magnitude, x_low), np.maximum(data.error, y_low)]))
-    canvas.worst.set_offsets(np.column_stack([np.maximum(data.worst_magnitude, x_low), np.maximum(data.worst_error, y_low)]).reshape(-1, 2))
+    canvas.worst.set_offsets(
+        np.column_stack([np.maximum(data.worst_magnitude, x_low), np.maximum(data.worst_error, y_low)]).reshape(-1, 2)
+    )
     visible = data.tolerance is not None
     canvas.tolerance.set_visible(visible)
     if data.tolerance is not None:  # visible
@@ -279,7 +281,8 @@ def _draw_heatmap(canvas: Canvas, data: PlotData) -> None:
     step = math.ceil((high - low) / (TICKS - 1))
     decades = list(range(high, low - 1, -step))[::-1]
     colorbar.set_ticks(
-        [(decade - low) / (high - low) for decade in decades], labels=[_power_of_ten(10.0**decade, None) for decade in decades]
+        [(decade - low) / (high - low) for decade in decades],
+        labels=[_power_of_ten(10.0**decade, None) for decade in decades],
     )
     heatmap.set_xlim(0, data.cols)
     heatmap.set_ylim(data.rows, 0)

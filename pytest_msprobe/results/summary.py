@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.standards.verdict import STATUS_ORDER, Status
 
-STATUSES = ("pass", "warning", "error", "skip")
-SEVERITY = {"skip": 0, "pass": 1, "warning": 2, "error": 3}
+#: the order statuses are shown in
+STATUSES: tuple[Status, ...] = ("pass", "warning", "error", "skip")
 WORST_SHOWN = 10
 MOST_REPEATED_SHOWN = 10  # with --msprobe-dedup: the tests that stand for the most dumped calls
 LINE_CUT = 200  # a reason can be long; the summary shows its start, the files the rest
@@ -40,7 +41,7 @@ def badness(record: ResultRecord) -> tuple[int, float, str]:
     then the name (for a stable order)."""
     failing = sum(1 for output in record.outputs if output.status == record.status)
     share = failing / len(record.outputs) if record.outputs else 1.0
-    return SEVERITY.get(record.status, 0), share, record.call
+    return STATUS_ORDER.get(record.status, 0), share, record.call
 
 
 def failing_metric(record: ResultRecord) -> str:
@@ -60,12 +61,12 @@ def failing_metric(record: ResultRecord) -> str:
 
 @dataclass
 class Summary:
-    by_status: Counter[str] = field(default_factory=Counter)
-    by_standard: dict[str, Counter[str]] = field(default_factory=dict)
-    by_api_type: dict[str, Counter[str]] = field(default_factory=dict)
+    by_status: Counter[Status] = field(default_factory=Counter)
+    by_standard: dict[str, Counter[Status]] = field(default_factory=dict)
+    by_api_type: dict[str, Counter[Status]] = field(default_factory=dict)
     worst: list[tuple[tuple[int, float, str], str, str]] = field(default_factory=list)
     resumed: int = 0
-    resumed_status: Counter[str] = field(default_factory=Counter)
+    resumed_status: Counter[Status] = field(default_factory=Counter)
     represented: int = 0
     most_repeated: list[tuple[int, str]] = field(default_factory=list)
     skips: Counter[str] = field(default_factory=Counter)  # skip_reason -> calls
@@ -119,7 +120,9 @@ class Summary:
         if self.resumed:
             pace += f", {self.resumed} from the resumed run"
         if selected is not None and ran < selected and rate > 0:
-            pace += f"; {selected - ran} not run, about {(selected - ran) / rate:.0f} s more (rerun with --msprobe-resume)"
+            pace += (
+                f"; {selected - ran} not run, about {(selected - ran) / rate:.0f} s more (rerun with --msprobe-resume)"
+            )
         lines = [head, pace]
         failing = self.resumed_status["error"] + (self.resumed_status["warning"] if strict else 0)
         if failing:
@@ -144,6 +147,9 @@ class Summary:
         return lines
 
 
-def _table(title: str, counts: dict[str, Counter[str]]) -> list[str]:
-    rows = [f"  {name:<22} " + "  ".join(f"{s} {counter[s]}" for s in STATUSES if counter[s]) for name, counter in sorted(counts.items())]
+def _table(title: str, counts: dict[str, Counter[Status]]) -> list[str]:
+    rows = [
+        f"  {name:<22} " + "  ".join(f"{s} {counter[s]}" for s in STATUSES if counter[s])
+        for name, counter in sorted(counts.items())
+    ]
     return [f"{title}:", *rows] if rows else []

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
 from pytest_msprobe.judge.kernels import KernelPool, KernelVerdict
 from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
@@ -43,6 +43,7 @@ from pytest_msprobe.judge.upgrade import worst_first
 
 if TYPE_CHECKING:
     from pytest_msprobe.judge.upgrade import Change
+    from pytest_msprobe.standards.verdict import Status
 from pytest_msprobe.results.msprobe_csv import (
     DETAILS_HEADER,
     DETAILS_PREFIX,
@@ -62,7 +63,20 @@ REGRESSIONS_PREFIX = "msprobe_regressions_"
 #: the regressions file's columns (judge/upgrade.py's Change): the regressions (calls and
 #: kernels), worst first, then every other compared call and kernel, which msprobe-merge
 #: joins and pools again
-REGRESSION_COLUMNS = ("kind", "dump", "name", "baseline name", "was", "now", "metric", "before", "after", "growth", "limit", "dtype")
+REGRESSION_COLUMNS = (
+    "kind",
+    "dump",
+    "name",
+    "baseline name",
+    "was",
+    "now",
+    "metric",
+    "before",
+    "after",
+    "growth",
+    "limit",
+    "dtype",
+)
 _NUMBERS = ("before", "after", "growth", "limit")
 
 
@@ -107,7 +121,9 @@ class RunFiles:
     @classmethod
     def all(cls, folder: Path) -> list[RunFiles]:
         """Every run in a folder, oldest first (by the timestamps of their journals)."""
-        stamps = sorted(path.name[len(JOURNAL_PREFIX) : -len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl"))
+        stamps = sorted(
+            path.name[len(JOURNAL_PREFIX) : -len(".jsonl")] for path in folder.glob(f"{JOURNAL_PREFIX}*.jsonl")
+        )
         return [cls(folder, stamp) for stamp in stamps]
 
     @classmethod
@@ -305,7 +321,7 @@ def kernel_rows(verdicts: Iterable[KernelVerdict]) -> list[list[str]]:
 class CallStatus:
     """What the result CSV needs of a call: each direction's status and message."""
 
-    status: dict[str, str] = field(default_factory=dict)
+    status: dict[str, Status] = field(default_factory=dict)
     message: dict[str, str] = field(default_factory=dict)
 
 
@@ -375,8 +391,14 @@ class ResultWriter:
 
     def _rewrite(self, entries: list[Entry]) -> None:
         """Start the files afresh from these entries: headers, then their rows."""
-        _replace(self.files.details, _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]), ENCODING)
-        _replace(self.files.metrics, "".join(json.dumps(row) + "\n" for entry in entries for row in metrics_rows(entry)))
+        _replace(
+            self.files.details,
+            _csv_text(DETAILS_HEADER, [row for entry in entries for row in details_rows(entry.record)]),
+            ENCODING,
+        )
+        _replace(
+            self.files.metrics, "".join(json.dumps(row) + "\n" for entry in entries for row in metrics_rows(entry))
+        )
         _replace(self.files.journal, "".join(entry.to_json() + "\n" for entry in entries))
 
 
@@ -412,8 +434,9 @@ def read_regressions(path: Path) -> list[Change]:
                 row["kind"],
                 row["name"],
                 row["baseline name"],
-                row["was"],
-                row["now"],
+                # the statuses write_regressions wrote
+                cast("Status", row["was"]),
+                cast("Status", row["now"]),
                 row["metric"],
                 **numbers,
                 dump=row["dump"],

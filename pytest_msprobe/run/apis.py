@@ -54,7 +54,9 @@ class Api:
 
 @functools.cache
 def _pytorch_toml() -> dict[str, Json]:
-    return tomllib.loads(importlib.resources.files("pytest_msprobe.run").joinpath("api_tables/pytorch.toml").read_text("utf-8"))
+    return tomllib.loads(
+        importlib.resources.files("pytest_msprobe.run").joinpath("api_tables/pytorch.toml").read_text("utf-8")
+    )
 
 
 @functools.cache
@@ -66,7 +68,10 @@ def pytorch_table() -> dict[str, frozenset[str]]:
 def terms_table() -> dict[str, frozenset[str]]:
     """direction -> the APIs whose terms' magnitudes run/terms.py can measure."""
     terms = _pytorch_toml()["terms"]
-    return {"forward": frozenset(terms["forward"]), "backward": frozenset(terms["forward"]) | frozenset(terms["backward"])}
+    return {
+        "forward": frozenset(terms["forward"]),
+        "backward": frozenset(terms["forward"]) | frozenset(terms["backward"]),
+    }
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,9 @@ def dropout_table() -> dict[str, DropoutKind]:
     table = _pytorch_toml()["dropout"]
     return {
         name: DropoutKind(
-            units if isinstance(units, int) else None, name in table["alpha"], bool(table["training_default"].get(name, True))
+            units if isinstance(units, int) else None,
+            name in table["alpha"],
+            bool(table["training_default"].get(name, True)),
         )
         for name, units in table["unit_dims"].items()
     }
@@ -209,7 +216,9 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
         return _resolve_npu(api_name, npu_ops, raise_bench)
     resolver = PYTORCH_RESOLVERS.get(name.api_type)
     if resolver is None:
-        raise CallSkip(f"api type {name.api_type!r} is not known to PyTorch dumps ({', '.join(sorted([*PYTORCH_RESOLVERS, 'NPU']))})")
+        raise CallSkip(
+            f"api type {name.api_type!r} is not known to PyTorch dumps ({', '.join(sorted([*PYTORCH_RESOLVERS, 'NPU']))})"
+        )
     function = resolver(api_name)
     if api_name in _pytorch_toml()["writes_first"]["names"]:
         written = writes_first(function)
@@ -222,12 +231,21 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value
         from pytest_msprobe.run import dropout
 
         drawn = dropout.Drawn(kind)
-        return Api(f"{name.api_type}.{api_name}", function, drawn.masked(function), is_in_place(api_name), raise_bench, drawn.reveal)
+        return Api(
+            f"{name.api_type}.{api_name}",
+            function,
+            drawn.masked(function),
+            is_in_place(api_name),
+            raise_bench,
+            drawn.reveal,
+        )
     eps = DTYPE_EPS.get((name.api_type, api_name))
     reveal = _dtype_eps(*eps) if eps else None
     if (name.api_type, api_name) in (("Functional", "gelu"), ("Torch", "gelu")):
         bench, raised = _exact_gelu(function, ("float64",)), _exact_gelu(function, ("float32", "float64"))
-        return Api(f"{name.api_type}.{api_name}", function, bench, is_in_place(api_name), raise_bench, reveal, raised_fn=raised)
+        return Api(
+            f"{name.api_type}.{api_name}", function, bench, is_in_place(api_name), raise_bench, reveal, raised_fn=raised
+        )
     return Api(f"{name.api_type}.{api_name}", function, function, is_in_place(api_name), raise_bench, reveal)
 
 
@@ -277,7 +295,11 @@ def _exact_gelu(gelu: Callable[..., Value], dtypes: tuple[str, ...]) -> Callable
     def bench(input: Value, approximate: str = "none") -> Value:  # noqa: A002 (torch's name)
         import torch
 
-        if approximate != "none" or not isinstance(input, torch.Tensor) or str(input.dtype).removeprefix("torch.") not in dtypes:
+        if (
+            approximate != "none"
+            or not isinstance(input, torch.Tensor)
+            or str(input.dtype).removeprefix("torch.") not in dtypes
+        ):
             return gelu(input, approximate=approximate)
         return 0.5 * input * torch.special.erfc(-input * 0.5**0.5)
 

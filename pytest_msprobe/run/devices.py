@@ -62,7 +62,9 @@ class Accelerator:
                     raise DeviceUnavailable(f"{self.package} cannot be imported: {exc}. {self.broken_hint}") from exc
                 raise DeviceUnavailable(f"{self.package} is not installed. {self.install_hint}") from exc
             except Exception as exc:
-                raise DeviceUnavailable(f"{self.package} cannot be imported: {type(exc).__name__}: {exc}. {self.broken_hint}") from exc
+                raise DeviceUnavailable(
+                    f"{self.package} cannot be imported: {type(exc).__name__}: {exc}. {self.broken_hint}"
+                ) from exc
         return getattr(torch, self.name)
 
 

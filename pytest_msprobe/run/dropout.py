@@ -82,7 +82,9 @@ Z_LIMIT = 5.0
 SELU_ALPHA = 1.7580993408473766
 
 
-def _argument(args: list[Value], kwargs: dict[str, Value], position: int, names: tuple[str, ...], default: Value) -> Value:
+def _argument(
+    args: list[Value], kwargs: dict[str, Value], position: int, names: tuple[str, ...], default: Value
+) -> Value:
     if len(args) > position:
         return args[position]
     return next((kwargs[name] for name in names if name in kwargs), default)
@@ -156,7 +158,9 @@ class Drawn:
         showed one) every element is kept, only to show that the bench can run."""
         kind = self.kind
 
-        def run(*args: Value, kept: torch.Tensor | None = None, constants: Affine | None = None, **kwargs: Value) -> Value:
+        def run(
+            *args: Value, kept: torch.Tensor | None = None, constants: Affine | None = None, **kwargs: Value
+        ) -> Value:
             p = drop_rate(list(args), kwargs, kind.training_default)
             if p is None:
                 return function(*args, **kwargs)
@@ -205,7 +209,9 @@ class Drawn:
         kept = shown.kept[shown.visible]
 
         def distance(constants: Affine) -> float:
-            made = torch.where(kept, source * constants.scale + constants.shift, torch.full_like(source, constants.dropped))
+            made = torch.where(
+                kept, source * constants.scale + constants.shift, torch.full_like(source, constants.dropped)
+            )
             return float((result - made).abs().sum())
 
         return min((shown.constants, in_dtype(shown.constants, self.kind.alpha, shown.result.dtype)), key=distance)
@@ -217,7 +223,10 @@ def dropped_share(shown: Revealed, unit_dims: int) -> tuple[int, int, float]:
     dimensions together (dropout2d's H and W)."""
     visible, kept = shown.visible, shown.kept
     if unit_dims:
-        visible, kept = (tensor.flatten(-unit_dims).any(-1) if tensor.dim() > unit_dims else tensor.any() for tensor in (visible, kept))
+        visible, kept = (
+            tensor.flatten(-unit_dims).any(-1) if tensor.dim() > unit_dims else tensor.any()
+            for tensor in (visible, kept)
+        )
     n = int(visible.sum())
     dropped = int((visible & ~kept).sum())
     spread = math.sqrt(n * shown.p * (1 - shown.p))

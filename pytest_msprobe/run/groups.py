@@ -178,7 +178,9 @@ GROUPS: dict[str, tuple[GroupsOf, SharedIn16]] = {
     "group_norm": (_norm_groups, _backward),
     "cross_entropy": (_cross_entropy_classes, _never),
     "scaled_dot_product_attention": (_queries, _never),
-    **dict.fromkeys(("div", "div_", "divide", "true_divide", "__truediv__", "__itruediv__", "__div__"), (_by_a_scalar, _never)),
+    **dict.fromkeys(
+        ("div", "div_", "divide", "true_divide", "__truediv__", "__itruediv__", "__div__"), (_by_a_scalar, _never)
+    ),
 }
 
 
@@ -190,7 +192,9 @@ def groups_of(name: CallName, bench: Side, inputs: Inputs) -> torch.Tensor | Non
         return None
     numbered, shared_in_half = entry
     args, kwargs = (
-        torch_form(bench, list(inputs.args), dict(inputs.kwargs)) if isinstance(bench, Run) else (list(inputs.args), dict(inputs.kwargs))
+        torch_form(bench, list(inputs.args), dict(inputs.kwargs))
+        if isinstance(bench, Run)
+        else (list(inputs.args), dict(inputs.kwargs))
     )
     try:
         if args[0].dtype in HALF_DTYPES and not shared_in_half(args, kwargs, name.direction):

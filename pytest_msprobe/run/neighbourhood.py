@@ -85,11 +85,15 @@ def _finite_max(values: np.ndarray) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-def _dumped(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+def _dumped(
+    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
+) -> tuple[np.ndarray, str]:
     return values, ""
 
 
-def _scaled(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+def _scaled(
+    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
+) -> tuple[np.ndarray, str]:
     """Times 2**k: k as large as the dtype's range allows, or as small (subnormals)."""
     largest = _finite_max(values)
     if largest == 0:
@@ -104,7 +108,9 @@ def _scaled(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.ran
 KEPT_BITS = 4  # bits of their spread that offset values keep
 
 
-def _offset(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+def _offset(
+    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
+) -> tuple[np.ndarray, str]:
     """Plus a common offset of 2**j times the values' spread: what cancels in a variance
     or a difference. j runs to D's mantissa bits less KEPT_BITS: the values keep that
     many bits of their spread; past it the offset's rounding leaves an almost constant
@@ -116,7 +122,9 @@ def _offset(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.ran
     return values + offset, f"shifted by {offset:+.4g} (2**{j} times the spread)"
 
 
-def _extreme(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+def _extreme(
+    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
+) -> tuple[np.ndarray, str]:
     """The largest |value| at the dtype's largest finite value, less 2**-j of it."""
     largest = _finite_max(values)
     if largest == 0:
@@ -124,7 +132,9 @@ def _extreme(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.ra
     info = torch.finfo(dtype)
     j = draw(st.integers(1, _mantissa_bits(dtype)))
     target = info.max * (1.0 - 2.0**-j)
-    return values * (target / largest), f"scaled to max |x| = {target:.4g} (the largest {_dtype_name(dtype)} is {info.max:.4g})"
+    return values * (
+        target / largest
+    ), f"scaled to max |x| = {target:.4g} (the largest {_dtype_name(dtype)} is {info.max:.4g})"
 
 
 def _tiny(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
@@ -135,7 +145,9 @@ def _tiny(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.rando
     info = torch.finfo(dtype)
     j = draw(st.integers(-4, 8))
     target = info.smallest_normal * 2.0**j
-    return values * (target / largest), f"scaled to max |x| = {target:.4g} (subnormals below {info.smallest_normal:.4g})"
+    return values * (
+        target / largest
+    ), f"scaled to max |x| = {target:.4g} (subnormals below {info.smallest_normal:.4g})"
 
 
 def _zeros(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
@@ -145,7 +157,9 @@ def _zeros(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.rand
     return np.where(chosen, signs, values), f"{share:.0%} of the elements set to +0.0 or -0.0"
 
 
-def _specials(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+def _specials(
+    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
+) -> tuple[np.ndarray, str]:
     """Whole rows (of the last dimension) set to the non-finite value the dumped tensor
     holds: an all-masked row of an attention mask."""
     special = values[~np.isfinite(values)]
@@ -198,7 +212,9 @@ def _logits(factor: float) -> Edge:
 
     def edge(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
         target = factor * _exp_threshold(dtype)
-        return _to_largest(values, target), f"scaled to max |x| = {target:.4g} ({factor:g}x ln of the largest {_dtype_name(dtype)})"
+        return _to_largest(
+            values, target
+        ), f"scaled to max |x| = {target:.4g} ({factor:g}x ln of the largest {_dtype_name(dtype)})"
 
     return edge
 
@@ -216,7 +232,9 @@ def _largest_offset(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray,
     formula's error passes that excuse only beyond ~2**5 spreads, which the draws
     reach in float16 and float32 but not in bfloat16 (7 mantissa bits: 2**3)."""
     spread = _spread(values)
-    top = max(min(_mantissa_bits(dtype) - EDGE_KEPT_BITS, math.floor(math.log2(torch.finfo(dtype).max / 4 / spread))), 0)
+    top = max(
+        min(_mantissa_bits(dtype) - EDGE_KEPT_BITS, math.floor(math.log2(torch.finfo(dtype).max / 4 / spread))), 0
+    )
     return values + spread * 2.0**top, f"shifted by {spread * 2.0**top:+.4g} (2**{top} times the spread)"
 
 
@@ -284,7 +302,9 @@ def _near_largest(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, s
     """Scaled to max |x| = D's largest value / 4: a sum of five overflows before a mean
     divides it, while a difference of two (x - max(x) in a softmax) still fits."""
     target = torch.finfo(dtype).max / 4
-    return _to_largest(values, target), f"scaled to max |x| = {target:.4g} (a quarter of the largest {_dtype_name(dtype)})"
+    return _to_largest(
+        values, target
+    ), f"scaled to max |x| = {target:.4g} (a quarter of the largest {_dtype_name(dtype)})"
 
 
 EDGES: dict[str, Edge] = {
@@ -319,7 +339,7 @@ class Neighbourhood:
     """The variants of one call: built from its records and its decoded dumped inputs
     (their leaves, in the order decoding found them)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  the space's fields, with defaults
         self,
         forward: Record,
         backward: Record | None,
@@ -406,7 +426,10 @@ class Neighbourhood:
         for position, leaf in enumerate(self.leaves):
             name = f"explore.{position}.pt"
             tensor, how = moved.get(position, (leaf.tensor, "as dumped"))
-            tensors[name], described[name] = tensor, f"{leaf.path}: {_dtype_name(tensor.dtype)} {list(tensor.shape)}, {how}"
+            tensors[name], described[name] = (
+                tensor,
+                f"{leaf.path}: {_dtype_name(tensor.dtype)} {list(tensor.shape)}, {how}",
+            )
         return self._variant(tensors, described, {}, explicit=True)
 
     def _variant(
@@ -417,7 +440,9 @@ class Neighbourhood:
 
         def replace(value: Record) -> Record:
             name = next(rename)
-            return tensor_entry(tensors[name], name, kind=value["type"], requires_grad=bool(value.get("requires_grad", False)))
+            return tensor_entry(
+                tensors[name], name, kind=value["type"], requires_grad=bool(value.get("requires_grad", False))
+            )
 
         forward = {
             **self.forward,
@@ -436,7 +461,7 @@ class Neighbourhood:
         return {size: draw(st.integers(self.smallest_size, 2 * size)) for size in self.sizes}
 
 
-def _leaf_values(
+def _leaf_values(  # noqa: PLR0913  hypothesis' draw, the leaf and the variant's regime, seed and rng; each read
     draw: st.DrawFn, leaf: TensorLeaf, shape: tuple[int, ...], seed: int, regime: Regime, rng: np.random.Generator
 ) -> tuple[torch.Tensor, str]:
     """The leaf's tensor in this variant: the dumped one where nothing moves it."""
@@ -457,7 +482,9 @@ def _edged(leaf: TensorLeaf, edge: str) -> tuple[torch.Tensor, str]:
     """The leaf's floating tensor moved to an edge (EDGES)."""
     dumped = leaf.tensor
     moved, how = EDGES[edge](dumped.double().numpy(), dumped.dtype)
-    return _tensor(moved, tuple(dumped.shape), dumped.dtype), f"as dumped, at the edge {edge!r}: {how or 'nothing to move'}"
+    return _tensor(
+        moved, tuple(dumped.shape), dumped.dtype
+    ), f"as dumped, at the edge {edge!r}: {how or 'nothing to move'}"
 
 
 def _tensor(values: Json, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

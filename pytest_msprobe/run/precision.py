@@ -104,7 +104,12 @@ class Switch:
 
 
 def _attr_switch(owner: Owner, path: str, attribute: str, strict: Setting) -> Switch:
-    return Switch(f"{path}.{attribute}", lambda: getattr(owner(), attribute), lambda value: setattr(owner(), attribute, value), strict)
+    return Switch(
+        f"{path}.{attribute}",
+        lambda: getattr(owner(), attribute),
+        lambda value: setattr(owner(), attribute, value),
+        strict,
+    )
 
 
 @functools.cache
@@ -116,7 +121,12 @@ def cuda_switches() -> list[Switch]:
     switches = [
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_tf32", False),
         _attr_switch(lambda: torch.backends.cudnn, "torch.backends.cudnn", "allow_tf32", False),
-        Switch("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, "highest"),
+        Switch(
+            "torch.get_float32_matmul_precision()",
+            torch.get_float32_matmul_precision,
+            torch.set_float32_matmul_precision,
+            "highest",
+        ),
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_fp16_reduced_precision_reduction", False),
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_bf16_reduced_precision_reduction", False),
     ]
@@ -182,39 +192,59 @@ def _read(get: Callable[[], Setting]) -> tuple[bool, object]:
         return False, exc
 
 
-def problems(backend_name: str, switches: list[Switch], strict: str = "after setting it to", float32: bool = True) -> list[str]:
+def problems(
+    backend_name: str, switches: list[Switch], strict: str = "after setting it to", float32: bool = True
+) -> list[str]:
     """Why the accelerator does not compute in strict float32 now ([] : it does): each of
     `switches` that departs from its strict value (worded `<name> is <value> <strict>
     <its strict value>`) and, with `float32`, the settings beside them that lower
     float32 alone (the fp32_precision API, the TF32 override variables, the ACL
     precision mode)."""
-    found = []
-    for switch in switches:
-        ok, value = _read(switch.get)
-        if not ok:
-            found.append(f"{switch.name} cannot be read ({type(value).__name__}: {value})")
-        elif value != switch.strict:
-            found.append(f"{switch.name} is {value!r} {strict} {switch.strict!r}")
-    if not float32:
-        return found
-    if backend_name == "cuda":
-        for name, owner in _fp32_precision_api():
-            ok, value = _read(_fp32_precision_of(owner))
-            if not ok or value in _REDUCED:
-                found.append(f"{name}.fp32_precision is {value!r}")
-        for variable in ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE"):
-            value = os.environ.get(variable)
-            if value is not None and value.strip().lower() not in _FALSE_ENV:
-                found.append(f"{variable}={value} overrides the TF32 switches")
-    if backend_name == "npu":
-        ok, mode = _read(_npu_precision_mode)
-        if not ok or mode != "must_keep_origin_dtype":
-            found.append(
-                f"the ACL precision mode is {mode if ok else 'unreadable'}, not must_keep_origin_dtype "
-                "(float32 matrix operators may run in float16): set torch_npu.npu.set_option("
-                "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench"
-            )
+    found = [problem for switch in switches for problem in _departs(switch, strict)]
+    if float32:
+        found += _FLOAT32_ALONE.get(backend_name, list)()
     return found
+
+
+def _departs(switch: Switch, strict: str) -> list[str]:
+    """The switch's departure from its strict value ([] : none), or why it cannot be read."""
+    ok, value = _read(switch.get)
+    if not ok:
+        return [f"{switch.name} cannot be read ({type(value).__name__}: {value})"]
+    if value != switch.strict:
+        return [f"{switch.name} is {value!r} {strict} {switch.strict!r}"]
+    return []
+
+
+def _cuda_float32() -> list[str]:
+    """CUDA's settings that lower float32 alone: the fp32_precision API and the TF32
+    override variables."""
+    found = []
+    for name, owner in _fp32_precision_api():
+        ok, value = _read(_fp32_precision_of(owner))
+        if not ok or value in _REDUCED:
+            found.append(f"{name}.fp32_precision is {value!r}")
+    for variable in ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE"):
+        value = os.environ.get(variable)
+        if value is not None and value.strip().lower() not in _FALSE_ENV:
+            found.append(f"{variable}={value} overrides the TF32 switches")
+    return found
+
+
+def _npu_float32() -> list[str]:
+    """The NPU's setting that lowers float32 alone: the ACL precision mode."""
+    ok, mode = _read(_npu_precision_mode)
+    if ok and mode == "must_keep_origin_dtype":
+        return []
+    return [
+        f"the ACL precision mode is {mode if ok else 'unreadable'}, not must_keep_origin_dtype "
+        "(float32 matrix operators may run in float16): set torch_npu.npu.set_option("
+        "{'ACL_PRECISION_MODE': 'must_keep_origin_dtype'}) for the accelerator bench"
+    ]
+
+
+#: The settings beside the switches that lower float32 alone, by backend (others: none).
+_FLOAT32_ALONE: dict[str, Callable[[], list[str]]] = {"cuda": _cuda_float32, "npu": _npu_float32}
 
 
 #: The dtype whose results each switch lowers (by the last part of its name): TF32 and
@@ -251,7 +281,10 @@ def strict_float32(backend_name: str) -> Iterator[None]:
     raise)."""
     switches = SWITCHES[backend_name]()
     saved = [(switch, _read(switch.get)) for switch in switches]
-    saved_api = [(owner, _read(_fp32_precision_of(owner))) for _, owner in (_fp32_precision_api() if backend_name == "cuda" else [])]
+    saved_api = [
+        (owner, _read(_fp32_precision_of(owner)))
+        for _, owner in (_fp32_precision_api() if backend_name == "cuda" else [])
+    ]
     try:
         for switch in switches:
             with contextlib.suppress(Exception):  # a setter that fails is reported by the read-back below
@@ -277,7 +310,11 @@ def float32_bench(dtypes: dict[torch.dtype, torch.dtype], floating_inputs: set[t
     import torch
 
     low = {torch.float16, torch.bfloat16}
-    return bool(dtypes) and bool(floating_inputs & low) and all(dtypes.get(dtype, dtype) == torch.float32 for dtype in floating_inputs)
+    return (
+        bool(dtypes)
+        and bool(floating_inputs & low)
+        and all(dtypes.get(dtype, dtype) == torch.float32 for dtype in floating_inputs)
+    )
 
 
 @dataclass(frozen=True)
@@ -290,7 +327,7 @@ class BenchSite:
     label: str
 
 
-def bench_site(
+def bench_site(  # noqa: PLR0913  rules 1-7 read every one of these; the caller has them apart
     backend_name: str,
     device: str,
     api_name: str,
@@ -310,7 +347,9 @@ def bench_site(
         import torch
 
         raised = {dtypes.get(dtype, dtype) for dtype in floating_inputs}
-        return BenchSite(False, f"{cpu} in float64" if torch.float64 in raised else cpu if dtypes else f"{cpu} (not raised)")
+        return BenchSite(
+            False, f"{cpu} in float64" if torch.float64 in raised else cpu if dtypes else f"{cpu} (not raised)"
+        )
     if api_name.startswith("NPU."):
         return BenchSite(False, f"{cpu} (an NPU fused operator's reference)")
     if standard == "binary_consistency":

@@ -39,7 +39,9 @@ class _Gate(torch.autograd.Function):
     derivative from the unmoved result)."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, value: torch.Tensor, sigmoid: bool, gate: Gate) -> torch.Tensor:
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, value: torch.Tensor, sigmoid: bool, gate: Gate
+    ) -> torch.Tensor:
         result = gate(torch.sigmoid(value) if sigmoid else torch.tanh(value))
         ctx.save_for_backward(result)
         ctx.sigmoid = sigmoid  # type: ignore[attr-defined]
@@ -84,7 +86,9 @@ def _tanh_cell(x: torch.Tensor, state: State, weights: Weights, gate: Gate) -> S
     return (_tanh(F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh), gate),)
 
 
-def _layer(cell: Cell, x: torch.Tensor, state: State, weights: Weights, reverse: bool, gate: Gate) -> tuple[torch.Tensor, State]:
+def _layer(  # noqa: PLR0913  one recurrence step's cell, input, state, weights, direction and gate
+    cell: Cell, x: torch.Tensor, state: State, weights: Weights, reverse: bool, gate: Gate
+) -> tuple[torch.Tensor, State]:
     """One direction of one layer over x (time, batch, features): its outputs and final state."""
     outputs: list[torch.Tensor] = [x[0]] * x.shape[0]
     for step in reversed(range(x.shape[0])) if reverse else range(x.shape[0]):
@@ -98,7 +102,7 @@ def _sequence(cell: Cell, states: int) -> Callable[..., tuple[torch.Tensor, ...]
     batch_first) over `cell`; raises where the call is not that overload or its result
     is not deterministic (dropout in training), so no sensitivity is measured there."""
 
-    def definition(
+    def definition(  # noqa: PLR0913  torch's _VF.lstm/gru/rnn signature, which it replaces
         input: torch.Tensor,
         hx: torch.Tensor | Sequence[torch.Tensor],
         params: Sequence[torch.Tensor],

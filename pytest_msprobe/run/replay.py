@@ -122,7 +122,9 @@ class Placement:
 
     def __call__(self, value: Value) -> Value:
         if isinstance(value, torch.Tensor):
-            return self.laid_out(value.to(device=self.device, dtype=self.dtypes.get(value.dtype, value.dtype), copy=True))
+            return self.laid_out(
+                value.to(device=self.device, dtype=self.dtypes.get(value.dtype, value.dtype), copy=True)
+            )
         if isinstance(value, RecordedDevice):
             return self.device
         return value
@@ -319,7 +321,9 @@ def in_place_copies(
     return copied, copied_kwargs
 
 
-def _pair_gradients(outputs: list[Value], grads: list[Value], placement: Placement) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _pair_gradients(
+    outputs: list[Value], grads: list[Value], placement: Placement
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     if len(grads) != len(outputs):
         grads = _grads_by_shape(outputs, grads)
     paired_outputs, paired_grads = [], []
@@ -327,7 +331,9 @@ def _pair_gradients(outputs: list[Value], grads: list[Value], placement: Placeme
         if grad is None or not isinstance(output, torch.Tensor) or not output.requires_grad:
             continue
         if tuple(grad.shape) != tuple(output.shape):
-            raise CallSkip(f"incoming gradient {position} has shape {list(grad.shape)}, the output has {list(output.shape)}")
+            raise CallSkip(
+                f"incoming gradient {position} has shape {list(grad.shape)}, the output has {list(output.shape)}"
+            )
         paired_outputs.append(output)
         paired_grads.append(placement.laid_out(grad.to(device=output.device, dtype=output.dtype)))
     return paired_outputs, paired_grads
@@ -346,7 +352,9 @@ def _grads_by_shape(outputs: list[Value], grads: list[Value]) -> list[Value]:
     for grad in given:
         matches = [i for i in range(start, len(outputs)) if shapes[i] == tuple(grad.shape)]
         if len(given) > len(outputs) or len(matches) != 1:
-            raise CallSkip(f"the dump has {len(grads)} incoming gradients for {len(outputs)} forward outputs; cannot pair them by shape")
+            raise CallSkip(
+                f"the dump has {len(grads)} incoming gradients for {len(outputs)} forward outputs; cannot pair them by shape"
+            )
         paired[matches[0]], start = grad, matches[0] + 1
     return paired
 
@@ -394,7 +402,9 @@ def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Valu
         return None
 
 
-def replay(direction: str, api: Api, inputs: Inputs, device: Side, bench: Side, reference: Side | None, framework: str) -> Results:
+def replay(  # noqa: PLR0913  the call, its inputs and the three sides; each read
+    direction: str, api: Api, inputs: Inputs, device: Side, bench: Side, reference: Side | None, framework: str
+) -> Results:
     """Run the call on every side. The bench raising is a skip (no verdict possible);
     then the device raising is the call's error."""
     step = step_for(direction, inputs, framework)

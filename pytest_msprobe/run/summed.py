@@ -31,7 +31,7 @@ from pytest_msprobe.run.replay import Inputs, Run, evaluated, tensors_in, tree_m
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.replay import Side
 
 SUMMED = ".summed"
@@ -54,7 +54,7 @@ def sums_contributions(name: CallName, bench: Side, inputs: Inputs, framework: s
     return counts is not None and any(count.abs().max() > 1 for count in tensors_in(counts) if count.numel())
 
 
-def ones_for(value: Value) -> Value:
+def ones_for(value: Nested) -> Nested:
     """A floating tensor's ones (anything else kept): evaluated on them, a sum of
     products counts its terms."""
     return torch.ones_like(value) if isinstance(value, torch.Tensor) and value.is_floating_point() else value

@@ -70,7 +70,9 @@ def _normalized(x: torch.Tensor, dims: tuple[int, ...], eps: float, centred: boo
     return x * torch.rsqrt(x.square().mean(dim=dims, keepdim=True) + eps)
 
 
-def _affine_terms(x_hat: torch.Tensor, g: torch.Tensor, channel_dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def _affine_terms(
+    x_hat: torch.Tensor, g: torch.Tensor, channel_dims: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """sum |g| |x_hat| and sum |g| over every dimension but the parameters' own."""
     summed = tuple(d for d in range(g.dim()) if d not in channel_dims)
     weight = (g.abs() * x_hat.abs()).sum(dim=summed) if summed else g.abs() * x_hat.abs()
@@ -92,7 +94,9 @@ def _centred(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.
     return ((x - mean(x)).abs() + mean(x.abs())) * inverse_sigma, inverse_sigma
 
 
-def _centred_terms(x: torch.Tensor, dims: tuple[int, ...], eps: float, g_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _centred_terms(
+    x: torch.Tensor, dims: tuple[int, ...], eps: float, g_hat: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """_centred's |x_hat|, and the input gradient's terms for g_hat = |g * weight|:
     (g_hat + mean(g_hat) + |x_hat| mean(g_hat |x_hat|)) / sigma."""
     x_hat, inverse_sigma = _centred(x, dims, eps)
@@ -173,7 +177,11 @@ def _cosine_embedding_loss(args: list[Value], kwargs: dict[str, Value], g: torch
     dim = target.dim()
     squares = ((x1 * x1).sum(dim, keepdim=True) + 1e-12, (x2 * x2).sum(dim, keepdim=True) + 1e-12)
     reduction = argument(args, kwargs, 6, "reduction", "mean")
-    share = g.abs().reshape(*target.shape, *[1] * (x1.dim() - target.dim())) if reduction == "none" else g.abs() / max(target.numel(), 1)
+    share = (
+        g.abs().reshape(*target.shape, *[1] * (x1.dim() - target.dim()))
+        if reduction == "none"
+        else g.abs() / max(target.numel(), 1)
+    )
     return _cosine_terms(x1, x2, dim, squares, share)
 
 
@@ -193,7 +201,11 @@ def _group_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) ->
     0.377 + 2**-8 spreads: the definition run in float32 is off by 136 ULP of the
     result, torch's kernel 358; both 1-3 ULP of these terms)."""
     x = args[0]
-    groups, eps, w = argument(args, kwargs, 1, "num_groups"), argument(args, kwargs, 4, "eps", 1e-5), argument(args, kwargs, 2, "weight")
+    groups, eps, w = (
+        argument(args, kwargs, 1, "num_groups"),
+        argument(args, kwargs, 4, "eps", 1e-5),
+        argument(args, kwargs, 2, "weight"),
+    )
     grouped = lambda value: value.reshape(x.shape[0], groups, -1)  # noqa: E731
     g_hat = (g * w.reshape([1, -1] + [1] * (x.dim() - 2)) if isinstance(w, torch.Tensor) else g).abs()
     x_hat, terms = _centred_terms(grouped(x), (2,), eps, grouped(g_hat))
@@ -283,7 +295,9 @@ def _silu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[
     sum cancels at x near -1.28, where its zero is."""
     x = args[0]
     sigma = torch.sigmoid(x)
-    return {"input": _while_a_bit_is_kept(g.abs() * sigma * (1 + x.abs() * (1 - sigma)), g * sigma * (1 + x * (1 - sigma)))}
+    return {
+        "input": _while_a_bit_is_kept(g.abs() * sigma * (1 + x.abs() * (1 - sigma)), g * sigma * (1 + x * (1 - sigma)))
+    }
 
 
 def _mish(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -292,7 +306,9 @@ def _mish(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[
     apizoo dump: mean_rel_err 2.29x the reference's on 16 elements, limit 2x)."""
     x = args[0]
     t, sigma = torch.tanh(F.softplus(x)), torch.sigmoid(x)
-    return {"input": _while_a_bit_is_kept(g.abs() * (t + x.abs() * sigma * (1 - t * t)), g * (t + x * sigma * (1 - t * t)))}
+    return {
+        "input": _while_a_bit_is_kept(g.abs() * (t + x.abs() * sigma * (1 - t * t)), g * (t + x * sigma * (1 - t * t)))
+    }
 
 
 # api -> a formula for its output's terms from the bench-precision arguments
@@ -310,8 +326,14 @@ BACKWARD_TERMS = {
     "cosine_embedding_loss": (("input1", "input2", "target"), _cosine_embedding_loss),
     "cosine_similarity": (("x1", "x2"), _cosine_similarity),
     "group_norm": (("input", "num_groups", "weight", "bias"), _group_norm),
-    "batch_norm": (_CHANNEL_NORM_ARGUMENTS, _channel_norm("training", False, lambda x: tuple(d for d in range(x.dim()) if d != 1))),
-    "instance_norm": (_CHANNEL_NORM_ARGUMENTS, _channel_norm("use_input_stats", True, lambda x: tuple(range(2, x.dim())))),
+    "batch_norm": (
+        _CHANNEL_NORM_ARGUMENTS,
+        _channel_norm("training", False, lambda x: tuple(d for d in range(x.dim()) if d != 1)),
+    ),
+    "instance_norm": (
+        _CHANNEL_NORM_ARGUMENTS,
+        _channel_norm("use_input_stats", True, lambda x: tuple(range(2, x.dim()))),
+    ),
     "gelu": (("input", "approximate"), _gelu),
     "silu": (("input",), _silu),
     "mish": (("input",), _mish),
@@ -329,7 +351,9 @@ def term_magnitudes(name: CallName, bench: Side, inputs: Inputs, framework: str)
     if name.direction == "forward" and name.operator in FORWARD_TERMS:
         try:
             with torch.no_grad():
-                return FORWARD_TERMS[name.operator](*torch_form(bench, bench.place(inputs.args), bench.place(inputs.kwargs)))
+                return FORWARD_TERMS[name.operator](
+                    *torch_form(bench, bench.place(inputs.args), bench.place(inputs.kwargs))
+                )
         except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
             return None
     if not has_terms(name):
@@ -337,7 +361,9 @@ def term_magnitudes(name: CallName, bench: Side, inputs: Inputs, framework: str)
     result = evaluated(dataclasses.replace(bench, absolute=True), name.direction, inputs, framework)
     if result is None:
         return None
-    return tree_map(lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result)
+    return tree_map(
+        lambda value: value.abs() if isinstance(value, torch.Tensor) and value.is_floating_point() else value, result
+    )
 
 
 def term_counts(name: CallName, bench: Side, inputs: Inputs, framework: str) -> Value | None:
@@ -345,10 +371,18 @@ def term_counts(name: CallName, bench: Side, inputs: Inputs, framework: str) -> 
     every floating argument and incoming gradient a tensor of ones. Only for the APIs
     whose outputs are sums of products (has_terms, no formula); None elsewhere or where
     the evaluation fails."""
-    if not isinstance(bench, Run) or not has_terms(name) or name.operator in BACKWARD_TERMS or name.operator in FORWARD_TERMS:
+    if (
+        not isinstance(bench, Run)
+        or not has_terms(name)
+        or name.operator in BACKWARD_TERMS
+        or name.operator in FORWARD_TERMS
+    ):
         return None
     ones = dataclasses.replace(
-        inputs, args=tree_map(ones_for, inputs.args), kwargs=tree_map(ones_for, inputs.kwargs), grads=tree_map(ones_for, inputs.grads or [])
+        inputs,
+        args=tree_map(ones_for, inputs.args),
+        kwargs=tree_map(ones_for, inputs.kwargs),
+        grads=tree_map(ones_for, inputs.grads or []),
     )
     return evaluated(bench, name.direction, ones, framework)
 
@@ -357,7 +391,11 @@ def torch_form(bench: Run, args: list[Value], kwargs: dict[str, Value]) -> tuple
     """The arguments by torch's names and positions, which the formulas read: a MindSpore
     call's torch twin translates its own (softmax's axis is torch's dim)."""
     function = bench.function
-    return function.torch_arguments(list(args), dict(kwargs)) if isinstance(function, TranslatesArguments) else (list(args), kwargs)
+    return (
+        function.torch_arguments(list(args), dict(kwargs))
+        if isinstance(function, TranslatesArguments)
+        else (list(args), kwargs)
+    )
 
 
 def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Value, ...] | None:
@@ -375,6 +413,8 @@ def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -
             found = formula(torch_args, torch_kwargs, bench.place(grads[0]))
     except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
         return None
-    by_tensor = {id(argument(torch_args, torch_kwargs, position, key)): found.get(key) for position, key in enumerate(names)}
+    by_tensor = {
+        id(argument(torch_args, torch_kwargs, position, key)): found.get(key) for position, key in enumerate(names)
+    }
     leaves = [by_tensor.get(id(tensor)) for tensor in tensors_in((args, kwargs))]
     return tuple(terms for terms, flag in zip(leaves, needs_grad(inputs, framework), strict=False) if flag)

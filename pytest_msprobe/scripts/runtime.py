@@ -28,15 +28,16 @@ from pytest_msprobe.judge.written import cut_results, written
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.run.replay import DeviceFailed, Inputs, replay
 from pytest_msprobe.standards import Registry
+from pytest_msprobe.standards.verdict import STATUS_ORDER
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Value
     from pytest_msprobe.standards import Verdict
+    from pytest_msprobe.standards.verdict import Status
 
 # A script's exit status, as its test's outcome: 0 passed (warnings too), 1 failed, 2 skipped.
-EXIT_STATUS = {"pass": 0, "warning": 0, "error": 1, "skip": 2}
-STATUS_ORDER = ("skip", "pass", "warning", "error")
+EXIT_STATUS: dict[Status, int] = {"pass": 0, "warning": 0, "error": 1, "skip": 2}
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Outcome:
     """One run of the call: a verdict, or why there is none (as the test's status)."""
 
     variant: int
-    status: str
+    status: Status
     message: str
     verdict: Verdict | None = None
     findings: list[Finding] = dataclasses.field(default_factory=list)
@@ -72,7 +73,9 @@ def parse_args(call: ScriptCall, argv: list[str] | None) -> argparse.Namespace:
         description=f"Reproduce {call.name} of an msprobe dump: run it on the device "
         "and on the raised-precision CPU bench, and judge it as pytest-msprobe does."
     )
-    parser.add_argument("--device", default="auto", help="auto (npu, else cuda, else cpu), cpu, cuda or npu (default: auto)")
+    parser.add_argument(
+        "--device", default="auto", help="auto (npu, else cuda, else cpu), cpu, cuda or npu (default: auto)"
+    )
     parser.add_argument(
         "--direction",
         choices=DIRECTIONS,
@@ -86,7 +89,9 @@ def parse_args(call: ScriptCall, argv: list[str] | None) -> argparse.Namespace:
         help="the folder holding dump.json and dump_tensor_data/ (default: where the dump was)",
     )
     parser.add_argument(
-        "--generate", action="store_true", help="generate every input from its recorded statistics, even where the dump saved the tensor"
+        "--generate",
+        action="store_true",
+        help="generate every input from its recorded statistics, even where the dump saved the tensor",
     )
     parser.add_argument(
         "--seeds",
@@ -135,10 +140,11 @@ def main(call: ScriptCall, argv: list[str] | None = None) -> int:
     variants = range(1 + (args.seeds if generated else 0))
     name = f"{call.name.rsplit('.', 1)[0]}.{args.direction}"
     print(f"{name}  ({call.framework}, {call.task} dump, device {chosen.describe(0)})")
-    outcomes = [_run(call, name, chosen, registry, args, variant) for variant in variants]
+    script = _Script(call, name, chosen, registry, args)
+    outcomes = [_run(script, variant) for variant in variants]
     if len(outcomes) > 1:
         print("\nseeds: " + ", ".join(f"variant {o.variant} {o.status}" for o in outcomes))
-    worst = max(outcomes, key=lambda o: STATUS_ORDER.index(o.status)).status
+    worst = max(outcomes, key=lambda o: STATUS_ORDER[o.status]).status
     print(f"\nverdict: {worst}")
     if args.json:
         args.json.write_text(json.dumps([_as_json(name, o) for o in outcomes], indent=1, default=str), encoding="utf-8")
@@ -157,12 +163,23 @@ def _registry(call: ScriptCall) -> Registry:
     return registry
 
 
-def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int) -> Outcome:
+@dataclass(frozen=True)
+class _Script:
+    """What every input variant of a script's run shares."""
+
+    call: ScriptCall
+    name: str
+    chosen: Backend
+    registry: Registry
+    args: argparse.Namespace
+
+
+def _run(script: _Script, variant: int) -> Outcome:
     """One replay and verdict, with every way it can fail turned into a status, as
     outcome.judge_call does for the test."""
     print(f"\n--- inputs: {'as in the test' if variant == 0 else f'seed variant {variant}'}")
     try:
-        verdict, findings = _check(call, name, chosen, registry, args, variant)
+        verdict, findings = _check(script, variant)
     except CallSkip as exc:
         return _said(Outcome(variant, "skip", f"skipped: {exc}"))
     except CallError as exc:
@@ -170,9 +187,11 @@ def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args:
     except DeviceFailed as exc:
         return _said(Outcome(variant, "error", str(exc)))
     except Exception as exc:  # noqa: BLE001 - the script explains; --traceback shows the rest
-        if args.traceback:
+        if script.args.traceback:
             traceback.print_exc()
-        return _said(Outcome(variant, "error", f"the check raised {type(exc).__name__}: {exc} (--traceback shows where)"))
+        return _said(
+            Outcome(variant, "error", f"the check raised {type(exc).__name__}: {exc} (--traceback shows where)")
+        )
     _print_verdict(verdict)
     for finding in findings:
         print(f"  {finding.path or 'output'}: {finding.reason}")
@@ -187,11 +206,10 @@ def _run(call: ScriptCall, name: str, chosen: Backend, registry: Registry, args:
     )
 
 
-def _check(
-    call: ScriptCall, name: str, chosen: Backend, registry: Registry, args: argparse.Namespace, variant: int
-) -> tuple[Verdict, list[Finding]]:
+def _check(script: _Script, variant: int) -> tuple[Verdict, list[Finding]]:
     """check_call's steps, with the script's own inputs and API function: the verdict,
     and what --repeat found."""
+    call, name, chosen, registry, args = script.call, script.name, script.chosen, script.registry, script.args
     call_name = parse_call_name(name)
     assert call_name is not None, name  # msprobe-script writes scripts of API calls only
     framework = FRAMEWORKS[call.framework]()
@@ -202,7 +220,9 @@ def _check(
         api = dataclasses.replace(api, device_fn=call.call_api, bench_fn=own, raised_fn=None)
     inputs = call.build_inputs(args.direction, args.dump_dir, args.generate, variant)
     for leaf in inputs.leaves:
-        print(f"  {leaf.path:<28} {str(leaf.tensor.dtype).removeprefix('torch.'):<9} {list(leaf.tensor.shape)}  {leaf.origin}")
+        print(
+            f"  {leaf.path:<28} {str(leaf.tensor.dtype).removeprefix('torch.'):<9} {list(leaf.tensor.shape)}  {leaf.origin}"
+        )
     settings = Settings(chosen, 0, call.max_elements, registry)
     device, bench, reference = framework.runs(api, inputs, settings)
     try:
@@ -247,4 +267,10 @@ def _print_verdict(verdict: Verdict) -> None:
 def _as_json(name: str, outcome: Outcome) -> Record:
     results = annotated(output_results(outcome.verdict), outcome.findings) if outcome.verdict is not None else []
     outputs = [dataclasses.asdict(o) for o in results]
-    return {"call": name, "variant": outcome.variant, "status": outcome.status, "message": outcome.message, "outputs": outputs}
+    return {
+        "call": name,
+        "variant": outcome.variant,
+        "status": outcome.status,
+        "message": outcome.message,
+        "outputs": outputs,
+    }

@@ -56,7 +56,11 @@ CORE_SUPPORT = (
             "api_tables/pytorch.toml",
         ),
     ),
-    ("pytest_msprobe.judge", "judge", ("__init__.py", "call.py", "judgement.py", "record.py", "findings.py", "repeat.py", "written.py")),
+    (
+        "pytest_msprobe.judge",
+        "judge",
+        ("__init__.py", "call.py", "judgement.py", "record.py", "findings.py", "repeat.py", "written.py"),
+    ),
     ("pytest_msprobe.scripts", "scripts", ("__init__.py", "runtime.py")),
     ("pytest_msprobe.standards", "standards", ("*.py", "tables/*.csv")),
 )
@@ -85,7 +89,7 @@ class ScriptError(Exception):
     """A script cannot be written (an unknown call name): the message says why."""
 
 
-def write_script(
+def write_script(  # noqa: PLR0913  a public function's keyword-only options, with defaults
     index: DumpIndex,
     call_name: str | CallName,
     out_dir: Path,
@@ -103,7 +107,11 @@ def write_script(
     name = _known_call(index, str(call_name))
     forward = _record(index, name.sibling("forward"))
     backward = _record(index, name.sibling("backward"))
-    cannot_run = None if forward is not None else f"the dump has no forward record {name.sibling('forward')}: its inputs are unknown"
+    cannot_run = (
+        None
+        if forward is not None
+        else f"the dump has no forward record {name.sibling('forward')}: its inputs are unknown"
+    )
     try:
         call_api = _call_api(index.framework, name)
     except CallSkip as exc:
@@ -176,8 +184,14 @@ def _call_api(framework: str, name: CallName) -> str:
 
 
 def _support_literal(framework: str, name: CallName) -> str:
-    groups = CORE_SUPPORT + (MINDSPORE_SUPPORT if framework == "mindspore" else ()) + (NPU_SUPPORT if name.api_type == "NPU" else ())
-    files = {"__init__.py": SUPPORT_INIT} | {relative: text for group in groups for relative, text in _package_files(*group)}
+    groups = (
+        CORE_SUPPORT
+        + (MINDSPORE_SUPPORT if framework == "mindspore" else ())
+        + (NPU_SUPPORT if name.api_type == "NPU" else ())
+    )
+    files = {"__init__.py": SUPPORT_INIT} | {
+        relative: text for group in groups for relative, text in _package_files(*group)
+    }
     return "\n".join(f"    {relative!r}: {_text_literal(text)}," for relative, text in files.items())
 
 
@@ -243,12 +257,20 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`msprobe-script DUMP CALL... -o DIR`: write scripts without running pytest."""
-    parser = argparse.ArgumentParser(prog="msprobe-script", description="Write standalone scripts that reproduce calls of an msprobe dump.")
+    parser = argparse.ArgumentParser(
+        prog="msprobe-script", description="Write standalone scripts that reproduce calls of an msprobe dump."
+    )
     parser.add_argument("dump", type=Path, help="dump.json, or the folder holding it")
     parser.add_argument("calls", nargs="+", metavar="CALL", help="call names, e.g. Functional.linear.0.forward")
-    parser.add_argument("-o", "--out", type=Path, default=Path("."), help="folder for the scripts (default: the current one)")
-    parser.add_argument("--standards", type=Path, metavar="CSV", help="the --msprobe-standards file the scripts judge with")
-    parser.add_argument("--max-elements", type=int, default=DEFAULT_MAX_ELEMENTS, help="largest tensor a call may create")
+    parser.add_argument(
+        "-o", "--out", type=Path, default=Path("."), help="folder for the scripts (default: the current one)"
+    )
+    parser.add_argument(
+        "--standards", type=Path, metavar="CSV", help="the --msprobe-standards file the scripts judge with"
+    )
+    parser.add_argument(
+        "--max-elements", type=int, default=DEFAULT_MAX_ELEMENTS, help="largest tensor a call may create"
+    )
     args = parser.parse_args(argv)
     dump = args.dump / "dump.json" if args.dump.is_dir() else args.dump
     try:

@@ -114,7 +114,9 @@ def test_sparse_modes(mode, pre, nxt, sq, skv, small_blocks):
         mask, given = band_mask(sq, skv, max(sq, skv), 0, "lower_right"), COMPRESSED
     else:
         mask, given = band_mask(sq, skv, pre, nxt, "lower_right"), COMPRESSED
-    out, smax, ssum = fa(q, k, v, 4, "BNSD", scale=0.2, atten_mask=given, sparse_mode=mode, pre_tockens=pre, next_tockens=nxt)[:3]
+    out, smax, ssum = fa(
+        q, k, v, 4, "BNSD", scale=0.2, atten_mask=given, sparse_mode=mode, pre_tockens=pre, next_tockens=nxt
+    )[:3]
     expected, s = naive(q, k, v, scale=0.2, mask=mask)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     visible = ~mask.all(dim=-1)  # rows with at least one key
@@ -254,7 +256,9 @@ def test_grad_op_matches_autograd_of_naive(layout):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_low_precision_smoke(dtype):
     q, k, v = qkv(sq=32, skv=32)
-    out, smax = fa(q.to(dtype), k.to(dtype), v.to(dtype), 4, "BNSD", scale=0.25, atten_mask=COMPRESSED, sparse_mode=2)[:2]
+    out, smax = fa(q.to(dtype), k.to(dtype), v.to(dtype), 4, "BNSD", scale=0.25, atten_mask=COMPRESSED, sparse_mode=2)[
+        :2
+    ]
     assert out.dtype == dtype and smax.dtype == torch.float32 and torch.isfinite(out).all()
     expected = naive(q.to(dtype), k.to(dtype), v.to(dtype), scale=0.25, mask=band_mask(32, 32, 32, 0))[0]
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=0.02)

@@ -36,7 +36,9 @@ def test_rotary_interleave_is_complex_rotation():
     r1 = theta.cos().repeat_interleave(2, -1).view(1, 5, 1, 8)
     r2 = theta.sin().repeat_interleave(2, -1).view(1, 5, 1, 8)
     out = get("npu_rotary_mul")(x, r1, r2, rotary_mode="interleave")
-    z = torch.view_as_complex(x.reshape(2, 5, 3, 4, 2).contiguous()) * torch.polar(torch.ones_like(theta), theta).view(1, 5, 1, 4)
+    z = torch.view_as_complex(x.reshape(2, 5, 3, 4, 2).contiguous()) * torch.polar(torch.ones_like(theta), theta).view(
+        1, 5, 1, 4
+    )
     torch.testing.assert_close(out, torch.view_as_real(z).reshape(2, 5, 3, 8), rtol=1e-13, atol=1e-14)
 
 

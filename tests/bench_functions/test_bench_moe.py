@@ -54,7 +54,9 @@ def test_finalize_routing_sums_the_scaled_rows(drop_pad_mode: int) -> None:
             total += float(scales[i, slot]) * (float(permuted[dst, j]) + float(bias[experts[i, slot], j]))
         expected[i, j] = total
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
-    half = get("npu_moe_finalize_routing")(permuted.half(), None, None, None, scales.half(), src_to_dst, experts, drop_pad_mode)
+    half = get("npu_moe_finalize_routing")(
+        permuted.half(), None, None, None, scales.half(), src_to_dst, experts, drop_pad_mode
+    )
     assert half.dtype == torch.float16
 
 
@@ -68,7 +70,15 @@ def test_finalize_routing_drop_pad_skips_dropped_pairs() -> None:
 
 
 def gating_truth(
-    x: torch.Tensor, k: int, bias: torch.Tensor, k_group: int, group_count: int, mode: int, norm_type: int, factor: float, eps: float
+    x: torch.Tensor,
+    k: int,
+    bias: torch.Tensor,
+    k_group: int,
+    group_count: int,
+    mode: int,
+    norm_type: int,
+    factor: float,
+    eps: float,
 ):
     """The docs' equivalent computation, one row at a time in float64."""
     ys, idx = [], []
@@ -97,13 +107,23 @@ def gating_truth(
 def test_gating_top_k_picks_groups_then_experts(norm_type: int, mode: int) -> None:
     x, bias = rand(6, 16), rand(16) * 0.1
     y, idx, norm = get("npu_moe_gating_top_k")(
-        x, 3, bias=bias, k_group=2, group_count=4, group_select_mode=mode, norm_type=norm_type, out_flag=True, routed_scaling_factor=2.5
+        x,
+        3,
+        bias=bias,
+        k_group=2,
+        group_count=4,
+        group_select_mode=mode,
+        norm_type=norm_type,
+        out_flag=True,
+        routed_scaling_factor=2.5,
     )
     y_truth, idx_truth = gating_truth(x, 3, bias, 2, 4, mode, norm_type, 2.5, 1e-20)
     assert torch.equal(idx.long(), idx_truth) and idx.dtype == torch.int32
     torch.testing.assert_close(y, y_truth, rtol=1e-12, atol=1e-12)
     assert norm.shape == x.shape
-    bf16 = get("npu_moe_gating_top_k")(x.bfloat16(), 3, bias=bias.bfloat16(), k_group=2, group_count=4, norm_type=norm_type)
+    bf16 = get("npu_moe_gating_top_k")(
+        x.bfloat16(), 3, bias=bias.bfloat16(), k_group=2, group_count=4, norm_type=norm_type
+    )
     assert bf16[0].dtype == torch.bfloat16 and bf16[2].dtype == torch.float32
 
 
@@ -146,8 +166,14 @@ def test_grouped_matmul_antiquant_per_channel_and_int32_output() -> None:
     """Formula 4: x @ ((w + antiquant_offset) * antiquant_scale) + bias; int8 x without
     scale gives the int32 product."""
     x, w = rand(6, 8, dtype=torch.float16), torch.randint(-8, 8, (8, 3), generator=G, dtype=torch.int8)
-    a_scale, a_offset, bias = rand(3, dtype=torch.float16).abs(), rand(3, dtype=torch.float16), rand(3, dtype=torch.float16)
-    [y] = get("npu_grouped_matmul")([x], [w], bias=[bias], antiquant_scale=[a_scale], antiquant_offset=[a_offset], split_item=0)
+    a_scale, a_offset, bias = (
+        rand(3, dtype=torch.float16).abs(),
+        rand(3, dtype=torch.float16),
+        rand(3, dtype=torch.float16),
+    )
+    [y] = get("npu_grouped_matmul")(
+        [x], [w], bias=[bias], antiquant_scale=[a_scale], antiquant_offset=[a_offset], split_item=0
+    )
     truth = x.double() @ ((w.double() + a_offset.double()) * a_scale.double()) + bias.double()
     assert y.dtype == torch.float16 and torch.equal(y, truth.to(torch.float16))
     xi = torch.randint(-8, 8, (4, 8), generator=G, dtype=torch.int8)
@@ -178,12 +204,19 @@ def test_dequant_swiglu_quant_dynamic_per_group() -> None:
     quant_scale = torch.rand(2, h, generator=G) + 0.5
     group_index = torch.tensor([2, 3])  # 5 of 7 tokens: rows 5-6 not written
     out, scale = get("npu_dequant_swiglu_quant")(
-        x, weight_scale=weight_scale, activation_scale=activation_scale, quant_scale=quant_scale, group_index=group_index, quant_mode=1
+        x,
+        weight_scale=weight_scale,
+        activation_scale=activation_scale,
+        quant_scale=quant_scale,
+        group_index=group_index,
+        quant_mode=1,
     )
     for i in range(5):
         g = 0 if i < 2 else 1
         deq = [float(x[i, j]) * float(weight_scale[g, j]) * float(activation_scale[i]) for j in range(2 * h)]
-        act = [deq[h + j] / (1 + math.exp(-deq[h + j])) * deq[j] * float(quant_scale[g, j]) for j in range(h)]  # right half activated
+        act = [
+            deq[h + j] / (1 + math.exp(-deq[h + j])) * deq[j] * float(quant_scale[g, j]) for j in range(h)
+        ]  # right half activated
         row_scale = max(abs(v) for v in act) / 127
         assert float(scale[i]) == pytest.approx(row_scale, rel=1e-5)
         assert [int(v) for v in out[i]] == [round(v / row_scale) for v in act]
@@ -226,7 +259,13 @@ def test_init_routing_v2_dropless_active_range() -> None:
     pair 1 (expert 3) and pair 2 (expert 0) are not available."""
     x, scale = rand(4, 3), rand(4)
     v2 = get("npu_moe_init_routing_v2")
-    kwargs = {"scale": scale, "expert_num": 4, "active_expert_range": [1, 3], "expert_tokens_num_flag": True, "quant_mode": -1}
+    kwargs = {
+        "scale": scale,
+        "expert_num": 4,
+        "active_expert_range": [1, 3],
+        "expert_tokens_num_flag": True,
+        "quant_mode": -1,
+    }
     expanded_x, row_idx, counts, expanded_scale = v2(x, V2_EXPERTS, expert_tokens_num_type=1, **kwargs)
     tokens = [0, 2, 3, 3, 1, 2]
     assert torch.equal(expanded_x[:6], x[tokens]) and expanded_x.shape == (8, 3)
@@ -242,7 +281,9 @@ def test_init_routing_v2_dropless_active_range() -> None:
 
 def test_init_routing_v2_dynamic_quant_with_smooth_scale() -> None:
     x, smooth = rand(4, 3), rand(2, 3).abs() + 0.5  # one smooth row per active expert (1, 2)
-    out, _, _, scales = get("npu_moe_init_routing_v2")(x, V2_EXPERTS, scale=smooth, expert_num=4, active_expert_range=[1, 3], quant_mode=1)
+    out, _, _, scales = get("npu_moe_init_routing_v2")(
+        x, V2_EXPERTS, scale=smooth, expert_num=4, active_expert_range=[1, 3], quant_mode=1
+    )
     for i, (token, expert) in enumerate(zip([0, 2, 3, 3, 1, 2], [1, 1, 1, 1, 2, 2], strict=True)):
         values = [float(x[token, j]) * float(smooth[expert - 1, j]) for j in range(3)]
         step = max(abs(v) for v in values) / 127

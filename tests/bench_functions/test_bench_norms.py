@@ -34,7 +34,9 @@ def test_rms_norm_default_epsilon_and_dtypes():
     x, gamma = rand(4, 8), rand(8)
     y, rstd = rms_norm(x.half(), gamma.half())
     assert y.dtype == torch.float16 and rstd.dtype == torch.float32  # IR: rstd is float
-    expected = x.half().double() / torch.sqrt((x.half().double() ** 2).mean(-1, keepdim=True) + 1e-6) * gamma.half().double()
+    expected = (
+        x.half().double() / torch.sqrt((x.half().double() ** 2).mean(-1, keepdim=True) + 1e-6) * gamma.half().double()
+    )
     torch.testing.assert_close(y.double(), expected, rtol=2e-3, atol=2e-3)
     with pytest.raises(ValueError, match="gamma"):
         rms_norm(x, rand(4))

@@ -37,7 +37,9 @@ def test_apply_adam_is_torch_adam_with_epsilon_hat(t):
 def test_apply_adam_nesterov_formula():
     var, m, v, grad = state()
     lr, b1, b2, eps, t = 1e-3, 0.8, 0.99, 1e-8, 3
-    out = get("npu_apply_adam")(torch.tensor(b1**t), b2**t, lr, b1, b2, eps, grad, None, True, out=(var.clone(), m.clone(), v.clone()))
+    out = get("npu_apply_adam")(
+        torch.tensor(b1**t), b2**t, lr, b1, b2, eps, grad, None, True, out=(var.clone(), m.clone(), v.clone())
+    )
     m_t = b1 * m + (1 - b1) * grad
     v_t = b2 * v + (1 - b2) * grad**2
     lr_t = lr * (1 - b2**t) ** 0.5 / (1 - b1**t)

@@ -116,7 +116,10 @@ def _cases(dtype):
             (r(1, 2, 16, 8), r(1, 2, 16, 8), r(1, 2, 16, 8), 2, "BNSD"),
             dict(atten_mask=mask, sparse_mode=2, scale=0.3),
         ),
-        "npu_fusion_attention_grad": ((r(1, 16, 16), r(1, 16, 16), r(1, 16, 16), r(1, 16, 16), 2, "BSH"), dict(scale_value=0.3)),
+        "npu_fusion_attention_grad": (
+            (r(1, 16, 16), r(1, 16, 16), r(1, 16, 16), r(1, 16, 16), 2, "BSH"),
+            dict(scale_value=0.3),
+        ),
         "npu_rms_norm": ((r(4, 8), r(8)), {}),
         "npu_rotary_mul": ((r(1, 2, 4, 8), r(1, 1, 4, 8), r(1, 1, 4, 8)), {}),
         "npu_swiglu": ((r(4, 8),), {}),

@@ -12,7 +12,9 @@ from _pytest import pytester
 
 class _KeepMindspore(pytester.SysModulesSnapshot):
     def __init__(self, preserve: Callable[[str], bool] | None = None) -> None:
-        super().__init__(preserve=lambda name: name.startswith("mindspore") or (preserve is not None and preserve(name)))
+        super().__init__(
+            preserve=lambda name: name.startswith("mindspore") or (preserve is not None and preserve(name))
+        )
 
 
 @pytest.fixture(autouse=True)

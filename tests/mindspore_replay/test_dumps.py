@@ -27,7 +27,16 @@ SHIPPED = ["mindspore_small_tensor_fp32", "mindspore_small_statistics_fp32"]
 
 
 def _tensor(shape: list[int], dtype: str = "Float32", **stats: Any) -> dict[str, Any]:
-    return {"type": "mindspore.Tensor", "dtype": dtype, "shape": shape, "Max": 1.0, "Min": -1.0, "Mean": 0.0, "Norm": 1.0, **stats}
+    return {
+        "type": "mindspore.Tensor",
+        "dtype": dtype,
+        "shape": shape,
+        "Max": 1.0,
+        "Min": -1.0,
+        "Mean": 0.0,
+        "Norm": 1.0,
+        **stats,
+    }
 
 
 def _forward(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -36,7 +45,9 @@ def _forward(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 @needs_mindspore
 @pytest.mark.parametrize("dump", SHIPPED)
-def test_shipped_dump_passes_on_the_cpu(dump: str, copy_dump: Callable[[str], Path], run_dump: Callable[..., Any]) -> None:
+def test_shipped_dump_passes_on_the_cpu(
+    dump: str, copy_dump: Callable[[str], Path], run_dump: Callable[..., Any]
+) -> None:
     result = run_dump(copy_dump(dump), "--msprobe-device=cpu")
     assert result.collection_errors == []
     assert len(result.calls) == 12
@@ -60,7 +71,9 @@ def test_planted_fault_fails_exactly_its_calls(
 
 
 @needs_mindspore
-def test_offline_judges_as_online_against_mindspores_own_cpu_kernel(copy_dump: Callable[[str], Path], run_dump: Callable[..., Any]) -> None:
+def test_offline_judges_as_online_against_mindspores_own_cpu_kernel(
+    copy_dump: Callable[[str], Path], run_dump: Callable[..., Any]
+) -> None:
     """The dumped outputs are MindSpore's: offline, the reference is MindSpore's CPU
     kernel, not the torch twin (whose exp and softmax round differently: 4 calls erred
     offline that pass online, with the same device metrics); a perturbed output still
@@ -70,10 +83,14 @@ def test_offline_judges_as_online_against_mindspores_own_cpu_kernel(copy_dump: C
     offline = run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline")
     judged = {name: call.outcome for name, call in offline.calls.items() if call.outcome != "skipped"}
     assert len(judged) == 11 and judged == {name: online.calls[name].outcome for name in judged}
-    assert {call.properties["msprobe_reference"] for call in offline.calls.values() if call.outcome == "passed"} >= {"reference"}
+    assert {call.properties["msprobe_reference"] for call in offline.calls.values() if call.outcome == "passed"} >= {
+        "reference"
+    }
     output = dump.parent / "dump_tensor_data" / "Mint.exp.0.forward.output.0.npy"
     numpy.save(output, numpy.load(output) * numpy.float32(1 + 2**-10))
-    assert sorted(run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline").by_outcome("failed")) == ["Mint.exp.0.forward"]
+    assert sorted(run_dump(dump, "--msprobe-device=cpu", "--msprobe-offline").by_outcome("failed")) == [
+        "Mint.exp.0.forward"
+    ]
 
 
 @needs_mindspore
@@ -149,7 +166,15 @@ def test_numpy_2_is_refused_with_the_install_line(
 
 
 def test_pytorch_dumps_never_import_mindspore(write_dump: Callable[..., Path], tmp_path: Path) -> None:
-    tensor = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [3, 4], "Max": 1.0, "Min": -1.0, "Mean": 0.0, "Norm": 1.0}
+    tensor = {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [3, 4],
+        "Max": 1.0,
+        "Min": -1.0,
+        "Mean": 0.0,
+        "Norm": 1.0,
+    }
     dump = write_dump({"Torch.exp.0.forward": {"input_args": [tensor], "input_kwargs": {}, "output": []}})
     script = (
         "import sys, pytest\n"
@@ -184,10 +209,15 @@ def _scaling_dump(write_dump: Callable[..., Path], toward_zero: bool) -> Path:
         exact = x.astype(numpy.float64) * 3
         output = exact.astype(numpy.float16)
         if toward_zero:
-            output = numpy.where(numpy.abs(output) > numpy.abs(exact), numpy.nextafter(output, numpy.float16(0)), output)
+            output = numpy.where(
+                numpy.abs(output) > numpy.abs(exact), numpy.nextafter(output, numpy.float16(0)), output
+            )
         tensors |= {f"{name}.input.0.npy": x, f"{name}.output.0.npy": output}
         data[name] = {
-            "input_args": [_tensor([4, 7], "Float16", data_name=f"{name}.input.0.npy"), {"type": "float", "value": 3.0}],
+            "input_args": [
+                _tensor([4, 7], "Float16", data_name=f"{name}.input.0.npy"),
+                {"type": "float", "value": 3.0},
+            ],
             "input_kwargs": {},
             "output": [_tensor([4, 7], "Float16", data_name=f"{name}.output.0.npy")],
         }
@@ -199,7 +229,9 @@ def _scaling_dump(write_dump: Callable[..., Path], toward_zero: bool) -> Path:
 
 @needs_mindspore
 @pytest.mark.parametrize("toward_zero", [False, True], ids=["nearest", "toward-zero"])
-def test_a_mindspore_kernels_calls_are_pooled(write_dump: Callable[..., Path], run_dump: Callable[..., Any], toward_zero: bool) -> None:
+def test_a_mindspore_kernels_calls_are_pooled(
+    write_dump: Callable[..., Path], run_dump: Callable[..., Any], toward_zero: bool
+) -> None:
     """Kernel verdicts pool MindSpore calls as torch ones (judge/kernels.py): a float16
     multiplication rounded toward zero passes each of its 12 calls and fails its kernel
     offline; rounded to nearest, the kernel passes. Fails without the pooling: no kernel."""

@@ -111,7 +111,9 @@ def _settings() -> Any:
     from pytest_msprobe.judge.call import Settings
     from pytest_msprobe.standards import Registry
 
-    return Settings(backend=Backend(), device_index=0, max_elements=1 << 24, registry=Registry.default(), device_request="cpu")
+    return Settings(
+        backend=Backend(), device_index=0, max_elements=1 << 24, registry=Registry.default(), device_request="cpu"
+    )
 
 
 def _judge(api: str, bench: Any, device: Any) -> None:
@@ -137,7 +139,9 @@ def test_mindspore_and_torch_twin_agree(api: str) -> None:
     _judge(api, bench_out, device_out)
 
     flags = [tensor.is_floating_point() for tensor in _tensors((args, kwargs))]
-    inputs.grads = [torch.randn(out.shape, generator=GENERATOR) if out.is_floating_point() else None for out in _flat(bench_out)]
+    inputs.grads = [
+        torch.randn(out.shape, generator=GENERATOR) if out.is_floating_point() else None for out in _flat(bench_out)
+    ]
     if not any(flags) or not any(grad is not None for grad in inputs.grads):
         return
     _judge(api, bench.backward(inputs, flags), device.backward(inputs, flags))

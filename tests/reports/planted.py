@@ -12,7 +12,9 @@ class Planted:
     def pytest_msprobe_register_standards(self, registry: Any) -> None:
         def planted(status: str) -> Any:
             def judge(pair: Any, thresholds: Any, reference: Any = None) -> Any:
-                return pair.verdict(status, f"planted_{status}", {"cosine": -0.5}, {}, [PLANTED_REASON, "+second\nline"])
+                return pair.verdict(
+                    status, f"planted_{status}", {"cosine": -0.5}, {}, [PLANTED_REASON, "+second\nline"]
+                )
 
             return judge
 

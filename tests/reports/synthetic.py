@@ -27,9 +27,17 @@ def many_calls(count: int, shape: list[int] | None = None) -> dict[str, Any]:
     for i in range(count):
         kind = i % 4
         if kind == 0:
-            data[f"Torch.add.{i}.forward"] = {"input_args": [tensor(shape), tensor(shape)], "input_kwargs": {}, "output": [tensor(shape)]}
+            data[f"Torch.add.{i}.forward"] = {
+                "input_args": [tensor(shape), tensor(shape)],
+                "input_kwargs": {},
+                "output": [tensor(shape)],
+            }
         elif kind == 1:
-            data[f"Functional.silu.{i}.forward"] = {"input_args": [tensor(shape)], "input_kwargs": {}, "output": [tensor(shape)]}
+            data[f"Functional.silu.{i}.forward"] = {
+                "input_args": [tensor(shape)],
+                "input_kwargs": {},
+                "output": [tensor(shape)],
+            }
             data[f"Functional.silu.{i}.backward"] = {
                 "input": [tensor(shape, requires_grad=False)],
                 "output": [tensor(shape, requires_grad=False)],
@@ -41,5 +49,9 @@ def many_calls(count: int, shape: list[int] | None = None) -> dict[str, Any]:
                 "output": [tensor(shape)],
             }
         else:
-            data[f"Tensor.abs.{i}.forward"] = {"input_args": [tensor(shape)], "input_kwargs": {}, "output": [tensor(shape)]}
+            data[f"Tensor.abs.{i}.forward"] = {
+                "input_args": [tensor(shape)],
+                "input_kwargs": {},
+                "output": [tensor(shape)],
+            }
     return data

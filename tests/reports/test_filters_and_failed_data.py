@@ -15,11 +15,23 @@ from pytest_msprobe.dump.filters import AccCheckConfig, FilterConfigError, read_
 from pytest_msprobe.results.msprobe_csv import MAX_CELL, metric_text, neutralise
 
 
-def selected(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()) -> tuple[list[str], pytest.HookRecorder]:
+def selected(
+    pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()
+) -> tuple[list[str], pytest.HookRecorder]:
     recorder = pytester.inline_run(
-        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider", "--msprobe-out=out", *args, plugins=list(plugins)
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+        "-p",
+        "no:cacheprovider",
+        "--msprobe-out=out",
+        *args,
+        plugins=list(plugins),
     )
-    names = [report.nodeid.rsplit("::", 1)[-1] for report in recorder.getreports("pytest_runtest_logreport") if report.when == "call"]
+    names = [
+        report.nodeid.rsplit("::", 1)[-1]
+        for report in recorder.getreports("pytest_runtest_logreport")
+        if report.when == "call"
+    ]
     return sorted(names), recorder
 
 
@@ -51,9 +63,15 @@ def test_a_bad_config_is_a_usage_error_that_says_what_to_fix(tmp_path: Path) -> 
         read_config(bad)
 
 
-def test_dedup_keeps_one_call_per_signature_and_says_how_many_it_stands_for(pytester: pytest.Pytester, write_dump) -> None:
+def test_dedup_keeps_one_call_per_signature_and_says_how_many_it_stands_for(
+    pytester: pytest.Pytester, write_dump
+) -> None:
     data = many_calls(8)  # two of each API, same shapes
-    data["Torch.add.9.forward"] = {"input_args": [tensor([5]), tensor([5])], "input_kwargs": {}, "output": [tensor([5])]}
+    data["Torch.add.9.forward"] = {
+        "input_args": [tensor([5]), tensor([5])],
+        "input_kwargs": {},
+        "output": [tensor([5])],
+    }
     data["Torch.add.10.forward"] = {
         "input_args": [tensor([2, 3]), {"type": "int", "value": 2}],
         "input_kwargs": {},
@@ -78,7 +96,9 @@ def test_dedup_keeps_one_call_per_signature_and_says_how_many_it_stands_for(pyte
     assert represents["Torch.add.9.forward"] == 1
 
 
-def test_dedup_counts_add_up_to_the_dumped_tests_and_every_direction_is_checked(pytester: pytest.Pytester, write_dump) -> None:
+def test_dedup_counts_add_up_to_the_dumped_tests_and_every_direction_is_checked(
+    pytester: pytest.Pytester, write_dump
+) -> None:
     """A silu call without a backward comes first: it stands for the forwards, and the
     first silu backward is kept for the backwards (was: every silu backward dropped, and
     the summary's total off)."""
@@ -110,7 +130,10 @@ def test_failed_calls_are_saved_as_safe_tensors_and_a_call_description(pytester:
     names, _ = selected(pytester, dump, "--msprobe-save-failed=failed", "--msprobe-strict", plugins=(Planted(),))
     assert len(names) == 3
     saved = sorted(path.name for path in (pytester.path / "failed").iterdir())
-    assert saved == ["Functional.silu.1.backward", "Functional.silu.1.forward"]  # warnings fail under strict; add passed
+    assert saved == [
+        "Functional.silu.1.backward",
+        "Functional.silu.1.forward",
+    ]  # warnings fail under strict; add passed
     folder = pytester.path / "failed" / "Functional.silu.1.backward"
     call = json.loads((folder / "call.json").read_text())
     assert call["status"] == "warning" and call["forward_record"]["input_args"][0]["shape"] == [2, 3]

@@ -69,7 +69,10 @@ def test_samples_are_bounded_deterministic_and_the_heatmap_finds_a_wrong_block(m
     monkeypatch.setattr(samples, "CHUNK", 37)
     errors = scaled_errors(bench.numpy().ravel(), device.double().numpy().ravel(), dtype_info("float32"), sample["rms"])
     rows, cols = np.arange(49) * 300 // 48, [*(np.arange(48) * 700 // 48), 700]
-    expected = [[errors.reshape(300, 700)[rows[i] : rows[i + 1], cols[j] : cols[j + 1]].max() for j in range(48)] for i in range(48)]
+    expected = [
+        [errors.reshape(300, 700)[rows[i] : rows[i + 1], cols[j] : cols[j + 1]].max() for j in range(48)]
+        for i in range(48)
+    ]
     (chunked,) = element_samples(bench, device, verdict, {"error"})
     assert np.allclose(chunked["heatmap"]["grid"], expected, rtol=6e-3)  # cells keep 3 digits
     assert element_samples(bench, device, verdict, {"warning"}) == []  # only the asked statuses
@@ -100,7 +103,9 @@ BOUNDARIES = [
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize(("api", "standard", "moved"), BOUNDARIES, ids=[b[1] for b in BOUNDARIES])
-def test_the_tolerance_line_is_where_the_standard_judges(api: str, standard: str, moved: str, dtype: torch.dtype) -> None:
+def test_the_tolerance_line_is_where_the_standard_judges(
+    api: str, standard: str, moved: str, dtype: torch.dtype
+) -> None:
     """Errors at half the drawn line pass the standard, at three times it fail."""
     generator = torch.Generator().manual_seed(1)
     bench = torch.randn(64, 64, generator=generator, dtype=torch.float64)
@@ -112,7 +117,9 @@ def test_the_tolerance_line_is_where_the_standard_judges(api: str, standard: str
     where = (
         torch.ones_like(bench)
         if moved == "every"
-        else torch.zeros_like(bench).index_put_((torch.tensor([3]), torch.tensor([5])), torch.tensor(1.0, dtype=torch.float64))
+        else torch.zeros_like(bench).index_put_(
+            (torch.tensor([3]), torch.tensor([5])), torch.tensor(1.0, dtype=torch.float64)
+        )
     )
 
     def moved_by(factor: float) -> torch.Tensor:
@@ -183,7 +190,11 @@ def table_rows(page: str) -> list[list[Any]]:
 
 
 def run_pytest(folder: Path, *args: str, planted: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLANTED_LINEAR), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PLANTED_LINEAR), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     command = [
         sys.executable,
         "-m",
@@ -205,13 +216,25 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("faulty")
     shutil.copytree(DUMPS / "torch_mlpcnn_tensor_fp32", folder / "dump")
     done = run_pytest(
-        folder, "--msprobe-dump=dump/dump.json", "-n", "2", "--msprobe-scripts=scripts", "--msprobe-html=report.html", planted=True
+        folder,
+        "--msprobe-dump=dump/dump.json",
+        "-n",
+        "2",
+        "--msprobe-scripts=scripts",
+        "--msprobe-html=report.html",
+        planted=True,
     )
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout[-3000:] + done.stderr[-3000:]
     records = [entry.record for entry in read_journal(RunFiles.latest(folder / "out").journal)]
     faulty = sorted(record.call for record in records if record.status == "error")
     assert faulty and all(call.startswith("Functional.linear.") for call in faulty)
-    return {"folder": folder, "report": folder / "report.html", "records": records, "faulty": faulty, "stdout": done.stdout}
+    return {
+        "folder": folder,
+        "report": folder / "report.html",
+        "records": records,
+        "faulty": faulty,
+        "stdout": done.stdout,
+    }
 
 
 def test_the_run_names_its_report_and_the_page_holds_the_faulty_calls_first(faulty_run) -> None:
@@ -221,7 +244,9 @@ def test_the_run_names_its_report_and_the_page_holds_the_faulty_calls_first(faul
     assert len(rows) == len(faulty_run["records"])
     assert sorted(row[0] for row in rows[: len(faulty_run["faulty"])]) == faulty_run["faulty"]
     sections = re.findall(r'<section class="call error" id="(call-\d+)">(.*?)</section>', page, re.S)
-    assert [re.search(r"</span> ([^<]+)</h3>", body).group(1) for _, body in sections] == [row[0] for row in rows[: len(sections)]]
+    assert [re.search(r"</span> ([^<]+)</h3>", body).group(1) for _, body in sections] == [
+        row[0] for row in rows[: len(sections)]
+    ]
     assert len(sections) == len(faulty_run["faulty"])
     for _, body in sections:
         assert "<figure" in body and "<svg" in body and "Worst elements" in body
@@ -234,13 +259,35 @@ def test_the_report_is_rebuilt_and_merged_from_the_result_folder(faulty_run, tmp
     folder = faulty_run["folder"]
     title = "pytest-msprobe: dump/dump.json"
     assert (
-        msprobe_report([str(folder / "out"), "-o", str(tmp_path / "again.html"), "--scripts", str(folder / "scripts"), "--title", title])
+        msprobe_report(
+            [
+                str(folder / "out"),
+                "-o",
+                str(tmp_path / "again.html"),
+                "--scripts",
+                str(folder / "scripts"),
+                "--title",
+                title,
+            ]
+        )
         == 0
     )
     written = re.compile(r"report written [0-9: -]+")
-    assert written.sub("", (tmp_path / "again.html").read_text("utf-8")) == written.sub("", faulty_run["report"].read_text("utf-8"))
+    assert written.sub("", (tmp_path / "again.html").read_text("utf-8")) == written.sub(
+        "", faulty_run["report"].read_text("utf-8")
+    )
     assert (
-        msprobe_merge([str(folder / "out"), str(folder / "out"), "-o", str(tmp_path / "merged"), "--html", str(tmp_path / "m.html")]) == 0
+        msprobe_merge(
+            [
+                str(folder / "out"),
+                str(folder / "out"),
+                "-o",
+                str(tmp_path / "merged"),
+                "--html",
+                str(tmp_path / "m.html"),
+            ]
+        )
+        == 0
     )
     merged = (tmp_path / "m.html").read_text("utf-8")
     assert sorted(row[0] for row in table_rows(merged)) == sorted(record.call for record in faulty_run["records"])
@@ -251,7 +298,10 @@ def test_the_report_is_rebuilt_and_merged_from_the_result_folder(faulty_run, tmp
 def test_hostile_text_is_escaped_and_a_clean_report_says_all_passed(faulty_run) -> None:
     entries = read_journal(RunFiles.latest(faulty_run["folder"] / "out").journal)
     hostile = entries[0].record
-    hostile.call, hostile.message = "Functional.</script><script>alert(1)</script>.0.forward", "<img src=x onerror=alert(2)>"
+    hostile.call, hostile.message = (
+        "Functional.</script><script>alert(1)</script>.0.forward",
+        "<img src=x onerror=alert(2)>",
+    )
     page = report_html(entries)
     assert "<script>alert(1)" not in page and "<img src=x" not in page
     clean = [entry for entry in entries if entry.record.status == "pass"]
@@ -304,7 +354,9 @@ def test_regressions_against_the_baseline_show_now_and_then(copy_dump, pytester:
     # msprobe-report takes the baselines a user keeps: each is a column of the trend, then now
     again = pytester.path / "again.html"
     assert msprobe_report(["out", "-o", str(again), "--baseline", "baseline", "--baseline", "baseline"]) == 0
-    trend = re.search(r"<h4>Across the baselines</h4><table[^>]*><tr><th></th>(.*?)</tr>", again.read_text("utf-8")).group(1)
+    trend = re.search(
+        r"<h4>Across the baselines</h4><table[^>]*><tr><th></th>(.*?)</tr>", again.read_text("utf-8")
+    ).group(1)
     assert re.findall(r"<th>([^<]*)</th>", trend) == ["baseline", "baseline", "now"]
 
 
@@ -320,7 +372,9 @@ def chromium() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'"
+    )
     executable = chromium()
     if executable is None:
         pytest.skip("no Chromium found (apt-get install chromium, or MSPROBE_CHROMIUM=/path/to/chrome)")
@@ -338,14 +392,19 @@ class Opened:
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page = browser.new_page(viewport={"width": 1300, "height": 900})
-        self.page.on("console", lambda message: self.errors.append(message.text) if message.type in ("error", "warning") else None)
+        self.page.on(
+            "console",
+            lambda message: self.errors.append(message.text) if message.type in ("error", "warning") else None,
+        )
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         self.page.on("request", lambda request: self.requests.append(request.url))
         self.page.goto(self.url)
         self.page.wait_for_selector("body[data-ready]", timeout=20_000)
 
     def rows(self) -> list[list[str]]:
-        return self.page.eval_on_selector_all("#calls-table tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+        return self.page.eval_on_selector_all(
+            "#calls-table tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+        )
 
     def clean(self) -> bool:
         return not self.errors and self.requests == [self.url]
@@ -357,7 +416,9 @@ def test_in_the_browser_the_planted_fault_comes_first_with_its_plots(browser, fa
     faulty = faulty_run["faulty"]
     rows = opened.rows()
     assert len(rows) == len(faulty_run["records"])
-    assert sorted(row[0] for row in rows[: len(faulty)]) == faulty and {row[2] for row in rows[: len(faulty)]} == {"error"}
+    assert sorted(row[0] for row in rows[: len(faulty)]) == faulty and {row[2] for row in rows[: len(faulty)]} == {
+        "error"
+    }
     sections = opened.page.locator("section.call.error")
     assert sections.count() == len(faulty)
     for number in range(sections.count()):
@@ -419,9 +480,13 @@ def test_the_browser_checks_catch_a_planted_request_and_error(browser, faulty_ru
     """The checks above are not vacuous: a page that asks the network and logs an error
     is caught (its Content-Security-Policy refuses the request, which is a console error)."""
     page = faulty_run["report"].read_text("utf-8")
-    planted = page.replace("</body>", '<img src="https://example.com/x.png"><script>console.error("planted")</script></body>')
+    planted = page.replace(
+        "</body>", '<img src="https://example.com/x.png"><script>console.error("planted")</script></body>'
+    )
     (tmp_path / "planted.html").write_text(planted, encoding="utf-8")
     opened = Opened(browser, tmp_path / "planted.html")
     assert not opened.clean()
     assert any("planted" in error for error in opened.errors)
-    assert any("example.com" in error for error in opened.errors) or any("example.com" in url for url in opened.requests)
+    assert any("example.com" in error for error in opened.errors) or any(
+        "example.com" in url for url in opened.requests
+    )

@@ -35,7 +35,13 @@ COLUMN_OF = dict(METRIC_COLUMNS)
 
 def run(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()) -> tuple[Any, RunFiles]:
     result = pytester.inline_run(
-        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider", "--msprobe-out=out", *args, plugins=list(plugins)
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+        "-p",
+        "no:cacheprovider",
+        "--msprobe-out=out",
+        *args,
+        plugins=list(plugins),
     )
     files = RunFiles.latest(pytester.path / "out")
     assert files is not None
@@ -55,7 +61,10 @@ def fp32_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("fp32")
     dump = Path(__file__).parents[1] / "dumps" / "torch_mlpcnn_tensor_fp32" / "dump.json"
     junit = folder / "junit.xml"
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
         [
             sys.executable,
@@ -86,7 +95,9 @@ def test_details_csv_has_msprobes_columns_filled_as_msprobe_fills_them(fp32_run)
     assert tuple(rows[0]) == DETAILS_HEADER
     frame = pandas.read_csv(fp32_run["files"].details, encoding="utf-8-sig", keep_default_na=False, dtype=str)
     assert len(frame) > 40
-    standards = dict(zip(*pandas.read_json(fp32_run["files"].metrics, lines=True)[["name", "standard"]].T.values, strict=True))
+    standards = dict(
+        zip(*pandas.read_json(fp32_run["files"].metrics, lines=True)[["name", "standard"]].T.values, strict=True)
+    )
     seen = set()
     for _, row in frame.iterrows():
         standard = standards[row["API Name"]]
@@ -99,7 +110,10 @@ def test_details_csv_has_msprobes_columns_filled_as_msprobe_fills_them(fp32_run)
         for key, column in METRIC_COLUMNS:
             if key in expected and not standard.startswith("planted"):
                 float(row[column])  # a number, printed with 14 decimals
-                assert row[column] in ("nan", "inf", "-inf") or len(row[column].split(".")[1]) == 14, (row["API Name"], column)
+                assert row[column] in ("nan", "inf", "-inf") or len(row[column].split(".")[1]) == 14, (
+                    row["API Name"],
+                    column,
+                )
             elif not standard.startswith("planted"):
                 assert row[column] == " ", (row["API Name"], column, standard)
     assert set(FILLED) <= seen | {"accumulative_error"}, seen  # every standard but one appears in this dump
@@ -135,7 +149,9 @@ def test_metrics_file_is_one_pandas_read_with_every_metric(fp32_run) -> None:
     assert set(kernels.name) and all(name.endswith((".kernel.forward", ".kernel.backward")) for name in kernels.name)
     frame = frame[frame.standard != "kernel"]
     assert len(frame) == len(details) - 1
-    assert {"call", "direction", "name", "status", "standard", "cosine", "max_ulp_err", "error_rate"} <= set(frame.columns)
+    assert {"call", "direction", "name", "status", "standard", "cosine", "max_ulp_err", "error_rate"} <= set(
+        frame.columns
+    )
     ulp = frame[frame.standard == "ulp"]
     assert ulp.max_ulp_err.notna().all() and ulp.error_rate.isna().all()
 
@@ -151,7 +167,10 @@ def test_details_csv_reads_into_pandas_with_numbers_as_the_docs_say(fp32_run) ->
 
 def test_junit_properties_carry_status_standard_and_key_metrics(fp32_run) -> None:
     tree = ElementTree.parse(fp32_run["junit"])
-    cases = {case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")} for case in tree.iter("testcase")}
+    cases = {
+        case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+        for case in tree.iter("testcase")
+    }
     linear = cases["Functional.linear.0.forward"]
     assert linear["msprobe_status"] == "error" and linear["msprobe_standard"] == "planted_error"
     matmul = cases["Tensor.__matmul__.0.forward"]

@@ -48,13 +48,19 @@ def pytest_command(dump: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run(dump: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(pytest_command(dump, out, *extra), cwd=dump.parent, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        pytest_command(dump, out, *extra), cwd=dump.parent, capture_output=True, text=True, timeout=120
+    )
 
 
 def kill_midway(dump: Path, out: Path, *extra: str, rows: int = 20) -> None:
     """Start a run and SIGKILL it (workers included) once its details file has rows."""
     process = subprocess.Popen(
-        pytest_command(dump, out, *extra), cwd=dump.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        pytest_command(dump, out, *extra),
+        cwd=dump.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 90
     try:
@@ -115,7 +121,15 @@ def test_a_killed_run_resumes_to_the_clean_runs_files(clean, tmp_path: Path, wor
 def test_a_torn_last_line_is_dropped_and_other_damage_named(tmp_path: Path) -> None:
     journal = tmp_path / "msprobe_records_1.jsonl"
     line = json.dumps(
-        {"dump": "d", "call": "Torch.add.0.forward", "status": "pass", "standard": "", "reference": "", "device": "cpu", "message": ""}
+        {
+            "dump": "d",
+            "call": "Torch.add.0.forward",
+            "status": "pass",
+            "standard": "",
+            "reference": "",
+            "device": "cpu",
+            "message": "",
+        }
     )
     journal.write_text(line + "\n" + line[:25])
     assert [entry.record.call for entry in read_journal(journal)] == ["Torch.add.0.forward"]
@@ -129,20 +143,31 @@ class AddErrs:
 
     def pytest_msprobe_register_standards(self, registry) -> None:
         registry.register_standard(
-            "always_error", lambda pair, thresholds, reference=None: pair.verdict("error", "always_error", {}, {}, ["planted error"])
+            "always_error",
+            lambda pair, thresholds, reference=None: pair.verdict("error", "always_error", {}, {}, ["planted error"]),
         )
         registry.set_api_standard("add", "always_error")
 
 
 def inline(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = ()) -> pytest.HookRecorder:
     return pytester.inline_run(
-        f"--msprobe-dump={dump}", "--msprobe-device=cpu", "--msprobe-out=out", "-p", "no:cacheprovider", *args, plugins=list(plugins)
+        f"--msprobe-dump={dump}",
+        "--msprobe-device=cpu",
+        "--msprobe-out=out",
+        "-p",
+        "no:cacheprovider",
+        *args,
+        plugins=list(plugins),
     )
 
 
 def call_reports(recorded: pytest.HookRecorder) -> list[pytest.TestReport]:
     """The reports of the calls' tests (not of the kernels', judge/kernels.py)."""
-    return [report for report in recorded.getreports("pytest_runtest_logreport") if not is_kernel(report.nodeid.rsplit("::", 1)[-1])]
+    return [
+        report
+        for report in recorded.getreports("pytest_runtest_logreport")
+        if not is_kernel(report.nodeid.rsplit("::", 1)[-1])
+    ]
 
 
 def test_a_run_that_checks_nothing_leaves_nothing_to_resume_from(pytester: pytest.Pytester, tmp_path: Path) -> None:
@@ -175,10 +200,16 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path: Path) -> None:
     dump = write(tmp_path / "slow", many_calls(CALLS))
     (dump.parent / "conftest.py").write_text("import time\n\ndef pytest_runtest_setup(item):\n    time.sleep(0.1)\n")
     out = tmp_path / "out"
-    first = subprocess.Popen(pytest_command(dump, out), cwd=dump.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        pytest_command(dump, out), cwd=dump.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 90
-        while not list(out.glob("accuracy_checking_details_*.csv")) and time.monotonic() < deadline and first.poll() is None:
+        while (
+            not list(out.glob("accuracy_checking_details_*.csv"))
+            and time.monotonic() < deadline
+            and first.poll() is None
+        ):
             time.sleep(0.01)
         second = run(dump, out, "--msprobe-shard=2/2")
         assert first.poll() is None, "the first run ended before the second was refused: slow its calls down more"

@@ -183,15 +183,24 @@ def _placed(folder: Path) -> dict[str, dict[str, Any]]:
     return {path.stem.removeprefix("placed-"): json.loads(path.read_text()) for path in folder.glob("placed-*.json")}
 
 
-def test_tx_popen_workers_give_the_results_of_n0(pytester: pytest.Pytester, dump_folder: Path, comparable_records) -> None:
+def test_tx_popen_workers_give_the_results_of_n0(
+    pytester: pytest.Pytester, dump_folder: Path, comparable_records
+) -> None:
     serial = pytester.runpytest_subprocess(*_options(dump_folder, "out0"), timeout=300)
-    parallel = pytester.runpytest_subprocess(*_options(dump_folder, "outtx"), "--tx", "2*popen", "--dist", "load", timeout=300)
+    parallel = pytester.runpytest_subprocess(
+        *_options(dump_folder, "outtx"), "--tx", "2*popen", "--dist", "load", timeout=300
+    )
     assert serial.ret == parallel.ret == pytest.ExitCode.OK, parallel.stdout.str()[-3000:]
     assert comparable_records(dump_folder / "out0") == comparable_records(dump_folder / "outtx")
     host = socket.gethostname()
-    parallel.stdout.fnmatch_lines([f"msprobe: 2 workers, dist=load; host {host}: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"])
+    parallel.stdout.fnmatch_lines(
+        [f"msprobe: 2 workers, dist=load; host {host}: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"]
+    )
     placed = _placed(dump_folder)
-    assert {worker: (found["host"], found["rank"]) for worker, found in placed.items()} == {"gw0": (host, 0), "gw1": (host, 1)}
+    assert {worker: (found["host"], found["rank"]) for worker, found in placed.items()} == {
+        "gw0": (host, 0),
+        "gw1": (host, 1),
+    }
 
 
 @pytest.fixture
@@ -230,7 +239,14 @@ def test_tx_socket_workers_give_the_results_of_n0(
 ) -> None:
     serial = pytester.runpytest_subprocess(*_options(dump_folder, "out0"), timeout=300)
     parallel = pytester.runpytest_subprocess(
-        *_options(dump_folder, "outtx"), "--tx", f"socket=127.0.0.1:{socket_server.port}", "--tx", "popen", "--dist", "load", timeout=300
+        *_options(dump_folder, "outtx"),
+        "--tx",
+        f"socket=127.0.0.1:{socket_server.port}",
+        "--tx",
+        "popen",
+        "--dist",
+        "load",
+        timeout=300,
     )
     assert serial.ret == parallel.ret == pytest.ExitCode.OK, parallel.stdout.str()[-3000:]
     assert comparable_records(dump_folder / "out0") == comparable_records(dump_folder / "outtx")
@@ -240,7 +256,8 @@ def test_tx_socket_workers_give_the_results_of_n0(
     )
     placed = _placed(dump_folder)
     # each the first worker of its host: rank 0, device 0 of its host
-    assert placed == {"gw0": {"host": "socket-host", "rank": 0, "device_index": 0}, "gw1": {"host": host, "rank": 0, "device_index": 0}}, (
-        placed
-    )
+    assert placed == {
+        "gw0": {"host": "socket-host", "rank": 0, "device_index": 0},
+        "gw1": {"host": host, "rank": 0, "device_index": 0},
+    }, placed
     assert socket_server.poll() is None  # the server, which ran its worker in its own process, serves on

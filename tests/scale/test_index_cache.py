@@ -24,7 +24,12 @@ def test_a_dump_is_parsed_once(make_dump, tmp_path: Path, monkeypatch: pytest.Mo
     again = index_cache.load_index(dump, tmp_path / "cache")
     assert again.entries == first.entries == read_index(dump).entries
     assert again.names == first.names == read_index(dump).names == [str(entry.name) for entry in again.entries]
-    assert (again.task, again.level, again.framework, again.modules) == (first.task, first.level, first.framework, first.modules)
+    assert (again.task, again.level, again.framework, again.modules) == (
+        first.task,
+        first.level,
+        first.framework,
+        first.modules,
+    )
     record = again.read_record(again.entries[-1])  # byte spans still point at the records
     assert "input" in record or "input_args" in record
 
@@ -37,7 +42,9 @@ def test_the_cache_holds_arrays_only(make_dump, tmp_path: Path) -> None:
         assert all(arrays[name].dtype != object for name in arrays.files)
 
 
-def test_a_rewritten_dump_of_the_same_size_and_mtime_is_parsed_again(make_dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rewritten_dump_of_the_same_size_and_mtime_is_parsed_again(
+    make_dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dump = make_dump(tmp_path / "dump", 20)
     index_cache.load_index(dump, tmp_path / "cache")
     stat = dump.stat()
@@ -73,5 +80,7 @@ def test_collection_writes_and_uses_the_cache_under_the_out_folder(pytester: pyt
     (cache,) = (pytester.path / "results" / index_cache.CACHE_FOLDER).glob("*.npz")
     before = cache.stat().st_mtime_ns
     again = pytester.runpytest(*args)
-    assert [line for line in again.stdout.lines if "::" in line] == [line for line in first.stdout.lines if "::" in line]
+    assert [line for line in again.stdout.lines if "::" in line] == [
+        line for line in first.stdout.lines if "::" in line
+    ]
     assert cache.stat().st_mtime_ns == before  # read, not rewritten

@@ -77,7 +77,10 @@ def tensor(shape: list[int]) -> dict[str, Any]:
 
 def exp_dump(folder: Path, rows: tuple[int, ...]) -> Path:
     """Torch.exp.{rows}.forward for each number of rows."""
-    data = {f"Torch.exp.{n}.forward": {"input_args": [tensor([n, 4])], "input_kwargs": {}, "output": [tensor([n, 4])]} for n in rows}
+    data = {
+        f"Torch.exp.{n}.forward": {"input_args": [tensor([n, 4])], "input_kwargs": {}, "output": [tensor([n, 4])]}
+        for n in rows
+    }
     (folder / "dump").mkdir()
     path = folder / "dump" / "dump.json"
     path.write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch", "data": data}))
@@ -88,7 +91,14 @@ def test_faults_stay_with_their_calls_under_xdist(pytester: pytest.Pytester, rec
     pytester.makeconftest(PLANTED)
     exp_dump(pytester.path, (3, 5, 7, 9, *HEALTHY))
     result = pytester.runpytest_subprocess(
-        "--msprobe-dump=dump", "-n", "2", "--msprobe-timeout=2", "-p", "no:cacheprovider", "--msprobe-out=out", timeout=240
+        "--msprobe-dump=dump",
+        "-n",
+        "2",
+        "--msprobe-timeout=2",
+        "-p",
+        "no:cacheprovider",
+        "--msprobe-out=out",
+        timeout=240,
     )
     found = records(pytester.path / "out")
     assert set(found) == {f"Torch.exp.{n}.forward" for n in (3, 5, 7, 9, *HEALTHY)}, result.stdout.str()
@@ -100,7 +110,9 @@ def test_faults_stay_with_their_calls_under_xdist(pytester: pytest.Pytester, rec
     for crashed in ("Torch.exp.7.forward", "Torch.exp.9.forward"):
         assert found[crashed].status == "error" and "died" in found[crashed].message, found[crashed]
         assert found[crashed].device == "cpu"
-    result.stdout.fnmatch_lines(["*4 failed, 7 passed*"])  # the 6 healthy calls and their kernel's test (judge/kernels.py)
+    result.stdout.fnmatch_lines(
+        ["*4 failed, 7 passed*"]
+    )  # the 6 healthy calls and their kernel's test (judge/kernels.py)
     threads = {path.name: int(path.read_text()) for path in pytester.path.glob("threads-gw*.txt")}
     assert threads and all(count == 1 for count in threads.values()), threads  # the CPU backend: one each
 

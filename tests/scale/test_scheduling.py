@@ -35,7 +35,9 @@ def test_worksteal_blocks_are_balanced_and_heavy_first(workers: int) -> None:
     heaviest_call = max(scheduling.weight(item) for item in items)
     assert max(weights) - min(weights) <= heaviest_call
     for block in blocks:
-        assert [scheduling.weight(item) for item in block] == sorted((scheduling.weight(item) for item in block), reverse=True)
+        assert [scheduling.weight(item) for item in block] == sorted(
+            (scheduling.weight(item) for item in block), reverse=True
+        )
 
 
 @pytest.mark.parametrize(("raw", "expected"), [("1/4", (1, 4)), ("4/4", (4, 4)), (None, None), ("", None)])
@@ -57,6 +59,8 @@ def test_shards_are_disjoint_and_cover_the_dump(pytester: pytest.Pytester, make_
     for part in (1, 2, 3):
         result = pytester.runpytest(*args, f"--msprobe-shard={part}/3")
         shards.append({line for line in result.stdout.lines if "::" in line})
-        result.stdout.fnmatch_lines([f"msprobe: shard {part}/3: deselected {120 - len(shards[-1])} calls of the other shards"])
+        result.stdout.fnmatch_lines(
+            [f"msprobe: shard {part}/3: deselected {120 - len(shards[-1])} calls of the other shards"]
+        )
     assert len(every) == 120 and set().union(*shards) == every
     assert sum(len(shard) for shard in shards) == 120 and all(20 < len(shard) < 60 for shard in shards)

@@ -44,7 +44,9 @@ def small_dump(pytester: pytest.Pytester) -> str:
 
 
 @pytest.mark.parametrize("mode", [(), ("--msprobe-offline",)], ids=["online", "offline"])
-def test_the_controller_imports_no_torch(pytester: pytest.Pytester, small_dump: str, mode: tuple[str, ...], comparable_records) -> None:
+def test_the_controller_imports_no_torch(
+    pytester: pytest.Pytester, small_dump: str, mode: tuple[str, ...], comparable_records
+) -> None:
     pytester.makeconftest(MODULES)
     common = (small_dump, "--msprobe-device=cpu", "-p", "no:cacheprovider", *mode)
     serial = pytester.runpytest_subprocess(*common, "--msprobe-out=out0", timeout=300)
@@ -58,29 +60,40 @@ def test_the_controller_imports_no_torch(pytester: pytest.Pytester, small_dump: 
     for worker in ("gw0", "gw1"):
         assert "torch" in imported[worker] and "sympy" not in imported[worker], imported
     assert comparable_records(pytester.path / "out0") == comparable_records(pytester.path / "out2")
-    parallel.stdout.fnmatch_lines(["msprobe: 2 workers, dist=worksteal; host *: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"])
+    parallel.stdout.fnmatch_lines(
+        ["msprobe: 2 workers, dist=worksteal; host *: gw0->cpu, gw1->cpu; 1 CPU thread(s) each"]
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_device_the_workers_cannot_use_is_one_failure(pytester: pytest.Pytester, small_dump: str) -> None:
-    result = pytester.runpytest_subprocess(small_dump, "--msprobe-device=cuda", "-n", "2", "-p", "no:cacheprovider", timeout=300)
+    result = pytester.runpytest_subprocess(
+        small_dump, "--msprobe-device=cuda", "-n", "2", "-p", "no:cacheprovider", timeout=300
+    )
     text = result.stdout.str() + result.stderr.str()
     assert result.ret != pytest.ExitCode.OK
     assert text.count("--msprobe-device: no cuda device is available") == 2, text  # the error and its summary line
-    result.stdout.fnmatch_lines(["*ERROR collecting dump/dump.json*", "--msprobe-device: no cuda device is available", "*1 error in*"])
+    result.stdout.fnmatch_lines(
+        ["*ERROR collecting dump/dump.json*", "--msprobe-device: no cuda device is available", "*1 error in*"]
+    )
     assert "Traceback" not in text and "crashed" not in text and "replacing" not in text, text
 
 
 @pytest.mark.parametrize(
     "args, says",
     [
-        (("--msprobe-device=tpu",), "--msprobe-device: invalid choice: 'tpu' (choose from 'auto', 'cpu', 'cuda', 'npu')"),
+        (
+            ("--msprobe-device=tpu",),
+            "--msprobe-device: invalid choice: 'tpu' (choose from 'auto', 'cpu', 'cuda', 'npu')",
+        ),
         (("--msprobe-devices=0;1",), "--msprobe-devices '0;1': expected device ids separated by commas"),
         (("--msprobe-max-elements=many",), "--msprobe-max-elements: 'many': expected a whole number of elements"),
     ],
     ids=["device", "device_ids", "max_elements"],
 )
-def test_the_controller_still_refuses_bad_options(pytester: pytest.Pytester, small_dump: str, args: tuple[str, ...], says: str) -> None:
+def test_the_controller_still_refuses_bad_options(
+    pytester: pytest.Pytester, small_dump: str, args: tuple[str, ...], says: str
+) -> None:
     result = pytester.runpytest_subprocess(small_dump, *args, "-n", "2", "-p", "no:cacheprovider", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert says in result.stderr.str()
@@ -102,7 +115,15 @@ def test_hypothesis_still_summarizes_a_session_with_other_tests(pytester: pytest
     pytester.makeconftest(MODULES)
     pytester.makepyfile(test_other="def test_other():\n    pass\n")
     result = pytester.runpytest_subprocess(
-        small_dump, "--msprobe-device=cpu", "-p", "no:cacheprovider", "-k", "linear or other", "dump", "test_other.py", timeout=300
+        small_dump,
+        "--msprobe-device=cpu",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "linear or other",
+        "dump",
+        "test_other.py",
+        timeout=300,
     )
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
     assert "hypothesis" in _imported(pytester.path)["main"]  # its plugin's summary imports it, as without a dump

@@ -31,7 +31,10 @@ def test_ids_count_within_the_callers_visible_list(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "4,5,6,7")
     npu = FakeBackend("npu", 4)  # what torch_npu reports under that restriction
     assert workers.parse_device_ids(options.device_list("2,3"), npu) == [2, 3]
-    with pytest.raises(pytest.UsageError, match=r"no npu device 4; 4 are visible, numbered 0\.\.3 \(ASCEND_RT_VISIBLE_DEVICES='4,5,6,7'"):
+    with pytest.raises(
+        pytest.UsageError,
+        match=r"no npu device 4; 4 are visible, numbered 0\.\.3 \(ASCEND_RT_VISIBLE_DEVICES='4,5,6,7'",
+    ):
         workers.parse_device_ids(options.device_list("0,4"), npu)
 
 

@@ -55,7 +55,9 @@ def bare_python(script: Path, *args: str, fault: str | None = None) -> subproces
         ]
     else:
         command = [str(script)]
-    return subprocess.run([sys.executable, "-S", *command, *args], cwd=script.parent, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-S", *command, *args], cwd=script.parent, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -88,14 +90,20 @@ def assert_same_judgement(script_run: dict[str, Any], record: dict[str, Any]) ->
         for key in ("status", "standard", "reference", "device_dtype", "bench_dtype", "shape", "thresholds"):
             assert mine[key] == theirs[key], key
         assert mine["metrics"].keys() == theirs["metrics"].keys()
-        differ = {k: (v, theirs["metrics"][k]) for k, v in mine["metrics"].items() if not same_number(v, theirs["metrics"][k])}
+        differ = {
+            k: (v, theirs["metrics"][k]) for k, v in mine["metrics"].items() if not same_number(v, theirs["metrics"][k])
+        }
         assert differ == {}
 
 
 def test_bare_interpreter_cannot_import_the_plugin() -> None:
     env = {**os.environ, "PYTHONPATH": str(SITE_PACKAGES)}
     done = subprocess.run(
-        [sys.executable, "-S", "-c", "import torch; import pytest_msprobe"], cwd="/", env=env, capture_output=True, text=True
+        [sys.executable, "-S", "-c", "import torch; import pytest_msprobe"],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert "No module named 'pytest_msprobe'" in done.stderr
 
@@ -109,7 +117,13 @@ def every_call_scripted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copytree(DUMPS / dump, folder / dump)
     selected = " or ".join(call for _, call in CHOSEN)
     done = run_pytest(
-        folder, *(f"--msprobe-dump={d}" for d in dumps), "--msprobe-scripts=scripts", "--msprobe-scripts-all", "-q", "-k", selected
+        folder,
+        *(f"--msprobe-dump={d}" for d in dumps),
+        "--msprobe-scripts=scripts",
+        "--msprobe-scripts-all",
+        "-q",
+        "-k",
+        selected,
     )
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     return folder
@@ -123,7 +137,9 @@ def test_scripts_reach_the_tests_verdict_and_metrics(every_call_scripted: Path) 
     def check(chosen: tuple[str, str]) -> tuple[str, str, subprocess.CompletedProcess, Path]:
         dump, call = chosen
         # Same-named calls of two dumps share a file name: write each one apart.
-        target = write_script(read_index(every_call_scripted / dump / "dump.json"), call, every_call_scripted / "apart" / dump)
+        target = write_script(
+            read_index(every_call_scripted / dump / "dump.json"), call, every_call_scripted / "apart" / dump
+        )
         out = target.with_suffix(".json")
         return dump, call, bare_python(target, "--device", "cpu", "--json", str(out)), out
 
@@ -150,12 +166,16 @@ def test_planted_fault_fails_the_test_and_its_script(tmp_path: Path) -> None:
     assert done.returncode == 1 and {c for c in failed if c.startswith("Functional.linear.")} == {
         c for _, c in records if c.startswith("Functional.linear.")
     }
-    assert sorted(p.name for p in (tmp_path / "scripts").glob("*.py")) == sorted(f"{c}.py" for c in failed)  # failed calls only
+    assert sorted(p.name for p in (tmp_path / "scripts").glob("*.py")) == sorted(
+        f"{c}.py" for c in failed
+    )  # failed calls only
     script = tmp_path / "scripts" / "Functional.linear.0.forward.py"
     assert "error by the" in script.read_text().split('"""', 1)[0]  # its header quotes the test's verdict
     faulty = bare_python(script, "--device", "cpu", "--json", "faulty.json", fault="planted_linear")
     assert faulty.returncode == 1 and "verdict: error" in faulty.stdout, faulty.stdout + faulty.stderr
-    assert_same_judgement(json.loads((script.parent / "faulty.json").read_text())[0], records[("dump", "Functional.linear.0.forward")])
+    assert_same_judgement(
+        json.loads((script.parent / "faulty.json").read_text())[0], records[("dump", "Functional.linear.0.forward")]
+    )
     healthy = bare_python(script, "--device", "cpu")
     assert healthy.returncode == 0 and "verdict: pass" in healthy.stdout
 
@@ -177,7 +197,9 @@ def test_a_nondeterministic_kernel_fails_the_repeated_test_and_script(tmp_path: 
     record = journal(tmp_path)[("dump", "Functional.linear.0.forward")]
     assert done.returncode == 1 and record["status"] == "error" and "nondeterministic" in record["message"]
     script = tmp_path / "scripts" / "Functional.linear.0.forward.py"
-    repeated = bare_python(script, "--device", "cpu", "--repeat", "3", "--json", "repeated.json", fault="split_k_linear")
+    repeated = bare_python(
+        script, "--device", "cpu", "--repeat", "3", "--json", "repeated.json", fault="split_k_linear"
+    )
     assert repeated.returncode == 1 and "nondeterministic: " in repeated.stdout, repeated.stdout + repeated.stderr
     [run] = json.loads((script.parent / "repeated.json").read_text())  # its metrics vary with the first run's bits
     assert run["status"] == "error" and run["outputs"][0]["findings"].keys() == record["outputs"][0]["findings"].keys()
@@ -207,9 +229,21 @@ def test_bad_input_gives_an_explanation_not_a_traceback(write_dump, run_dump, tm
     }
     dump = write_dump(
         {
-            "Torch.exp.0.forward": {"input_args": [{**tensor, "data_name": "gone.pt"}], "input_kwargs": {}, "output": [tensor]},
-            "Torch.exp.1.forward": {"input_args": [{**tensor, "data_name": "../../escape.pt"}], "input_kwargs": {}, "output": [tensor]},
-            "Torch.exp.2.forward": {"input_args": [{"type": "mystery", "value": 1}], "input_kwargs": {}, "output": [tensor]},
+            "Torch.exp.0.forward": {
+                "input_args": [{**tensor, "data_name": "gone.pt"}],
+                "input_kwargs": {},
+                "output": [tensor],
+            },
+            "Torch.exp.1.forward": {
+                "input_args": [{**tensor, "data_name": "../../escape.pt"}],
+                "input_kwargs": {},
+                "output": [tensor],
+            },
+            "Torch.exp.2.forward": {
+                "input_args": [{"type": "mystery", "value": 1}],
+                "input_kwargs": {},
+                "output": [tensor],
+            },
             "Torch.bernoulli.0.forward": {
                 "input_args": [tensor, {"type": "float", "value": 0.5}],
                 "input_kwargs": {},
@@ -230,7 +264,9 @@ def test_bad_input_gives_an_explanation_not_a_traceback(write_dump, run_dump, tm
     }
     scripts = {call: write_script(index, call, tmp_path / "scripts") for call in expected}
     with ThreadPoolExecutor(2) as pool:
-        runs = dict(zip(scripts, pool.map(lambda script: bare_python(script, "--device", "cpu"), scripts.values()), strict=True))
+        runs = dict(
+            zip(scripts, pool.map(lambda script: bare_python(script, "--device", "cpu"), scripts.values()), strict=True)
+        )
     for call, (status, kind, why) in expected.items():
         script, done = scripts[call], runs[call]
         assert script.parent == tmp_path / "scripts" and script.name == script_file_name(index.entry(call).name)

@@ -31,7 +31,10 @@ def _ce(x, t):
 
 # api -> list of (fn, inputs(g)); integer inputs are not cast
 CORRECT = {
-    "linear": [(F.linear, lambda g: (rn(g, 16, 64), rn(g, 8, 64))), (F.linear, lambda g: (rn(g, 32, 4096), rn(g, 16, 4096), rn(g, 16)))],
+    "linear": [
+        (F.linear, lambda g: (rn(g, 16, 64), rn(g, 8, 64))),
+        (F.linear, lambda g: (rn(g, 32, 4096), rn(g, 16, 4096), rn(g, 16))),
+    ],
     "matmul": [(torch.matmul, lambda g: (rn(g, 24, 1024, scale=30), rn(g, 1024, 12)))],
     "bmm": [(torch.bmm, lambda g: (rn(g, 4, 16, 512), rn(g, 4, 512, 8)))],
     "conv1d": [(F.conv1d, lambda g: (rn(g, 2, 16, 64), rn(g, 8, 16, 3)))],
@@ -42,7 +45,10 @@ CORRECT = {
     ],
     "log_softmax": [(lambda x: F.log_softmax(x, -1), lambda g: (rn(g, 8, 2048, scale=3),))],
     "layer_norm": [
-        (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), lambda g: (rn(g, 16, 1024, scale=100) + 50, rn(g, 1024), rn(g, 1024)))
+        (
+            lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+            lambda g: (rn(g, 16, 1024, scale=100) + 50, rn(g, 1024), rn(g, 1024)),
+        )
     ],
     "cumsum": [(lambda x: torch.cumsum(x, -1), lambda g: (rn(g, 4, 2048),))],
     "sum": [(lambda x: torch.sum(x, -1), lambda g: (rn(g, 64, 4096, scale=1000),)), (torch.sum, lambda g: (rn(g, 3),))],
@@ -53,7 +59,10 @@ CORRECT = {
     "gelu": [(F.gelu, lambda g: (rn(g, 4096, scale=3),))],
     "tanh": [(torch.tanh, lambda g: (rn(g, 4096, scale=2),))],
     "sigmoid": [(torch.sigmoid, lambda g: (rn(g, 4096, scale=5),))],
-    "pow": [(lambda x: torch.pow(x, 2.5), lambda g: (pos(g, 4096),)), (lambda x: torch.pow(x, 3), lambda g: (rn(g, 4096, scale=20),))],
+    "pow": [
+        (lambda x: torch.pow(x, 2.5), lambda g: (pos(g, 4096),)),
+        (lambda x: torch.pow(x, 3), lambda g: (rn(g, 4096, scale=20),)),
+    ],
     "rsqrt": [(torch.rsqrt, lambda g: (pos(g, 4096, lo=1e-2, hi=1e4),))],
     "cross_entropy": [(_ce, lambda g: (rn(g, 64, 1000, scale=3), torch.randint(0, 1000, (64,), generator=g)))],
     "embedding": [(F.embedding, lambda g: (torch.randint(0, 100, (32,), generator=g), rn(g, 100, 64)))],
@@ -62,10 +71,17 @@ CORRECT = {
     "add": [(torch.add, lambda g: (rn(g, 4096, scale=1e3), rn(g, 4096)))],
     "div": [(torch.div, lambda g: (rn(g, 4096), pos(g, 4096)))],
     "__truediv__": [(lambda a, b: a / b, lambda g: (rn(g, 4096), pos(g, 4096)))],
-    "where": [(lambda c, a, b: torch.where(c, a, b), lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)))],
+    "where": [
+        (
+            lambda c, a, b: torch.where(c, a, b),
+            lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)),
+        )
+    ],
     "topk": [(lambda x: torch.topk(x, 10), lambda g: (rn(g, 16, 500),))],
     "sort": [(lambda x: torch.sort(x, stable=True, dim=-1), lambda g: (rn(g, 16, 300),))],
-    "masked_fill": [(lambda x, m: x.masked_fill(m, float("-inf")), lambda g: (rn(g, 8, 64), torch.rand(8, 64, generator=g) > 0.7))],
+    "masked_fill": [
+        (lambda x, m: x.masked_fill(m, float("-inf")), lambda g: (rn(g, 8, 64), torch.rand(8, 64, generator=g) > 0.7))
+    ],
 }
 
 
@@ -106,7 +122,11 @@ def correct_cases(seeds=(0, 1)):
 
 def correct_terms(seeds=(0, 1)) -> dict:
     """name -> terms' magnitude of the correct_cases whose API sums products."""
-    return {name: terms_of(fn, inputs, dtype) for name, api, fn, inputs, dtype in _forward_runs(seeds) if api in SUMS_OF_PRODUCTS}
+    return {
+        name: terms_of(fn, inputs, dtype)
+        for name, api, fn, inputs, dtype in _forward_runs(seeds)
+        if api in SUMS_OF_PRODUCTS
+    }
 
 
 def summation_orders(seed=1):
@@ -224,9 +244,13 @@ def faults_with_terms(seed=0):
         out.append((f"lowinputs-exp-{dn}", "exp", be, torch.exp(t.to(dtype).to(low).to(dtype))))
         # 4 reduction accumulated in a lower precision
         acc = dtype if dtype != torch.float32 else torch.bfloat16
-        out.append((f"lowacc-linear-{dn}", "linear", bl, lower_precision_accumulate(x.to(dtype), w.to(dtype), dtype, acc)))
+        out.append(
+            (f"lowacc-linear-{dn}", "linear", bl, lower_precision_accumulate(x.to(dtype), w.to(dtype), dtype, acc))
+        )
         ones = torch.ones(1, s.shape[1])
-        out.append((f"lowacc-sum-{dn}", "sum", bs, lower_precision_accumulate(s.to(dtype), ones, dtype, acc).reshape(-1)))
+        out.append(
+            (f"lowacc-sum-{dn}", "sum", bs, lower_precision_accumulate(s.to(dtype), ones, dtype, acc).reshape(-1))
+        )
         # 5 systematic bias of some tens of ulps
         for api, bench, dev in (("linear", bl, dl), ("exp", be, de), ("mul", bm, dm), ("sum", bs, ds)):
             biased = (dev.double() * (1 + 30 * 2.0**-m)).to(dtype)
@@ -262,10 +286,18 @@ BACKWARD = {
     "log_softmax": [(lambda x: F.log_softmax(x, -1), lambda g: (rn(g, 16, 512, scale=3),))],
     "layer_norm": [
         (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), lambda g: (rn(g, 4, 5, 8), rn(g, 8), rn(g, 8))),
-        (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), lambda g: (rn(g, 32, 256, scale=10) + 5, rn(g, 256), rn(g, 256))),
+        (
+            lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+            lambda g: (rn(g, 32, 256, scale=10) + 5, rn(g, 256), rn(g, 256)),
+        ),
     ],
-    "rsqrt": [(torch.rsqrt, lambda g: (pos(g, 4, 1, lo=1.0, hi=50.0),)), (torch.rsqrt, lambda g: (pos(g, 4096, lo=1e-2, hi=1e3),))],
-    "embedding": [(lambda i, w: F.embedding(i, w), lambda g: (torch.randint(0, 50, (4, 64), generator=g), rn(g, 50, 16)))],
+    "rsqrt": [
+        (torch.rsqrt, lambda g: (pos(g, 4, 1, lo=1.0, hi=50.0),)),
+        (torch.rsqrt, lambda g: (pos(g, 4096, lo=1e-2, hi=1e3),)),
+    ],
+    "embedding": [
+        (lambda i, w: F.embedding(i, w), lambda g: (torch.randint(0, 50, (4, 64), generator=g), rn(g, 50, 16)))
+    ],
     "linear": [(F.linear, lambda g: (rn(g, 64, 256), rn(g, 32, 256), rn(g, 32)))],
     "matmul": [(torch.matmul, lambda g: (rn(g, 8, 64, 128), rn(g, 128, 32)))],
     "silu": [(F.silu, lambda g: (rn(g, 4096, scale=4),))],
@@ -273,7 +305,12 @@ BACKWARD = {
     "cross_entropy": [(_ce, lambda g: (rn(g, 32, 100, scale=3), torch.randint(0, 100, (32,), generator=g)))],
     "mean": [(lambda x: torch.mean(x, -1), lambda g: (rn(g, 64, 512),))],
     "cumsum": [(lambda x: torch.cumsum(x, -1), lambda g: (rn(g, 8, 1024),))],
-    "where": [(lambda c, a, b: torch.where(c, a * b, a), lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)))],
+    "where": [
+        (
+            lambda c, a, b: torch.where(c, a * b, a),
+            lambda g: (torch.rand(4096, generator=g) > 0.5, rn(g, 4096), rn(g, 4096)),
+        )
+    ],
     "mul": [(torch.mul, lambda g: (rn(g, 4096, scale=10), rn(g, 4096)))],
     "div": [(torch.div, lambda g: (rn(g, 4096), pos(g, 4096)))],
 }

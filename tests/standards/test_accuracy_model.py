@@ -171,7 +171,10 @@ def test_16bit_groups_stay_where_aten_rounds_the_shared_quantity_at_d():
     assert groups_of(parse_call_name("Functional.layer_norm.0.backward"), None, half_weight) is not None
     assert groups_of(parse_call_name("Functional.layer_norm.0.backward"), None, float_weight) is None
     assert groups_of(parse_call_name("Functional.layer_norm.0.forward"), None, half_weight) is None
-    assert groups_of(parse_call_name("Functional.layer_norm.0.forward"), None, Inputs([rows.float(), [16]], {}, [])) is not None
+    assert (
+        groups_of(parse_call_name("Functional.layer_norm.0.forward"), None, Inputs([rows.float(), [16]], {}, []))
+        is not None
+    )
 
 
 def test_a_float32_normalisation_rounded_toward_zero_is_within_its_class():

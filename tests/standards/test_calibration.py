@@ -38,7 +38,9 @@ def judged(api, bench, device, terms):
     return verdict
 
 
-@pytest.mark.parametrize("kind,name,api,bench,device,terms", CORRECT_OUTPUTS, ids=[f"{c[0]}-{c[1]}" for c in CORRECT_OUTPUTS])
+@pytest.mark.parametrize(
+    "kind,name,api,bench,device,terms", CORRECT_OUTPUTS, ids=[f"{c[0]}-{c[1]}" for c in CORRECT_OUTPUTS]
+)
 def test_correct_output_passes_without_warning(kind, name, api, bench, device, terms):
     """A correct CPU kernel (forward or gradient), a valid float32 rewrite, or another
     float32 summation order of a reduced-precision matrix product."""
@@ -60,7 +62,9 @@ def test_the_sequential_order_fails_msprobe_s_own_rule():
     test checks the conditioned rule, not a pass that needs none. One term at a time is
     the order every CPU computes alike (float32 products and sums, each correctly
     rounded); the split-K orders go through the CPU's own GEMM and vary by machine."""
-    [(api, bench, device)] = [(api, bench, device) for name, api, bench, device, _ in ORDERS if name == "linear-sequential-float16"]
+    [(api, bench, device)] = [
+        (api, bench, device) for name, api, bench, device, _ in ORDERS if name == "linear-sequential-float16"
+    ]
     verdict = check(bench, device, api=api)
     assert verdict.status == "error" and verdict.metrics["max_ulp_err"] > 1, verdict.message()
 

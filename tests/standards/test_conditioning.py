@@ -106,11 +106,16 @@ def test_float32_dot_toward_zero_is_within_the_accumulation_class_and_twice_is_n
     rounded toward zero by two ULPs it leans -1.5 ULP, beyond any documented library."""
     x, w, bench = _dot_products()
     reference = x @ w.T if with_reference else None
-    assert check(bench, x @ w.T, api="matmul", reference=x.flip(1) @ w.flip(1).T if with_reference else None).status == "pass"
+    assert (
+        check(bench, x @ w.T, api="matmul", reference=x.flip(1) @ w.flip(1).T if with_reference else None).status
+        == "pass"
+    )
     once = check(bench, _round_toward_zero(bench, torch.float32), api="matmul", reference=reference)
     assert once.status == "pass", once.message()
     assert once.metrics["scale_bias_ulp"] < -0.4
-    twice = check(bench, _one_more_ulp_toward_zero(_round_toward_zero(bench, torch.float32)), api="matmul", reference=reference)
+    twice = check(
+        bench, _one_more_ulp_toward_zero(_round_toward_zero(bench, torch.float32)), api="matmul", reference=reference
+    )
     assert twice.status == "error" and "scale (toward/away from zero) bias" in twice.message(), twice.message()
     assert "a correct library of its class may lean" in twice.message()
 

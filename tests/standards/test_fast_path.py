@@ -82,7 +82,9 @@ def test_large_outputs_same_verdicts_and_worst(monkeypatch, dtype):
             assert fused.worst == plain.worst == (), api
     bad = d.clone()
     k = bad[::10].numel()  # every standard fails: worst named
-    bad[::10] = (bad[::10].double() * torch.linspace(1.1, 1.3, k, dtype=torch.float64)).to(dtype)  # distinct errors: no ties in the top 5
+    bad[::10] = (bad[::10].double() * torch.linspace(1.1, 1.3, k, dtype=torch.float64)).to(
+        dtype
+    )  # distinct errors: no ties in the top 5
     for api in APIS:
         plain, fused = _judge_both(monkeypatch, b, bad, api)
         _same(plain, fused)

@@ -42,7 +42,13 @@ def test_a_shared_row_rounding_fails_by_elements_and_passes_by_rows():
 def test_rounding_every_element_toward_zero_fails_by_rows(dtype):
     bench = torch.randn(64, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 3
     raised = bench if dtype == torch.float32 else bench.float()
-    verdict = check(raised, round_toward_zero(raised, dtype), api=UNCLASSED, reference=raised.to(dtype), groups=collapsed((64, 32), (1,)))
+    verdict = check(
+        raised,
+        round_toward_zero(raised, dtype),
+        api=UNCLASSED,
+        reference=raised.to(dtype),
+        groups=collapsed((64, 32), (1,)),
+    )
     assert verdict.status == "error", verdict.message()
     assert verdict.metrics["scale_bias_z"] > 5
 

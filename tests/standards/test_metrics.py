@@ -19,7 +19,13 @@ def pair(b, d, dtype="float32", bench_dtype=None):
 
 def test_ulp_of_follows_spec_exponent_rule():
     info = dtype_info("float16")
-    assert list(ulp_of(np.array([1.0, 1.5, 2.0, 0.0, 2.0**-20]), info)) == [2.0**-10, 2.0**-10, 2.0**-9, 2.0**-24, 2.0**-24]
+    assert list(ulp_of(np.array([1.0, 1.5, 2.0, 0.0, 2.0**-20]), info)) == [
+        2.0**-10,
+        2.0**-10,
+        2.0**-9,
+        2.0**-24,
+        2.0**-24,
+    ]
     assert ulp_of(np.array([1.0]), dtype_info("bfloat16"))[0] == 2.0**-7
     assert ulp_of(np.array([0.0]), dtype_info("float32"))[0] == 2.0 ** (-126 - 23)
 

@@ -26,7 +26,11 @@ def _private_reaches(source: str) -> list[str]:
 
 
 def test_no_module_reaches_into_a_pairs_internals():
-    reaches = {path.name: _private_reaches(path.read_text("utf-8")) for path in sorted(STANDARDS.glob("*.py")) if path.name != "metrics.py"}
+    reaches = {
+        path.name: _private_reaches(path.read_text("utf-8"))
+        for path in sorted(STANDARDS.glob("*.py"))
+        if path.name != "metrics.py"
+    }
     assert {name: found for name, found in reaches.items() if found} == {}
 
 

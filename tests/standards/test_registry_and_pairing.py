@@ -50,7 +50,9 @@ def test_default_is_a_fresh_copy_and_user_file(tmp_path):
     reg.set_api_standard("linear", "benchmark")
     assert Registry.default().standard_for("linear", "float32") == "ulp"
     f = tmp_path / "mine.csv"
-    f.write_text("api,standard,dtype,threshold,value\nmy_op,binary_consistency,,,\nexp,,float32,sr_max_scaled_ulp,0.25\n")
+    f.write_text(
+        "api,standard,dtype,threshold,value\nmy_op,binary_consistency,,,\nexp,,float32,sr_max_scaled_ulp,0.25\n"
+    )
     reg.load_file(f)
     assert reg.standard_for("my_op", "float32") == "binary_consistency"
     b = torch.linspace(0.5, 2, 100, dtype=torch.float64)

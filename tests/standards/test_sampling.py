@@ -63,7 +63,8 @@ def test_correct_output_passes_and_bias_faults_fail(monkeypatch, dtype, api):
 
     # an additive bias of half an ULP at the output's RMS, rounded to nearest
     ulp_rms = float(
-        2.0 ** torch.floor(torch.log2(bench.double().square().mean().sqrt())) * 2.0 ** -{torch.float16: 10, torch.bfloat16: 7}[dtype]
+        2.0 ** torch.floor(torch.log2(bench.double().square().mean().sqrt()))
+        * 2.0 ** -{torch.float16: 10, torch.bfloat16: 7}[dtype]
     )
     shifted = (bench.double() + 0.5 * ulp_rms).to(dtype)
     plain, fused = _both(monkeypatch, bench, shifted, api)

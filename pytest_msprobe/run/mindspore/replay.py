@@ -259,13 +259,17 @@ def _outputs_with_gradients(mindspore: ModuleType, outputs: list[Value], sens: l
     """Positions of the outputs that receive an incoming gradient (as replay pairs them
     for torch: one gradient per forward output, None where it got none)."""
     if len(sens) != len(outputs):
-        raise CallSkip(f"the dump has {len(sens)} incoming gradients for {len(outputs)} forward outputs; cannot pair them")
+        raise CallSkip(
+            f"the dump has {len(sens)} incoming gradients for {len(outputs)} forward outputs; cannot pair them"
+        )
     chosen = []
     for position, (output, grad) in enumerate(zip(outputs, sens, strict=False)):
         if grad is None or not isinstance(output, mindspore.Tensor) or not output.is_floating_point():
             continue
         if tuple(grad.shape) != tuple(output.shape):
-            raise CallSkip(f"incoming gradient {position} has shape {list(grad.shape)}, the output has {list(output.shape)}")
+            raise CallSkip(
+                f"incoming gradient {position} has shape {list(grad.shape)}, the output has {list(output.shape)}"
+            )
         chosen.append(position)
     if not chosen:
         raise CallSkip("no output of the forward call carries a gradient to backpropagate")
@@ -317,17 +321,23 @@ class MindsporeReplay:
             known = ", ".join(sorted([*table.apis, *table.unreplayable]))
             raise CallSkip(f"api type {name.api_type!r} is not known to MindSpore dumps ({known})")
         if name.api_name in table.random:
-            raise CallSkip(f"{label} draws random numbers the dump does not record: its output cannot be compared element by element")
+            raise CallSkip(
+                f"{label} draws random numbers the dump does not record: its output cannot be compared element by element"
+            )
         spec = table.apis[name.api_type].get(name.api_name)
         if spec is None:
-            raise CallSkip(f"{label} is not in the MindSpore->torch table ({TABLE_FILE}); add it with its torch twin to replay it")
+            raise CallSkip(
+                f"{label} is not in the MindSpore->torch table ({TABLE_FILE}); add it with its torch twin to replay it"
+            )
         function = _mindspore_attribute(table.owners[name.api_type], name.api_name)
         if not callable(function):
             raise CallSkip(f"{label} does not exist in MindSpore {import_mindspore().__version__}")
         bench = TorchTwin(torch_function(spec.torch), spec) if spec.torch else function
         return Api(label, function, bench, in_place=False, raise_bench=True)
 
-    def runs(self, api: Api, inputs: Inputs, settings: RunSettings) -> tuple[MindsporeRun, MindsporeRun | Run, Run | None]:
+    def runs(
+        self, api: Api, inputs: Inputs, settings: RunSettings
+    ) -> tuple[MindsporeRun, MindsporeRun | Run, Run | None]:
         # Offline the device is the dump: MindSpore runs here only as bench or reference, on the CPU.
         target = "CPU" if settings.offline else device_target(settings.backend, settings.device_request)
         configure(target, 0 if settings.offline else settings.device_index)

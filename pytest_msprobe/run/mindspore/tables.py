@@ -69,9 +69,13 @@ def _twin(where: str, entry: dict[str, Json]) -> TwinSpec:
     torch_path = entry.get("torch")
     if torch_path is not None and not torch_path.startswith("torch."):
         raise ValueError(f"{TABLE_FILE} {where}: torch = {torch_path!r} is not a path under torch")
-    spec = TwinSpec(torch_path, dict(entry.get("rename", {})), tuple(entry.get("params", ())), dict(entry.get("defaults", {})))
+    spec = TwinSpec(
+        torch_path, dict(entry.get("rename", {})), tuple(entry.get("params", ())), dict(entry.get("defaults", {}))
+    )
     if spec.defaults and not spec.params:
-        raise ValueError(f"{TABLE_FILE} {where}: defaults need params, to tell whether the argument was passed by position")
+        raise ValueError(
+            f"{TABLE_FILE} {where}: defaults need params, to tell whether the argument was passed by position"
+        )
     if (spec.rename or spec.params or spec.defaults) and torch_path is None:
         raise ValueError(f"{TABLE_FILE} {where}: argument translation without a torch twin")
     return spec

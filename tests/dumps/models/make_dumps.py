@@ -132,10 +132,20 @@ class Recurrent(nn.Module):
         h0 = torch.zeros(r.num_layers, x.shape[0], r.hidden_size, dtype=x.dtype)
         if isinstance(r, nn.LSTM):
             out = torch.lstm(
-                x, (h0, h0.clone()), r._flat_weights, r.bias, r.num_layers, r.dropout, r.training, r.bidirectional, r.batch_first
+                x,
+                (h0, h0.clone()),
+                r._flat_weights,
+                r.bias,
+                r.num_layers,
+                r.dropout,
+                r.training,
+                r.bidirectional,
+                r.batch_first,
             )[0]
         else:
-            out = torch.gru(x, h0, r._flat_weights, r.bias, r.num_layers, r.dropout, r.training, r.bidirectional, r.batch_first)[0]
+            out = torch.gru(
+                x, h0, r._flat_weights, r.bias, r.num_layers, r.dropout, r.training, r.bidirectional, r.batch_first
+            )[0]
         return s.fc(out[:, -1])
 
 
@@ -220,7 +230,9 @@ class ApiZoo(nn.Module):
         b = x.shape[0]
         feats = []
         y = F.silu(s.gn(s.conv(x)))  # conv2d, group_norm, silu
-        y = s.inorm(F.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False))  # interpolate, instance_norm
+        y = s.inorm(
+            F.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False)
+        )  # interpolate, instance_norm
         y = F.avg_pool2d(s.bn(y), 2)  # batch_norm, avg_pool2d
         feats.append(y.mean(dim=(1, 2)))  # mean
         rows = x.reshape(b, 4 * 8, 8)
@@ -233,13 +245,25 @@ class ApiZoo(nn.Module):
         scores = torch.matmul(q, k.transpose(-2, -1)).masked_fill(future, float("-inf"))
         attn = plain + causal + torch.matmul(F.log_softmax(scores, -1).exp(), v)  # masked log_softmax
         feats.append(attn.transpose(1, 2).reshape(b, 32, 8).mean(1))
-        feats.append(torch.logsumexp(h, dim=1) + torch.norm(h, dim=1) + F.normalize(h, dim=1).sum(1))  # logsumexp, norm, normalize
+        feats.append(
+            torch.logsumexp(h, dim=1) + torch.norm(h, dim=1) + F.normalize(h, dim=1).sum(1)
+        )  # logsumexp, norm, normalize
         z = torch.tanh(h[:, 0]) * 0.5  # small values: where expm1/log1p/1-cos matter
-        feats.append(torch.expm1(z) + torch.log1p(z) + torch.cos(z) + torch.sin(z) + torch.sigmoid(h[:, 1]) + torch.exp(-z * z))
-        feats.append(torch.var(h, dim=1) + torch.std(h, dim=1) + F.softplus(h).mean(1) + F.elu(h).amax(1) + torch.rsqrt(1 + h * h).sum(1))
+        feats.append(
+            torch.expm1(z) + torch.log1p(z) + torch.cos(z) + torch.sin(z) + torch.sigmoid(h[:, 1]) + torch.exp(-z * z)
+        )
+        feats.append(
+            torch.var(h, dim=1)
+            + torch.std(h, dim=1)
+            + F.softplus(h).mean(1)
+            + F.elu(h).amax(1)
+            + torch.rsqrt(1 + h * h).sum(1)
+        )
         c = s.conv1d(h[:, :4, :])  # conv1d on 4 channels of length 8
         feats.append(
-            F.avg_pool1d(c, 2).repeat_interleave(2, -1).sum(1) + torch.cumsum(h[:, 0], -1) + torch.einsum("bi,ij->bj", h[:, 1], s.mix)
+            F.avg_pool1d(c, 2).repeat_interleave(2, -1).sum(1)
+            + torch.cumsum(h[:, 0], -1)
+            + torch.einsum("bi,ij->bj", h[:, 1], s.mix)
         )
         feats.append(
             torch.addmm(h[:, 2], h[:, 3], s.mix)
@@ -278,7 +302,9 @@ class Losses(nn.Module):
         h1 = F.rms_norm(s.enc(x[0]), (16,), s.scale, eps=1e-6)
         h2 = F.rms_norm(s.enc(x[1]), (16,))
         a, b = h1.float(), h2.float()  # the loss in float32, as mixed precision computes losses
-        same = torch.ones(4, dtype=torch.int64)  # positive pairs: a pair labelled -1 (loss ~1) would set the output's scale
+        same = torch.ones(
+            4, dtype=torch.int64
+        )  # positive pairs: a pair labelled -1 (loss ~1) would set the output's scale
         pairs = F.cosine_embedding_loss(a, b, same, reduction="none")
         positive = F.cosine_embedding_loss(a, b, same)
         near = F.pairwise_distance(h1, h2) + F.cosine_similarity(h1, h2)
@@ -354,10 +380,16 @@ MODELS: dict[str, ModelSpec] = {
     ),
     # not shipped: benchmarks/bench_dataflow.py dumps it at levels L1 and mix
     "transformer4": ModelSpec(
-        lambda: Transformer(4), lambda: _token_ids(64, 1, 8), _per_token_labels(64), "transformer12 with 4 blocks (the data-flow dumps)"
+        lambda: Transformer(4),
+        lambda: _token_ids(64, 1, 8),
+        _per_token_labels(64),
+        "transformer12 with 4 blocks (the data-flow dumps)",
     ),
     "transformer1": ModelSpec(
-        lambda: Transformer(1), lambda: _token_ids(64, 1, 8), _per_token_labels(64), "transformer12 with 1 block (the fault dumps: small)"
+        lambda: Transformer(1),
+        lambda: _token_ids(64, 1, 8),
+        _per_token_labels(64),
+        "transformer12 with 1 block (the fault dumps: small)",
     ),
     # not shipped (fp32 tensor dump ~1 GB): benchmarks/bench_large_calls.py makes it under /tmp
     "transformer_large": ModelSpec(
@@ -372,8 +404,12 @@ MODELS: dict[str, ModelSpec] = {
         _per_token_labels(10),
         "conv2d, batch_norm, relu, max_pool2d, flatten, linear, cross_entropy",
     ),
-    "gru": ModelSpec(lambda: Recurrent(nn.GRU), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "GRU (2 layers), linear"),
-    "lstm": ModelSpec(lambda: Recurrent(nn.LSTM), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "LSTM (2 layers), linear"),
+    "gru": ModelSpec(
+        lambda: Recurrent(nn.GRU), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "GRU (2 layers), linear"
+    ),
+    "lstm": ModelSpec(
+        lambda: Recurrent(nn.LSTM), lambda: torch.randn(2, 6, 8), _per_token_labels(5), "LSTM (2 layers), linear"
+    ),
     "embedattn": ModelSpec(
         EmbedAttn,
         _repeated_token_ids,
@@ -460,13 +496,21 @@ FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
         "float16",
         "pytorch/pytorch#123157 'Add support for CUBLAS_COMPUTE_16F for gemm operations in cudaBLAS'",
     ),
-    "tf32_conv": ("convbn", "float32", "pytorch/pytorch#107514 'conv2d wrong results on 3090/3090ti' (cudnn.allow_tf32 default)"),
+    "tf32_conv": (
+        "convbn",
+        "float32",
+        "pytorch/pytorch#107514 'conv2d wrong results on 3090/3090ti' (cudnn.allow_tf32 default)",
+    ),
     "gelu_tanh_approximation": (
         "transformer1",
         "float32",
         "uxlfoundation/oneDNN#1122 'precision difference between Mkldnn Gelu and Gelu's erf algorithm'",
     ),
-    "softmax_low_precision_sum": ("transformer1", "bfloat16", "apache/mxnet#14072 'Fp16 support for softmax' (reduction done in fp16)"),
+    "softmax_low_precision_sum": (
+        "transformer1",
+        "bfloat16",
+        "apache/mxnet#14072 'Fp16 support for softmax' (reduction done in fp16)",
+    ),
     "softmax_backward_half_accumulator": (
         "transformer1",
         "float16",
@@ -572,7 +616,7 @@ def make_dump(
 # --- checking that a fault is in its dump ---------------------------------------
 
 
-def decode(value: Any, tensor_dir: Path) -> Any:
+def decode(value: Any, tensor_dir: Path) -> Any:  # noqa: C901  one branch per dump.json value kind, as msprobe writes them
     """A dump.json value -> the Python value (enough for the APIs of the fault table)."""
     if value is None:
         return None
@@ -723,7 +767,9 @@ def verify_fault(
         data = json.load(handle)["data"]
     if clean is not None and list(clean) != list(data):
         extra, missing = sorted(set(data) - set(clean)), sorted(set(clean) - set(data))
-        raise SystemExit(f"THE FAULT DUMP HOLDS OTHER CALLS than the clean dump: extra {extra[:10]}, missing {missing[:10]}")
+        raise SystemExit(
+            f"THE FAULT DUMP HOLDS OTHER CALLS than the clean dump: extra {extra[:10]}, missing {missing[:10]}"
+        )
     tensor_dir = outdir / "dump_tensor_data"
     findings = []
     for name, record in data.items():
@@ -755,7 +801,9 @@ def verify_fault(
         raise SystemExit(
             f"FAULT NOT IN THE DUMP: no {'/'.join(wanted)} call of {spec.call_prefix}* in {outdir} differs from the correct kernel"
         )
-    print(f"{fault}: in the dump ({len(hits)} {'/'.join(wanted)} calls of {spec.call_prefix}* differ from the correct kernel)")
+    print(
+        f"{fault}: in the dump ({len(hits)} {'/'.join(wanted)} calls of {spec.call_prefix}* differ from the correct kernel)"
+    )
     return findings
 
 
@@ -765,7 +813,9 @@ def _in_subprocess(*args: str) -> None:
     subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], check=True)
 
 
-def make_fault_dump(fault: str, outdir: Path, model: str | None = None, dtype: str | None = None, level: str = "L1") -> None:
+def make_fault_dump(
+    fault: str, outdir: Path, model: str | None = None, dtype: str | None = None, level: str = "L1"
+) -> None:
     """The fault dump (in this process), checked: the fault is in it, and it holds the
     calls of the clean dump of the same model (made in a subprocess)."""
     model = model or FAULT_DUMPS[fault][0]
@@ -817,10 +867,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dtype", nargs="?", choices=sorted(DTYPES))
     parser.add_argument("outdir", nargs="?", type=Path)
     parser.add_argument("--task", default="tensor", choices=["tensor", "statistics"])
-    parser.add_argument("--level", default="L1", choices=["L1", "mix"], help="msprobe's level (mix: Module.* records too)")
+    parser.add_argument(
+        "--level", default="L1", choices=["L1", "mix"], help="msprobe's level (mix: Module.* records too)"
+    )
     parser.add_argument("--fault", choices=sorted(model_faults.FAULTS))
     parser.add_argument(
-        "--fault-dump", type=Path, metavar="OUTDIR", help="with --fault: dump the fault table's model and dtype for this fault into OUTDIR"
+        "--fault-dump",
+        type=Path,
+        metavar="OUTDIR",
+        help="with --fault: dump the fault table's model and dtype for this fault into OUTDIR",
     )
     parser.add_argument("--all", action="store_true", help="regenerate every shipped dump under --root")
     parser.add_argument("--root", type=Path, default=HERE)
