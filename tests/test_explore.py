@@ -747,7 +747,7 @@ def _seeded(*shape: int, scale: float = 1.0, shift: float = 0.0, seed: int = 0) 
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale + shift
 
 
-# The documented torch defects (judge/explore.py DOCUMENTED), each at its reproducer's
+# The documented torch defects (judge/documented.py DOCUMENTED), each at its reproducer's
 # inputs (benchmarks/explore_findings.py): the API, its forward arguments and keywords,
 # the incoming gradient of a backward (None: the forward is judged), the reproducer.
 F = torch.nn.functional

@@ -1,6 +1,7 @@
 """The package layout follows a call's path, and the imports keep to it: a stage imports
 only from itself and the stages before it, only the pytest layer imports pytest, the
-standards and bench_functions libraries import no stage, and no module cycle exists.
+standards and bench_functions libraries import no stage, and no module cycle exists;
+no module is over MAX_LINES lines unless LONG_MODULES says why.
 
 Read from the source with `ast` (imports inside functions included), so the rule holds
 for lazy imports too. Each rule is also shown to fail on a planted violation.
@@ -27,6 +28,15 @@ STAGES = ("base", "dump", "run", "judge", "results", "scripts", "plugin")
 LIBRARIES = ("standards", "bench_functions")
 PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "xdist")
 OPTIONAL_PACKAGES = {"mindspore", "torch_npu"}  # the extras: maybe not installed here
+# A module past this many lines is split where it has seams (issue 41: ~500 lines), or
+# listed in LONG_MODULES with the reason it stays one.
+MAX_LINES = 560
+LONG_MODULES = {
+    "pytest_msprobe/results/html.py": "one self-contained report page: its template, styles and script",
+    "bench_functions/fusion_attention.py": (
+        "one reference implementation of npu_fusion_attention: its layouts, masks and both directions"
+    ),
+}
 
 
 def modules(package_dirs: dict[str, Path]) -> dict[str, Path]:
@@ -186,6 +196,46 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
 def test_a_planted_violation_is_found(tmp_path, files, expected):
     found = violations(_plant(tmp_path, {"__init__.py": "", **files}))
     assert any(expected in problem for problem in found), found
+
+
+def long_modules(package_dirs: dict[str, Path], root: Path, reasons: dict[str, str]) -> list[str]:
+    """Each module over MAX_LINES that `reasons` gives no reason for (paths from `root`)."""
+    lengths = {
+        path.relative_to(root).as_posix(): len(path.read_text("utf-8").splitlines())
+        for path in modules(package_dirs).values()
+    }
+    return [
+        f"{path}: {count} lines (at most {MAX_LINES}): split it, or say in LONG_MODULES why it stays one"
+        for path, count in sorted(lengths.items())
+        if count > MAX_LINES and path not in reasons
+    ]
+
+
+def test_no_module_is_long_without_a_reason():
+    assert long_modules(PACKAGE_DIRS, ROOT, LONG_MODULES) == []
+
+
+@pytest.mark.parametrize("path", sorted(LONG_MODULES))
+def test_a_long_modules_reason_is_still_needed(path):
+    assert len((ROOT / path).read_text("utf-8").splitlines()) > MAX_LINES, (
+        f"{path} is short now: take it out of LONG_MODULES"
+    )
+
+
+@pytest.mark.parametrize(
+    "lines,reasons,found",
+    [
+        (MAX_LINES + 1, {}, True),
+        (MAX_LINES, {}, False),
+        (MAX_LINES + 1, {"pytest_msprobe/judge/long.py": "a reason"}, False),
+    ],
+    ids=["long", "at-the-limit", "long-with-a-reason"],
+)
+def test_a_planted_long_module_is_found(tmp_path, lines, reasons, found):
+    package = _plant(tmp_path, {"__init__.py": "", "judge/long.py": "x = 1\n" * lines})
+    assert (
+        any("pytest_msprobe/judge/long.py" in problem for problem in long_modules(package, tmp_path, reasons)) == found
+    )
 
 
 @pytest.mark.parametrize("old", ["pytest_msprobe.outcome", "pytest_msprobe.report_writer", "pytest_msprobe.options"])

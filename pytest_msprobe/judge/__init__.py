@@ -10,7 +10,10 @@ check of a standards registry's routes and thresholds before any call (`routing`
 the element samples an HTML report plots (`samples`), and the checks beside the
 standards (`findings`): the device's bits over repeated runs (`repeat`) and the
 overflow re-check of dumped inf/NaN (`overflow`); and the search around a call
-(`explore`: --msprobe-explore, hypothesis).
+(`explore`: --msprobe-explore, hypothesis) with what excuses or names an example it
+finds: the rounding a correct kernel may reach (`sensitivity`), the overflows none
+avoids (`excuses`, over a backward's intermediates: `intermediates`), and the torch
+defects its message names (`documented`).
 
 May import: `dump`, `run`, `errors`, `compat`, `standards`. Never pytest, never a later stage.
 """

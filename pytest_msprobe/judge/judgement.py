@@ -6,7 +6,7 @@ standard of a plain backward holds one that sums overlapping contributions, a su
 products cancels, the bench saves its forward results in a wider dtype than the device,
 the device ran the reference in another memory layout. Each such way of judging is one
 row of RE_JUDGEMENTS (a name, `applies`, `run`), tried in order while the verdict is an
-error, as torch.testing's `pair_types` or judge/explore.py's EXCUSES: one more way of
+error, as torch.testing's `pair_types` or judge/excuses.py's EXCUSES: one more way of
 judging is one more row. Every row gets and returns a Judgement, so what one row
 evaluates (the terms' magnitudes, the summed route) is there for the next.
 """

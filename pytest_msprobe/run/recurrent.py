@@ -1,7 +1,7 @@
 """The recurrent APIs whose gates saturate, written out cell by cell as their definitions
 (torch.nn.GRU, LSTM, RNN's documented equations) compute them, with a hook on every
 gate's activated result: what exploration perturbs to measure a recurrent backward's
-sensitivity to the rounding of its gates (judge/explore.py).
+sensitivity to the rounding of its gates (judge/sensitivity.py).
 
 derivatives.yaml differentiates these definitions: every kernel forms a gate's
 derivative from its result as D holds it, (1 - z) and 1 - n**2 for GRU's sigmoid and
