@@ -195,10 +195,19 @@ def test_a_resumed_runs_exit_status_is_its_whole_result_sets(pytester: pytest.Py
 
 def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path: Path) -> None:
     """Two shards started into one --msprobe-out: the second is refused while the first
-    runs (each call of which is slowed down, so that it surely is), and the first run's
-    files are whole (two runs appending there at once left merge one run's records)."""
+    runs (each call of which waits until the test releases it, so that it surely is: a
+    fixed 0.1 s per call ended the first run before a loaded machine had started the
+    second), and the first run's files are whole (two runs appending there at once left
+    merge one run's records)."""
     dump = write(tmp_path / "slow", many_calls(CALLS))
-    (dump.parent / "conftest.py").write_text("import time\n\ndef pytest_runtest_setup(item):\n    time.sleep(0.1)\n")
+    release = dump.parent / "release"
+    (dump.parent / "conftest.py").write_text(
+        "import time\nfrom pathlib import Path\n\n"
+        "def pytest_runtest_setup(item):\n"
+        "    deadline = time.monotonic() + 120\n"
+        f"    while not Path({str(release)!r}).exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.02)\n"
+    )
     out = tmp_path / "out"
     first = subprocess.Popen(
         pytest_command(dump, out), cwd=dump.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -212,10 +221,11 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path: Path) -> None:
         ):
             time.sleep(0.01)
         second = run(dump, out, "--msprobe-shard=2/2")
-        assert first.poll() is None, "the first run ended before the second was refused: slow its calls down more"
+        assert first.poll() is None, "the first run ended before the second was refused"
         assert second.returncode == pytest.ExitCode.USAGE_ERROR, second.stdout[-2000:]
         assert "is in use by another run (pid" in second.stderr and "its own --msprobe-out" in second.stderr
     finally:
+        release.touch()
         output, _ = first.communicate(timeout=120)
     assert first.returncode == 0, output[-3000:]
     files = files_by_call(out)  # the first run's files, whole: every call once

@@ -26,8 +26,10 @@ import pytest
 def pytest_unconfigure(config):
     worker = config.workerinput["workerid"] if hasattr(config, "workerinput") else "main"
     heavy = [name for name in ("torch", "hypothesis", "sympy") if name in sys.modules]
-    # the standards' numerics; the controller pools kernel verdicts by their pure sign arithmetic
-    heavy += sorted(name for name in sys.modules if name.startswith("pytest_msprobe.standards.") and name != "pytest_msprobe.standards.signs")
+    # the standards' numerics; the controller pools kernel verdicts by their pure sign
+    # arithmetic (signs) and ranks statuses (verdict: the Status literal and its order)
+    light = ("pytest_msprobe.standards.signs", "pytest_msprobe.standards.verdict")
+    heavy += sorted(name for name in sys.modules if name.startswith("pytest_msprobe.standards.") and name not in light)
     Path(f"modules-{worker}.json").write_text(json.dumps(heavy))
 """
 
@@ -56,7 +58,7 @@ def test_the_controller_imports_no_torch(
     assert parallel.ret == serial.ret == pytest.ExitCode.OK, parallel.stdout.str()[-3000:]
     imported = _imported(pytester.path)
     assert set(imported) == {"main", "gw0", "gw1"}, imported
-    assert imported["main"] == [], imported  # no torch, no standards but signs: nothing heavy
+    assert imported["main"] == [], imported  # no torch, no standards but signs and verdict: nothing heavy
     for worker in ("gw0", "gw1"):
         assert "torch" in imported[worker] and "sympy" not in imported[worker], imported
     assert comparable_records(pytester.path / "out0") == comparable_records(pytester.path / "out2")
