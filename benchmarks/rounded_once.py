@@ -3,7 +3,8 @@ pytest_msprobe/run/rounding.py's table (results: RESULTS-library-families.md).
 
     python benchmarks/rounded_once.py [KERNEL ...]
 
-For each API and direction, in bfloat16 and float16, it counts the elements that differ
+For each API and direction, in bfloat16 and float16, on the CPU's ATen kernels (or
+another device's: --device cuda), it counts the elements that differ
 from the exact result rounded to D *and* lie farther than misrounding.far_ulp from it (the
 far-misrounding test of standards/misrounding.py: half an ULP of D and 64 float32 ULPs), toward and away from zero, and the input
 range they come from. Elementwise functions: every finite 16-bit input, its gradient a
@@ -35,7 +36,8 @@ def _sixteen(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _params(x: torch.Tensor, n: int, low: float, high: float) -> torch.Tensor:
-    return _sixteen(torch.linspace(low, high, n), x.dtype if x.dtype in HALF else torch.bfloat16).to(x.dtype)
+    """n 16-bit parameters from low to high, on x's device in x's dtype."""
+    return _sixteen(torch.linspace(low, high, n), x.dtype if x.dtype in HALF else torch.bfloat16).to(x.device, x.dtype)
 
 
 ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -75,17 +77,18 @@ def every_finite(dtype: torch.dtype) -> torch.Tensor:
 
 
 def outputs(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, direction: str, seed: int
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, direction: str, seed: int, device: str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the 16-bit kernel's output or input gradient, the float64 one) on the same inputs."""
+    """(the 16-bit kernel's output or input gradient on `device`, the float64 one on the
+    CPU) on the same inputs, both on the CPU."""
     if direction == "forward":
-        return fn(x), fn(x.double())
+        return fn(x.to(device)).cpu(), fn(x.double())
     g = torch.randn(fn(x).shape, generator=torch.Generator().manual_seed(seed)).to(x.dtype)
-    kernel, exact = x.clone().requires_grad_(), x.double().requires_grad_()
-    fn(kernel).backward(g)
+    kernel, exact = x.to(device).clone().requires_grad_(), x.double().requires_grad_()
+    fn(kernel).backward(g.to(device))
     fn(exact).backward(g.double())
     assert kernel.grad is not None and exact.grad is not None
-    return kernel.grad, exact.grad
+    return kernel.grad.cpu(), exact.grad
 
 
 def far(
@@ -107,7 +110,7 @@ def far(
     return int(toward.sum()), int((off & ~toward).sum()), int(judged.sum()), where
 
 
-def row(name: str, fn: Callable[[torch.Tensor], torch.Tensor], exhaustive: bool) -> str:
+def row(name: str, fn: Callable[[torch.Tensor], torch.Tensor], exhaustive: bool, device: str) -> str:
     cells = [name]
     for direction in ("forward", "backward"):
         for dtype in HALF:
@@ -119,7 +122,7 @@ def row(name: str, fn: Callable[[torch.Tensor], torch.Tensor], exhaustive: bool)
                     if exhaustive
                     else (torch.randn(64, 256, generator=torch.Generator().manual_seed(seed)) * 2 + 0.5).to(dtype)
                 )
-                t, a, n, w = far(x, *outputs(fn, x, direction, seed + 1))
+                t, a, n, w = far(x, *outputs(fn, x, direction, seed + 1, device))
                 toward, away, judged, where = toward + t, away + a, judged + n, where or w
             cells.append(f"{direction} {dtype_info(dtype).name}: {toward}/{away} of {judged}{where}")
     return " | ".join(cells)
@@ -128,12 +131,14 @@ def row(name: str, fn: Callable[[torch.Tensor], torch.Tensor], exhaustive: bool)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kernels", nargs="*", help="the kernels to measure, by the names printed (default: all)")
-    only = parser.parse_args().kernels
+    parser.add_argument("--device", default="cpu", help="where the 16-bit kernels run (cuda: a GPU's; default cpu)")
+    options = parser.parse_args()
+    only = options.kernels
     print("API | direction dtype: farther toward/away zero of elements judged, x range")
     for table, exhaustive in ((ELEMENTWISE, True), (ROWS, False)):
         for name, fn in table.items():
             if not only or name in only:
-                print(row(name, fn, exhaustive), flush=True)
+                print(row(name, fn, exhaustive, options.device), flush=True)
 
 
 if __name__ == "__main__":
