@@ -1,5 +1,5 @@
 """Which elements of a 16-bit call's output a correct kernel rounds once: the domain of
-the standards' far-misrounding test (standards/bias.py).
+the standards' far-misrounding test (standards/misrounding.py).
 
 The accuracy model's 16-bit rows (standards/tables/accuracy_model.csv): ATen, CUDA and
 CANN compute a float16 or bfloat16 operator in float32 and round the result to nearest
@@ -7,24 +7,24 @@ once. Where that float32 result is accurate to a few float32 ULPs, it is 2**-13 
 to 2**-16 (bfloat16) of an ULP of D from the exact value, so a correct result is never
 farther than half an ULP of D (and 64 float32 ULPs) from the bench; a kernel that
 truncates lands farther on nearly every element it moves, and the test catches it on 64
-elements, where the sign tests alone fell short 5.2% of the time. It holds only where the float32 formula
-is well-conditioned: a float32 result that cancels (gelu's 1 + erf(x / sqrt 2) below x
+elements, where the sign tests alone fell short 5.2% of the time. It holds only where
+the float32 formula is well-conditioned: a float32 result that cancels (gelu's 1 + erf(x / sqrt 2) below x
 of -3) or a kernel that rounds an intermediate at D (ATen's CPU log_softmax, a
 normalisation's backward row sums) is correct and still farther. So the test reads the
 elements this table names, per API and direction, where two correct families both
-round once: ATen's CPU kernels (the reference family everywhere) and CUDA's on an H200
+round once: ATen's CPU kernels (the reference family everywhere), on both of this
+machine's kernel paths (AVX2 and ATEN_CPU_CAPABILITY=default), and CUDA's on an H200
 (torch 2.11), measured by benchmarks/rounded_once.py (results in
 benchmarks/RESULTS-library-families.md and RESULTS-cuda.md): every finite input of
 float16 and bfloat16 for the elementwise functions, with a random 16-bit gradient; 3 x
 64 x 256 random inputs for the normalisations. An API or direction not here gets no
-such test: its elements are judged by the sign tests alone. Each CPU row holds on both
-kernel paths of this machine's ATen, its AVX2 one and ATEN_CPU_CAPABILITY=default; rsqrt's
-forward does not (0 farther on AVX2, 8906 of 32639 bfloat16 inputs farther on the default path, both
-ways) and is left out. group_norm's forward is
-left out for CUDA: it rounds once on the CPU (0-4 of 49152 farther) but not on the
-H200 (17379 and 16630 farther, both ways), whose kernel applies its per-channel
-scale and shift in D; the forward of layer_norm, batch_norm in training, instance_norm
-and log_softmax is the other way round (rounded once on the H200, not on the CPU).
+such test: its elements are judged by the sign tests alone. Left out so:
+- rsqrt's forward: 0 farther on AVX2, 8906 of 32639 bfloat16 inputs farther on the
+  default path, both ways;
+- group_norm's forward: 0-4 of 49152 farther on the CPU, 17379 (bfloat16) and 16630
+  (float16) on the H200, both ways;
+- the forward of log_softmax, instance_norm and batch_norm in training, and layer_norm's
+  backward: rounded once on the H200, not on the CPU (2000 to 20000 farther).
 
 The masks have the shape of the first argument, as run/groups.py's ids: the forward
 output of these APIs and the gradient of that input have it; another output (a
