@@ -28,7 +28,7 @@ from pytest_msprobe.judge.call import PytorchReplay, Settings, check_call
 from pytest_msprobe.run import precision
 from pytest_msprobe.run.apis import Api
 from pytest_msprobe.run.devices import ACCELERATORS, AcceleratorBackend, Backend, DeviceUnavailable, backend
-from pytest_msprobe.run.replay import Inputs, Placement, Run, replay
+from pytest_msprobe.run.replay import Inputs, Placement, Run, Sides, replay
 from pytest_msprobe.standards import Registry
 
 CUDA_LABEL = "bench on cuda:0 in float32, TF32 and reduced-precision reductions off"
@@ -287,12 +287,12 @@ def test_a_check_that_fails_at_run_time_skips_the_call_instead_of_judging_it(mon
     bench = Run(
         api, F.linear, Placement(cpu, {H: torch.float32}), context=functools.partial(precision.strict_float32, "cuda")
     )
-    results = replay("forward", api, _inputs(x, w), device, bench, None, framework="pytorch")
+    results = replay("forward", api, _inputs(x, w), Sides(device, bench, None), framework="pytorch")
     assert results.bench.dtype == torch.float32
     _set_user_tf32()
     monkeypatch.setitem(precision.SWITCHES, "cuda", _ignoring(*IGNORED["matmul.allow_tf32"]))
     with pytest.raises(CallSkip, match="StrictFloat32Refused: torch.backends.cuda.matmul.allow_tf32 is True"):
-        replay("forward", api, _inputs(x, w), device, bench, None, framework="pytorch")
+        replay("forward", api, _inputs(x, w), Sides(device, bench, None), framework="pytorch")
 
 
 @pytest.mark.parametrize(

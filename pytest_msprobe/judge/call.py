@@ -24,6 +24,7 @@ from pytest_msprobe.run.replay import (
     Results,
     Run,
     Side,
+    Sides,
     bench_dtypes,
     decode_backward,
     decode_forward,
@@ -197,7 +198,7 @@ def replay_inputs(  # noqa: PLR0913  the call's framework, api, inputs and setti
     if dumped is not None:
         device, reference, label = dumped
     try:
-        results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
+        results = replay(name.direction, api, inputs, Sides(device, bench, reference), framework=framework_name)
     finally:
         settings.backend.free()
     layouts = None

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
 
 #: applied to each gate's activated result (the identity: the definition itself)
 Gate = Callable[[torch.Tensor], torch.Tensor]
@@ -140,7 +140,7 @@ def _sequence(cell: Cell, states: int) -> Callable[..., tuple[torch.Tensor, ...]
 
 
 #: api -> its definition, the same arguments as torch.<api> and a `gate` keyword
-DEFINITIONS: dict[str, Callable[..., Value]] = {
+DEFINITIONS: dict[str, Callable[..., Nested]] = {
     "gru": _sequence(_gru_cell, 1),
     "lstm": _sequence(_lstm_cell, 2),
     "rnn_tanh": _sequence(_tanh_cell, 1),
