@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from pytest_msprobe.dump.cache import DumpSummary
-from pytest_msprobe.dump.dataflow import Ambiguous, Gather, ModuleRecords, Read, dataflow_of, module_of
+from pytest_msprobe.dump.dataflow import Ambiguous, Gather, Read, dataflow_of
 from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.dump.module_records import ModuleRecords, module_of
 from pytest_msprobe.dump.values import DecodeContext, TensorLeaf, decode
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map, writes_in_place
