@@ -1,9 +1,10 @@
 #!/bin/bash
 # The cuda backend checked on a machine with a GPU (results: RESULTS-cuda.md).
 #   bash benchmarks/cuda_check.sh OUT_DIR [DUMP_DIR ...]
-# Runs the tests that use a CUDA device, benchmarks/cuda_kernels.py, then every
-# calibration dump of tests/dumps/models (and each DUMP_DIR holding a dump.json) with
-# --msprobe-device=cuda, single-run and offline; each run's output goes to OUT_DIR.
+# Runs benchmarks/cuda_kernels.py, benchmarks/rounded_once.py on the GPU's 16-bit kernels,
+# the tests that use a CUDA device, then each DUMP_DIR holding a dump.json and every
+# calibration dump of tests/dumps/models with --msprobe-device=cuda, single-run and
+# offline; each run's output goes to OUT_DIR.
 # A run is cut at BUDGET seconds from the start (default 600): what ran is kept.
 set -u
 out=${1:?usage: cuda_check.sh OUT_DIR [DUMP_DIR ...]}; shift
@@ -16,8 +17,9 @@ run() {  # run NAME COMMAND...: its output to OUT_DIR/NAME.txt, its summary line
   echo "$name: rc $? $(tail -n 1 "$out/$name.txt")"
 }
 python3 benchmarks/cuda_kernels.py > "$out/cuda_kernels.txt" 2>&1; cat "$out/cuda_kernels.txt"
+run rounded_once python3 benchmarks/rounded_once.py --device cuda
 run tests python3 -m pytest -p no:cacheprovider -q -n 8 -rfEs tests/test_shared_dumps.py tests/test_bench_site.py tests/test_plugin.py tests/test_offline.py tests/test_groups.py
-for dump in tests/dumps/models/*_tensor_* "$@"; do
+for dump in "$@" tests/dumps/models/*_tensor_*; do
   for mode in single-run offline; do
     flags=(); [ "$mode" = offline ] && flags=(--msprobe-offline)
     run "$(basename "$dump")_$mode" python3 -m pytest -p no:cacheprovider -q -n 8 -rfE "--msprobe-dump=$dump/dump.json" \

@@ -46,7 +46,7 @@ _LAZY = {
 __all__ = ["check", "Verdict", "Status", "Registry", "Offender", "Pair", "Reference"]
 
 
-def check(  # noqa: PLR0913  the public API's keyword-only options (api, reference, terms, groups)
+def check(  # noqa: PLR0913  the public API's keyword-only options (api, reference, terms, groups, rounded_once)
     bench: object,
     device: object,
     *,
@@ -54,6 +54,7 @@ def check(  # noqa: PLR0913  the public API's keyword-only options (api, referen
     reference: object = None,
     terms: object = None,
     groups: Array | torch.Tensor | None = None,
+    rounded_once: Array | torch.Tensor | None = None,
 ) -> Verdict:
     """Judge `device` against its raised-precision `bench` by the standard routed for `api`.
 
@@ -70,10 +71,16 @@ def check(  # noqa: PLR0913  the public API's keyword-only options (api, referen
     (an output of another shape is not grouped): the id of the group of elements that
     share one rounded quantity (a softmax row's sum, a batch_norm channel's statistics):
     the bias sign tests then count groups, not elements (bias.grouped_z).
+    rounded_once: None, or a boolean tensor or array of the shape of the outputs it
+    applies to: the elements a correct kernel computes in float32 and rounds to a 16-bit
+    D once. Their far-misrounding test (bias.far_metrics) then fails an output where 8
+    or more of them lie beyond half an ULP (plus 1/16) of the bench, one way.
     """
     from .registry import shipped_registry
 
-    return shipped_registry().check(bench, device, api=api, reference=reference, terms=terms, groups=groups)
+    return shipped_registry().check(
+        bench, device, api=api, reference=reference, terms=terms, groups=groups, rounded_once=rounded_once
+    )
 
 
 def __getattr__(name: str) -> object:

@@ -97,6 +97,7 @@ from .chunks import CHUNK, BiasSums
 from .dtypes import Array
 from .fast import QUANTILE_SAMPLE
 from .metrics import Pair, sign_balance_z
+from .misrounding import far_metrics, far_reasons
 from .signs import LIB_BIAS_KEY, bias_reasons, signs_z
 
 if TYPE_CHECKING:
@@ -208,23 +209,27 @@ def judge_bias(  # noqa: PLR0913  every standard's bias test: the pair, referenc
 ) -> tuple[dict[str, float], list[str]]:
     """A standard's bias test: against the reference run's own bias where there is one (
     `ref_bias_ulp`), against b_D with the standard's own limit `limit_key` without one,
-    not at all against a baseline's metrics. `computed`: the single-run metrics a fused
-    pass already has. -> (metrics to report, reasons)."""
+    not at all against a baseline's metrics; and the far-misrounding test against the
+    bench, which needs no reference (misrounding.py; the single-run rule applies it
+    itself). `computed`: the single-run metrics a fused pass already has. -> (metrics to
+    report, reasons)."""
     z_limit = thresholds["sr_bias_z"]
     allowance = thresholds.get(LIB_BIAS_KEY, 0.0)
     lean = {LIB_BIAS_KEY: allowance} if allowance > 0 else {}
     if pair.n <= z_limit**2:
         return {}, []  # a sign test over n elements has z <= sqrt(n): it cannot fail
-    if reference is not None:
-        if reference.pair is None:
-            return {}, []
+    if reference is not None and reference.pair is None:
+        return {}, []
+    far = far_metrics(pair)
+    if reference is not None and reference.pair is not None:
         metrics = bias_metrics(pair)
         reference_metrics = {f"ref_{key}": value for key, value in bias_metrics(reference.pair).items()}
         used.update(ref_bias_ulp=thresholds["ref_bias_ulp"], sr_bias_z=z_limit, **lean)
         return (
-            {**metrics, **reference_metrics},
-            bias_reasons(metrics, z_limit, thresholds["ref_bias_ulp"], reference_metrics, allowance),
+            {**metrics, **reference_metrics, **far},
+            bias_reasons(metrics, z_limit, thresholds["ref_bias_ulp"], reference_metrics, allowance) + far_reasons(far),
         )
     metrics = grouped_z(pair, computed) if computed is not None else bias_metrics(pair)
     used.update({limit_key: thresholds[limit_key], "sr_bias_z": z_limit, **lean})
-    return metrics, bias_reasons(metrics, z_limit, thresholds[limit_key], allowance=allowance)
+    reasons = bias_reasons(metrics, z_limit, thresholds[limit_key], allowance=allowance)
+    return {**metrics, **far}, reasons + far_reasons(far)

@@ -117,6 +117,8 @@ class Pair:
         self.want_legacy = False  # set by the registry: fuse legacy sums into the pass
         self.terms_src: Array | torch.Tensor | None = None  # set by the registry: each element's terms' magnitude
         self.groups_src: Array | torch.Tensor | None = None  # set by the registry: each element's group (bias.py)
+        # set by the registry: whether a correct kernel rounds each element once (bias.far_metrics)
+        self.rounded_once_src: Array | torch.Tensor | None = None
         if info.name == "bfloat16":
             self.tiny = 2.0**-8
         else:
@@ -279,6 +281,16 @@ class Pair:
             self.groups_src.cpu() if hasattr(self.groups_src, "cpu") else self.groups_src, dtype=np.int64
         ).reshape(-1)
         return ids if self.all_finite else ids[self.both_finite]
+
+    @cached_property
+    def rounded_once(self) -> Array | None:
+        """Per finite element, whether a correct kernel rounds it once (bias.far_metrics),
+        or None: not known."""
+        if self.rounded_once_src is None:
+            return None
+        src = self.rounded_once_src
+        mask = np.asarray(src.cpu() if hasattr(src, "cpu") else src, dtype=bool).reshape(-1)
+        return mask if self.all_finite else mask[self.both_finite]
 
     @cached_property
     def ulp(self) -> Array:

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, TypeAlias, TypeGuard
 
 import numpy as np
 
@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     import torch
 
     from .dtypes import Array, DtypeLike
+
+#: a value per element of an output (terms, group ids, a mask), or None: not known
+PerElement: TypeAlias = "Array | torch.Tensor | None"
 
 __all__ = ["Registry", "StandardFunc"]
 
@@ -146,7 +149,7 @@ class Registry:
         return cached
 
     # ----------------------------------------------------------------- judging
-    def check(  # noqa: PLR0913  the public API's keyword-only options (api, reference, terms, groups)
+    def check(  # noqa: PLR0913  the public API's keyword-only options (api, reference, terms, groups, rounded_once)
         self,
         bench: object,
         device: object,
@@ -154,7 +157,8 @@ class Registry:
         api: str,
         reference: object = None,
         terms: object = None,
-        groups: Array | torch.Tensor | None = None,
+        groups: PerElement = None,
+        rounded_once: PerElement = None,
     ) -> Verdict:
         """Judge a (possibly nested) device output against its bench. See package docs."""
         baseline, ref_leaves, ref_problem = _parse_reference(bench, reference)
@@ -204,19 +208,13 @@ class Registry:
                 ref_leaf = ref_leaves.get(item.path)
                 if ref_leaf is not None:
                     ref = ref_leaf
-            verdicts.append(self._judge_leaf(item, api, ref, term_leaves.get(item.path), groups))
+            facts = _ElementFacts(term_leaves.get(item.path), groups, rounded_once)
+            verdicts.append(self._judge_leaf(item, api, ref, facts))
         if len(verdicts) == 1 and not verdicts[0].path:
             return verdicts[0]
         return _combine(verdicts)
 
-    def _judge_leaf(
-        self,
-        leaf: Leaf,
-        api: str,
-        ref: Reference | Leaf | None,
-        terms: Array | torch.Tensor | None = None,
-        groups: Array | torch.Tensor | None = None,
-    ) -> Verdict:
+    def _judge_leaf(self, leaf: Leaf, api: str, ref: Reference | Leaf | None, facts: _ElementFacts) -> Verdict:
         name = self.standard_for(api, leaf.device_dtype)
         func = self.standards.get(name)
         if func is None:
@@ -225,10 +223,8 @@ class Registry:
         info = dtype_info(leaf.device_dtype if floating else "float64")
         pair = _make_pair(leaf, info)
         pair.want_legacy = floating  # lets a fused pass compute the legacy sums too
-        if floating and terms is not None and tuple(terms.shape) == tuple(leaf.device.shape):
-            pair.terms_src = terms
-        if floating and groups is not None and tuple(groups.shape) == tuple(leaf.device.shape):
-            pair.groups_src = groups
+        if floating:
+            pair.terms_src, pair.groups_src, pair.rounded_once_src = facts.of(tuple(leaf.device.shape))
         reference = None
         if isinstance(ref, Reference):
             reference = ref
@@ -262,6 +258,23 @@ class Registry:
                 if extra:
                     verdict = dataclasses.replace(verdict, metrics={**verdict.metrics, **extra})
         return verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class _ElementFacts:
+    """What the caller knows of each element of an output (package docs: check's terms,
+    groups and rounded_once), each applied where it has the output's shape."""
+
+    terms: PerElement
+    groups: PerElement
+    rounded_once: PerElement
+
+    def of(self, shape: tuple[int, ...]) -> tuple[PerElement, PerElement, PerElement]:
+        """(terms, groups, rounded_once) for an output of `shape`: None where another shape."""
+        return tuple(  # type: ignore[return-value]  # three facts in, three out
+            fact if fact is not None and tuple(fact.shape) == shape else None
+            for fact in (self.terms, self.groups, self.rounded_once)
+        )
 
 
 def _make_pair(leaf: Leaf, info: DtypeInfo) -> Pair:

@@ -99,6 +99,7 @@ from .bias import STAT_SAMPLE as STAT_SAMPLE  # the sample size of the statistic
 from .chunks import BiasSums
 from .dtypes import Array, DtypeInfo
 from .metrics import Pair, ulp_of
+from .misrounding import far_metrics, far_reasons
 from .pass_plan import PassSpec
 from .pass_results import BiasTotals, PassResult, ScaledSums, TopError
 from .signs import LIB_BIAS_KEY, bias_reasons
@@ -178,6 +179,7 @@ def single_run_metrics(pair: Pair) -> dict[str, float]:
             / sum(part.stop - part.start for part in blocks),
             "max_top_ulp_err": max_top_ulp_err(pair, defaults["sr_top_quantile"], defaults["sr_scale_floor"]),
             **grouped_z(pair, statistics(sums.sums)),
+            **far_metrics(pair),
         }
 
     return pair.cached("single_run_metrics", compute)
@@ -209,6 +211,7 @@ def single_run_reasons(
     reasons.extend(
         bias_reasons(metrics, thresholds["sr_bias_z"], thresholds[bias_limit], allowance=limits.get(LIB_BIAS_KEY, 0.0))
     )
+    reasons.extend(far_reasons(metrics))  # 16-bit, on the plain path (misrounding.py)
     return reasons
 
 

@@ -54,6 +54,7 @@ SCRIPTS = {
     "msprobe_acc_check_cpu.py": COMPILE,
     "probe_plugin.py": IMPORT,
     "real_models.py": HELP,
+    "rounded_once.py": HELP,
     "torch_findings.py": IMPORT,
     "upgrade_spread.py": HELP,
 }

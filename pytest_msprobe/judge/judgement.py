@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from pytest_msprobe.judge.written import cut, written
 from pytest_msprobe.run.groups import groups_of
 from pytest_msprobe.run.replay import Run, evaluated, saved_in_device_dtype
+from pytest_msprobe.run.rounding import rounded_once_of
 from pytest_msprobe.run.summed import summed_route, sums_contributions
 from pytest_msprobe.run.terms import term_magnitudes
 
@@ -51,6 +52,8 @@ class Judgement:
     recorded: Recorded | None = None  # a baseline's metrics, judged against instead of the reference run
     layouts: LayoutReferences | None = None  # offline: the reference run in the other memory layouts (judge/layouts.py)
     groups: torch.Tensor | None = None  # elements sharing a rounded normaliser, for the bias tests (run/groups.py)
+    # the 16-bit elements a correct kernel rounds once, for the far-misrounding test (run/rounding.py)
+    rounded_once: torch.Tensor | None = None
     route: str | None = None  # the standard's routing name; None: the call's API
     terms: Nested = None  # each element's terms' magnitudes (run/terms.py), once a re-judgement evaluated them
     verdict: Verdict | None = None  # None until judged (judged() judges it against the bench first)
@@ -82,21 +85,30 @@ def judge(judgement: Judgement) -> Verdict:
     """The standards' verdict of the results: against recorded baseline metrics when
     given, else against the reference run where there is one; conditioned on the
     elements' terms' magnitudes when given; the bias tests counting the groups of
-    elements that share a rounded normaliser when given (run/groups.py); by the standard
-    of the route (default: the call's API)."""
+    elements that share a rounded normaliser when given (run/groups.py), and the
+    far-misrounding test reading the elements a correct kernel rounds once (run/
+    rounding.py); by the standard of the route (default: the call's API)."""
     results = judgement.results
     reference = judgement.recorded if judgement.recorded is not None else results.reference
     api = judgement.route or judgement.name.operator
     return judgement.registry.check(
-        results.bench, results.device, api=api, reference=reference, terms=judgement.terms, groups=judgement.groups
+        results.bench,
+        results.device,
+        api=api,
+        reference=reference,
+        terms=judgement.terms,
+        groups=judgement.groups,
+        rounded_once=judgement.rounded_once,
     )
 
 
 def judged(judgement: Judgement) -> Judgement:
-    """The verdict against the bench (by the groups of the call's outputs), then each
-    re-judgement of RE_JUDGEMENTS that applies, in order, while it is an error."""
+    """The verdict against the bench (by the groups of the call's outputs and the
+    elements rounded once), then each re-judgement of RE_JUDGEMENTS that applies, in
+    order, while it is an error."""
+    name, bench, inputs = judgement.name, judgement.bench, judgement.results.inputs
     grouped = dataclasses.replace(
-        judgement, groups=groups_of(judgement.name, judgement.bench, judgement.results.inputs)
+        judgement, groups=groups_of(name, bench, inputs), rounded_once=rounded_once_of(name, bench, inputs)
     )
     return rejudged(dataclasses.replace(grouped, verdict=judge(grouped)), RE_JUDGEMENTS)
 

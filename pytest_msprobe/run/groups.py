@@ -183,6 +183,14 @@ GROUPS: dict[str, tuple[GroupsOf, SharedIn16]] = {
 }
 
 
+def torch_arguments(bench: Side, inputs: Inputs) -> tuple[list[Value], dict[str, Value]]:
+    """The call's arguments by torch's names and positions, which the tables read (a
+    MindSpore call's torch twin translates its own: run/terms.py torch_form)."""
+    if isinstance(bench, Run):
+        return torch_form(bench, list(inputs.args), dict(inputs.kwargs))
+    return list(inputs.args), dict(inputs.kwargs)
+
+
 def groups_of(name: CallName, bench: Side, inputs: Inputs) -> torch.Tensor | None:
     """The group ids of the call's grouped outputs, None where its API has none (or its
     arguments are of a form the table does not read: its elements stay independent)."""
@@ -190,11 +198,7 @@ def groups_of(name: CallName, bench: Side, inputs: Inputs) -> torch.Tensor | Non
     if entry is None or not inputs.args or not isinstance(inputs.args[0], torch.Tensor):
         return None
     numbered, shared_in_half = entry
-    args, kwargs = (
-        torch_form(bench, list(inputs.args), dict(inputs.kwargs))
-        if isinstance(bench, Run)
-        else (list(inputs.args), dict(inputs.kwargs))
-    )
+    args, kwargs = torch_arguments(bench, inputs)
     try:
         if inputs.args[0].dtype in HALF_DTYPES and not shared_in_half(args, kwargs, name.direction):
             return None
