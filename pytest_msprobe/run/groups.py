@@ -183,7 +183,7 @@ GROUPS: dict[str, tuple[GroupsOf, SharedIn16]] = {
 }
 
 
-def torch_arguments(bench: Side, inputs: Inputs) -> tuple[list[Value], dict[str, Value]]:
+def torch_arguments(bench: Side, inputs: Inputs) -> tuple[list[Param], dict[str, Param]]:
     """The call's arguments by torch's names and positions, which the tables read (a
     MindSpore call's torch twin translates its own: run/terms.py torch_form)."""
     if isinstance(bench, Run):
@@ -200,7 +200,7 @@ def groups_of(name: CallName, bench: Side, inputs: Inputs) -> torch.Tensor | Non
     numbered, shared_in_half = entry
     args, kwargs = torch_arguments(bench, inputs)
     try:
-        if inputs.args[0].dtype in HALF_DTYPES and not shared_in_half(args, kwargs, name.direction):
+        if args[0].dtype in HALF_DTYPES and not shared_in_half(args, kwargs, name.direction):
             return None
         return numbered(args, kwargs)
     except (TypeError, ValueError, IndexError, RuntimeError, AttributeError):

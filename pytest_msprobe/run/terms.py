@@ -62,11 +62,11 @@ def has_terms(name: CallName) -> bool:
     return name.operator in terms_table()[name.direction]
 
 
-#: one argument of a call as the formulas here and in run/groups.py read it, by its API's
-#: torch signature: layer_norm's input a tensor, its normalized_shape a list of ints, its eps
-#: a float. Any: which type is the API's and the position's, which each formula knows and
-#: no static type spans; a formula that meets another form fails, and its caller catches
-#: that (the call gets no terms, no groups)
+#: one argument of a call as the formulas here, in run/groups.py and in run/rounding.py
+#: read it, by its API's torch signature: layer_norm's input a tensor, its normalized_shape
+#: a list of ints, its eps a float. Any: which type is the API's and the position's, which
+#: each formula knows and no static type spans; a formula that meets another form fails,
+#: and its caller catches that (the call gets no terms, no groups, no rounded-once elements)
 Param: TypeAlias = Any
 
 
