@@ -130,7 +130,7 @@ from pytest_msprobe.judge import call as C
 from pytest_msprobe.judge.judgement import Judgement, judged
 from pytest_msprobe.judge.outcome import judge_call
 from pytest_msprobe.run.devices import Backend
-from pytest_msprobe.run.replay import replay
+from pytest_msprobe.run.replay import Sides, replay
 from pytest_msprobe.standards import Registry
 index = read_index(Path(sys.argv[1]))
 repeats, offline = int(sys.argv[2]), sys.argv[3] == "offline"
@@ -157,7 +157,7 @@ replayed = {str(n): C.replay_call(index, n, settings) for n in names}
 def run(name):
     api, given = apis[str(name)], inputs[str(name)]
     device, bench, reference = framework.runs(api, given, settings)
-    replay(name.direction, api, given, device, bench, reference, framework="pytorch")
+    replay(name.direction, api, given, Sides(device, bench, reference), framework="pytorch")
 def judgement_of(name):
     done = replayed[str(name)]
     judged(Judgement(settings.registry, name, done.results, done.bench, "pytorch"))

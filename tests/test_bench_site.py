@@ -28,7 +28,7 @@ from pytest_msprobe.judge.call import PytorchReplay, Settings, check_call
 from pytest_msprobe.run import precision
 from pytest_msprobe.run.apis import Api
 from pytest_msprobe.run.devices import ACCELERATORS, AcceleratorBackend, Backend, DeviceUnavailable, backend
-from pytest_msprobe.run.replay import Inputs, Placement, Run, replay
+from pytest_msprobe.run.replay import Inputs, Placement, Run, Sides, replay
 from pytest_msprobe.standards import Registry
 
 CUDA_LABEL = "bench on cuda:0 in float32, TF32 and reduced-precision reductions off"
@@ -106,6 +106,8 @@ def _api(name: str, function=None, raise_bench: bool = True) -> Api:
 
 H, L = torch.float16, torch.bfloat16
 BIG, SMALL = (256, 256), (8, 8)
+#: a float16 linear of 2**20 elements that the ULP standard judges: rules 2, 3, 4 and 6 hold
+LARGE_LINEAR = precision.BenchCall("Functional.linear", {H: torch.float32}, {H}, "ulp", 1 << 20)
 CASES = [
     # api, input dtypes (and shape), raised?, accelerator bench?, the label says
     ("Functional.linear", [H, H], BIG, True, True, CUDA_LABEL),
@@ -149,7 +151,7 @@ def test_an_npu_that_cannot_be_checked_keeps_the_cpu_bench_and_says_why() -> Non
     """Here torch has no NPU module: its HF32 switches and precision mode cannot be read,
     which refuses the accelerator bench as any unverifiable switch does. (The rule
     itself: torch cannot even name an npu device without torch_npu.)"""
-    site = precision.bench_site("npu", "npu:0", "Functional.linear", {H: torch.float32}, {H}, "ulp", 1 << 20)
+    site = precision.bench_site("npu", "npu:0", LARGE_LINEAR)
     assert not site.accelerator
     assert site.label.startswith("bench on the CPU: strict float32 refused on npu:0: ")
     assert "torch.npu.matmul.allow_hf32 cannot be read" in site.label and "torch.npu.conv.allow_hf32" in site.label
@@ -287,12 +289,12 @@ def test_a_check_that_fails_at_run_time_skips_the_call_instead_of_judging_it(mon
     bench = Run(
         api, F.linear, Placement(cpu, {H: torch.float32}), context=functools.partial(precision.strict_float32, "cuda")
     )
-    results = replay("forward", api, _inputs(x, w), device, bench, None, framework="pytorch")
+    results = replay("forward", api, _inputs(x, w), Sides(device, bench, None), framework="pytorch")
     assert results.bench.dtype == torch.float32
     _set_user_tf32()
     monkeypatch.setitem(precision.SWITCHES, "cuda", _ignoring(*IGNORED["matmul.allow_tf32"]))
     with pytest.raises(CallSkip, match="StrictFloat32Refused: torch.backends.cuda.matmul.allow_tf32 is True"):
-        replay("forward", api, _inputs(x, w), device, bench, None, framework="pytorch")
+        replay("forward", api, _inputs(x, w), Sides(device, bench, None), framework="pytorch")
 
 
 @pytest.mark.parametrize(
@@ -306,7 +308,7 @@ def test_a_check_that_fails_at_run_time_skips_the_call_instead_of_judging_it(mon
 )
 def test_tf32_forced_by_the_environment_refuses_the_accelerator_bench(variable, value, refused, monkeypatch) -> None:
     monkeypatch.setenv(variable, value)
-    site = precision.bench_site("cuda", "cuda:0", "Functional.linear", {H: torch.float32}, {H}, "ulp", 1 << 20)
+    site = precision.bench_site("cuda", "cuda:0", LARGE_LINEAR)
     assert site.accelerator is not refused
     assert (f"{variable}={value} overrides the TF32 switches" in site.label) is refused
 

@@ -156,7 +156,7 @@ class DumpIndex:
 
     def derived(self, kind: type[Derived], make: Callable[[DumpIndex], Derived]) -> Derived:
         """The one value of `kind` a later module makes from the whole dump (dump/dataflow.py's
-        data flow and module tree), made on its first use and kept with the index for
+        data flow, dump/module_records.py's module tree), made on its first use and kept with the index for
         every call that follows; keyed by its type, so each is typed where it is read."""
         found = self._derived.get(kind)
         if found is None:

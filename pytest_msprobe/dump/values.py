@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import EllipsisType
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -26,30 +27,11 @@ from pytest_msprobe.dump.tensors import (
 )
 from pytest_msprobe.errors import CallError, CallSkip
 
-#: a decoded value, and what a replay passes and returns: a tensor, a Python or numpy
-#: scalar, None, a dtype, device, slice or Ellipsis, or a list/tuple/dict of them, as the
-#: API takes or returns. Any: no static type spans every API's arguments and outputs
-#: (a process group, a numpy scalar, an API's own output classes), so the replay (run/)
-#: passes them through as they come
-Value: TypeAlias = Any
 
-#: what the judging stage (judge/) reads of a side's outputs, statically: a tensor (or a
-#: numpy array where pair_leaves gives one), a number, a string, None, a dtype or slice,
-#: or a list/tuple/dict of them
-Nested: TypeAlias = (
-    torch.Tensor
-    | np.ndarray[Any, np.dtype[Any]]
-    | int
-    | float
-    | complex
-    | str
-    | None
-    | slice
-    | torch.dtype
-    | list["Nested"]
-    | tuple["Nested", ...]
-    | dict[str, "Nested"]
-)
+class Carried:
+    """A leaf a later stage adds to a call's arguments for its own bench function to read
+    (run/dropout.py's scaling constants): every walk over the arguments passes it on
+    untouched, as it passes any leaf it does not convert."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +39,33 @@ class RecordedDevice:
     """A `device=` argument: replaced by the device under test when the call runs."""
 
     recorded: str
+
+
+#: a decoded value, what a replay passes (after placement) and returns, and what the
+#: judging stage (judge/) reads of a side's outputs: a tensor (or a numpy array where
+#: pair_leaves gives one), a Python or numpy scalar, a string, None, a dtype, device,
+#: memory format, slice or Ellipsis, a recorded device (before placement), a carried leaf,
+#: or a list/tuple/dict of them, as the API takes or returns
+Nested: TypeAlias = (
+    torch.Tensor
+    | np.ndarray[Any, np.dtype[Any]]
+    | np.generic
+    | int
+    | float
+    | complex
+    | str
+    | None
+    | slice
+    | EllipsisType
+    | torch.dtype
+    | torch.device
+    | torch.memory_format
+    | RecordedDevice
+    | Carried
+    | list["Nested"]
+    | tuple["Nested", ...]
+    | dict[str, "Nested"]
+)
 
 
 @dataclass
@@ -96,7 +105,7 @@ class DecodeContext:
         return tensor
 
 
-def decode(value: Json, ctx: DecodeContext, path: str) -> Value:
+def decode(value: Json, ctx: DecodeContext, path: str) -> Nested:
     """The Python object for one recorded value (lists and dicts recurse)."""
     if value is None:
         return None
@@ -117,8 +126,8 @@ def decode(value: Json, ctx: DecodeContext, path: str) -> Value:
     return decoder(value, ctx, path)
 
 
-def _plain(expected: tuple[type, ...]) -> Callable[[Record, DecodeContext, str], Value]:
-    def decode_plain(value: Record, ctx: DecodeContext, path: str) -> Value:
+def _plain(expected: tuple[type[int | float | bool | str], ...]) -> Callable[[Record, DecodeContext, str], Nested]:
+    def decode_plain(value: Record, ctx: DecodeContext, path: str) -> Nested:
         item = value.get("value")
         if not isinstance(item, expected) or (bool not in expected and isinstance(item, bool)):
             raise CallError(f"{ctx.call} {path}: {value.get('type')} value {item!r} is not a {expected[0].__name__}")
@@ -168,11 +177,11 @@ def _memory_format(value: dict, ctx: DecodeContext, path: str) -> torch.memory_f
     return MEMORY_FORMATS[name]
 
 
-def _process_group(value: Record, ctx: DecodeContext, path: str) -> Value:
+def _process_group(value: Record, ctx: DecodeContext, path: str) -> Nested:
     raise CallSkip(f"{ctx.call} {path}: takes a process group (communication cannot be replayed in one process)")
 
 
-def _ellipsis(value: Record, ctx: DecodeContext, path: str) -> Value:
+def _ellipsis(value: Record, ctx: DecodeContext, path: str) -> Nested:
     return Ellipsis
 
 
@@ -186,7 +195,7 @@ NUMPY_SCALARS = {
 }
 
 
-def _numpy_scalar(value: Record, ctx: DecodeContext, path: str) -> Value:
+def _numpy_scalar(value: Record, ctx: DecodeContext, path: str) -> Nested:
     kind = value["type"].removeprefix("numpy.")
     maker = NUMPY_SCALARS.get(kind)
     item = value.get("value")
@@ -202,7 +211,7 @@ def _mindspore_dtype(value: dict, ctx: DecodeContext, path: str) -> torch.dtype:
 # The "type"s of a recorded tensor.
 TENSOR_TYPES = ("torch.Tensor", "mindspore.Tensor", "torch.nn.parameter.Parameter", "mindspore.Parameter")
 
-_DECODERS: dict[str, Callable[[Record, DecodeContext, str], Value]] = {
+_DECODERS: dict[str, Callable[[Record, DecodeContext, str], Nested]] = {
     **{kind: _tensor for kind in TENSOR_TYPES},
     "int": _plain((int,)),
     "float": _plain((float, int)),

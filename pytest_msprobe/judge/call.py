@@ -17,13 +17,14 @@ from pytest_msprobe.judge.judgement import Judgement, Recorded, judged, relabell
 from pytest_msprobe.judge.written import Written, cut_results, written
 from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
-from pytest_msprobe.run.precision import BenchSite, bench_site, lowered_precision, strict_float32
+from pytest_msprobe.run.precision import BenchCall, BenchSite, bench_site, lowered_precision, strict_float32
 from pytest_msprobe.run.replay import (
     Inputs,
     Placement,
     Results,
     Run,
     Side,
+    Sides,
     bench_dtypes,
     decode_backward,
     decode_forward,
@@ -197,7 +198,7 @@ def replay_inputs(  # noqa: PLR0913  the call's framework, api, inputs and setti
     if dumped is not None:
         device, reference, label = dumped
     try:
-        results = replay(name.direction, api, inputs, device, bench, reference, framework=framework_name)
+        results = replay(name.direction, api, inputs, Sides(device, bench, reference), framework=framework_name)
     finally:
         settings.backend.free()
     layouts = None
@@ -388,11 +389,7 @@ class PytorchReplay:
         return bench_site(
             settings.backend.name,
             f"{settings.backend.name}:{settings.device_index}",
-            api.name,
-            dtypes,
-            floating,
-            standard,
-            sum(tensor.numel() for tensor in leaves),
+            BenchCall(api.name, dtypes, floating, standard, sum(tensor.numel() for tensor in leaves)),
         )
 
     def reference_in_dump_dtype(self, api: Api, settings: Settings) -> Run:

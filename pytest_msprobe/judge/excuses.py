@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -334,5 +334,8 @@ def _derivative(replayed: Replayed, framework: str) -> tuple[Nested, ...]:
     """The gradients for unit incoming gradients: the derivative itself (a correct
     kernel computes it before it multiplies by the incoming gradient)."""
     inputs = replayed.results.inputs
-    unit = dataclasses.replace(inputs, grads=[None if g is None else torch.ones_like(g) for g in inputs.grads or []])
+    # an incoming gradient is a tensor or None, as msprobe records it
+    unit = dataclasses.replace(
+        inputs, grads=[None if g is None else torch.ones_like(cast(torch.Tensor, g)) for g in inputs.grads or []]
+    )
     return tuple(evaluated(replayed.bench, "backward", unit, framework) or ())

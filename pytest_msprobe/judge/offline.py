@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from pytest_msprobe.dump.cache import DumpSummary
-from pytest_msprobe.dump.dataflow import Ambiguous, Gather, ModuleRecords, Read, dataflow_of, module_of
+from pytest_msprobe.dump.dataflow import Ambiguous, Gather, Read, dataflow_of
 from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.dump.module_records import ModuleRecords, module_of
 from pytest_msprobe.dump.values import DecodeContext, TensorLeaf, decode
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map, writes_in_place
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pytest_msprobe.dump.values import Nested
+    from pytest_msprobe.run.replay import Gradients
 
 DEVICE_LABEL = "dump (offline: the dumped outputs are the device result)"
 
@@ -83,12 +85,12 @@ class DumpedRun:
 
     def recorded_gradients(
         self, inputs: Inputs, needs_grad: list[bool]
-    ) -> tuple[list[Nested], list[Nested], list[int | None]]:
+    ) -> tuple[list[Nested], list[torch.Tensor | None], list[int | None]]:
         """The dumped gradients, those of them that are the inputs' own (by the node's
         edges; None elsewhere), and the edges."""
         dumped = self._recorded("output")
         edges = node_edges(self.graph_run, inputs, needs_grad)
-        matched: list[Nested] = [None] * sum(needs_grad)
+        matched: list[torch.Tensor | None] = [None] * sum(needs_grad)
         if len(edges) == len(dumped):
             for edge, grad in zip(edges, dumped, strict=False):
                 if edge is not None and isinstance(grad, torch.Tensor):
@@ -109,7 +111,7 @@ class DumpedRun:
             else grad
         )
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Nested, ...]:
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> Gradients:
         dumped, matched, edges = self.recorded_gradients(inputs, needs_grad)
         passed = [_passed_through(grad, inputs.grads) for grad in matched]
         if any(passed) and writes_in_place(self.graph_run.api, self.graph_run.function, inputs.args, inputs.kwargs):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -35,9 +35,8 @@ from pytest_msprobe.run.terms import term_counts, term_magnitudes
 if TYPE_CHECKING:
     from pytest_msprobe.dump.dataflow import Read
     from pytest_msprobe.dump.index import CallName, DumpIndex
-    from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.offline import Evidence, Shared
-    from pytest_msprobe.run.replay import Inputs, Results, Side
+    from pytest_msprobe.run.replay import Gradients, Inputs, Results, Side
 
 #: per gradient-receiving input, how many terms the call's own share sums and their magnitude (_own_spread)
 Spread: TypeAlias = Callable[[int], tuple[torch.Tensor, torch.Tensor] | None]
@@ -59,9 +58,9 @@ class SummingCall:
 class _Columns:
     """Each side's input gradients by position, as the sums replace them (None: left out)."""
 
-    device: list[Value]
-    bench: list[Value]
-    reference: list[Value] | None  # None: no reference run
+    device: list[torch.Tensor | None]
+    bench: list[torch.Tensor | None]
+    reference: list[torch.Tensor | None] | None  # None: no reference run
 
 
 @dataclass(frozen=True)
@@ -76,10 +75,11 @@ def add_shared(results: Results, evidence: Evidence, call: SummingCall) -> None:
     """The bench's and the reference's gradient of each shared input summed over its
     readers (module docstring); the inputs left out named in `evidence.left_out`, each
     allowance in `evidence.origins`. Raises CallSkip where no input gradient is left."""
+    # a backward's results: each side's Gradients (run/replay.py Side.backward)
     columns = _Columns(
-        list(results.device),
-        list(results.bench),
-        list(results.reference) if isinstance(results.reference, tuple) else None,
+        list(cast("Gradients", results.device)),
+        list(cast("Gradients", results.bench)),
+        list(cast("Gradients", results.reference)) if isinstance(results.reference, tuple) else None,
     )
     spread = _own_spread(call.name, call.bench, call.inputs, call.framework)
     for shared in evidence.shared:
@@ -103,7 +103,7 @@ def _sum_shared(columns: _Columns, shared: Shared, call: SummingCall, spread: Sp
         columns.device[position] = None
         evidence.left_out.append(f"the gradient shared with {', '.join(o.consumer.call for o in shared.others)}: {exc}")
         return
-    dtype = columns.device[position].dtype
+    dtype = _shared_device(columns, position).dtype
     sums = _summed(columns, shared, shares, dtype)
     disagreement = _rebuild_disagreement(columns, shared, sums, spread(position), dtype)
     if disagreement is not None:
@@ -116,7 +116,7 @@ def _sum_shared(columns: _Columns, shared: Shared, call: SummingCall, spread: Sp
         )
         return
     if sums is not None and bool((sums.allowance > 0).any()):
-        centre = columns.bench[position]
+        centre = cast(torch.Tensor, columns.bench[position])  # summed: sums are the bench's (_summed)
         _beyond_allowance(columns, position, centre, sums.allowance)
         evidence.origins.append(_allowance_note(composite, len(pieces), sums.allowance, centre, dtype))
 
@@ -148,9 +148,10 @@ def _summed(columns: _Columns, shared: Shared, shares: list[Share], dtype: torch
     positions = torch.from_numpy(np.ascontiguousarray(shared.own.reshape(-1)))
     sums = None
     for side, column in (("bench", columns.bench), ("reference", columns.reference)):
-        if column is not None and column[position] is not None:
+        given = None if column is None else column[position]
+        if column is not None and given is not None:
             summed = accumulated(shares, shared.producer_numel, dtype, side)
-            column[position] = summed.total[positions].reshape(shared.own.shape).to(column[position].dtype)
+            column[position] = summed.total[positions].reshape(shared.own.shape).to(given.dtype)
             if side == "bench":
                 sums = _Sums(summed.allowance[positions], summed.rounding[positions])
     return sums
@@ -167,22 +168,26 @@ def _rebuild_disagreement(
     one allows (judge/shares.py rebuild_check); None where it does not, or where the
     call's own share's spread is unknown (no check there)."""
     position = shared.position
-    rebuilt = (
-        columns.reference
-        if columns.reference is not None and columns.reference[position] is not None
-        else columns.bench
-    )
-    if sums is None or rebuilt[position] is None or spread is None:
+    reference = None if columns.reference is None else columns.reference[position]
+    rebuilt = reference if reference is not None else columns.bench[position]
+    if sums is None or rebuilt is None or spread is None:
         return None
     bound = rebuild_bound(sums.rounding, sums.allowance, spread[0].reshape(-1), spread[1].reshape(-1), dtype)
-    return rebuild_check(columns.device[position], rebuilt[position], bound)
+    return rebuild_check(_shared_device(columns, position), rebuilt, bound)
 
 
 def _beyond_allowance(columns: _Columns, position: int, centre: torch.Tensor, allowance: torch.Tensor) -> None:
     """The device's and the reference's gradient judged beyond the allowance around the bench's."""
-    columns.device[position] = beyond(columns.device[position], centre, allowance)
-    if columns.reference is not None and columns.reference[position] is not None:
-        columns.reference[position] = beyond(columns.reference[position], centre, allowance)
+    columns.device[position] = beyond(_shared_device(columns, position), centre, allowance)
+    reference = None if columns.reference is None else columns.reference[position]
+    if columns.reference is not None and reference is not None:
+        columns.reference[position] = beyond(reference, centre, allowance)
+
+
+def _shared_device(columns: _Columns, position: int) -> torch.Tensor:
+    """A shared input's device gradient: the one recovered from the dump (judge/offline.py
+    _from_dataflow), never None while its sum is judged."""
+    return cast(torch.Tensor, columns.device[position])
 
 
 def _own_spread(name: CallName, bench: Side, inputs: Inputs, framework_name: str) -> Spread:

@@ -26,13 +26,13 @@ from pytest_msprobe.judge.record import ResultRecord
 if TYPE_CHECKING:
     import torch
 
-    from pytest_msprobe.dump.values import Value
     from pytest_msprobe.judge.call import Settings
 
 
-def flat_tensors(value: Value, prefix: str = "") -> dict[str, torch.Tensor]:
+def flat_tensors(value: object, prefix: str = "") -> dict[str, torch.Tensor]:
     """Every tensor in a nested structure, by its path (`prefix.0.weight`), as a
-    detached contiguous CPU torch tensor."""
+    detached contiguous CPU torch tensor. Any value: numpy arrays and MindSpore tensors
+    are read too, anything else left out."""
 
     def join(path: str, key: object) -> str:
         return f"{path}.{key}" if path else str(key)
@@ -41,7 +41,7 @@ def flat_tensors(value: Value, prefix: str = "") -> dict[str, torch.Tensor]:
     import torch
 
     found: dict[str, torch.Tensor] = {}
-    stack = [(prefix, value)]
+    stack: list[tuple[str, object]] = [(prefix, value)]
     while stack:
         path, item = stack.pop()
         if isinstance(item, (list, tuple)):

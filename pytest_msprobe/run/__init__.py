@@ -4,7 +4,8 @@ reference (`replay`), MindSpore calls (`mindspore/`), keeping a call's hang, OOM
 or crash its own (`isolation`), each element's terms (`terms`), the groups of elements
 that share a rounded normaliser (`groups`), where the bench runs
 (`precision`), and the inputs around a dumped call that exploration draws
-(`neighbourhood`, hypothesis strategies).
+(`neighbourhood`, hypothesis strategies, with the ways it moves a tensor's values:
+`moves`).
 
 May import: `dump`, `errors`, `compat`, `bench_functions`. Never pytest, never a later stage.
 """

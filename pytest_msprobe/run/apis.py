@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_msprobe.dump.index import Json
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.dropout import CallInputs, Reveal
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -36,8 +36,8 @@ class Api:
     """The functions one call runs: on the device under test and on the bench."""
 
     name: str
-    device_fn: Callable[..., Value]
-    bench_fn: Callable[..., Value]
+    device_fn: Callable[..., Nested]
+    bench_fn: Callable[..., Nested]
     in_place: bool
     raise_bench: bool  # False where the bench must keep the device dtype (type_as)
     # what the device's result shows the other sides (a dropout's mask: run/dropout.py):
@@ -45,10 +45,10 @@ class Api:
     reveal: Reveal | None = None
     # the bench in a raised precision where it differs from bench_fn, which also reruns the
     # kernel in the device's dtype (offline, layouts, a reference run): gelu's erfc form
-    raised_fn: Callable[..., Value] | None = None
+    raised_fn: Callable[..., Nested] | None = None
 
     @property
-    def raised_bench_fn(self) -> Callable[..., Value]:
+    def raised_bench_fn(self) -> Callable[..., Nested]:
         return self.bench_fn if self.raised_fn is None else self.raised_fn
 
 
@@ -152,8 +152,8 @@ def _namespace(module_path: str) -> Callable[[], ModuleType]:
     return load
 
 
-def _torch_attr(section: str, owner: Callable[[], object]) -> Callable[[str], Callable[..., Value]]:
-    def resolve(api_name: str) -> Callable[..., Value]:
+def _torch_attr(section: str, owner: Callable[[], object]) -> Callable[[str], Callable[..., Nested]]:
+    def resolve(api_name: str) -> Callable[..., Nested]:
         if api_name not in pytorch_table()[section]:
             raise CallSkip(f"{section}.{api_name} is not in the replay table of {section} APIs")
         function = getattr(owner(), api_name, None)
@@ -170,7 +170,7 @@ def _tensor_owner() -> type[torch.Tensor]:
     return torch.Tensor
 
 
-def _aten(api_name: str) -> Callable[..., Value]:
+def _aten(api_name: str) -> Callable[..., Nested]:
     """`Aten.add.Tensor` names an overload; torch.ops.aten holds only operators."""
     import torch
 
@@ -184,12 +184,12 @@ def _aten(api_name: str) -> Callable[..., Value]:
         raise CallSkip(f"Aten.{api_name} does not exist in this torch version") from None
 
 
-def _distributed(api_name: str) -> Callable[..., Value]:
+def _distributed(api_name: str) -> Callable[..., Nested]:
     raise CallSkip(f"Distributed.{api_name} is communication between processes: it cannot be replayed in one")
 
 
 # api type of a PyTorch dump -> how its names resolve to a torch function.
-PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Value]]] = {
+PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Nested]]] = {
     "Functional": _torch_attr("Functional", _namespace("torch.nn.functional")),
     "Torch": _torch_attr("Torch", _namespace("torch")),
     "Tensor": _torch_attr("Tensor", _tensor_owner),
@@ -199,7 +199,7 @@ PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Value]]] = {
 }
 
 
-def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Value] | None] | None) -> Api:
+def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Nested] | None] | None) -> Api:
     """The device and bench functions of a PyTorch call.
 
     `npu_ops` finds a torch_npu operator on the device under test (None when the
@@ -261,7 +261,7 @@ def _dtype_eps(position: int, keyword: str) -> Reveal:
     1.2e-7), another function wherever mean(x**2) is not far above it (measured: an
     rms_norm row of max |x| 1e-4, 1.7e7 ULP of float32 apart)."""
 
-    def reveal(inputs: CallInputs, device: Value, direction: str) -> CallInputs:
+    def reveal(inputs: CallInputs, device: Nested, direction: str) -> CallInputs:
         import torch
 
         args, kwargs = list(inputs.args), dict(inputs.kwargs)
@@ -281,7 +281,7 @@ def _dtype_eps(position: int, keyword: str) -> Reveal:
     return reveal
 
 
-def _exact_gelu(gelu: Callable[..., Value], dtypes: tuple[str, ...]) -> Callable[..., Value]:
+def _exact_gelu(gelu: Callable[..., Nested], dtypes: tuple[str, ...]) -> Callable[..., Nested]:
     """gelu in `dtypes` (torch's names) as 0.5 x erfc(-x / sqrt 2). torch computes 0.5 x (1 + erf(x /
     sqrt 2)) in every dtype, whose sum cancels in the left tail (pytorch/pytorch#187806):
     in float64 it is 0 from about x = -8.3 on, where float32's exact gelu is still a
@@ -292,7 +292,7 @@ def _exact_gelu(gelu: Callable[..., Value], dtypes: tuple[str, ...]) -> Callable
     layouts, a reference run) stays torch's. The tanh approximation and the other dtypes
     are torch's own."""
 
-    def bench(input: Value, approximate: str = "none") -> Value:  # noqa: A002 (torch's name)
+    def bench(input: Nested, approximate: str = "none") -> Nested:  # noqa: A002 (torch's name)
         import torch
 
         if (
@@ -306,11 +306,11 @@ def _exact_gelu(gelu: Callable[..., Value], dtypes: tuple[str, ...]) -> Callable
     return bench
 
 
-def random_when(function: Callable[..., Value], label: str, position: int, keyword: str) -> Callable[..., Value]:
+def random_when(function: Callable[..., Nested], label: str, position: int, keyword: str) -> Callable[..., Nested]:
     """The call, which skips where its argument `keyword` (or `position`) is nonzero: a
     random draw inside the call that its output does not reveal (attention's dropout_p)."""
 
-    def run(*args: Value, **kwargs: Value) -> Value:
+    def run(*args: Nested, **kwargs: Nested) -> Nested:
         value = args[position] if len(args) > position else kwargs.get(keyword)
         if value:
             raise CallSkip(
@@ -322,7 +322,7 @@ def random_when(function: Callable[..., Value], label: str, position: int, keywo
     return run
 
 
-def writes_first(function: Callable[..., Value]) -> Callable[..., Value]:
+def writes_first(function: Callable[..., Nested]) -> Callable[..., Nested]:
     """A call that writes into its first argument and returns nothing (`__setitem__`),
     as one that returns what it wrote: the replay runs it on a copy, and the copy is
     its output. msprobe records an index tuple as a list, so a list that holds a slice,
@@ -330,7 +330,7 @@ def writes_first(function: Callable[..., Value]) -> Callable[..., Value]:
     list); a list of ints is both `x[a, b]` and `x[[a, b]]` in the dump: the reading
     under which the value fits, and where both fit and write differently, a skip."""
 
-    def run(target: torch.Tensor, index: Value, value: Value) -> torch.Tensor:
+    def run(target: torch.Tensor, index: Nested, value: Nested) -> torch.Tensor:
         readings = _index_readings(index)
         written = []
         for reading in readings:
@@ -353,7 +353,7 @@ def writes_first(function: Callable[..., Value]) -> Callable[..., Value]:
     return run
 
 
-def _index_readings(index: Value) -> list[Value]:
+def _index_readings(index: Nested) -> list[Nested]:
     """The indices a recorded index may stand for (writes_first)."""
     import torch
 
@@ -364,7 +364,9 @@ def _index_readings(index: Value) -> list[Value]:
     return [tuple(index), index]
 
 
-def _resolve_npu(api_name: str, npu_ops: Callable[[str], Callable[..., Value] | None] | None, raise_bench: bool) -> Api:
+def _resolve_npu(
+    api_name: str, npu_ops: Callable[[str], Callable[..., Nested] | None] | None, raise_bench: bool
+) -> Api:
     from pytest_msprobe import bench_functions
 
     if not _IDENTIFIER.match(api_name):

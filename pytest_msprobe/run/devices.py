@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
 
 AUTOLOAD_HINT = (
     "torch_npu is installed but cannot be imported (it needs Ascend's CANN libraries). "
@@ -106,7 +106,7 @@ class Backend:
     def describe(self, index: int = 0) -> str:
         return "cpu"
 
-    def find_op(self, api_name: str) -> Callable[..., Value] | None:
+    def find_op(self, api_name: str) -> Callable[..., Nested] | None:
         """A device-specific fused operator (NPU.* calls); None where the device has none."""
         return None
 
@@ -152,7 +152,7 @@ class AcceleratorBackend(Backend):
             label = ""
         return f"{self.name}:{index}" + (f" ({label})" if label else "")
 
-    def find_op(self, api_name: str) -> Callable[..., Value] | None:
+    def find_op(self, api_name: str) -> Callable[..., Nested] | None:
         if self.name != "npu":
             return None
         torch_npu = importlib.import_module("torch_npu")

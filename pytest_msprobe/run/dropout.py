@@ -42,17 +42,19 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
+from pytest_msprobe.dump.values import Carried
+
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
 
 
 class Arguments(Protocol):
     """What this module reads of a call's decoded inputs (run/replay.py's Inputs, which
     imports the API tables that name this module: a protocol keeps the import graph acyclic)."""
 
-    args: list[Value]
-    kwargs: dict[str, Value]
-    grads: list[Value] | None
+    args: list[Nested]
+    kwargs: dict[str, Nested]
+    grads: list[Nested] | None
 
 
 CallInputs = TypeVar("CallInputs", bound=Arguments)
@@ -72,7 +74,7 @@ class Kind(Protocol):
 class Reveal(Protocol):
     """What the device's result shows the other sides (run/apis.py's Api.reveal)."""
 
-    def __call__(self, inputs: CallInputs, device: Value, direction: str) -> CallInputs: ...
+    def __call__(self, inputs: CallInputs, device: Nested, direction: str) -> CallInputs: ...
 
 
 #: |z| of the dropped count against Binomial(n, p) beyond which the share is an error
@@ -83,14 +85,14 @@ SELU_ALPHA = 1.7580993408473766
 
 
 def _argument(
-    args: list[Value], kwargs: dict[str, Value], position: int, names: tuple[str, ...], default: Value
-) -> Value:
+    args: list[Nested], kwargs: dict[str, Nested], position: int, names: tuple[str, ...], default: Nested
+) -> Nested:
     if len(args) > position:
         return args[position]
     return next((kwargs[name] for name in names if name in kwargs), default)
 
 
-def drop_rate(args: list[Value], kwargs: dict[str, Value], training_default: bool = True) -> float | None:
+def drop_rate(args: list[Nested], kwargs: dict[str, Nested], training_default: bool = True) -> float | None:
     """p where the call draws a mask (training, 0 < p < 1); None where it is deterministic.
     F.dropout(input, p, training, inplace) and torch.dropout(input, p, train) alike."""
     p = _argument(args, kwargs, 1, ("p",), 0.5)
@@ -101,9 +103,10 @@ def drop_rate(args: list[Value], kwargs: dict[str, Value], training_default: boo
 
 
 @dataclass(frozen=True)
-class Affine:
+class Affine(Carried):
     """What a dropout makes of an element: x * scale + shift where kept, `dropped` where
-    not (a backward: g * scale where kept, 0 where not)."""
+    not (a backward: g * scale where kept, 0 where not). Carried to the bench in the
+    call's keyword arguments (`reveal`)."""
 
     scale: float
     shift: float = 0.0
@@ -150,7 +153,7 @@ class Drawn:
 
     kind: Kind
 
-    def masked(self, function: Callable[..., Value]) -> Callable[..., Value]:
+    def masked(self, function: Callable[..., Nested]) -> Callable[..., Nested]:
         """The dropout with the device's mask (keyword `kept`) and constants
         (`constants`): input * kept * scale (the mask and scale as one factor, as torch's
         kernel multiplies), an alpha dropout's kept x * a + b and dropped constant; the
@@ -159,8 +162,8 @@ class Drawn:
         kind = self.kind
 
         def run(
-            *args: Value, kept: torch.Tensor | None = None, constants: Affine | None = None, **kwargs: Value
-        ) -> Value:
+            *args: Nested, kept: torch.Tensor | None = None, constants: Affine | None = None, **kwargs: Nested
+        ) -> Nested:
             p = drop_rate(list(args), kwargs, kind.training_default)
             if p is None:
                 return function(*args, **kwargs)
@@ -174,7 +177,7 @@ class Drawn:
 
         return run
 
-    def revealed(self, inputs: Arguments, device: Value, direction: str) -> Revealed | None:
+    def revealed(self, inputs: Arguments, device: Nested, direction: str) -> Revealed | None:
         """The masked tensors of a dropout call whose device result is at hand, else None."""
         p = drop_rate(inputs.args, inputs.kwargs, self.kind.training_default)
         if p is None:
@@ -194,7 +197,7 @@ class Drawn:
         visible = (source.double() * constants.scale + constants.shift - constants.dropped).abs() > 2 * ulp
         return Revealed(p, source, result, ~at_constant, visible, constants)
 
-    def reveal(self, inputs: CallInputs, device: Value, direction: str) -> CallInputs:
+    def reveal(self, inputs: CallInputs, device: Nested, direction: str) -> CallInputs:
         """The inputs with the device's mask and constants for the bench and the reference."""
         shown = self.revealed(inputs, device, direction)
         if shown is None:

@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 
 from pytest_msprobe.run.replay import Inputs, Run
-from pytest_msprobe.run.terms import argument, torch_form
+from pytest_msprobe.run.terms import Param, argument, torch_form
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName
-    from pytest_msprobe.dump.values import Value
     from pytest_msprobe.run.replay import Side
 
 
@@ -55,46 +54,46 @@ def _softmax_dim(x: torch.Tensor, dim: int | None) -> int:
     return 0 if x.dim() in (0, 1, 3) else 1
 
 
-def _rows(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _rows(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """softmax and its kin: one group per row along `dim` (its sum)."""
     x = args[0]
     return collapsed(tuple(x.shape), (_softmax_dim(x, argument(args, kwargs, 1, "dim")),))
 
 
-def _normalized_rows(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _normalized_rows(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """layer_norm, rms_norm: one group per row over the trailing normalized_shape."""
     x, normalized = args[0], argument(args, kwargs, 1, "normalized_shape")
     count = 1 if isinstance(normalized, int) else len(normalized)
     return collapsed(tuple(x.shape), tuple(range(x.dim() - count, x.dim())))
 
 
-def _channels(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _channels(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """batch_norm: one group per channel (dim 1), its statistics over the batch."""
     x = args[0]
     return collapsed(tuple(x.shape), tuple(d for d in range(x.dim()) if d != 1))
 
 
-def _instances(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _instances(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """instance_norm: one group per (sample, channel)."""
     x = args[0]
     return collapsed(tuple(x.shape), tuple(range(2, x.dim())))
 
 
-def _norm_groups(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _norm_groups(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """group_norm: one group per (sample, group of channels)."""
     x, groups = args[0], int(argument(args, kwargs, 1, "num_groups"))
     ids = torch.arange(x.shape[0] * groups).reshape(x.shape[0], groups, 1)
     return ids.expand(x.shape[0], groups, x[0].numel() // groups).reshape(x.shape)
 
 
-GroupsOf: TypeAlias = "Callable[[list[Value], dict[str, Value]], torch.Tensor | None]"
+GroupsOf: TypeAlias = "Callable[[list[Param], dict[str, Param]], torch.Tensor | None]"
 #: whether a 16-bit call's shared quantity is rounded at D: (args, kwargs, direction, weight)
-SharedIn16: TypeAlias = "Callable[[list[Value], dict[str, Value], str], bool]"
+SharedIn16: TypeAlias = "Callable[[list[Param], dict[str, Param], str], bool]"
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _never(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+def _never(args: list[Param], kwargs: dict[str, Param], direction: str) -> bool:
     """softmax and its kin, rms_norm, cross_entropy, attention, a division by a scalar:
     correct kernels (ATen's opmath, CUDA's, CANN's) form the shared quantity in float32,
     2**-13 ULP of float16 at most, so a 16-bit output's elements are independent draws.
@@ -107,7 +106,7 @@ def _never(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
     return False
 
 
-def _backward_with_half_weight(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+def _backward_with_half_weight(args: list[Param], kwargs: dict[str, Param], direction: str) -> bool:
     """layer_norm: the forward rounds once (0 of 16384 elements differ); ATen's CPU
     backward forms each row's two sums in the weight's dtype, so with a 16-bit weight a
     row's input gradient shares a rounding at D (measured, 64 rows of 256, bfloat16:
@@ -117,14 +116,14 @@ def _backward_with_half_weight(args: list[Value], kwargs: dict[str, Value], dire
     return direction == "backward" and isinstance(weight, torch.Tensor) and weight.dtype in HALF_DTYPES
 
 
-def _backward(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+def _backward(args: list[Param], kwargs: dict[str, Param], direction: str) -> bool:
     """group_norm: the forward rounds once (2 of 18432 elements differ); ATen's CPU
     backward rounds each group's sums at D (8 x 16 x 12 x 12, 4 groups: element z -9.9,
     group z -0.7 in bfloat16; -4.9 / -0.4 in float16)."""
     return direction == "backward"
 
 
-def _training(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+def _training(args: list[Param], kwargs: dict[str, Param], direction: str) -> bool:
     """batch_norm: with batch statistics (training) ATen's CPU kernel rounds each
     channel's statistics at D, forward and backward (8 x 16 x 12 x 12 bfloat16: element
     z -21.4 forward, -25.3 backward; channel z -1.0, -1.1; per-channel sign sums up to
@@ -132,13 +131,13 @@ def _training(args: list[Value], kwargs: dict[str, Value], direction: str) -> bo
     return bool(argument(args, kwargs, 5, "training"))
 
 
-def _always(args: list[Value], kwargs: dict[str, Value], direction: str) -> bool:
+def _always(args: list[Param], kwargs: dict[str, Param], direction: str) -> bool:
     """instance_norm: always its batch statistics, rounded at D per instance as
     batch_norm's (element z -6.7 bfloat16, -13.6 float16; instance z -1.0, -2.3)."""
     return True
 
 
-def _cross_entropy_classes(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _cross_entropy_classes(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """cross_entropy: one group per sample, over the class dim (1; 0 for one unbatched
     sample): its gradient is the sample's softmax, all of it scaled by the one log-sum-exp.
     Measured on an H200 against torch's CPU kernel (benchmarks/RESULTS-cuda.md): correct
@@ -147,7 +146,7 @@ def _cross_entropy_classes(args: list[Value], kwargs: dict[str, Value]) -> torch
     return collapsed(tuple(x.shape), (1 if x.dim() >= 2 else 0,))
 
 
-def _queries(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _queries(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """scaled_dot_product_attention: one group per row of the query's shape. A query's
     output row and its gradient's row share that query's softmax sum; where the key or
     value has the query's shape (self-attention), a row of their gradients shares one
@@ -156,7 +155,7 @@ def _queries(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
     return collapsed(tuple(q.shape), (-1,))
 
 
-def _by_a_scalar(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
+def _by_a_scalar(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor | None:
     """A division by one number: one group (its reciprocal); none by a tensor."""
     x, y = args[0], argument(args, kwargs, 1, "other")
     if not isinstance(x, torch.Tensor):
@@ -184,7 +183,7 @@ GROUPS: dict[str, tuple[GroupsOf, SharedIn16]] = {
 }
 
 
-def torch_arguments(bench: Side, inputs: Inputs) -> tuple[list[Value], dict[str, Value]]:
+def torch_arguments(bench: Side, inputs: Inputs) -> tuple[list[Param], dict[str, Param]]:
     """The call's arguments by torch's names and positions, which the tables read (a
     MindSpore call's torch twin translates its own: run/terms.py torch_form)."""
     if isinstance(bench, Run):

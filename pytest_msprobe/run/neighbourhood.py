@@ -9,7 +9,7 @@ its arguments, every non-tensor argument, every dtype) and moves its tensors:
   dtype's largest finite value, down into its subnormals), near the largest finite
   value, near the smallest normal one, shifted by a large common offset, with signed
   zeros, and, for tensors whose dumped values hold -inf/+inf/NaN (masks), whole rows
-  of those;
+  of those (run/moves.py REGIMES; its EDGES are the extremes tried first);
 - shapes: every dimension of one dumped size becomes another size (0 where the
   framework's kernels take empty tensors, 1, shorter, longer) in every tensor at once, and in the shape arguments (a torch.Size, a list of
   sizes), so tensors that had to agree still agree;
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 from pytest_msprobe.dump.values import TENSOR_TYPES, TensorLeaf
 from pytest_msprobe.dump.writer import tensor_entry
 from pytest_msprobe.errors import CallSkip
+from pytest_msprobe.run.moves import EDGES, REGIMES, Regime, dtype_name, mantissa_bits, spread_of
 
 if TYPE_CHECKING:
     from hypothesis.vendor.pretty import RepresentationPrinter
@@ -71,291 +72,35 @@ class Variant:
         printer.text(repr(self))
 
 
-@dataclass(frozen=True)
-class Regime:
-    """A way to move a floating tensor's values: draws its parameters, then maps the
-    values (float64) to new ones, with a description."""
-
-    name: str
-    make: Callable[[st.DrawFn, np.ndarray, torch.dtype, np.random.Generator], tuple[np.ndarray, str]]
-
-
-def _finite_max(values: np.ndarray) -> float:
-    finite = np.abs(values[np.isfinite(values)])
-    return float(finite.max()) if finite.size else 0.0
-
-
-def _dumped(
-    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
-) -> tuple[np.ndarray, str]:
-    return values, ""
-
-
-def _scaled(
-    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
-) -> tuple[np.ndarray, str]:
-    """Times 2**k: k as large as the dtype's range allows, or as small (subnormals)."""
-    largest = _finite_max(values)
-    if largest == 0:
-        return values, "all zero: nothing to scale"
-    info = torch.finfo(dtype)
-    top = math.floor(math.log2(info.max / largest)) - 1
-    bottom = math.floor(math.log2(info.smallest_normal * info.eps / largest)) + 1
-    k = draw(st.integers(min(bottom, 0), max(top, 0)))
-    return values * 2.0**k, f"scaled by 2**{k}" if k else ""
-
-
-KEPT_BITS = 4  # bits of their spread that offset values keep
-
-
-def _offset(
-    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
-) -> tuple[np.ndarray, str]:
-    """Plus a common offset of 2**j times the values' spread: what cancels in a variance
-    or a difference. j runs to D's mantissa bits less KEPT_BITS: the values keep that
-    many bits of their spread; past it the offset's rounding leaves an almost constant
-    input, a different (degenerate) call."""
-    spread = _spread(values)
-    top = min(_mantissa_bits(dtype) - KEPT_BITS, math.floor(math.log2(torch.finfo(dtype).max / 4 / spread)))
-    j = draw(st.integers(0, max(top, 0)))
-    offset = (-1.0 if draw(st.booleans()) else 1.0) * spread * 2.0**j
-    return values + offset, f"shifted by {offset:+.4g} (2**{j} times the spread)"
-
-
-def _extreme(
-    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
-) -> tuple[np.ndarray, str]:
-    """The largest |value| at the dtype's largest finite value, less 2**-j of it."""
-    largest = _finite_max(values)
-    if largest == 0:
-        return values, "all zero: nothing to scale"
-    info = torch.finfo(dtype)
-    j = draw(st.integers(1, _mantissa_bits(dtype)))
-    target = info.max * (1.0 - 2.0**-j)
-    return values * (
-        target / largest
-    ), f"scaled to max |x| = {target:.4g} (the largest {_dtype_name(dtype)} is {info.max:.4g})"
-
-
-def _tiny(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
-    """The largest |value| near the smallest normal one: the rest subnormal or zero."""
-    largest = _finite_max(values)
-    if largest == 0:
-        return values, "all zero: nothing to scale"
-    info = torch.finfo(dtype)
-    j = draw(st.integers(-4, 8))
-    target = info.smallest_normal * 2.0**j
-    return values * (
-        target / largest
-    ), f"scaled to max |x| = {target:.4g} (subnormals below {info.smallest_normal:.4g})"
-
-
-def _zeros(draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator) -> tuple[np.ndarray, str]:
-    share = draw(st.sampled_from((0.5, 1.0, 0.125)))
-    chosen = rng.random(values.shape) < share
-    signs = np.where(rng.random(values.shape) < 0.5, -0.0, 0.0)
-    return np.where(chosen, signs, values), f"{share:.0%} of the elements set to +0.0 or -0.0"
-
-
-def _specials(
-    draw: st.DrawFn, values: np.ndarray, dtype: torch.dtype, rng: np.random.Generator
-) -> tuple[np.ndarray, str]:
-    """Whole rows (of the last dimension) set to the non-finite value the dumped tensor
-    holds: an all-masked row of an attention mask."""
-    special = values[~np.isfinite(values)]
-    if not special.size or values.ndim == 0 or not values.shape[-1]:
-        return values, ""
-    rows = values.reshape(-1, values.shape[-1]).copy()
-    count = draw(st.integers(1, rows.shape[0]))
-    rows[rng.choice(rows.shape[0], size=count, replace=False)] = special[0]
-    return rows.reshape(values.shape), f"{count} of {rows.shape[0]} rows set to {special[0]}"
-
-
-REGIMES = tuple(
-    Regime(name, make)
-    for name, make in (
-        ("dumped", _dumped),
-        ("scaled", _scaled),
-        ("offset", _offset),
-        ("extreme", _extreme),
-        ("tiny", _tiny),
-        ("zeros", _zeros),
-        ("specials", _specials),
-    )
-)
-
-
-# --- edges: the extremes explored first --------------------------------------------
-#
-# An edge moves the call's first floating tensor (the data a kernel computes on: the
-# logits, the normalised x) to one extreme where naive kernels break. Every edge is
-# tried first, at the dumped shapes with the other tensors as dumped: hypothesis's
-# explicit examples (Neighbourhood.edge_variants); the generated examples then move
-# every tensor by the regimes above. Each maps the values (float64) to new ones, with
-# a description.
-Edge = Callable[[np.ndarray, torch.dtype], tuple[np.ndarray, str]]
-
-
-def _exp_threshold(dtype: torch.dtype) -> float:
-    """ln of the dtype's largest value: where exp(x) overflows."""
-    return math.log(torch.finfo(dtype).max)
-
-
-def _to_largest(values: np.ndarray, target: float) -> np.ndarray:
-    largest = _finite_max(values)
-    return values * (target / largest) if largest else np.full_like(values, target)
-
-
-def _logits(factor: float) -> Edge:
-    """Scaled to max |x| = factor times exp's overflow threshold: a softmax's exact
-    result fits at any scale; exp(x) without the row's max subtracted does not."""
-
-    def edge(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-        target = factor * _exp_threshold(dtype)
-        return _to_largest(
-            values, target
-        ), f"scaled to max |x| = {target:.4g} ({factor:g}x ln of the largest {_dtype_name(dtype)})"
-
-    return edge
-
-
-# Bits of their spread that the values keep at the largest offset edge: fewer than the
-# draws keep (KEPT_BITS), still no constant row (four levels per spread).
-EDGE_KEPT_BITS = 2
-
-
-def _largest_offset(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """A common offset 2**(D's mantissa bits - EDGE_KEPT_BITS) times the values' spread:
-    where a variance by moments, E[x^2] - E[x]^2, has lost every bit in every dtype.
-    Its error grows as the offset squared, a correct kernel's sensitivity to the
-    inputs' rounding (the judge's excuse, 16 times it) as the offset: the naive
-    formula's error passes that excuse only beyond ~2**5 spreads, which the draws
-    reach in float16 and float32 but not in bfloat16 (7 mantissa bits: 2**3)."""
-    spread = _spread(values)
-    top = max(
-        min(_mantissa_bits(dtype) - EDGE_KEPT_BITS, math.floor(math.log2(torch.finfo(dtype).max / 4 / spread))), 0
-    )
-    return values + spread * 2.0**top, f"shifted by {spread * 2.0**top:+.4g} (2**{top} times the spread)"
-
-
-def _dominant(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """One element of each row (the last dimension's first) at twice exp's overflow
-    threshold: a saturated softmax row, an outlier under a normalisation."""
-    if values.ndim == 0 or not values.shape[-1]:
-        return values, ""
-    moved = values.copy()
-    moved[..., 0] = 2 * _exp_threshold(dtype)
-    return moved, f"each row's first element set to {2 * _exp_threshold(dtype):.4g}"
-
-
-def _equal_rows(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """Every element of a row equal to its first (a variance of exactly 0), kept masked
-    where the row was."""
-    if values.ndim == 0 or not values.shape[-1]:
-        return values, ""
-    return np.where(np.isfinite(values), values[..., :1], values), "each row's elements equal to its first"
-
-
-def _subnormal_rows(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """Every other row scaled to max |x| = D's smallest normal value / 16 (the whole row
-    subnormal: 1 / x overflows), the other rows as they were: rows of very different
-    scales in one call."""
-    if values.ndim == 0 or not values.shape[-1] or not _finite_max(values):
-        return values, ""
-    rows = values.reshape(-1, values.shape[-1]).copy()
-    rows[::2] *= torch.finfo(dtype).smallest_normal / 16 / _finite_max(values)
-    return rows.reshape(values.shape), "every other row scaled to max |x| = the smallest normal value / 16 (subnormal)"
-
-
-def _masked(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """A causal mask (-inf above the diagonal of the last two dimensions) over logits at
-    twice exp's overflow threshold: masked attention scores."""
-    if values.ndim < 2:
-        return values, ""
-    scaled, _ = _logits(2.0)(values, dtype)
-    rows, columns = values.shape[-2:]
-    future = np.triu(np.ones((rows, columns), dtype=bool), 1)
-    return np.where(
-        future, -np.inf, scaled
-    ), f"-inf above the diagonal (a causal mask), the rest scaled to max |x| = {2 * _exp_threshold(dtype):.4g}"
-
-
-def _epsilon_scale(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """Scaled to max |x| = D's epsilon: where 1 + x, exp(x) and cos(x) round to 1, so that
-    exp(x) - 1, log(1 + x) and 1 - cos(x) keep no bit of their result."""
-    target = torch.finfo(dtype).eps
-    return _to_largest(values, target), f"scaled to max |x| = {target:.4g} ({_dtype_name(dtype)}'s epsilon)"
-
-
-def _left_tail(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """Every value at most -3/4 ln(1 / D's epsilon), spread by 1: exp(x) is below
-    eps**(3/4), where 1 + tanh(x / 2) (a sigmoid) or 1 + erf(x / sqrt 2) (a gelu) has
-    cancelled most of its bits while the result still counts as more than a small value."""
-    finite = values[np.isfinite(values)]
-    if not finite.size:
-        return values, ""
-    top = -3 / 4 * math.log(1 / torch.finfo(dtype).eps)
-    return (values - finite.max()) / _spread(values) + top, f"moved to max x = {top:.4g} (spread by 1 below it)"
-
-
-def _near_largest(values: np.ndarray, dtype: torch.dtype) -> tuple[np.ndarray, str]:
-    """Scaled to max |x| = D's largest value / 4: a sum of five overflows before a mean
-    divides it, while a difference of two (x - max(x) in a softmax) still fits."""
-    target = torch.finfo(dtype).max / 4
-    return _to_largest(
-        values, target
-    ), f"scaled to max |x| = {target:.4g} (a quarter of the largest {_dtype_name(dtype)})"
-
-
-EDGES: dict[str, Edge] = {
-    "logits past exp's overflow": _logits(1.0625),
-    "logits at twice exp's overflow": _logits(2.0),
-    "largest offset": _largest_offset,
-    "a dominant element per row": _dominant,
-    "equal rows": _equal_rows,
-    "subnormal rows": _subnormal_rows,
-    "masked rows": _masked,
-    "epsilon scale": _epsilon_scale,
-    "left tail": _left_tail,
-    "a quarter of the largest value": _near_largest,
-}
-
-
-def _mantissa_bits(dtype: torch.dtype) -> int:
-    return -math.frexp(torch.finfo(dtype).eps)[1] + 1
-
-
-def _spread(values: np.ndarray) -> float:
-    """The finite values' standard deviation, else their largest |value|, else 1."""
-    finite = values[np.isfinite(values)]
-    return (float(finite.std()) if finite.size > 1 else 0.0) or _finite_max(values) or 1.0
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
+# identity and the default repr, as any object: hypothesis holds the bound _draw, and a
+# field-by-field repr would print the tensors
+@dataclass(eq=False, repr=False)
 class Neighbourhood:
     """The variants of one call: built from its records and its decoded dumped inputs
     (their leaves, in the order decoding found them)."""
 
-    def __init__(  # noqa: PLR0913  the space's fields, with defaults
-        self,
-        forward: Record,
-        backward: Record | None,
-        leaves: list[TensorLeaf],
-        max_elements: int,
-        resizable: bool = True,
-        smallest_size: int = 0,
-    ) -> None:
-        self.forward, self.backward, self.leaves = forward, backward, leaves
+    forward: Record
+    backward: Record | None
+    leaves: list[TensorLeaf]
+    max_elements: int  # the run's limit (--msprobe-max-elements)
+    resizable: bool = True  # False: every shape as dumped (the [explore] table's fixed_shapes)
+    smallest_size: int = 0  # 0 where the framework's kernels take empty tensors
+    # made from the above:
+    sizes: list[int] = field(init=False)  # the dumped sizes a variant may change
+    limit: int = field(init=False)  # the most elements a variant may hold
+    regimes: tuple[Regime, ...] = field(init=False)
+    edged: int | None = field(init=False)  # the leaf the edges move: the first floating one
+
+    def __post_init__(self) -> None:
+        leaves = self.leaves
         found = _count_tensors(self._recorded())
         if found != len(leaves):
             raise CallSkip(f"cannot explore: the records hold {found} tensors, decoding found {len(leaves)}")
-        self.sizes = sorted({size for leaf in leaves for size in leaf.tensor.shape if size > 1}) if resizable else []
-        self.smallest_size = smallest_size  # 0 where the framework's kernels take empty tensors
+        self.sizes = (
+            sorted({size for leaf in leaves for size in leaf.tensor.shape if size > 1}) if self.resizable else []
+        )
         dumped = sum(leaf.tensor.numel() for leaf in leaves)
-        self.max_elements = min(max_elements, max(GROWTH * dumped, FLOOR_ELEMENTS))
+        self.limit = min(self.max_elements, max(GROWTH * dumped, FLOOR_ELEMENTS))
         floats = [leaf for leaf in leaves if leaf.tensor.is_floating_point()]
         has_specials = any(not torch.isfinite(leaf.tensor).all() for leaf in floats)
         self.regimes = tuple(regime for regime in REGIMES if regime.name != "specials" or has_specials)
@@ -379,11 +124,11 @@ class Neighbourhood:
             shape = tuple(sizes.get(size, size) for size in leaf.tensor.shape)
             rng = np.random.default_rng([seed, position])
             regime = draw(st.sampled_from(self.regimes)) if separate else shared
-            tensor, how = _leaf_values(draw, leaf, shape, seed, regime, rng)
+            tensor, how = _leaf_values(draw, leaf, _Move(shape, seed, regime, rng))
             name = f"explore.{position}.pt"
-            tensors[name], described[name] = tensor, f"{leaf.path}: {_dtype_name(tensor.dtype)} {list(shape)}, {how}"
+            tensors[name], described[name] = tensor, f"{leaf.path}: {dtype_name(tensor.dtype)} {list(shape)}, {how}"
         total = sum(tensor.numel() for tensor in tensors.values())
-        if total > self.max_elements:
+        if total > self.limit:
             reject()  # larger than exploring this call may make it
         return self._variant(tensors, described, sizes)
 
@@ -411,8 +156,8 @@ class Neighbourhood:
             return []
         first, second = (self.leaves[position] for position in floats[:2])
         values = first.tensor.double().numpy()
-        noise = np.random.default_rng(0).standard_normal(values.shape) * _spread(values)
-        bits = _mantissa_bits(first.tensor.dtype)
+        noise = np.random.default_rng(0).standard_normal(values.shape) * spread_of(values)
+        bits = mantissa_bits(first.tensor.dtype)
         variants = []
         for k in (bits // 2, bits):
             near = _tensor(values + noise * 2.0**-k, tuple(values.shape), second.tensor.dtype)
@@ -428,7 +173,7 @@ class Neighbourhood:
             tensor, how = moved.get(position, (leaf.tensor, "as dumped"))
             tensors[name], described[name] = (
                 tensor,
-                f"{leaf.path}: {_dtype_name(tensor.dtype)} {list(tensor.shape)}, {how}",
+                f"{leaf.path}: {dtype_name(tensor.dtype)} {list(tensor.shape)}, {how}",
             )
         return self._variant(tensors, described, {}, explicit=True)
 
@@ -461,20 +206,29 @@ class Neighbourhood:
         return {size: draw(st.integers(self.smallest_size, 2 * size)) for size in self.sizes}
 
 
-def _leaf_values(  # noqa: PLR0913  hypothesis' draw, the leaf and the variant's regime, seed and rng; each read
-    draw: st.DrawFn, leaf: TensorLeaf, shape: tuple[int, ...], seed: int, regime: Regime, rng: np.random.Generator
-) -> tuple[torch.Tensor, str]:
+@dataclass(frozen=True)
+class _Move:
+    """How one variant moves one leaf: its shape there, the variant's seed, and the
+    leaf's regime and random generator."""
+
+    shape: tuple[int, ...]
+    seed: int
+    regime: Regime
+    rng: np.random.Generator
+
+
+def _leaf_values(draw: st.DrawFn, leaf: TensorLeaf, move: _Move) -> tuple[torch.Tensor, str]:
     """The leaf's tensor in this variant: the dumped one where nothing moves it."""
-    dumped = leaf.tensor
-    same = shape == tuple(dumped.shape) and seed == 0
+    dumped, shape, rng = leaf.tensor, move.shape, move.rng
+    same = shape == tuple(dumped.shape) and move.seed == 0
     floating = dumped.is_floating_point()
-    if same and (regime.name == "dumped" or not floating):
+    if same and (move.regime.name == "dumped" or not floating):
         return dumped, "as dumped"
-    source = "as dumped" if same else f"resampled from the dumped values (seed {seed})"
+    source = "as dumped" if same else f"resampled from the dumped values (seed {move.seed})"
     if not floating:
         return _tensor(_resampled(dumped.numpy(), shape, rng), shape, dumped.dtype), source
     wide = dumped.double().numpy()
-    moved, how = regime.make(draw, wide if same else _resampled(wide, shape, rng), dumped.dtype, rng)
+    moved, how = move.regime.make(draw, wide if same else _resampled(wide, shape, rng), dumped.dtype, rng)
     return _tensor(moved, shape, dumped.dtype), ", ".join(filter(None, (source, how)))
 
 

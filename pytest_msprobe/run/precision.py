@@ -327,34 +327,36 @@ class BenchSite:
     label: str
 
 
-def bench_site(  # noqa: PLR0913  rules 1-7 read every one of these; the caller has them apart
-    backend_name: str,
-    device: str,
-    api_name: str,
-    dtypes: dict[torch.dtype, torch.dtype],
-    floating_inputs: set[torch.dtype],
-    standard: str,
-    elements: int,
-) -> BenchSite:
-    """Rules 1-7 for one call (device: the accelerator as the verdict names it;
-    elements: how many its floating inputs hold)."""
+@dataclass(frozen=True)
+class BenchCall:
+    """What rules 2, 3, 4 and 6 read of one call."""
+
+    api_name: str  # as the verdict names it (`NPU.` for a fused operator)
+    dtypes: dict[torch.dtype, torch.dtype]  # input dtype -> the bench's (replay.bench_dtypes)
+    floating_inputs: set[torch.dtype]
+    standard: str  # the standard judging its float16/bfloat16 outputs ("" where it has none)
+    elements: int  # how many its floating inputs hold
+
+
+def bench_site(backend_name: str, device: str, call: BenchCall) -> BenchSite:
+    """Rules 1-7 for one call (device: the accelerator as the verdict names it)."""
     if backend_name not in SWITCHES:
         return BenchSite(False, "")
     cpu = "bench on the CPU"
     if os.environ.get(ENV_BENCH, "").strip().lower() == "cpu":
         return BenchSite(False, f"{cpu} ({ENV_BENCH}=cpu)")
-    if not float32_bench(dtypes, floating_inputs):
+    if not float32_bench(call.dtypes, call.floating_inputs):
         import torch
 
-        raised = {dtypes.get(dtype, dtype) for dtype in floating_inputs}
+        raised = {call.dtypes.get(dtype, dtype) for dtype in call.floating_inputs}
         return BenchSite(
-            False, f"{cpu} in float64" if torch.float64 in raised else cpu if dtypes else f"{cpu} (not raised)"
+            False, f"{cpu} in float64" if torch.float64 in raised else cpu if call.dtypes else f"{cpu} (not raised)"
         )
-    if api_name.startswith("NPU."):
+    if call.api_name.startswith("NPU."):
         return BenchSite(False, f"{cpu} (an NPU fused operator's reference)")
-    if standard == "binary_consistency":
+    if call.standard == "binary_consistency":
         return BenchSite(False, f"{cpu} (binary consistency)")
-    if elements < ACCELERATOR_MIN_ELEMENTS:
+    if call.elements < ACCELERATOR_MIN_ELEMENTS:
         return BenchSite(False, f"{cpu} (a small call)")
     refused = strict_float32_refusal(backend_name)
     if refused is not None:

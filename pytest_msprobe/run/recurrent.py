@@ -13,13 +13,10 @@ kernels are these definitions: in float64 the cell-by-cell GRU equals torch.gru 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from pytest_msprobe.dump.values import Value
 
 #: applied to each gate's activated result (the identity: the definition itself)
 Gate = Callable[[torch.Tensor], torch.Tensor]
@@ -86,15 +83,23 @@ def _tanh_cell(x: torch.Tensor, state: State, weights: Weights, gate: Gate) -> S
     return (_tanh(F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh), gate),)
 
 
-def _layer(  # noqa: PLR0913  one recurrence step's cell, input, state, weights, direction and gate
-    cell: Cell, x: torch.Tensor, state: State, weights: Weights, reverse: bool, gate: Gate
-) -> tuple[torch.Tensor, State]:
-    """One direction of one layer over x (time, batch, features): its outputs and final state."""
-    outputs: list[torch.Tensor] = [x[0]] * x.shape[0]
-    for step in reversed(range(x.shape[0])) if reverse else range(x.shape[0]):
-        state = cell(x[step], state, weights, gate)
-        outputs[step] = state[0]
-    return torch.stack(outputs), state
+@dataclass(frozen=True)
+class _Pass:
+    """One direction of one layer: its cell and weights, whether it runs back in time,
+    and the gate applied to its activations."""
+
+    cell: Cell
+    weights: Weights
+    reverse: bool
+    gate: Gate
+
+    def over(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """Its outputs over x (time, batch, features) from `state`, and its final state."""
+        outputs: list[torch.Tensor] = [x[0]] * x.shape[0]
+        for step in reversed(range(x.shape[0])) if self.reverse else range(x.shape[0]):
+            state = self.cell(x[step], state, self.weights, self.gate)
+            outputs[step] = state[0]
+        return torch.stack(outputs), state
 
 
 def _sequence(cell: Cell, states: int) -> Callable[..., tuple[torch.Tensor, ...]]:
@@ -129,7 +134,7 @@ def _sequence(cell: Cell, states: int) -> Callable[..., tuple[torch.Tensor, ...]
                 k = layer * directions + direction
                 w_ih, w_hh, *biases = params[per * k : per * (k + 1)]
                 weights: Weights = (w_ih, w_hh, biases[0], biases[1]) if biases else (w_ih, w_hh, None, None)
-                output, state = _layer(cell, x, tuple(h[k] for h in hidden), weights, direction == 1, gate)
+                output, state = _Pass(cell, weights, direction == 1, gate).over(x, tuple(h[k] for h in hidden))
                 outputs.append(output)
                 for final, value in zip(finals, state, strict=True):
                     final.append(value)
@@ -140,7 +145,7 @@ def _sequence(cell: Cell, states: int) -> Callable[..., tuple[torch.Tensor, ...]
 
 
 #: api -> its definition, the same arguments as torch.<api> and a `gate` keyword
-DEFINITIONS: dict[str, Callable[..., Value]] = {
+DEFINITIONS: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {
     "gru": _sequence(_gru_cell, 1),
     "lstm": _sequence(_lstm_cell, 2),
     "rnn_tanh": _sequence(_tanh_cell, 1),

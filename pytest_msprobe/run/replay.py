@@ -12,18 +12,21 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeAlias
+from typing import Literal, Protocol, TypeAlias, cast, overload
 
 import torch
 
 from pytest_msprobe.compat import engine_run_backward
-from pytest_msprobe.dump.index import Record
-from pytest_msprobe.dump.values import DecodeContext, RecordedDevice, TensorLeaf, Value, decode
+from pytest_msprobe.dump.index import Json, Record
+from pytest_msprobe.dump.values import DecodeContext, Nested, RecordedDevice, TensorLeaf, decode
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import Api
 
 #: sees a backward's graph before its gradients flow: (the inputs taking gradients, the outputs)
 Observer: TypeAlias = Callable[[list[torch.Tensor], list[torch.Tensor]], None]
+
+#: what a backward gives: each gradient-receiving input's gradient, None where it got none
+Gradients: TypeAlias = tuple[torch.Tensor | None, ...]
 
 # The bench's raised precision (spec "Bench"); integers and bools are never raised.
 RAISED = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
@@ -34,13 +37,13 @@ MIXED_RAISED = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 class Inputs:
     """A call's decoded arguments (CPU tensors in the dump's dtypes)."""
 
-    args: list[Value]
-    kwargs: dict[str, Value]
+    args: list[Nested]
+    kwargs: dict[str, Nested]
     leaves: list[TensorLeaf]
-    grads: list[Value] | None = None  # backward: the incoming gradient per forward output
+    grads: list[Nested] | None = None  # backward: the incoming gradient per forward output
     # the record's "output" as dumped (forward outputs, or the gradients a backward
-    # produced): the overflow re-check reads their statistics (judge/overflow.py)
-    recorded_outputs: list[Value] | None = None
+    # produced), not decoded: the overflow re-check reads their statistics (judge/overflow.py)
+    recorded_outputs: Json | None = None
 
     @property
     def origins(self) -> list[str]:
@@ -59,7 +62,7 @@ def decode_forward(record: Record, ctx: DecodeContext) -> Inputs:
     return Inputs(decoded_args, decoded_kwargs, ctx.leaves, recorded_outputs=record.get("output"))
 
 
-def _fit_generated(ctx: DecodeContext, args: list[Value], kwargs: dict[str, Value]) -> None:
+def _fit_generated(ctx: DecodeContext, args: list[Nested], kwargs: dict[str, Nested]) -> None:
     """Arguments generated from a statistics dump that index rows (a grouped kernel's
     group_list) made ones the kernel can read, as the op's reference knows how
     (bench_functions' fit_generated); the leaf's origin says what was done."""
@@ -101,7 +104,15 @@ def bench_dtypes(inputs: Inputs, raise_bench: bool) -> dict[torch.dtype, torch.d
     return dict(MIXED_RAISED) if len(floats - {torch.float64}) > 1 else dict(RAISED)
 
 
-def tree_map(function: Callable[[Value], Value], value: Value) -> Value:
+@overload
+def tree_map(function: Callable[[Nested], Nested], value: list[Nested]) -> list[Nested]: ...
+@overload
+def tree_map(function: Callable[[Nested], Nested], value: dict[str, Nested]) -> dict[str, Nested]: ...
+@overload
+def tree_map(function: Callable[[Nested], Nested], value: Nested) -> Nested: ...
+def tree_map(function: Callable[[Nested], Nested], value: Nested) -> Nested:
+    """`function` applied to every leaf; a list stays a list, a dict a dict (the
+    overloads), any other tuple becomes a plain one (torch's named tuples)."""
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         mapped = [tree_map(function, item) for item in value]
         return mapped if isinstance(value, list) else tuple(mapped)
@@ -120,7 +131,7 @@ class Placement:
     # out in; none given: contiguous, as decoded (judge/layouts.py runs the other layouts)
     formats: dict[int, torch.memory_format] = field(default_factory=dict)
 
-    def __call__(self, value: Value) -> Value:
+    def __call__(self, value: Nested) -> Nested:
         if isinstance(value, torch.Tensor):
             return self.laid_out(
                 value.to(device=self.device, dtype=self.dtypes.get(value.dtype, value.dtype), copy=True)
@@ -134,7 +145,7 @@ class Placement:
         return tensor if memory_format is None else tensor.contiguous(memory_format=memory_format)
 
 
-def to_cpu(value: Value) -> Value:
+def to_cpu(value: Nested) -> Nested:
     """Outputs detached on the CPU; torch's named tuples become plain tuples."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
@@ -146,13 +157,13 @@ def to_cpu(value: Value) -> Value:
 # --- running --------------------------------------------------------------------
 
 
-def tensors_in(value: Value) -> list[torch.Tensor]:
+def tensors_in(value: Nested) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     tree_map(lambda item: found.append(item) if isinstance(item, torch.Tensor) else None, value)
     return found
 
 
-def flat_outputs(value: Value) -> list[Value]:
+def flat_outputs(value: Nested) -> list[Nested]:
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         return [item for part in value for item in flat_outputs(part)]
     return [value]
@@ -162,9 +173,9 @@ class Side(Protocol):
     """What runs a call on one side (device, bench or reference): Run here, MindSpore's
     MindsporeRun (run/mindspore/replay.py), the dump's own outputs offline (judge/offline.py)."""
 
-    def forward(self, inputs: Inputs) -> Value: ...
+    def forward(self, inputs: Inputs) -> Nested: ...
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]: ...
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> Gradients: ...
 
 
 @dataclass
@@ -172,7 +183,7 @@ class Run:
     """One run of a call (device, bench or reference)."""
 
     api: Api
-    function: Callable[..., Value]
+    function: Callable[..., Nested]
     placement: Placement
     synchronize: Callable[[], None] = lambda: None
     saved_in: tuple[torch.dtype, torch.dtype] | None = None  # (raised, D): see saved_in_device_dtype
@@ -181,14 +192,20 @@ class Run:
     context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
     site: str = ""  # where a bench ran, for the verdict's reference text (run/precision.py)
 
-    def place(self, value: Value) -> Value:
+    @overload
+    def place(self, value: list[Nested]) -> list[Nested]: ...
+    @overload
+    def place(self, value: dict[str, Nested]) -> dict[str, Nested]: ...
+    @overload
+    def place(self, value: Nested) -> Nested: ...
+    def place(self, value: Nested) -> Nested:
         placed = tree_map(self.placement, value)
         return tree_map(_absolute, placed) if self.absolute else placed
 
-    def _incoming(self, grads: list[Value]) -> list[Value]:
+    def _incoming(self, grads: list[Nested]) -> list[Nested]:
         return tree_map(_absolute, grads) if self.absolute else grads
 
-    def forward(self, inputs: Inputs) -> Value:
+    def forward(self, inputs: Inputs) -> Nested:
         with self.context():
             args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
             with torch.no_grad():
@@ -196,17 +213,17 @@ class Run:
             self.synchronize()
             return to_cpu(output)
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> Gradients:
         with self.context():
             return self._backward(inputs, needs_grad)
 
-    def observed_backward(self, inputs: Inputs, needs_grad: list[bool], observe: Observer) -> tuple[Value, ...]:
+    def observed_backward(self, inputs: Inputs, needs_grad: list[bool], observe: Observer) -> Gradients:
         """backward, calling `observe(wanted inputs, outputs)` on the built graph before
         the gradients flow (to hook its nodes: run/summed.py gradient_pieces)."""
         with self.context():
             return self._backward(inputs, needs_grad, observe)
 
-    def _backward(self, inputs: Inputs, needs_grad: list[bool], observe: Observer | None = None) -> tuple[Value, ...]:
+    def _backward(self, inputs: Inputs, needs_grad: list[bool], observe: Observer | None = None) -> Gradients:
         args, kwargs = self.place(inputs.args), self.place(inputs.kwargs)
         leaves = [t for t in tensors_in((args, kwargs))]
         wanted = [t for t, flag in zip(leaves, needs_grad, strict=False) if flag]
@@ -270,13 +287,13 @@ def _saved_rounded(saved_in: tuple[torch.dtype, torch.dtype] | None) -> Iterator
         yield
 
 
-def _absolute(value: Value) -> Value:
+def _absolute(value: Nested) -> Nested:
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.abs()
     return abs(value) if isinstance(value, float) else value
 
 
-def writes_in_place(api: Api, function: Callable[..., Value], args: list[Value], kwargs: dict[str, Value]) -> bool:
+def writes_in_place(api: Api, function: Callable[..., object], args: list[Nested], kwargs: dict[str, Nested]) -> bool:
     """Whether the call writes into its input: by its name (`add_`, `__iadd__`) or by
     its `inplace` argument (`relu(x, inplace=True)`, `dropout(..., inplace=True)`), given
     by keyword or by position (bound to the function's signature where it has one)."""
@@ -291,7 +308,7 @@ def writes_in_place(api: Api, function: Callable[..., Value], args: list[Value],
     return position is not None and len(args) > position and bool(args[position])
 
 
-def _inplace_position(function: Callable[..., Value]) -> int | None:
+def _inplace_position(function: Callable[..., object]) -> int | None:
     """The position of the function's `inplace` parameter, None where it has none (or no
     signature: a builtin)."""
     try:
@@ -306,23 +323,19 @@ _cached_inplace_position = functools.lru_cache(maxsize=512)(_inplace_position)
 
 
 def in_place_copies(
-    api: Api, function: Callable[..., Value], args: list[Value], kwargs: dict[str, Value]
-) -> tuple[list[Value], dict[str, Value]]:
+    api: Api, function: Callable[..., object], args: list[Nested], kwargs: dict[str, Nested]
+) -> tuple[list[Nested], dict[str, Nested]]:
     """An in-place call may not write into a leaf that requires grad: it runs on copies
     (each one a CloneBackward node between the call and its leaf, which carries the
     gradient through unchanged). Any other call runs on its arguments as they are."""
     if not writes_in_place(api, function, args, kwargs):
         return args, kwargs
     clone = lambda value: value.clone() if isinstance(value, torch.Tensor) else value  # noqa: E731
-    copied = tree_map(clone, args)
-    assert isinstance(copied, list)  # tree_map keeps a list a list
-    copied_kwargs = tree_map(clone, kwargs)
-    assert isinstance(copied_kwargs, dict)
-    return copied, copied_kwargs
+    return tree_map(clone, args), tree_map(clone, kwargs)
 
 
 def _pair_gradients(
-    outputs: list[Value], grads: list[Value], placement: Placement
+    outputs: list[Nested], grads: list[Nested], placement: Placement
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     if len(grads) != len(outputs):
         grads = _grads_by_shape(outputs, grads)
@@ -330,6 +343,7 @@ def _pair_gradients(
     for position, (output, grad) in enumerate(zip(outputs, grads, strict=False)):
         if grad is None or not isinstance(output, torch.Tensor) or not output.requires_grad:
             continue
+        grad = cast(torch.Tensor, grad)  # an incoming gradient is a tensor or None, as msprobe records it
         if tuple(grad.shape) != tuple(output.shape):
             raise CallSkip(
                 f"incoming gradient {position} has shape {list(grad.shape)}, the output has {list(output.shape)}"
@@ -339,15 +353,16 @@ def _pair_gradients(
     return paired_outputs, paired_grads
 
 
-def _grads_by_shape(outputs: list[Value], grads: list[Value]) -> list[Value]:
+def _grads_by_shape(outputs: list[Nested], grads: list[Nested]) -> list[Nested]:
     """msprobe leaves out the gradients of outputs that got none (a GRU's h_n when only
     its output sequence is used), and records None for those of an autograd node's outputs
     the API does not return (group_norm's node also outputs the mean and rstd): the
     gradients given are paired, in order, with the outputs of their shapes, where that
     choice is unique; the other outputs get None."""
     shapes = [tuple(output.shape) if isinstance(output, torch.Tensor) else None for output in outputs]
-    paired: list[Value] = [None] * len(outputs)
-    given = [grad for grad in grads if grad is not None]
+    paired: list[Nested] = [None] * len(outputs)
+    # an incoming gradient is a tensor or None, as msprobe records it
+    given = [cast(torch.Tensor, grad) for grad in grads if grad is not None]
     start = 0
     for grad in given:
         matches = [i for i in range(start, len(outputs)) if shapes[i] == tuple(grad.shape)]
@@ -375,13 +390,13 @@ def needs_grad(inputs: Inputs, framework: str) -> list[bool]:
 class Results:
     """The outputs of the runs of one call, on the CPU."""
 
-    device: Value
-    bench: Value
-    reference: Value | None
+    device: Nested
+    bench: Nested
+    reference: Nested | None
     inputs: Inputs
 
 
-def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Side], Value]:
+def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Side], Nested]:
     """What running the call means on any side: its forward, or its forward and the
     backpropagation of the incoming gradients into the inputs that required grad."""
     if direction == "forward":
@@ -392,7 +407,11 @@ def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Side],
     return lambda run: run.backward(inputs, flags)
 
 
-def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Value | None:
+@overload
+def evaluated(run: Side, direction: Literal["backward"], inputs: Inputs, framework: str) -> Gradients | None: ...
+@overload
+def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Nested | None: ...
+def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Nested | None:
     """One more evaluation of the call on a side (a re-judgement's: the terms, the
     bench saving in D, exploration's bounds), None where it fails: the verdict then
     stands without it."""
@@ -402,15 +421,22 @@ def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Valu
         return None
 
 
-def replay(  # noqa: PLR0913  the call, its inputs and the three sides; each read
-    direction: str, api: Api, inputs: Inputs, device: Side, bench: Side, reference: Side | None, framework: str
-) -> Results:
+@dataclass(frozen=True)
+class Sides:
+    """The sides one call runs on (a framework's `runs`, or offline the dump's own)."""
+
+    device: Side
+    bench: Side
+    reference: Side | None  # None: no independent reference
+
+
+def replay(direction: str, api: Api, inputs: Inputs, sides: Sides, framework: str) -> Results:
     """Run the call on every side. The bench raising is a skip (no verdict possible);
     then the device raising is the call's error."""
     step = step_for(direction, inputs, framework)
     device_error: BaseException | None = None
     try:
-        device_out = step(device)
+        device_out = step(sides.device)
     except CallSkip:
         raise
     except Exception as exc:  # the device failing is the finding, reported after the bench
@@ -419,7 +445,7 @@ def replay(  # noqa: PLR0913  the call, its inputs and the three sides; each rea
         inputs = api.reveal(inputs, device_out, direction)
         step = step_for(direction, inputs, framework)
     try:
-        bench_out = step(bench)
+        bench_out = step(sides.bench)
     except CallSkip:
         raise
     except Exception as exc:
@@ -427,9 +453,9 @@ def replay(  # noqa: PLR0913  the call, its inputs and the three sides; each rea
     if device_error is not None:
         raise DeviceFailed(device_error)
     reference_out = None
-    if reference is not None:
+    if sides.reference is not None:
         try:
-            reference_out = step(reference)
+            reference_out = step(sides.reference)
         except Exception:  # no reference: the standards fall back to their single-run rule
             reference_out = None
     return Results(device_out, bench_out, reference_out, inputs)

@@ -39,18 +39,17 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 
 from pytest_msprobe.run.groups import HALF_DTYPES, torch_arguments
-from pytest_msprobe.run.terms import argument
+from pytest_msprobe.run.terms import Param, argument
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName
-    from pytest_msprobe.dump.values import Value
     from pytest_msprobe.run.replay import Inputs, Side
 
 #: (args, kwargs) -> whether each element of the first argument's shape is rounded once
-Once: TypeAlias = "Callable[[list[Value], dict[str, Value]], torch.Tensor | None]"
+Once: TypeAlias = "Callable[[list[Param], dict[str, Param]], torch.Tensor | None]"
 
 
-def _every(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _every(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """Every element: 0 of every finite 16-bit input (or of 49152 random ones) farther."""
     return torch.ones(args[0].shape, dtype=torch.bool)
 
@@ -59,14 +58,14 @@ def _gelu_above(lowest: float) -> Once:
     """gelu where x >= lowest: below, 1 + erf(x / sqrt 2) (or its tanh form) cancels in
     float32 and ATen's kernel is correct and farther (run/terms.py's gelu)."""
 
-    def once(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+    def once(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
         x: torch.Tensor = args[0]
         return x >= lowest
 
     return once
 
 
-def _in_eval(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor | None:
+def _in_eval(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor | None:
     """batch_norm with running statistics (eval): rounded once forward and backward (0
     of 49152 farther); with batch statistics ATen rounds each channel's at D (run/groups.py)."""
     return None if argument(args, kwargs, 5, "training") else _every(args, kwargs)

@@ -49,7 +49,6 @@ def sums_contributions(name: CallName, bench: Side, inputs: Inputs, framework: s
     if name.direction != "backward" or name.operator not in summed_backward_table() or not isinstance(bench, Run):
         return False
     ones = tree_map(ones_for, inputs.grads or [])
-    assert isinstance(ones, list)  # tree_map keeps a list a list
     counts = evaluated(bench, "backward", dataclasses.replace(inputs, grads=ones), framework)
     return counts is not None and any(count.abs().max() > 1 for count in tensors_in(counts) if count.numel())
 

@@ -30,20 +30,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.run.apis import terms_table
-from pytest_msprobe.run.replay import Inputs, Run, evaluated, needs_grad, tensors_in, tree_map
+from pytest_msprobe.run.replay import Gradients, Inputs, Run, evaluated, needs_grad, tensors_in, tree_map
 from pytest_msprobe.run.summed import ones_for
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.replay import Side
 
 
@@ -52,7 +52,9 @@ class TranslatesArguments(Protocol):
     """A bench function called with another framework's arguments, which it translates to
     torch's (run/mindspore/replay.py TorchTwin): the formulas read torch's names."""
 
-    def torch_arguments(self, args: list[Value], kwargs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]: ...
+    def torch_arguments(
+        self, args: list[Nested], kwargs: dict[str, Nested]
+    ) -> tuple[list[Nested], dict[str, Nested]]: ...
 
 
 def has_terms(name: CallName) -> bool:
@@ -60,7 +62,15 @@ def has_terms(name: CallName) -> bool:
     return name.operator in terms_table()[name.direction]
 
 
-def argument(args: list[Value], kwargs: dict[str, Value], position: int, name: str, default: Value = None) -> Value:
+#: one argument of a call as the formulas here, in run/groups.py and in run/rounding.py
+#: read it, by its API's torch signature: layer_norm's input a tensor, its normalized_shape
+#: a list of ints, its eps a float. Any: which type is the API's and the position's, which
+#: each formula knows and no static type spans; a formula that meets another form fails,
+#: and its caller catches that (the call gets no terms, no groups, no rounded-once elements)
+Param: TypeAlias = Any
+
+
+def argument(args: list[Param], kwargs: dict[str, Param], position: int, name: str, default: Param = None) -> Param:
     return args[position] if len(args) > position else kwargs.get(name, default)
 
 
@@ -104,7 +114,7 @@ def _centred_terms(
     return x_hat, inverse_sigma * (g_hat + mean(g_hat) + x_hat * mean(g_hat * x_hat))
 
 
-def _layer_norm_output(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _layer_norm_output(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """layer_norm's output w x_hat + b: terms |w| |x_hat| + |b|, |x_hat| as _centred's."""
     x = args[0]
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
@@ -113,7 +123,7 @@ def _layer_norm_output(args: list[Value], kwargs: dict[str, Value]) -> torch.Ten
     return x_hat * (w.abs() if isinstance(w, torch.Tensor) else 1) + (b.abs() if isinstance(b, torch.Tensor) else 0)
 
 
-def _layer_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _layer_norm(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     x = args[0]
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
     w = argument(args, kwargs, 2, "weight")
@@ -123,20 +133,20 @@ def _layer_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) ->
     return {"input": terms, "weight": weight.reshape(x.shape[dims[0] :]), "bias": bias.reshape(x.shape[dims[0] :])}
 
 
-def _softmax(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _softmax(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """softmax's dx = y (g - sum(g y)): terms y (|g| + sum(|g| y))."""
     dim = argument(args, kwargs, 1, "dim")
     y = torch.softmax(args[0], dim)
     return {"input": y * (g.abs() + (g.abs() * y).sum(dim, keepdim=True))}
 
 
-def _log_softmax(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _log_softmax(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """log_softmax's dx = g - softmax(x) sum(g): terms |g| + softmax(x) sum(|g|)."""
     dim = argument(args, kwargs, 1, "dim")
     return {"input": g.abs() + torch.softmax(args[0], dim) * g.abs().sum(dim, keepdim=True)}
 
 
-def _rms_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _rms_norm(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """rms_norm's dx = (g_hat - x_hat mean(g_hat x_hat)) / rms, g_hat = g w: terms
     (|g_hat| + |x_hat| mean(|g_hat x_hat|)) / rms. The two cancel where g_hat lies along x
     (a row of one element: dx = g_hat eps / rms**3, measured 2.5e5 ULP of float32 off in
@@ -170,7 +180,7 @@ def _cosine_terms(
     }
 
 
-def _cosine_embedding_loss(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _cosine_embedding_loss(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """cosine_embedding_loss: 1 - cos or max(0, cos - margin) per pair (aten's Loss.cpp, m =
     sum(x**2) + 1e-12 along the target's rank), |g| shared by the pairs of a mean."""
     x1, x2, target = args[0], args[1], args[2]
@@ -185,7 +195,7 @@ def _cosine_embedding_loss(args: list[Value], kwargs: dict[str, Value], g: torch
     return _cosine_terms(x1, x2, dim, squares, share)
 
 
-def _cosine_similarity(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _cosine_similarity(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """cosine_similarity: each side divided by its norm clamped to eps (aten's Distance.cpp)."""
     x1, x2 = args[0], args[1]
     dim, eps = argument(args, kwargs, 2, "dim", 1), argument(args, kwargs, 3, "eps", 1e-8)
@@ -194,7 +204,7 @@ def _cosine_similarity(args: list[Value], kwargs: dict[str, Value], g: torch.Ten
     return {"x1": terms["input1"], "x2": terms["input2"]}
 
 
-def _group_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _group_norm(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """group_norm is layer_norm over each (sample, group of channels), its weight per
     channel: the input gradient rstd (g w - mean(g w) - x_hat mean(g w x_hat)) cancels a
     common component of g as layer_norm's does (measured on an explored example, g =
@@ -215,7 +225,7 @@ def _group_norm(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) ->
 
 def _channel_norm(
     flag: str, flag_default: bool, statistics_dims: Callable[[torch.Tensor], tuple[int, ...]]
-) -> Callable[[list[Value], dict[str, Value], torch.Tensor], dict[str, torch.Tensor]]:
+) -> Callable[[list[Param], dict[str, Param], torch.Tensor], dict[str, torch.Tensor]]:
     """batch_norm's and instance_norm's formula: both take (input, running_mean,
     running_var, weight, bias, <use the batch's statistics>, momentum, eps) with the
     parameters along dimension 1, and differ in which dimensions their statistics span
@@ -224,7 +234,7 @@ def _channel_norm(
     spatial either way: an instance_norm bias gradient of 1e-7 made of upstream
     gradients of 1e-3 is the cancellation of any sum."""
 
-    def formula(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    def formula(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
         x = args[0]
         dims = statistics_dims(x)
         eps = argument(args, kwargs, 7, "eps", 1e-5)
@@ -243,7 +253,7 @@ def _channel_norm(
     return formula
 
 
-def _gelu_parts(args: list[Value], kwargs: dict[str, Value]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gelu_parts(args: list[Param], kwargs: dict[str, Param]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """gelu(x) = x/2 + x/2 s with s = erf(x / sqrt 2) (tanh of the cubic for approximate=
     'tanh'): x, s and ds/dx. A correct kernel's s carries its math library's error (CUDA
     documents 2 ULP for erff, 2 for tanhf; SLEEF's u10 1), an absolute error of s's
@@ -275,13 +285,13 @@ def _while_a_bit_is_kept(terms: torch.Tensor, exact: torch.Tensor) -> torch.Tens
     return torch.where(terms <= exact.abs() * _MOST_CANCELLED, terms, exact.abs())
 
 
-def _gelu_output(args: list[Value], kwargs: dict[str, Value]) -> torch.Tensor:
+def _gelu_output(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """gelu's output x/2 + x/2 s: terms |x|/2 (1 + |s|), while a bit is kept."""
     x, s, _ = _gelu_parts(args, kwargs)
     return _while_a_bit_is_kept(0.5 * x.abs() * (1 + s.abs()), 0.5 * x * (1 + s))
 
 
-def _gelu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _gelu(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """gelu's dx = g ((1 + s) / 2 + x/2 ds/dx): terms |g| ((1 + |s|) / 2 + |x|/2 |ds/dx|);
     (1 + s) / 2 + x phi(x) cancels below x of about -0.75 (Inductor's float32 gelu
     backward against eager's, mean_rel_err 1.21-1.38x the reference's on 16 elements)."""
@@ -290,7 +300,7 @@ def _gelu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[
     return {"input": _while_a_bit_is_kept(terms, g * (0.5 * (1 + s) + 0.5 * x * ds))}
 
 
-def _silu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _silu(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """silu's dx = g sigma (1 + x (1 - sigma)): terms |g| sigma (1 + |x| (1 - sigma)); the
     sum cancels at x near -1.28, where its zero is."""
     x = args[0]
@@ -300,7 +310,7 @@ def _silu(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[
     }
 
 
-def _mish(args: list[Value], kwargs: dict[str, Value], g: torch.Tensor) -> dict[str, torch.Tensor]:
+def _mish(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> dict[str, torch.Tensor]:
     """mish's dx = g (t + x sigma (1 - t**2)), t = tanh(softplus(x)): terms |g| (t + |x|
     sigma (1 - t**2)); the sum cancels at x near -1.19 (JAX's float32 mish backward of the
     apizoo dump: mean_rel_err 2.29x the reference's on 16 elements, limit 2x)."""
@@ -340,7 +350,7 @@ BACKWARD_TERMS = {
 }
 
 
-def term_magnitudes(name: CallName, bench: Side, inputs: Inputs, framework: str) -> Value | None:
+def term_magnitudes(name: CallName, bench: Side, inputs: Inputs, framework: str) -> Nested | None:
     """The bench's outputs (or gradients) evaluated on absolute values, as absolute
     values: each element's sum(|terms|). None where the API is not in the table or
     the absolute evaluation fails (the verdict then stands without it)."""
@@ -366,7 +376,7 @@ def term_magnitudes(name: CallName, bench: Side, inputs: Inputs, framework: str)
     )
 
 
-def term_counts(name: CallName, bench: Side, inputs: Inputs, framework: str) -> Value | None:
+def term_counts(name: CallName, bench: Side, inputs: Inputs, framework: str) -> Nested | None:
     """How many terms each output (or gradient) element sums: the bench evaluated with
     every floating argument and incoming gradient a tensor of ones. Only for the APIs
     whose outputs are sums of products (has_terms, no formula); None elsewhere or where
@@ -387,7 +397,7 @@ def term_counts(name: CallName, bench: Side, inputs: Inputs, framework: str) -> 
     return evaluated(bench, name.direction, ones, framework)
 
 
-def torch_form(bench: Run, args: list[Value], kwargs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:
+def torch_form(bench: Run, args: list[Nested], kwargs: dict[str, Nested]) -> tuple[list[Nested], dict[str, Nested]]:
     """The arguments by torch's names and positions, which the formulas read: a MindSpore
     call's torch twin translates its own (softmax's axis is torch's dim)."""
     function = bench.function
@@ -398,7 +408,7 @@ def torch_form(bench: Run, args: list[Value], kwargs: dict[str, Value]) -> tuple
     )
 
 
-def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> tuple[Value, ...] | None:
+def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -> Gradients | None:
     """The gradients' terms from BACKWARD_TERMS' formula, None for any tensor the
     formula does not name."""
     names, formula = BACKWARD_TERMS[name.operator]
@@ -410,7 +420,8 @@ def _formula_terms(name: CallName, bench: Run, inputs: Inputs, framework: str) -
     torch_args, torch_kwargs = torch_form(bench, args, kwargs)
     try:
         with torch.no_grad():
-            found = formula(torch_args, torch_kwargs, bench.place(grads[0]))
+            # an incoming gradient is a tensor, as msprobe records it; placed, a tensor still
+            found = formula(torch_args, torch_kwargs, cast(torch.Tensor, bench.place(grads[0])))
     except Exception:  # noqa: BLE001 - an argument form the formula does not know: no terms
         return None
     by_tensor = {

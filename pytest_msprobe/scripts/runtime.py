@@ -26,13 +26,13 @@ from pytest_msprobe.judge.record import output_results
 from pytest_msprobe.judge.repeat import repeat_findings
 from pytest_msprobe.judge.written import cut_results, written
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
-from pytest_msprobe.run.replay import DeviceFailed, Inputs, replay
+from pytest_msprobe.run.replay import DeviceFailed, Inputs, Sides, replay
 from pytest_msprobe.standards import Registry
 from pytest_msprobe.standards.verdict import STATUS_ORDER
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.standards import Verdict
     from pytest_msprobe.standards.verdict import Status
 
@@ -51,7 +51,7 @@ class ScriptCall:
     has_backward: bool
     max_elements: int
     build_inputs: Callable[[str, Path, bool, int], Inputs]  # (direction, dump_dir, generate, variant)
-    call_api: Callable[..., Value] | None  # None: resolved as the plugin does (NPU and MindSpore calls)
+    call_api: Callable[..., Nested] | None  # None: resolved as the plugin does (NPU and MindSpore calls)
     standards_csv: str | None = None  # the --msprobe-standards file in force, if any
     cannot_run: str | None = None  # why the generator could not make this call runnable
 
@@ -226,7 +226,7 @@ def _check(script: _Script, variant: int) -> tuple[Verdict, list[Finding]]:
     settings = Settings(chosen, 0, call.max_elements, registry)
     device, bench, reference = framework.runs(api, inputs, settings)
     try:
-        results = replay(args.direction, api, inputs, device, bench, reference, framework=call.framework)
+        results = replay(args.direction, api, inputs, Sides(device, bench, reference), framework=call.framework)
         where = written(call_name, inputs, call.framework)  # the rows a grouped kernel wrote, as the test judged
         results, notes = cut_results(results, where)
         for note in notes:

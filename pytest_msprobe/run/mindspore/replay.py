@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
 import torch
 
@@ -27,13 +27,19 @@ from pytest_msprobe.errors import CallSkip
 from pytest_msprobe.run.apis import Api
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.mindspore.tables import INSTALL_HINT, TABLE_FILE, TwinSpec, mindspore_table
-from pytest_msprobe.run.replay import Inputs, Placement, Run, bench_dtypes, tree_map
+from pytest_msprobe.run.replay import Gradients, Inputs, Placement, Run, bench_dtypes, tree_map
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from pytest_msprobe.dump.values import Value
+    from pytest_msprobe.dump.values import Nested
     from pytest_msprobe.run.devices import Backend
+
+#: a MindSpore object (an API function, a tensor, a dtype), or a value as a MindSpore API
+#: takes or returns it: one of those, a number, None, or a tuple/dict of them. Any:
+#: MindSpore ships no type information (pyproject.toml's mypy settings import it
+#: untyped), so its objects are Any statically whatever is written
+MsValue: TypeAlias = Any
 
 # --msprobe-device backend -> MindSpore device target.
 TARGETS = {"cpu": "CPU", "npu": "Ascend", "cuda": "GPU"}
@@ -128,14 +134,14 @@ class TorchTwin:
     """A torch function called with MindSpore's arguments translated by the table (run/terms.py
     TranslatesArguments: the terms' formulas read the translation)."""
 
-    function: Callable[..., Value]
+    function: Callable[..., Nested]
     spec: TwinSpec
 
-    def __call__(self, *args: Value, **kwargs: Value) -> Value:
+    def __call__(self, *args: Nested, **kwargs: Nested) -> Nested:
         torch_args, torch_kwargs = self.torch_arguments(list(args), kwargs)
         return self.function(*torch_args, **torch_kwargs)
 
-    def torch_arguments(self, args: list[Value], kwargs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:
+    def torch_arguments(self, args: list[Nested], kwargs: dict[str, Nested]) -> tuple[list[Nested], dict[str, Nested]]:
         """MindSpore's arguments as the torch function takes them (the same objects: the
         terms' formulas in run/terms.py read them by torch's names)."""
         if self.spec.params:
@@ -145,21 +151,21 @@ class TorchTwin:
         return args, {**self.spec.defaults, **kwargs}
 
 
-def torch_function(path: str) -> Callable[..., Value]:
+def torch_function(path: str) -> Callable[..., Nested]:
     """`torch.nn.functional.relu` -> the function (paths come from the table, not the dump)."""
-    value: Value = torch
+    value: object = torch
     for part in path.split(".")[1:]:
         value = getattr(value, part)
-    return value
+    return cast("Callable[..., Nested]", value)  # the table names torch functions (tables.py reads it)
 
 
 # --- MindSpore runs -----------------------------------------------------------------
 
 
-def to_mindspore(mindspore: ModuleType, dtypes: dict[torch.dtype, torch.dtype]) -> Callable[[Value], Value]:
+def to_mindspore(mindspore: ModuleType, dtypes: dict[torch.dtype, torch.dtype]) -> Callable[[Nested], MsValue]:
     """A converter of one decoded value to what the MindSpore API takes."""
 
-    def convert(value: Value) -> Value:
+    def convert(value: Nested) -> MsValue:
         if isinstance(value, torch.Tensor):
             tensor = value.to(dtypes.get(value.dtype, value.dtype))
             array = (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
@@ -179,7 +185,7 @@ def mindspore_dtype(mindspore: ModuleType, dtype: torch.dtype) -> object:
     return getattr(mindspore, MINDSPORE_DTYPES[dtype])
 
 
-def to_torch(value: Value) -> Value:
+def to_torch(value: MsValue) -> Nested:
     """MindSpore outputs as torch CPU tensors; reading them waits for the kernels, so a
     kernel's failure is raised here, inside the call."""
     mindspore = import_mindspore()
@@ -193,7 +199,7 @@ def to_torch(value: Value) -> Value:
     return value
 
 
-def _flat(value: Value) -> list[Value]:
+def _flat(value: MsValue) -> list[MsValue]:
     if isinstance(value, (list, tuple)):
         return [item for part in value for item in _flat(part)]
     return [value]
@@ -203,14 +209,14 @@ def _flat(value: Value) -> list[Value]:
 class MindsporeRun:
     """One run of a call through MindSpore, on its configured device target."""
 
-    function: Callable[..., Value]
+    function: Callable[..., MsValue]
     target: str
     dtypes: dict[torch.dtype, torch.dtype]
 
-    def _convert(self) -> Callable[[Value], Value]:
+    def _convert(self) -> Callable[[Nested], MsValue]:
         leaf = to_mindspore(import_mindspore(), self.dtypes)
 
-        def convert(value: Value) -> Value:
+        def convert(value: Nested) -> MsValue:
             # dump.json records tuples as lists, and MindSpore wants tuples (permute's dims)
             if isinstance(value, (list, tuple)):
                 return tuple(convert(item) for item in value)
@@ -220,31 +226,32 @@ class MindsporeRun:
 
         return convert
 
-    def forward(self, inputs: Inputs) -> Value:
+    def forward(self, inputs: Inputs) -> Nested:
         convert = self._convert()
         args, kwargs = convert(inputs.args), convert(inputs.kwargs)
         with missing_kernel_is_skip(self.target):
             return to_torch(self.function(*args, **kwargs))
 
-    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> tuple[Value, ...]:
+    def backward(self, inputs: Inputs, needs_grad: list[bool]) -> Gradients:
         """MindSpore autodiff (vjp) with the dumped incoming gradients as sens."""
         mindspore = import_mindspore()
         convert = self._convert()
-        tree = (convert(inputs.args), convert(inputs.kwargs))
-        leaves: list[Value] = []
+        tree: MsValue = (convert(inputs.args), convert(inputs.kwargs))
+        leaves: list[MsValue] = []
         tree_map(lambda item: leaves.append(item) if isinstance(item, mindspore.Tensor) else None, tree)
         wanted = [position for position, flag in enumerate(needs_grad) if flag]
         sens = [None if grad is None else convert(grad) for grad in inputs.grads or []]
         chosen: list[int] = []
 
-        def call(*primals: Value) -> tuple[Value, ...]:
+        def call(*primals: MsValue) -> tuple[MsValue, ...]:
             substitutes = dict(zip(wanted, primals, strict=False))
             counter = iter(range(len(leaves)))
 
-            def substitute(item: Value) -> Value:
+            def substitute(item: MsValue) -> MsValue:
                 return substitutes.get(next(counter), item) if isinstance(item, mindspore.Tensor) else item
 
-            args, kwargs = tree_map(substitute, tree)
+            substituted: MsValue = tree_map(substitute, tree)
+            args, kwargs = substituted
             outputs = _flat(self.function(*args, **kwargs))
             chosen[:] = _outputs_with_gradients(mindspore, outputs, sens)
             return tuple(outputs[i] for i in chosen)
@@ -252,10 +259,13 @@ class MindsporeRun:
         with missing_kernel_is_skip(self.target):
             _, pullback = mindspore.vjp(call, *(leaves[i] for i in wanted))
             grads = pullback(tuple(sens[i] for i in chosen))
-            return tuple(to_torch(grad) for grad in (grads if isinstance(grads, tuple) else (grads,)))
+            # vjp gives a MindSpore tensor per primal: to_torch makes each a torch tensor
+            return tuple(
+                cast("torch.Tensor", to_torch(grad)) for grad in (grads if isinstance(grads, tuple) else (grads,))
+            )
 
 
-def _outputs_with_gradients(mindspore: ModuleType, outputs: list[Value], sens: list[Value]) -> list[int]:
+def _outputs_with_gradients(mindspore: ModuleType, outputs: list[MsValue], sens: list[MsValue]) -> list[int]:
     """Positions of the outputs that receive an incoming gradient (as replay pairs them
     for torch: one gradient per forward output, None where it got none)."""
     if len(sens) != len(outputs):
@@ -279,7 +289,7 @@ def _outputs_with_gradients(mindspore: ModuleType, outputs: list[Value], sens: l
 # --- the framework seam (pytest_msprobe.judge.call.FRAMEWORKS) ----------------------------
 
 
-def _mindspore_attribute(owner: str, api_name: str) -> object:
+def _mindspore_attribute(owner: str, api_name: str) -> MsValue:
     value = import_mindspore()
     for part in owner.split(".")[1:]:
         value = getattr(value, part)
