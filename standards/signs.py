@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["LIB_BIAS_KEY", "SHARED_ROUNDING_ULP", "beyond_lean", "bias_reasons", "signs_z"]
+__all__ = ["LIB_BIAS_KEY", "SHARED_ROUNDING_ULP", "beyond_lean", "bias_failures", "bias_reasons", "signs_z"]
 
 #: the threshold holding the lean a correct library of the API's class may have, in ULPs
 #: of D (accuracy.py, tables/accuracy_model.csv)
@@ -52,14 +52,25 @@ def bias_reasons(
     reference: dict[str, float] | None = None,
     allowance: float = 0.0,
 ) -> list[str]:
-    """A reason per failed test: the device's sign test over its z limit AND its mean
+    """A reason per failed test (bias_failures)."""
+    return list(bias_failures(metrics, z_limit, ulp_limit, reference, allowance).values())
+
+
+def bias_failures(
+    metrics: dict[str, float],
+    z_limit: float,
+    ulp_limit: float,
+    reference: dict[str, float] | None = None,
+    allowance: float = 0.0,
+) -> dict[str, str]:
+    """The failed tests (`bias`, `scale_bias`) and the reason of each: the device's sign test over its z limit AND its mean
     over the limit -- beyond the reference's own mean, when a reference run is given --
     AND, where the accuracy model allows the API's class a lean (`allowance`, float32
     and float64), the device's own mean certainly beyond it (beyond_lean > z_limit): a
     lean a correct library may have is no defect, whatever the reference run's.
     Where the elements are grouped, the groups' test with that limit, and the elements'
     test with a limit of at least SHARED_ROUNDING_ULP."""
-    reasons = []
+    reasons: dict[str, str] = {}
     for name, what in (("bias", "additive"), ("scale_bias", "scale (toward/away from zero)")):
         mean = metrics[f"{name}_ulp"]
         excess = mean - (reference[f"ref_{name}_ulp"] if reference is not None else 0.0)
@@ -81,7 +92,7 @@ def bias_reasons(
                     if allowance > 0.0
                     else ""
                 )
-                reasons.append(
+                reasons[name] = (
                     f"systematic {what} bias: {name}_ulp {mean:+.3g} ULP, {against} (limit {limit:.3g}), "
                     f"with sign-test z {z:.3g} > {z_limit:.3g}" + (f" by {counted}" if counted else "") + model
                 )

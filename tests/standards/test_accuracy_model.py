@@ -222,3 +222,27 @@ def test_a_float32_normalisation_rounded_toward_zero_is_within_its_class():
     assert verdict.metrics["scale_bias_ulp"] < -0.4
     beyond = check(bench, _moved(bench, -11), api="layer_norm", reference=bench.float())
     assert beyond.status == "error", beyond.message()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16bit_device_at_the_bench_is_not_blamed_for_a_biased_reference(dtype):
+    """A correct 16-bit kernel rounds once, so it lies at b_D: against a reference run
+    that truncates (as torch's CPU cross_entropy gradient leans -0.26 ULP, and an H200's
+    +0.16 failed against it), the device passes; the truncating side fails against the
+    correct one."""
+    bench = torch.randn(4096, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * 3
+    correct, truncated = bench.to(dtype), round_toward_zero(bench, dtype)
+    verdict = check(bench, correct, api="cross_entropy", reference=truncated)
+    assert verdict.status == "pass", verdict.message()
+    assert verdict.metrics["ref_scale_bias_ulp"] < -0.4  # the reference's lean stays in the report
+    blamed = check(bench, truncated, api="cross_entropy", reference=correct)
+    assert blamed.status == "error" and "systematic scale (toward/away from zero) bias" in blamed.message()
+
+
+def test_a_float32_device_is_still_judged_against_the_reference_run():
+    """In float32 the single-run limit is 16 ULP (a long reduction's normaliser): there the
+    reference run decides, and a correctly rounded product truncated fails against it."""
+    bench = torch.randn(4096, generator=torch.Generator().manual_seed(12), dtype=torch.float64) * 3
+    verdict = check(bench, round_toward_zero(bench, torch.float32), api="mul", reference=bench.float())
+    assert verdict.status == "error", verdict.message()
+    assert "beyond the reference run's" in verdict.message()
