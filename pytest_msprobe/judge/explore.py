@@ -110,9 +110,10 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
     raised on an example (its message shows the minimal one)."""
     exploration = _Exploration.of(index, name, settings, plan)
     search = exploration.search
+    test = _hypothesis_test(exploration)
     try:
         with no_local_constants():
-            _hypothesis_test(exploration)()
+            test()
     except ExampleFailed as failure:
         return _counted(_failed(failure, index, name, plan), search)
     except FlakyFailure as flaky:
