@@ -9,7 +9,7 @@ insertion order), which is the stable "flatten order" of Verdict.outputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -143,20 +143,20 @@ def _leaf(path: str, bench: object, device: object, any_precision: bool = False)
     return Leaf(path, b, d, bname, dname)
 
 
-_Pairing = Callable[[object, object, str, bool], Iterator[Leaf | Mismatch]]
+#: a row's pairing: the leaf or mismatch it is, or the walk into a container's items
+_Pairing = Callable[[object, object, str, bool], Iterable[Leaf | Mismatch]]
 
 
-def _nones(bench: object, device: object, path: str, any_precision: bool) -> Iterator[Mismatch]:
+def _nones(bench: object, device: object, path: str, any_precision: bool) -> Iterable[Mismatch]:
     where = path or "output"
     if bench is None and device is None:
-        yield Mismatch(path, "skip", f"{where}: None on both sides")
-    else:
-        side = "bench" if bench is None else "device"
-        yield Mismatch(path, "error", f"{where}: None on the {side} side only")
+        return (Mismatch(path, "skip", f"{where}: None on both sides"),)
+    side = "bench" if bench is None else "device"
+    return (Mismatch(path, "error", f"{where}: None on the {side} side only"),)
 
 
-def _leaves(bench: object, device: object, path: str, any_precision: bool) -> Iterator[Leaf | Mismatch]:
-    yield _leaf(path, bench, device, any_precision)
+def _leaves(bench: object, device: object, path: str, any_precision: bool) -> Iterable[Leaf | Mismatch]:
+    return (_leaf(path, bench, device, any_precision),)
 
 
 def _mappings(bench: object, device: object, path: str, any_precision: bool) -> Iterator[Leaf | Mismatch]:
@@ -184,15 +184,17 @@ def _sequences(bench: object, device: object, path: str, any_precision: bool) ->
         yield from pair_leaves(b, d, f"{path}[{i}]", any_precision)
 
 
-def _structures(bench: object, device: object, path: str, any_precision: bool) -> Iterator[Mismatch]:
-    yield Mismatch(
-        path,
-        "error",
-        f"{path or 'output'}: structure mismatch: device {type(device).__name__}, bench {type(bench).__name__}",
+def _structures(bench: object, device: object, path: str, any_precision: bool) -> Iterable[Mismatch]:
+    return (
+        Mismatch(
+            path,
+            "error",
+            f"{path or 'output'}: structure mismatch: device {type(device).__name__}, bench {type(bench).__name__}",
+        ),
     )
 
 
-def _non_numeric(bench: object, device: object, path: str, any_precision: bool) -> Iterator[Mismatch]:
+def _non_numeric(bench: object, device: object, path: str, any_precision: bool) -> Iterable[Mismatch]:
     """Not numeric (str, dtype, device, slice, ...): equality or nothing."""
     where = path or "output"
     try:
@@ -200,11 +202,12 @@ def _non_numeric(bench: object, device: object, path: str, any_precision: bool) 
     except Exception:  # noqa: BLE001 - any odd __eq__
         equal = False
     if equal:
-        yield Mismatch(
-            path, "skip", f"{where}: non-numeric output {type(device).__name__} {device!r}, equal on both sides"
+        return (
+            Mismatch(
+                path, "skip", f"{where}: non-numeric output {type(device).__name__} {device!r}, equal on both sides"
+            ),
         )
-    else:
-        yield Mismatch(path, "error", f"{where}: non-numeric output differs: device {device!r}, bench {bench!r}")
+    return (Mismatch(path, "error", f"{where}: non-numeric output differs: device {device!r}, bench {bench!r}"),)
 
 
 def _is_sequence(x: object) -> bool:
@@ -242,5 +245,7 @@ def pair_leaves(
     """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order.
     `any_precision`: the device side may be wider than the bench (each element's terms'
     magnitudes, which a caller may give in float64 for a float32 bench)."""
-    pair = next(pair for applies, pair in _STRUCTURES if applies(bench, device))
-    yield from pair(bench, device, path, any_precision)
+    for applies, pair in _STRUCTURES:
+        if applies(bench, device):
+            yield from pair(bench, device, path, any_precision)
+            return
