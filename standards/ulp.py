@@ -134,9 +134,9 @@ class _Judged:
 
 
 def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
-    """Judge a matrix product by its ULP error: msprobe's rule (or the same at the terms'
-    magnitude), else the ratio to a reference; without a usable reference the
-    single-run rule too."""
+    """Judge a matrix product by its ULP error: it passes msprobe's rule (or the same at
+    the terms' magnitude) or, with a reference, a ratio below 1 to the reference's;
+    without a usable reference the single-run rule's checks apply too."""
     used = _used(pair, thresholds)
     fused = _fused(pair, used["ulp_threshold"], reference)
     metrics = _fast_ulp_metrics(pair, fused[0]) if fused is not None else ulp_metrics(pair, used["ulp_threshold"])
