@@ -94,7 +94,9 @@ def _run(dump: Path, out: Path, *args: str) -> dict[str, dict]:
     return _records(out)
 
 
-def check(name: str, fault: ExploreFault, dump: Path, call: str, examples: int, scratch: Path) -> dict:  # noqa: PLR0913  a benchmark's one step per fault, its arguments the table's columns
+def check(name: str, dump: Path, call: str, examples: int, scratch: Path) -> dict:
+    """One row of the table: the fault FAULTS[name] planted, explored on one call."""
+    fault = FAULTS[name]
     patch = _Patch()
     fault.patch(patch)
     try:
@@ -153,7 +155,7 @@ def main() -> None:
         for dump in DUMPS:
             for call in _calls(dump, fault):
                 with tempfile.TemporaryDirectory() as scratch:
-                    print(json.dumps(check(name, fault, dump, call, args.examples, Path(scratch))), flush=True)
+                    print(json.dumps(check(name, dump, call, args.examples, Path(scratch))), flush=True)
 
 
 if __name__ == "__main__":

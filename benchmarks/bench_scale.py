@@ -26,7 +26,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from make_dump import make_dump  # noqa: E402
+from make_dump import Knobs, make_dump  # noqa: E402
 
 
 def load() -> str:
@@ -138,7 +138,7 @@ def write_floor_items(folder: Path, calls: int) -> Path:
 def bench_overhead(work: Path, calls: int, repeats: int) -> dict[str, Any]:
     dump = work / f"tiny-{calls}" / "dump.json"
     if not dump.exists():
-        make_dump(dump.parent, calls, mix="tiny")
+        make_dump(dump.parent, calls, Knobs(mix="tiny"))
     floor_tests = work / "floor" / "test_floor.py"  # pytest's own cost of a test that does nothing
     floor_tests.parent.mkdir(exist_ok=True)
     floor_tests.write_text(
@@ -162,7 +162,7 @@ def bench_overhead(work: Path, calls: int, repeats: int) -> dict[str, Any]:
 def bench_speedup(work: Path, calls: int, repeats: int) -> dict[str, Any]:
     dump = work / f"compute-{calls}" / "dump.json"
     if not dump.exists():
-        make_dump(dump.parent, calls, scale=4)
+        make_dump(dump.parent, calls, Knobs(scale=4))
     serial, parallel, serial_tests, parallel_tests = [], [], [], []
     for _ in range(repeats):
         wall, lines, _ = pytest_run(work, f"--msprobe-dump={dump}", "--msprobe-out=out-n0")

@@ -46,12 +46,14 @@ outputs). Columns:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -111,14 +113,25 @@ for line in sys.stdin:
 """
 
 
-def _alone(reg: Registry, name: str, api: str, bench: torch.Tensor, device: torch.Tensor):
-    """The standard by itself: build the pair from the tensors, call the standard."""
+@dataclass(frozen=True)
+class _Tensors:
+    """The tensors main made once: the float64 bench, the float32 device output and
+    another implementation's float32 output (the reference)."""
+
+    bench: torch.Tensor
+    device: torch.Tensor
+    reference: torch.Tensor
+
+
+def _alone(reg: Registry, name: str, bench: torch.Tensor, device: torch.Tensor):
+    """The standard by itself: build the pair from the tensors, call the standard (with
+    the thresholds of the API routed to it: APIS)."""
     leaf = next(pair_leaves(bench, device))
     pair = _make_pair(leaf, dtype_info(leaf.device_dtype))
-    return reg.standards[name](pair, reg.thresholds_for(api, leaf.device_dtype), None)
+    return reg.standards[name](pair, reg.thresholds_for(APIS[name], leaf.device_dtype), None)
 
 
-def _alone_ref(reg: Registry, name: str, api: str, bench, device, reference):  # noqa: PLR0913  a benchmark's timing step, its arguments the table's columns
+def _alone_ref(reg: Registry, name: str, bench, device, reference):
     """The standard by itself with a reference: a baseline's metrics or an output."""
     leaf = next(pair_leaves(bench, device))
     pair = _make_pair(leaf, dtype_info(leaf.device_dtype))
@@ -127,7 +140,7 @@ def _alone_ref(reg: Registry, name: str, api: str, bench, device, reference):  #
     else:
         rleaf = next(pair_leaves(bench, reference))
         ref = Reference("reference", pair=_make_pair(rleaf, dtype_info(rleaf.device_dtype)))
-    return reg.standards[name](pair, reg.thresholds_for(api, leaf.device_dtype), ref)
+    return reg.standards[name](pair, reg.thresholds_for(APIS[name], leaf.device_dtype), ref)
 
 
 def _plain_check(reg: Registry, bench, device, api, reference):
@@ -143,8 +156,9 @@ def _plain_check(reg: Registry, bench, device, api, reference):
 REF_STANDARDS = ("benchmark", "ulp")
 
 
-def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:  # noqa: PLR0913  a benchmark's table over the tensors main made once
+def _reference_table(args, reg, tensors: _Tensors, theirs) -> None:
     """Benchmark and ulp with (a) a baseline's metrics, (b) a reference output."""
+    bench_t, device_t, ref_t = tensors.bench, tensors.device, tensors.reference
     refs = {}
     for name in REF_STANDARDS:
         base = {"": dict(reg.check(bench_t, ref_t, api=APIS[name]).metrics)}
@@ -155,7 +169,7 @@ def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:  # no
     for _ in range(args.warmup):  # steady state: ours warmed up like msprobe's
         for name in REF_STANDARDS:
             for k in ("a", "b"):
-                _alone_ref(reg, name, APIS[name], bench_t, device_t, refs[name][k])
+                _alone_ref(reg, name, bench_t, device_t, refs[name][k])
                 reg.check(bench_t, device_t, api=APIS[name], reference=refs[name][k])
     load_before = os.getloadavg()
     for _ in range(args.repeat):
@@ -166,7 +180,7 @@ def _reference_table(args, reg, bench_t, device_t, ref_t, theirs) -> None:  # no
                 times[name][f"{k} alone"].append(
                     _timed(
                         lambda name=name, k=k, api=api, r=r: statuses.__setitem__(
-                            (name, k), _alone_ref(reg, name, api, bench_t, device_t, r).status
+                            (name, k), _alone_ref(reg, name, bench_t, device_t, r).status
                         )
                     )
                 )
@@ -227,7 +241,7 @@ def _first_child(name: str, bench_path: str, device_path: str) -> None:
     reg = Registry.default()
     bench_t = torch.from_numpy(np.load(bench_path))
     device_t = torch.from_numpy(np.load(device_path))
-    t = _timed(lambda: _alone(reg, name, APIS[name], bench_t, device_t))
+    t = _timed(lambda: _alone(reg, name, bench_t, device_t))
     print(json.dumps({name: t}), flush=True)
 
 
@@ -254,7 +268,7 @@ def _first_touch(args, bp: str, dp: str, with_msprobe: bool) -> dict:
     return out
 
 
-def main() -> None:  # noqa: C901, PLR0915  a benchmark script's main: one timed table per option, read top-down
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2**24)
     ap.add_argument("--repeat", type=int, default=5, help="steady state: timed rounds")
@@ -266,7 +280,54 @@ def main() -> None:  # noqa: C901, PLR0915  a benchmark script's main: one timed
     ap.add_argument("--msprobe-python", default=os.environ.get("MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
     ap.add_argument("--reference-only", action="store_true", help="only the with-a-reference table (benchmark and ulp)")
     ap.add_argument("--first-child", nargs=3, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+class _Msprobe:
+    """msprobe's persistent process of the steady state: a standard's name in, its
+    seconds out."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    @classmethod
+    def start(cls, python: str, bp: str, dp: str) -> _Msprobe | None:
+        """The process, once it said it is ready; None (and why, printed) where it did not."""
+        proc = subprocess.Popen(
+            [python, "-c", MSPROBE_SCRIPT, bp, dp],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if proc.stdout.readline().strip() != "ready":
+            print("msprobe start failed: msprobe timings skipped")
+            return None
+        return cls(proc)
+
+    def __call__(self, name: str) -> float:
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())[name]
+
+    def close(self) -> None:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+@dataclass(frozen=True)
+class _Steady:
+    """The steady state's timed rounds: seconds per standard and column, each standard's
+    verdict, and the load average around the rounds."""
+
+    times: dict[str, dict[str, list[float]]]
+    statuses: dict[str, str]
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+def main() -> None:
+    args = _arguments()
     if args.first_child:
         return _first_child(*args.first_child)
     rng = np.random.default_rng(0)
@@ -288,80 +349,84 @@ def main() -> None:  # noqa: C901, PLR0915  a benchmark script's main: one timed
         if not (args.no_first or args.reference_only):
             first = _first_touch(args, bp, dp, have_msprobe)
         # the same provenance on both sides: loaded from the files
-        bench_t, device_t = torch.from_numpy(np.load(bp)), torch.from_numpy(np.load(dp))
-        ref_t = torch.from_numpy(ref)
-        proc = None
-        if have_msprobe:
-            proc = subprocess.Popen(
-                [args.msprobe_python, "-c", MSPROBE_SCRIPT, bp, dp],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            if proc.stdout.readline().strip() != "ready":
-                print("msprobe start failed: msprobe timings skipped")
-                proc = None
-
-        def theirs(name: str) -> float:
-            proc.stdin.write(name + "\n")
-            proc.stdin.flush()
-            return json.loads(proc.stdout.readline())[name]
-
-        # steady state: every standard called --warmup times on each side, untimed
-        for _ in range(args.warmup):
-            for name, api in APIS.items():
-                if not args.reference_only:
-                    _alone(reg, name, api, bench_t, device_t)
-                    reg.check(bench_t, device_t, api=api)
-                if proc is not None:
-                    theirs(name)
-        load_before = os.getloadavg()
-        if args.reference_only:
-            _reference_table(args, reg, bench_t, device_t, ref_t, theirs if proc is not None else None)
-        times = {name: {"alone": [], "full": [], "msprobe": []} for name in APIS}
-        statuses = {}
-        for _ in range(0 if args.reference_only else args.repeat):
-            for name, api in APIS.items():
-                assert reg.standard_for(api, torch.float32) == name
-                times[name]["alone"].append(
-                    _timed(
-                        lambda name=name, api=api: statuses.__setitem__(
-                            name, _alone(reg, name, api, bench_t, device_t).status
-                        )
-                    )
-                )
-                times[name]["full"].append(_timed(lambda api=api: reg.check(bench_t, device_t, api=api)))
-                if proc is not None:
-                    times[name]["msprobe"].append(theirs(name))
-        load_after = os.getloadavg()
-        if not args.reference_only:
-            _reference_table(args, reg, bench_t, device_t, ref_t, theirs if proc is not None else None)
-        if proc is not None:
-            proc.stdin.write("\n")
-            proc.stdin.close()
-            proc.wait()
+        tensors = _Tensors(torch.from_numpy(np.load(bp)), torch.from_numpy(np.load(dp)), torch.from_numpy(ref))
+        theirs = _Msprobe.start(args.msprobe_python, bp, dp) if have_msprobe else None
+        steady = _steady_state(args, reg, tensors, theirs)
+        if theirs is not None:
+            theirs.close()
     if args.reference_only:
         return
     tiny = _tiny_cost(reg)
-    fmt = lambda xs, p=2: ", ".join(f"{x:.{p}f}" for x in xs)
     print(
         f"n = {args.n} float32 elements vs float64 bench, {os.cpu_count()} CPUs, torch {torch.__version__}, numpy {np.__version__}"
     )
     if first is not None:
+        _print_first_touch(args, first, load_first)
+    _print_steady_state(args, steady)
+    print(
+        "tiny output (3 elements), check() per call: "
+        + ", ".join(f"{name} {sec * 1e6:.0f} us" for name, sec in tiny.items())
+    )
+
+
+def _steady_state(args, reg: Registry, tensors: _Tensors, theirs: _Msprobe | None) -> _Steady:
+    """Every standard called --warmup times on each side, untimed, then --repeat rounds
+    interleaved (ours alone, ours full, msprobe), and the with-a-reference table (alone
+    with --reference-only)."""
+    for _ in range(args.warmup):
+        for name, api in APIS.items():
+            if not args.reference_only:
+                _alone(reg, name, tensors.bench, tensors.device)
+                reg.check(tensors.bench, tensors.device, api=api)
+            if theirs is not None:
+                theirs(name)
+    steady = _Steady({name: {"alone": [], "full": [], "msprobe": []} for name in APIS}, {}, os.getloadavg())
+    if args.reference_only:
+        _reference_table(args, reg, tensors, theirs)
+    for _ in range(0 if args.reference_only else args.repeat):
+        for name, api in APIS.items():
+            _timed_round(reg, name, api, tensors, steady)
+            if theirs is not None:
+                steady.times[name]["msprobe"].append(theirs(name))
+    steady = dataclasses.replace(steady, load_after=os.getloadavg())
+    if not args.reference_only:
+        _reference_table(args, reg, tensors, theirs)
+    return steady
+
+
+def _timed_round(reg: Registry, name: str, api: str, tensors: _Tensors, steady: _Steady) -> None:
+    """One round of ours on one standard: alone (its verdict kept), then the full check."""
+    assert reg.standard_for(api, torch.float32) == name
+    bench_t, device_t = tensors.bench, tensors.device
+    steady.times[name]["alone"].append(
+        _timed(lambda: steady.statuses.__setitem__(name, _alone(reg, name, bench_t, device_t).status))
+    )
+    steady.times[name]["full"].append(_timed(lambda: reg.check(bench_t, device_t, api=api)))
+
+
+def _fmt(xs, p=2) -> str:
+    return ", ".join(f"{x:.{p}f}" for x in xs)
+
+
+def _print_first_touch(args, first: dict, load_first) -> None:
+    print(
+        f"\nFIRST TOUCH: the first call in a fresh process, best of {args.first_repeat} "
+        f"processes per side (load average before {_fmt(load_first)})"
+    )
+    print(f"{'standard':20s} {'ours alone (s)':>15s} {'msprobe (s)':>12s} {'alone x':>8s}   all ours / all msprobe")
+    for name in APIS:
+        o, m = min(first[name]["ours"]), (min(first[name]["msprobe"]) if first[name]["msprobe"] else float("nan"))
         print(
-            f"\nFIRST TOUCH: the first call in a fresh process, best of {args.first_repeat} "
-            f"processes per side (load average before {fmt(load_first)})"
+            f"{name:20s} {o:15.4f} {m:12.4f} {m / o:7.1f}x   {_fmt(first[name]['ours'], 4)} / {_fmt(first[name]['msprobe'], 3)}"
         )
-        print(f"{'standard':20s} {'ours alone (s)':>15s} {'msprobe (s)':>12s} {'alone x':>8s}   all ours / all msprobe")
-        for name in APIS:
-            o, m = min(first[name]["ours"]), (min(first[name]["msprobe"]) if first[name]["msprobe"] else float("nan"))
-            print(
-                f"{name:20s} {o:15.4f} {m:12.4f} {m / o:7.1f}x   {fmt(first[name]['ours'], 4)} / {fmt(first[name]['msprobe'], 3)}"
-            )
+
+
+def _print_steady_state(args, steady: _Steady) -> None:
+    times, statuses = steady.times, steady.statuses
     print(
         f"\nSTEADY STATE: {args.warmup} untimed calls of every standard on each side, then best of {args.repeat} (interleaved)"
     )
-    print(f"load average (1/5/15 min) before {fmt(load_before)}; after {fmt(load_after)}")
+    print(f"load average (1/5/15 min) before {_fmt(steady.load_before)}; after {_fmt(steady.load_after)}")
     print(
         f"{'standard':20s} {'verdict':>7s} {'alone (s)':>10s} {'full (s)':>9s} {'msprobe (s)':>12s} {'alone x':>8s} {'full x':>7s}"
     )
@@ -381,10 +446,6 @@ def main() -> None:  # noqa: C901, PLR0915  a benchmark script's main: one timed
             "target (steady state, standard alone >= 5x faster than msprobe on every standard):",
             "met" if ok else "NOT met",
         )
-    print(
-        "tiny output (3 elements), check() per call: "
-        + ", ".join(f"{name} {sec * 1e6:.0f} us" for name, sec in tiny.items())
-    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,18 @@ def normalized(folder: Path) -> dict[str, Any]:
     return found
 
 
-def main() -> None:  # noqa: C901  a benchmark script's main: options, then the interleaved runs, read top-down
+@dataclass(frozen=True)
+class _Commands:
+    """What each run is: ours -n 0 and -n 2 (by name), msprobe's runner (without its
+    output folder), and where and how they run."""
+
+    ours: dict[str, list[str]]
+    msprobe: list[str]
+    root: Path
+    env: dict[str, str]
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dump", type=Path, help="dump.json, or a folder of them (ranks: ours only)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of ours, each way")
@@ -125,6 +137,15 @@ def main() -> None:  # noqa: C901  a benchmark script's main: options, then the 
     dump, origin = the_dump(args)
     files = sorted(dump.rglob("dump.json")) if dump.is_dir() else [dump]  # a folder: one dump per rank
     calls = sum(len(json.loads(path.read_text())["data"]) for path in files)
+    commands = _commands(args, dump)
+    before, scaling_before = load(), cpu_scaling()
+    times, inside = _interleaved(args, dump, commands)
+    print(f"dump: {dump} ({calls} calls, {origin})")
+    print(f"load average before {before}, after {load()}; machine before: {scaling_before}; after: {cpu_scaling()}")
+    _report(args, times, inside, calls)
+
+
+def _commands(args: argparse.Namespace, dump: Path) -> _Commands:
     root = dump if dump.is_dir() else dump.parent
     (args.work / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(args.work / "tmp")}
@@ -147,13 +168,20 @@ def main() -> None:  # noqa: C901  a benchmark script's main: options, then the 
         "-n 2": [*ours, f"--msprobe-out={args.work / 'out-n2'}", "-n", "2"],
     }
     msprobe = [str(args.msprobe_python), str(HERE / "msprobe_acc_check_cpu.py"), "-api_info", str(dump)]
-    times: dict[str, list[float]] = {name: [] for name in runs}
+    return _Commands(runs, msprobe, root, env)
+
+
+def _interleaved(
+    args: argparse.Namespace, dump: Path, commands: _Commands
+) -> tuple[dict[str, list[float]], list[float]]:
+    """Each run's seconds (ours -n 0, ours -n 2, msprobe, then again), and msprobe's own
+    time inside acc_check."""
+    times: dict[str, list[float]] = {name: [] for name in commands.ours}
     times["msprobe"], inside = [], []
-    before, scaling_before = load(), cpu_scaling()
     for repeat in range(max(args.repeats, args.msprobe_repeats)):
         if repeat < args.repeats:
-            for name, command in runs.items():
-                seconds, done = timed(command, root, env)
+            for name, command in commands.ours.items():
+                seconds, done = timed(command, commands.root, commands.env)
                 if done.returncode not in (0, 1):
                     raise SystemExit(
                         f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -162,15 +190,17 @@ def main() -> None:  # noqa: C901  a benchmark script's main: options, then the 
         if repeat < args.msprobe_repeats and args.msprobe_python.exists() and not dump.is_dir():
             out = args.work / f"out-msprobe-{repeat}"
             shutil.rmtree(out, ignore_errors=True)
-            seconds, done = timed([*msprobe, "-o", str(out)], args.work, env)
+            seconds, done = timed([*commands.msprobe, "-o", str(out)], args.work, commands.env)
             if done.returncode != 0:
                 raise SystemExit(f"msprobe failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
             times["msprobe"].append(seconds)
             inside.extend(
                 float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("msprobe-seconds")
             )
-    print(f"dump: {dump} ({calls} calls, {origin})")
-    print(f"load average before {before}, after {load()}; machine before: {scaling_before}; after: {cpu_scaling()}")
+    return times, inside
+
+
+def _report(args: argparse.Namespace, times: dict[str, list[float]], inside: list[float], calls: int) -> None:
     print("wall time of each process, best of its runs (all runs), s:")
     for name, values in times.items():
         if values:

@@ -319,8 +319,9 @@ def family_inputs(family: Family, value: Any) -> Any:
     return raised(value) if family.raised else value
 
 
-def recompute_forward(family: Family, folder: Path, api: str, call: str, record: dict[str, Any]) -> str:
+def recompute_forward(family: Family, folder: Path, entry: Recomputed, record: dict[str, Any]) -> str:
     """Recompute a forward call's outputs in place (folder is the copy); '' or why not."""
+    api, call = entry.api, entry.call
     outputs = record.get("output", [])
     targets = [(i, v) for i, v in enumerate(outputs) if is_tensor_record(v)]
     if not targets:
@@ -340,10 +341,11 @@ def torch_dtype_of(value: dict[str, Any]) -> torch.dtype:
     return torch_dtype(value["dtype"])
 
 
-def recompute_backward(  # noqa: PLR0913  the family, the dump's folder and the call's records, each read
-    family: Family, folder: Path, api: str, call: str, forward: dict[str, Any], record: dict[str, Any]
+def recompute_backward(
+    family: Family, folder: Path, entry: Recomputed, forward: dict[str, Any], record: dict[str, Any]
 ) -> str:
     """Recompute a backward call's input gradients in place; '' or why not."""
+    api, call = entry.api, entry.call
     if family.backward is None:
         return "the family does not differentiate"
     if api in INNER_NODE_BACKWARD:
@@ -404,9 +406,9 @@ def recompute_dump(family: Family, source: Path, target: Path, only: frozenset[s
             continue
         try:
             if direction == "forward":
-                entry.reason = recompute_forward(family, target, api, call, record)
+                entry.reason = recompute_forward(family, target, entry, record)
             else:
-                entry.reason = recompute_backward(family, target, api, call, data.get(f"{call}.forward", {}), record)
+                entry.reason = recompute_backward(family, target, entry, data.get(f"{call}.forward", {}), record)
         except Exception as exc:  # a family that cannot compute the call: it keeps the dump's output
             entry.reason = (
                 f"{family.name} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
@@ -677,83 +679,126 @@ def dump_label(folder: Path) -> str:
         return str(folder)
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: C901  a harness script's main: one branch per option, read top-down
+@dataclass
+class _Runs:
+    """What the families' copies gave: each judged run with its copy, every copy (by
+    family) and the biases measured on them."""
+
+    judged: list[tuple[RunResult, DumpCopy]] = field(default_factory=list)
+    copies: list[tuple[str, DumpCopy]] = field(default_factory=list)
+    biases: list[pd.DataFrame] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """The report's tables: the matrix, the errors and warnings, the biases (table and
+    rows), the directions not recomputed and kernel_diversity.py's ATen paths (--aten)."""
+
+    matrix: pd.DataFrame
+    events: pd.DataFrame
+    biases: pd.DataFrame
+    bias_rows: pd.DataFrame
+    kept: pd.DataFrame
+    aten: pd.DataFrame
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dumps = args.dumps or default_dumps()
-    only = frozenset(args.only)
     wall = time.perf_counter()
-    runs: list[tuple[RunResult, DumpCopy]] = []
-    copies: list[tuple[str, DumpCopy]] = []
-    biases: list[pd.DataFrame] = []
+    runs = _Runs()
     for name in args.families:
         family = FAMILIES[name]()
         for folder in dumps:
-            root = args.write_dumps if args.write_dumps else args.scratch / name
-            started = time.perf_counter()
-            copy = recompute_dump(family, folder, root / f"{name}_{folder.resolve().name}", only)
-            copies.append((name, copy))
-            done = sum(e.recomputed for e in copy.entries)
-            print(
-                f"{name:12s} {dump_label(folder):45s} recomputed {done}/{len(copy.entries)} directions in {time.perf_counter() - started:.1f}s",
-                flush=True,
-            )
-            if args.write_dumps:
-                prune(copy, only, args.max_index)
-                continue
-            for mode in [m for m in args.modes if m == "offline" or name in SINGLE_RUN_PLUGIN]:
-                result, metrics = judge(copy, dump_label(folder), mode, name)
-                runs.append((result, copy))
-                biases.append(bias_rows(metrics, copy, name, dump_label(folder)))
-                row = matrix_row(result, copy)
-                print("   ", " ".join(f"{k}={v}" for k, v in row.items() if k not in ("family", "dump")), flush=True)
+            _recompute_and_judge(args, name, family, folder, runs)
     if args.write_dumps:
         return 0
-    matrix = pd.DataFrame([matrix_row(r, c) for r, c in runs])
-    events = events_frame(runs)
+    tables = _tables(args, dumps, runs)
+    wall = time.perf_counter() - wall
+    _print_tables(tables, wall)
+    if args.csv_prefix:
+        _write_csv(args.csv_prefix, tables)
+    if args.markdown:
+        _write_markdown(args.markdown, tables)
+    return 0 if not tables.matrix["note"].astype(bool).any() else 2
+
+
+def _recompute_and_judge(args: argparse.Namespace, name: str, family: Family, folder: Path, runs: _Runs) -> None:
+    """The family's copy of one dump, and (unless --write-dumps keeps it) its runs in
+    each mode."""
+    only = frozenset(args.only)
+    root = args.write_dumps if args.write_dumps else args.scratch / name
+    started = time.perf_counter()
+    copy = recompute_dump(family, folder, root / f"{name}_{folder.resolve().name}", only)
+    runs.copies.append((name, copy))
+    done = sum(e.recomputed for e in copy.entries)
+    print(
+        f"{name:12s} {dump_label(folder):45s} recomputed {done}/{len(copy.entries)} directions in {time.perf_counter() - started:.1f}s",
+        flush=True,
+    )
+    if args.write_dumps:
+        prune(copy, only, args.max_index)
+        return
+    for mode in [m for m in args.modes if m == "offline" or name in SINGLE_RUN_PLUGIN]:
+        result, metrics = judge(copy, dump_label(folder), mode, name)
+        runs.judged.append((result, copy))
+        runs.biases.append(bias_rows(metrics, copy, name, dump_label(folder)))
+        row = matrix_row(result, copy)
+        print("   ", " ".join(f"{k}={v}" for k, v in row.items() if k not in ("family", "dump")), flush=True)
+
+
+def _tables(args: argparse.Namespace, dumps: list[Path], runs: _Runs) -> _Tables:
     rows = (
-        pd.concat([b for b in biases if not b.empty], ignore_index=True)
-        if any(not b.empty for b in biases)
+        pd.concat([b for b in runs.biases if not b.empty], ignore_index=True)
+        if any(not b.empty for b in runs.biases)
         else pd.DataFrame()
     )
-    table = bias_table(rows)
-    kept = not_recomputed(copies)
-    aten = run_aten(dumps, args.scratch) if args.aten else pd.DataFrame()
-    wall = time.perf_counter() - wall
+    return _Tables(
+        matrix=pd.DataFrame([matrix_row(r, c) for r, c in runs.judged]),
+        events=events_frame(runs.judged),
+        biases=bias_table(rows),
+        bias_rows=rows,
+        kept=not_recomputed(runs.copies),
+        aten=run_aten(dumps, args.scratch) if args.aten else pd.DataFrame(),
+    )
+
+
+def _print_tables(tables: _Tables, wall: float) -> None:
     with pd.option_context(
         "display.max_rows", None, "display.width", 250, "display.max_columns", None, "display.max_colwidth", 80
     ):
-        print(matrix.drop(columns=["note"]).to_string(index=False))
-        print(f"\n{len(events)} errors/warnings")
-        for event in events.itertuples(index=False):
+        print(tables.matrix.drop(columns=["note"]).to_string(index=False))
+        print(f"\n{len(tables.events)} errors/warnings")
+        for event in tables.events.itertuples(index=False):
             print(
                 f"- [{event.status}] {event.family} {event.dump} {event.mode} {event.call} {event.direction} {event.dtype} ({event.outputs}): {event.message}"
             )
-        if not aten.empty:
-            print(aten.to_string(index=False))
+        if not tables.aten.empty:
+            print(tables.aten.to_string(index=False))
     print(f"\nwall {wall:.1f}s")
-    if args.csv_prefix:
-        for label, frame in (
-            ("matrix", matrix),
-            ("events", events),
-            ("biases", table),
-            ("bias_rows", rows),
-            ("kept", kept),
-            ("aten", aten),
-        ):
-            frame.to_csv(f"{args.csv_prefix}{label}.csv", index=False)
-    if args.markdown:
-        parts = [
-            "## Matrix",
-            to_markdown(matrix),
-            "## Errors and warnings",
-            to_markdown(events) if not events.empty else "none",
-        ]
-        parts += ["## Biases measured on recomputed outputs", to_markdown(table) if not table.empty else "none"]
-        parts += ["## Not recomputed", to_markdown(kept)]
-        if not aten.empty:
-            parts += ["## ATen paths (kernel_diversity.py, offline)", to_markdown(aten)]
-        args.markdown.write_text("\n\n".join(parts) + "\n", encoding="utf-8")
-    return 0 if not matrix["note"].astype(bool).any() else 2
+
+
+def _write_csv(prefix: Path, tables: _Tables) -> None:
+    """<prefix>matrix.csv, events.csv, biases.csv, bias_rows.csv, kept.csv, aten.csv."""
+    for label in ("matrix", "events", "biases", "bias_rows", "kept", "aten"):
+        getattr(tables, label).to_csv(f"{prefix}{label}.csv", index=False)
+
+
+def _write_markdown(path: Path, tables: _Tables) -> None:
+    parts = [
+        "## Matrix",
+        to_markdown(tables.matrix),
+        "## Errors and warnings",
+        to_markdown(tables.events) if not tables.events.empty else "none",
+    ]
+    parts += [
+        "## Biases measured on recomputed outputs",
+        to_markdown(tables.biases) if not tables.biases.empty else "none",
+    ]
+    parts += ["## Not recomputed", to_markdown(tables.kept)]
+    if not tables.aten.empty:
+        parts += ["## ATen paths (kernel_diversity.py, offline)", to_markdown(tables.aten)]
+    path.write_text("\n\n".join(parts) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

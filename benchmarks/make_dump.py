@@ -111,11 +111,25 @@ class _Writer:
         return spec
 
 
-def make_dump(  # noqa: PLR0913  the synthetic dump's knobs, keyword-only with defaults
-    root: Path, calls: int, *, task: str = "statistics", mix: str = "llm", scale: int = 1, seed: int = 0
-) -> Path:
+@dataclass(frozen=True)
+class Knobs:
+    """What a synthetic dump is made of besides its size: msprobe's task (statistics, or
+    tensor: one .npy per tensor), the mix of APIs (MIXES), a factor on every tensor
+    dimension, and the seed (the same knobs always give the same file)."""
+
+    task: str = "statistics"
+    mix: str = "llm"
+    scale: int = 1
+    seed: int = 0
+
+
+DEFAULT_KNOBS = Knobs()
+
+
+def make_dump(root: Path, calls: int, knobs: Knobs = DEFAULT_KNOBS) -> Path:
     """Write `root/dump.json` with `calls` entries (forward and backward records each
-    count one); `scale` multiplies every tensor dimension. Returns the file's path."""
+    count one). Returns the file's path."""
+    task, mix, scale, seed = knobs.task, knobs.mix, knobs.scale, knobs.seed
     if task == "tensor" and calls > 20_000:
         raise ValueError(
             "tensor dumps are for small sizes (one .npy per tensor); use the statistics task for large ones"
@@ -174,7 +188,7 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=1, help="multiply every tensor dimension")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    path = make_dump(args.out, args.calls, task=args.task, mix=args.mix, scale=args.scale, seed=args.seed)
+    path = make_dump(args.out, args.calls, Knobs(task=args.task, mix=args.mix, scale=args.scale, seed=args.seed))
     print(f"{path}: {args.calls} calls, {path.stat().st_size / 2**20:.1f} MiB")
 
 

@@ -106,21 +106,22 @@ def _hf(config_name: str, model_name: str, attention: str, **config: Any) -> Cal
     return build
 
 
-def _decoder(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int) -> dict[str, int]:  # noqa: PLR0913  one argument per field of the model config it returns
-    """A Llama-style decoder's config (Llama, Qwen2, Mistral name these alike): MLP 2 x hidden."""
+def _decoder(vocab: int, hidden: int, layers: int, positions: int) -> dict[str, int]:
+    """A Llama-style decoder's config (Llama, Qwen2, Mistral name these alike): MLP
+    2 x hidden, a head per 8 of hidden, two query heads per key/value head."""
     return dict(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
+        num_attention_heads=hidden // 8,
+        num_key_value_heads=hidden // 16,
         max_position_embeddings=positions,
     )
 
 
-_DECODER = _decoder(VOCAB, 32, 2, 4, 2, 64)
-_TINY_DECODER = _decoder(32, 16, 1, 2, 1, 16)  # the CI dump (tests/dumps/real/): one block, hidden 16
+_DECODER = _decoder(VOCAB, 32, 2, 64)
+_TINY_DECODER = _decoder(32, 16, 1, 16)  # the CI dump (tests/dumps/real/): one block, hidden 16
 _BERT = dict(
     vocab_size=VOCAB,
     hidden_size=32,

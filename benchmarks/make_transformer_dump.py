@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "make_dump_torch.py"
+CLASSES = 5  # the classifier head's outputs: the labels the shared maker's loss draws
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "dumps" / "models"))
@@ -35,9 +36,10 @@ class Transformer12(Transformer):
     """The tests' 12-block transformer with a mean-pooled classifier head: the shared
     maker's loss takes one label per sample."""
 
-    def __init__(s, dim: int, heads: int, mlp: int, seq: int, classes: int = 5, blocks: int = 12) -> None:  # noqa: PLR0913  the model's hyperparameters
-        super().__init__(blocks, dim=dim, heads=heads, mlp=mlp, seq=seq)
-        s.head = nn.Linear(dim, classes)
+    def __init__(s, dim: int = 32, seq: int = 8, blocks: int = 12) -> None:
+        """`dim` sets the rest as --dim says: heads dim / 8 (at least 1), MLP 2 x dim."""
+        super().__init__(blocks, dim=dim, heads=max(dim // 8, 1), mlp=2 * dim, seq=seq)
+        s.head = nn.Linear(dim, CLASSES)
 
     def forward(s, ids: torch.Tensor) -> torch.Tensor:
         x = s.emb(ids) + s.pos
@@ -61,10 +63,8 @@ def main() -> None:
     assert spec is not None and spec.loader is not None
     maker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(maker)
-    model = lambda: Transformer12(
-        dim=args.dim, heads=max(args.dim // 8, 1), mlp=2 * args.dim, seq=args.seq, blocks=args.blocks
-    )  # noqa: E731
-    maker.MODELS["transformer12"] = (model, lambda: torch.randint(0, 64, (4, args.seq)), 5)
+    model = lambda: Transformer12(dim=args.dim, seq=args.seq, blocks=args.blocks)  # noqa: E731
+    maker.MODELS["transformer12"] = (model, lambda: torch.randint(0, 64, (4, args.seq)), CLASSES)
     sys.argv = [str(args.tool), "transformer12", "tensor", args.dtype, str(args.out)]
     maker.main()
 

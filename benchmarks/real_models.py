@@ -266,9 +266,10 @@ def plugin_commit() -> str:
     return proc.stdout.strip() or "unknown (not a git checkout)"
 
 
-def markdown(  # noqa: PLR0913  the report's parts, each printed
-    verdicts: list[Verdict], modes: list[str], seconds: dict[str, float], root: Path, workers: int, label: str
-) -> str:
+def markdown(verdicts: list[Verdict], seconds: dict[str, float], args: argparse.Namespace) -> str:
+    """The results file: the run's verdicts and each mode's seconds, under the options
+    that made them (`--modes`, `--dumps`, `--workers`, `--label`)."""
+    modes, root, workers, label = args.modes, args.dumps, args.workers, args.label
     dumps = sorted({verdict.dump for verdict in verdicts})
     lines = [
         "# The plugin on real models from model libraries",
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             Counter(verdict.status for verdict in found),
             flush=True,
         )
-    table = markdown(verdicts, args.modes, seconds, args.dumps, args.workers, args.label)
+    table = markdown(verdicts, seconds, args)
     args.markdown.write_text(table + "\n" + kept_notes(args.markdown), encoding="utf-8")
     unclassified = [v for v in verdicts if v.status in ("error", "warning") and classify(v) == "unclassified"]
     print(f"{args.markdown}: {len(unclassified)} unclassified errors/warnings")

@@ -74,34 +74,50 @@ def threshold_reasons(
     return reasons
 
 
-def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
-    """Judge elementwise arithmetic against D's rounding tolerance."""
-    rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
-    if fast.fast_ok(pair):  # a reference changes only the verdict's kind here
-        verdict = _fast(pair, thresholds, rtol, small, atol, reference)
-        if verdict is not None:
-            return verdict
-    metrics = absolute_threshold_metrics(pair, rtol, small, atol)
-    small_mask = pair.small_mask(small)
-    score = np.where(small_mask, pair.abs_err / atol, pair.rel_err / rtol)
+#: the ratios judged where the scaled allowance applies (any finite element): the
+#: spec's rel_err_ratio and abs_err_ratio are reported, its forgiven elements not failed
+SCALED_JUDGED = ("inf_nan_error_ratio", "scaled_err_ratio")
+
+
+def _used(thresholds: Mapping[str, float], scaled: bool) -> dict[str, float]:
+    """The thresholds a verdict names, in the order it names them: the spec's tolerances
+    and its three ratios (none may be over 0), then, where the scaled allowance judged,
+    its ratio and allowance."""
     used = {
-        "rtol": rtol,
-        "small": small,
-        "small_atol": atol,
+        "rtol": thresholds["rtol"],
+        "small": thresholds["small"],
+        "small_atol": thresholds["small_atol"],
         "inf_nan_error_ratio": 0.0,
         "rel_err_ratio": 0.0,
         "abs_err_ratio": 0.0,
     }
+    if scaled:
+        used.update(
+            scaled_err_ratio=0.0, sr_abs_ulp=thresholds["sr_abs_ulp"], sr_scale_floor=thresholds["sr_scale_floor"]
+        )
+    return used
+
+
+def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
+    """Judge elementwise arithmetic against D's rounding tolerance."""
+    if fast.fast_ok(pair):  # a reference changes only the verdict's kind here
+        verdict = _fast(pair, thresholds, reference)
+        if verdict is not None:
+            return verdict
+    rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
+    metrics = absolute_threshold_metrics(pair, rtol, small, atol)
+    small_mask = pair.small_mask(small)
+    score = np.where(small_mask, pair.abs_err / atol, pair.rel_err / rtol)
+    used = _used(thresholds, scaled=bool(pair.n_finite))
     limits = {"rtol": rtol, "atol": atol}
     judged = None
     if pair.n_finite:
-        ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
+        ulps, floor = used["sr_abs_ulp"], used["sr_scale_floor"]
         allowed = tolerance_scale(pair, floor) * (ulps * pair.info.eps)
         beyond = (score > 1) & (pair.abs_err > allowed)
         metrics["scaled_err_ratio"] = float(np.count_nonzero(beyond) / pair.n_finite)
-        used.update(scaled_err_ratio=0.0, sr_abs_ulp=ulps, sr_scale_floor=floor)
         limits.update(ulps=ulps, floor=floor)
-        judged = ("inf_nan_error_ratio", "scaled_err_ratio")
+        judged = SCALED_JUDGED
     reasons = threshold_reasons(metrics, limits, judged)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "at_bias_ulp")
     metrics.update(bias)
@@ -127,18 +143,12 @@ def fast_threshold_metrics(pair: Pair, counts: ThresholdCounts) -> dict[str, flo
     }
 
 
-def _fast(  # noqa: PLR0913  the standard's thresholds, each read by the fused pass
-    pair: Pair,
-    thresholds: Mapping[str, float],
-    rtol: float,
-    small: float,
-    atol: float,
-    reference: Reference | None = None,
-) -> Verdict | None:
+def _fast(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict | None:
     """Large and all finite: one fused pass (fast.py)."""
     rms = fast.rms_or_none(pair)
     if rms is None:
         return None
+    rtol, small, atol = thresholds["rtol"], thresholds["small"], thresholds["small_atol"]
     ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
     (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
     res = fast.run(
@@ -155,20 +165,8 @@ def _fast(  # noqa: PLR0913  the standard's thresholds, each read by the fused p
         return None
     metrics = fast_threshold_metrics(pair, res.of(ThresholdCounts))
     metrics["scaled_err_ratio"] = float(res.of(BeyondScaled).count / pair.n)
-    used = {
-        "rtol": rtol,
-        "small": small,
-        "small_atol": atol,
-        "inf_nan_error_ratio": 0.0,
-        "rel_err_ratio": 0.0,
-        "abs_err_ratio": 0.0,
-        "scaled_err_ratio": 0.0,
-        "sr_abs_ulp": ulps,
-        "sr_scale_floor": floor,
-    }
-    reasons = threshold_reasons(
-        metrics, {"rtol": rtol, "atol": atol, "ulps": ulps, "floor": floor}, ("inf_nan_error_ratio", "scaled_err_ratio")
-    )
+    used = _used(thresholds, scaled=True)
+    reasons = threshold_reasons(metrics, {"rtol": rtol, "atol": atol, "ulps": ulps, "floor": floor}, SCALED_JUDGED)
     bias, bias_failed = judge_bias(
         pair, reference, thresholds, used, "at_bias_ulp", statistics(res.of(BiasTotals).sums)
     )

@@ -44,70 +44,75 @@ class DtypeInfo:
         return 2.0**-self.mantissa_bits
 
 
-def _defaults(  # noqa: PLR0913  one keyword per default threshold of a dtype's table row
-    *,
-    small: float,
-    rtol: float,
-    small_atol: float,
-    ulp_threshold: float,
-    ulp_floor: float,
-    ulp_prop_max: float,
-    bound: float,
-    eb_max: float,
-    atol_bm: float,
-    sr_max_scaled_ulp: float,
-    sr_mean_scaled_ulp: float,
-    sr_bias_ulp: float = 0.2,
-    sr_thousandth_ulp: float = 4.0,
-    at_bias_ulp: float = 0.2,
-    ulp_bias_ulp: float = 0.2,
-) -> dict[str, float]:
-    return {
-        # absolute threshold (spec 2)
-        "rtol": rtol,
-        "small": small,
-        "small_atol": small_atol,
-        # ULP (spec 3)
-        "ulp_threshold": ulp_threshold,
-        "ulp_floor": ulp_floor,
-        "ulp_prop_max": ulp_prop_max,
-        "ulp_mean_max": 64.0,
-        # thousandth (spec 4)
-        "thousandth_min": 0.999,
-        # accumulative error (spec 5); its "small" is 1
-        "bound": bound,
-        "eb_max": eb_max,
-        "accumulative_small": 1.0,
-        # benchmark (spec 6): ratio thresholds default to msprobe's ungraded level
-        "atol_bm": atol_bm,
-        "max_rel_err_ratio": 10.0,
-        "mean_rel_err_ratio": 2.0,
-        "rmse_ratio": 2.0,
-        "small_value_err_ratio_ratio": 2.0,
-        # ... whose floors are raised, where a ratio fails, to an output off by this many
-        # ULPs of D at each element's tolerance scale (benchmark.py)
-        "bm_noise_ulp": 2.0,
-        # single-run rule (ours, see single_run.py)
-        "sr_max_scaled_ulp": sr_max_scaled_ulp,
-        "sr_mean_scaled_ulp": sr_mean_scaled_ulp,
-        "sr_bias_ulp": sr_bias_ulp,
-        "sr_bias_z": 5.0,
-        "sr_scale_floor": 2.0**-6,
-        "sr_max_top_ulp": sr_max_scaled_ulp,
-        "sr_top_quantile": 0.9,
-        # single-run allowances of the thousandth and absolute-threshold standards: ULPs of
-        # D at max(|b|, scale) that a correct composite (gradient) kernel may carry
-        "sr_thousandth_ulp": sr_thousandth_ulp,
-        "sr_abs_ulp": 4.0,
-        # bias tests (bias.py): correctly rounded elementwise APIs against b_D, and any
-        # standard against a reference run on the same inputs, in ULPs of D
-        "at_bias_ulp": at_bias_ulp,
-        "ref_bias_ulp": 0.25,
-        "ulp_bias_ulp": ulp_bias_ulp,
-        # the lean a correct library of the API's class may have (accuracy.py): none
-        # unless the accuracy model classes the API
-        "lib_bias_ulp": 0.0,
-    }
+@dataclass(frozen=True, kw_only=True)
+class _Row:
+    """The thresholds that differ by dtype: one row of the table (DTYPES below); the rest
+    of a dtype's defaults are the same for every dtype (`defaults`)."""
+
+    small: float
+    rtol: float
+    small_atol: float
+    ulp_threshold: float
+    ulp_floor: float
+    ulp_prop_max: float
+    bound: float
+    eb_max: float
+    atol_bm: float
+    sr_max_scaled_ulp: float
+    sr_mean_scaled_ulp: float
+    sr_bias_ulp: float = 0.2
+    sr_thousandth_ulp: float = 4.0
+    at_bias_ulp: float = 0.2
+    ulp_bias_ulp: float = 0.2
+
+    def defaults(self) -> dict[str, float]:
+        """Every threshold's default for the dtype (DtypeInfo.defaults), by name."""
+        return {
+            # absolute threshold (spec 2)
+            "rtol": self.rtol,
+            "small": self.small,
+            "small_atol": self.small_atol,
+            # ULP (spec 3)
+            "ulp_threshold": self.ulp_threshold,
+            "ulp_floor": self.ulp_floor,
+            "ulp_prop_max": self.ulp_prop_max,
+            "ulp_mean_max": 64.0,
+            # thousandth (spec 4)
+            "thousandth_min": 0.999,
+            # accumulative error (spec 5); its "small" is 1
+            "bound": self.bound,
+            "eb_max": self.eb_max,
+            "accumulative_small": 1.0,
+            # benchmark (spec 6): ratio thresholds default to msprobe's ungraded level
+            "atol_bm": self.atol_bm,
+            "max_rel_err_ratio": 10.0,
+            "mean_rel_err_ratio": 2.0,
+            "rmse_ratio": 2.0,
+            "small_value_err_ratio_ratio": 2.0,
+            # ... whose floors are raised, where a ratio fails, to an output off by this many
+            # ULPs of D at each element's tolerance scale (benchmark.py)
+            "bm_noise_ulp": 2.0,
+            # single-run rule (ours, see single_run.py)
+            "sr_max_scaled_ulp": self.sr_max_scaled_ulp,
+            "sr_mean_scaled_ulp": self.sr_mean_scaled_ulp,
+            "sr_bias_ulp": self.sr_bias_ulp,
+            "sr_bias_z": 5.0,
+            "sr_scale_floor": 2.0**-6,
+            "sr_max_top_ulp": self.sr_max_scaled_ulp,
+            "sr_top_quantile": 0.9,
+            # single-run allowances of the thousandth and absolute-threshold standards: ULPs of
+            # D at max(|b|, scale) that a correct composite (gradient) kernel may carry
+            "sr_thousandth_ulp": self.sr_thousandth_ulp,
+            "sr_abs_ulp": 4.0,
+            # bias tests (bias.py): correctly rounded elementwise APIs against b_D, and any
+            # standard against a reference run on the same inputs, in ULPs of D
+            "at_bias_ulp": self.at_bias_ulp,
+            "ref_bias_ulp": 0.25,
+            "ulp_bias_ulp": self.ulp_bias_ulp,
+            # the lean a correct library of the API's class may have (accuracy.py): none
+            # unless the accuracy model classes the API
+            "lib_bias_ulp": 0.0,
+        }
 
 
 def _fp8(name: str, m: int, e_min: int) -> DtypeInfo | None:
@@ -121,7 +126,7 @@ def _fp8(name: str, m: int, e_min: int) -> DtypeInfo | None:
         e_min,
         float(fi.max),
         tdt,
-        _defaults(
+        _Row(
             small=2.0**e_min,
             rtol=2.0**-m,
             small_atol=2.0 ** (e_min - m),
@@ -133,14 +138,14 @@ def _fp8(name: str, m: int, e_min: int) -> DtypeInfo | None:
             atol_bm=2.0 ** (e_min - m),
             sr_max_scaled_ulp=8.0,
             sr_mean_scaled_ulp=1.0,
-        ),
+        ).defaults(),
     )
 
 
 # The spec gives float32's thresholds (small 2**-20, rtol 2**-20, small_atol 2**-30, T=32,
 # floor 2**-14, bound 2**-11, eb_max 2**-14, atol_bm 2**-30) and none for float64: a float64
 # output is judged by the same numbers (its bench is float64 too, so only rounding differs).
-_WIDE_DEFAULTS = _defaults(
+_WIDE = _Row(
     small=2.0**-20,
     rtol=2.0**-20,
     small_atol=2.0**-30,
@@ -159,15 +164,15 @@ _WIDE_DEFAULTS = _defaults(
 )
 
 DTYPES: dict[str, DtypeInfo] = {
-    "float64": DtypeInfo("float64", 52, -1022, float(np.finfo(np.float64).max), torch.float64, dict(_WIDE_DEFAULTS)),
-    "float32": DtypeInfo("float32", 23, -126, float(np.finfo(np.float32).max), torch.float32, dict(_WIDE_DEFAULTS)),
+    "float64": DtypeInfo("float64", 52, -1022, float(np.finfo(np.float64).max), torch.float64, _WIDE.defaults()),
+    "float32": DtypeInfo("float32", 23, -126, float(np.finfo(np.float32).max), torch.float32, _WIDE.defaults()),
     "float16": DtypeInfo(
         "float16",
         10,
         -14,
         65504.0,
         torch.float16,
-        _defaults(
+        _Row(
             small=2.0**-10,
             rtol=2.0**-10,
             small_atol=2.0**-16,
@@ -179,7 +184,7 @@ DTYPES: dict[str, DtypeInfo] = {
             atol_bm=1e-16,
             sr_max_scaled_ulp=8.0,
             sr_mean_scaled_ulp=1.0,
-        ),
+        ).defaults(),
     ),
     "bfloat16": DtypeInfo(
         "bfloat16",
@@ -187,7 +192,7 @@ DTYPES: dict[str, DtypeInfo] = {
         -126,
         float(torch.finfo(torch.bfloat16).max),
         torch.bfloat16,
-        _defaults(
+        _Row(
             small=2.0**-10,
             rtol=2.0**-8,
             small_atol=2.0**-16,
@@ -199,7 +204,7 @@ DTYPES: dict[str, DtypeInfo] = {
             atol_bm=1e-16,
             sr_max_scaled_ulp=8.0,
             sr_mean_scaled_ulp=1.0,
-        ),
+        ).defaults(),
     ),
 }
 for _name, _m, _emin in (

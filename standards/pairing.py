@@ -9,9 +9,9 @@ insertion order), which is the stable "flatten order" of Verdict.outputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -54,38 +54,49 @@ def _is_leaf(x: object) -> bool:
     return isinstance(x, (torch.Tensor, np.ndarray) + _SCALARS)
 
 
-def to_array(x: object) -> tuple[Array | torch.Tensor, str]:  # noqa: C901  one branch per kind of leaf (tensor, array, number, bool, complex), in the order they are tested
+def _from_tensor(x: torch.Tensor) -> tuple[Array | torch.Tensor, str]:
+    t = x.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    name = dtype_name(t.dtype)
+    if t.is_complex():
+        return torch.view_as_real(t.resolve_conj()).to(torch.float64).numpy(), name
+    if t.is_floating_point():
+        return t, name  # kept as is: converted lazily (metrics.Pair / fast)
+    return t.resolve_neg().numpy(), name
+
+
+def _from_array(x: object) -> tuple[Array | torch.Tensor, str]:
+    """A numpy array, a numpy scalar or anything numpy reads as one."""
+    a = np.asarray(x)
+    if a.dtype.kind == "c":
+        return np.stack([a.real, a.imag], axis=-1).astype(np.float64), a.dtype.name
+    return a, a.dtype.name
+
+
+#: the kinds of leaf to_array converts, tested in this order (bool before int: a bool is
+#: an int; numpy's float64 is a float); anything else is read by numpy (_from_array). Any:
+#: each row's converter takes the kind its row tests
+_LEAF_KINDS: tuple[tuple[type, Callable[[Any], tuple[Array | torch.Tensor, str]]], ...] = (
+    (torch.Tensor, _from_tensor),
+    (bool, lambda x: (np.asarray(x, dtype=np.bool_), "bool")),
+    (int, lambda x: (np.asarray(x, dtype=np.int64), "int64")),
+    (float, lambda x: (np.asarray(x, dtype=np.float64), "float64")),
+    (complex, lambda x: (np.asarray([x.real, x.imag], dtype=np.float64), "complex128")),
+)
+
+
+def to_array(x: object) -> tuple[Array | torch.Tensor, str]:
     """(values, dtype name): real floats are returned as they are (a torch tensor or a
     numpy array, converted to float64 only when a standard reads them), ints/bools as
     exact numpy arrays.
 
     Complex values are compared as their real and imaginary parts (a trailing axis of 2).
     """
-    if isinstance(x, torch.Tensor):
-        t = x.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        name = dtype_name(t.dtype)
-        if t.is_complex():
-            return torch.view_as_real(t.resolve_conj()).to(torch.float64).numpy(), name
-        if t.is_floating_point():
-            return t, name  # kept as is: converted lazily (metrics.Pair / fast)
-        return t.resolve_neg().numpy(), name
-    if isinstance(x, bool):
-        return np.asarray(x, dtype=np.bool_), "bool"
-    if isinstance(x, int):
-        return np.asarray(x, dtype=np.int64), "int64"
-    if isinstance(x, float):
-        return np.asarray(x, dtype=np.float64), "float64"
-    if isinstance(x, complex):
-        return np.asarray([x.real, x.imag], dtype=np.float64), "complex128"
-    a = np.asarray(x)
-    name = a.dtype.name
-    if a.dtype.kind == "c":
-        return np.stack([a.real, a.imag], axis=-1).astype(np.float64), name
-    if a.dtype.kind == "f":
-        return a, name
-    return a, name
+    for kind, convert in _LEAF_KINDS:
+        if isinstance(x, kind):
+            return convert(x)
+    return _from_array(x)
 
 
 def _kind(name: str) -> str:
@@ -132,65 +143,109 @@ def _leaf(path: str, bench: object, device: object, any_precision: bool = False)
     return Leaf(path, b, d, bname, dname)
 
 
-def pair_leaves(  # noqa: C901  one walk over two nested outputs, a branch per container kind and mismatch
-    bench: object, device: object, path: str = "", any_precision: bool = False
-) -> Iterator[Leaf | Mismatch]:
-    """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order.
-    `any_precision`: the device side may be wider than the bench (each element's terms'
-    magnitudes, which a caller may give in float64 for a float32 bench)."""
+#: a row's pairing: the leaf or mismatch it is, or the walk into a container's items
+_Pairing = Callable[[object, object, str, bool], Iterable[Leaf | Mismatch]]
+
+
+def _nones(bench: object, device: object, path: str, any_precision: bool) -> Iterable[Mismatch]:
     where = path or "output"
     if bench is None and device is None:
-        yield Mismatch(path, "skip", f"{where}: None on both sides")
-        return
-    if bench is None or device is None:
-        side = "bench" if bench is None else "device"
-        yield Mismatch(path, "error", f"{where}: None on the {side} side only")
-        return
-    if _is_leaf(device) and _is_leaf(bench):
-        yield _leaf(path, bench, device, any_precision)
-        return
-    if isinstance(device, Mapping) and isinstance(bench, Mapping):
-        dkeys, bkeys = list(device.keys()), set(bench.keys())
-        if set(dkeys) != bkeys:
-            missing = sorted(map(repr, bkeys - set(dkeys)))
-            extra = sorted(map(repr, set(dkeys) - bkeys))
-            yield Mismatch(
-                path, "error", f"{where}: keys differ: missing on the device {missing}, extra on the device {extra}"
-            )
-            return
-        for key in dkeys:
-            yield from pair_leaves(bench[key], device[key], f"{path}[{key!r}]", any_precision)
-        return
-    if (
-        isinstance(device, Sequence)
-        and isinstance(bench, Sequence)
-        and not isinstance(device, (str, bytes))
-        and not isinstance(bench, (str, bytes))
-    ):
-        if len(device) != len(bench):
-            yield Mismatch(path, "error", f"{where}: length mismatch: device {len(device)}, bench {len(bench)}")
-            return
-        for i, (b, d) in enumerate(zip(bench, device, strict=True)):
-            yield from pair_leaves(b, d, f"{path}[{i}]", any_precision)
-        return
-    if (
-        _is_leaf(device)
-        or _is_leaf(bench)
-        or isinstance(device, (Mapping, Sequence))
-        or isinstance(bench, (Mapping, Sequence))
-    ) and not (isinstance(device, (str, bytes)) and isinstance(bench, (str, bytes))):
+        return (Mismatch(path, "skip", f"{where}: None on both sides"),)
+    side = "bench" if bench is None else "device"
+    return (Mismatch(path, "error", f"{where}: None on the {side} side only"),)
+
+
+def _leaves(bench: object, device: object, path: str, any_precision: bool) -> Iterable[Leaf | Mismatch]:
+    return (_leaf(path, bench, device, any_precision),)
+
+
+def _mappings(bench: object, device: object, path: str, any_precision: bool) -> Iterator[Leaf | Mismatch]:
+    bench, device = cast("Mapping[object, object]", bench), cast("Mapping[object, object]", device)  # its row's test
+    dkeys, bkeys = list(device.keys()), set(bench.keys())
+    if set(dkeys) != bkeys:
+        missing = sorted(map(repr, bkeys - set(dkeys)))
+        extra = sorted(map(repr, set(dkeys) - bkeys))
         yield Mismatch(
-            path, "error", f"{where}: structure mismatch: device {type(device).__name__}, bench {type(bench).__name__}"
+            path,
+            "error",
+            f"{path or 'output'}: keys differ: missing on the device {missing}, extra on the device {extra}",
         )
         return
-    # not numeric (str, dtype, device, slice, ...): equality or nothing
+    for key in dkeys:
+        yield from pair_leaves(bench[key], device[key], f"{path}[{key!r}]", any_precision)
+
+
+def _sequences(bench: object, device: object, path: str, any_precision: bool) -> Iterator[Leaf | Mismatch]:
+    bench, device = cast("Sequence[object]", bench), cast("Sequence[object]", device)  # its row's test
+    if len(device) != len(bench):
+        yield Mismatch(path, "error", f"{path or 'output'}: length mismatch: device {len(device)}, bench {len(bench)}")
+        return
+    for i, (b, d) in enumerate(zip(bench, device, strict=True)):
+        yield from pair_leaves(b, d, f"{path}[{i}]", any_precision)
+
+
+def _structures(bench: object, device: object, path: str, any_precision: bool) -> Iterable[Mismatch]:
+    return (
+        Mismatch(
+            path,
+            "error",
+            f"{path or 'output'}: structure mismatch: device {type(device).__name__}, bench {type(bench).__name__}",
+        ),
+    )
+
+
+def _non_numeric(bench: object, device: object, path: str, any_precision: bool) -> Iterable[Mismatch]:
+    """Not numeric (str, dtype, device, slice, ...): equality or nothing."""
+    where = path or "output"
     try:
         equal = bool(device == bench)
     except Exception:  # noqa: BLE001 - any odd __eq__
         equal = False
     if equal:
-        yield Mismatch(
-            path, "skip", f"{where}: non-numeric output {type(device).__name__} {device!r}, equal on both sides"
+        return (
+            Mismatch(
+                path, "skip", f"{where}: non-numeric output {type(device).__name__} {device!r}, equal on both sides"
+            ),
         )
-    else:
-        yield Mismatch(path, "error", f"{where}: non-numeric output differs: device {device!r}, bench {bench!r}")
+    return (Mismatch(path, "error", f"{where}: non-numeric output differs: device {device!r}, bench {bench!r}"),)
+
+
+def _is_sequence(x: object) -> bool:
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes))
+
+
+def _kinds_differ(bench: object, device: object) -> bool:
+    """One side numeric or a container where the other is not its like (the rows
+    before have taken every matching pair); two strings are compared as values."""
+    either = (
+        _is_leaf(device)
+        or _is_leaf(bench)
+        or isinstance(device, (Mapping, Sequence))
+        or isinstance(bench, (Mapping, Sequence))
+    )
+    return either and not (isinstance(device, (str, bytes)) and isinstance(bench, (str, bytes)))
+
+
+#: how two nested outputs pair, by what they are, as torch.testing's pair_types: the first
+#: row whose test holds pairs them (None before leaves: a None is no leaf; both leaves
+#: before containers: a 0-d array is no container); the last row takes any pair
+_STRUCTURES: tuple[tuple[Callable[[object, object], bool], _Pairing], ...] = (
+    (lambda bench, device: bench is None or device is None, _nones),
+    (lambda bench, device: _is_leaf(device) and _is_leaf(bench), _leaves),
+    (lambda bench, device: isinstance(device, Mapping) and isinstance(bench, Mapping), _mappings),
+    (lambda bench, device: _is_sequence(device) and _is_sequence(bench), _sequences),
+    (_kinds_differ, _structures),
+    (lambda bench, device: True, _non_numeric),
+)
+
+
+def pair_leaves(
+    bench: object, device: object, path: str = "", any_precision: bool = False
+) -> Iterator[Leaf | Mismatch]:
+    """Yield every leaf pair (or mismatch) of two nested outputs, in flatten order.
+    `any_precision`: the device side may be wider than the bench (each element's terms'
+    magnitudes, which a caller may give in float64 for a float32 bench)."""
+    for applies, pair in _STRUCTURES:
+        if applies(bench, device):
+            yield from pair(bench, device, path, any_precision)
+            return

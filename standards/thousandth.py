@@ -19,6 +19,7 @@ worst elements (by rel_err) are named only in a verdict that is not a pass.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,13 +38,26 @@ if TYPE_CHECKING:
 NAME = "thousandth"
 
 
+@dataclass(frozen=True)
+class _Judged:
+    """What either path (fused or plain) computed, for the verdict `_finish` reaches: its
+    metrics, the thresholds it names, the reasons so far, and its worst elements (a
+    callable: computed only for a verdict that is not a pass)."""
+
+    metrics: dict[str, float]
+    used: dict[str, float]
+    reasons: list[str]
+    worst: Callable[[], tuple[Offender, ...]]
+
+
 def thousandth(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
     """Judge a convolution by the share of elements within 0.1%."""
+    judged = _fast(pair, thresholds, reference) if fast.fast_ok(pair) else None  # a reference changes only the kind
+    return _finish(pair, judged or _plain(pair, thresholds, reference), reference)
+
+
+def _plain(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None) -> _Judged:
     limit = thresholds["thousandth_min"]
-    if fast.fast_ok(pair):  # a reference changes only the verdict's kind here
-        verdict = _fast(pair, thresholds, limit, reference)
-        if verdict is not None:
-            return verdict
     share = pair.rel_err_share_below(0.001)
     metrics = {"rel_err_thousandth": share}
     used = {"rel_err_thousandth": limit}
@@ -51,7 +65,6 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference: Reference
     nonfinite = pair.unexpected_nonfinite_reason()
     if nonfinite:
         reasons.append(nonfinite)
-    judged = share
     if pair.n:
         ulps = thresholds["sr_thousandth_ulp"]
         used.update(scaled_thousandth=limit, sr_thousandth_ulp=ulps)
@@ -60,26 +73,15 @@ def thousandth(pair: Pair, thresholds: Mapping[str, float], reference: Reference
             good = int(np.count_nonzero((pair.abs_err < allowed) | (pair.rel_err < 0.001)))
             if pair.n_inf_nan:
                 good += int(pair.inf_nan_agree(pair.info.defaults["rtol"]).sum())
-            metrics["scaled_thousandth"] = judged = max(share, good / pair.n)
+            metrics["scaled_thousandth"] = max(share, good / pair.n)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
-    return _finish(
-        pair,
-        {**metrics, **bias},
-        used,
-        reasons + bias_failed,
-        judged,
-        share,
-        limit,
-        lambda: pair.offenders(pair.rel_err),
-        reference,
-    )
+    return _Judged({**metrics, **bias}, used, reasons + bias_failed, lambda: pair.offenders(pair.rel_err))
 
 
-def _fast(
-    pair: Pair, thresholds: Mapping[str, float], limit: float, reference: Reference | None = None
-) -> Verdict | None:
+def _fast(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> _Judged | None:
     """Large and all finite: a float32 pre-test (with the bias sums of the sample), else
-    one fused pass (fast.py)."""
+    one fused pass (fast.py); None: the plain path."""
+    limit = thresholds["thousandth_min"]
     sums = None
     q_half = fast.abs_b_quantiles(pair, (0.5,))[0] if reference is None else None
     counted = scans.thousandth_count(pair, 0.001, q_half, sample_step(pair.n))
@@ -95,7 +97,6 @@ def _fast(
     share = count / pair.n
     ulps = thresholds["sr_thousandth_ulp"]
     metrics = {"rel_err_thousandth": share}
-    judged = share
     if share < limit:
         rms = fast.rms_or_none(pair)
         spec = (
@@ -106,7 +107,7 @@ def _fast(
         res = fast.run(pair, spec) if spec is not None else None
         if res is None:
             return None
-        metrics["scaled_thousandth"] = judged = max(share, res.of(ThousandthScaled).count / pair.n)
+        metrics["scaled_thousandth"] = max(share, res.of(ThousandthScaled).count / pair.n)
     used = {"rel_err_thousandth": limit, "scaled_thousandth": limit, "sr_thousandth_ulp": ulps}
     computed = None
     if reference is None:  # the bias sums of the sample alone, from the raw arrays
@@ -117,32 +118,16 @@ def _fast(
             return None
         computed = statistics(sums)
     bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", computed)
-    return _finish(
-        pair,
-        {**metrics, **bias},
-        used,
-        bias_failed,
-        judged,
-        share,
-        limit,
-        lambda: fast.worst(pair, PassSpec(offend="rel")),
-        reference,
-    )
+    return _Judged({**metrics, **bias}, used, bias_failed, lambda: fast.worst(pair, PassSpec(offend="rel")))
 
 
-def _finish(  # noqa: PLR0913  the verdict's metrics, counts and limits; each read
-    pair: Pair,
-    metrics: dict[str, float],
-    used: dict[str, float],
-    reasons: list[str],
-    judged: float,
-    share: float,
-    limit: float,
-    worst: Callable[[], tuple[Offender, ...]],
-    reference: Reference | None,
-) -> Verdict:
-    """The verdict; `worst` (a callable) is evaluated only for a verdict that is not a pass."""
-    if judged < limit:
+def _finish(pair: Pair, judged: _Judged, reference: Reference | None) -> Verdict:
+    """The verdict: judged by the scaled share where it was computed (it is the larger),
+    else by rel_err_thousandth."""
+    metrics, used = judged.metrics, judged.used
+    share, limit = metrics["rel_err_thousandth"], used["rel_err_thousandth"]
+    reasons = list(judged.reasons)
+    if metrics.get("scaled_thousandth", share) < limit:
         reasons.append(
             f"rel_err_thousandth {share:.6g} < {limit:.6g}: "
             f"more than {1 - limit:.3%} of elements are off by 0.1% or more"
@@ -159,6 +144,6 @@ def _finish(  # noqa: PLR0913  the verdict's metrics, counts and limits; each re
         metrics,
         used,
         reasons,
-        worst() if status != "pass" else (),
+        judged.worst() if status != "pass" else (),
         reference.kind if reference is not None else "single-run",
     )

@@ -40,6 +40,7 @@ Conditioned (the caller gave each element's terms' magnitude t, Pair.terms): msp
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -122,89 +123,143 @@ def _absolute_pass(metrics: dict[str, float], thresholds: Mapping[str, float], i
     return metrics["ulp_err_proportion"] < thresholds["ulp_prop_max"]
 
 
-def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:  # noqa: C901, PLR0915  the standard's steps (fast path, reference, floors, verdict) read top-down, each with its metric
-    """Judge a matrix product by its ULP error."""
-    used = {k: thresholds[k] for k in ("ulp_threshold", "ulp_prop_max", "ulp_floor")}
-    fp32_like = pair.info.mantissa_bits >= 23
-    if fp32_like:
-        used["ulp_mean_max"] = thresholds["ulp_mean_max"]
-    sr: tuple[PassResult, dict[str, float] | None] | None = None
-    if fast.fast_ok(pair):  # one fused pass (fast.py); None: plain path
-        if reference is not None and (reference.pair is not None or "ulp_err_proportion" in (reference.metrics or {})):
-            # judged against the reference: only the ULP metrics, no single-run rule
-            res = fast.run(pair, PassSpec(ulp_threshold=used["ulp_threshold"]))
-            sr = (res, None) if res is not None else None
-        else:
-            sr = fast_single_run(pair, PassSpec(ulp_threshold=used["ulp_threshold"]), scaled=False, top=False)
-    metrics = _fast_ulp_metrics(pair, sr[0]) if sr is not None else ulp_metrics(pair, used["ulp_threshold"])
-    reasons: list[str] = []
+@dataclass(frozen=True)
+class _Judged:
+    """What the standard's steps add to, in the order the verdict names them: its
+    metrics, the thresholds it was judged by, and why it fails (none: a pass)."""
+
+    metrics: dict[str, float]
+    used: dict[str, float]
+    reasons: list[str]
+
+
+def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
+    """Judge a matrix product by its ULP error: it passes msprobe's rule (or the same at
+    the terms' magnitude) or, with a reference, a ratio below 1 to the reference's;
+    without a usable reference the single-run rule's checks apply too."""
+    used = _used(pair, thresholds)
+    fused = _fused(pair, used["ulp_threshold"], reference)
+    metrics = _fast_ulp_metrics(pair, fused[0]) if fused is not None else ulp_metrics(pair, used["ulp_threshold"])
     nonfinite = pair.unexpected_nonfinite_reason()
-    if nonfinite:
-        reasons.append(nonfinite)
-    ok = _absolute_pass(metrics, used, fp32_like)
-    if pair.terms is not None:
-        conditioned = conditioned_ulp_metrics(pair, used["ulp_threshold"])
-        metrics.update(conditioned)
-        ok = ok or _absolute_pass(
-            {key.removeprefix("cond_"): value for key, value in conditioned.items()}, used, fp32_like
-        )
+    judged = _Judged(metrics, used, [nonfinite] if nonfinite else [])
+    ok = _within_rule(pair, judged)
     kind = "single-run"
     if reference is not None:
-        kind = reference.kind
-        ref = reference.metrics_for(lambda p: _ref_metrics(p, used["ulp_threshold"]))
-        if "ulp_err_proportion" in ref:
-            ratio = metrics["ulp_err_proportion"] / max(abs(ref["ulp_err_proportion"]), used["ulp_floor"])
-            metrics["ref_ulp_err_proportion"] = float(ref["ulp_err_proportion"])
-            metrics["ulp_err_proportion_ratio"] = ratio
-            used["ulp_err_proportion_ratio"] = 1.0
-            ok = ok or ratio < 1.0
-            bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
-            metrics.update(bias)
-            reasons.extend(bias_failed)
-        else:
-            reasons.append("reference lacks ulp_err_proportion; judged by the single-run rule")
-            kind = "single-run"
+        by_ratio = _against_reference(pair, reference, thresholds, judged)
+        kind = reference.kind if by_ratio is not None else "single-run"
+        ok = ok or bool(by_ratio)
     if not ok:
-        rule = (
-            f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} and " if fp32_like else ""
-        )
-        reasons.append(
-            f"{rule}ulp_err_proportion {metrics['ulp_err_proportion']:.4g} >= "
-            f"{used['ulp_prop_max']:.4g} (share of elements over "
-            f"{used['ulp_threshold']:g} ULP)"
-            + (
-                f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1"
-                if "ulp_err_proportion_ratio" in metrics
-                else ""
-            )
-            + (
-                f"; at the terms' magnitude: cond_mean_ulp_err {metrics['cond_mean_ulp_err']:.4g}, "
-                f"cond_ulp_err_proportion {metrics['cond_ulp_err_proportion']:.4g}"
-                if "cond_ulp_err_proportion" in metrics
-                else ""
-            )
-        )
+        judged.reasons.append(_rule_reason(judged, _fp32_like(pair)))
     if kind == "single-run":
-        extra = sr[1] if sr is not None and sr[1] is not None else single_run_metrics(pair)
-        if "max_top_ulp_err" not in extra:  # fused path: judged, never reported
-            extra = dict(extra, max_top_ulp_err=_top_or_bound(pair, metrics, thresholds))
-        metrics.update({k: value for k, value in extra.items() if k.startswith(BIAS_PREFIXES)})
-        bias_only = dict(extra, max_scaled_ulp_err=0.0, mean_scaled_ulp_err=0.0)
-        # matrix products have no shared normaliser: their own (tighter) bias limit
-        reasons.extend(single_run_reasons(pair, bias_only, thresholds, used, bias_limit="ulp_bias_ulp"))
-        for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp"):
-            used.pop(key, None)
-    status: Status = "error" if reasons else "pass"
-    worst: tuple[Offender, ...] = ()
-    if status != "pass":  # named only where a failure message shows them
-        worst = (
-            fast.worst(pair, PassSpec(offend="ulp"))
-            if sr is not None
-            else pair.offenders(pair.ulp_err)
-            if pair.n_finite or pair.n_inf_nan
-            else ()
+        _single_run_rule(pair, thresholds, judged, fused[1] if fused is not None else None)
+    status: Status = "error" if judged.reasons else "pass"
+    worst = _worst(pair, fused is not None) if status != "pass" else ()  # named only where a failure message shows them
+    return pair.verdict(status, NAME, judged.metrics, judged.used, judged.reasons, worst, kind)
+
+
+def _fp32_like(pair: Pair) -> bool:
+    """float32 and wider: msprobe's rule passes on the mean ULP error too."""
+    return pair.info.mantissa_bits >= 23
+
+
+def _used(pair: Pair, thresholds: Mapping[str, float]) -> dict[str, float]:
+    used = {k: thresholds[k] for k in ("ulp_threshold", "ulp_prop_max", "ulp_floor")}
+    if _fp32_like(pair):
+        used["ulp_mean_max"] = thresholds["ulp_mean_max"]
+    return used
+
+
+def _fused(
+    pair: Pair, threshold: float, reference: Reference | None
+) -> tuple[PassResult, dict[str, float] | None] | None:
+    """One fused pass (fast.py) and, without a reference to judge against, the
+    single-run rule's metrics it computed; None: the plain path."""
+    if not fast.fast_ok(pair):
+        return None
+    if reference is not None and (reference.pair is not None or "ulp_err_proportion" in (reference.metrics or {})):
+        # judged against the reference: only the ULP metrics, no single-run rule
+        res = fast.run(pair, PassSpec(ulp_threshold=threshold))
+        return (res, None) if res is not None else None
+    return fast_single_run(pair, PassSpec(ulp_threshold=threshold), scaled=False, top=False)
+
+
+def _within_rule(pair: Pair, judged: _Judged) -> bool:
+    """msprobe's rule on the ULP error, or on what is left of it once the accumulator's
+    rounding is allowed for (where the caller gave the terms: their metrics reported)."""
+    ok = _absolute_pass(judged.metrics, judged.used, _fp32_like(pair))
+    if pair.terms is not None:
+        conditioned = conditioned_ulp_metrics(pair, judged.used["ulp_threshold"])
+        judged.metrics.update(conditioned)
+        ok = ok or _absolute_pass(
+            {key.removeprefix("cond_"): value for key, value in conditioned.items()}, judged.used, _fp32_like(pair)
         )
-    return pair.verdict(status, NAME, metrics, used, reasons, worst, kind)
+    return ok
+
+
+def _against_reference(
+    pair: Pair, reference: Reference, thresholds: Mapping[str, float], judged: _Judged
+) -> bool | None:
+    """Whether the ulp_err_proportion's ratio to the reference's (floored) is below 1,
+    with the paired bias test; None where the reference lacks that metric (the
+    single-run rule judges then)."""
+    used, metrics = judged.used, judged.metrics
+    ref = reference.metrics_for(lambda p: _ref_metrics(p, used["ulp_threshold"]))
+    if "ulp_err_proportion" not in ref:
+        judged.reasons.append("reference lacks ulp_err_proportion; judged by the single-run rule")
+        return None
+    ratio = metrics["ulp_err_proportion"] / max(abs(ref["ulp_err_proportion"]), used["ulp_floor"])
+    metrics["ref_ulp_err_proportion"] = float(ref["ulp_err_proportion"])
+    metrics["ulp_err_proportion_ratio"] = ratio
+    used["ulp_err_proportion_ratio"] = 1.0
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
+    metrics.update(bias)
+    judged.reasons.extend(bias_failed)
+    return ratio < 1.0
+
+
+def _rule_reason(judged: _Judged, fp32_like: bool) -> str:
+    """Why msprobe's rule (and the reference's ratio, the terms' magnitude) failed."""
+    metrics, used = judged.metrics, judged.used
+    rule = f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} and " if fp32_like else ""
+    return (
+        f"{rule}ulp_err_proportion {metrics['ulp_err_proportion']:.4g} >= "
+        f"{used['ulp_prop_max']:.4g} (share of elements over "
+        f"{used['ulp_threshold']:g} ULP)"
+        + (
+            f"; ratio to reference {metrics['ulp_err_proportion_ratio']:.4g} >= 1"
+            if "ulp_err_proportion_ratio" in metrics
+            else ""
+        )
+        + (
+            f"; at the terms' magnitude: cond_mean_ulp_err {metrics['cond_mean_ulp_err']:.4g}, "
+            f"cond_ulp_err_proportion {metrics['cond_ulp_err_proportion']:.4g}"
+            if "cond_ulp_err_proportion" in metrics
+            else ""
+        )
+    )
+
+
+def _single_run_rule(
+    pair: Pair, thresholds: Mapping[str, float], judged: _Judged, fused: dict[str, float] | None
+) -> None:
+    """The single-run rule's unexpected-inf/NaN and bias checks, without its scaled-ULP
+    ones (`fused`: its metrics from the fused pass, else computed here)."""
+    extra = fused if fused is not None else single_run_metrics(pair)
+    if "max_top_ulp_err" not in extra:  # fused path: judged, never reported
+        extra = dict(extra, max_top_ulp_err=_top_or_bound(pair, judged.metrics, thresholds))
+    judged.metrics.update({k: value for k, value in extra.items() if k.startswith(BIAS_PREFIXES)})
+    bias_only = dict(extra, max_scaled_ulp_err=0.0, mean_scaled_ulp_err=0.0)
+    # matrix products have no shared normaliser: their own (tighter) bias limit
+    judged.reasons.extend(single_run_reasons(pair, bias_only, thresholds, judged.used, bias_limit="ulp_bias_ulp"))
+    for key in ("sr_max_scaled_ulp", "sr_mean_scaled_ulp"):
+        judged.used.pop(key, None)
+
+
+def _worst(pair: Pair, fused: bool) -> tuple[Offender, ...]:
+    """The elements of largest ULP error, for a failure's message."""
+    if fused:
+        return fast.worst(pair, PassSpec(offend="ulp"))
+    return pair.offenders(pair.ulp_err) if pair.n_finite or pair.n_inf_nan else ()
 
 
 def _top_or_bound(pair: Pair, metrics: dict[str, float], thresholds: Mapping[str, float]) -> float:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pytest_msprobe.plugin import MARKERS
-from pytest_msprobe.plugin.options import OPTIONS, Number, Option
+from pytest_msprobe.plugin.option_table import OPTIONS, Number, Option
 from pytest_msprobe.results import msprobe_csv, writer
 from pytest_msprobe.standards.dtypes import DTYPES
 from pytest_msprobe.standards.registry import SHIPPED_STANDARDS

@@ -169,9 +169,9 @@ def test_the_search_does_not_depend_on_the_modules_the_process_imported(run_dump
     examples: dict[str, list[str]] = {"before": [], "after": []}
     replay = explore.replay_inputs
 
-    def recorded(framework_name, framework, name, api, inputs, settings):
-        examples[label].append(f"{name} {_fingerprints([inputs.args, inputs.kwargs])}")
-        return replay(framework_name, framework, name, api, inputs, settings)
+    def recorded(call, inputs, settings):
+        examples[label].append(f"{call.name} {_fingerprints([inputs.args, inputs.kwargs])}")
+        return replay(call, inputs, settings)
 
     monkeypatch.setattr(explore, "replay_inputs", recorded)
     select = ("-k", "layer_norm or linear or softmax", "-m", "explore", "--msprobe-device=cpu", "--msprobe-explore=20")

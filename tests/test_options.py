@@ -1,6 +1,7 @@
-"""The options read once into one typed value (plugin/options.py), and the one rule of
-every path option: a value on the command line is relative to the current folder, one
-in an ini file (here pyproject.toml's [tool.pytest.ini_options]) to that file's folder.
+"""The options read once into one typed value (plugin/options.py, from the table of
+plugin/option_table.py), and the one rule of every path option: a value on the command
+line is relative to the current folder, one in an ini file (here pyproject.toml's
+[tool.pytest.ini_options]) to that file's folder.
 
 Each path option is given relative in pyproject.toml and pytest runs from a subfolder:
 what the option writes must land beside pyproject.toml, and what it reads is read from
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch  # noqa: F401 - kept loaded: pytester drops the modules an in-process run imported, and a second import of torch crashes
 
-from pytest_msprobe.plugin import options
+from pytest_msprobe.plugin import option_table, options
 
 ROPE = "npu_rope_statistics_fp16"  # 3 calls: Torch.cat.8.forward and two more
 # a conftest's standard that fails `cat`: a failed call for --msprobe-save-failed
@@ -34,8 +35,8 @@ def test_the_options_value_has_a_field_per_option() -> None:
     """A field per option of the table, named without `msprobe_`, and the HTML report's
     label of the recorded metrics: an option added to one and not the other fails here."""
     fields = {field.name for field in dataclasses.fields(options.Options)}
-    assert fields == {option.name.removeprefix("msprobe_") for option in options.OPTIONS} | {"reference_label"}
-    path_options = {option.name for option in options.OPTIONS if option.kind == "path"}
+    assert fields == {option.name.removeprefix("msprobe_") for option in option_table.OPTIONS} | {"reference_label"}
+    path_options = {option.name for option in option_table.OPTIONS if option.kind == "path"}
     assert {"msprobe_out", "msprobe_scripts", "msprobe_html", "msprobe_baseline"} <= path_options
 
 

@@ -59,7 +59,7 @@ def anchor(name: str) -> str:
 def options_markdown(options: Sequence[Any]) -> str:
     """Every option of the table: its flag, ini name, type, default, help text and details.
 
-    `options` are pytest_msprobe.plugin.options.Option rows (a parameter, so a test can
+    `options` are pytest_msprobe.plugin.option_table.Option rows (a parameter, so a test can
     pass a table with one more)."""
     parts = [
         table(
@@ -261,7 +261,7 @@ def results_pages(benchmarks: Path) -> dict[str, str]:
 def generated_parts() -> dict[Path, str]:
     """Every generated file: path -> content."""
     from pytest_msprobe.plugin import MARKERS
-    from pytest_msprobe.plugin.options import OPTIONS
+    from pytest_msprobe.plugin.option_table import OPTIONS
     from pytest_msprobe.results import msprobe_csv, writer
     from pytest_msprobe.standards.dtypes import DTYPES
     from pytest_msprobe.standards.registry import SHIPPED_STANDARDS

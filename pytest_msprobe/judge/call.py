@@ -157,48 +157,58 @@ def call_findings(replayed: Replayed, name: CallName, framework: str, settings: 
     --msprobe-repeat, the device's bits over several runs (then its memory is freed)."""
     from pytest_msprobe.judge.findings import dropout_findings
     from pytest_msprobe.judge.overflow import overflow_findings
-    from pytest_msprobe.judge.repeat import repeat_findings
+    from pytest_msprobe.judge.repeat import DeviceRun, repeat_findings
 
     cut_outputs = replayed.written.rows if replayed.written is not None else {}
     found = overflow_findings(replayed.results, replayed.bench, name.direction, framework, cut_outputs)
     found += dropout_findings(replayed.results, name)
     if settings.repeat > 1:
         try:
-            found += repeat_findings(
-                replayed.device, replayed.results, name.direction, framework, settings.repeat, replayed.written
-            )
+            run = DeviceRun(replayed.device, name.direction, framework)
+            found += repeat_findings(run, replayed.results, settings.repeat, replayed.written)
         finally:
             settings.backend.free()
     return found
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """A dumped call resolved in its dump's framework: what every replay of it runs, on
+    its dumped inputs or on inputs made near them (judge/explore.py)."""
+
+    name: CallName
+    framework_name: str  # the dump's framework, a key of FRAMEWORKS
+    framework: Framework
+    api: Api
+
+
+def resolved(index: DumpIndex, name: CallName, settings: Settings) -> Resolved:
+    framework = FRAMEWORKS[index.framework]()
+    return Resolved(name, index.framework, framework, framework.resolve(name, settings.backend))
+
+
 def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replayed:
     """Decode the call and run it on the device (offline: the dump's outputs), the bench
     and the reference. Raises CallSkip, CallError or replay.DeviceFailed."""
-    framework = FRAMEWORKS[index.framework]()
-    api = framework.resolve(name, settings.backend)
+    call = resolved(index, name, settings)
     inputs = read_inputs(index, name, settings.max_elements)
-    dumped = offline_runs(index, name, api, settings, framework) if settings.offline else None
-    return replay_inputs(index.framework, framework, name, api, inputs, settings, dumped)
+    dumped = offline_runs(index, call, settings) if settings.offline else None
+    return replay_inputs(call, inputs, settings, dumped)
 
 
-def replay_inputs(  # noqa: PLR0913  the call's framework, api, inputs and settings are each read; shared by judge_call, explore and offline
-    framework_name: str,
-    framework: Framework,
-    name: CallName,
-    api: Api,
-    inputs: Inputs,
-    settings: Settings,
-    dumped: tuple[Side, Side, str] | None = None,
+def replay_inputs(
+    call: Resolved, inputs: Inputs, settings: Settings, dumped: tuple[Side, Side, str] | None = None
 ) -> Replayed:
     """Run decoded inputs on every side: the dumped call's, or inputs made near them
     (judge/explore.py). `dumped`: offline_runs' device, reference and label."""
-    device, bench, reference = framework.runs(api, inputs, settings)
+    device, bench, reference = call.framework.runs(call.api, inputs, settings)
     label = settings.backend.describe(settings.device_index)
     if dumped is not None:
         device, reference, label = dumped
     try:
-        results = replay(name.direction, api, inputs, Sides(device, bench, reference), framework=framework_name)
+        results = replay(
+            call.name.direction, call.api, inputs, Sides(device, bench, reference), framework=call.framework_name
+        )
     finally:
         settings.backend.free()
     layouts = None
@@ -207,20 +217,20 @@ def replay_inputs(  # noqa: PLR0913  the call's framework, api, inputs and setti
         from pytest_msprobe.judge.offline import DumpedRun
 
         if isinstance(device, DumpedRun) and device.evidence is not None and device.evidence.shared:
-            _add_shared(results, device, bench, framework, settings)
+            _add_shared(results, device, bench, call.framework, settings)
         elif isinstance(reference, Run):
-            others = other_layouts(api, (leaf.tensor for leaf in results.inputs.leaves))
+            others = other_layouts(call.api, (leaf.tensor for leaf in results.inputs.leaves))
             layouts = (
-                LayoutReferences(reference, results.inputs, name.direction, framework_name, others) if others else None
+                LayoutReferences(reference, results.inputs, call.name.direction, call.framework_name, others)
+                if others
+                else None
             )
-    where = written(name, inputs, framework_name)
+    where = written(call.name, inputs, call.framework_name)
     results, notes = cut_results(align_offline(results) if dumped is not None else results, where)
     return Replayed(results, bench, label, device, where, notes, layouts)
 
 
-def offline_runs(
-    index: DumpIndex, name: CallName, api: Api, settings: Settings, framework: Framework
-) -> tuple[Side, Side, str]:
+def offline_runs(index: DumpIndex, call: Resolved, settings: Settings) -> tuple[Side, Side, str]:
     """The dump's own outputs as the device; as the reference, the dump's framework on
     the CPU in the dump's dtypes (a MindSpore kernel is held to MindSpore's CPU kernel,
     not to torch's, as online). Which inputs a dumped gradient belongs to is read from
@@ -229,10 +239,10 @@ def offline_runs(
 
     from pytest_msprobe.judge.offline import DEVICE_LABEL, DumpedRun
 
-    graph_run = Run(api, api.bench_fn, Placement(torch.device("cpu")))
+    graph_run = Run(call.api, call.api.bench_fn, Placement(torch.device("cpu")))
     return (
-        DumpedRun(index, name, settings.max_elements, graph_run),
-        framework.reference_in_dump_dtype(api, settings),
+        DumpedRun(index, call.name, settings.max_elements, graph_run),
+        call.framework.reference_in_dump_dtype(call.api, settings),
         DEVICE_LABEL,
     )
 

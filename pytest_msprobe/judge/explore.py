@@ -41,7 +41,7 @@ from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.dump.writer import write_tensor_dump
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.judge.call import FRAMEWORKS, CallResult, Settings, read_inputs, replay_inputs
+from pytest_msprobe.judge.call import CallResult, Resolved, Settings, read_inputs, replay_inputs, resolved
 from pytest_msprobe.judge.documented import documented_defect
 from pytest_msprobe.judge.excuses import beyond_range
 from pytest_msprobe.judge.findings import Finding
@@ -53,6 +53,7 @@ from pytest_msprobe.run.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.run.replay import DeviceFailed, decode_backward, decode_forward
 
 if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Record
     from pytest_msprobe.standards import Registry
 
 
@@ -103,65 +104,13 @@ class ExampleFailed(Exception):
         self.variant, self.result, self.device_error = variant, result, device_error
 
 
-def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> CallResult:  # noqa: C901, PLR0915  the exploration's steps (plan, search, minimal example, verdict) read top-down; its skips name the step
+def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> CallResult:
     """The exploration's result, as judge_call reads a dumped call's. Raises CallSkip
     where the dumped call cannot be explored, replay.DeviceFailed where the device
     raised on an example (its message shows the minimal one)."""
-    framework = FRAMEWORKS[index.framework]()
-    api = framework.resolve(name, settings.backend)
-    dumped = read_inputs(index, name, settings.max_elements)
-    forward = index.read_record(index.entry_of(str(name.sibling("forward"))))
-    backward = index.read_record(index.entry_of(str(name))) if name.direction == "backward" else None
-    space = Neighbourhood(
-        forward,
-        backward,
-        dumped.leaves,
-        settings.max_elements,
-        resizable=name.operator not in fixed_shape_apis(),
-        smallest_size=framework.smallest_size,
-    )
-    label = f"{name}{EXPLORED_SUFFIX}"
-    search = _Search()
-    settings = dataclasses.replace(settings, registry=without_bias_tests(settings.registry, name.operator))
-
-    def example_result(variant: Variant) -> CallResult:
-        ctx = DecodeContext(index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided())
-        inputs = (
-            decode_forward(variant.forward, ctx)
-            if backward is None
-            else decode_backward(variant.forward, variant.backward or {}, ctx)
-        )
-        replayed = replay_inputs(index.framework, framework, name, api, inputs, settings)
-        judgement = judged(Judgement(settings.registry, name, replayed.results, replayed.bench, index.framework))
-        if judgement.error:
-            cause = beyond_range(name, replayed, index.framework)
-            if cause is not None:
-                raise Beyond(cause)
-            judgement, excused = excused_by_rounding(judgement)
-            if excused is not None:
-                search.excused[excused] += 1
-        verdict = judgement.reached()
-        documented = documented_defect(name, replayed) if verdict.status == "error" else None
-        return CallResult(label, verdict, replayed.label, describe(variant), notes=[documented] if documented else [])
-
-    def probe(variant: Variant) -> None:
-        try:
-            result = example_result(variant)
-        except (CallSkip, CallError) as exc:
-            search.discarded[exc.cause if isinstance(exc, Beyond) else REJECTED] += 1
-            search.first_discard = search.first_discard or str(exc)
-            reject()
-        except DeviceFailed as exc:
-            raise ExampleFailed(variant, None, exc) from exc
-        search.judged += 1
-        status = result.verdict.status
-        search.first = search.first or (variant, result)
-        if status == "error" or (status == "warning" and plan.strict):
-            raise ExampleFailed(variant, result)
-        if status == "warning" and search.warning is None:
-            search.warning = (variant, result)
-
-    test = _hypothesis_test(probe, space, plan, f"{index.key}::{label}", label, _small_angles(name, space))
+    exploration = _Exploration.of(index, name, settings, plan)
+    search = exploration.search
+    test = _hypothesis_test(exploration)
     try:
         with no_local_constants():
             test()
@@ -174,15 +123,102 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
             f"no valid input found around the call: every example it was given was discarded "
             f"({_by_cause(search.discarded)}), e.g. {search.first_discard}"
         ) from None
+    return _counted(_none_failed(search), search)
+
+
+@dataclass(frozen=True)
+class _Exploration:
+    """One call's search: the call resolved, its dumped backward record (None: a forward
+    call), the neighbourhood its examples are drawn from, the settings they are judged
+    by (without_bias_tests) and what the search saw so far."""
+
+    index: DumpIndex
+    call: Resolved
+    settings: Settings
+    plan: Plan
+    backward: Record | None
+    space: Neighbourhood
+    search: _Search = dataclasses.field(default_factory=_Search)
+
+    @classmethod
+    def of(cls, index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> _Exploration:
+        call = resolved(index, name, settings)
+        dumped = read_inputs(index, name, settings.max_elements)
+        forward = index.read_record(index.entry_of(str(name.sibling("forward"))))
+        backward = index.read_record(index.entry_of(str(name))) if name.direction == "backward" else None
+        space = Neighbourhood(
+            forward,
+            backward,
+            dumped.leaves,
+            settings.max_elements,
+            resizable=name.operator not in fixed_shape_apis(),
+            smallest_size=call.framework.smallest_size,
+        )
+        settings = dataclasses.replace(settings, registry=without_bias_tests(settings.registry, name.operator))
+        return cls(index, call, settings, plan, backward, space)
+
+    @property
+    def label(self) -> str:
+        return f"{self.call.name}{EXPLORED_SUFFIX}"
+
+    def example_result(self, variant: Variant) -> CallResult:
+        """The example judged as the dumped call is; raises Beyond where an overflow no
+        correct kernel avoids excuses it."""
+        index, name, settings = self.index, self.call.name, self.settings
+        ctx = DecodeContext(index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided())
+        inputs = (
+            decode_forward(variant.forward, ctx)
+            if self.backward is None
+            else decode_backward(variant.forward, variant.backward or {}, ctx)
+        )
+        replayed = replay_inputs(self.call, inputs, settings)
+        judgement = judged(Judgement(settings.registry, name, replayed.results, replayed.bench, index.framework))
+        if judgement.error:
+            cause = beyond_range(name, replayed, index.framework)
+            if cause is not None:
+                raise Beyond(cause)
+            judgement, excused = excused_by_rounding(judgement)
+            if excused is not None:
+                self.search.excused[excused] += 1
+        verdict = judgement.reached()
+        documented = documented_defect(name, replayed) if verdict.status == "error" else None
+        return CallResult(
+            self.label, verdict, replayed.label, describe(variant), notes=[documented] if documented else []
+        )
+
+    def probe(self, variant: Variant) -> None:
+        """hypothesis's test: an example fails (ExampleFailed) or is counted; one the
+        kernels refuse is discarded (hypothesis's reject)."""
+        search = self.search
+        try:
+            result = self.example_result(variant)
+        except (CallSkip, CallError) as exc:
+            search.discarded[exc.cause if isinstance(exc, Beyond) else REJECTED] += 1
+            search.first_discard = search.first_discard or str(exc)
+            reject()
+        except DeviceFailed as exc:
+            raise ExampleFailed(variant, None, exc) from exc
+        search.judged += 1
+        status = result.verdict.status
+        search.first = search.first or (variant, result)
+        if status == "error" or (status == "warning" and self.plan.strict):
+            raise ExampleFailed(variant, result)
+        if status == "warning" and search.warning is None:
+            search.warning = (variant, result)
+
+
+def _none_failed(search: _Search) -> CallResult:
+    """The search's result where no example failed: its first warning, else the dumped
+    call's inputs judged (none failed); a CallSkip where no example was valid."""
     if search.first is None:
         raise CallSkip(
             f"no valid input found around the call ({_by_cause(search.discarded)} discarded), e.g. {search.first_discard}"
         )
     if search.warning is not None:
         _, result = search.warning
-        return _counted(dataclasses.replace(result, notes=["the first warning is shown"]), search)
+        return dataclasses.replace(result, notes=["the first warning is shown"])
     _, first = search.first
-    return _counted(dataclasses.replace(first, origins=[], notes=["none failed"]), search)
+    return dataclasses.replace(first, origins=[], notes=["none failed"])
 
 
 def _by_cause(counts: Counter[str]) -> str:
@@ -209,12 +245,13 @@ def _counted(result: CallResult, search: _Search) -> CallResult:
     return dataclasses.replace(result, notes=[count, *result.notes], findings=[*result.findings, counts])
 
 
-def _hypothesis_test(  # noqa: PLR0913  hypothesis' test is built from the probe, the space and the plan's seeds and label
-    probe: Callable[[Variant], None], space: Neighbourhood, plan: Plan, key: str, label: str, first: list[Variant]
-) -> Callable[[], None]:
+def _hypothesis_test(exploration: _Exploration) -> Callable[[], None]:
     """The search as a hypothesis test: seeded from the call, quiet, no deadline (a call's
-    cost is its own), its database keyed by the dump and the call; `first`, then the edges
-    (run/neighbourhood.py EDGES) as its explicit examples, tried first."""
+    cost is its own), its database keyed by the dump and the call; the small angles
+    (_small_angles), then the edges (run/neighbourhood.py EDGES) as its explicit
+    examples, tried first."""
+    plan, space, label = exploration.plan, exploration.space, exploration.label
+    first = _small_angles(exploration.call.name, space)
     database = DirectoryBasedExampleDatabase(plan.database) if plan.database is not None else None
     # The edges are part of the budget, and never all of it: N = 1 judges the dumped call alone.
     edges = [*first, *space.edge_variants()][: max(plan.examples - 1, 0)]
@@ -229,6 +266,10 @@ def _hypothesis_test(  # noqa: PLR0913  hypothesis' test is built from the probe
         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
         print_blob=False,
     )
+
+    def probe(variant: Variant) -> None:  # a function: hypothesis sets its seed and digest on it
+        exploration.probe(variant)
+
     # hypothesis.seed() would also switch the database off (its deterministic modes do):
     # the seed is set where seed() sets it, the database kept, so a failure found once
     # is replayed first the next time.
@@ -237,7 +278,7 @@ def _hypothesis_test(  # noqa: PLR0913  hypothesis' test is built from the probe
     for variant in reversed(edges):  # run in this order, before any generated example
         test = example(variant)(test)
     test = chosen(test)
-    key_database(test, key.encode())
+    key_database(test, f"{exploration.index.key}::{label}".encode())
     return test
 
 

@@ -122,7 +122,7 @@ class DumpedRun:
             ]
         missing = [position for position, grad in enumerate(matched) if grad is None]
         if missing and self.index.task == "tensor":
-            self.evidence = recovered_gradients(self.index, self.name, inputs, needs_grad, missing, self.max_elements)
+            self.evidence = recovered_gradients(self, inputs, needs_grad, missing)
             for position, grad in self.evidence.grads.items():
                 matched[position] = grad
         if all(grad is None for grad in matched):
@@ -189,41 +189,44 @@ class Evidence:
         return "; ".join(self.origins)
 
 
-def recovered_gradients(  # noqa: PLR0913  the call, its inputs and which of them lack a gradient; each read
-    index: DumpIndex, name: CallName, inputs: Inputs, needs_grad: list[bool], missing: list[int], max_elements: int
-) -> Evidence:
+def recovered_gradients(run: DumpedRun, inputs: Inputs, needs_grad: list[bool], missing: list[int]) -> Evidence:
     """The device's gradients of the inputs `missing`, from the module records where
     the module made the call alone, else from the data flow; the rest named."""
     forward_leaves = [leaf for leaf in inputs.leaves if not leaf.path.startswith("backward.")]
     wanted = [leaf for leaf, flag in zip(forward_leaves, needs_grad, strict=False) if flag]
-    evidence = Evidence({}, [], [], [])
-    module = module_of(index, str(name.sibling("forward")))
+    recovery = _Recovery(run.index, run.max_elements, wanted, Evidence({}, [], [], []))
+    module = module_of(run.index, str(run.name.sibling("forward")))
     if module is not None:
-        _from_module(index, module, wanted, missing, evidence, max_elements)
+        _from_module(recovery, module, missing)
     for position in missing:
-        if position not in evidence.grads:
-            _from_dataflow(index, name, wanted[position], position, evidence, max_elements)
-    return evidence
+        if position not in recovery.evidence.grads:
+            _from_dataflow(recovery, position)
+    return recovery.evidence
 
 
-def _tensor_at(index: DumpIndex, value: object, where: str, max_elements: int) -> torch.Tensor | None:
-    """A recorded tensor outside the call's own record, read as the call's are (inside
-    dump_tensor_data/, within --msprobe-max-elements); None for anything else."""
-    if not isinstance(value, dict) or value.get("type") != "torch.Tensor":
-        return None
-    return DecodeContext(index.tensor_dir, index.task, where, max_elements).tensor(value, where)
+@dataclass(frozen=True)
+class _Recovery:
+    """One call's recovery: the dump its tensors are read from (as the call's own are,
+    within --msprobe-max-elements), its gradient-receiving inputs (`wanted`, by
+    position) and the evidence filled in."""
+
+    index: DumpIndex
+    max_elements: int
+    wanted: list[TensorLeaf]
+    evidence: Evidence
+
+    def tensor_at(self, value: object, where: str) -> torch.Tensor | None:
+        """A recorded tensor outside the call's own record, read as the call's are (inside
+        dump_tensor_data/, within --msprobe-max-elements); None for anything else."""
+        if not isinstance(value, dict) or value.get("type") != "torch.Tensor":
+            return None
+        return DecodeContext(self.index.tensor_dir, self.index.task, where, self.max_elements).tensor(value, where)
 
 
-def _from_module(  # noqa: PLR0913  the module's records and the leaves wanted from them; each read
-    index: DumpIndex,
-    module: ModuleRecords,
-    wanted: list[TensorLeaf],
-    missing: list[int],
-    evidence: Evidence,
-    max_elements: int,
-) -> None:
+def _from_module(recovery: _Recovery, module: ModuleRecords, missing: list[int]) -> None:
     """Module input i's gradient is its backward output i; parameter p's its
     parameters_grad[p]: each paired with the call's input holding the same bits."""
+    evidence = recovery.evidence
     pairs: list[tuple[object, object, str]] = []  # (forward value, gradient value, what)
     args = module.forward.get("input_args")
     grads = (module.backward or {}).get("output")
@@ -240,15 +243,15 @@ def _from_module(  # noqa: PLR0913  the module's records and the leaves wanted f
             pairs.append((value, grad, f"{module.name.replace('.forward.', '.parameters_grad.')} {key}"))
     for value, grad_value, what in pairs:
         try:
-            held = _tensor_at(index, value, module.name, max_elements)
-            grad = _tensor_at(index, grad_value, what, max_elements)
+            held = recovery.tensor_at(value, module.name)
+            grad = recovery.tensor_at(grad_value, what)
         except (CallError, CallSkip) as exc:
             evidence.left_out.append(f"{what}: {exc}")
             continue
         if held is None or grad is None:
             continue
         for position in missing:
-            leaf = wanted[position]
+            leaf = recovery.wanted[position]
             if position not in evidence.grads and _same_bits(leaf.tensor, held) and grad.shape == leaf.tensor.shape:
                 evidence.grads[position] = grad
                 evidence.origins.append(f"{leaf.path}'s gradient from the module's record {what}")
@@ -263,34 +266,35 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _incoming(index: DumpIndex, read: Read, max_elements: int) -> torch.Tensor:
+def _incoming(recovery: _Recovery, read: Read) -> torch.Tensor:
     """The producer's incoming gradient of the output that was read (its backward
     record's `input`), flat."""
     call = f"{read.producer.call}.backward"
-    entry = index.entry(call)
+    entry = recovery.index.entry(call)
     if entry is None:
         raise CallSkip(f"{read.producer.call} has no backward record: the gradient of its output is not in the dump")
-    values = index.read_record(entry).get("input")
+    values = recovery.index.read_record(entry).get("input")
     value = values[read.producer.output] if isinstance(values, list) and read.producer.output < len(values) else None
-    grad = _tensor_at(index, value, f"{call} input[{read.producer.output}]", max_elements)
+    grad = recovery.tensor_at(value, f"{call} input[{read.producer.output}]")
     if grad is None or grad.numel() != read.producer.spec.numel:
         raise CallSkip(f"{call} records no gradient of the shape of output {read.producer.output}")
     return grad.reshape(-1)
 
 
-def _from_dataflow(  # noqa: PLR0913  the leaf, its position and the evidence filled in; each read
-    index: DumpIndex, name: CallName, leaf: TensorLeaf, position: int, evidence: Evidence, max_elements: int
-) -> None:
+def _from_dataflow(recovery: _Recovery, position: int) -> None:
+    """The input's gradient as the incoming gradient of the output it read, where every
+    reader of that output is settled (their sum is the bench's: Shared)."""
+    leaf, evidence = recovery.wanted[position], recovery.evidence
     data_name = leaf.spec.data_name
     try:
-        flow = dataflow_of(index, max_elements)
+        flow = dataflow_of(recovery.index, recovery.max_elements)
         read = flow.source(data_name) if data_name else None
         if read is None:
             evidence.left_out.append(
                 f"{leaf.path} was made by no dumped call (the model's input, a parameter, or an op the dump does not hold)"
             )
             return
-        incoming = _incoming(index, read, max_elements)
+        incoming = _incoming(recovery, read)
         readers = flow.consumers(read.producer)
         unsettled = flow.unsettled(read.producer)
     except (Ambiguous, CallSkip, CallError) as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,18 +34,27 @@ if TYPE_CHECKING:
 BIT_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def repeat_findings(  # noqa: PLR0913  --msprobe-repeat's side, results and options; each read
-    device: Side, results: Results, direction: str, framework: str, runs: int, where: Written | None = None
-) -> list[Finding]:
+@dataclass(frozen=True)
+class DeviceRun:
+    """The device's side of a call, as it is run again: its run, and what running the
+    call means (its direction and framework: run/replay.py step_for)."""
+
+    device: Side
+    direction: str
+    framework: str
+
+
+def repeat_findings(run: DeviceRun, results: Results, runs: int, where: Written | None = None) -> list[Finding]:
     """--msprobe-repeat: run the device runs - 1 more times on the call's inputs and
-    report every output whose bits differ from the first run's (whose verdict stands).
-    `where`: the rows the kernel writes (judge/written.py); leftover memory past them
-    may differ from run to run, so the reruns are cut as the first run was. A device
+    report every output whose bits differ from the first run's (`results`, whose verdict
+    stands). `where`: the rows the kernel writes (judge/written.py); leftover memory past
+    them may differ from run to run, so the reruns are cut as the first run was. A device
     whose result shows the others a random draw (a dropout's mask: run/dropout.py)
     draws anew on every run: its bits differ by design, and it is not rerun."""
+    device = run.device
     if runs <= 1 or (isinstance(device, Run) and device.api.reveal is not None):
         return []
-    again = rerun(step_for(direction, results.inputs, framework), device, runs)
+    again = rerun(step_for(run.direction, results.inputs, run.framework), device, runs)
     if where is not None:
         again = [cut(value, where) for value in again]
     return bit_differences(results.device, again, runs)
@@ -88,13 +98,8 @@ def _leaf_difference(first: Leaf, agains: list[Leaf | Mismatch | None], runs: in
                 if isinstance(again, Mismatch)
                 else f"{first.device_dtype} in the first run, {again and again.device_dtype} in another"
             )
-            return _finding(
-                first.path,
-                f"the output changed between {runs} runs of the device on the same inputs: {how}",
-                runs,
-                base.numel(),
-                math.nan,
-                math.nan,
+            return _Changed(runs, base.numel(), math.nan, math.nan).finding(
+                first.path, f"the output changed between {runs} runs of the device on the same inputs: {how}"
             )
         differs = _bits(base) != _bits(other)
         if not bool(differs.any()):
@@ -121,17 +126,27 @@ def _leaf_difference(first: Leaf, agains: list[Leaf | Mismatch | None], runs: in
         "different order each run (split-K matrix products, scatter/index_add, weight gradients); the accuracy "
         "verdict is the first run's"
     )
-    return _finding(first.path, text, runs, differing, max_abs, max_ulp)
+    return _Changed(runs, differing, max_abs, max_ulp).finding(first.path, text)
 
 
-def _finding(path: str, text: str, runs: int, differing: int, max_abs: float, max_ulp: float) -> Finding:  # noqa: PLR0913  one argument per column of the finding it builds
-    columns = {
-        "repeat_runs": runs,
-        "nondeterministic_elements": differing,
-        "nondeterministic_max_abs_diff": max_abs,
-        "nondeterministic_max_ulp_diff": max_ulp,
-    }
-    return Finding("nondeterministic", path, True, text, columns)
+@dataclass(frozen=True)
+class _Changed:
+    """How an output changed between the runs: the columns of its finding in the
+    metrics file (NaN where the output changed dtype or structure)."""
+
+    runs: int
+    elements: int  # the elements that differ
+    max_abs: float
+    max_ulp: float
+
+    def finding(self, path: str, text: str) -> Finding:
+        columns = {
+            "repeat_runs": self.runs,
+            "nondeterministic_elements": self.elements,
+            "nondeterministic_max_abs_diff": self.max_abs,
+            "nondeterministic_max_ulp_diff": self.max_ulp,
+        }
+        return Finding("nondeterministic", path, True, text, columns)
 
 
 def _tensor(value: Array | torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The pytest layer: the entry point's hooks here (options, markers, collection, the
-terminal summary), thin; the work is in the stages they call. Beside them: `options`
-(the flags and ini options, one table, read once into one typed value), `state` (the
+terminal summary), thin; the work is in the stages they call. Beside them:
+`option_table` (the flags and ini options, one table), `options` (their values, read
+once into one typed value, every path resolved by one rule), `state` (the
 session's settings), `items` (the dump file and call items), `hookspecs` (hooks users
 implement, and the plugin's own between its parts), and one module of
 hooks per concern: `reports`, `baselines`, `html` (the HTML report), `scale` (isolation,
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_msprobe.plugin import hookspecs, options
+from pytest_msprobe.plugin import hookspecs, option_table, options
 from pytest_msprobe.plugin.compat import bestrelpath
 from pytest_msprobe.plugin.state import STATE_KEY, SessionState
 
@@ -47,7 +48,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    options.add_options(parser)
+    option_table.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:

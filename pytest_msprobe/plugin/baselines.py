@@ -21,7 +21,7 @@ from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.judge.upgrade import RunComparison, call_signatures, compare_run, signed
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.compat import bestrelpath
-from pytest_msprobe.plugin.kernels import report_test
+from pytest_msprobe.plugin.kernels import ReportedTest, report_test
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.results.writer import write_regressions
 
@@ -92,7 +92,7 @@ class BaselinePlugin:
         session.testscollected += len(kernels)
         for change in kernels:
             text = f"kernel regression against the baseline (--msprobe-gate): {change.describe()}"
-            report_test(self.config, change.dump, f"{change.name}.regression", text, failed=True)
+            report_test(self.config, ReportedTest(change.dump, f"{change.name}.regression", text, failed=True))
         return result
 
     def comparison(self) -> RunComparison:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -59,9 +60,8 @@ class KernelPlugin:
             calls = " or ".join(item.call for item in verdict.evidence[:REPLAYED_CALLS])
             text += f"\n  replay the calls carrying most evidence: pytest --msprobe-dump={shlex.quote(verdict.key.dump)} -k {shlex.quote(calls)}"
         expected = self._failed_before(dump, verdict.key.name) if failed else None
-        report_test(
-            self.config, dump, verdict.key.name, text, failed, [("msprobe_kernel_calls", len(verdict.calls))], expected
-        )
+        properties = (("msprobe_kernel_calls", len(verdict.calls)),)
+        report_test(self.config, ReportedTest(dump, verdict.key.name, text, failed, properties, expected))
 
     def _failed_before(self, dump: str, name: str) -> str | None:
         """Under --msprobe-gate, why a failing kernel is expected to: the baseline's verdict
@@ -94,19 +94,23 @@ class KernelPlugin:
         )
 
 
-def report_test(  # noqa: PLR0913  the fields of the junit test case it reports, keyword defaults
-    config: pytest.Config,
-    dump: str,
-    name: str,
-    text: str,
-    failed: bool,
-    properties: list[tuple[str, object]] | None = None,
-    expected: str | None = None,
-) -> None:
-    """A result that is no collected item (a kernel's, a kernel's regression) as a test
-    `<dump>::<name>`: its setup, call and teardown reports through the hooks that every
-    reporter, --junitxml and the session's failure count read. A failure `expected`
-    (the reason) is reported as pytest reports an xfail."""
+@dataclass(frozen=True)
+class ReportedTest:
+    """A result that is no collected item (a kernel's, a kernel's regression), as the
+    test `<dump>::<name>` that report_test reports."""
+
+    dump: str
+    name: str
+    text: str  # the failure's message, or the passing call's section
+    failed: bool
+    properties: tuple[tuple[str, object], ...] = ()  # the call report's user properties (--junitxml's)
+    expected: str | None = None  # why a failure is expected: reported as pytest reports an xfail
+
+
+def report_test(config: pytest.Config, test: ReportedTest) -> None:
+    """The test's setup, call and teardown reports, through the hooks that every
+    reporter, --junitxml and the session's failure count read."""
+    dump, name, text, failed, expected = test.dump, test.name, test.text, test.failed, test.expected
     nodeid = f"{dump}::{name}"
     location = (dump, None, name)
     hook = config.hook
@@ -124,7 +128,7 @@ def report_test(  # noqa: PLR0913  the fields of the junit test case it reports,
             longrepr,
             when,
             sections=[("msprobe kernel", text)] if when == "call" and not failed else [],
-            user_properties=list(properties or []) if when == "call" else [],
+            user_properties=list(test.properties) if when == "call" else [],
         )
         if outcome == "skipped":
             report.wasxfail = str(expected)

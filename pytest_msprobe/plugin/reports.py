@@ -244,16 +244,15 @@ class ReportPlugin:
 
     def _save_failed(self, item: CallItem, record: ResultRecord, report: pytest.TestReport) -> None:
         """Failing to save is reported on the test, never a new failure of it."""
-        from pytest_msprobe.results.failed_data import save_failed_call
+        from pytest_msprobe.results.failed_data import FailedCall, save_failed_call
 
         assert self.options.save_failed is not None
         try:
             source = item.replayable()
             if source is None:
                 return
-            folder = save_failed_call(
-                self.options.save_failed, *source, session_state(item.config).settings(), record, label=item.record_name
-            )
+            failed = FailedCall(*source, record, label=item.record_name)
+            folder = save_failed_call(self.options.save_failed, failed, session_state(item.config).settings())
         except Exception as exc:  # noqa: BLE001 - any failure here must not change the test's outcome
             report.sections.append(
                 ("msprobe failed data", f"could not save {item.record_name}: {type(exc).__name__}: {exc}")

@@ -57,7 +57,7 @@ def pytest_runtest_makereport(
     if chosen is None or call.when != "call" or not (chosen.every or report.failed):
         return report
     from pytest_msprobe.plugin.items import RESULT_KEY, CallItem
-    from pytest_msprobe.scripts.writer import write_script
+    from pytest_msprobe.scripts.writer import WriteOptions, write_script
 
     if not isinstance(item, CallItem):
         return report
@@ -69,14 +69,13 @@ def pytest_runtest_makereport(
         source = item.replayable()
         if source is None:
             return report
-        path = write_script(
-            *source,
-            chosen.folder,
+        written = WriteOptions(
             max_elements=session_state(item.config).settings().max_elements,
             standards_csv=chosen.standards_csv,
             judged=judged,
             file_name=item.record_name,
         )
+        path = write_script(*source, chosen.folder, written)
     except Exception as exc:  # noqa: BLE001 - a script that cannot be written must not change the test's outcome
         report.sections.append(
             ("msprobe script", f"could not write the script of {item.record_name}: {type(exc).__name__}: {exc}")

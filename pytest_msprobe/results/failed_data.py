@@ -16,6 +16,7 @@ tensors, and only failed calls pay for a second replay.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,12 +58,23 @@ def flat_tensors(value: object, prefix: str = "") -> dict[str, torch.Tensor]:
     return dict(sorted(found.items()))
 
 
-def save_failed_call(  # noqa: PLR0913  the call and its record, each written to the folder
-    folder: Path, index: DumpIndex, name: CallName, settings: Settings, record: ResultRecord, label: str | None = None
-) -> Path:
-    """Write the call's folder (named `label`, else the call) and return it. A call that
-    cannot be decoded or run again still gets its call.json, with the reason its tensors
-    are missing."""
+@dataclass(frozen=True)
+class FailedCall:
+    """A call whose test failed, as save_failed_call saves it: the dump and call that
+    reproduce it (a test's `replayable`), its record, and its folder's name (None: the
+    call's)."""
+
+    index: DumpIndex
+    name: CallName
+    record: ResultRecord
+    label: str | None = None
+
+
+def save_failed_call(folder: Path, failed: FailedCall, settings: Settings) -> Path:
+    """Write the call's folder under `folder` and return it. A call that cannot be
+    decoded or run again still gets its call.json, with the reason its tensors are
+    missing."""
+    index, name, record, label = failed.index, failed.name, failed.record, failed.label
     import torch
 
     from pytest_msprobe.judge.call import replay_call

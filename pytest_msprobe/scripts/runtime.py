@@ -23,7 +23,7 @@ from pytest_msprobe.judge.call import FRAMEWORKS, Settings
 from pytest_msprobe.judge.findings import Finding, annotated, dropout_findings, status_with
 from pytest_msprobe.judge.judgement import Judgement, judged
 from pytest_msprobe.judge.record import output_results
-from pytest_msprobe.judge.repeat import repeat_findings
+from pytest_msprobe.judge.repeat import DeviceRun, repeat_findings
 from pytest_msprobe.judge.written import cut_results, written
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.run.replay import DeviceFailed, Inputs, Sides, replay
@@ -231,9 +231,8 @@ def _check(script: _Script, variant: int) -> tuple[Verdict, list[Finding]]:
         results, notes = cut_results(results, where)
         for note in notes:
             print(f"  {note}")
-        findings = dropout_findings(results, call_name) + repeat_findings(
-            device, results, args.direction, call.framework, args.repeat, where
-        )
+        run = DeviceRun(device, args.direction, call.framework)
+        findings = dropout_findings(results, call_name) + repeat_findings(run, results, args.repeat, where)
     finally:
         chosen.free()
     return judged(Judgement(registry, call_name, results, bench, call.framework)).reached(), findings

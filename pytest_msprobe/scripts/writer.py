@@ -21,6 +21,7 @@ import json
 import re
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,7 @@ CORE_SUPPORT = (
             "summed.py",
             "dropout.py",
             "groups.py",
+            "rounding.py",
             "devices.py",
             "precision.py",
             "api_tables/pytorch.toml",
@@ -89,20 +91,26 @@ class ScriptError(Exception):
     """A script cannot be written (an unknown call name): the message says why."""
 
 
-def write_script(  # noqa: PLR0913  a public function's keyword-only options, with defaults
-    index: DumpIndex,
-    call_name: str | CallName,
-    out_dir: Path,
-    *,
-    max_elements: int = DEFAULT_MAX_ELEMENTS,
-    standards_csv: str | None = None,
-    judged: str | None = None,
-    file_name: str | None = None,
-) -> Path:
-    """Write `out_dir/<call name>.py` (`<file_name>.py` where given) and return its path.
+@dataclass(frozen=True)
+class WriteOptions:
+    """How write_script writes a script besides its call: what it takes from the run it
+    reproduces (the same for every script of a run) and the test's own label."""
 
-    A call that cannot run (unknown API, no forward record) still gets a script, one
-    that explains why; `judged` is the test's verdict line, shown in the header.
+    max_elements: int = DEFAULT_MAX_ELEMENTS  # the largest tensor the script may create (--msprobe-max-elements)
+    standards_csv: str | None = None  # the --msprobe-standards file's text it judges with; None: the shipped tables
+    judged: str | None = None  # the test's verdict line, shown in the header; None: written without running the test
+    file_name: str | None = None  # the file's name without .py; None: the call's
+
+
+DEFAULT_OPTIONS = WriteOptions()
+
+
+def write_script(
+    index: DumpIndex, call_name: str | CallName, out_dir: Path, options: WriteOptions = DEFAULT_OPTIONS
+) -> Path:
+    """Write `out_dir/<call name>.py` (`<options.file_name>.py` where given) and return
+    its path. A call that cannot run (unknown API, no forward record) still gets a
+    script, one that explains why.
     """
     name = _known_call(index, str(call_name))
     forward = _record(index, name.sibling("forward"))
@@ -117,12 +125,12 @@ def write_script(  # noqa: PLR0913  a public function's keyword-only options, wi
     except CallSkip as exc:
         cannot_run, call_api = cannot_run or str(exc), NOT_RUNNABLE_CALL
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / script_file_name(file_name or name)
+    path = out_dir / script_file_name(options.file_name or name)
     version = _version()
     text = SCRIPT.substitute(
         call_comment=_comment(str(name)),
         dump_comment=_comment(str(index.path.resolve())),
-        judged_comment=_comment(judged or "(written without running the test)"),
+        judged_comment=_comment(options.judged or "(written without running the test)"),
         file_comment=_comment(path.name),
         needs_comment="and torch_npu on an NPU" if index.framework == "pytorch" else "and MindSpore",
         version=version,
@@ -130,8 +138,8 @@ def write_script(  # noqa: PLR0913  a public function's keyword-only options, wi
         framework=repr(index.framework),
         task=repr(index.task),
         dump_dir=repr(str(index.path.parent.resolve())),
-        max_elements=repr(max_elements),
-        standards_csv=_text_literal(standards_csv) if standards_csv else "None",
+        max_elements=repr(options.max_elements),
+        standards_csv=_text_literal(options.standards_csv) if options.standards_csv else "None",
         cannot_run=repr(cannot_run),
         forward=_record_literal(forward),
         backward=_record_literal(backward),
@@ -279,10 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     except (DumpError, OSError) as exc:
         print(f"msprobe-script: {exc}", file=sys.stderr)
         return 2
+    options = WriteOptions(max_elements=args.max_elements, standards_csv=standards_csv)
     status = 0
     for call in args.calls:
         try:
-            print(write_script(index, call, args.out, max_elements=args.max_elements, standards_csv=standards_csv))
+            print(write_script(index, call, args.out, options))
         except ScriptError as exc:
             print(f"msprobe-script: {exc}", file=sys.stderr)
             status = 2

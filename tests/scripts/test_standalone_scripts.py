@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 import torch
 
+from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.dump.index import read_index
+from pytest_msprobe.scripts.writer import WriteOptions, script_file_name, write_script
 from pytest_msprobe.scripts.writer import main as msprobe_script
-from pytest_msprobe.scripts.writer import script_file_name, write_script
 
 HERE = Path(__file__).parent
 DUMPS = HERE.parent / "dumps"
@@ -273,6 +274,26 @@ def test_bad_input_gives_an_explanation_not_a_traceback(write_dump, run_dump, tm
         assert "Traceback" not in done.stdout + done.stderr, done.stderr
         assert done.returncode == status and kind in done.stdout and why in done.stdout, done.stdout
         assert tests[call].outcome == {1: "failed", 2: "skipped"}[status] and why in tests[call].text
+
+
+def test_write_options_name_the_file_and_embed_the_run(tmp_path: Path) -> None:
+    """What write_script takes from the run (the largest tensor, the standards file) and
+    from the test (its verdict line, its file's name), each where the script shows it."""
+    index = read_index(DUMPS / "torch_mlpcnn_statistics_bf16" / "dump.json")
+    standards = "api,standard\nexp,benchmark\n"
+    options = WriteOptions(
+        max_elements=123, standards_csv=standards, judged="Torch.exp.0.forward: error", file_name="named"
+    )
+    script = write_script(index, "Torch.exp.0.forward", tmp_path, options)
+    text = script.read_text("utf-8")
+    assert script == tmp_path / "named.py"
+    assert "MAX_ELEMENTS = 123  #" in text and f"STANDARDS_CSV = r'''{standards}'''" in text
+    assert "# test:  Torch.exp.0.forward: error\n" in text
+    default = write_script(index, "Torch.exp.0.forward", tmp_path).read_text("utf-8")
+    assert f"MAX_ELEMENTS = {DEFAULT_MAX_ELEMENTS}  #" in default and "STANDARDS_CSV = None" in default
+    assert "# test:  (written without running the test)\n" in default
+    with pytest.raises(TypeError):
+        WriteOptions(max_element=1)  # type: ignore[call-arg]  # a misspelt option is an error, never ignored
 
 
 def test_console_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -616,33 +616,40 @@ def make_dump(
 # --- checking that a fault is in its dump ---------------------------------------
 
 
-def decode(value: Any, tensor_dir: Path) -> Any:  # noqa: C901  one branch per dump.json value kind, as msprobe writes them
-    """A dump.json value -> the Python value (enough for the APIs of the fault table)."""
-    if value is None:
-        return None
+def _tensor(value: dict[str, Any], tensor_dir: Path) -> torch.Tensor:
+    tensor = torch.load(tensor_dir / value["data_name"], weights_only=True)
+    return tensor.requires_grad_(True) if value.get("requires_grad") and tensor.is_floating_point() else tensor
+
+
+# A typed dump.json value's kind -> its Python value (enough for the APIs of the fault
+# table), as msprobe writes them; Any: a value of the kind's own type.
+_KINDS: dict[str, Callable[[dict[str, Any], Path], Any]] = {
+    "torch.Tensor": _tensor,
+    "int": lambda value, _: value["value"],
+    "float": lambda value, _: value["value"],
+    "bool": lambda value, _: value["value"],
+    "str": lambda value, _: value["value"],
+    "slice": lambda value, _: slice(*value["value"]),
+    "ellipsis": lambda value, _: Ellipsis,
+    "torch.Size": lambda value, _: torch.Size(value["value"]),
+    "torch.dtype": lambda value, _: getattr(torch, value["value"].split(".")[-1]),
+    "torch.device": lambda value, _: torch.device("cpu"),
+}
+
+
+def decode(value: Any, tensor_dir: Path) -> Any:
+    """A dump.json value -> the Python value: lists and untyped dicts element by element,
+    a typed one by its kind (_KINDS), anything else as it is."""
     if isinstance(value, list):
         return [decode(item, tensor_dir) for item in value]
     if not isinstance(value, dict):
-        return value
+        return value  # None too
     kind = value.get("type")
     if kind is None:
         return {key: decode(item, tensor_dir) for key, item in value.items()}
-    if kind == "torch.Tensor":
-        tensor = torch.load(tensor_dir / value["data_name"], weights_only=True)
-        return tensor.requires_grad_(True) if value.get("requires_grad") and tensor.is_floating_point() else tensor
-    if kind in ("int", "float", "bool", "str"):
-        return value["value"]
-    if kind == "slice":
-        return slice(*value["value"])
-    if kind == "ellipsis":
-        return Ellipsis
-    if kind == "torch.Size":
-        return torch.Size(value["value"])
-    if kind == "torch.dtype":
-        return getattr(torch, value["value"].split(".")[-1])
-    if kind == "torch.device":
-        return torch.device("cpu")
-    raise ValueError(f"cannot decode a value of type {kind!r}")
+    if kind not in _KINDS:
+        raise ValueError(f"cannot decode a value of type {kind!r}")
+    return _KINDS[kind](value, tensor_dir)
 
 
 def _mantissa(dtype: torch.dtype) -> int:
