@@ -3,6 +3,7 @@ that swallowed a new error would hide it from the lead's re-run) and its tables.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -75,9 +76,8 @@ def test_the_tables_count_every_verdict_and_name_each_skip_once():
         _verdict("Functional.dropout.1.forward", "Functional.dropout draws random numbers (p = 0.2)", status="skip"),
         _verdict("Functional.linear.1.forward", "max_ulp_err 900 > 64"),
     ]
-    text = real_models.markdown(
-        verdicts, ["single", "offline"], {"single": 1.0, "offline": 2.0}, Path("/d"), 2, "before"
-    )
+    options = argparse.Namespace(modes=["single", "offline"], dumps=Path("/d"), workers=2, label="before")
+    text = real_models.markdown(verdicts, {"single": 1.0, "offline": 2.0}, options)
     assert "| single | 4 | 1 | 0 | 1 | 2 | 50.0% | 1 |" in text
     assert "| offline | 1 | 1 | 0 | 0 | 0 | 0.0% | 2 |" in text
     assert "| Functional.dropout | forward | 2 | 0 | Functional.dropout draws random numbers (p = N) |" in text
