@@ -63,7 +63,10 @@ def test_a_correct_channels_last_kernel_passes(tmp_path: Path, run_dump) -> None
     # the two layouts' erf differences are judged at the terms' scale, a re-judgement that
     # comes before the layouts' (judge/call.py); either excuses this correct kernel.
     references = [call.properties["msprobe_reference"] for call in result.calls.values()]
-    assert any(LAYOUT_LABEL in reference or TERMS_LABEL in reference for reference in references), references
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        assert any(LAYOUT_LABEL in reference or TERMS_LABEL in reference for reference in references), references
+    else:  # torch's unvectorised gelu (CI's second pass) differs between the layouts too little to need either
+        assert references == ["reference", "reference"], references
 
 
 def test_a_gelu_one_ulp_nearer_zero_is_within_what_a_correct_library_may_do(tmp_path: Path, run_dump) -> None:
