@@ -24,9 +24,10 @@ RUN = "run"  # each run writes here, then the folder is renamed after its order
 # what differs between two runs of the same calls: times (a minute or more, on a busy
 # machine), timestamps in names and texts, the HTML report's compressed data (which holds
 # the durations), and its matplotlib figures (rendered in parallel worker processes: under
-# load two runs of the same data gave SVGs of 98 and 193 lines for one figure)
+# load two runs of the same data gave SVGs of 98 and 193 lines for one figure), and the
+# padding of pytest's summary line, whose width follows the duration's ("in 9.87s" or "in 10.12s")
 VOLATILE = re.compile(
-    r"\d+ min\b|\(\d+:\d\d:\d\d\)|\d+(\.\d+)? ?m?s\b|[\d.]+ calls/s|\d{4}-\d\d-\d\d[ T][\d:.]+[+\-\d:]*|\d{14,}"
+    r"={2,}|\d+ min\b|\(\d+:\d\d:\d\d\)|\d+(\.\d+)? ?m?s\b|[\d.]+ calls/s|\d{4}-\d\d-\d\d[ T][\d:.]+[+\-\d:]*|\d{14,}"
     r"|\"(duration|started|time)\": [^,}]+|time=\"[^\"]*\"|[A-Za-z0-9+/=]{200,}"
     r"|(?s:<figure class=\"plots\">.*?</figure>)"
 )
