@@ -43,7 +43,10 @@ What the device is compared with, by mode:
   convolution rounded toward zero is caught here, which the single-run limit of 16 ULP
   cannot see. Comparing the two biases, not d with r element
   by element: the reference's own accumulation noise (several ULPs where a sum cancels)
-  would drown a half-ULP rounding defect in d - r.
+  would drown a half-ULP rounding defect in d - r. In 16-bit a test fails only where it
+  also fails against b_D with the single-run limit (`_beyond_the_reference`): the model's
+  correct 16-bit kernel lies at b_D, so a reference run leaning away from it (torch's CPU
+  cross_entropy gradient, -0.26 ULP) does not make a device at b_D the defective one.
 - against a baseline's recorded metrics: no element values exist, so the magnitude
   ratios judge (reference.py); the bias test is not applied.
 
