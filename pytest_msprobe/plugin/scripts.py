@@ -23,6 +23,7 @@ class ScriptOptions:
     folder: Path
     every: bool
     standards_csv: str | None  # scripts judge with the run's --msprobe-standards file too
+    offline: bool  # --msprobe-offline: scripts judge the dumped outputs too
     note: str  # what of the run a script cannot reproduce, said in its header
 
 
@@ -35,15 +36,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[SCRIPTS_KEY] = None
         return
     standards = chosen.standards
-    used = (("--msprobe-offline", chosen.offline), ("--msprobe-baseline", session_state(config).baseline is not None))
-    modes = [flag for flag, on in used if on]
     note = (
-        f" (the run used {' and '.join(modes)}; the script replays on the device and judges against the bench)"
-        if modes
+        " (the run used --msprobe-baseline; the script judges by the standards, not against the baseline)"
+        if session_state(config).baseline is not None
         else ""
     )
     config.stash[SCRIPTS_KEY] = ScriptOptions(
-        chosen.scripts, chosen.scripts_all, standards.read_text("utf-8") if standards else None, note
+        chosen.scripts, chosen.scripts_all, standards.read_text("utf-8") if standards else None, chosen.offline, note
     )
 
 
@@ -56,12 +55,14 @@ def pytest_runtest_makereport(
     chosen = item.config.stash.get(SCRIPTS_KEY, None)
     if chosen is None or call.when != "call" or not (chosen.every or report.failed):
         return report
-    from pytest_msprobe.plugin.items import RESULT_KEY, CallItem
-    from pytest_msprobe.scripts.writer import WriteOptions, write_script
+    from pytest_msprobe.plugin.items import RESULT_KEY, CallItem, ExploreItem
+    from pytest_msprobe.scripts.writer import WriteOptions, expected_verdict, write_script
 
     if not isinstance(item, CallItem):
         return report
     record = item.stash.get(RESULT_KEY, None)
+    # an exploration's example is judged with its rounding excused, and replayed online
+    explored = isinstance(item, ExploreItem)
     judged = (
         record.message.splitlines()[0] if record is not None else f"the check raised ({report.outcome})"
     ) + chosen.note
@@ -74,6 +75,8 @@ def pytest_runtest_makereport(
             standards_csv=chosen.standards_csv,
             judged=judged,
             file_name=item.record_name,
+            offline=chosen.offline and not explored,
+            expected=expected_verdict(record) if record is not None and not (chosen.note or explored) else None,
         )
         path = write_script(*source, chosen.folder, written)
     except Exception as exc:  # noqa: BLE001 - a script that cannot be written must not change the test's outcome

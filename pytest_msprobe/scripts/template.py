@@ -1,9 +1,10 @@
-"""The text of a standalone script (see scripts.py, which fills it in).
+"""The text of a standalone script and of the judging library beside it (see writer.py
+and shared.py, which fill them in).
 
-Kept as one template so that what the kernel engineer reads is visible here as they
-will read it: the short part they edit on top, the support code at the bottom.
-Placeholders are `string.Template` ones ($name); every value is a Python literal or a
-comment made safe by the generator.
+Kept as templates so that what the kernel engineer reads is visible here as they will
+read it: the call, its inputs and the verdict to expect on top, then the few lines that
+find the judging library. Placeholders are `string.Template` ones ($name); every value
+is a Python literal or a comment made safe by the generator.
 """
 
 from string import Template
@@ -14,17 +15,19 @@ SCRIPT = Template('''\
 #
 #     $call_comment
 #
-# dump:  $dump_comment
-# test:  $judged_comment
+# dump:      $dump_comment
+# expected:  $expected_comment
+$inputs_comment
 #
 #     python $file_comment                       # the test's direction, on the best device here
 #     python $file_comment --device cpu --seeds 3
 #     python $file_comment --help
 #
-# Needs torch only ($needs_comment): not the model, the dump's other calls, or pytest-msprobe.
-# Edit freely above the support code: the call (call_api), its records (a shape, a
-# statistic, an argument), how its inputs are built.
-"""Standalone reproduction of one msprobe dump call (written by pytest-msprobe $version)."""
+# Needs torch ($needs_comment) and, for the judging, pytest-msprobe installed or
+# _msprobe_judge.py beside this script (written with it): not the model, the dump or
+# pytest. Edit freely: the call (call_api), its records (a shape, a statistic, an
+# argument), its decoded inputs (build_inputs).
+"""Standalone reproduction of one msprobe dump call (written by $library_comment)."""
 
 from __future__ import annotations
 
@@ -32,20 +35,26 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 CALL = $call
 FRAMEWORK = $framework
-# "tensor": the inputs are the dumped tensors, read from DUMP_DIR/dump_tensor_data/
-# (--dump-dir if the dump moved); "statistics": they are generated from the statistics
-# in the records below.
+# "tensor": the inputs are the dumped tensors, from TENSORS; "statistics": they are
+# generated from the statistics in the records below, with the test's seeds.
 TASK = $task
-DUMP_DIR = $dump_dir
+# True: the dumped outputs are the device result, as in the test's --msprobe-offline run.
+OFFLINE = $offline
+# The call's dumped tensors, in a file beside this script (None: it has none), loaded
+# with torch.load(weights_only=True); --dump-dir reads them from a dump folder instead.
+TENSORS = $tensors
+DUMP_DIR = $dump_dir  # where the dump was when this script was written
 MAX_ELEMENTS = $max_elements  # tensors above this many elements are refused, as in the test
 # Routes and thresholds of the --msprobe-standards file of the test (None: the shipped tables).
 STANDARDS_CSV = $standards_csv
 # Why this call cannot be replayed at all (None: it can).
 CANNOT_RUN = $cannot_run
+# The test's verdict, which this script's is compared with (None: written without running it).
+EXPECTED = $expected
+# The judging library this script was written with: pytest-msprobe or _msprobe_judge.py.
+LIBRARY = $library
 
 # The call's records in dump.json. Generated inputs follow each tensor's "dtype", "shape"
 # and Max/Min/Mean: edit them to try a smaller or another case (with --generate for a
@@ -57,63 +66,41 @@ BACKWARD_RECORD = $backward
 $call_api
 
 
-def build_inputs(direction: str, dump_dir: Path, generate: bool, variant: int):
-    """The call's arguments, decoded from the records exactly as the test decoded them:
-    tensor files (loaded safely), or tensors generated from the statistics with the
-    test's seed, which depends on the call id and the argument's place. A variant > 0
-    draws other seeds. To try inputs of your own, return
-    Inputs(args, kwargs, leaves) (from _msprobe_support.run.replay) built by hand."""
-    from _msprobe_support.dump.index import TENSOR_FOLDER
-    from _msprobe_support.dump.values import DecodeContext
-    from _msprobe_support.run.replay import decode_backward, decode_forward
-
-    call_id = CALL.rsplit(".", 1)[0]
-    if variant:
-        call_id += f" (seed variant {variant})"
-    ctx = DecodeContext(dump_dir / TENSOR_FOLDER, "statistics" if generate else TASK, call_id, MAX_ELEMENTS)
-    if direction == "forward":
-        return decode_forward(FORWARD_RECORD, ctx)
-    return decode_backward(FORWARD_RECORD, BACKWARD_RECORD, ctx)
+def build_inputs(direction: str, inputs):
+    """The inputs as the test decoded them (.args, .kwargs, .grads: the incoming
+    gradients of a backward): change them here to experiment, e.g. inputs.args[1] = 0.5."""
+    return inputs
 
 
 def main() -> int:
-    _unpack_support()
-    from _msprobe_support.scripts.runtime import ScriptCall, main as run_script
-
-    call = ScriptCall(CALL, FRAMEWORK, TASK, DUMP_DIR, BACKWARD_RECORD is not None, MAX_ELEMENTS, build_inputs,
-                      call_api, standards_csv=STANDARDS_CSV, cannot_run=CANNOT_RUN)
-    return run_script(call, sys.argv[1:])
-
-
-# =====================================================================================
-# Support code, generated from pytest-msprobe $version: do not edit.
-#
-# pytest-msprobe's own replay, input decoding and generation, devices and precision
-# standards (with their tables), so that this script judges the call with the very
-# code its test used. It is unpacked into a temporary folder as the private package
-# `_msprobe_support` while the script runs; it never imports pytest-msprobe.
-# =====================================================================================
+    runtime = judging_library()
+    call = runtime.ScriptCall(
+        CALL, FRAMEWORK, TASK, OFFLINE, Path(__file__).resolve().parent, TENSORS, DUMP_DIR, FORWARD_RECORD,
+        BACKWARD_RECORD, MAX_ELEMENTS, call_api, build_inputs, STANDARDS_CSV, CANNOT_RUN, EXPECTED,
+    )
+    return runtime.main(call, sys.argv[1:])
 
 
-def _unpack_support() -> None:
-    import atexit
-    import os
-    import shutil
-    import tempfile
+def judging_library():
+    """pytest-msprobe's script runtime: the installed package where it is the library
+    this script was written with (or where no _msprobe_judge.py is beside it), else
+    the module beside it."""
+    beside = Path(__file__).resolve().with_name("_msprobe_judge.py")
+    try:
+        from pytest_msprobe.scripts import shared
+    except ImportError:
+        shared = None
+    if shared is not None and (not beside.is_file() or shared.identity() == LIBRARY):
+        return shared.runtime_for(LIBRARY)
+    if not beside.is_file():
+        sys.exit(f"{CALL}: judging needs pytest-msprobe installed (pip install pytest-msprobe) or "
+                 f"_msprobe_judge.py beside this script (from the folder it was written in)")
+    import importlib.util
 
-    root = tempfile.mkdtemp(prefix="msprobe-script-")
-    atexit.register(shutil.rmtree, root, True)
-    for relative, text in _SUPPORT_FILES.items():
-        path = os.path.join(root, "_msprobe_support", *relative.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    sys.path.insert(0, root)
-
-
-_SUPPORT_FILES = {
-$support_files
-}
+    spec = importlib.util.spec_from_file_location("_msprobe_judge", beside)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.runtime_for(LIBRARY)
 
 
 if __name__ == "__main__":
@@ -126,6 +113,8 @@ def call_api(*args, **kwargs):
     """The call under test, run on the device in the dump's dtypes and on the CPU bench
     at raised precision. Change it here (an argument, an environment variable, another
     implementation) to experiment."""
+    import torch
+
     return $expression(*args, **kwargs)''')
 
 RESOLVED_CALL = Template("""\
@@ -137,3 +126,49 @@ call_api = None""")
 NOT_RUNNABLE_CALL = """\
 # This call cannot be replayed (see CANNOT_RUN above).
 call_api = None"""
+
+# The judging library beside the scripts of a folder: its first line names the library
+# (shared.write_shared compares it before writing again).
+SHARED_MODULE = Template('''\
+IDENTITY = $identity
+"""pytest-msprobe's judging library for the standalone scripts of this folder, for a
+machine where pytest-msprobe is not installed. Generated: do not edit.
+
+Its stages (input decoding and generation, replay, devices, precision standards and
+their tables) are unpacked into a temporary folder as the private package
+`_msprobe_support` while a script runs, so that the script judges its call with the
+very code its test used; it never imports pytest-msprobe.
+"""
+
+import atexit
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+
+PACKAGE = $package
+
+
+def runtime_for(expected):
+    """The scripts' runtime, unpacked; a note on stderr where a script was written
+    with another library (its verdict may then differ from its test's)."""
+    if expected != IDENTITY:
+        print(f"note: judged by {IDENTITY}, from _msprobe_judge.py; this script was written with {expected}: "
+              "its verdict may differ from the test's", file=sys.stderr)
+    if PACKAGE not in sys.modules:
+        root = tempfile.mkdtemp(prefix="msprobe-script-")
+        atexit.register(shutil.rmtree, root, True)
+        for relative, text in _FILES.items():
+            path = os.path.join(root, PACKAGE, *relative.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        sys.path.insert(0, root)
+    return importlib.import_module(PACKAGE + ".scripts.runtime")
+
+
+_FILES = {
+$files
+}
+''')

@@ -1,11 +1,13 @@
 """Write a standalone script that reproduces one dumped call, for the kernel engineer.
 
 The engineer who fixes an inaccurate kernel works on a bare machine with torch (and
-torch_npu or MindSpore), far from the model and from this plugin. So a script is one
-file: on top, the call's records, how its inputs are built and the one line that calls
-the API, all editable; at the bottom, this plugin's own decoding, replay and standards
-embedded verbatim (renamed to a private package), so that the script reaches the very
-verdict and metrics of the test.
+torch_npu or MindSpore), far from the model and from this plugin, and reads the bug
+report it came in. So a script is small and reads top to bottom: the call, every input
+(tensors by dtype and shape, scalars by value), the verdict its test reached, the call's
+records and the one line that calls the API, all editable. The dumped tensors it needs
+travel beside it in `<call>.pt`; the judging code is not in it but in the installed
+pytest-msprobe or in `_msprobe_judge.py`, written once per folder (scripts/shared.py),
+so that the script reaches the very verdict and metrics of the test.
 
     msprobe-script step0/rank0/dump.json Functional.linear.0.forward -o scripts/
     python scripts/Functional.linear.0.forward.py --device npu --seeds 3
@@ -15,64 +17,29 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
-import importlib.metadata
 import json
 import re
 import sys
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
+from pytest_msprobe.dump.tensors import check_size, load_tensor, tensor_spec
+from pytest_msprobe.dump.values import TENSOR_TYPES
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.run.apis import resolve_pytorch
+from pytest_msprobe.scripts.shared import identity, text_literal, write_shared
 from pytest_msprobe.scripts.template import NOT_RUNNABLE_CALL, RESOLVED_CALL, SCRIPT, TORCH_CALL
 
 if TYPE_CHECKING:
+    import torch
+
     from pytest_msprobe.dump.index import Json, Record
-
-SUPPORT_PACKAGE = "_msprobe_support"
-
-# Support files every script embeds: (package, path inside it, file patterns). Its
-# root __init__.py is written by _support_literal (the real one describes every stage).
-CORE_SUPPORT = (
-    ("pytest_msprobe", "", ("errors.py", "compat.py")),
-    ("pytest_msprobe.dump", "dump", ("__init__.py", "index.py", "tensors.py", "values.py")),
-    (
-        "pytest_msprobe.run",
-        "run",
-        (
-            "__init__.py",
-            "apis.py",
-            "replay.py",
-            "terms.py",
-            "summed.py",
-            "dropout.py",
-            "groups.py",
-            "rounding.py",
-            "devices.py",
-            "precision.py",
-            "api_tables/pytorch.toml",
-        ),
-    ),
-    (
-        "pytest_msprobe.judge",
-        "judge",
-        ("__init__.py", "call.py", "judgement.py", "record.py", "findings.py", "repeat.py", "written.py"),
-    ),
-    ("pytest_msprobe.scripts", "scripts", ("__init__.py", "runtime.py")),
-    ("pytest_msprobe.standards", "standards", ("*.py", "tables/*.csv")),
-)
-# ... and what some calls need besides.
-NPU_SUPPORT = (("pytest_msprobe.bench_functions", "bench_functions", ("*.py",)),)
-MINDSPORE_SUPPORT = (
-    ("pytest_msprobe.run.mindspore", "run/mindspore", ("*.py",)),
-    ("pytest_msprobe.run", "run", ("api_tables/mindspore.toml",)),
-)
-SUPPORT_INIT = '"""pytest-msprobe\'s stages that this script runs, embedded."""\n'
+    from pytest_msprobe.judge.record import ResultRecord
 
 # api type of a PyTorch call -> the attribute path the script calls (names are checked
 # against the API tables first: a dump's names never reach the code unchecked).
@@ -94,23 +61,35 @@ class ScriptError(Exception):
 @dataclass(frozen=True)
 class WriteOptions:
     """How write_script writes a script besides its call: what it takes from the run it
-    reproduces (the same for every script of a run) and the test's own label."""
+    reproduces (the same for every script of a run) and the test's own verdict."""
 
     max_elements: int = DEFAULT_MAX_ELEMENTS  # the largest tensor the script may create (--msprobe-max-elements)
     standards_csv: str | None = None  # the --msprobe-standards file's text it judges with; None: the shipped tables
     judged: str | None = None  # the test's verdict line, shown in the header; None: written without running the test
     file_name: str | None = None  # the file's name without .py; None: the call's
+    offline: bool = False  # the run was --msprobe-offline: the script judges the dumped outputs, carried with it
+    expected: Record | None = None  # the test's verdict the script compares with (expected_verdict)
 
 
 DEFAULT_OPTIONS = WriteOptions()
 
 
+def expected_verdict(record: ResultRecord) -> Record:
+    """What a script's verdict is held to: the test's status, standard and reasons (the
+    same summary as runtime.verdict_summary's of the script's own)."""
+    reasons: list[Json] = [
+        f"{output.path or 'output'}: {reason}" for output in record.outputs for reason in output.reasons
+    ]
+    return {"status": record.status, "standard": record.standard, "reasons": reasons}
+
+
 def write_script(
     index: DumpIndex, call_name: str | CallName, out_dir: Path, options: WriteOptions = DEFAULT_OPTIONS
 ) -> Path:
-    """Write `out_dir/<call name>.py` (`<options.file_name>.py` where given) and return
-    its path. A call that cannot run (unknown API, no forward record) still gets a
-    script, one that explains why.
+    """Write `out_dir/<call name>.py` (`<options.file_name>.py` where given), its
+    dumped tensors as `<same name>.pt` and, once per folder, the judging library
+    `_msprobe_judge.py`; return the script's path. A call that cannot run (unknown API,
+    no forward record) still gets a script, one that explains why.
     """
     name = _known_call(index, str(call_name))
     forward = _record(index, name.sibling("forward"))
@@ -125,29 +104,141 @@ def write_script(
     except CallSkip as exc:
         cannot_run, call_api = cannot_run or str(exc), NOT_RUNNABLE_CALL
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_shared(out_dir)
     path = out_dir / script_file_name(options.file_name or name)
-    version = _version()
+    records = {"forward": forward, "backward": backward}
+    tensors = _side_tensors(index, name, records, options)
+    side = path.with_suffix(".pt") if tensors else None
+    if side is not None:
+        _save(tensors, side)
+    elif path.with_suffix(".pt").exists():
+        path.with_suffix(".pt").unlink()  # a script written again: no stale tensors beside it
     text = SCRIPT.substitute(
         call_comment=_comment(str(name)),
         dump_comment=_comment(str(index.path.resolve())),
-        judged_comment=_comment(options.judged or "(written without running the test)"),
+        expected_comment=_expected_comment(options),
+        inputs_comment=_inputs_comment(name, records, tensors, side, index.task),
         file_comment=_comment(path.name),
         needs_comment="and torch_npu on an NPU" if index.framework == "pytorch" else "and MindSpore",
-        version=version,
+        library_comment=_comment(identity()),
         call=repr(str(name)),
         framework=repr(index.framework),
         task=repr(index.task),
+        offline=repr(options.offline),
+        tensors=repr(side.name) if side is not None else "None",
         dump_dir=repr(str(index.path.parent.resolve())),
         max_elements=repr(options.max_elements),
-        standards_csv=_text_literal(options.standards_csv) if options.standards_csv else "None",
+        standards_csv=text_literal(options.standards_csv) if options.standards_csv else "None",
         cannot_run=repr(cannot_run),
+        expected=_expected_literal(options.expected),
+        library=repr(identity()),
         forward=_record_literal(forward),
         backward=_record_literal(backward),
         call_api=call_api,
-        support_files=_support_literal(index.framework, name),
     )
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def _side_tensors(
+    index: DumpIndex, name: CallName, records: dict[str, Record | None], options: WriteOptions
+) -> dict[str, torch.Tensor]:
+    """The dumped tensors the script decodes (and offline, the outputs it judges), by
+    their file names, read as the test read them. One that cannot be read (missing,
+    outside the dump, too large) stays out: the script then says so as the test did."""
+    if index.task != "tensor":
+        return {}
+    wanted = ["input_args", "input_kwargs", "input"] + (["output"] if options.offline else [])
+    found: dict[str, torch.Tensor] = {}
+    for direction, record in records.items():
+        for key in wanted:
+            for path, value in _tensor_values(record.get(key) if record is not None else None, f"{direction}.{key}"):
+                where = f"{name.call} {path}"
+                try:
+                    spec = tensor_spec(value, where)
+                    check_size(spec, where, options.max_elements)
+                    if spec.data_name and spec.data_name not in found:
+                        found[spec.data_name] = load_tensor(index.tensor_dir, spec, where)
+                except (CallError, CallSkip):
+                    continue
+    return found
+
+
+def _tensor_values(value: Json, path: str) -> Iterator[tuple[str, Record]]:
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _tensor_values(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        if value.get("type") in TENSOR_TYPES:
+            yield path, value
+        elif "type" not in value:
+            for key, item in value.items():
+                yield from _tensor_values(item, f"{path}[{key!r}]")
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    import torch
+
+    torch.save({data_name: tensor.contiguous().clone() for data_name, tensor in tensors.items()}, path)
+
+
+def _expected_comment(options: WriteOptions) -> str:
+    if options.expected is None:
+        return _comment(options.judged or "(written without running the test)")
+    expected = options.expected
+    reasons = expected.get("reasons")
+    lines = [_comment(options.judged or f"{expected.get('status')} by the {expected.get('standard')} standard")]
+    lines += [f"#   reason:  {_comment(str(reason))}" for reason in reasons] if isinstance(reasons, list) else []
+    return "\n".join(lines)
+
+
+def _expected_literal(expected: Record | None) -> str:
+    return "None" if expected is None else f"json.loads({text_literal(json.dumps(expected, indent=1))})"
+
+
+def _inputs_comment(
+    name: CallName, records: dict[str, Record | None], tensors: dict[str, object], side: Path | None, task: str
+) -> str:
+    """The header's list of every input: tensors by dtype, shape and where their values
+    come from; the other arguments (a scalar operand, a dim, a dtype) by value."""
+    keys = {"forward": ("input_args", "input_kwargs"), "backward": ("input",)}
+    rows = []
+    for direction in ("forward", "backward") if name.direction == "backward" else ("forward",):
+        record = records[direction]
+        for key in keys[direction]:
+            value = record.get(key) if record is not None else None
+            rows += list(
+                _argument_rows(value, f"backward.{key}" if direction == "backward" else key, tensors, side, task)
+            )
+    if not rows:
+        return "# inputs:    none recorded"
+    width = max(len(path) for path, _ in rows)
+    return "# inputs:\n" + "\n".join(f"#   {path:<{width}}  {_comment(what)}" for path, what in rows)
+
+
+def _argument_rows(
+    value: Json, path: str, tensors: dict[str, object], side: Path | None, task: str
+) -> Iterator[tuple[str, str]]:
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _argument_rows(item, f"{path}[{i}]", tensors, side, task)
+    elif isinstance(value, dict) and "type" not in value:
+        for key, item in value.items():
+            yield from _argument_rows(item, f"{path}[{key!r}]", tensors, side, task)
+    elif isinstance(value, dict) and value.get("type") in TENSOR_TYPES:
+        dtype = str(value.get("dtype", "?")).split(".")[-1]
+        data_name = value.get("data_name")
+        if side is not None and data_name in tensors:
+            where = f"in {side.name}"
+        elif data_name and task == "tensor":
+            where = f"dumped file {data_name}: not carried (unreadable when the script was written)"
+        else:
+            where = "generated from its Max/Min/Mean"
+        yield path, f"tensor {dtype} {value.get('shape')}  {where}"
+    elif isinstance(value, dict):
+        yield path, f"{str(value.get('type')).split('.')[-1]} {_json(value.get('value'))}"
+    else:
+        yield path, _json(value)
 
 
 def script_file_name(name: CallName | str) -> str:
@@ -191,32 +282,6 @@ def _call_api(framework: str, name: CallName) -> str:
     return TORCH_CALL.substitute(expression=TORCH_EXPRESSIONS[name.api_type].format(name.api_name))
 
 
-def _support_literal(framework: str, name: CallName) -> str:
-    groups = (
-        CORE_SUPPORT
-        + (MINDSPORE_SUPPORT if framework == "mindspore" else ())
-        + (NPU_SUPPORT if name.api_type == "NPU" else ())
-    )
-    files = {"__init__.py": SUPPORT_INIT} | {
-        relative: text for group in groups for relative, text in _package_files(*group)
-    }
-    return "\n".join(f"    {relative!r}: {_text_literal(text)}," for relative, text in files.items())
-
-
-def _package_files(package: str, prefix: str, patterns: tuple[str, ...]) -> list[tuple[str, str]]:
-    """The package's files matching the patterns, as (path in the support package,
-    text with the package renamed), read from wherever it is installed."""
-    module_file = importlib.import_module(package).__file__
-    assert module_file is not None, package  # a package on disk, never a namespace package
-    root = Path(module_file).parent
-    found = []
-    for pattern in patterns:
-        for path in sorted(root.glob(pattern)):
-            relative = "/".join(filter(None, (prefix, path.relative_to(root).as_posix())))
-            found.append((relative, re.sub(r"\bpytest_msprobe\b", SUPPORT_PACKAGE, path.read_text("utf-8"))))
-    return found
-
-
 def _record_literal(record: Record | None) -> str:
     """A record as json.loads of readable JSON: one line per argument, so a shape is
     found and edited at a glance. JSON, not a Python literal: Infinity and NaN stay."""
@@ -232,19 +297,11 @@ def _record_literal(record: Record | None) -> str:
             lines.append(f" {_json(key)}: {{\n{body}\n }}")
         else:
             lines.append(f" {_json(key)}: {_json(value)}")
-    return f"json.loads({_text_literal('{' + chr(10) + (',' + chr(10)).join(lines) + chr(10) + '}' + chr(10))})"
+    return f"json.loads({text_literal('{' + chr(10) + (',' + chr(10)).join(lines) + chr(10) + '}' + chr(10))})"
 
 
 def _json(value: Json) -> str:
     return json.dumps(value, ensure_ascii=True)
-
-
-def _text_literal(text: str) -> str:
-    """A raw triple-quoted literal where the text allows one (readable), else repr:
-    text from a dump must never be able to end the literal."""
-    if "'''" not in text and not text.endswith(("\\", "'")) and all(c.isprintable() or c in "\n\t" for c in text):
-        return f"r'''{text}'''"
-    return repr(text)
 
 
 def _wrapped(text: str) -> str:
@@ -254,13 +311,6 @@ def _wrapped(text: str) -> str:
 def _comment(text: str) -> str:
     """Text safe inside a # comment: no line breaks, ASCII only."""
     return text.encode("unicode_escape").decode("ascii")
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("pytest-msprobe")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

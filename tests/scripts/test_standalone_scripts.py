@@ -1,6 +1,7 @@
 """Standalone scripts (--msprobe-scripts, msprobe-script): written for calls of the
-shared dumps, run in a fresh interpreter where pytest-msprobe cannot be imported, and
-held to the verdict and metrics of the test that ran the same call."""
+shared dumps, run in a fresh interpreter where pytest-msprobe cannot be imported (the
+judging library then comes from _msprobe_judge.py beside them) and in one where it is
+installed, and held to the verdict and metrics of the test that ran the same call."""
 
 from __future__ import annotations
 
@@ -20,10 +21,13 @@ import torch
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.scripts.writer import WriteOptions, script_file_name, write_script
+from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.scripts.shared import SHARED_FILE
+from pytest_msprobe.scripts.writer import WriteOptions, expected_verdict, script_file_name, write_script
 from pytest_msprobe.scripts.writer import main as msprobe_script
 
 HERE = Path(__file__).parent
+EXIT_IMPORTED = 99  # without_plugin.py's exit status where a script imported pytest_msprobe
 DUMPS = HERE.parent / "dumps"
 # torch's own site-packages, put on the path of an interpreter started with -S: its
 # .pth files (pytest-msprobe's editable finder among them) are never processed.
@@ -45,20 +49,37 @@ CHOSEN = [
 
 
 def bare_python(script: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    """Run a script as the kernel engineer would, with torch but without pytest-msprobe;
+    """Run a script as the kernel engineer would, with torch but without pytest-msprobe
+    (without_plugin.py: importing it fails, and a run that imported it anyway exits 99);
     `fault` names a module of this folder that plants a fault first (planted_linear)."""
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": os.pathsep.join([str(SITE_PACKAGES), str(HERE)]), "GLOG_v": "3"}
-    if fault:
-        command = [
-            "-c",
-            f"import {fault}, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-            str(script),
-        ]
-    else:
-        command = [str(script)]
-    return subprocess.run(
+    first = f"import {fault}; " if fault else ""
+    command = ["-c", f"{first}import without_plugin; without_plugin.run()", str(script)]
+    done = subprocess.run(
         [sys.executable, "-S", *command, *args], cwd=script.parent, env=env, capture_output=True, text=True, timeout=300
     )
+    assert done.returncode != EXIT_IMPORTED, done.stderr
+    assert "note: judged by" not in done.stderr, done.stderr  # the library it was written with
+    if script.with_name(SHARED_FILE).is_file() and "judged by" in done.stdout:
+        assert "judged by _msprobe_judge.py beside the script" in done.stdout, done.stdout
+    return done
+
+
+def installed_python(script: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run a script where pytest-msprobe is installed (this environment's), from a copy
+    of its folder without _msprobe_judge.py: the installed package judges."""
+    alone = script.parent.parent / f"{script.parent.name}-installed"
+    alone.mkdir(exist_ok=True)
+    for path in (script, script.with_suffix(".pt")):
+        if path.is_file():
+            shutil.copy(path, alone / path.name)
+    env = {**os.environ, **ONE_THREAD}
+    done = subprocess.run(
+        [sys.executable, script.name, *args], cwd=alone, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert "judged by the installed pytest-msprobe" in done.stdout, done.stdout + done.stderr
+    assert "note: judged by" not in done.stderr, done.stderr
+    return done
 
 
 def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -133,30 +154,43 @@ def every_call_scripted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_scripts_reach_the_tests_verdict_and_metrics(every_call_scripted: Path) -> None:
     records = journal(every_call_scripted)
     scripts = every_call_scripted / "scripts"
-    assert len(list(scripts.glob("*.py"))) == len({call for _, call in records})  # every selected call, one file each
+    written = {path.name for path in scripts.glob("*.py")}
+    assert written - {SHARED_FILE} == {f"{call}.py" for _, call in records}  # every selected call, one file each
+    assert SHARED_FILE in written  # and the judging library, once
 
-    def check(chosen: tuple[str, str]) -> tuple[str, str, subprocess.CompletedProcess, Path]:
+    def check(chosen: tuple[str, str]) -> tuple[str, str, list[subprocess.CompletedProcess], list[Path]]:
         dump, call = chosen
         # Same-named calls of two dumps share a file name: write each one apart.
+        fields = {k: v for k, v in records[(dump, call)].items() if k in ResultRecord.__dataclass_fields__}
+        expected = expected_verdict(ResultRecord.from_dict(fields))
         target = write_script(
-            read_index(every_call_scripted / dump / "dump.json"), call, every_call_scripted / "apart" / dump
+            read_index(every_call_scripted / dump / "dump.json"),
+            call,
+            every_call_scripted / "apart" / dump,
+            WriteOptions(expected=expected),
         )
-        out = target.with_suffix(".json")
-        return dump, call, bare_python(target, "--device", "cpu", "--json", str(out)), out
+        outs = [target.with_name(f"{target.stem}.{how}.json") for how in ("bare", "installed")]
+        runs = [
+            bare_python(target, "--device", "cpu", "--json", str(outs[0])),
+            installed_python(target, "--device", "cpu", "--json", str(outs[1])),
+        ]
+        return dump, call, runs, outs
 
     with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(check, CHOSEN))
-    for dump, call, done, out in runs:
+        results = list(pool.map(check, CHOSEN))
+    for dump, call, runs, outs in results:
         record = records[(dump, call)]
-        assert "Traceback" not in done.stdout + done.stderr, done.stderr
-        assert done.returncode == {"pass": 0, "warning": 0, "error": 1, "skip": 2}[record["status"]], done.stdout
-        [script_run] = json.loads(out.read_text())
-        assert_same_judgement(script_run, record)
-        assert f"verdict: {record['status']}" in done.stdout
-        for output in record["outputs"]:
-            assert f"by the {output['standard']} standard" in done.stdout
-            for key in output["metrics"]:
-                assert key in done.stdout
+        for done, out in zip(runs, outs, strict=True):
+            assert "Traceback" not in done.stdout + done.stderr, done.stderr
+            assert done.returncode == {"pass": 0, "warning": 0, "error": 1, "skip": 2}[record["status"]], done.stdout
+            [script_run] = json.loads(out.read_text())
+            assert_same_judgement(script_run, record)
+            assert f"verdict: {record['status']}" in done.stdout
+            assert f"as the test: {record['status']} by the" in done.stdout, done.stdout
+            for output in record["outputs"]:
+                assert f"by the {output['standard']} standard" in done.stdout
+                for key in output["metrics"]:
+                    assert key in done.stdout
 
 
 def test_planted_fault_fails_the_test_and_its_script(tmp_path: Path) -> None:
@@ -168,17 +202,19 @@ def test_planted_fault_fails_the_test_and_its_script(tmp_path: Path) -> None:
         c for _, c in records if c.startswith("Functional.linear.")
     }
     assert sorted(p.name for p in (tmp_path / "scripts").glob("*.py")) == sorted(
-        f"{c}.py" for c in failed
+        [SHARED_FILE, *(f"{c}.py" for c in failed)]
     )  # failed calls only
     script = tmp_path / "scripts" / "Functional.linear.0.forward.py"
     assert "error by the" in script.read_text().split('"""', 1)[0]  # its header quotes the test's verdict
     faulty = bare_python(script, "--device", "cpu", "--json", "faulty.json", fault="planted_linear")
     assert faulty.returncode == 1 and "verdict: error" in faulty.stdout, faulty.stdout + faulty.stderr
+    assert "as the test: error by the" in faulty.stdout
     assert_same_judgement(
         json.loads((script.parent / "faulty.json").read_text())[0], records[("dump", "Functional.linear.0.forward")]
     )
     healthy = bare_python(script, "--device", "cpu")
     assert healthy.returncode == 0 and "verdict: pass" in healthy.stdout
+    assert "differs from the test: status 'error' in the test" in healthy.stdout, healthy.stdout
 
 
 def test_a_nondeterministic_kernel_fails_the_repeated_test_and_script(tmp_path: Path) -> None:
@@ -288,10 +324,10 @@ def test_write_options_name_the_file_and_embed_the_run(tmp_path: Path) -> None:
     text = script.read_text("utf-8")
     assert script == tmp_path / "named.py"
     assert "MAX_ELEMENTS = 123  #" in text and f"STANDARDS_CSV = r'''{standards}'''" in text
-    assert "# test:  Torch.exp.0.forward: error\n" in text
+    assert "# expected:  Torch.exp.0.forward: error\n" in text
     default = write_script(index, "Torch.exp.0.forward", tmp_path).read_text("utf-8")
     assert f"MAX_ELEMENTS = {DEFAULT_MAX_ELEMENTS}  #" in default and "STANDARDS_CSV = None" in default
-    assert "# test:  (written without running the test)\n" in default
+    assert "# expected:  (written without running the test)\n" in default
     with pytest.raises(TypeError):
         WriteOptions(max_element=1)  # type: ignore[call-arg]  # a misspelt option is an error, never ignored
 
@@ -309,3 +345,136 @@ def test_scripts_all_needs_a_folder(tmp_path: Path) -> None:
     shutil.copytree(DUMPS / "npu_rope_statistics_fp16", tmp_path / "dump")
     done = run_pytest(tmp_path, "--msprobe-dump=dump", "--msprobe-scripts-all")
     assert done.returncode == 4 and "--msprobe-scripts-all needs --msprobe-scripts" in done.stderr
+
+
+EXAMPLE = HERE.parent.parent / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
+# the ceiling the issue set: a script small enough to paste into a kernel bug report
+SCRIPT_BYTES = 50_000
+
+
+def test_every_script_is_small_and_shares_one_library(tmp_path: Path) -> None:
+    """The example dump's calls and a bfloat16 call of a real model: each script is a
+    few KB, its tensors beside it, the judging library one file for the folder."""
+    index = read_index(EXAMPLE)
+    scripts = [write_script(index, name, tmp_path) for name in index.names]
+    bf16 = read_index(DUMPS / "models" / "embedattn_tensor_bf16" / "dump.json")
+    scripts.append(write_script(bf16, "Tensor.__truediv__.0.forward", tmp_path))
+    sizes = {script.name: script.stat().st_size for script in scripts}
+    assert max(sizes.values()) < SCRIPT_BYTES, max(sizes.items(), key=lambda item: item[1])
+    assert sorted(path.name for path in tmp_path.glob("_msprobe*")) == [SHARED_FILE]
+    for script in scripts:
+        text = script.read_text("utf-8")
+        assert "_FILES" not in text and "def _unpack" not in text  # no library source in a script
+        side = script.with_suffix(".pt")
+        assert side.is_file() and f"TENSORS = {side.name!r}" in text  # tensor dumps: the tensors beside it
+        loaded = torch.load(side, weights_only=True)
+        assert all(isinstance(tensor, torch.Tensor) for tensor in loaded.values())
+    assert "dump_tensor_data" not in "".join(script.read_text("utf-8") for script in scripts).replace(
+        "dump_tensor_data/", ""
+    )  # never a path into the dump's tensors
+
+
+def test_every_input_is_listed_scalars_by_value(tmp_path: Path) -> None:
+    """x / 4.0 in bfloat16 (a real model's attention scale): the scalar operand is in the
+    header and in the run's inputs, by value, beside the tensor's dtype and shape."""
+    index = read_index(DUMPS / "models" / "embedattn_tensor_bf16" / "dump.json")
+    script = write_script(index, "Tensor.__truediv__.0.forward", tmp_path)
+    header = script.read_text("utf-8").split('"""', 1)[0]
+    assert "#   input_args[0]  tensor bfloat16 [2, 12, 12]  in Tensor.__truediv__.0.forward.pt\n" in header
+    assert "#   input_args[1]  float 4.0\n" in header
+    done = bare_python(script, "--device", "cpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert ["input_args[1]", "float", "4.0"] in lines and ["input_args[0]", "bfloat16", "[2,", "12,", "12]"] in [
+        line[:5] for line in lines
+    ]
+    backward = write_script(index, "Tensor.__truediv__.0.backward", tmp_path)
+    assert "#   backward.input[0]  tensor bfloat16 [2, 12, 12]" in backward.read_text("utf-8")
+
+
+def test_an_offline_bias_fails_the_test_and_its_script_alike(tmp_path: Path) -> None:
+    """--msprobe-offline: the dumped outputs are the device's. A linear whose dumped
+    output was planted 2**-12 too large fails the test; its script, carrying that output
+    in its tensor file, reaches the same verdict with no device fault planted; a passing
+    call's script passes."""
+    shutil.copytree(EXAMPLE.parent, tmp_path / "dump")
+    output = tmp_path / "dump" / "dump_tensor_data" / "Functional.linear.0.forward.output.0.pt"
+    torch.save(torch.load(output, weights_only=True) * (1 + 2**-12), output)
+    calls = ["Functional.linear.0.forward", "Tensor.__mul__.0.forward"]
+    done = run_pytest(
+        tmp_path,
+        "--msprobe-dump=dump",
+        "--msprobe-offline",
+        "--msprobe-scripts=scripts",
+        "--msprobe-scripts-all",
+        "-q",
+        "-k",
+        " or ".join(calls),
+    )
+    records = journal(tmp_path)
+    assert done.returncode == 1 and records[("dump", calls[0])]["status"] == "error", done.stdout[-2000:]
+    assert records[("dump", calls[1])]["status"] == "pass"
+    shutil.rmtree(tmp_path / "dump")  # the scripts need nothing of the dump
+    for call in calls:
+        script = tmp_path / "scripts" / f"{call}.py"
+        assert "OFFLINE = True" in script.read_text("utf-8")
+        done = bare_python(script, "--json", "run.json")
+        record = records[("dump", call)]
+        assert done.returncode == {"pass": 0, "error": 1}[record["status"]], done.stdout + done.stderr
+        assert "offline: the dumped outputs are the device result" in done.stdout
+        assert f"as the test: {record['status']} by the" in done.stdout, done.stdout
+        assert_same_judgement(json.loads((script.parent / "run.json").read_text())[0], record)
+        assert installed_python(script).returncode == done.returncode
+
+
+def test_a_script_names_a_judging_library_it_was_not_written_with(tmp_path: Path) -> None:
+    index = read_index(EXAMPLE)
+    script = write_script(index, "Tensor.__mul__.0.forward", tmp_path)
+    shared = tmp_path / SHARED_FILE
+    text = shared.read_text("utf-8")
+    shared.write_text(text.replace("(library ", "(library 0", 1), "utf-8")  # another library's identity
+    done = bare_python_allowing_notes(script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "note: judged by pytest-msprobe" in done.stderr and "its verdict may differ" in done.stderr
+    write_script(index, "Tensor.__mul__.0.forward", tmp_path)
+    assert shared.read_text("utf-8") == text  # writing again restores the library the scripts need
+    shared.unlink()
+    alone = bare_python_allowing_notes(script)
+    assert alone.returncode == 1 and "Traceback" not in alone.stderr
+    assert "pytest-msprobe installed (pip install pytest-msprobe) or _msprobe_judge.py beside" in alone.stderr
+
+
+def bare_python_allowing_notes(script: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": os.pathsep.join([str(SITE_PACKAGES), str(HERE)])}
+    command = ["-c", "import without_plugin; without_plugin.run()", str(script), "--device", "cpu"]
+    return subprocess.run(
+        [sys.executable, "-S", *command], cwd=script.parent, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_hostile_or_missing_tensor_file_is_refused_not_run(tmp_path: Path) -> None:
+    """The tensor file travels with a bug report: loaded with weights_only=True, a
+    pickle that would run code is refused, and a missing one is named."""
+    script = write_script(read_index(EXAMPLE), "Tensor.__mul__.0.forward", tmp_path)
+    side = script.with_suffix(".pt")
+    marker = tmp_path / "ran"
+    torch.save({"Tensor.__mul__.0.forward.input.0.pt": Hostile(str(marker))}, side)
+    done = bare_python(script, "--device", "cpu")
+    assert done.returncode == 1 and "bad input: cannot load Tensor.__mul__.0.forward.pt" in done.stdout, done.stdout
+    assert not marker.exists() and "Traceback" not in done.stdout + done.stderr
+    torch.save({"../escape.pt": torch.zeros(1)}, side)
+    done = bare_python(script, "--device", "cpu")
+    assert done.returncode == 1 and "is not a dict of dumped file names to tensors" in done.stdout, done.stdout
+    side.unlink()
+    done = bare_python(script, "--device", "cpu")
+    assert done.returncode == 1 and "Tensor.__mul__.0.forward.pt is not beside the script" in done.stdout
+
+
+class Hostile:
+    """Pickles as a call of os.system: what weights_only=True must never run."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
