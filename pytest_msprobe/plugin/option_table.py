@@ -203,7 +203,8 @@ OPTIONS = (
     ),
     Option(
         "msprobe_scripts",
-        "Folder for a standalone script (DIR/<call name>.py) reproducing every failed call",
+        "Folder for a standalone script reproducing every failed call: DIR/<call name>.py, its tensors in "
+        "DIR/<call name>.pt, and DIR/_msprobe_judge.py, the judging library for machines without pytest-msprobe",
         "path",
         metavar="DIR",
     ),

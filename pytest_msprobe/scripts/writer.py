@@ -21,7 +21,7 @@ import json
 import re
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,7 +117,7 @@ def write_script(
         call_comment=_comment(str(name)),
         dump_comment=_comment(str(index.path.resolve())),
         expected_comment=_expected_comment(options),
-        inputs_comment=_inputs_comment(name, records, tensors, side, index.task),
+        inputs_comment=_inputs_comment(name, records, tensors.keys(), side, index.task),
         file_comment=_comment(path.name),
         needs_comment="and torch_npu on an NPU" if index.framework == "pytorch" else "and MindSpore",
         library_comment=_comment(identity()),
@@ -197,7 +197,7 @@ def _expected_literal(expected: Record | None) -> str:
 
 
 def _inputs_comment(
-    name: CallName, records: dict[str, Record | None], tensors: dict[str, object], side: Path | None, task: str
+    name: CallName, records: dict[str, Record | None], carried: Collection[str], side: Path | None, task: str
 ) -> str:
     """The header's list of every input: tensors by dtype, shape and where their values
     come from; the other arguments (a scalar operand, a dim, a dtype) by value."""
@@ -208,7 +208,7 @@ def _inputs_comment(
         for key in keys[direction]:
             value = record.get(key) if record is not None else None
             rows += list(
-                _argument_rows(value, f"backward.{key}" if direction == "backward" else key, tensors, side, task)
+                _argument_rows(value, f"backward.{key}" if direction == "backward" else key, carried, side, task)
             )
     if not rows:
         return "# inputs:    none recorded"
@@ -217,18 +217,18 @@ def _inputs_comment(
 
 
 def _argument_rows(
-    value: Json, path: str, tensors: dict[str, object], side: Path | None, task: str
+    value: Json, path: str, carried: Collection[str], side: Path | None, task: str
 ) -> Iterator[tuple[str, str]]:
     if isinstance(value, list):
         for i, item in enumerate(value):
-            yield from _argument_rows(item, f"{path}[{i}]", tensors, side, task)
+            yield from _argument_rows(item, f"{path}[{i}]", carried, side, task)
     elif isinstance(value, dict) and "type" not in value:
         for key, item in value.items():
-            yield from _argument_rows(item, f"{path}[{key!r}]", tensors, side, task)
+            yield from _argument_rows(item, f"{path}[{key!r}]", carried, side, task)
     elif isinstance(value, dict) and value.get("type") in TENSOR_TYPES:
         dtype = str(value.get("dtype", "?")).split(".")[-1]
         data_name = value.get("data_name")
-        if side is not None and data_name in tensors:
+        if side is not None and data_name in carried:
             where = f"in {side.name}"
         elif data_name and task == "tensor":
             where = f"dumped file {data_name}: not carried (unreadable when the script was written)"
@@ -316,7 +316,10 @@ def _comment(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`msprobe-script DUMP CALL... -o DIR`: write scripts without running pytest."""
     parser = argparse.ArgumentParser(
-        prog="msprobe-script", description="Write standalone scripts that reproduce calls of an msprobe dump."
+        prog="msprobe-script",
+        description="Write standalone scripts that reproduce calls of an msprobe dump: DIR/<call>.py, its tensors "
+        "in DIR/<call>.pt and, once per folder, the judging library DIR/_msprobe_judge.py for machines without "
+        "pytest-msprobe.",
     )
     parser.add_argument("dump", type=Path, help="dump.json, or the folder holding it")
     parser.add_argument("calls", nargs="+", metavar="CALL", help="call names, e.g. Functional.linear.0.forward")
@@ -329,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-elements", type=int, default=DEFAULT_MAX_ELEMENTS, help="largest tensor a call may create"
     )
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="the scripts judge the dumped outputs as the device result, as --msprobe-offline does (tensor dumps)",
+    )
     args = parser.parse_args(argv)
     dump = args.dump / "dump.json" if args.dump.is_dir() else args.dump
     try:
@@ -337,7 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     except (DumpError, OSError) as exc:
         print(f"msprobe-script: {exc}", file=sys.stderr)
         return 2
-    options = WriteOptions(max_elements=args.max_elements, standards_csv=standards_csv)
+    if args.offline and index.task != "tensor":
+        print(f"msprobe-script: --offline needs a tensor dump; {dump} is a {index.task} dump", file=sys.stderr)
+        return 2
+    options = WriteOptions(max_elements=args.max_elements, standards_csv=standards_csv, offline=args.offline)
     status = 0
     for call in args.calls:
         try:

@@ -339,6 +339,12 @@ def test_console_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert msprobe_script([str(dump), "Torch.exp.9.forward", "-o", str(tmp_path)]) == 2
     assert "did you mean Torch.exp.0.forward" in capsys.readouterr().err
     assert msprobe_script([str(tmp_path / "nowhere.json"), "Torch.exp.0.forward"]) == 2
+    assert msprobe_script([str(dump), "Torch.exp.0.forward", "-o", str(tmp_path), "--offline"]) == 2
+    assert "--offline needs a tensor dump" in capsys.readouterr().err
+    assert msprobe_script([str(EXAMPLE), "Torch.exp.0.forward", "-o", str(tmp_path / "offline"), "--offline"]) == 0
+    script = Path(capsys.readouterr().out.strip())
+    assert "OFFLINE = True" in script.read_text("utf-8") and (tmp_path / "offline" / SHARED_FILE).is_file()
+    assert "Torch.exp.0.forward.output.0.pt" in torch.load(script.with_suffix(".pt"), weights_only=True)
 
 
 def test_scripts_all_needs_a_folder(tmp_path: Path) -> None:
