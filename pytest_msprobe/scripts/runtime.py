@@ -165,7 +165,13 @@ def main(call: ScriptCall, argv: list[str] | None = None) -> int:
     worst = max(outcomes, key=lambda o: STATUS_ORDER[o.status]).status
     print(f"\nverdict: {worst}")
     if call.expected is not None and args.direction == default_direction(call) and not args.generate:
-        print(compared(call.expected, outcomes[0]))
+        line = compared(call.expected, outcomes[0])
+        print(line)
+        if call.offline and args.dump_dir is None and args.direction == "backward" and line.startswith("differs"):
+            print(
+                "  offline, the test may have recovered this call's gradients from the dump's other records: "
+                f"give the dump with --dump-dir (it was at {call.dump_dir})"
+            )
     if args.json:
         args.json.write_text(json.dumps([_as_json(name, o) for o in outcomes], indent=1, default=str), encoding="utf-8")
     return EXIT_STATUS[worst]
@@ -394,7 +400,7 @@ def verdict_summary(status: Status, verdict: Verdict | None, findings: list[Find
     reasons: list[Json] = []
     if verdict is not None:
         for output in annotated(output_results(verdict), findings):
-            reasons += [f"{output.path or 'output'}: {reason}" for reason in output.reasons]
+            reasons += output.reasons
     return {"status": status, "standard": verdict.standard if verdict is not None else "", "reasons": reasons}
 
 

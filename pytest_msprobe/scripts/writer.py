@@ -77,9 +77,7 @@ DEFAULT_OPTIONS = WriteOptions()
 def expected_verdict(record: ResultRecord) -> Record:
     """What a script's verdict is held to: the test's status, standard and reasons (the
     same summary as runtime.verdict_summary's of the script's own)."""
-    reasons: list[Json] = [
-        f"{output.path or 'output'}: {reason}" for output in record.outputs for reason in output.reasons
-    ]
+    reasons: list[Json] = [reason for output in record.outputs for reason in output.reasons]
     return {"status": record.status, "standard": record.standard, "reasons": reasons}
 
 

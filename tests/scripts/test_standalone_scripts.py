@@ -45,7 +45,14 @@ CHOSEN = [
     ("torch_mlpcnn_statistics_bf16", "Tensor.mean.0.backward"),
     ("torch_mlpcnn_statistics_bf16", "Functional.layer_norm.0.forward"),
     ("torch_mlpcnn_mix_tensor_fp16", "Functional.silu.0.backward"),
-] + ([("mindspore_small_statistics_fp32", "Mint.exp.0.backward")] if importlib.util.find_spec("mindspore") else [])
+] + (
+    [
+        ("mindspore_small_statistics_fp32", "Mint.exp.0.backward"),
+        ("mindspore_small_tensor_fp32", "Tensor.__mul__.1.backward"),
+    ]
+    if importlib.util.find_spec("mindspore")
+    else []
+)
 
 
 def bare_python(script: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
