@@ -357,9 +357,15 @@ def _decoded(script: _Script, variant: int) -> Inputs:
     if call.forward_record is None:
         raise CallSkip(f"the dump has no forward record of {call.name}: its inputs are unknown")
     if args.direction == "forward":
-        return decode_forward(call.forward_record, ctx)
-    assert call.backward_record is not None  # main: no backward is a skip
-    return decode_backward(call.forward_record, call.backward_record, ctx)
+        inputs = decode_forward(call.forward_record, ctx)
+    else:
+        assert call.backward_record is not None  # main: no backward is a skip
+        inputs = decode_backward(call.forward_record, call.backward_record, ctx)
+    if args.dump_dir is None and call.tensors is not None:
+        for leaf in inputs.leaves:
+            if leaf.origin.startswith("file "):  # read back from the one-call dump of tensor_source
+                leaf.origin = f"{leaf.origin.removeprefix('file ')} in {call.tensors}"
+    return inputs
 
 
 def input_lines(inputs: Inputs) -> list[str]:
