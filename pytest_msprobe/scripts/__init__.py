@@ -1,6 +1,6 @@
 """Standalone scripts that reproduce one call (`writer`, the msprobe-script command),
-from a template (`template`) and a runtime (`runtime`) that the script embeds, with the
-stages it needs, as a private package.
+from a template (`template`); the engine they run (`runtime`) comes from the installed
+package or from the judging library written once beside them (`shared`).
 
 May import: `dump`, `run`, `judge`, `results`, `errors`, `standards`, `bench_functions`.
 Never pytest, never `plugin`.
