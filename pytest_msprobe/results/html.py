@@ -37,8 +37,17 @@ from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.baseline import Baseline, CallMetrics, Change, compare
 from pytest_msprobe.judge.kernels import RATIO, KernelVerdict, kernel_verdicts
-from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import OutputResult, ResultRecord
+from pytest_msprobe.results.limits import (
+    SIGNS,
+    failed_metrics,
+    key_metrics,
+    limit_name,
+    metric_limit,
+    overshoot,
+    worst_output,
+)
+from pytest_msprobe.results.limits import number as _number
 from pytest_msprobe.results.summary import STATUSES, badness, failing_metric, skip_reason
 from pytest_msprobe.results.writer import Entry
 
@@ -88,6 +97,7 @@ def report_html(entries: list[Entry], context: ReportContext = ReportContext()) 
     figures = _figures(detailed)
     template = string.Template(resources.files(__package__).joinpath("report.html").read_text("utf-8"))
     headline_class, headline = _headline(records)
+    kernels = kernel_verdicts(records)
     return template.substitute(
         title=_e(context.title),
         headline_class=headline_class,
@@ -96,7 +106,8 @@ def report_html(entries: list[Entry], context: ReportContext = ReportContext()) 
         summary=_summary(records),
         environment=_environment(context.sessions),
         baseline=_against_baseline(records, context, baselines),
-        kernels=kernels_section(kernel_verdicts(records)),
+        kernels=kernels_section(kernels),
+        passing_kernels=passing_kernels_section(kernels),
         table_head="".join(f'<th scope="col">{_e(name)}</th>' for name in TABLE_COLUMNS),
         details=_details(detailed, anchors, figures, baselines, scripts),
         rows=packed_json(_table_rows(records, anchors)),
@@ -104,11 +115,16 @@ def report_html(entries: list[Entry], context: ReportContext = ReportContext()) 
     )
 
 
-def worst_first(record: ResultRecord) -> tuple[int, float, str]:
-    """Errors, then warnings, passes, skips; within each the larger share of failing
-    outputs first, then by name."""
+def worst_first(record: ResultRecord) -> tuple[int, float, float, str]:
+    """Errors, then warnings, passes, skips; a failing or warning call the further past
+    its limit first (limits.overshoot; one that failed before any comparison first of
+    all), then by the larger share of failing outputs,
+    then by name."""
     severity, share, call = badness(record)
-    return -severity, -share, call
+    if record.status not in BAD:
+        return -severity, 0.0, -share, call
+    output = worst_output(record)  # none: the call failed before any comparison, first
+    return -severity, -(overshoot(output) if output is not None else math.inf), -share, call
 
 
 # --- the head: headline, counts, environment ----------------------------------------
@@ -235,32 +251,6 @@ def _table_rows(records: list[ResultRecord], anchors: dict[int, str]) -> Record:
     return {"strings": list(strings), "rows": rows}
 
 
-def key_metrics(record: ResultRecord) -> str:
-    """The metrics the standard of the record's worst output turns on, each with its
-    threshold where one of the same name was applied."""
-    output = _worst_output(record)
-    if output is None:
-        return ""
-    shown = [key for key in KEY_METRICS.get(output.standard, ()) if key in output.metrics] or list(output.metrics)[:3]
-    return ", ".join(_against(output, key) for key in shown)
-
-
-def _against(output: OutputResult, key: str) -> str:
-    limit, how = metric_limit(output, key)
-    return f"{key} {_number(output.metrics[key])}" + (f" ({SIGNS[how]} {_number(limit)})" if limit is not None else "")
-
-
-def _worst_output(record: ResultRecord) -> OutputResult | None:
-    return next(
-        (output for output in record.outputs if output.status == record.status),
-        record.outputs[0] if record.outputs else None,
-    )
-
-
-def _number(value: float) -> str:
-    return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
-
-
 # --- the calls in detail ---------------------------------------------------------------
 
 
@@ -360,45 +350,17 @@ def _output_part(output: OutputResult, sample: dict | None, figure: tuple[str, s
     return "".join(parts)
 
 
-# metric -> (the threshold key that limits it, how): "max" a value must not exceed it,
-# "min" must reach it, "abs" its magnitude must not exceed it. A metric limited by a
-# threshold of its own name is "max" unless it is a share of good elements.
-LIMITS = {
-    "mean_ulp_err": ("ulp_mean_max", "max"),
-    "ulp_err_proportion": ("ulp_prop_max", "max"),
-    "max_scaled_ulp_err": ("sr_max_scaled_ulp", "max"),
-    "mean_scaled_ulp_err": ("sr_mean_scaled_ulp", "max"),
-    "max_top_ulp_err": ("sr_max_top_ulp", "max"),
-    "bias_ulp": ("sr_bias_ulp", "abs"),
-    "scale_bias_ulp": ("sr_bias_ulp", "abs"),
-    "bias_z": ("sr_bias_z", "max"),
-    "scale_bias_z": ("sr_bias_z", "max"),
-    "rel_err_thousandth": ("rel_err_thousandth", "min"),
-    "scaled_thousandth": ("scaled_thousandth", "min"),
-}
-SIGNS = {"max": "≤", "min": "≥", "abs": "|.| ≤"}
-BEYOND = {
-    "max": lambda value, limit: value > limit,
-    "min": lambda value, limit: value < limit,
-    "abs": lambda value, limit: abs(value) > limit,
-}
-
-
-def metric_limit(output: OutputResult, key: str) -> tuple[float | None, str]:
-    """The threshold applied to a metric and how (LIMITS), None where none was."""
-    threshold, how = LIMITS.get(key, (key, "max"))
-    return output.thresholds.get(threshold), how
-
-
 def _metrics_table(output: OutputResult) -> str:
+    """Every metric against its limit; those the output failed on first, marked."""
+    failed = failed_metrics(output)
     rows, used = [], set()
-    for key, value in output.metrics.items():
+    for key in [*failed, *(key for key in output.metrics if key not in failed)]:  # the failed first
+        value = output.metrics[key]
         limit, how = metric_limit(output, key)
-        used.add(LIMITS.get(key, (key,))[0])
-        beyond = output.status in BAD and limit is not None and _finite(value) and BEYOND[how](value, limit)
+        used.add((limit_name(output, key) or ("",))[0])
         shown = "" if limit is None else f"{SIGNS[how]} {_number(limit)}"
         rows.append(
-            f'<tr><td>{_e(key)}</td><td class="v{" over" if beyond else ""}">{_number(value)}</td><td class="v">{_e(shown)}</td></tr>'
+            f'<tr><td>{_e(key)}</td><td class="v{" over" if key in failed else ""}">{_number(value)}</td><td class="v">{_e(shown)}</td></tr>'
         )
     table = f'<table class="metrics"><tr><th>metric</th><th>value</th><th>limit</th></tr>{"".join(rows)}</table>'
     other = ", ".join(f"{key} {_number(value)}" for key, value in output.thresholds.items() if key not in used)
@@ -585,27 +547,53 @@ KERNEL_BAR_WIDTH, KERNEL_PLOT_HEIGHT = 6, 80  # px: one bar per pooled output, i
 
 
 def kernels_section(verdicts: list[KernelVerdict]) -> str:
-    """Each kernel, failing first, with its pooled numbers and its calls worst first:
-    the evidence each carries (its own z of the test, signed toward the pooled sum's
-    direction, or its log error ratio), drawn as bars beside the pooled statistic."""
-    if not verdicts:
+    """The failing kernels, the strongest evidence first, each with its pooled numbers
+    and its calls worst first: the evidence each carries (its own z of the test, signed
+    toward the pooled sum's direction, or its log error ratio), drawn as bars beside the
+    pooled statistic. Placed before the calls: a failing kernel is a failing test."""
+    failing = sorted(
+        (verdict for verdict in verdicts if verdict.status in BAD),
+        key=lambda verdict: (verdict.status != "error", -abs(verdict.pooled), verdict.key),
+    )
+    if not failing:
         return ""
-    parts = []
-    for verdict in sorted(verdicts, key=lambda verdict: (verdict.status != "error", verdict.key)):
-        test = verdict.leading_test
-        rows = "".join(
-            f'<tr><td class="mono">{_e(item.call)}</td><td>{_e(item.output)}</td><td>{_e(item.status)}</td><td>{item.value(test):+.3g}</td></tr>'
-            for item in verdict.evidence
-        )
-        why = "".join(f'<p class="why">{_e(reason)}</p>' for reason in verdict.reasons)
-        numbers = ", ".join(f"{key} {value:.4g}" for key, value in verdict.metrics.items())
-        parts.append(
-            f'<section class="call {verdict.status}"><h3>{_e(verdict.key.name)} <span class="badge {verdict.status}">'
-            f"{verdict.status}</span></h3>{why}<p class='mono'>{_e(numbers)}</p>{_kernel_plot(verdict, test)}"
-            f"<details><summary>{len(verdict.evidence)} outputs of {len(verdict.calls)} calls, most evidence first</summary>"
-            f"<table><tr><th>call</th><th>output</th><th>status</th><th>{_e(_plotted(test))} alone</th></tr>{rows}</table></details></section>"
-        )
-    return f'<section id="kernels"><h2>Kernels</h2><p class="muted">the bias tests and error ratios of every call of one API, dtype and direction, pooled</p>{"".join(parts)}</section>'
+    return (
+        f'<section id="kernels"><h2>Failing kernels</h2><p class="muted">{KERNELS_NOTE}</p>'
+        f"{''.join(_kernel_card(verdict) for verdict in failing)}</section>"
+    )
+
+
+def passing_kernels_section(verdicts: list[KernelVerdict]) -> str:
+    """The passing kernels, collapsed under their count: after the failures, since a
+    bfloat16 run's 18 cards are some 3,700 px."""
+    passing = sorted((verdict for verdict in verdicts if verdict.status not in BAD), key=lambda verdict: verdict.key)
+    if not passing:
+        return ""
+    many = "s" if len(passing) != 1 else ""
+    return (
+        f'<section id="kernels-passing"><h2>Passing kernels</h2><details><summary>{len(passing)} kernel{many} '
+        f"pass{'' if many else 'es'}: {KERNELS_NOTE}</summary>{''.join(_kernel_card(verdict) for verdict in passing)}"
+        "</details></section>"
+    )
+
+
+KERNELS_NOTE = "the bias tests and error ratios of every call of one API, dtype and direction, pooled"
+
+
+def _kernel_card(verdict: KernelVerdict) -> str:
+    test = verdict.leading_test
+    rows = "".join(
+        f'<tr><td class="mono">{_e(item.call)}</td><td>{_e(item.output)}</td><td>{_e(item.status)}</td><td>{item.value(test):+.3g}</td></tr>'
+        for item in verdict.evidence
+    )
+    why = "".join(f'<p class="why">{_e(reason)}</p>' for reason in verdict.reasons)
+    numbers = ", ".join(f"{key} {value:.4g}" for key, value in verdict.metrics.items())
+    return (
+        f'<section class="call kernel {verdict.status}"><h3>{_e(verdict.key.name)} <span class="badge {verdict.status}">'
+        f"{verdict.status}</span></h3>{why}<p class='mono'>{_e(numbers)}</p>{_kernel_plot(verdict, test)}"
+        f"<details><summary>{len(verdict.evidence)} outputs of {len(verdict.calls)} calls, most evidence first</summary>"
+        f"<table><tr><th>call</th><th>output</th><th>status</th><th>{_e(_plotted(test))} alone</th></tr>{rows}</table></details></section>"
+    )
 
 
 def _kernel_plot(verdict: KernelVerdict, test: str) -> str:
@@ -625,7 +613,8 @@ def _kernel_plot(verdict: KernelVerdict, test: str) -> str:
         )
     width = max(len(values), 1) * KERNEL_BAR_WIDTH
     return (
-        f'<svg class="kernel-z" width="{width}" height="{KERNEL_PLOT_HEIGHT}" role="img" '
+        f'<svg class="kernel-z" width="{width}" height="{KERNEL_PLOT_HEIGHT}" viewBox="0 0 {width} {KERNEL_PLOT_HEIGHT}" '
+        f'preserveAspectRatio="none" role="img" '
         f'aria-label="{_e(_plotted(test))} of each output; pooled {verdict.pooled:.3g}">'
         f'<line x1="0" x2="{width}" y1="{half}" y2="{half}"/>{"".join(bars)}</svg>'
     )
