@@ -43,6 +43,8 @@ HERE = Path(__file__).parent
 DUMPS = HERE.parent / "dumps"
 PLANTED_LINEAR = HERE.parent / "scripts"  # planted_linear.py: float32 linear 1 + 2**-5 too large
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+# headless, and nothing a sandboxed CI machine lacks (a GPU, a network, a user namespace)
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
 # --- the element samples ---------------------------------------------------------------
@@ -379,7 +381,7 @@ def browser() -> Iterator[Any]:
     if executable is None:
         pytest.skip("no Chromium found (apt-get install chromium, or MSPROBE_CHROMIUM=/path/to/chrome)")
     with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable)
+        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield launched
         launched.close()
 
@@ -387,11 +389,11 @@ def browser() -> Iterator[Any]:
 class Opened:
     """A report open in a page, with every console error and request it caused."""
 
-    def __init__(self, browser: Any, path: Path) -> None:
+    def __init__(self, browser: Any, path: Path, width: int = 1300) -> None:
         self.url = path.as_uri()
         self.errors: list[str] = []
         self.requests: list[str] = []
-        self.page = browser.new_page(viewport={"width": 1300, "height": 900})
+        self.page = browser.new_page(viewport={"width": width, "height": 900})
         self.page.on(
             "console",
             lambda message: self.errors.append(message.text) if message.type in ("error", "warning") else None,
