@@ -216,8 +216,9 @@ OPTIONS = (
     ),
     Option(
         "msprobe_html",
-        "Write a self-contained HTML report of the run to this file: counts, environment, a sortable "
-        "table of every call, and plots of each failing or warning call's elements",
+        "Write a self-contained HTML report of the run to this file, failures first: counts, environment, "
+        "failing kernels, a sortable table of every call with the metrics that failed and their limits, "
+        "and plots of each failing or warning call's elements",
         "path",
         metavar="FILE",
     ),
