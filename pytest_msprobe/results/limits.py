@@ -65,12 +65,16 @@ def metric_limit(output: OutputResult, key: str) -> tuple[float | None, str]:
 
 
 def limit_name(output: OutputResult, key: str) -> tuple[str, str] | None:
-    """The name of the threshold applied to a metric, and how; None where none was."""
-    own = () if key in _REFERENCE_THRESHOLDS else (key,)  # the reference run's own metric has no limit
-    for names, how in (LIMITS.get(key, (own, "max")), REFERENCE_LIMITS.get(key, ((), "ref"))):
-        found = next((name for name in names if name in output.thresholds), None)
-        if found is not None and (how != "ref" or f"ref_{key}" in output.metrics):
-            return found, how
+    """The name of the threshold applied to a metric, and how; None where none was.
+    (Called for every key metric of every row: the common case first.)"""
+    thresholds = output.thresholds
+    rule = LIMITS.get(key)
+    if rule is None and key not in REFERENCE_LIMITS:  # the reference run's own metric has no limit
+        return (key, "max") if key in thresholds and key not in _REFERENCE_THRESHOLDS else None
+    for names, how in (rule or ((), "max"), REFERENCE_LIMITS.get(key, ((), "ref"))):
+        for name in names:
+            if name in thresholds and (how != "ref" or f"ref_{key}" in output.metrics):
+                return name, how
     return None
 
 
