@@ -69,7 +69,8 @@ def limit_name(output: OutputResult, key: str) -> tuple[str, str] | None:
     (Called for every key metric of every row: the common case first.)"""
     thresholds = output.thresholds
     rule = LIMITS.get(key)
-    if rule is None and key not in REFERENCE_LIMITS:  # the reference run's own metric has no limit
+    if rule is None and key not in REFERENCE_LIMITS:  # a threshold of its name, if any ...
+        # ... but a reference limit is no limit of the reference run's own metric (ref_bias_ulp)
         return (key, "max") if key in thresholds and key not in _REFERENCE_THRESHOLDS else None
     for names, how in (rule or ((), "max"), REFERENCE_LIMITS.get(key, ((), "ref"))):
         for name in names:
@@ -88,12 +89,14 @@ def beyond(output: OutputResult, key: str) -> bool:
 
 
 def past(value: float, limit: float, how: str, reference: float = 0.0) -> bool:
-    return {
-        "max": value > limit,
-        "min": value < limit,
-        "abs": abs(value) > limit,
-        "ref": abs(value - reference) > limit,
-    }[how]
+    return abs(value - reference) > limit if how == "ref" else PAST[how](value, limit)
+
+
+PAST = {
+    "max": lambda value, limit: value > limit,
+    "min": lambda value, limit: value < limit,
+    "abs": lambda value, limit: abs(value) > limit,
+}
 
 
 def failed_metrics(output: OutputResult) -> list[str]:
@@ -128,9 +131,10 @@ def overshoot(output: OutputResult) -> float:
         if limit is None or not math.isfinite(value):
             worst = max(worst, math.inf if limit is not None else 1.0)
             continue
+        if how == "min":  # a share that must reach its limit: the limit over the share
+            worst = max(worst, limit / abs(value) if value else math.inf)
+            continue
         distance = abs(value - output.metrics.get(f"ref_{key}", 0.0)) if how == "ref" else abs(value)
-        if how == "min":
-            distance, limit = limit, abs(value)
         worst = max(worst, distance / limit if limit else (math.inf if distance else 1.0))
     return worst
 
