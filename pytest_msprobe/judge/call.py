@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from pytest_msprobe.judge.findings import Finding
     from pytest_msprobe.judge.layouts import LayoutReferences
     from pytest_msprobe.judge.offline import DumpedRun
+    from pytest_msprobe.judge.overflow_modes import StatedMode
     from pytest_msprobe.judge.shares import Share
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.standards import Registry, Verdict
@@ -60,6 +61,7 @@ class Settings:
     # (judge/samples.py); empty: none is taken and nothing is computed
     sample_statuses: frozenset[Status] = frozenset()
     repeat: int = 1  # --msprobe-repeat: device runs compared bit for bit (judge/repeat.py); 1: one run
+    overflow_mode: StatedMode | None = None  # the device's overflow mode where known (judge/overflow_modes.py)
 
 
 class BaselineMetrics(Protocol):
@@ -109,10 +111,23 @@ class Replayed:
 
 def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResult:
     """Raises CallSkip, CallError or replay.DeviceFailed; otherwise the verdict."""
+    from pytest_msprobe.judge.overflow_modes import UNKNOWN, for_judgement, mode_findings, shown_modes
+
     replayed = replay_call(index, name, settings)
     results, bench = replayed.results, replayed.bench
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
-    judgement = judged(Judgement(settings.registry, name, results, bench, index.framework, recorded, replayed.layouts))
+    stated, shown = settings.overflow_mode or UNKNOWN, shown_modes(results)
+    judgement = judged(
+        Judgement(
+            settings.registry,
+            name,
+            for_judgement(results, shown, stated),
+            bench,
+            index.framework,
+            recorded,
+            replayed.layouts,
+        )
+    )
     verdict = judgement.reached()
     if recorded is not None and settings.baseline is not None:  # recorded: read from the baseline
         verdict = settings.baseline.labelled(verdict, index.key, str(name))
@@ -120,7 +135,7 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     if site:
         verdict = relabelled(verdict, site)
     samples = _samples(judgement, verdict, settings)
-    findings = call_findings(replayed, name, index.framework, settings)
+    findings = call_findings(replayed, name, index.framework, settings) + mode_findings(shown, stated)
     notes = replayed.notes
     evidence = getattr(replayed.device, "evidence", None)
     if evidence is not None and evidence.origins:  # gradients recovered from the dump (judge/offline.py)

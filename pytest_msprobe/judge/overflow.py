@@ -65,7 +65,7 @@ def overflow_findings(
             written = device[position] if position < len(device) else None
             if isinstance(written, torch.Tensor) and bool(torch.isfinite(written).all()):
                 del overflowed[position]
-    if not overflowed or not _finite(results.inputs):
+    if not overflowed or not finite_inputs(results.inputs):
         return []
     paired = _bench_outputs(results, bench, direction, framework, len(dumped))
     generated = any(leaf.origin.startswith("generated") for leaf in results.inputs.leaves)
@@ -109,7 +109,7 @@ def _non_finite_stats(value: Json) -> str:
     return ", ".join(found)
 
 
-def _finite(inputs: Inputs) -> bool:
+def finite_inputs(inputs: Inputs) -> bool:
     """Every floating input (incoming gradients included) and float argument finite."""
     if any(
         not bool(torch.isfinite(leaf.tensor).all())

@@ -123,6 +123,19 @@ OPTIONS = (
         details="Checks a dump on any machine, with the CPU running the call in the dump's dtype as the reference.",
     ),
     Option(
+        "msprobe_overflow_mode",
+        "The device's float overflow mode: auto (read from torch_npu on an NPU, else unknown), saturation "
+        "(an overflow gives +-max finite, NaN gives 0) or inf-nan (IEEE 754: +-inf and NaN)",
+        default="auto",
+        choices=("auto", "saturation", "inf-nan"),
+        metavar="MODE",
+        details="Where the bench overflows an output's dtype, an output whose device gives the largest finite value "
+        "(CANN's saturation mode) or +-inf (INF/NaN mode) gets a finding of that mode, counted apart in the summary "
+        "and the report; saturated elements are judged as the bench's inf/NaN, not as accuracy errors. A stated mode "
+        "(or, on auto, the one torch_npu reads from the NPU under test; never with `--msprobe-offline`) makes an "
+        "output that shows the other mode an error. See {doc}`../explanation/accuracy-model`.",
+    ),
+    Option(
         "msprobe_baseline_save",
         "Record every call's metrics, and the environment, as a baseline in this folder",
         "path",

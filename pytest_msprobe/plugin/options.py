@@ -41,6 +41,7 @@ class Options:
     max_elements: int
     standards: Path | None
     offline: bool
+    overflow_mode: str
     baseline_save: Path | None
     baseline: Path | None
     baseline_update: bool
@@ -137,6 +138,7 @@ def read(config: pytest.Config) -> Options | None:
         max_elements=whole("msprobe_max_elements"),
         standards=path("msprobe_standards"),
         offline=flag("msprobe_offline"),
+        overflow_mode=_chosen(config, "msprobe_overflow_mode"),
         baseline_save=path("msprobe_baseline_save"),
         baseline=path("msprobe_baseline"),
         baseline_update=flag("msprobe_baseline_update"),
@@ -233,6 +235,16 @@ def dump_files(config: pytest.Config) -> list[Path]:
             where = "" if given is not None else f" (msprobe_dump in {config.inipath}, relative to its folder)"
             raise pytest.UsageError(f"--msprobe-dump {raw}: no such file or folder{where}")
     return list(dict.fromkeys(found))
+
+
+def _chosen(config: pytest.Config, name: str) -> str:
+    """A choice option's value: the flag's, which argparse checked, or the ini value,
+    checked here against the same choices."""
+    option = OPTIONS_BY_NAME[name]
+    value = str(_given(config, name))
+    if option.choices and value not in option.choices:
+        raise pytest.UsageError(f"{option.flag} {value!r}: expected one of {', '.join(option.choices)}")
+    return value
 
 
 def _number(config: pytest.Config, name: str) -> int | float:

@@ -125,6 +125,7 @@ class SessionState:
         option's file is a usage error that tells the user what to fix."""
         if self._settings is None:
             from pytest_msprobe.judge.call import Settings
+            from pytest_msprobe.judge.overflow_modes import stated_mode
 
             _register_bench_functions(self.config)
             backend, self.device_index = _backend(self.config, self.options.device)
@@ -138,6 +139,7 @@ class SessionState:
                 baseline=self.baseline,
                 sample_statuses=self.options.sample_statuses,
                 repeat=self.options.repeat,
+                overflow_mode=stated_mode(self.options.overflow_mode, backend.name, self.options.offline),
             )
         return self._settings
 

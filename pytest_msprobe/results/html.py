@@ -48,7 +48,15 @@ from pytest_msprobe.results.limits import (
     worst_output,
 )
 from pytest_msprobe.results.limits import number as _number
-from pytest_msprobe.results.summary import STATUSES, badness, failing_metric, skip_reason
+from pytest_msprobe.results.summary import (
+    CONTRADICTS,
+    OVERFLOW_MODES,
+    STATUSES,
+    badness,
+    failing_metric,
+    overflow_mode_counts,
+    skip_reason,
+)
 from pytest_msprobe.results.writer import Entry
 
 if TYPE_CHECKING:
@@ -193,7 +201,24 @@ def _summary(records: list[ResultRecord]) -> str:
             f'<tr><td>{_e(reason)}</td><td class="n">{count}</td></tr>' for reason, count in skips.most_common()
         )
         tables.append(f'<table class="skips"><tr><th>skipped, by reason</th><th>calls</th></tr>{rows}</table>')
+    tables += _overflow_modes(records)
     return f'<div class="counts">{"".join(tables)}</div>'
+
+
+def _overflow_modes(records: list[ResultRecord]) -> list[str]:
+    """The calls whose outputs overflow their dtype on the bench, by the overflow mode
+    the device showed (judge/overflow_modes.py): counted apart from accuracy errors."""
+    counts: Counter[str] = Counter()
+    for record in records:
+        counts.update(overflow_mode_counts(record))
+    if not counts:
+        return []
+    rows = "".join(
+        f'<tr><td>{_e(mode)}</td><td class="n">{counts[mode]}</td></tr>'
+        for mode in (*OVERFLOW_MODES, CONTRADICTS)
+        if counts[mode]
+    )
+    return [f'<table class="overflow-modes"><tr><th>overflow mode</th><th>calls</th></tr>{rows}</table>']
 
 
 # environment row -> where the run file's environment has it

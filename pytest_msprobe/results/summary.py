@@ -21,6 +21,9 @@ WORST_SHOWN = 10
 MOST_REPEATED_SHOWN = 10  # with --msprobe-dedup: the tests that stand for the most dumped calls
 LINE_CUT = 200  # a reason can be long; the summary shows its start, the files the rest
 SKIP_REASONS_SHOWN = 12
+#: the overflow modes (judge/overflow_modes.py's), as the summary and the report count them
+OVERFLOW_MODES = ("saturation", "inf-nan")
+CONTRADICTS = "contradicts"
 # what varies from call to call in a skip's message: call names, file names, numbers
 _CALL = re.compile(r"\b[A-Z][A-Za-z]*\.[A-Za-z_][\w.]*?\.\d+(?:\.(?:forward|backward))?\b")
 _FILE = re.compile(r"\S+\.(?:pt|npy)\b")
@@ -34,6 +37,25 @@ def skip_reason(message: str) -> str:
     line = _NUMBER.sub("N", _FILE.sub("<file>", _CALL.sub("<call>", line)))
     line = line.removeprefix("<call>: ")
     return line if len(line) <= LINE_CUT else line[:LINE_CUT] + " ..."
+
+
+def overflow_mode_counts(record: ResultRecord) -> Counter[str]:
+    """The overflow modes the call's outputs showed where the bench overflows
+    (judge/overflow_modes.py), each counted once, and `contradicts` where one
+    contradicts the device's stated mode."""
+    modes = {str(output.findings["overflow_mode"]) for output in record.outputs if "overflow_mode" in output.findings}
+    if any(output.findings.get("overflow_mode_contradicts") for output in record.outputs):
+        modes.add(CONTRADICTS)
+    return Counter(modes)
+
+
+def overflow_modes_line(counts: Counter[str]) -> str:
+    """The summary's line on overflow modes: counted apart from accuracy errors."""
+    shown = ", ".join(f"{counts[mode]} {mode}" for mode in OVERFLOW_MODES if counts[mode])
+    line = f"overflow modes, calls whose outputs overflow their dtype on the bench: {shown}"
+    if counts[CONTRADICTS]:
+        line += f"; {counts[CONTRADICTS]} contradict the device's stated mode (errors)"
+    return line
 
 
 def badness(record: ResultRecord) -> tuple[int, float, str]:
@@ -70,6 +92,7 @@ class Summary:
     represented: int = 0
     most_repeated: list[tuple[int, str]] = field(default_factory=list)
     skips: Counter[str] = field(default_factory=Counter)  # skip_reason -> calls
+    overflow_modes: Counter[str] = field(default_factory=Counter)  # overflow_mode_counts: mode -> calls
     started: float = field(default_factory=time.monotonic)
 
     def add(self, record: ResultRecord, represents: int = 1, *, resumed: bool = False) -> None:
@@ -82,6 +105,7 @@ class Summary:
             self.resumed_status[record.status] += 1
         if record.status == "skip":
             self.skips[skip_reason(record.message)] += 1
+        self.overflow_modes.update(overflow_mode_counts(record))
         if represents > 1:
             repeated = (represents, record.call)
             if len(self.most_repeated) < MOST_REPEATED_SHOWN:
@@ -140,6 +164,8 @@ class Summary:
             if len(self.skips) > SKIP_REASONS_SHOWN:
                 rest = sum(self.skips.values()) - sum(count for _, count in self.skips.most_common(SKIP_REASONS_SHOWN))
                 lines.append(f"  {rest:>5}  ({len(self.skips) - SKIP_REASONS_SHOWN} other reasons)")
+        if self.overflow_modes:
+            lines.append(overflow_modes_line(self.overflow_modes))
         if self.worst:
             lines.append("worst calls:")
             lines += [f"  {call}: {metric}" for _, call, metric in sorted(self.worst, reverse=True)]
