@@ -256,6 +256,19 @@ def test_saturated_elements_are_judged_as_the_bench_gives_them() -> None:
     assert shown_modes(without) == [] and for_judgement(without, [], UNKNOWN) is without
 
 
+def test_a_saturated_cast_is_judged_as_the_bench_gives_it() -> None:
+    """Binary consistency counted a saturated cast (float32 70000 to float16 65504 where
+    the bench gives inf) as a differing element; judged as the bench's inf, it matches."""
+    from pytest_msprobe.standards.registry import shipped_registry
+
+    results = _results([7e4, -7e4, 2.0], [65504.0, -65504.0, 2.0], torch.float16)
+    registry = shipped_registry()
+    assert registry.standard_for("type_as", "float16") == "binary_consistency"
+    assert registry.check(results.bench, results.device, api="type_as").status == "error"
+    judged = for_judgement(results, shown_modes(results), UNKNOWN)
+    assert registry.check(judged.bench, judged.device, api="type_as").status == "pass"
+
+
 def test_inputs_holding_inf_make_no_claim() -> None:
     results = _results([1e6], [65504.0], torch.float16)
     results.inputs.leaves.append(type("Leaf", (), {"tensor": torch.tensor([float("inf")])})())
