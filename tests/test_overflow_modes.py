@@ -244,6 +244,17 @@ def test_the_borderline_of_a_stated_inf_nan_mode() -> None:
     assert clear.fails and "1 elements (saturated beyond 2 ULPs" in clear.text
 
 
+def test_inf_where_the_bench_reaches_the_largest_finite_value_is_the_inf_nan_mode() -> None:
+    """The reverse: the bench at 65504 exactly (no overflow), the device inf: a device
+    in INF/NaN mode rounding past it; the standards' clipped agreement let it pass
+    silently, a stated saturation mode (which never gives inf) fails it."""
+    results = _results([65504.0, 1.0], [float("inf"), 1.0], torch.float16)
+    [note] = mode_findings(shown_modes(results), UNKNOWN)
+    assert note.kind == "inf/nan mode" and not note.fails and note.columns["overflow_mode_elements"] == 1
+    [error] = mode_findings(shown_modes(results), StatedMode(SATURATION, "test"))
+    assert error.fails and "contradicts the device's stated saturation mode (test)" in error.text
+
+
 def test_saturated_elements_are_judged_as_the_bench_gives_them() -> None:
     results = _results([1e6, -1e6, float("nan"), 3.0], [65504.0, -65504.0, 0.0, 3.0], torch.float16)
     shown = shown_modes(results)
