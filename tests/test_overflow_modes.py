@@ -12,6 +12,7 @@ negative inputs (the bench's NaN)."""
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -145,6 +146,10 @@ def test_a_saturating_device_is_a_saturation_finding_not_an_accuracy_error(
     assert sqrt["status"] == "pass" and sqrt["findings"]["overflow_mode_nan_elements"] > 0
     assert "elements where the bench gives NaN give 0" in journal[SQRT]["message"]
     assert journal[CORRECT]["outputs"][0]["findings"] == {}
+    [details] = out.glob("accuracy_checking_details_*.csv")
+    with open(details, encoding="utf-8-sig", newline="") as handle:
+        rows = {row["API Name"]: row for row in csv.DictReader(handle)}
+    assert rows[f"{EXP}.output.0"]["Status"] == "pass" and "saturation mode: " in rows[f"{EXP}.output.0"]["Message"]
     summary = capsys.readouterr().out
     assert "overflow modes, calls whose outputs overflow their dtype on the bench: 4 saturation" in summary
     assert "contradict" not in summary
