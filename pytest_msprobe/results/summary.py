@@ -21,7 +21,9 @@ WORST_SHOWN = 10
 MOST_REPEATED_SHOWN = 10  # with --msprobe-dedup: the tests that stand for the most dumped calls
 LINE_CUT = 200  # a reason can be long; the summary shows its start, the files the rest
 SKIP_REASONS_SHOWN = 12
-#: the overflow modes (judge/overflow_modes.py's), as the summary and the report count them
+#: the overflow modes as judge/overflow_modes.py names them in the metrics columns, as the
+#: summary and the report count them (spelled here: that module imports torch, and the
+#: xdist controller, which writes the summary, does not)
 OVERFLOW_MODES = ("saturation", "inf-nan")
 CONTRADICTS = "contradicts"
 # what varies from call to call in a skip's message: call names, file names, numbers
