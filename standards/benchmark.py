@@ -128,7 +128,7 @@ def benchmark(pair: Pair, thresholds: Mapping[str, float], reference: Reference 
             n_small = int(np.count_nonzero(pair.small_mask(small)))
             rule = _RatioRule(metrics, ref, n_small, thresholds, used)
             reasons.extend(_judge_ratios(pair, rule, ideal, reference.kind))
-            bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
+            bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", any_size=True)
             metrics.update(bias)
             reasons.extend(bias_failed)
     if kind == "single-run":
@@ -267,7 +267,7 @@ def _fast_ref(
     used: dict[str, float] = {"small": small, "atol_bm": atol}
     reasons: list[str] = []
     reasons.extend(_judge_ratios(pair, _RatioRule(metrics, ref, n_small, thresholds, used), ideal, reference.kind))
-    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", any_size=True)
     metrics.update(bias)
     reasons.extend(bias_failed)
     status: Status = "error" if reasons else "pass"

@@ -48,7 +48,10 @@ What the device is compared with, by mode:
   correct 16-bit kernel lies at b_D, so a reference run leaning away from it (torch's CPU
   cross_entropy gradient, -0.26 ULP) does not make a device at b_D the defective one.
 - against a baseline's recorded metrics: no element values exist, so the magnitude
-  ratios judge (reference.py); the bias test is not applied.
+  ratios judge (reference.py); the bias test is not applied to the call. Its metrics
+  against b_D (and the standard's own limit) are still reported: the plugin pools them
+  into its kernels' verdicts, so that a kernel replayed against its baseline is judged
+  as the run that recorded it judged it without a reference run.
 
 What a correct library may lean (accuracy.py, tables/accuracy_model.csv). The limits above
 were measured on ATen's own code paths, which share its formulas and math library; a
@@ -230,20 +233,30 @@ def judge_bias(  # noqa: PLR0913  every standard's bias test: the pair, referenc
     used: dict[str, float],
     limit_key: str,
     computed: dict[str, float] | None = None,
+    *,
+    any_size: bool = False,
 ) -> tuple[dict[str, float], list[str]]:
     """A standard's bias test: against the reference run's own bias where there is one (
     `ref_bias_ulp`), against b_D with the standard's own limit `limit_key` without one,
-    not at all against a baseline's metrics; and the far-misrounding test against the
+    never a reason against a baseline's metrics (its sums against b_D are reported: a
+    kernel's evidence); and the far-misrounding test against the
     bench, which needs no reference (misrounding.py; the single-run rule applies it
-    itself). `computed`: the single-run metrics a fused pass already has. -> (metrics to
-    report, reasons)."""
+    itself). `computed`: the single-run metrics a fused pass already has; `any_size`: the
+    standard's single-run rule (single_run.py) reports the sums of outputs of any size,
+    which a baseline's run then reports too. -> (metrics to report, reasons)."""
     z_limit = thresholds["sr_bias_z"]
     allowance = thresholds.get(LIB_BIAS_KEY, 0.0)
     lean = {LIB_BIAS_KEY: allowance} if allowance > 0 else {}
-    if pair.n <= z_limit**2:
+    baseline = reference is not None and reference.pair is None
+    if pair.n <= z_limit**2 and not (baseline and any_size):
         return {}, []  # a sign test over n elements has z <= sqrt(n): it cannot fail
-    if reference is not None and reference.pair is None:
-        return {}, []
+    if baseline:
+        # a baseline's recorded metrics: no elements to test against, so no reason of
+        # this call's. Its sums against b_D with the standard's own limit, as the run that
+        # recorded the baseline reported them without a reference run, are its kernel's
+        # evidence: the plugin pools them into the same kernel verdict
+        used.update({limit_key: thresholds[limit_key], "sr_bias_z": z_limit, **lean})
+        return bias_metrics(pair), []
     far = far_metrics(pair)
     if reference is not None and reference.pair is not None:
         metrics = bias_metrics(pair)

@@ -211,7 +211,7 @@ def _against_reference(
     metrics["ref_ulp_err_proportion"] = float(ref["ulp_err_proportion"])
     metrics["ulp_err_proportion_ratio"] = ratio
     used["ulp_err_proportion_ratio"] = 1.0
-    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp")
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "ulp_bias_ulp", any_size=True)
     metrics.update(bias)
     judged.reasons.extend(bias_failed)
     return ratio < 1.0

@@ -8,7 +8,8 @@ recorded metrics to the standards as its reference (benchmark and ULP judge rati
 them), then compares statuses and metrics to name regressions and improvements.
 
 A baseline names each dump by its path from the rootdir of the run that recorded it,
-and records each dump's identity (size, SHA-256) in its environment. A later run finds
+and records each dump's identity (dump.json's size and SHA-256, and a SHA-256 of its
+content: dump.json with every tensor file it names) in its environment. A later run finds
 its dumps in the baseline by identity, wherever it runs from and wherever the dump now
 lies; a dump whose content changed is found by its path (and said to have changed); a
 dump the baseline has no record of is said so, loudly, rather than judged "new" call by
@@ -27,6 +28,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
+from pytest_msprobe.dump.index import TENSOR_FOLDER
 from pytest_msprobe.judge.outcome import KEY_METRICS
 from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.standards.verdict import STATUS_ORDER
@@ -128,7 +131,7 @@ class DumpMatch:
         """What the user must be told about this match, None when nothing."""
         if self.by_signature:
             said = (
-                f"{source}: the dump {self.key} is not the one the baseline was recorded with (its SHA-256 differs)"
+                f"{source}: the dump {self.key} is not the one the baseline was recorded with (its content differs: dump.json or its tensor files)"
                 if self.changed
                 else f"{source} has no record of the dump {self.key}"
             )
@@ -143,7 +146,7 @@ class DumpMatch:
             )
         if self.changed:
             return (
-                f"{source}: the dump {self.key} is not the one the baseline was recorded with (its SHA-256 differs): "
+                f"{source}: the dump {self.key} is not the one the baseline was recorded with (its content differs: dump.json or its tensor files): "
                 "its calls are compared with the records of the dump that lay there"
             )
         return None
@@ -200,10 +203,10 @@ class Baseline:
         recorded: Record = self.environment.get("dumps") or {}
         by_digest: dict[str, list[str]] = {}
         for key, identity in recorded.items():
-            by_digest.setdefault(str(identity.get("sha256")), []).append(key)
+            by_digest.setdefault(_content_key(identity), []).append(key)
         matches = []
         for key, path in dumps:
-            same_content = by_digest.get(dump_identity(path)["sha256"], []) if recorded else []
+            same_content = by_digest.get(_content_key(dump_identity(path), recorded), []) if recorded else []
             if key in same_content or (not recorded and any(dump == key for dump, _ in self.calls)):
                 match = DumpMatch(key, key)
             elif same_content:
@@ -271,6 +274,14 @@ class Baseline:
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise BaselineError(f"{path}:{number}: not a baseline line ({exc})") from None
         return baseline
+
+
+def _content_key(identity: Record, recorded: Record | None = None) -> str:
+    """What a dump is matched by: its content (dump.json and tensor files); a baseline
+    recorded before tensors were hashed (its identities have no `content`) by its
+    dump.json's SHA-256, as it was then."""
+    older = recorded is not None and not any("content" in other for other in recorded.values())
+    return str(identity.get("sha256") if older or "content" not in identity else identity["content"])
 
 
 def _common_tail(first: str, second: str) -> int:
@@ -393,19 +404,66 @@ def _cann_version() -> str | None:
 
 
 def dump_identity(path: Path) -> Record:
-    """What identifies a dump wherever it lies: its size and SHA-256 (read once per
-    process while the file is unchanged)."""
+    """What identifies a dump wherever it lies: its dump.json's size and SHA-256, and its
+    `content`, a SHA-256 over dump.json and every tensor file it names (name, size and
+    bytes): a dump.json copied beside other tensor files is another dump, whose calls
+    are paired with the recorded ones, not judged against records of other inputs. Each
+    file is read once per process while unchanged;
+    a file that is missing or lies outside dump_tensor_data/ counts as such (its call's
+    test says why)."""
     stat = path.stat()
-    return dict(_identity(path, stat.st_size, stat.st_mtime_ns))
+    identity = _json_identity(path, stat.st_size, stat.st_mtime_ns)
+    folder = path.parent / TENSOR_FOLDER
+    content = hashlib.sha256(identity.sha256.encode())
+    for name in identity.tensors:
+        content.update(f"\0{name}\0{_tensor_digest(folder, name)}".encode())
+    return {
+        "size": identity.size,
+        "sha256": identity.sha256,
+        "content": content.hexdigest(),
+        "tensor_files": len(identity.tensors),
+    }
+
+
+@dataclass(frozen=True)
+class _JsonIdentity:
+    size: int
+    sha256: str
+    tensors: tuple[str, ...]  # the data_names it references, sorted, once each
+
+
+#: a tensor's file name in dump.json: msprobe writes `"data_name": "<file>"` for every
+#: saved tensor, and the name holds no quote (call names and .pt/.npy suffixes)
+_DATA_NAME = re.compile(rb'"data_name"\s*:\s*"([^"\\]*)"')
 
 
 @functools.lru_cache(maxsize=64)
-def _identity(path: Path, size: int, mtime_ns: int) -> Record:
+def _json_identity(path: Path, size: int, mtime_ns: int) -> _JsonIdentity:
+    raw = path.read_bytes()
+    names = sorted({match.decode("utf-8", "replace") for match in _DATA_NAME.findall(raw)})
+    return _JsonIdentity(size, hashlib.sha256(raw).hexdigest(), tuple(names))
+
+
+def _tensor_digest(folder: Path, name: str) -> str:
+    """A tensor file's size and SHA-256, "missing" or "outside" where there is none to
+    read inside the folder (names are confined as dump/tensors.py confines them)."""
+    candidate = (folder / name).resolve()
+    if not candidate.is_relative_to(folder.resolve()) or candidate == folder.resolve():
+        return "outside"
+    try:
+        found = candidate.stat()
+    except OSError:
+        return "missing"
+    return _file_digest(candidate, found.st_size, found.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)  # one short string per tensor file of the run's dumps
+def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return {"size": size, "sha256": digest.hexdigest()}
+    return f"{size}:{digest.hexdigest()}"
 
 
 # --- msprobe's details CSV as a reference ---------------------------------------------
