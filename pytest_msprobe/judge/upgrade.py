@@ -124,7 +124,7 @@ class Pairing:
         """What the summary says of this pairing."""
         if not self.same_model:
             return (
-                f"WARNING: {dump} and the baseline's {recorded} are dumps of different models: "
+                f"{dump} and the baseline's {recorded} are dumps of different models: "
                 f"{len(self.pairs)} of {len(self.pairs) + len(self.new)} calls pair by signature "
                 f"(at least {SAME_MODEL_SHARE:.0%} for one model): nothing was compared"
             )
@@ -420,6 +420,9 @@ class RunComparison:
     vanished: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # how each dump paired
     paired: list[str] = field(default_factory=list)  # the dumps paired by signature (not held by content)
+    # dump -> why none of its calls that ran was compared: a gate that compared nothing
+    # cannot pass (the baseline of other dumps, of another model)
+    uncompared: dict[str, str] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         counted = {kind: sum(c.kind == kind for c in self.calls) for kind in KINDS}
@@ -451,17 +454,38 @@ def compare_run(
             else:
                 changes.append(dataclasses.replace(change, dump=dump))
         found.calls += changes
+        ran = len(by_dump[dump])
+        compared = any(change.kind != "not compared" for change in changes)
         pairing = counterparts.pairing(dump, indexes[dump])
         if pairing is None:
             found.vanished += _vanished(counterparts.baseline, dump, indexes[dump])
+            if ran and not compared:
+                found.uncompared[dump] = _unrecorded(counterparts.baseline, dump, ran, bool(changes))
             continue
         recorded_dump, paired = pairing
-        found.notes.append(paired.line(dump, recorded_dump))
         found.paired.append(dump)
         if paired.same_model:
+            found.notes.append(paired.line(dump, recorded_dump))
             found.vanished += [f"{recorded_dump}::{call}" for call in paired.vanished]
             found.kernels += kernel_changes(changes)
+            if ran and not compared:
+                found.uncompared[dump] = f"every paired call of {dump} was skipped before or now: nothing was compared"
+        elif ran:
+            found.uncompared[dump] = paired.line(dump, recorded_dump)
+        else:
+            found.notes.append(paired.line(dump, recorded_dump))
     return found
+
+
+def _unrecorded(baseline: Baseline, dump: str, ran: int, skipped: bool) -> str:
+    """Why no call of a dump the baseline holds by content, or cannot pair (an older
+    baseline, with no signatures), was compared."""
+    if skipped:
+        return f"every recorded call of {dump} that ran was skipped before or now: nothing was compared"
+    held = "" if dump in baseline.aliases else " (the baseline records no signatures to pair another dump's calls by: re-record it)"
+    return (
+        f"the baseline has a record of none of the {ran} calls that ran from {dump}{held}: nothing was compared"
+    )
 
 
 def _vanished(baseline: Baseline, dump: str, index: Callable[[], DumpIndex]) -> list[str]:

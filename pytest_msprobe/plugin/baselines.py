@@ -9,6 +9,7 @@ at the end, and reports what changed, loudly when the baseline matched no call a
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from pytest_msprobe.plugin.reports import ReportPlugin
 
 SHOWN_REGRESSIONS = 20
+#: the exit status of a gate that compared nothing of a dump that ran: what CI users
+#: expect of a wrong baseline path or a baseline of another model, an invocation to fix
+#: (pytest's own for a bad option), told apart from regressions (TESTS_FAILED)
+GATE_EXIT = pytest.ExitCode.USAGE_ERROR
 
 
 class BaselinePlugin:
@@ -39,6 +44,7 @@ class BaselinePlugin:
         self.save_to, self.judged_by, self.update = chosen.baseline_save, chosen.baseline, chosen.baseline_update
         self.current: dict[tuple[str | None, str], CallMetrics] = {}
         self._comparison: RunComparison | None = None
+        self.saved: list[str] = []  # what the summary says of the baseline files written (saved_lines)
 
     def pytest_msprobe_result(self, nodeid: str, record: ResultRecord) -> None:
         """A call's result, as the report plugin wrote it (hookspecs.py)."""
@@ -53,7 +59,7 @@ class BaselinePlugin:
         rootpath = self.config.rootpath
         return {(bestrelpath(rootpath, Path(v.key.dump)), v.key.name): CallMetrics.of_kernel(v) for v in verdicts}
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """The baseline files and the regressions file. No order with the report plugin's
         sessionfinish: of its writer, open or closed, this reads only the kernels' pool and
         the files' names (the HTML report, which reads the closed files, goes last)."""
@@ -66,10 +72,13 @@ class BaselinePlugin:
         if self.save_to is not None or self.update:
             self.current = signed(self.current, {key: call_signatures(read_index(path)) for key, path in self._dumps()})
         if self.save_to is not None:
-            Baseline(environment(self._dumps(), device, versions), dict(self.current)).write(self.save_to)
+            written = Baseline(environment(self._dumps(), device, versions), dict(self.current))
+            self._said("saved", written, written.write(self.save_to))
         writer = self.reports.result_writer()
         if state.baseline is not None and writer is not None:
             write_regressions(writer.files.regressions, self.comparison().calls, self.comparison().kernels)
+        if state.baseline is not None and not self.update:
+            self._nothing_compared(session, state.options.gate)
         if self.judged_by is not None and self.update:
             # The records keep the keys the baseline knows this run's dumps by.
             key = state.baseline.recorded_key if state.baseline is not None else str
@@ -77,7 +86,31 @@ class BaselinePlugin:
             env = environment([(key(dump), path) for dump, path in self._dumps()], device, versions)
             recorded.environment = {**env, "dumps": {**recorded.environment.get("dumps", {}), **env["dumps"]}}
             recorded.calls.update({(key(dump), call): metrics for (dump, call), metrics in self.current.items()})
-            recorded.write(self.judged_by)
+            self._said("updated", recorded, recorded.write(self.judged_by))
+
+    def _said(self, how: str, baseline: Baseline, path: Path) -> None:
+        """The summary's line of a baseline file written: where (as pytest prints paths)
+        and what it holds."""
+        kernels = sum(metrics.standard == KERNEL_STANDARD for metrics in baseline.calls.values())
+        dumps = len(baseline.environment.get("dumps", {}))
+        self.saved.append(
+            f"baseline {how}: {bestrelpath(self.config.invocation_params.dir, path)} "
+            f"({len(baseline.calls) - kernels} calls, {kernels} kernels of {dumps} dump{'s' if dumps != 1 else ''})"
+        )
+
+    def _nothing_compared(self, session: pytest.Session, gate: bool) -> None:
+        """A dump whose calls ran and none was compared: a warning in pytest's warnings
+        summary and final count (the summary's section says it too); under --msprobe-gate
+        the run fails with GATE_EXIT, unless it already ended otherwise (interrupted)."""
+        reasons = self.comparison().uncompared
+        for dump, reason in reasons.items():
+            message = pytest.PytestWarning(nothing_compared(reason, gate).split(": ", 1)[1])
+            recorded = warnings.WarningMessage(message, type(message), dump, 0)
+            self.config.hook.pytest_warning_recorded.call_historic(
+                kwargs={"warning_message": recorded, "when": "runtest", "nodeid": dump, "location": None}
+            )
+        if gate and reasons and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            session.exitstatus = GATE_EXIT
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside KernelPlugin's wrapper: after the kernels' tests
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
@@ -116,24 +149,22 @@ class BaselinePlugin:
         if recorded is None or hasattr(self.config, "workerinput"):
             return
         terminalreporter.section("msprobe baseline")
-        lines = summary_lines(self.comparison(), self.update) + kernel_lines(self._kernels(), recorded)
+        gate = session_state(self.config).options.gate
+        lines = summary_lines(self.comparison(), self.update, gate) + kernel_lines(self._kernels(), recorded)
         for line in lines:
-            terminalreporter.write_line(line, yellow=line.startswith("WARNING"), bold=line.startswith("WARNING"))
+            loud = line.startswith(("WARNING", "ERROR"))
+            terminalreporter.write_line(line, yellow=line.startswith("WARNING"), red=line.startswith("ERROR"), bold=loud)
 
     def _dumps(self) -> list[tuple[str, Path]]:
         rootpath = self.config.rootpath
         return [(bestrelpath(rootpath, path), path) for path in options.of(self.config).dump]
 
 
-def summary_lines(comparison: RunComparison, updated: bool) -> list[str]:
+def summary_lines(comparison: RunComparison, updated: bool, gate: bool = False) -> list[str]:
     counts = comparison.counts()
     lines = list(comparison.notes)
-    compared = len(comparison.calls)
-    if comparison.new and not compared and not updated:
-        lines.append(
-            f"WARNING: the baseline has a record of none of the {len(comparison.new)} calls that ran: nothing was "
-            "compared (see the warnings: it was recorded with other dumps?)"
-        )
+    if not updated:
+        lines += [nothing_compared(reason, gate) for reason in comparison.uncompared.values()]
     lines.append(
         ", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new", "vanished"))
         + (f", {counts['not compared']} not compared (skipped before or now)" if counts["not compared"] else "")
@@ -151,6 +182,17 @@ def summary_lines(comparison: RunComparison, updated: bool) -> list[str]:
         )
     lines += [f"  vanished {name}" for name in comparison.vanished[:SHOWN_REGRESSIONS]]
     return lines
+
+
+def nothing_compared(reason: str, gate: bool) -> str:
+    """The one line of a dump of which nothing was compared: under --msprobe-gate an
+    error that sets the exit status (GATE_EXIT), else a warning."""
+    if gate:
+        return (
+            f"ERROR: --msprobe-gate: {reason}: exit status {int(GATE_EXIT)} ({GATE_EXIT.name.lower().replace('_', ' ')}); "
+            "is --msprobe-baseline the baseline recorded with this model's dump?"
+        )
+    return f"WARNING: {reason}"
 
 
 def kernel_lines(kernels: dict[tuple[str | None, str], CallMetrics], recorded: Baseline) -> list[str]:

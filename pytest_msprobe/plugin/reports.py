@@ -284,6 +284,9 @@ class ReportPlugin:
         terminalreporter.section("msprobe summary")
         for line in self.summary.lines(selected=self.selected, files=paths, strict=self.options.strict):
             terminalreporter.write_line(line)
+        baselines = self.config.pluginmanager.get_plugin("msprobe-baseline")  # plugin/baselines.py: what it wrote
+        for line in baselines.saved if baselines is not None else ():
+            terminalreporter.write_line(line)
 
 
 def attach_record(report: pytest.TestReport, record: Record, serialized: bool) -> None:
