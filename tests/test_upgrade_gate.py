@@ -22,8 +22,9 @@ import pytest
 import torch
 from upgrade_dumps import DTYPES, step
 
-from pytest_msprobe.judge.baseline import CallMetrics
+from pytest_msprobe.judge.baseline import Baseline, CallMetrics, environment
 from pytest_msprobe.judge.upgrade import CALL_LIMIT, call_change, pair_calls
+from pytest_msprobe.plugin.baselines import GATE_EXIT
 from pytest_msprobe.results.merge import main as merge_main
 
 MAKER = Path(__file__).parent / "upgrade_dumps.py"
@@ -151,15 +152,108 @@ def test_a_failure_that_got_worse_is_a_regression(tmp_path: Path, run_dump, caps
 
 
 def test_a_dump_of_another_model_compares_nothing(tmp_path: Path, run_dump, capsys) -> None:
+    """Nothing to gate against: the faulty calls fail as they would with no baseline,
+    and the gate fails as a usage error (exit 4, not 1: the baseline is the wrong one),
+    saying why in one line. Exited 1 (its calls' own failures) before the gate checked."""
     before = step(tmp_path / "a", "mlp", torch.float32, None)
     after = step(tmp_path / "b", "wide", torch.float32, "gelu_scaled")
     result, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
-    assert "are dumps of different models" in summary and "nothing was compared" in summary, summary
+    (line,) = (line for line in summary.splitlines() if line.startswith("ERROR: --msprobe-gate: "))
+    assert "b/dump.json and the baseline's" in line and "are dumps of different models: 0 of " in line, line
+    assert "nothing was compared: exit status 4 (usage error)" in line
+    assert result.ret == GATE_EXIT == pytest.ExitCode.USAGE_ERROR
     assert "0 regression, 0 improvement, 0 unchanged" in summary
-    # nothing to gate against: the faulty calls fail as they would with no baseline
     assert set(result.by_outcome("failed")) == {
         f"Functional.gelu.{i}.{d}" for i in range(2) for d in ("forward", "backward")
     }
+
+
+def test_a_dump_paired_below_the_threshold_fails_the_gate(tmp_path: Path, run_dump, capsys) -> None:
+    """B holds A's 40 calls and 60 more (10 blocks for 4): 40% pair, below the share of
+    one model. Every call passes; exited 0 before the gate checked what it compared."""
+    before = step(tmp_path / "a", "mlp", torch.float32, None)
+    after = step(tmp_path / "b", "mlp_deep", torch.float32, None)
+    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
+    assert result.by_outcome("failed") == {} and result.ret == pytest.ExitCode.USAGE_ERROR, summary
+    assert "ERROR: --msprobe-gate: " in summary
+    assert "are dumps of different models: 40 of 100 calls pair by signature (at least 50% for one model)" in summary
+    ungated = run_dump(after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={tmp_path / 'baseline'}")
+    assert ungated.ret == pytest.ExitCode.OK  # without the gate: a warning (test_baseline.py), as before
+
+
+def test_a_baseline_with_no_record_of_the_dump_fails_the_gate(tmp_path: Path, run_dump, capsys) -> None:
+    """A baseline file with no records (recorded by a run that selected no call): every
+    call is new, nothing is compared, and the gate fails. Exited 0 before."""
+    dump = step(tmp_path / "a", "mlp", torch.float32, None)
+    folder = tmp_path / "baseline"
+    Baseline(environment([], "cpu")).write(folder)
+    result = gate(run_dump, dump, folder, tmp_path / "out")
+    summary = capsys.readouterr().out
+    assert result.by_outcome("failed") == {} and result.ret == pytest.ExitCode.USAGE_ERROR, summary
+    assert "ERROR: --msprobe-gate: the baseline has a record of none of the 40 calls that ran from " in summary
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_a_wrong_baseline_path_is_a_usage_error(tmp_path: Path, pytester: pytest.Pytester, folder: str) -> None:
+    """No folder there, or a folder with no baseline file: pytest's usage error before any
+    call runs, naming the path and what to do (held before the gate checked anything)."""
+    dump = step(tmp_path / "a", "mlp", torch.float32, None)
+    (tmp_path / "empty").mkdir()
+    result = pytester.runpytest(
+        f"--msprobe-dump={dump}", *OFFLINE, f"--msprobe-baseline={tmp_path / folder}", "--msprobe-gate", "-p", "no:cacheprovider"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {tmp_path / folder}*record one with --msprobe-baseline-save*"])
+
+
+def kernel_rows(out: Path) -> dict[str, list[str]]:
+    """The kernels CSV's rows (API name -> its cells), its header left out."""
+    (found,) = out.glob("accuracy_checking_kernels_*.csv")
+    with open(found, encoding="utf-8-sig", newline="") as handle:
+        return {row[0]: row for row in list(csv.reader(handle))[1:]}
+
+
+def test_online_the_same_dump_pools_and_compares_its_kernels(tmp_path: Path, run_dump, monkeypatch, capsys) -> None:
+    """test_kernels.py's small head replayed before and after: after, its linear rounds
+    toward zero, which no call shows alone (each passes against its recorded metrics) and
+    the kernel's pooled test does: the kernel test fails, the kernels CSV has its row, the
+    summary compares it with the baseline's record. Before, a run against a baseline
+    pooled nothing: no kernel test, a kernels CSV of its header alone."""
+    from test_kernels import CALLS, KERNEL, TOWARD_ZERO, small_head_dump
+
+    dump = small_head_dump(tmp_path / "dump", faulty=False)
+    saved = run_dump(dump, f"--msprobe-out={tmp_path / 'before'}", f"--msprobe-baseline-save={tmp_path / 'baseline'}")
+    assert saved.kernels[KERNEL].outcome == "passed"
+    unchanged = run_dump(dump, f"--msprobe-out={tmp_path / 'same'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate")
+    assert unchanged.ret == pytest.ExitCode.OK and unchanged.kernels[KERNEL].outcome == "passed"
+    assert kernel_rows(tmp_path / "same")[KERNEL.removesuffix(".forward")][1] == "pass"
+    TOWARD_ZERO.patch(monkeypatch)
+    capsys.readouterr()
+    after = run_dump(dump, f"--msprobe-out={tmp_path / 'after'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate")
+    summary = capsys.readouterr().out
+    assert {call.outcome for call in after.calls.values()} == {"passed"} and len(after.calls) == CALLS
+    assert after.kernels[KERNEL].outcome == "failed" and after.ret == pytest.ExitCode.TESTS_FAILED, summary
+    assert "systematic scale (toward/away from zero) bias" in after.kernels[KERNEL].text
+    assert kernel_rows(tmp_path / "after")[KERNEL.removesuffix(".forward")][1] == "error"
+    assert "kernels: 1 worse of 1 compared with the baseline (0 not in it)" in summary
+    assert f"dump/dump.json::{KERNEL}: pass -> error" in summary
+
+
+def test_a_dump_json_identical_with_changed_tensors_is_another_dump(tmp_path: Path, run_dump, capsys) -> None:
+    """B's dump.json is A's, byte for byte, beside the tensors of a linear rounded toward
+    zero: paired as another dump (each call against its own bench, the kernel pooled, a
+    "paired with" line), not judged as A replayed against A's records. Before, B was A
+    by identity: no kernel test, a kernels CSV of its header alone, no "paired with"."""
+    from test_kernels import KERNEL, small_head_dump
+
+    before = small_head_dump(tmp_path / "a", faulty=False)
+    after = small_head_dump(tmp_path / "b", faulty=True)
+    after.write_bytes(before.read_bytes())
+    result, summary = gated_pair(tmp_path, run_dump, capsys, before, after)
+    assert "b/dump.json paired with the baseline's" in summary and "12 calls by name and signature" in summary, summary
+    assert "is not the one the baseline was recorded with" not in summary  # another path: no record of it
+    assert result.kernels[KERNEL].outcome == "failed" and result.ret == pytest.ExitCode.TESTS_FAILED
+    assert kernel_rows(tmp_path / "out")[KERNEL.removesuffix(".forward")][1] == "error"
 
 
 def test_calls_whose_names_shifted_pair_by_signature_in_order(tmp_path: Path, run_dump, capsys) -> None:

@@ -4,7 +4,7 @@ runs this process. Run it twice, the second time under another path or with a pl
 fault, and the two dumps are "before" and "after" an operator upgrade: same model, seed
 and data, the inputs of the second moved only where an upstream kernel rounded otherwise.
 
-    python tests/upgrade_dumps.py OUTDIR [--model mlp|wide] [--dtype float32|bfloat16|float16]
+    python tests/upgrade_dumps.py OUTDIR [--model mlp|mlp_shifted|mlp_deep|wide] [--dtype float32|bfloat16|float16]
                                          [--fault NAME] [--threads N]
 
 Run under ATEN_CPU_CAPABILITY=default|avx2|avx512 for another kernel path (torch reads it
@@ -56,6 +56,9 @@ MODELS = {
     "mlp": Model(rows=32, width=64, hidden=256, blocks=4, softmax=True),
     "mlp_shifted": Model(rows=32, width=64, hidden=256, blocks=4, softmax=True, gelu_first=True),
     "wide": Model(rows=24, width=40, hidden=160, blocks=2, softmax=False),
+    # mlp's blocks, then as many again and more: its first 40 calls pair with mlp's, its
+    # other 60 are new (40% paired, below the share of one model)
+    "mlp_deep": Model(rows=32, width=64, hidden=256, blocks=10, softmax=True),
 }
 
 
