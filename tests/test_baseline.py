@@ -11,7 +11,15 @@ import pytest
 import torch
 from faults import scaled_in
 
-from pytest_msprobe.judge.baseline import FILE_NAME, Baseline, CallMetrics, compare, read_msprobe_details
+from pytest_msprobe.judge.baseline import (
+    FILE_NAME,
+    Baseline,
+    CallMetrics,
+    compare,
+    dump_identity,
+    environment,
+    read_msprobe_details,
+)
 from pytest_msprobe.judge.kernels import is_kernel
 
 STATS = "torch_mlpcnn_statistics_bf16"
@@ -141,3 +149,41 @@ def test_a_changed_dump_is_compared_by_its_path_and_said_to_have_changed(clean_b
     summary = capsys.readouterr().out
     assert "49 unchanged, 0 new" in summary
     assert "is not the one the baseline was recorded with" in summary
+
+
+def test_the_summary_says_where_the_baseline_was_saved(copy_dump, run_dump, tmp_path: Path, capsys) -> None:
+    """One line of the msprobe summary: the file, relative to where pytest was invoked,
+    and what it holds; also for --msprobe-baseline-update. Said nothing before."""
+    dump = copy_dump(STATS)
+    run_dump(dump, f"--msprobe-out={tmp_path / 'out'}", f"--msprobe-baseline-save={tmp_path / 'saved'}")
+    summary = capsys.readouterr().out
+    (line,) = (line for line in summary.splitlines() if line.startswith("baseline saved: "))
+    written = Path.cwd() / line.split(": ", 1)[1].split(" (")[0]
+    assert not Path(line.split(": ", 1)[1]).is_absolute() and written.samefile(tmp_path / "saved" / FILE_NAME), line
+    kernels = sum(is_kernel(name) for _, name in Baseline.read(tmp_path / "saved").calls)
+    assert line.endswith(f"(49 calls, {kernels} kernels of 1 dump)") and kernels > 0, line
+    assert summary.index("msprobe summary") < summary.index(line)
+    run_dump(dump, f"--msprobe-baseline={tmp_path / 'saved'}", "--msprobe-baseline-update", "-k", "silu")
+    assert "baseline updated: " in capsys.readouterr().out
+
+
+def test_a_dumps_identity_covers_its_tensor_files(copy_dump, tmp_path: Path) -> None:
+    """The same dump.json beside another tensor file is another dump (its `content`);
+    a baseline recorded before tensors were hashed (no `content`) still finds the dump
+    by its dump.json. Before, the identity was the dump.json's SHA-256 alone."""
+    dump = copy_dump("torch_mlpcnn_tensor_fp32")
+    other = tmp_path / "other" / "dump.json"
+    shutil.copytree(dump.parent, other.parent)
+    first = dump_identity(dump)
+    assert first == dump_identity(other) and first["tensor_files"] > 0
+    tensor = sorted((other.parent / "dump_tensor_data").iterdir())[0]
+    tensor.write_bytes(tensor.read_bytes()[:-1] + bytes([tensor.read_bytes()[-1] ^ 1]))
+    changed = dump_identity(other)
+    assert changed["sha256"] == first["sha256"] and changed["content"] != first["content"]
+    recorded = Baseline(environment([("a/dump.json", dump)], "cpu"))
+    recorded.calls[("a/dump.json", "Functional.linear.0.forward")] = CallMetrics("pass", "benchmark", {})
+    assert [match.recorded_as for match in recorded.match_dumps([("b/dump.json", other)])] == [None]
+    older = Baseline(
+        {"dumps": {"a/dump.json": {"size": first["size"], "sha256": first["sha256"]}}}, dict(recorded.calls)
+    )
+    assert [match.recorded_as for match in older.match_dumps([("b/dump.json", other)])] == ["a/dump.json"]

@@ -177,7 +177,9 @@ def test_a_dump_paired_below_the_threshold_fails_the_gate(tmp_path: Path, run_du
     assert result.by_outcome("failed") == {} and result.ret == pytest.ExitCode.USAGE_ERROR, summary
     assert "ERROR: --msprobe-gate: " in summary
     assert "are dumps of different models: 40 of 100 calls pair by signature (at least 50% for one model)" in summary
-    ungated = run_dump(after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={tmp_path / 'baseline'}")
+    ungated = run_dump(
+        after, *OFFLINE, f"--msprobe-out={tmp_path / 'ungated'}", f"--msprobe-baseline={tmp_path / 'baseline'}"
+    )
     assert ungated.ret == pytest.ExitCode.OK  # without the gate: a warning (test_baseline.py), as before
 
 
@@ -200,7 +202,12 @@ def test_a_wrong_baseline_path_is_a_usage_error(tmp_path: Path, pytester: pytest
     dump = step(tmp_path / "a", "mlp", torch.float32, None)
     (tmp_path / "empty").mkdir()
     result = pytester.runpytest(
-        f"--msprobe-dump={dump}", *OFFLINE, f"--msprobe-baseline={tmp_path / folder}", "--msprobe-gate", "-p", "no:cacheprovider"
+        f"--msprobe-dump={dump}",
+        *OFFLINE,
+        f"--msprobe-baseline={tmp_path / folder}",
+        "--msprobe-gate",
+        "-p",
+        "no:cacheprovider",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {tmp_path / folder}*record one with --msprobe-baseline-save*"])
@@ -224,12 +231,16 @@ def test_online_the_same_dump_pools_and_compares_its_kernels(tmp_path: Path, run
     dump = small_head_dump(tmp_path / "dump", faulty=False)
     saved = run_dump(dump, f"--msprobe-out={tmp_path / 'before'}", f"--msprobe-baseline-save={tmp_path / 'baseline'}")
     assert saved.kernels[KERNEL].outcome == "passed"
-    unchanged = run_dump(dump, f"--msprobe-out={tmp_path / 'same'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate")
+    unchanged = run_dump(
+        dump, f"--msprobe-out={tmp_path / 'same'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate"
+    )
     assert unchanged.ret == pytest.ExitCode.OK and unchanged.kernels[KERNEL].outcome == "passed"
     assert kernel_rows(tmp_path / "same")[KERNEL.removesuffix(".forward")][1] == "pass"
     TOWARD_ZERO.patch(monkeypatch)
     capsys.readouterr()
-    after = run_dump(dump, f"--msprobe-out={tmp_path / 'after'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate")
+    after = run_dump(
+        dump, f"--msprobe-out={tmp_path / 'after'}", f"--msprobe-baseline={tmp_path / 'baseline'}", "--msprobe-gate"
+    )
     summary = capsys.readouterr().out
     assert {call.outcome for call in after.calls.values()} == {"passed"} and len(after.calls) == CALLS
     assert after.kernels[KERNEL].outcome == "failed" and after.ret == pytest.ExitCode.TESTS_FAILED, summary

@@ -457,7 +457,7 @@ def _tensor_digest(folder: Path, name: str) -> str:
     return _file_digest(candidate, found.st_size, found.st_mtime_ns)
 
 
-@functools.lru_cache(maxsize=None)  # one short string per tensor file of the run's dumps
+@functools.cache  # one short string per tensor file of the run's dumps
 def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

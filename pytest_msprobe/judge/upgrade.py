@@ -482,10 +482,12 @@ def _unrecorded(baseline: Baseline, dump: str, ran: int, skipped: bool) -> str:
     baseline, with no signatures), was compared."""
     if skipped:
         return f"every recorded call of {dump} that ran was skipped before or now: nothing was compared"
-    held = "" if dump in baseline.aliases else " (the baseline records no signatures to pair another dump's calls by: re-record it)"
-    return (
-        f"the baseline has a record of none of the {ran} calls that ran from {dump}{held}: nothing was compared"
+    held = (
+        ""
+        if dump in baseline.aliases
+        else " (the baseline records no signatures to pair another dump's calls by: re-record it)"
     )
+    return f"the baseline has a record of none of the {ran} calls that ran from {dump}{held}: nothing was compared"
 
 
 def _vanished(baseline: Baseline, dump: str, index: Callable[[], DumpIndex]) -> list[str]:

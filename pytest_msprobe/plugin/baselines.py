@@ -153,7 +153,9 @@ class BaselinePlugin:
         lines = summary_lines(self.comparison(), self.update, gate) + kernel_lines(self._kernels(), recorded)
         for line in lines:
             loud = line.startswith(("WARNING", "ERROR"))
-            terminalreporter.write_line(line, yellow=line.startswith("WARNING"), red=line.startswith("ERROR"), bold=loud)
+            terminalreporter.write_line(
+                line, yellow=line.startswith("WARNING"), red=line.startswith("ERROR"), bold=loud
+            )
 
     def _dumps(self) -> list[tuple[str, Path]]:
         rootpath = self.config.rootpath

@@ -137,10 +137,12 @@ OPTIONS = (
     ),
     Option(
         "msprobe_baseline_save",
-        "Record every call's metrics, and the environment, as a baseline in this folder",
+        "Record every call's and kernel's metrics, and the environment, as a baseline in this folder (the summary "
+        "says where)",
         "path",
         metavar="DIR",
-        details="Written to `DIR/msprobe-baseline.jsonl`, one sorted line per call: diffable.",
+        details="Written to `DIR/msprobe-baseline.jsonl`, one sorted line per call: diffable. The msprobe summary "
+        "says where (`baseline saved: DIR/msprobe-baseline.jsonl (49 calls, 8 kernels of 1 dump)`).",
     ),
     Option(
         "msprobe_baseline",
@@ -148,12 +150,14 @@ OPTIONS = (
         "path",
         metavar="DIR",
         details="The summary names regressions (with the ratio), improvements, new and vanished calls. The same dump "
-        "(found by its content, SHA-256, from any folder) is judged against its recorded metrics. Another dump of the "
+        "(found by its content from any folder: SHA-256 of dump.json and of every tensor file it names) is judged "
+        "against its recorded metrics, its kernels pooled and compared with the recorded ones. Another dump of the "
         "model, as after an operator upgrade (dump A recorded before it, this run's dump B after it), has its calls "
         "paired with the baseline's by name and signature (API, direction, dtypes, shapes, non-tensor arguments; by "
         "signature in order where names shifted), each judged against its own bench; unpaired calls are listed as new "
-        "or vanished, and a dump of another model compares nothing. A run of which no call was found is a `WARNING` "
-        "line in the summary. See {doc}`../how-to/upgrade-gate`.",
+        "or vanished, and a dump of another model compares nothing. A dump of which nothing was compared is a "
+        "`WARNING` line in the summary and a pytest warning (with `--msprobe-gate`, a failed run). See "
+        "{doc}`../how-to/upgrade-gate`.",
     ),
     Option(
         "msprobe_baseline_update",
@@ -164,14 +168,17 @@ OPTIONS = (
     ),
     Option(
         "msprobe_gate",
-        "With --msprobe-baseline: the run's outcome gates an operator upgrade",
+        "With --msprobe-baseline: the run's outcome gates an operator upgrade (exit 1: a regression; 4: nothing "
+        "was compared)",
         "bool",
         False,
         details="A call that fails now and failed the same way in the baseline is an expected failure (xfail); a "
         "regression (a worse verdict, or a key metric grown beyond what two correct kernels differ by: "
         "`benchmarks/RESULTS-baseline.md`) fails, naming before and after, as does a kernel that regressed "
         "(`<api>.<dtype>.kernel.<direction>.regression`). The baseline may be of another dump of the model "
-        "(see `--msprobe-baseline`).",
+        "(see `--msprobe-baseline`). A gate that compared nothing of a dump whose calls ran (a baseline of other "
+        "dumps, a dump of another model or paired below half its calls) fails the run with exit status 4, "
+        "pytest's usage error, and one `ERROR: --msprobe-gate:` line saying why; regressions exit 1.",
     ),
     Option(
         "msprobe_reference_csv",
