@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import re
+import stat
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -408,12 +409,11 @@ def dump_identity(path: Path) -> Record:
     `content`, a SHA-256 over dump.json and every tensor file it names (name, size and
     bytes): a dump.json copied beside other tensor files is another dump, whose calls
     are paired with the recorded ones, not judged against records of other inputs. Each
-    file is read once per process while unchanged;
-    a file that is missing or lies outside dump_tensor_data/ counts as such (its call's
-    test says why)."""
-    stat = path.stat()
-    identity = _json_identity(path, stat.st_size, stat.st_mtime_ns)
-    folder = path.parent / TENSOR_FOLDER
+    file is read once per process while unchanged; a file that is missing or lies
+    outside dump_tensor_data/ counts as such (its call's test says why)."""
+    found = path.stat()
+    identity = _json_identity(path, found.st_size, found.st_mtime_ns)
+    folder = os.path.realpath(path.parent / TENSOR_FOLDER)
     content = hashlib.sha256(identity.sha256.encode())
     for name in identity.tensors:
         content.update(f"\0{name}\0{_tensor_digest(folder, name)}".encode())
@@ -444,21 +444,25 @@ def _json_identity(path: Path, size: int, mtime_ns: int) -> _JsonIdentity:
     return _JsonIdentity(size, hashlib.sha256(raw).hexdigest(), tuple(names))
 
 
-def _tensor_digest(folder: Path, name: str) -> str:
+def _tensor_digest(folder: str, name: str) -> str:
     """A tensor file's size and SHA-256, "missing" or "outside" where there is none to
-    read inside the folder (names are confined as dump/tensors.py confines them)."""
-    candidate = (folder / name).resolve()
-    if not candidate.is_relative_to(folder.resolve()) or candidate == folder.resolve():
-        return "outside"
+    read inside the (resolved) folder: names are confined as dump/tensors.py confines
+    them, a plain file name with one stat."""
+    candidate = os.path.join(folder, name)
     try:
-        found = candidate.stat()
+        found = os.lstat(candidate)
+        if os.sep in name or (os.altsep and os.altsep in name) or stat.S_ISLNK(found.st_mode):
+            candidate = os.path.realpath(candidate)
+            if os.path.commonpath([folder, candidate]) != folder or candidate == folder:
+                return "outside"
+            found = os.stat(candidate)
     except OSError:
         return "missing"
     return _file_digest(candidate, found.st_size, found.st_mtime_ns)
 
 
 @functools.cache  # one short string per tensor file of the run's dumps
-def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
