@@ -42,7 +42,15 @@ from .bias import judge_bias
 from .metrics import Pair
 from .pass_plan import PassSpec
 from .pass_results import BenchmarkSums, IdealSums, SignCounts
-from .single_run import fast_single_run, scaled_ulp_err, single_run_metrics, single_run_reasons, tolerance_scale
+from .single_run import (
+    bias_sums,
+    fast_single_run,
+    scaled_ulp_err,
+    single_run_metrics,
+    single_run_reasons,
+    tolerance_scale,
+    with_bias_sample,
+)
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -254,7 +262,9 @@ def _fast_ref(
     (fast.py). The judgement is the plain path's (`_judge_ratios`)."""
     if reference.pair is None and not all(k in (reference.metrics or {}) for k, _ in JUDGED):
         return _fast(pair, thresholds, small, atol)  # judged by the single-run rule
-    res = fast.run(pair, PassSpec(benchmark=(small, atol), benchmark_ideal=True, signs="balance"))
+    spec = PassSpec(benchmark=(small, atol), benchmark_ideal=True, signs="balance")
+    spec = spec if reference.pair is not None else with_bias_sample(pair, spec)  # a baseline's: its kernel's evidence
+    res = fast.run(pair, spec)
     if res is None:
         return None
     signs, sums = res.of(SignCounts), res.of(BenchmarkSums)
@@ -267,7 +277,9 @@ def _fast_ref(
     used: dict[str, float] = {"small": small, "atol_bm": atol}
     reasons: list[str] = []
     reasons.extend(_judge_ratios(pair, _RatioRule(metrics, ref, n_small, thresholds, used), ideal, reference.kind))
-    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "sr_bias_ulp", any_size=True)
+    bias, bias_failed = judge_bias(
+        pair, reference, thresholds, used, "sr_bias_ulp", bias_sums(res, spec), any_size=True
+    )
     metrics.update(bias)
     reasons.extend(bias_failed)
     status: Status = "error" if reasons else "pass"

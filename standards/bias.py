@@ -256,7 +256,7 @@ def judge_bias(  # noqa: PLR0913  every standard's bias test: the pair, referenc
         # recorded the baseline reported them without a reference run, are its kernel's
         # evidence: the plugin pools them into the same kernel verdict
         used.update({limit_key: thresholds[limit_key], "sr_bias_z": z_limit, **lean})
-        return bias_metrics(pair), []
+        return (grouped_z(pair, computed) if computed is not None else bias_metrics(pair)), []
     far = far_metrics(pair)
     if reference is not None and reference.pair is not None:
         metrics = bias_metrics(pair)

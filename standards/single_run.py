@@ -247,6 +247,19 @@ def fast_single_run(
     return res, metrics
 
 
+def with_bias_sample(pair: Pair, spec: PassSpec) -> PassSpec:
+    """`spec` with the bias sample a single run's pass feeds (fast_single_run): against a
+    baseline's metrics the call's bias sums are its kernel's evidence (bias.judge_bias),
+    the same numbers in the same pass."""
+    (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
+    return replace(spec, sample=sample_step(pair.n), bias_q=q_half)
+
+
+def bias_sums(res: PassResult, spec: PassSpec) -> dict[str, float] | None:
+    """The bias statistics of a pass run with with_bias_sample's spec, else None."""
+    return statistics(res.of(BiasTotals).sums) if spec.bias_q is not None else None
+
+
 def fast_max_top_ulp_err(pair: Pair) -> float | None:
     """max_top_ulp_err by a fused pass of its own (fast.py); None: take the plain path."""
     defaults = pair.info.defaults

@@ -51,7 +51,15 @@ from .dtypes import Array, DtypeInfo
 from .metrics import Pair
 from .pass_plan import PassSpec
 from .pass_results import PassResult, UlpSums
-from .single_run import fast_max_top_ulp_err, fast_single_run, max_top_ulp_err, single_run_metrics, single_run_reasons
+from .single_run import (
+    bias_sums,
+    fast_max_top_ulp_err,
+    fast_single_run,
+    max_top_ulp_err,
+    single_run_metrics,
+    single_run_reasons,
+    with_bias_sample,
+)
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -145,7 +153,7 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
     ok = _within_rule(pair, judged)
     kind = "single-run"
     if reference is not None:
-        by_ratio = _against_reference(pair, reference, thresholds, judged)
+        by_ratio = _against_reference(pair, reference, thresholds, judged, fused[1] if fused is not None else None)
         kind = reference.kind if by_ratio is not None else "single-run"
         ok = ok or bool(by_ratio)
     if not ok:
@@ -177,9 +185,12 @@ def _fused(
     if not fast.fast_ok(pair):
         return None
     if reference is not None and (reference.pair is not None or "ulp_err_proportion" in (reference.metrics or {})):
-        # judged against the reference: only the ULP metrics, no single-run rule
-        res = fast.run(pair, PassSpec(ulp_threshold=threshold))
-        return (res, None) if res is not None else None
+        # judged against the reference: only the ULP metrics, no single-run rule; against
+        # a baseline's, the bias sums too (its kernel's evidence), as a single run's pass
+        spec = PassSpec(ulp_threshold=threshold)
+        spec = spec if reference.pair is not None else with_bias_sample(pair, spec)
+        res = fast.run(pair, spec)
+        return (res, bias_sums(res, spec)) if res is not None else None
     return fast_single_run(pair, PassSpec(ulp_threshold=threshold), scaled=False, top=False)
 
 
@@ -197,7 +208,11 @@ def _within_rule(pair: Pair, judged: _Judged) -> bool:
 
 
 def _against_reference(
-    pair: Pair, reference: Reference, thresholds: Mapping[str, float], judged: _Judged
+    pair: Pair,
+    reference: Reference,
+    thresholds: Mapping[str, float],
+    judged: _Judged,
+    computed: dict[str, float] | None = None,
 ) -> bool | None:
     """Whether the ulp_err_proportion's ratio to the reference's (floored) is below 1,
     with the paired bias test; None where the reference lacks that metric (the
@@ -211,7 +226,7 @@ def _against_reference(
     metrics["ref_ulp_err_proportion"] = float(ref["ulp_err_proportion"])
     metrics["ulp_err_proportion_ratio"] = ratio
     used["ulp_err_proportion_ratio"] = 1.0
-    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "ulp_bias_ulp", any_size=True)
+    bias, bias_failed = judge_bias(pair, reference, thresholds, used, "ulp_bias_ulp", computed, any_size=True)
     metrics.update(bias)
     judged.reasons.extend(bias_failed)
     return ratio < 1.0
