@@ -10,7 +10,7 @@ Hugging Face transformers decoders, encoders and encoder-decoders (eager and sdp
 attention) and timm CNNs, in float32, bfloat16 and float16, levels L1 and mix. They were
 written by this machine's own CPU kernels, so every error is a false alarm unless a
 plain-torch reproducer against float64 shows the kernel really is inaccurate
-(benchmarks/torch_findings.py holds the ones that are). KNOWN names each error class
+(python -m pytest_msprobe.judge.reproduce reproduces the ones that are). KNOWN names each error class
 found so far; an error or warning no class matches is listed as "unclassified", the first
 thing to look at after a change.
 
@@ -89,7 +89,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Known:
-    """An error class already decided: a torch defect (reproduced in torch_findings.py)
+    """An error class already decided: a torch defect (a row of pytest_msprobe/judge/defects.py, reproduced by python -m pytest_msprobe.judge.reproduce)
     or a false alarm of the plugin (the kernel is correct; the fix is the plugin's)."""
 
     label: str
@@ -130,11 +130,11 @@ def _random_attention(verdict: Verdict) -> bool:
 REDUCED = ("bf16", "fp16")
 KNOWN: tuple[Known, ...] = (
     Known(
-        "torch defect: batch_norm with bfloat16/float16 weights keeps its statistics in that dtype (torch_findings.py)",
+        "torch defect: batch_norm with bfloat16/float16 weights keeps its statistics in that dtype (known defect torch-cpu-batch-norm-statistics)",
         _api("Functional.batch_norm", dtypes=REDUCED),
     ),
     Known(
-        "torch defect: cross_entropy's gradient from the log_softmax rounded to bfloat16/float16 (torch_findings.py)",
+        "torch defect: cross_entropy's gradient from the log_softmax rounded to bfloat16/float16 (known defect torch-cpu-cross-entropy-rounded-log-softmax)",
         _api("Functional.cross_entropy", direction="backward", dtypes=REDUCED, text="systematic"),
     ),
     Known(
@@ -285,7 +285,7 @@ def markdown(verdicts: list[Verdict], seconds: dict[str, float], args: argparse.
         *totals(verdicts, modes, seconds),
         "## Errors and warnings by class",
         "",
-        "A class names a torch defect (reproduced against float64 in `benchmarks/torch_findings.py`: the error is",
+        "A class names a torch defect (reproduced against float64 by `python -m pytest_msprobe.judge.reproduce`: the error is",
         "right) or a false alarm of the plugin (the kernel is correct); `unclassified` is new.",
         "",
         *event_classes(verdicts, modes),

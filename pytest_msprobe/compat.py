@@ -101,6 +101,12 @@ PRIVATE_APIS = (
         "judge/explore.py: emptied for a search",
     ),
     PrivateApi(
+        "torch.ops.aten._scaled_dot_product_attention_math",
+        "torch",
+        "judge/reproducers.py: torch's math attention kernel (the definition) beside the flash kernel; without it, "
+        "that reproducer fails",
+    ),
+    PrivateApi(
         "threading._shutdown", "python", "run/isolation.py end_process: waits for the other threads as an exit does"
     ),
     PrivateApi(
@@ -129,6 +135,14 @@ def file_reader() -> type[PyTorchFileReader] | None:
     import torch
 
     found: type[PyTorchFileReader] | None = getattr(torch._C, "PyTorchFileReader", None)
+    return found
+
+
+def attention_math() -> Callable[..., tuple[torch.Tensor, ...]]:
+    """torch's math kernel of scaled_dot_product_attention (softmax, then matmul)."""
+    import torch
+
+    found: Callable[..., tuple[torch.Tensor, ...]] = torch.ops.aten._scaled_dot_product_attention_math
     return found
 
 

@@ -40,7 +40,6 @@ SCRIPTS = {
     "compare_records.py": HELP,
     "compiled_kernels.py": IMPORT,
     "cuda_kernels.py": HELP,
-    "explore_findings.py": IMPORT,
     "families_jax.py": COMPILE,  # needs jax[cpu], which the project does not depend on
     "family_device.py": COMPILE,  # a plugin that needs jax[cpu]
     "families_onnx.py": COMPILE,  # needs onnx and onnxruntime, likewise
@@ -55,7 +54,6 @@ SCRIPTS = {
     "probe_plugin.py": IMPORT,
     "real_models.py": HELP,
     "rounded_once.py": HELP,
-    "torch_findings.py": IMPORT,
     "upgrade_spread.py": HELP,
 }
 

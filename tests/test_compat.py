@@ -45,9 +45,6 @@ TESTS_PRIVATE_APIS = (
     PrivateApi(
         "torch._dynamo.config.cache_size_limit", "torch", "benchmarks/library_families.py: more compiled variants"
     ),
-    PrivateApi(
-        "torch.ops.aten._scaled_dot_product_attention_math", "torch", "benchmarks/explore_findings.py: the math kernel"
-    ),
 )
 ALL_APIS = (*compat.PRIVATE_APIS, *plugin_compat.PRIVATE_APIS, *TESTS_PRIVATE_APIS)
 # an instance attribute: read from an instance the class makes

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from pytest_msprobe.dump.index import read_index
 from pytest_msprobe.dump.writer import tensor_entry, write_tensor_dump
 from pytest_msprobe.judge.call import read_inputs
+from pytest_msprobe.judge.defects import BY_ID
 from pytest_msprobe.run.neighbourhood import Neighbourhood
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
@@ -394,7 +395,7 @@ def test_a_cosine_embedding_gradient_that_cancels_is_judged_at_its_terms(run_dum
 
 def test_exploration_finds_torch_s_own_one_minus_cos_at_small_angles(run_dump, tmp_path, monkeypatch):
     """torch's cosine_embedding_loss forms cos in the dtype and subtracts it from 1: for x2
-    near x1 the loss keeps no bit (benchmarks/explore_findings.py one_minus_cos). The
+    near x1 the loss keeps no bit (pytest_msprobe/judge/reproducers.py one_minus_cos). The
     dumped pairs (noise of half their scale) pass; the 'small angles' edge, x2 = x1 +
     2**-11 spread, finds it first, while this torch has it; a kernel rounding the float64
     loss once passes there."""
@@ -437,7 +438,7 @@ def test_group_norm_s_definition_passes_exploration_and_torch_s_rstd_cubed_fails
     terms of its gradients), and its group sums of g w overflow with a weight near the
     largest value (an intermediate of its backward's formula). torch's CPU backward forms
     the input gradient by moments with rstd**3, which overflows at a weight of 1.7e38
-    where the exact gradient is finite (benchmarks/explore_findings.py): it fails while
+    where the exact gradient is finite (pytest_msprobe/judge/reproducers.py): it fails while
     this torch does so."""
     generator = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 4, 8, 8, generator=generator) * 0.5).requires_grad_()
@@ -747,8 +748,8 @@ def _seeded(*shape: int, scale: float = 1.0, shift: float = 0.0, seed: int = 0) 
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale + shift
 
 
-# The documented torch defects (judge/documented.py DOCUMENTED), each at its reproducer's
-# inputs (benchmarks/explore_findings.py): the API, its forward arguments and keywords,
+# The known torch defects exploration finds (judge/defects.py's float32 rows), each at its
+# reproducer's inputs (judge/reproducers.py): the API, its forward arguments and keywords,
 # the incoming gradient of a backward (None: the forward is judged), the reproducer.
 F = torch.nn.functional
 DOCUMENTED_CASES = {
@@ -833,7 +834,7 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     """Issue 39: float32 examples where torch's CPU kernel has a documented defect (an
     intermediate the kernel forms and the definition does not: README's policy) still
     fail, and their message says it is a documented torch defect and names its reproducer
-    in benchmarks/explore_findings.py (before, the message named neither). A planted
+    in judge/reproducers.py (before, the message named neither). A planted
     float32 gelu (x sigmoid(1.702 x)) on x in [0.5, 2], outside every documented regime,
     fails without that note."""
     from dumpwriter import DumpWriter
@@ -866,9 +867,10 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     )
     explored = run_dump(writer.write(), *select).calls[f"{call}.{direction}.explore"]
     assert explored.outcome == "failed", explored.text
-    named = "a documented torch defect" in explored.text
-    assert named != planted, explored.text
-    assert planted or f"benchmarks/explore_findings.py ({reproducer})" in explored.text, explored.text
+    named = re.search(r"known defect (\S+) of torch CPU", explored.text)
+    assert (named is not None) != planted, explored.text
+    assert planted or BY_ID[named.group(1)].reproducer == reproducer.split(",")[0], explored.text
+    assert planted or f"python -m pytest_msprobe.judge.reproduce {named.group(1)}" in explored.text
 
 
 @pytest.mark.parametrize(

@@ -257,9 +257,33 @@ def results_pages(benchmarks: Path) -> dict[str, str]:
     }
 
 
+def known_defects_markdown(defects: Sequence[Any], reproduce: str) -> str:
+    """The known defects' table (pytest_msprobe/judge/defects.py), one row per defect."""
+
+    def tracker(url: str) -> str:
+        return f"[{url.rsplit('/', 3)[-3]}#{url.rsplit('/', 1)[-1]}]({url})" if url else "none known"
+
+    rows = [
+        (
+            f"`{row.id}`",
+            row.library,
+            ", ".join(f"`{operator}`" for operator in row.operators) + f" ({row.direction})",
+            row.where.replace("*", "\\*"),
+            row.what.replace("*", "\\*"),
+            tracker(row.tracker),
+            f"`{reproduce} {row.id}`",
+            ", ".join(row.seen_on),
+        )
+        for row in defects
+    ]
+    header = ("row", "library", "API", "where it shows", "what it is", "tracker", "reproducer", "torch seen on")
+    return table(header, rows)
+
+
 # --------------------------------------------------------------------------- writing
 def generated_parts() -> dict[Path, str]:
     """Every generated file: path -> content."""
+    from pytest_msprobe.judge.defects import DEFECTS, REPRODUCE
     from pytest_msprobe.plugin import MARKERS
     from pytest_msprobe.plugin.option_table import OPTIONS
     from pytest_msprobe.results import msprobe_csv, writer
@@ -285,6 +309,7 @@ def generated_parts() -> dict[Path, str]:
             msprobe_csv.DETAILS_HEADER,
         ),
         GENERATED / "scripts.md": scripts_markdown(console_scripts(ROOT / "pyproject.toml")),
+        GENERATED / "known-defects.md": known_defects_markdown(DEFECTS, REPRODUCE),
     }
     parts.update({RESULTS_PAGES / f"{name}.md": page for name, page in results_pages(BENCHMARKS).items()})
     return parts

@@ -12,8 +12,11 @@ standards (`findings`): the device's bits over repeated runs (`repeat`) and the
 overflow re-check of dumped inf/NaN (`overflow`); and the search around a call
 (`explore`: --msprobe-explore, hypothesis) with what excuses or names an example it
 finds: the rounding a correct kernel may reach (`sensitivity`), the overflows none
-avoids (`excuses`, over a backward's intermediates: `intermediates`), and the torch
-defects its message names (`documented`).
+avoids (`excuses`, over a backward's intermediates: `intermediates`); and the known
+defects of the libraries the plugin runs (`defects`: one table, each row's regime in
+`regimes`, its measured symptom in `symptoms`, its reproducer in `reproducers` and
+`reproducers_reduced`, run by `python -m pytest_msprobe.judge.reproduce`), which a
+failure's message names.
 
 May import: `dump`, `run`, `errors`, `compat`, `standards`. Never pytest, never a later stage.
 """

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from pytest_msprobe.dump.dataflow import Read
     from pytest_msprobe.dump.index import Record
+    from pytest_msprobe.judge.defects import KnownDefect
     from pytest_msprobe.judge.findings import Finding
     from pytest_msprobe.judge.layouts import LayoutReferences
     from pytest_msprobe.judge.offline import DumpedRun
@@ -94,6 +95,7 @@ class CallResult:
     samples: list[Record] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # lines the report adds after the inputs
     findings: list[Finding] = dataclasses.field(default_factory=list)  # repeat, overflow
+    known: KnownDefect | None = None  # the known library defect an error matches (judge/defects.py)
 
 
 @dataclass
@@ -135,6 +137,7 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     if site:
         verdict = relabelled(verdict, site)
     samples = _samples(judgement, verdict, settings)
+    known = known_of(judgement, settings)
     findings = call_findings(replayed, name, index.framework, settings) + mode_findings(shown, stated)
     notes = replayed.notes
     evidence = getattr(replayed.device, "evidence", None)
@@ -145,7 +148,20 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
         lowered = lowered_precision(settings.backend.name, failing_dtypes(verdict))
         if lowered:
             notes = [*notes, "the device computed in lowered precision, by its own settings: " + "; ".join(lowered)]
-    return CallResult(name, verdict, replayed.label, results.inputs.origins, samples, notes=notes, findings=findings)
+    return CallResult(
+        name, verdict, replayed.label, results.inputs.origins, samples, notes=notes, findings=findings, known=known
+    )
+
+
+def known_of(judgement: Judgement, settings: Settings) -> KnownDefect | None:
+    """The known library defect a call judged error matches (judge/defects.py); none,
+    and nothing imported or measured, for any other call. Offline the device is the
+    dump's outputs, of a device the run does not know: no library's row matches them."""
+    if not judgement.error:
+        return None
+    from pytest_msprobe.judge.defects import known_defect
+
+    return known_defect(judgement, "dumped" if settings.offline else settings.backend.name)
 
 
 def _samples(judgement: Judgement, verdict: Verdict, settings: Settings) -> list[Record]:

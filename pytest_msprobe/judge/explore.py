@@ -14,7 +14,7 @@ written as a one-call tensor dump: the test's message names it, and it is what
 What excuses or names an example lives beside it: the rounding a correct kernel's error
 may reach on such inputs (judge/sensitivity.py), the overflows no correct kernel avoids
 (judge/excuses.py, over the backwards' intermediates of judge/intermediates.py), and the
-torch defects a failure's message names (judge/documented.py).
+known defects a failure's message names (judge/defects.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.dump.writer import write_tensor_dump
 from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.call import CallResult, Resolved, Settings, read_inputs, replay_inputs, resolved
-from pytest_msprobe.judge.documented import documented_defect
+from pytest_msprobe.judge.defects import known_defect
 from pytest_msprobe.judge.excuses import beyond_range
 from pytest_msprobe.judge.findings import Finding
 from pytest_msprobe.judge.judgement import Judgement, judged
@@ -181,10 +181,8 @@ class _Exploration:
             if excused is not None:
                 self.search.excused[excused] += 1
         verdict = judgement.reached()
-        documented = documented_defect(name, replayed) if verdict.status == "error" else None
-        return CallResult(
-            self.label, verdict, replayed.label, describe(variant), notes=[documented] if documented else []
-        )
+        known = known_defect(judgement, settings.backend.name) if judgement.error else None
+        return CallResult(self.label, verdict, replayed.label, describe(variant), known=known)
 
     def probe(self, variant: Variant) -> None:
         """hypothesis's test: an example fails (ExampleFailed) or is counted; one the

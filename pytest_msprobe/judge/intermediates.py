@@ -1,7 +1,7 @@
 """A call's arguments in float64 (Arguments) and the intermediates a backward's
 definition (derivatives.yaml's formula) computes from them (BACKWARD_INTERMEDIATES),
 with the magnitude tests both the overflow excuses (judge/excuses.py) and the
-documented torch defects' regimes (judge/documented.py) read.
+known torch defects' regimes (judge/regimes.py) read.
 """
 
 from __future__ import annotations

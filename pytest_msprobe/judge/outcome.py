@@ -91,6 +91,7 @@ def judge_call(
             dump=dump,
             call=label,
             device=result.device,
+            known_defect=result.known.id if result.known is not None else "",
         )
     record.duration = time.perf_counter() - started
     return record
@@ -104,7 +105,8 @@ def _verdict_text(result: CallResult) -> str:
     head = f"{result.name}: {verdict.status} by the {verdict.standard} standard on {result.device}"
     if verdict.status == "pass":  # its metrics are in the record's outputs; the text is read for failures
         return "\n".join([head, *notes])
-    lines = [head, verdict.message().rstrip(), "inputs:"]
+    known = [result.known.note()] if result.known is not None else []
+    lines = [head, *known, verdict.message().rstrip(), "inputs:"]
     lines += [f"  {origin}" for origin in result.origins] or ["  (none)"]
     return "\n".join(lines + notes)
 

@@ -50,12 +50,17 @@ class ResultRecord:
     # Elements of some outputs for the HTML report's plots (judge/samples.py); empty,
     # and absent from to_dict, unless --msprobe-html asked for them.
     samples: list[Record] = field(default_factory=list)
+    # The known library defect (judge/defects.py's row id) an error matches; "", and
+    # absent from to_dict, for every other call.
+    known_defect: str = ""
 
     def to_dict(self) -> Record:
         """Plain data for the report (dataclasses.asdict deep-copies: 5x slower here)."""
         data = {**vars(self), "outputs": [dict(vars(output)) for output in self.outputs], "origins": list(self.origins)}
         if not self.samples:
             del data["samples"]  # the journal of a run without a report stays as it was
+        if not self.known_defect:
+            del data["known_defect"]  # likewise, for every call that matches no known defect
         return data
 
     @classmethod

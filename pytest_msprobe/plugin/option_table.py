@@ -100,6 +100,16 @@ OPTIONS = (
     ),
     Option("msprobe_strict", "Accuracy warnings fail the test too", "bool", False),
     Option(
+        "msprobe_known_defects",
+        "A call failing by a known library defect fails, or is an expected failure (xfail)",
+        default="fail",
+        choices=("fail", "xfail"),
+        details="A call judged error whose failure matches a row of the known defects (torch's CPU kernels: "
+        "{doc}`../explanation/findings`) names the row in its message, the result files (`known_defect`) and the "
+        "HTML report. `xfail` reports it as an expected failure with the row in the reason (`-rx` lists them); it "
+        "never passes. The summary counts known defects apart either way.",
+    ),
+    Option(
         "msprobe_max_elements",
         "Largest tensor (elements) a call may create; larger calls skip",
         default=str(DEFAULT_MAX_ELEMENTS),

@@ -38,6 +38,7 @@ class Options:
     device: str
     out: Path
     strict: bool
+    known_defects: str  # "fail" or "xfail": how a call failing by a known library defect is reported
     max_elements: int
     standards: Path | None
     offline: bool
@@ -135,6 +136,7 @@ def read(config: pytest.Config) -> Options | None:
         device=str(text("msprobe_device")),
         out=_out(config),
         strict=flag("msprobe_strict"),
+        known_defects=_choice(config, "msprobe_known_defects"),
         max_elements=whole("msprobe_max_elements"),
         standards=path("msprobe_standards"),
         offline=flag("msprobe_offline"),
@@ -181,6 +183,17 @@ def _given(config: pytest.Config, name: str) -> Any:  # Any: of the option's kin
 
 def _flag(config: pytest.Config, name: str) -> bool:
     return bool(_given(config, name))
+
+
+def _choice(config: pytest.Config, name: str) -> str:
+    """An option of a few values: the ini setting is checked as argparse checks the flag."""
+    from pytest_msprobe.plugin.option_table import OPTIONS
+
+    value = str(_text(config, name))
+    (choices,) = (option.choices for option in OPTIONS if option.name == name)
+    if choices and value not in choices:
+        raise pytest.UsageError(f"{name} = {value!r}: expected one of {', '.join(choices)}")
+    return value
 
 
 def _text(config: pytest.Config, name: str) -> str | None:

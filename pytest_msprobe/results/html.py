@@ -266,7 +266,7 @@ def _table_rows(records: list[ResultRecord], anchors: dict[int, str]) -> Record:
             word(record.standard),
             word(_dtype(record)),
             key_metrics(record),
-            "" if record.status == "pass" else failing_metric(record),
+            "" if record.status == "pass" else _known(record) + failing_metric(record),
             word(record.reference),
             round(record.duration * 1e3, 1),
             anchors.get(id(record), ""),
@@ -274,6 +274,23 @@ def _table_rows(records: list[ResultRecord], anchors: dict[int, str]) -> Record:
         for record in records
     ]
     return {"strings": list(strings), "rows": rows}
+
+
+def _known(record: ResultRecord) -> str:
+    """A failing row's label where it matches a known library defect (judge/defects.py)."""
+    return f"known defect {record.known_defect}: " if record.known_defect else ""
+
+
+def _known_badge(record: ResultRecord) -> str:
+    return (
+        f' <span class="badge known" title="{_e(KNOWN_TITLE)}">known defect {_e(record.known_defect)}</span>'
+        if record.known_defect
+        else ""
+    )
+
+
+#: what a known-defect badge says on hover
+KNOWN_TITLE = "a known library defect (pytest_msprobe/judge/defects.py): python -m pytest_msprobe.judge.reproduce"
 
 
 # --- the calls in detail ---------------------------------------------------------------
@@ -336,7 +353,7 @@ def _call_section(
     status = _e(record.status)
     parts = [
         f'<section class="call {status}" id="{anchor}">',
-        f'<h3><span class="badge {status}">{status}</span> {_e(record.call)}</h3>',
+        f'<h3><span class="badge {status}">{status}</span>{_known_badge(record)} {_e(record.call)}</h3>',
         f'<p class="muted">{_e(meta)}<br>dump {_e(record.dump)}</p>',
     ]
     shown = [output for output in record.outputs if output.status in BAD or output.index in samples]

@@ -95,6 +95,7 @@ class Summary:
     most_repeated: list[tuple[int, str]] = field(default_factory=list)
     skips: Counter[str] = field(default_factory=Counter)  # skip_reason -> calls
     overflow_modes: Counter[str] = field(default_factory=Counter)  # overflow_mode_counts: mode -> calls
+    known: Counter[str] = field(default_factory=Counter)  # known defect (judge/defects.py) -> failing calls
     started: float = field(default_factory=time.monotonic)
 
     def add(self, record: ResultRecord, represents: int = 1, *, resumed: bool = False) -> None:
@@ -108,6 +109,8 @@ class Summary:
         if record.status == "skip":
             self.skips[skip_reason(record.message)] += 1
         self.overflow_modes.update(overflow_mode_counts(record))
+        if record.known_defect:
+            self.known[record.known_defect] += 1
         if represents > 1:
             repeated = (represents, record.call)
             if len(self.most_repeated) < MOST_REPEATED_SHOWN:
@@ -150,6 +153,11 @@ class Summary:
                 f"; {selected - ran} not run, about {(selected - ran) / rate:.0f} s more (rerun with --msprobe-resume)"
             )
         lines = [head, pace]
+        if self.known:
+            lines.append(
+                f"{sum(self.known.values())} of the failing calls are known library defects, not new faults: "
+                + ", ".join(f"{row} {count}" for row, count in self.known.most_common())
+            )
         failing = self.resumed_status["error"] + (self.resumed_status["warning"] if strict else 0)
         if failing:
             lines.append(f"{failing} of the calls from the resumed run failed: they count in the exit status")

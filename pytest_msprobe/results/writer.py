@@ -266,6 +266,7 @@ def metrics_rows(entry: Entry) -> list[dict]:
         "device": record.device,
         "represents": entry.represents,
         "duration": record.duration,
+        **({"known_defect": record.known_defect} if record.known_defect else {}),
     }
     return [
         {

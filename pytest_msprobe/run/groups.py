@@ -101,7 +101,7 @@ def _never(args: list[Param], kwargs: dict[str, Param], direction: str) -> bool:
     backward, rms_norm forward and backward, x / 7 and x / a scalar tensor, 64 x 256
     bfloat16 and float16, 0-2 of 16384 elements differ; and a kernel that rounds it to D
     is a defect the elements' test must see (torch's cross_entropy gradient taken from a
-    log_softmax rounded to D, torch_findings.py: -0.27 to -0.72 ULP on 3 real dumps,
+    log_softmax rounded to D, judge/reproducers_reduced.py: -0.27 to -0.72 ULP on 3 real dumps,
     which grouped by samples passed)."""
     return False
 

@@ -281,7 +281,7 @@ def _while_a_bit_is_kept(terms: torch.Tensor, exact: torch.Tensor) -> torch.Tens
     result is mostly the rounding of an intermediate the definition does not form (the
     README's policy): gelu's 1 + erf(x / sqrt 2) below x of about -3 (its gradient's
     below -3.7), where torch's kernel is percent-off and from about -6 on returns 0
-    (pytorch/pytorch#187806, judge/documented.py's documented defects): still an error."""
+    (pytorch/pytorch#187806, judge/defects.py's known defects): still an error."""
     return torch.where(terms <= exact.abs() * _MOST_CANCELLED, terms, exact.abs())
 
 

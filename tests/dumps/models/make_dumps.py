@@ -286,7 +286,7 @@ class Losses(nn.Module):
     compared by cosine_embedding_loss (1 - cos for pairs labelled 1: per pair, and their
     mean; in float32, as mixed precision computes a loss: torch's float16 kernel rounds
     every step of 1 - cos to float16, 8-38 ULP of float16 off on these views, forward and
-    backward, benchmarks/explore_findings.py), pairwise_distance and cosine_similarity.
+    backward, pytest_msprobe/judge/reproducers.py), pairwise_distance and cosine_similarity.
     The APIs of the routing tables whose definition takes the angle or difference of two
     inputs, for exploring them on real inputs (benchmarks/RESULTS-explore.md).
 

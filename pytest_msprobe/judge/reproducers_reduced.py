@@ -1,10 +1,18 @@
 """Torch's own reduced-precision defects that the real-model dumps show
 (benchmarks/real_models.py, RESULTS-real-models.md), reproduced without the plugin: the
 kernel against float64, beside the same kernel given what the defect takes away. The
-plugin calls these calls errors, and is right to. (benchmarks/explore_findings.py holds
-the float32 findings of --msprobe-explore.)
+plugin calls these calls errors, and is right to; judge/defects.py's rows name these
+functions and label such calls. (judge/reproducers.py holds the float32 findings of
+--msprobe-explore.)
 
-    python benchmarks/torch_findings.py
+    python -m pytest_msprobe.judge.reproduce torch-cpu-scalar-rounded
+
+- add and subtract of a Python float in bfloat16/float16 (GPT-2's tanh-gelu written out,
+  `0.79788456 + x`-style terms): torch's CPU kernel wraps the scalar as a 0-dim tensor of
+  the tensor's dtype, so the scalar is rounded to bfloat16/float16 before the float32
+  operation (0.79788456 becomes 0.796875 in bfloat16): every result carries the scalar's
+  rounding, up to half an ULP of the scalar, and results near 0 (x near -s) are off by
+  many of their own ULPs. mul and div keep the scalar in float32 (correctly rounded).
 
 - batch_norm in bfloat16/float16 with weight and bias in that dtype (a model cast with
   `.to(torch.bfloat16)`, as timm's and torchvision's CNNs are) keeps the saved mean and
@@ -164,7 +172,34 @@ def cross_entropy_reduced() -> None:
                 )
 
 
-if __name__ == "__main__":
-    batch_norm_reduced()
-    layer_norm_reduced()
-    cross_entropy_reduced()
+def scalar_rounded() -> None:
+    """x + s, s + x, x - s, s - x and x * s in bfloat16/float16 against float64 rounded
+    once, beside the same operation given the scalar rounded to the dtype."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 0.05
+    scalar = 0.79788456
+    operations = {
+        "x + s": lambda a, s: a + s,
+        "s + x": lambda a, s: s + a,
+        "x - s": lambda a, s: a - s,
+        "s - x": lambda a, s: s - a,
+        "x * s": lambda a, s: a * s,
+    }
+    print(
+        f"Python scalar s = {scalar} with a tensor x of 4096 values near 0: elements off the exact result rounded once"
+    )
+    for dtype in REDUCED:
+        rounded = float(torch.tensor(scalar, dtype=dtype))
+        tensor = x.to(dtype)
+        for label, operation in operations.items():
+            kernel = operation(tensor, scalar)
+            exact = operation(tensor.double(), scalar).to(dtype)
+            by_rounded = operation(tensor.double(), rounded).to(dtype)
+            print(
+                f"  {dtype}, {label}: {int((kernel != exact).sum())} off the exact, "
+                f"{int((kernel != by_rounded).sum())} off the result with s rounded to {rounded!r}; "
+                f"worst relative error {_relative(kernel, operation(tensor.double(), scalar)):.3g}"
+            )
+
+
+#: every reproducer here, in the order --all runs them
+REPRODUCERS = (scalar_rounded, batch_norm_reduced, layer_norm_reduced, cross_entropy_reduced)

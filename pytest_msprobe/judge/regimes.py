@@ -1,53 +1,26 @@
-"""The torch defects exploration finds in torch's own CPU kernels (DOCUMENTED), each with
-the regime of inputs where it shows: an explored example that fails there still fails,
-and its message names the defect and its reproducer (benchmarks/explore_findings.py).
+"""Where exploration's float32 defects of torch's CPU kernels show (judge/defects.py's
+rows read them): each predicate says whether a call's inputs, in float64, reach the
+intermediate the kernel forms and the API's definition does not (an overflow, an
+underflow, a cancellation).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from pytest_msprobe.judge.intermediates import Arguments, magnitude, underflows, widened
-
-if TYPE_CHECKING:
-    from pytest_msprobe.dump.index import CallName
-    from pytest_msprobe.judge.call import Replayed
-
-# Where exploration's failures that match no excuse are reproduced without the plugin.
-REPRODUCERS = "benchmarks/explore_findings.py"
+from pytest_msprobe.judge.intermediates import Arguments, magnitude, underflows
 
 
-@dataclass(frozen=True)
-class Documented:
-    """A torch defect that exploration finds in torch's own CPU kernel and the README's
-    policy counts as the kernel's (an intermediate the kernel chose, which the API's
-    definition does not form): `reproducer`, a function of REPRODUCERS, shows it against
-    float64 beside a formula of the same cost in the same dtype. An example of the API in
-    `dtypes` whose inputs lie where the defect shows (`regime`) still fails (the device
-    is wrong there), and its message names the defect and the reproducer, so that a user
-    can tell torch's known defect from a new one and deselect it where it is known."""
-
-    operator: str
-    direction: str
-    dtypes: tuple[torch.dtype, ...]
-    regime: Callable[[Arguments], bool]  # the example's inputs (float64) lie where the defect shows
-    defect: str
-    reproducer: str
-
-
-def _gelu_tail(call: Arguments) -> bool:
+def gelu_tail(call: Arguments) -> bool:
     """gelu (exact) of an x below -4, where 1 + erf(x / sqrt 2) cancels."""
     x = call.tensor(0, "input")
     exact = call.kwargs.get("approximate", "none") == "none"
     return exact and x is not None and bool((x.nan_to_num(0.0, 0.0, 0.0) < -4).any())
 
 
-def _gelu_tanh_gradient(call: Arguments) -> bool:
+def gelu_tanh_gradient(call: Arguments) -> bool:
     """gelu(tanh)'s gradient where its inner derivative beta (1 + 3 kappa x**2) overflows
     float32 (|x| past ~5e19) while 1 - tanh**2 is already 0: 0 * inf."""
     x = call.tensor(0, "input")
@@ -55,13 +28,13 @@ def _gelu_tanh_gradient(call: Arguments) -> bool:
     return tanh and x is not None and magnitude(3 * 0.044715 * x.square(), False) > torch.finfo(torch.float32).max
 
 
-def _hardswish_product(call: Arguments) -> bool:
+def hardswish_product(call: Arguments) -> bool:
     """hardswish where x * relu6(x + 3) overflows float32 before the division by 6."""
     x = call.tensor(0, "input")
     return x is not None and magnitude(x * (x + 3).clamp(0, 6), False) > torch.finfo(torch.float32).max
 
 
-def _softplus_gradient(call: Arguments) -> bool:
+def softplus_gradient(call: Arguments) -> bool:
     """softplus's gradient where g exp(beta x) overflows float32 below the threshold (the
     kernel's g z / (z + 1), z = exp(beta x), where the definition's g sigmoid(beta x) does not)."""
     x = call.tensor(0, "input")
@@ -75,7 +48,7 @@ def _softplus_gradient(call: Arguments) -> bool:
     return magnitude(products, False) > torch.finfo(torch.float32).max
 
 
-def _group_norm_squares(call: Arguments) -> bool:
+def group_norm_squares(call: Arguments) -> bool:
     """group_norm (forward, and the backward from its forward's statistics) where an x**2
     overflows float32 (|x| past 1.84e19): torch's CPU kernel forms it (NaN from there on,
     measured; 1.2e-4 off at 1.83e19), the definition's (x - mean)**2 does not."""
@@ -83,7 +56,7 @@ def _group_norm_squares(call: Arguments) -> bool:
     return x is not None and magnitude(x.square(), False) > torch.finfo(torch.float32).max
 
 
-def _group_norm_gradient(call: Arguments) -> bool:
+def group_norm_gradient(call: Arguments) -> bool:
     """group_norm's input gradient where the CPU backward's fused rstd * weight, or its
     moment form's (mean sum(g w) - sum(g w x)) rstd**3, overflows float32 (per sample and
     group) while the definition's rstd (g w - mean(g w) - x_hat mean(g w x_hat)) is finite."""
@@ -109,10 +82,10 @@ def _group_norm_gradient(call: Arguments) -> bool:
     fused = rstd.repeat_interleave(x.shape[1] // groups, 1) * weight.abs()
     return max(magnitude(moments, False), magnitude(fused, False)) > torch.finfo(
         torch.float32
-    ).max or _group_norm_squares(call)
+    ).max or group_norm_squares(call)
 
 
-def _batch_norm_weight(call: Arguments) -> bool:
+def batch_norm_weight(call: Arguments) -> bool:
     """batch_norm where the CPU kernel's fused weight * rstd overflows float32 (rstd from the
     batch's statistics in training, the running variance otherwise) while the
     definition's weight * x_hat fits (the exact result is checked first: EXCUSES)."""
@@ -127,7 +100,7 @@ def _batch_norm_weight(call: Arguments) -> bool:
     return magnitude((variance + eps).rsqrt() * weight.abs(), False) > torch.finfo(torch.float32).max
 
 
-def _layer_norm_gradient(call: Arguments) -> bool:
+def layer_norm_gradient(call: Arguments) -> bool:
     """layer_norm's backward where the CPU kernel's moment form leaves float32: its
     rstd**3 among the subnormals (sigma past ~4e12), its sums of g w x (x, not x_hat) or
     (mean sum(g w) - sum(g w x)) rstd**3 beyond the largest value, or a fused rstd * w,
@@ -182,7 +155,7 @@ def _attention_scores(call: Arguments) -> torch.Tensor | None:
     return scores
 
 
-def _attention_accumulator(call: Arguments) -> bool:
+def attention_accumulator(call: Arguments) -> bool:
     """The CPU flash forward's unnormalised sum of exp(s - max(s)) v along a query's row
     beyond float32, which the definition (softmax first, then P V) never forms."""
     scores, v = _attention_scores(call), call.tensor(2, "value")
@@ -195,7 +168,7 @@ def _attention_accumulator(call: Arguments) -> bool:
         return False
 
 
-def _attention_saturated(call: Arguments) -> bool:
+def attention_saturated(call: Arguments) -> bool:
     """Every query row of two keys or more saturated: its two largest scores further
     apart than ln(1 / eps) of float32, so that its softmax rounds to one-hot (a large
     offset of q): the CPU flash backward's key gradient is then nonzero where the exact
@@ -207,124 +180,3 @@ def _attention_saturated(call: Arguments) -> bool:
     rows = torch.isfinite(top[..., 1])
     gaps = (top[..., 0] - top[..., 1])[rows]
     return bool(gaps.numel()) and float(gaps.min()) > -math.log(torch.finfo(torch.float32).eps)
-
-
-F32 = (torch.float32,)
-
-#: The torch defects exploration finds (README, benchmarks/RESULTS-explore.md): an example
-#: that fails where one's regime holds names it and its reproducer (documented).
-DOCUMENTED = (
-    Documented(
-        "gelu",
-        "forward",
-        F32,
-        _gelu_tail,
-        "1 + erf(x / sqrt 2) cancels below x = -4 (pytorch/pytorch#187806)",
-        "gelu_tail",
-    ),
-    Documented(
-        "gelu",
-        "backward",
-        F32,
-        _gelu_tail,
-        "its gradient's 1 + erf(x / sqrt 2) cancels below x = -4: 0 from x ~ -6 on",
-        "gelu_tail_gradient",
-    ),
-    Documented(
-        "gelu",
-        "backward",
-        F32,
-        _gelu_tanh_gradient,
-        "gelu(tanh)'s gradient: beta (1 + 3 kappa x**2) overflows where 1 - tanh**2 is 0, 0 * inf = NaN",
-        "gelu_tanh_gradient",
-    ),
-    Documented(
-        "softplus",
-        "backward",
-        F32,
-        _softplus_gradient,
-        "g * exp(x) overflows before the division by 1 + exp(x)",
-        "softplus_gradient",
-    ),
-    Documented(
-        "layer_norm",
-        "backward",
-        F32,
-        _layer_norm_gradient,
-        "the CPU backward's moment form (rstd**3, sums of g w x, fused rstd * g w) leaves float32's normal range",
-        "layer_norm_scale, layer_norm_one_element",
-    ),
-    Documented(
-        "batch_norm",
-        "forward",
-        F32,
-        _batch_norm_weight,
-        "the CPU kernel's fused weight * rstd overflows where weight * x_hat fits",
-        "batch_norm_weight",
-    ),
-    Documented(
-        "hardswish",
-        "forward",
-        F32,
-        _hardswish_product,
-        "x * relu6(x + 3) overflows before the division by 6",
-        "hardswish_large",
-    ),
-    Documented(
-        "group_norm",
-        "forward",
-        F32,
-        _group_norm_squares,
-        "the CPU kernel forms x**2, which overflows where the definition's (x - mean)**2 fits",
-        "group_norm_squares",
-    ),
-    Documented(
-        "group_norm",
-        "backward",
-        F32,
-        _group_norm_gradient,
-        "the CPU backward's fused rstd * weight, its rstd**3 sums or its forward's x**2 overflows",
-        "group_norm_backward_weight",
-    ),
-    Documented(
-        "scaled_dot_product_attention",
-        "forward",
-        F32,
-        _attention_accumulator,
-        "the CPU flash kernel sums exp(s - max) v before dividing by the row's sum",
-        "attention_flash",
-    ),
-    Documented(
-        "scaled_dot_product_attention",
-        "backward",
-        F32,
-        _attention_saturated,
-        "the CPU flash backward gives a key gradient where saturated rows' exact one is 0 (torch's math kernel is exact)",
-        "attention_flash",
-    ),
-)
-
-
-def documented_defect(name: CallName, replayed: Replayed) -> str | None:
-    """The note naming the documented torch defect (DOCUMENTED) whose regime the example's
-    inputs lie in, None where none matches: the example still fails."""
-    inputs = replayed.results.inputs
-    dtypes = {leaf.tensor.dtype for leaf in inputs.leaves if leaf.tensor.is_floating_point()}
-    call = Arguments(
-        [widened(arg) for arg in inputs.args],
-        {key: widened(value) for key, value in inputs.kwargs.items()},
-        [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()],
-        torch.empty(0),  # the forward's result: no regime reads it
-    )
-    for entry in DOCUMENTED:
-        if (
-            entry.operator == name.operator
-            and entry.direction == name.direction
-            and dtypes <= set(entry.dtypes)
-            and entry.regime(call)
-        ):
-            return (
-                f"a documented torch defect: {entry.defect}; reproduced without the plugin by {REPRODUCERS} "
-                f"({entry.reproducer}): deselect it where it is known"
-            )
-    return None
