@@ -159,6 +159,7 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], reference: Reference | No
             offend="score",
             sample=sample_step(pair.n),
             bias_q=q_half,
+            near_zero=pair.near_zero_limits,
         ),
     )
     if res is None:

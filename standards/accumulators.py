@@ -343,8 +343,8 @@ class _Signs:
 
 class _Bias:
     def __init__(self, plan: Plan, size: int) -> None:
-        assert plan.spec.bias_q is not None
-        self.sums = BiasSums(plan.info, plan.spec.bias_q, size)
+        assert plan.spec.bias_q is not None and plan.spec.near_zero is not None
+        self.sums = BiasSums(plan.info, plan.spec.bias_q, size, plan.spec.near_zero)
 
     def add(self, chunk: Chunk) -> None:
         if chunk.sampled:

@@ -104,6 +104,7 @@ from .dtypes import Array
 from .fast import QUANTILE_SAMPLE
 from .metrics import Pair, sign_balance_z
 from .misrounding import OPMATH_ROUNDED_BITS, far_metrics, far_reasons
+from .near_zero import NEAR_ZERO_N
 from .signs import LIB_BIAS_KEY, bias_failures, bias_reasons, signs_z
 
 if TYPE_CHECKING:
@@ -112,9 +113,9 @@ if TYPE_CHECKING:
 __all__ = ["bias_metrics", "judge_bias", "grouped_z", "statistics", "sample_blocks", "STAT_SAMPLE"]
 
 #: chunks.BiasSums' totals where no element is finite
-NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
-#: the names of the bias metrics (and their sums) begin so
-BIAS_PREFIXES = ("bias_", "scale_bias_")
+NO_SUMS = (0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0)
+#: the names of the bias metrics (and their sums, and the near-zero counts) begin so
+BIAS_PREFIXES = ("bias_", "scale_bias_", "near_zero_")
 #: the statistics are computed on a sample of at least this many elements (fewer than
 #: twice as many; single_run.py rule 4 says why that loses nothing)
 STAT_SAMPLE = 2**20
@@ -134,8 +135,10 @@ def statistics(sums: Sequence[float], prefix: str = "") -> dict[str, float]:
     """The four bias metrics from chunks.BiasSums' totals (both paths of every standard),
     and the sums they come from (`bias_n`, `*_signs`, `*_signs_sq`, and `bias_ulp_ms`,
     the mean square of the ULP errors, which gives the means their standard error):
-    what the calls of one kernel pool into its verdict (judge/kernels.py)."""
-    pos, neg, outward, inward, n_upper, signed_sum, scale_sum, square_sum = sums
+    what the calls of one kernel pool into its verdict (judge/kernels.py); and, where
+    some elements were left out near zero (near_zero.py), how many."""
+    pos, neg, outward, inward, n_upper, signed_sum, scale_sum, square_sum, n_near = sums
+    near = {f"{prefix}{NEAR_ZERO_N}": float(n_near)}
     return {
         f"{prefix}bias_ulp": signed_sum / max(n_upper, 1),
         f"{prefix}bias_ulp_ms": square_sum / max(n_upper, 1),
@@ -147,7 +150,7 @@ def statistics(sums: Sequence[float], prefix: str = "") -> dict[str, float]:
         f"{prefix}bias_signs_sq": float(pos + neg),
         f"{prefix}scale_bias_signs": float(outward - inward),
         f"{prefix}scale_bias_signs_sq": float(outward + inward),
-    }
+    } | (near if n_near else {})
 
 
 def _clustered_sums(signs: Array, groups: Array) -> tuple[float, float]:
@@ -164,7 +167,7 @@ def grouped_z(pair: Pair, metrics: dict[str, float], prefix: str = "") -> dict[s
     if groups is None or not metrics or pair.n_finite == 0:
         return metrics
     ids = groups if groups.min() >= 0 else np.unique(groups, return_inverse=True)[1]
-    additive = np.sign(pair.df - pair.bf_rounded)
+    additive = np.sign(pair.df - pair.bf_rounded) * ~pair.near_zero  # left out near zero (near_zero.py)
     grouped: dict[str, float] = {}
     for name, signs in (("bias", additive), ("scale_bias", additive * np.sign(pair.bf))):
         total, spread = _clustered_sums(signs, ids)
@@ -197,7 +200,7 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
         if pair.n_finite == 0:
             return statistics(NO_SUMS)
         blocks = sample_blocks(pair.n_finite)
-        sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
+        sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite, pair.near_zero_limits)
         for part in blocks:
             sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part], pair.abs_b[part])
         return grouped_z(pair, statistics(sums.sums))

@@ -24,6 +24,7 @@ import torch
 from numpy.typing import DTypeLike
 
 from .dtypes import Array, DtypeInfo
+from .near_zero import left_out
 
 __all__ = ["CHUNK", "BIAS_CLIP", "BiasSums", "chunks", "in_halves", "in_threads", "raw"]
 
@@ -163,21 +164,23 @@ class BiasSums:
     """The single-run rule's bias counts and sums over the sampled blocks of elements
     (single_run.py: which blocks, and `bias.statistics`, which turns them into metrics).
     Both paths `add` the same blocks, with their own arrays: d and b_D (the bench rounded
-    to D) in D's dtype or float64, b in its own, d - b and |b| in float64.
+    to D) in D's dtype or float64, b in its own, d - b and |b| in float64. The elements
+    near zero that near_zero.left_out names (`limits` = (small, small_atol)) are counted
+    apart and left out of every other count and sum.
 
     sums = [#(d > b_D), #(d < b_D), #outward (d - b_D has the sign of b), #inward,
             #upper (|b| >= q), sum of the clipped signed own-ULP errors over the upper
-            elements, the same times sign(b), the sum of their squares]
+            elements, the same times sign(b), the sum of their squares, #left out]
     """
 
-    def __init__(self, info: DtypeInfo, q: float, size: int) -> None:
-        self.info, self.q = info, q
+    def __init__(self, info: DtypeInfo, q: float, size: int, limits: tuple[float, float]) -> None:
+        self.info, self.q, self.limits = info, q, limits
         self.unit = 2.0**info.mantissa_bits  # ULPs per 2**e (pow2_into)
         self.clamp = 2.0**info.e_min
         cap = min(CHUNK, size)  # the largest block
         self.signed, self.w, self.tmp = (np.empty(cap) for _ in range(3))
-        self.masks = [np.empty(cap, bool) for _ in range(5)]
-        self.sums: list[float] = [0, 0, 0, 0, 0, 0.0, 0.0, 0.0]
+        self.masks = [np.empty(cap, bool) for _ in range(6)]
+        self.sums: list[float] = [0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0]
 
     def add(self, d: Array, b_d: Array, b: Array, diff: Array, abs_b: Array) -> None:
         """One block (at most CHUNK elements, all finite).
@@ -185,22 +188,36 @@ class BiasSums:
         Measured per 2**16-element block (numpy 1.26): comparisons and logical ops on
         masks and mask counts are cheap (2-9 us), float64 ufuncs with a scalar or a cast
         are not (minimum/maximum 30-50 us, a bool operand cast inside multiply 50 us); so
-        the b < 0 mask is derived where no b is 0, the clip runs only where an error is
-        past it, and the signed sums are two masked sums, not three.
+        the b < 0 mask is derived where no b is 0, the near-zero test reads only the
+        elements below `small`, and only where |b|'s minimum says there are any, the clip
+        runs only where an error is past it, and the signed sums are two masked sums, not
+        three.
         """
         m = d.size
         signed, w, prod = self.signed[:m], self.w[:m], self.tmp[:m]
-        up, down, pos, neg, tmp = (x[:m] for x in self.masks)
+        up, down, pos, neg, tmp, kept = (x[:m] for x in self.masks)
         count, s = np.count_nonzero, self.sums
         np.greater(d, b_d, out=up)
         np.less(d, b_d, out=down)
         np.greater(b, 0, out=pos)
+        np.divide(diff, pow2_into(abs_b, w, self.clamp), out=signed)  # exact
+        lim = BIAS_CLIP / self.unit
+        clipped = not -lim <= float(signed.min()) <= float(signed.max()) <= lim
+        abs_b_min = float(abs_b.min())
+        # past the clip relative to a normal |b| is past it in ULPs too: only a clipped
+        # block, or one with a subnormal or zero |b|, can hold an element left out
+        near = (
+            (clipped or abs_b_min < self.clamp) and abs_b_min <= self.limits[0] and self._leave_out(diff, abs_b, kept)
+        )
+        if near:
+            np.logical_and(up, kept, out=up)
+            np.logical_and(down, kept, out=down)
         n_up, n_down = int(count(up)), int(count(down))
         s[0] += n_up
         s[1] += n_down
         up_pos = int(count(np.logical_and(up, pos, out=tmp)))
         down_pos = int(count(np.logical_and(down, pos, out=tmp)))
-        no_zero = float(abs_b.min()) > 0.0
+        no_zero = abs_b_min > 0.0
         if no_zero:  # b < 0 wherever not b > 0
             up_neg, down_neg = n_up - up_pos, n_down - down_pos
         else:
@@ -209,12 +226,12 @@ class BiasSums:
             down_neg = int(count(np.logical_and(down, neg, out=tmp)))
         s[2] += up_pos + down_neg
         s[3] += down_pos + up_neg
-        np.divide(diff, pow2_into(abs_b, w, self.clamp), out=signed)  # exact
-        lim = BIAS_CLIP / self.unit
-        if not -lim <= float(signed.min()) <= float(signed.max()) <= lim:
+        if clipped:
             np.minimum(signed, lim, out=signed)
             np.maximum(signed, -lim, out=signed)
         upper = np.greater_equal(abs_b, self.q, out=up)
+        if near:
+            np.logical_and(upper, kept, out=upper)
         n_upper = int(count(upper))
         s[4] += n_upper
         if n_upper == 0:
@@ -233,3 +250,13 @@ class BiasSums:
             ):
                 np.copyto(w, mask)
                 s[6] += sign * self.unit * dot(signed, w, prod)
+
+    def _leave_out(self, diff: Array, abs_b: Array, kept: Array) -> bool:
+        """Whether any element is left out (near_zero.left_out); then `kept` holds the
+        others. Counts those left out."""
+        out = np.flatnonzero(left_out(abs_b, np.abs(diff), BIAS_CLIP / self.unit, self.limits))
+        self.sums[8] += out.size
+        if out.size:
+            kept.fill(True)
+            kept[out] = False
+        return out.size > 0

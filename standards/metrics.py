@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
+from .chunks import BIAS_CLIP
 from .dtypes import Array, DtypeInfo
+from .near_zero import left_out
 from .verdict import Offender, Status, Verdict
 
 if TYPE_CHECKING:
@@ -119,6 +121,9 @@ class Pair:
         self.groups_src: Array | torch.Tensor | None = None  # set by the registry: each element's group (bias.py)
         # set by the registry: whether a correct kernel rounds each element once (bias.far_metrics)
         self.rounded_once_src: Array | torch.Tensor | None = None
+        # (small, small_atol): the elements near zero and their absolute tolerance (near_zero.py);
+        # the registry sets the API's own where a threshold table overrides them
+        self.near_zero_limits: tuple[float, float] = (info.defaults["small"], info.defaults["small_atol"])
         if info.name == "bfloat16":
             self.tiny = 2.0**-8
         else:
@@ -291,6 +296,12 @@ class Pair:
         src = self.rounded_once_src
         mask = np.asarray(src.cpu() if hasattr(src, "cpu") else src, dtype=bool).reshape(-1)
         return mask if self.all_finite else mask[self.both_finite]
+
+    @cached_property
+    def near_zero(self) -> Array:
+        """Per finite element, whether the tests that count in ULPs of its own magnitude
+        leave it out (near_zero.left_out)."""
+        return left_out(self.abs_b, self.abs_err, BIAS_CLIP * self.info.eps, self.near_zero_limits)
 
     @cached_property
     def ulp(self) -> Array:

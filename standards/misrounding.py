@@ -73,9 +73,10 @@ def far_metrics(pair: Pair) -> dict[str, float]:
         return {}
 
     def compute() -> dict[str, float]:
-        d, b_rounded, b = pair.df[once], pair.bf_rounded[once], pair.bf[once]
+        judged = once & ~pair.near_zero  # near zero within its absolute tolerance: correct (near_zero.py)
+        d, b_rounded, b = pair.df[judged], pair.bf_rounded[judged], pair.bf[judged]
         terms = pair.terms
-        scale = pair.abs_b[once] if terms is None else terms[once]
+        scale = pair.abs_b[judged] if terms is None else terms[judged]
         far = (d != b_rounded) & (np.abs(d - b) > far_ulp(pair.info) * ulp_of(scale, pair.info))
         below = d[far] < b_rounded[far]
         toward = below == (b[far] > 0)

@@ -49,6 +49,7 @@ class PassSpec:
     offend: Offend | None = None  # Worst: the five worst elements by this score
     sample: int = 1  # sums of the statistics (ScaledSums', BiasTotals) over every sample-th chunk
     bias_q: float | None = None  # q: BiasTotals over the sampled chunks
+    near_zero: tuple[float, float] | None = None  # with bias_q: (small, small_atol) (near_zero.py)
     sumsq: bool = False  # BenchSquares: sum of b**2 (fast.run_with_rms)
 
     def __post_init__(self) -> None:
@@ -56,6 +57,7 @@ class PassSpec:
         lacking = {
             "abs_scaled needs threshold": self.abs_scaled is not None and self.threshold is None,
             "benchmark_ideal needs benchmark": self.benchmark_ideal and self.benchmark is None,
+            "bias_q needs near_zero": self.bias_q is not None and self.near_zero is None,
             "offend='score' needs threshold": self.offend == "score" and self.threshold is None,
             "offend='scaled' needs scaled_rms": self.offend == "scaled" and self.scaled_rms is None,
         }

@@ -35,7 +35,7 @@ def sampled_bias(pair: Pair, q: float, sample: int) -> list[float] | None:
     starts = list(range(0, d.size, CHUNK * sample))
 
     def work(part: list[int]) -> list[float] | None:
-        sums = BiasSums(info, q, d.size)
+        sums = BiasSums(info, q, d.size, pair.near_zero_limits)
         cap = min(CHUNK, d.size)
         bench_d_buf = np.empty(cap, d_buffer_dtype(d.dtype, info))
         diff, abs_b = np.empty(cap), np.empty(cap)
@@ -102,7 +102,7 @@ def thousandth_count(  # noqa: C901  the fused hot loop: a split would add a pas
             within, below_hi = np.empty(CHUNK, bool), np.empty(CHUNK, bool)
             bias = None
             if bias_q is not None:
-                bias = BiasSums(info, bias_q, min(CHUNK, n))
+                bias = BiasSums(info, bias_q, min(CHUNK, n), pair.near_zero_limits)
                 diff, abs_b = np.empty(min(CHUNK, n)), np.empty(min(CHUNK, n))
                 bench_d_buf = np.empty(min(CHUNK, n), d_buffer_dtype(d.dtype, info))
             count, finite, babs = 0, True, 0.0

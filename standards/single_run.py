@@ -170,7 +170,7 @@ def single_run_metrics(pair: Pair) -> dict[str, float]:
         defaults = pair.info.defaults
         scaled = scaled_ulp_err(pair)
         blocks = sample_blocks(pair.n_finite)
-        sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite)
+        sums = BiasSums(pair.info, abs_b_quantile(pair, 0.5), pair.n_finite, pair.near_zero_limits)
         for part in blocks:
             sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part], pair.abs_b[part])
         return {
@@ -228,7 +228,7 @@ def fast_single_run(
     """
     defaults = pair.info.defaults
     q_half, *q_top = fast.abs_b_quantiles(pair, (0.5, defaults["sr_top_quantile"]) if top else (0.5,))
-    spec = replace(spec, sample=sample_step(pair.n), bias_q=q_half)
+    spec = replace(spec, sample=sample_step(pair.n), bias_q=q_half, near_zero=pair.near_zero_limits)
     if scaled or top:
         top_scale = (q_top[0], defaults["sr_scale_floor"]) if top else None
         res = fast.run_with_rms(pair, spec, scaled, top_scale)
