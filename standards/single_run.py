@@ -252,7 +252,7 @@ def with_bias_sample(pair: Pair, spec: PassSpec) -> PassSpec:
     baseline's metrics the call's bias sums are its kernel's evidence (bias.judge_bias),
     the same numbers in the same pass."""
     (q_half,) = fast.abs_b_quantiles(pair, (0.5,))
-    return replace(spec, sample=sample_step(pair.n), bias_q=q_half)
+    return replace(spec, sample=sample_step(pair.n), bias_q=q_half, near_zero=pair.near_zero_limits)
 
 
 def bias_sums(res: PassResult, spec: PassSpec) -> dict[str, float] | None:
