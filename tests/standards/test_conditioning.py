@@ -6,6 +6,7 @@ fault passed before the bias tests existed; both directions are asserted.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -118,6 +119,84 @@ def test_float32_dot_toward_zero_is_within_the_accumulation_class_and_twice_is_n
     )
     assert twice.status == "error" and "scale (toward/away from zero) bias" in twice.message(), twice.message()
     assert "a correct library of its class may lean" in twice.message()
+
+
+def _sequential_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x @ w.T accumulated in `dtype` one term after another, each product and addition
+    correctly rounded: the plainest correct kernel in float32, the same on every ATen
+    kernel path (elementwise steps only)."""
+    total = torch.zeros(x.shape[0], w.shape[0], dtype=dtype)
+    for k in range(x.shape[1]):
+        total = total + x[:, k : k + 1].to(dtype) * w[:, k].to(dtype)
+    return total.float()
+
+
+def _tf32(tensor: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32's 10 mantissa bits (to nearest, ties away: no tie occurs
+    in randn's values at this width often enough to matter)."""
+    bits = tensor.view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def test_a_correct_sequential_float32_accumulation_passes_in_a_single_run_without_terms():
+    """msprobe's float32 rule reads ULPs of each element's own magnitude: a product of
+    1024 terms that cancels to near zero puts 7.4% of its elements over 32 ULP, and the
+    mean (71.1, limit 64) is carried by the few nearest zero. Judged beyond the
+    accumulator's allowance at the output's scale (ulp.py) it is 0: a pass, with msprobe's
+    metrics unchanged. Failed before the output-scale judgement existed. numpy draws the
+    inputs: torch's randn draws otherwise under ATEN_CPU_CAPABILITY=default."""
+    rng = np.random.default_rng(4)
+    x = torch.from_numpy(rng.standard_normal((256, 1024), dtype=np.float32))
+    w = torch.from_numpy(rng.standard_normal((64, 1024), dtype=np.float32))
+    bench = x.double() @ w.double().T
+    verdict = check(bench, _sequential_product(x, w), api="matmul")
+    assert verdict.status == "pass", verdict.message()
+    assert verdict.metrics["mean_ulp_err"] > 64 and verdict.metrics["ulp_err_proportion"] > 0.05
+    assert verdict.metrics["accum_ulp_err_proportion"] < 0.05
+    with_terms = check(bench, _sequential_product(x, w), api="matmul", terms=x.double().abs() @ w.double().abs().T)
+    assert with_terms.status == "pass" and "accum_mean_ulp_err" not in with_terms.metrics  # the terms' rule decides
+
+
+def test_a_fault_confined_to_rows_of_small_scale_is_an_error_at_the_output_scale():
+    """The output's scale is estimated per row and column (ulp.product_scale): rows of
+    inputs 2**-20 as large, accumulated in bfloat16, are 2**-22 of the output's RMS off,
+    within an allowance at that RMS (a pass), and hundreds of thousands of ULPs at their
+    rows' own scale (an error). The correct kernels on the same inputs pass."""
+    rng = np.random.default_rng(4)
+    x = torch.from_numpy(rng.standard_normal((256, 1024), dtype=np.float32))
+    w = torch.from_numpy(rng.standard_normal((64, 1024), dtype=np.float32))
+    x[128:] *= 2.0**-20
+    w[32:] *= 2.0**-6
+    bench = x.double() @ w.double().T
+    correct = _sequential_product(x, w)
+    assert check(bench, correct, api="matmul").status == "pass"
+    assert check(bench, x @ w.T, api="matmul").status == "pass"
+    faulty = torch.cat([correct[:128], _sequential_product(x[128:], w, torch.bfloat16)])
+    verdict = check(bench, faulty, api="matmul")
+    assert verdict.status == "error", verdict.message()
+    assert verdict.metrics["accum_ulp_err_proportion"] > 0.4
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param(lambda x, w: _tf32(x) @ _tf32(w).T, id="tf32-inputs"),
+        pytest.param(lambda x, w: _sequential_product(x, w, torch.bfloat16), id="bfloat16-accumulator"),
+        pytest.param(lambda x, w: _sequential_product(x, w, torch.float16), id="float16-accumulator"),
+        pytest.param(
+            lambda x, w: (x.double() @ w.double().T * -15 + 16 * _sequential_product(x, w).double()).float(),
+            id="sixteen-times-the-noise",
+        ),
+    ],
+)
+def test_a_float32_product_with_a_lower_precision_step_fails_at_the_output_scale(fault):
+    """The output-scale judgement excuses an accumulator's rounding, not a lower precision:
+    inputs rounded to TF32, a 16-bit accumulator, or sixteen times a correct kernel's
+    error stay errors in a single run without terms."""
+    x, w, bench = _dot_products()
+    verdict = check(bench, fault(x, w), api="matmul")
+    assert verdict.status == "error", verdict.message()
+    assert "at the output's scale: accum_mean_ulp_err" in verdict.message()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
