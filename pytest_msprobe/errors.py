@@ -14,3 +14,13 @@ class CallSkip(Exception):
 class CallError(Exception):
     """The call's data is broken or unsafe (missing/corrupt tensor, path outside the
     dump): the test fails with this reason, the run goes on."""
+
+
+class MissingTensorFile(CallError):
+    """A tensor file the record names is not in dump_tensor_data: what the caller then
+    tells the user to do depends on whose file it is (an input, or offline the output)."""
+
+    def __init__(self, where: str, data_name: str, folder: str) -> None:
+        super().__init__(f"{where}: tensor file {data_name!r} is missing from {folder}")
+        self.data_name = data_name
+        self.folder = folder

@@ -32,6 +32,7 @@ from .metrics import Pair
 from .pass_plan import PassSpec
 from .pass_results import BeyondScaled, BiasTotals, ThresholdCounts, Worst
 from .single_run import at_least_normal, tolerance_scale
+from .verdict import Reason
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -58,7 +59,7 @@ def threshold_reasons(
     metrics: dict[str, float], limits: dict[str, float], judged: Iterable[str] | None = None
 ) -> list[str]:
     """Reasons for every judged ratio above zero (default: the spec's three)."""
-    reasons = []
+    reasons: list[str] = []
     whats = {
         "inf_nan_error_ratio": "inf/nan elements disagree",
         "rel_err_ratio": f"normal elements have rel_err > {limits['rtol']:.3g}",
@@ -70,7 +71,7 @@ def threshold_reasons(
     for key in judged or ("inf_nan_error_ratio", "rel_err_ratio", "abs_err_ratio"):
         what = whats[key]
         if metrics[key] > 0:
-            reasons.append(f"{key} {metrics[key]:.6g} > 0: {what}")
+            reasons.append(Reason(f"{key} {metrics[key]:.6g} > 0: {what}", {key: 0.0}))
     return reasons
 
 

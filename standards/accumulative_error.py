@@ -22,6 +22,7 @@ from .absolute_threshold import absolute_threshold_metrics, fast_threshold_metri
 from .metrics import Pair, sign_balance_z
 from .pass_plan import PassSpec
 from .pass_results import SignCounts, ThresholdCounts, Worst
+from .verdict import Reason
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -57,7 +58,10 @@ def accumulative_error(pair: Pair, thresholds: Mapping[str, float], reference: R
     for key, zz in (("eb", z), ("scale_eb", scale_z)):
         if metrics[key] > thresholds["eb_max"] and zz > thresholds["sr_bias_z"]:
             reasons.append(
-                f"{key} {metrics[key]:.6g} > {thresholds['eb_max']:.6g} with sign-test z {zz:.3g}: a systematic bias"
+                Reason(
+                    f"{key} {metrics[key]:.6g} > {thresholds['eb_max']:.6g} with sign-test z {zz:.3g}: a systematic bias",
+                    {key: thresholds["eb_max"], f"{key}_z": thresholds["sr_bias_z"]},
+                )
             )
     used = {
         "bound": bound,

@@ -51,6 +51,7 @@ from .single_run import (
     tolerance_scale,
     with_bias_sample,
 )
+from .verdict import Reason
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -229,7 +230,10 @@ def _ratio_reasons(rule: _RatioRule, ideal: Mapping[str, float]) -> list[str]:
         metrics[f"{limit_key}"] = ratio
         if ratio > thresholds[limit_key]:
             reasons.append(
-                f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)"
+                Reason(
+                    f"{key} {dev:.4g} is {ratio:.4g}x the reference's {refv:.4g} (limit {thresholds[limit_key]:g}x)",
+                    {limit_key: thresholds[limit_key]},
+                )
             )
     return reasons
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import fast, scans
 from .metrics import Pair
-from .verdict import Offender, Verdict
+from .verdict import Offender, Reason, Verdict
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -55,7 +55,10 @@ def _verdict(pair: Pair, n_bad: int, worst: tuple[Offender, ...], reference: Ref
     reasons = []
     if n_bad:
         reasons.append(
-            f"{n_bad} of {pair.n} elements differ from the bench (error_rate {rate:.6g} > 0); this op must be exact"
+            Reason(
+                f"{n_bad} of {pair.n} elements differ from the bench (error_rate {rate:.6g} > 0); this op must be exact",
+                {"error_rate": 0.0},
+            )
         )
     return pair.verdict(
         "error" if reasons else "pass",

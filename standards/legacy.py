@@ -31,6 +31,7 @@ from .dtypes import Array
 from .metrics import Pair
 from .pass_plan import PassSpec
 from .pass_results import LegacySums, RelBelow
+from .verdict import Reason
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -98,18 +99,21 @@ def _fast_legacy(pair: Pair) -> dict[str, float] | None:
 def legacy(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None = None) -> Verdict:
     """The legacy rules as a standard of their own, with the three fixes above."""
     metrics = dict(legacy_metrics(pair))
-    reasons, warnings = [], []
+    reasons: list[str] = []
+    warnings: list[str] = []
     low_precision = pair.info.mantissa_bits < 23
     nonfinite = pair.unexpected_nonfinite_reason()
     if nonfinite:
         reasons.append(nonfinite)
     if metrics["cosine"] <= 0.99 and pair.n_finite > 1:
-        reasons.append(f"cosine {metrics['cosine']:.6g} <= 0.99")
+        reasons.append(Reason(f"cosine {metrics['cosine']:.6g} <= 0.99", {"cosine": 0.99}))
     elif metrics["max_abs_err"] >= 0.001:
         thousandth = metrics["rel_err_thousandth"]
         if low_precision:
             if metrics["rel_err_hundredth"] <= 0.99:
-                reasons.append(f"rel_err_hundredth {metrics['rel_err_hundredth']:.6g} <= 0.99")
+                reasons.append(
+                    Reason(f"rel_err_hundredth {metrics['rel_err_hundredth']:.6g} <= 0.99", {"rel_err_hundredth": 0.99})
+                )
             beyond = np.abs(pair.df - pair.bf_rounded) / (pair.abs_b + pair.tiny)
             good = int(np.count_nonzero(beyond < 0.001))
             if pair.n_inf_nan:
@@ -117,12 +121,17 @@ def legacy(pair: Pair, thresholds: Mapping[str, float], reference: Reference | N
             metrics["rel_err_thousandth_beyond_rounding"] = good / pair.n if pair.n else 1.0
             thousandth = max(thousandth, metrics["rel_err_thousandth_beyond_rounding"])
             if thousandth <= 0.999:
-                warnings.append(f"rel_err_thousandth {thousandth:.6g} <= 0.999")
+                warnings.append(Reason(f"rel_err_thousandth {thousandth:.6g} <= 0.999", {"rel_err_thousandth": 0.999}))
         else:
             if thousandth <= 0.999:
-                reasons.append(f"rel_err_thousandth {thousandth:.6g} <= 0.999")
+                reasons.append(Reason(f"rel_err_thousandth {thousandth:.6g} <= 0.999", {"rel_err_thousandth": 0.999}))
             elif metrics["rel_err_ten_thousandth"] <= 0.9999:
-                warnings.append(f"rel_err_ten_thousandth {metrics['rel_err_ten_thousandth']:.6g} <= 0.9999")
+                warnings.append(
+                    Reason(
+                        f"rel_err_ten_thousandth {metrics['rel_err_ten_thousandth']:.6g} <= 0.9999",
+                        {"rel_err_ten_thousandth": 0.9999},
+                    )
+                )
     status: Status = "error" if reasons else ("warning" if warnings else "pass")
     used = {
         "cosine": 0.99,

@@ -39,6 +39,7 @@ import numpy as np
 from .dtypes import DtypeInfo
 from .fast import FAST_MIN_N
 from .metrics import Pair, ulp_of
+from .verdict import Reason
 
 __all__ = ["far_metrics", "far_reasons", "far_ulp", "FAR_MIN"]
 
@@ -96,11 +97,15 @@ def far_reasons(metrics: Mapping[str, float]) -> list[str]:
             continue
         many, few = max(metrics[one], metrics[other]), min(metrics[one], metrics[other])
         if many >= FAR_MIN and (many - few) ** 2 >= FAR_MIN * (many + few):  # z >= sqrt(FAR_MIN), in integers
-            side = (one if metrics[one] >= metrics[other] else other).removeprefix("far_").replace("_", " ")
+            leaning = one if metrics[one] >= metrics[other] else other
+            side = leaning.removeprefix("far_").replace("_", " ")
             reasons.append(
-                f"{what} misrounding: {many:.0f} elements {side} and over half an ULP (and {OPMATH_ERROR_ULPS} float32 ULPs) "
-                f"from the bench "
-                f"(against {few:.0f} the other way): a float32 result rounded to nearest once is never so far, "
-                "so the kernel rounds otherwise (truncation?)"
+                Reason(
+                    f"{what} misrounding: {many:.0f} elements {side} and over half an ULP (and {OPMATH_ERROR_ULPS} float32 ULPs) "
+                    f"from the bench "
+                    f"(against {few:.0f} the other way): a float32 result rounded to nearest once is never so far, "
+                    "so the kernel rounds otherwise (truncation?)",
+                    {leaning: FAR_MIN},
+                )
             )
     return reasons

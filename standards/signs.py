@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from .verdict import Reason
+
 __all__ = ["LIB_BIAS_KEY", "SHARED_ROUNDING_ULP", "beyond_lean", "bias_failures", "bias_reasons", "signs_z"]
 
 #: the threshold holding the lean a correct library of the API's class may have, in ULPs
@@ -62,7 +64,7 @@ def bias_failures(
     ulp_limit: float,
     reference: dict[str, float] | None = None,
     allowance: float = 0.0,
-) -> dict[str, str]:
+) -> dict[str, Reason]:
     """The failed tests (`bias`, `scale_bias`) and the reason of each: the device's sign test over its z limit AND its mean
     over the limit -- beyond the reference's own mean, when a reference run is given --
     AND, where the accuracy model allows the API's class a lean (`allowance`, float32
@@ -70,17 +72,19 @@ def bias_failures(
     lean a correct library may have is no defect, whatever the reference run's.
     Where the elements are grouped, the groups' test with that limit, and the elements'
     test with a limit of at least SHARED_ROUNDING_ULP."""
-    reasons: dict[str, str] = {}
+    reasons: dict[str, Reason] = {}
     for name, what in (("bias", "additive"), ("scale_bias", "scale (toward/away from zero)")):
         mean = metrics[f"{name}_ulp"]
         excess = mean - (reference[f"ref_{name}_ulp"] if reference is not None else 0.0)
         lean = beyond_lean(metrics, name, allowance, z_limit)
         if lean <= z_limit:
             continue
-        tests = [(metrics[f"{name}_z"], ulp_limit, "groups" if f"{name}_z_elements" in metrics else "")]
-        if f"{name}_z_elements" in metrics:
-            tests.append((metrics[f"{name}_z_elements"], max(ulp_limit, SHARED_ROUNDING_ULP), ""))
-        for z, limit, counted in tests:
+        grouped = f"{name}_z_elements" in metrics
+        tests = [(f"{name}_z", ulp_limit, "groups" if grouped else "")]
+        if grouped:
+            tests.append((f"{name}_z_elements", max(ulp_limit, SHARED_ROUNDING_ULP), ""))
+        for z_key, limit, counted in tests:
+            z = metrics[z_key]
             if z > z_limit and abs(excess) > limit:
                 against = (
                     f"{excess:+.3g} ULP beyond the reference run's {reference[f'ref_{name}_ulp']:+.3g}"
@@ -92,9 +96,10 @@ def bias_failures(
                     if allowance > 0.0
                     else ""
                 )
-                reasons[name] = (
+                reasons[name] = Reason(
                     f"systematic {what} bias: {name}_ulp {mean:+.3g} ULP, {against} (limit {limit:.3g}), "
-                    f"with sign-test z {z:.3g} > {z_limit:.3g}" + (f" by {counted}" if counted else "") + model
+                    f"with sign-test z {z:.3g} > {z_limit:.3g}" + (f" by {counted}" if counted else "") + model,
+                    {f"{name}_ulp": limit, z_key: z_limit},
                 )
                 break
     return reasons

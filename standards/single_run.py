@@ -103,6 +103,7 @@ from .misrounding import far_metrics, far_reasons
 from .pass_plan import PassSpec
 from .pass_results import BiasTotals, PassResult, ScaledSums, TopError
 from .signs import LIB_BIAS_KEY, bias_reasons
+from .verdict import Reason
 
 __all__ = ["single_run_metrics", "single_run_reasons", "scaled_ulp_err", "output_rms"]
 
@@ -205,7 +206,9 @@ def single_run_reasons(
         ("max_top_ulp_err", thresholds["sr_max_top_ulp"], "of their own magnitude in the largest 10% of elements"),
     ):
         if metrics[key] > limit:
-            reasons.append(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} ({what})")
+            reasons.append(
+                Reason(f"{key} {metrics[key]:.4g} > {limit:.4g} ULP of {pair.info.name} ({what})", {key: limit})
+            )
     if limits.get(LIB_BIAS_KEY, 0.0) > 0:
         used[LIB_BIAS_KEY] = limits[LIB_BIAS_KEY]
     reasons.extend(

@@ -30,6 +30,7 @@ from .metrics import Pair
 from .pass_plan import PassSpec
 from .pass_results import RelBelow, ThousandthScaled
 from .single_run import at_least_normal, tolerance_scale
+from .verdict import Reason
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -128,13 +129,17 @@ def _finish(pair: Pair, judged: _Judged, reference: Reference | None) -> Verdict
     share, limit = metrics["rel_err_thousandth"], used["rel_err_thousandth"]
     reasons = list(judged.reasons)
     if metrics.get("scaled_thousandth", share) < limit:
+        judged_key = "scaled_thousandth" if "scaled_thousandth" in metrics else "rel_err_thousandth"
         reasons.append(
-            f"rel_err_thousandth {share:.6g} < {limit:.6g}: "
-            f"more than {1 - limit:.3%} of elements are off by 0.1% or more"
-            + (
-                f" (and {metrics['scaled_thousandth']:.6g} within {used['sr_thousandth_ulp']:g} ULP at the output's scale)"
-                if "scaled_thousandth" in metrics
-                else ""
+            Reason(
+                f"rel_err_thousandth {share:.6g} < {limit:.6g}: "
+                f"more than {1 - limit:.3%} of elements are off by 0.1% or more"
+                + (
+                    f" (and {metrics['scaled_thousandth']:.6g} within {used['sr_thousandth_ulp']:g} ULP at the output's scale)"
+                    if "scaled_thousandth" in metrics
+                    else ""
+                ),
+                {"rel_err_thousandth": limit, judged_key: limit},
             )
         )
     status: Status = "error" if reasons else "pass"

@@ -99,6 +99,7 @@ from .single_run import (
     single_run_reasons,
     with_bias_sample,
 )
+from .verdict import Reason
 
 if TYPE_CHECKING:
     from .reference import Reference
@@ -318,11 +319,15 @@ def _against_reference(
     return ratio < 1.0
 
 
-def _rule_reason(judged: _Judged, fp32_like: bool) -> str:
+def _rule_reason(judged: _Judged, fp32_like: bool) -> Reason:
     """Why msprobe's rule (and the reference's ratio, the terms' magnitude) failed."""
     metrics, used = judged.metrics, judged.used
     rule = f"mean_ulp_err {metrics['mean_ulp_err']:.4g} >= {used.get('ulp_mean_max', 0):.4g} and " if fp32_like else ""
-    return (
+    limits = {"mean_ulp_err": used["ulp_mean_max"]} if fp32_like else {}
+    limits["ulp_err_proportion"] = used["ulp_prop_max"]
+    if "ulp_err_proportion_ratio" in metrics:
+        limits["ulp_err_proportion_ratio"] = 1.0
+    text = (
         f"{rule}ulp_err_proportion {metrics['ulp_err_proportion']:.4g} >= "
         f"{used['ulp_prop_max']:.4g} (share of elements over "
         f"{used['ulp_threshold']:g} ULP)"
@@ -344,6 +349,7 @@ def _rule_reason(judged: _Judged, fp32_like: bool) -> str:
             else ""
         )
     )
+    return Reason(text, limits)
 
 
 def _single_run_rule(

@@ -161,6 +161,13 @@ def test_a_planted_undocumented_option_fails(pytester: pytest.Pytester) -> None:
     assert undocumented(names, gen.options_markdown(OPTIONS)) == ["--msprobe-planted", "msprobe_planted"]
 
 
+def test_angle_brackets_in_option_texts_are_shown_not_taken_for_html() -> None:
+    planted = Option("msprobe_planted", "Write DIR/<call name>.py", details="Named `<api>.<dtype>` or <call>")
+    reference = gen.options_markdown([planted])
+    assert "Write DIR/&lt;call name&gt;.py" in reference and "<call name>" not in reference
+    assert "Named `<api>.<dtype>` or &lt;call&gt;" in reference  # code spans as written
+
+
 def test_each_option_shows_its_type_and_default() -> None:
     reference = gen.options_markdown(OPTIONS)
     for option in OPTIONS:
@@ -316,6 +323,8 @@ def test_the_docs_build_with_warnings_as_errors(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     options = (out / "reference" / "options.html").read_text(encoding="utf-8")
     assert all(option.flag in options for option in OPTIONS)
+    # text in angle brackets shows as text, not as an HTML tag the browser swallows
+    assert "DIR/&lt;call name&gt;.py" in options and "<call name>" not in options
     standards = (out / "reference" / "standards.html").read_text(encoding="utf-8")
     assert all(path.name in standards for path in gen.TABLES.glob("*.csv"))
     assert (out / "_images" / "report.png").exists() or (out / "_static" / "report.png").exists()

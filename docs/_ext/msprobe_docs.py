@@ -16,6 +16,7 @@ import csv
 import importlib
 import io
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,6 +36,17 @@ TABLE_PURPOSE = {
     "bool and integer outputs: always `binary_consistency`).",
     "thresholds.csv": "Thresholds set per API, for one dtype or every dtype (`*`), over the dtype defaults below.",
 }
+
+
+#: a code span (kept as written, `<` and all), or an angle bracket outside one
+_CODE_OR_BRACKET = re.compile(r"(`+).+?\1|[<>]")
+_ENTITIES = {"<": "&lt;", ">": "&gt;"}
+
+
+def escaped(text: str) -> str:
+    """Plain text as MyST shows it: `<call name>` outside code spans escaped, which
+    MyST would otherwise pass through as an HTML tag (and the browser swallow)."""
+    return _CODE_OR_BRACKET.sub(lambda match: match[0] if match[1] else _ENTITIES[match[0]], text)
 
 
 def cell(value: object) -> str:
@@ -64,7 +76,7 @@ def options_markdown(options: Sequence[Any]) -> str:
     parts = [
         table(
             ("flag", "type", "default", "what"),
-            ((f"[`{o.flag}`](#option-{o.name})", o.type_name, _default(o), o.help) for o in options),
+            ((f"[`{o.flag}`](#option-{o.name})", o.type_name, _default(o), escaped(o.help)) for o in options),
         )
     ]
     for option in options:
@@ -75,8 +87,8 @@ def options_markdown(options: Sequence[Any]) -> str:
         )
         parts.append(
             f"{anchor('option-' + option.name)}## `{option.flag}{value}`\n\n"
-            f"{option.help}.\n\n"
-            + (f"{option.details}\n\n" if option.details else "")
+            f"{escaped(option.help)}.\n\n"
+            + (f"{escaped(option.details)}\n\n" if option.details else "")
             + f"- type: {option.type_name}\n- default: {_default(option)}\n- ini option: `{option.name}`\n"
         )
     return "\n".join(parts)

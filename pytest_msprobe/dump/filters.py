@@ -8,6 +8,7 @@ deselected tests.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -67,6 +68,23 @@ def listed(name: CallName, names: Sequence[str]) -> bool:
     """msprobe matches lists on the API name (`linear` for `Functional.linear.0`); the
     full `Functional.linear` form is accepted too, to tell torch.x from Tensor.x."""
     return name.api_name in names or f"{name.api_type}.{name.api_name}" in names
+
+
+def unmatched(entries: Sequence[str], apis: Iterable[tuple[str, str]], which: str) -> list[str]:
+    """What is wrong with each list entry that matches no API of the dumps (`listed`'s
+    rule): a typo would deselect every call (a white list) or none (a black list)
+    without a word. Each names the closest API names (difflib), as msprobe-script does."""
+    known = {form for api_type, api_name in apis for form in (api_name, f"{api_type}.{api_name}")}
+    problems = []
+    for entry in entries:
+        if entry in known:
+            continue
+        close = difflib.get_close_matches(entry, sorted(known), n=3)
+        hint = (
+            f"did you mean {', '.join(close)}?" if close else f"the dumps' APIs include {', '.join(sorted(known)[:5])}"
+        )
+        problems.append(f"{which} entry {entry!r} matches no API of the dumps: {hint}")
+    return problems
 
 
 def list_reason(name: CallName, white_list: Sequence[str], black_list: Sequence[str]) -> str | None:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pytest_msprobe.compat import file_reader, untyped
-from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.errors import CallError, CallSkip, MissingTensorFile
 
 if TYPE_CHECKING:
     from pytest_msprobe.compat import PyTorchFileReader
@@ -138,7 +138,7 @@ def resolve_data_file(tensor_dir: Path, data_name: str, where: str) -> Path:
     if not path.is_relative_to(root) or path == root:
         raise CallError(f"{where}: data_name {data_name!r} points outside {tensor_dir}; refused")
     if not path.is_file():
-        raise CallError(f"{where}: tensor file {data_name!r} is missing from {tensor_dir}")
+        raise MissingTensorFile(where, data_name, str(tensor_dir))
     return path
 
 

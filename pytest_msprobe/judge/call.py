@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from pytest_msprobe.judge.overflow_modes import StatedMode
     from pytest_msprobe.judge.shares import Share
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
+    from pytest_msprobe.run.replay import Inputs
     from pytest_msprobe.standards import Registry, Verdict
     from pytest_msprobe.standards.verdict import Status
 
@@ -62,6 +63,7 @@ class Settings:
     # (judge/samples.py); empty: none is taken and nothing is computed
     sample_statuses: frozenset[Status] = frozenset()
     repeat: int = 1  # --msprobe-repeat: device runs compared bit for bit (judge/repeat.py); 1: one run
+    detail: int = 0  # how much a failure's text shows in the terminal: Verdict.message's detail (-v, -vv)
     overflow_mode: StatedMode | None = None  # the device's overflow mode where known (judge/overflow_modes.py)
 
 
@@ -96,6 +98,7 @@ class CallResult:
     notes: list[str] = dataclasses.field(default_factory=list)  # lines the report adds after the inputs
     findings: list[Finding] = dataclasses.field(default_factory=list)  # repeat, overflow
     known: KnownDefect | None = None  # the known library defect an error matches (judge/defects.py)
+    inputs: Inputs | None = None  # the decoded arguments, every one of which a failure's message lists
 
 
 @dataclass
@@ -149,7 +152,15 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
         if lowered:
             notes = [*notes, "the device computed in lowered precision, by its own settings: " + "; ".join(lowered)]
     return CallResult(
-        name, verdict, replayed.label, results.inputs.origins, samples, notes=notes, findings=findings, known=known
+        name,
+        verdict,
+        replayed.label,
+        results.inputs.origins,
+        samples,
+        notes=notes,
+        findings=findings,
+        known=known,
+        inputs=results.inputs,
     )
 
 

@@ -33,7 +33,7 @@ from pytest_msprobe.dump.dataflow import Ambiguous, Gather, Read, dataflow_of
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.module_records import ModuleRecords, module_of
 from pytest_msprobe.dump.values import DecodeContext, TensorLeaf, decode
-from pytest_msprobe.errors import CallError, CallSkip, DumpError
+from pytest_msprobe.errors import CallError, CallSkip, DumpError, MissingTensorFile
 from pytest_msprobe.run.replay import Inputs, Run, flat_outputs, in_place_copies, tensors_in, tree_map, writes_in_place
 
 if TYPE_CHECKING:
@@ -55,6 +55,13 @@ def require_tensor_task(index: DumpIndex | DumpSummary) -> None:
         )
 
 
+#: what a user can do about a backward whose gradients the dump does not hold
+OFFLINE_BACKWARD_REMEDY = (
+    "to judge it, run without --msprobe-offline on the device: its backward is then replayed there, "
+    "the gradients computed rather than read from the dump"
+)
+
+
 @dataclass
 class DumpedRun:
     """Stands in for the device run: returns what the dump recorded."""
@@ -71,7 +78,15 @@ class DumpedRun:
         if not isinstance(values, list):
             raise CallError(f"{self.name}: the record's {key!r} is not a list of outputs")
         ctx = DecodeContext(self.index.tensor_dir, self.index.task, self.name.call, self.max_elements)
-        return [decode(value, ctx, f"{self.name.direction}.{key}[{i}]") for i, value in enumerate(values)]
+        try:
+            return [decode(value, ctx, f"{self.name.direction}.{key}[{i}]") for i, value in enumerate(values)]
+        except MissingTensorFile as exc:
+            what = "output" if self.name.direction == "forward" else "gradient"
+            raise CallError(
+                f"the dumped {what} file {exc.data_name!r} is missing from {exc.folder}: offline (--msprobe-offline) "
+                f"the dumped {what}s are the device's result, so this call has none to judge. Copy the dump's "
+                "dump_tensor_data/ folder whole, or run without --msprobe-offline to replay the call on a device"
+            ) from exc
 
     def forward(self, inputs: Inputs) -> Nested:
         outputs = self._recorded("output")
@@ -134,11 +149,12 @@ class DumpedRun:
             if len(edges) != len(dumped):
                 raise CallSkip(
                     f"the inputs' gradients are neither at the call nor elsewhere in the dump ({why}): the dump holds "
-                    f"{len(dumped)} gradients where the node producing the output has {len(edges)} inputs"
+                    f"{len(dumped)} gradients where the node producing the output has {len(edges)} inputs; "
+                    + OFFLINE_BACKWARD_REMEDY
                 )
             raise CallSkip(
                 f"the inputs' gradients are neither at the call nor elsewhere in the dump ({why}): msprobe recorded the "
-                "gradients of an autograd node inside the call (a composite API)"
+                "gradients of an autograd node inside the call (a composite API); " + OFFLINE_BACKWARD_REMEDY
             )
         return tuple(matched)
 

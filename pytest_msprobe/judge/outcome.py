@@ -12,6 +12,7 @@ from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.judge.findings import annotated, message_with, status_with
 from pytest_msprobe.judge.record import ResultRecord, output_results
 from pytest_msprobe.run import isolation
+from pytest_msprobe.standards.verdict import DETAIL_ALL, DETAIL_METRICS
 
 if TYPE_CHECKING:
     from pytest_msprobe.judge.call import CallResult, Settings
@@ -84,7 +85,7 @@ def judge_call(
             status=status_with(verdict.status, result.findings),
             standard=verdict.standard,
             reference=verdict.reference,
-            message=message_with(str(name), _verdict_text(result), result.findings),
+            message=message_with(str(name), _verdict_text(result, DETAIL_ALL), result.findings),
             outputs=annotated(output_results(verdict), result.findings),
             origins=result.origins,
             samples=result.samples,
@@ -93,11 +94,14 @@ def judge_call(
             device=result.device,
             known_defect=result.known.id if result.known is not None else "",
         )
+        if record.status in ("error", "warning") and settings.detail < DETAIL_ALL:
+            record.shown = message_with(str(name), _verdict_text(result, settings.detail), result.findings)
     record.duration = time.perf_counter() - started
     return record
 
 
-def _verdict_text(result: CallResult) -> str:
+def _verdict_text(result: CallResult, detail: int) -> str:
+    """The call's text: a failure's at `detail` (Verdict.message), a pass's headline."""
     verdict = result.verdict
     notes = [f"  {note}" for note in result.notes]
     if verdict.status == "skip":
@@ -106,8 +110,11 @@ def _verdict_text(result: CallResult) -> str:
     if verdict.status == "pass":  # its metrics are in the record's outputs; the text is read for failures
         return "\n".join([head, *notes])
     known = [result.known.note()] if result.known is not None else []
-    lines = [head, *known, verdict.message().rstrip(), "inputs:"]
-    lines += [f"  {origin}" for origin in result.origins] or ["  (none)"]
+    lines = [head, *known, verdict.message(detail).rstrip(), "inputs:"]
+    described = result.inputs.described() if result.inputs is not None else result.origins
+    lines += [f"  {line}" for line in described] or ["  (none)"]
+    if detail < DETAIL_METRICS:
+        lines.append("(every metric with its threshold: -v; the sign tests' sums too: -vv)")
     return "\n".join(lines + notes)
 
 

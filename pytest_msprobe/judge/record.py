@@ -30,6 +30,8 @@ class OutputResult:
     metrics: dict[str, float]
     thresholds: dict[str, float]
     reasons: list[str]
+    # the metrics the reasons name as failed, each with the limit it crossed (Verdict.failed)
+    failed: dict[str, float] = field(default_factory=dict)
     # columns of the checks beside the standards (judge/findings.py: nondeterministic_*,
     # overflow*) for the metrics file; empty where none found anything
     findings: dict[str, Json] = field(default_factory=dict)
@@ -53,10 +55,14 @@ class ResultRecord:
     # The known library defect (judge/defects.py's row id) an error matches; "", and
     # absent from to_dict, for every other call.
     known_defect: str = ""
+    # A failure's text at the run's verbosity (Verdict.message's detail), for the terminal;
+    # empty: the message. Never written: the files keep `message`, which holds everything.
+    shown: str = ""
 
     def to_dict(self) -> Record:
         """Plain data for the report (dataclasses.asdict deep-copies: 5x slower here)."""
         data = {**vars(self), "outputs": [dict(vars(output)) for output in self.outputs], "origins": list(self.origins)}
+        del data["shown"]
         if not self.samples:
             del data["samples"]  # the journal of a run without a report stays as it was
         if not self.known_defect:
@@ -84,7 +90,8 @@ def output_results(verdict: Verdict) -> list[OutputResult]:
             shape=[int(n) for n in leaf.shape],
             metrics={key: float(value) for key, value in leaf.metrics.items()},
             thresholds={key: float(value) for key, value in leaf.thresholds.items()},
-            reasons=list(leaf.reasons),
+            reasons=[str(reason) for reason in leaf.reasons],
+            failed={key: float(limit) for key, limit in leaf.failed.items()},
         )
         for position, leaf in enumerate(leaves)
     ]

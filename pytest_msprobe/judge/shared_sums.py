@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.judge.offline import OFFLINE_BACKWARD_REMEDY
 from pytest_msprobe.judge.shares import Kind, Share, accumulated, beyond, rebuild_bound, rebuild_check, ulp
 from pytest_msprobe.run.replay import Run, needs_grad
 from pytest_msprobe.run.summed import gradient_pieces
@@ -85,7 +86,7 @@ def add_shared(results: Results, evidence: Evidence, call: SummingCall) -> None:
     for shared in evidence.shared:
         _sum_shared(columns, shared, call, spread, evidence)
     if all(grad is None for grad in columns.device):
-        raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}")
+        raise CallSkip(f"no input gradient could be judged: {'; '.join(evidence.left_out)}; {OFFLINE_BACKWARD_REMEDY}")
     results.device, results.bench = tuple(columns.device), tuple(columns.bench)
     if columns.reference is not None:
         results.reference = tuple(columns.reference)

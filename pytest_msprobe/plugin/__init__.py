@@ -61,6 +61,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE_KEY] = state
     config.add_cleanup(_thaw)  # added before pytest's unraisable-exception plugin adds its own: runs after it
     state.check()  # an option (or, where calls run, a device) that cannot work stops the run here, once
+    from pytest_msprobe.plugin.kernels import kernel_selection
+
+    kernel_selection(config)  # before the plugins, which read it
     plugins = _dump_plugins(config, chosen)
     for name in REGISTERED:
         if name in plugins:

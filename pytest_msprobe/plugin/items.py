@@ -148,8 +148,11 @@ class CallItem(pytest.Item):
         if record.status == "skip":
             pytest.skip(record.message)
         change = state.gated(self.index, record)
+        text = record.shown or record.message  # at the run's verbosity; the files keep everything
         if change is not None and change.kind == "regression":
-            raise CallFailed(f"regression against the baseline (--msprobe-gate): {change.describe()}\n{record.message}")
+            raise CallFailed(
+                f"regression against the baseline (--msprobe-gate): {change.describe()}\n{text}\n{self.reproduce()}"
+            )
         failing = record.status == "error" or (record.status == "warning" and options.of(self.config).strict)
         if failing and change is not None:
             pytest.xfail(f"failed the same way in the baseline, not a regression (--msprobe-gate): {change.describe()}")
@@ -158,11 +161,15 @@ class CallItem(pytest.Item):
             headline = record.message.partition("\n")[0]
             pytest.xfail(f"known defect {record.known_defect} (--msprobe-known-defects=xfail): {headline}")
         if failing:
-            raise CallFailed(
-                record.message + ("\n(a warning fails under --msprobe-strict)" if record.status == "warning" else "")
-            )
+            strict = "\n(a warning fails under --msprobe-strict)" if record.status == "warning" else ""
+            raise CallFailed(f"{text}{strict}\n{self.reproduce()}")
         if record.status == "warning":
-            warnings.warn(AccuracyWarning(record.message), stacklevel=1)
+            warnings.warn(AccuracyWarning(text), stacklevel=1)
+
+    def reproduce(self) -> str:
+        """The command that runs this test alone, as this run did: its node id, its dump
+        and the options that decide a verdict (not those choosing calls or writing files)."""
+        return "reproduce: " + options.reproduce_command(self.config, self.path, self.name)
 
     def repr_failure(
         self, excinfo: pytest.ExceptionInfo[BaseException], style: TracebackStyle | None = None

@@ -11,6 +11,12 @@ the controller too. Every reporter then treats it as a test: the terminal's lett
 which makes the exit status 1 where a kernel fails. It pools what the session's
 results hold: the calls that ran now (-k, -m, a shard: only those, which the report
 says) and those of the run --msprobe-resume continues.
+
+A kernel test is named `<dump.json>::<api>.<dtype>.kernel.<direction>` everywhere (-v,
+-rA, JUnit, the report), and that node id given back to pytest selects it: no item
+bears the name, so `kernel_selection` takes such ids off the command line, before
+collection, for their dumps; the run then runs the API's calls in that direction (the
+kernel's evidence) and reports that kernel alone.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import pytest
 
+from pytest_msprobe.judge.kernels import KERNEL_MARK, is_kernel
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.compat import bestrelpath
 from pytest_msprobe.plugin.state import session_state
@@ -33,12 +40,57 @@ if TYPE_CHECKING:
 
 KERNEL_KEYWORD = "msprobe_kernel"
 REPLAYED_CALLS = 5  # the calls a failing kernel's replay command names
+#: the kernel tests the command line named by node id: (dump.json, kernel name)
+SELECTED_KEY = pytest.StashKey[frozenset[tuple[Path, str]]]()
+
+
+def kernel_selection(config: pytest.Config) -> None:
+    """Take the kernel tests' node ids off the command line (they name no item), each
+    replaced by its dump, and keep them: collection keeps their calls, and the end of
+    the run reports those kernels only."""
+    base = Path(config.invocation_params.dir)
+    selected, args = set(), []
+    for arg in config.args:
+        path, _, name = arg.partition("::")
+        if name and is_kernel(name):
+            selected.add(((base / path).resolve(), name))
+            arg = path
+        if arg not in args:
+            args.append(arg)
+    if selected:
+        config.args[:] = args
+        config.stash[SELECTED_KEY] = frozenset(selected)
+
+
+def _parts(name: str) -> tuple[str, str]:
+    """(api, direction) of a kernel name `{api}.{dtype}.kernel.{direction}`."""
+    head, _, direction = name.rpartition(f".{KERNEL_MARK}.")
+    return head.rpartition(".")[0], direction
 
 
 class KernelPlugin:
     def __init__(self, config: pytest.Config, reports: ReportPlugin) -> None:
         self.config = config
         self.reports = reports  # its writer pools every record of the run
+        self.selected = config.stash.get(SELECTED_KEY, frozenset())
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """Where kernel tests were named by node id: the calls they pool, no other."""
+        from pytest_msprobe.plugin.items import CallItem
+
+        if not self.selected:
+            return
+        wanted = {(path, *_parts(name)) for path, name in self.selected}
+        kept = [
+            item
+            for item in items
+            if isinstance(item, CallItem)
+            and (item.path.resolve(), f"{item.call.api_type}.{item.call.api_name}", item.call.direction) in wanted
+        ]
+        if len(kept) < len(items):
+            kept_set = set(kept)
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept_set])
+            items[:] = kept
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
@@ -47,6 +99,8 @@ class KernelPlugin:
             return result  # -x, --maxfail or an interruption: the calls that did not run are no evidence
         writer = self.reports.result_writer()
         verdicts = writer.kernels.verdicts() if writer is not None else []
+        if self.selected:
+            verdicts = [v for v in verdicts if (Path(v.key.dump).resolve(), v.key.name) in self.selected]
         session.testscollected += len(verdicts)  # the terminal's progress counts them among the tests
         for verdict in verdicts:
             self._report(verdict)
@@ -61,6 +115,7 @@ class KernelPlugin:
             text += f"\n  replay the calls carrying most evidence: pytest --msprobe-dump={shlex.quote(verdict.key.dump)} -k {shlex.quote(calls)}"
         expected = self._failed_before(dump, verdict.key.name) if failed else None
         properties = (("msprobe_kernel_calls", len(verdict.calls)),)
+        self.reports.summary.add_kernel(verdict.status)
         report_test(self.config, ReportedTest(dump, verdict.key.name, text, failed, properties, expected))
 
     def _failed_before(self, dump: str, name: str) -> str | None:
@@ -111,8 +166,10 @@ def report_test(config: pytest.Config, test: ReportedTest) -> None:
     """The test's setup, call and teardown reports, through the hooks that every
     reporter, --junitxml and the session's failure count read."""
     dump, name, text, failed, expected = test.dump, test.name, test.text, test.failed, test.expected
+    from pytest_msprobe.plugin.items import headline
+
     nodeid = f"{dump}::{name}"
-    location = (dump, None, name)
+    location = (dump, None, headline(nodeid, name))  # never a suffix of the node id (headline)
     hook = config.hook
     hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
     for when in ("setup", "call", "teardown"):

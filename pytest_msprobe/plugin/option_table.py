@@ -214,8 +214,14 @@ OPTIONS = (
         "msprobe_white_list",
         "Check only these APIs, comma separated (linear,conv2d or Functional.linear)",
         metavar="A,B",
+        details="An entry that matches no API of the dumps is a usage error naming the closest API names.",
     ),
-    Option("msprobe_black_list", "Never check these APIs, comma separated", metavar="A,B"),
+    Option(
+        "msprobe_black_list",
+        "Never check these APIs, comma separated",
+        metavar="A,B",
+        details="An entry that matches no API of the dumps is a usage error naming the closest API names.",
+    ),
     Option(
         "msprobe_dedup",
         "Check one call per API and argument signature (dtypes, shapes, non-tensor arguments)",

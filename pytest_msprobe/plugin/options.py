@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,3 +290,38 @@ def device_list(raw: str | None) -> tuple[int, ...] | None:
     if not ids:
         raise pytest.UsageError(f"--msprobe-devices {raw!r}: name at least one device id")
     return ids
+
+
+#: the options that decide a call's verdict, which a command rerunning one test repeats
+#: (not those choosing the calls, such as the lists or a shard, or writing files)
+VERDICT_OPTIONS = (
+    "msprobe_device",
+    "msprobe_strict",
+    "msprobe_max_elements",
+    "msprobe_standards",
+    "msprobe_offline",
+    "msprobe_baseline",
+    "msprobe_gate",
+    "msprobe_reference_csv",
+    "msprobe_config",
+    "msprobe_explore",
+    "msprobe_repeat",
+    "msprobe_timeout",
+)
+
+
+def reproduce_command(config: pytest.Config, dump: Path, test: str) -> str:
+    """`pytest --msprobe-dump=DUMP <the options given> 'DUMP::TEST'`: run from the folder
+    this run was started in, the one test of `dump` named `test`, judged as here."""
+    from pytest_msprobe.plugin.compat import bestrelpath
+
+    where = bestrelpath(Path(config.invocation_params.dir), dump)
+    words = ["pytest", f"--msprobe-dump={where}"]
+    for name in VERDICT_OPTIONS:
+        value = config.getoption(name)
+        if value is True:
+            words.append(OPTIONS_BY_NAME[name].flag)
+        elif value not in (None, False):
+            words.append(f"{OPTIONS_BY_NAME[name].flag}={value}")
+    words.append(f"{where}::{test}")
+    return shlex.join(words)

@@ -36,6 +36,7 @@ import pytest
 
 from pytest_msprobe.dump import filters
 from pytest_msprobe.dump.index import CallName
+from pytest_msprobe.errors import DumpError
 from pytest_msprobe.judge.record import ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
@@ -152,6 +153,8 @@ class ReportPlugin:
 
         if not (self.options.white_list or self.options.black_list or self.options.dedup or self.done):
             return  # nothing to leave out: no pass over (maybe 200,000) items
+        if not hasattr(config, "workerinput"):  # xdist's workers: their controller checked (pytest_sessionstart)
+            self._check_lists({api for index in session_state(config).indexes.values() for api in index.apis})
         calls = [item for item in items if isinstance(item, CallItem)]
         reasons = {
             item: filters.list_reason(item.call, self.options.white_list, self.options.black_list)
@@ -182,6 +185,40 @@ class ReportPlugin:
             config.hook.pytest_deselected(items=dropped)
             dropped_set = set(dropped)
             items[:] = [item for item in items if item not in dropped_set]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """xdist's controller collects nothing: it checks the lists against the dumps
+        before its workers start, so that a misspelt list stops the run once."""
+        if not (self.options.white_list or self.options.black_list) or self.config.getvalue("dist") in (None, "no"):
+            return
+        if hasattr(self.config, "workerinput"):
+            return
+        from pytest_msprobe.plugin.items import open_dump
+
+        apis: set[tuple[str, str]] = set()
+        for dump in options.of(self.config).dump:
+            try:
+                apis.update(open_dump(self.config, dump).apis)
+            except DumpError:
+                continue  # its own test says why
+        self._check_lists(apis)
+
+    def _check_lists(self, apis: set[tuple[str, str]]) -> None:
+        """A list option's entry that matches no API of the dumps is a usage error that
+        names the closest APIs: a misspelt white list would deselect every call in
+        silence. The lists of msprobe's config.json serve many models, so there only a
+        white list that matches nothing at all is one."""
+        if not apis:
+            return  # no dump could be read: each says why in its own test
+        given = options.of(self.config)
+        problems = filters.unmatched(given.white_list, apis, "--msprobe-white-list")
+        problems += filters.unmatched(given.black_list, apis, "--msprobe-black-list")
+        white = self.options.white_list
+        if not given.white_list and white and len(filters.unmatched(white, apis, "")) == len(white):
+            problems.append(f"the white_list of --msprobe-config {given.config} matches no API of the dumps: {white}")
+        if problems:
+            raise pytest.UsageError("\n".join(problems) + "\nfix the list and run again")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """What this session is to run, after every selection (-k, -m, shards)."""

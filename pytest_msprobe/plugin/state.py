@@ -139,6 +139,7 @@ class SessionState:
                 baseline=self.baseline,
                 sample_statuses=self.options.sample_statuses,
                 repeat=self.options.repeat,
+                detail=min(max(self.config.get_verbosity(), 0), 2),  # -v, -vv: Verdict.message's detail
                 overflow_mode=stated_mode(self.options.overflow_mode, backend.name, self.options.offline),
             )
         return self._settings

@@ -2,8 +2,9 @@
 shows a failing call by those (its "key metrics" and the marked rows of its metrics
 table) and orders failing calls by how far past their limits they are.
 
-The standards say which tests failed in their reasons, which name the metric they judged
-(`rel_err_ratio 0.14 > 0: ...`, `scale_bias_ulp -0.45 ULP ...`); the test statistic
+The standards mark the metrics each failing test judged (standards.verdict.Reason, kept
+as OutputResult.failed; a record written before that field names them in its reasons:
+`rel_err_ratio 0.14 > 0: ...`, `scale_bias_ulp -0.45 ULP ...`); the test statistic
 that made the failure certain (a sign test's z, a ratio to the reference run) is the
 named metric's companion. Listing every metric past a threshold of its name instead
 would be wrong where a reference run moved the limit: offline, a bfloat16 add's
@@ -100,24 +101,27 @@ PAST = {
 
 
 def failed_metrics(output: OutputResult) -> list[str]:
-    """The metrics a failing or warning output failed on, as its reasons name them (with
-    each one's companions past their limits), in the reasons' order; where no reason
-    names a metric, those past their limits. None for a pass or skip."""
+    """The metrics a failing or warning output failed on, as its standard marked them
+    (OutputResult.failed; in a record written before that field, the metrics its reasons
+    name), each with its companions past their limits, in the reasons' order; where none
+    is named, those past their limits. None for a pass or skip."""
     if output.status not in ("error", "warning"):
         return []
+    marked = list(output.failed) or [
+        word for reason in output.reasons for word in _WORD.findall(reason) if word in output.metrics
+    ]
     named: list[str] = []
-    for reason in output.reasons:
-        for word in _WORD.findall(reason):
-            if word in output.metrics and word not in named:
-                named.append(word)
-                named += [
-                    companion
-                    for old, new in COMPANIONS
-                    if word.endswith(old)
-                    and (companion := word.removesuffix(old) + new) in output.metrics
-                    and companion not in named
-                    and beyond(output, companion)
-                ]
+    for word in marked:
+        if word in output.metrics and word not in named:
+            named.append(word)
+            named += [
+                companion
+                for old, new in COMPANIONS
+                if word.endswith(old)
+                and (companion := word.removesuffix(old) + new) in output.metrics
+                and companion not in named
+                and beyond(output, companion)
+            ]
     return named or [key for key in output.metrics if beyond(output, key)]
 
 

@@ -6,20 +6,22 @@ memory (counters and a bounded list of the worst)."""
 from __future__ import annotations
 
 import heapq
+import os
 import re
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
 from pytest_msprobe.standards.verdict import STATUS_ORDER, Status
 
 #: the order statuses are shown in
 STATUSES: tuple[Status, ...] = ("pass", "warning", "error", "skip")
 WORST_SHOWN = 10
 MOST_REPEATED_SHOWN = 10  # with --msprobe-dedup: the tests that stand for the most dumped calls
-LINE_CUT = 200  # a reason can be long; the summary shows its start, the files the rest
+LINE_CUT = 200  # a failure's reason can be long; worst calls show its start, the message the rest
 SKIP_REASONS_SHOWN = 12
 #: the overflow modes as judge/overflow_modes.py names them in the metrics columns, as the
 #: summary and the report count them (spelled here: that module imports torch, and the
@@ -34,11 +36,11 @@ _NUMBER = re.compile(r"(?<![\w\[])\d[\d,.]*(?:e[+-]?\d+)?")
 
 def skip_reason(message: str) -> str:
     """A skip's message as a reason shared by calls: its call and file names and its
-    numbers replaced, cut to one line (coverage: what was not judged, and why)."""
+    numbers replaced, its first line whole (coverage: what was not judged, and why; a
+    reason ends with what the user can do, so it is never cut)."""
     line = message.strip().splitlines()[0] if message.strip() else "(no reason given)"
     line = _NUMBER.sub("N", _FILE.sub("<file>", _CALL.sub("<call>", line)))
-    line = line.removeprefix("<call>: ")
-    return line if len(line) <= LINE_CUT else line[:LINE_CUT] + " ..."
+    return line.removeprefix("<call>: ")
 
 
 def overflow_mode_counts(record: ResultRecord) -> Counter[str]:
@@ -70,7 +72,8 @@ def badness(record: ResultRecord) -> tuple[int, float, str]:
 
 def failing_metric(record: ResultRecord) -> str:
     """The first reason of the first output with the call's status, else the message's
-    first line (a call that failed before any comparison), cut to one short line."""
+    first line (a call that failed before any comparison), cut to one short line; never
+    starting with the call's name, which the summary's line names already."""
     text = next(
         (
             f"{output.path or 'output'}: {output.reasons[0]}"
@@ -80,7 +83,19 @@ def failing_metric(record: ResultRecord) -> str:
         record.message,
     )
     line = text.strip().splitlines()[0] if text.strip() else ""
+    while line.startswith(f"{record.call}: "):  # a device's error may name the call again
+        line = line.removeprefix(f"{record.call}: ")
     return line if len(line) <= LINE_CUT else line[:LINE_CUT] + " ..."
+
+
+def dump_names(dumps: Iterable[str]) -> dict[str, str]:
+    """Each dump.json as the summary names it: its path from the folder the dumps share
+    (`rank3/dump.json`)."""
+    paths = [Path(dump) for dump in dumps]
+    if len(paths) < 2:  # noqa: PLR2004  one dump: its path alone
+        return {str(path): path.name for path in paths}
+    common = Path(os.path.commonpath([path.parent for path in paths]))
+    return {str(path): path.relative_to(common).as_posix() for path in paths}
 
 
 @dataclass
@@ -88,7 +103,10 @@ class Summary:
     by_status: Counter[Status] = field(default_factory=Counter)
     by_standard: dict[str, Counter[Status]] = field(default_factory=dict)
     by_api_type: dict[str, Counter[Status]] = field(default_factory=dict)
-    worst: list[tuple[tuple[int, float, str], str, str]] = field(default_factory=list)
+    worst: list[tuple[tuple[int, float, str], str, str, str]] = field(
+        default_factory=list
+    )  # (badness, call, metric, dump)
+    dumps: set[str] = field(default_factory=set)  # the dumps the records came from
     resumed: int = 0
     resumed_status: Counter[Status] = field(default_factory=Counter)
     represented: int = 0
@@ -97,9 +115,20 @@ class Summary:
     overflow_modes: Counter[str] = field(default_factory=Counter)  # overflow_mode_counts: mode -> calls
     known: Counter[str] = field(default_factory=Counter)  # known defect (judge/defects.py) -> failing calls
     started: float = field(default_factory=time.monotonic)
+    # the tests besides the dumped calls', counted apart so that the counts add up to
+    # pytest's: `<call>.explore` tests (among the records) and the kernels' (no record)
+    explored: Counter[Status] = field(default_factory=Counter)
+    kernels: Counter[Status] = field(default_factory=Counter)
+
+    def add_kernel(self, status: Status) -> None:
+        """A kernel test's verdict (judge/kernels.py), reported after the calls."""
+        self.kernels[status] += 1
 
     def add(self, record: ResultRecord, represents: int = 1, *, resumed: bool = False) -> None:
         self.by_status[record.status] += 1
+        self.dumps.add(record.dump)
+        if record.call.endswith(EXPLORED_SUFFIX):
+            self.explored[record.status] += 1
         self.by_standard.setdefault(record.standard or "(none)", Counter())[record.status] += 1
         self.by_api_type.setdefault(record.call.split(".", 1)[0], Counter())[record.status] += 1
         self.represented += represents
@@ -118,7 +147,7 @@ class Summary:
             else:
                 heapq.heappushpop(self.most_repeated, repeated)
         if record.status in ("error", "warning"):
-            item = (badness(record), record.call, failing_metric(record))
+            item = (badness(record), record.call, failing_metric(record), record.dump)
             if len(self.worst) < WORST_SHOWN:
                 heapq.heappush(self.worst, item)
             else:
@@ -144,7 +173,9 @@ class Summary:
         ran = total - self.resumed
         elapsed = time.monotonic() - self.started
         rate = ran / elapsed if elapsed > 0 else 0.0
-        head = f"{total} tests" + "".join(f", {self.by_status[s]} {s}" for s in STATUSES if self.by_status[s])
+        calls = self.by_status - self.explored
+        kinds = (("call", calls), ("exploration", self.explored), ("kernel", self.kernels))
+        head = "; ".join(_counted(kind, counter) for kind, counter in kinds if counter) or "0 calls"
         pace = f"{ran} run here in {elapsed:.1f} s ({rate:.1f} calls/s)"
         if self.resumed:
             pace += f", {self.resumed} from the resumed run"
@@ -178,9 +209,19 @@ class Summary:
             lines.append(overflow_modes_line(self.overflow_modes))
         if self.worst:
             lines.append("worst calls:")
-            lines += [f"  {call}: {metric}" for _, call, metric in sorted(self.worst, reverse=True)]
+            named = dump_names(self.dumps) if len(self.dumps) > 1 else {}  # several dumps: whose call
+            lines += [
+                f"  {call}{f' ({named[dump]})' if dump in named else ''}: {metric}"
+                for _, call, metric, dump in sorted(self.worst, reverse=True)
+            ]
         lines += [f"results: {path}" for path in files] or ["results: none written (no call ran)"]
         return lines
+
+
+def _counted(kind: str, counter: Counter[Status]) -> str:
+    """`49 calls, 48 pass, 1 error`."""
+    total = sum(counter.values())
+    return f"{total} {kind}{'s' if total != 1 else ''}" + "".join(f", {counter[s]} {s}" for s in STATUSES if counter[s])
 
 
 def _table(title: str, counts: dict[str, Counter[Status]]) -> list[str]:

@@ -49,6 +49,37 @@ class Inputs:
     def origins(self) -> list[str]:
         return [f"{leaf.path}: {leaf.origin}" for leaf in self.leaves]
 
+    def described(self) -> list[str]:
+        """Every argument as a failure's message lists it: a tensor by where it came from,
+        its dtype and shape; anything else (the 0.79788456 of `x + 0.79788456`, a size, a
+        dtype, None) by its value, as the API received it. Built for failures only."""
+        leaves = {id(leaf.tensor): leaf for leaf in self.leaves}
+        lines: list[str] = []
+        named = [(f"input_args[{i}]", value) for i, value in enumerate(self.args)]
+        named += [(f"input_kwargs[{key!r}]", value) for key, value in self.kwargs.items()]
+        named += [(f"backward.input[{i}]", value) for i, value in enumerate(self.grads or [])]
+        for path, value in named:
+            _describe(path, value, leaves, lines)
+        return lines
+
+
+def _describe(path: str, value: Nested, leaves: dict[int, TensorLeaf], lines: list[str]) -> None:
+    """One line per tensor of `value` and one for each of its other values."""
+    if isinstance(value, torch.Tensor):
+        leaf = leaves.get(id(value))
+        origin = leaf.origin if leaf is not None else "made by the replay"
+        lines.append(f"{path}: {origin}, {str(value.dtype).removeprefix('torch.')}, shape {tuple(value.shape)}")
+    elif isinstance(value, (list, tuple)) and any(
+        isinstance(item, (torch.Tensor, list, tuple, dict)) for item in value
+    ):
+        for position, item in enumerate(value):
+            _describe(f"{path}[{position}]", item, leaves, lines)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _describe(f"{path}[{key!r}]", item, leaves, lines)
+    else:
+        lines.append(f"{path}: {value!r} ({type(value).__name__})")
+
 
 def decode_forward(record: Record, ctx: DecodeContext) -> Inputs:
     args = record.get("input_args", [])
@@ -437,7 +468,7 @@ def replay(direction: str, api: Api, inputs: Inputs, sides: Sides, framework: st
     device_error: BaseException | None = None
     try:
         device_out = step(sides.device)
-    except CallSkip:
+    except (CallSkip, CallError):  # the call's own data (offline, the dumped outputs): not the device's failure
         raise
     except Exception as exc:  # the device failing is the finding, reported after the bench
         device_error, device_out = exc, None

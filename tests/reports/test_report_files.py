@@ -199,7 +199,7 @@ def test_summary_counts_names_the_worst_and_the_files(fp32_run, pytester: pytest
     result.stdout.fnmatch_lines(
         [
             "*msprobe summary*",
-            "6 tests, 2 pass, 4 warning",
+            "6 calls, 2 pass, 4 warning",
             "6 run here in * s (* calls/s)",
             "by standard:",
             "*planted_warning*warning 4",
@@ -219,7 +219,7 @@ def test_deselected_calls_are_not_called_left_to_run(pytester: pytest.Pytester, 
     result = pytester.runpytest_inprocess(
         f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider", "--msprobe-out=out", "-k", "add"
     )
-    result.stdout.fnmatch_lines(["2 tests, 2 pass", "2 run here in * s (* calls/s)"])
+    result.stdout.fnmatch_lines(["2 calls, 2 pass", "2 run here in * s (* calls/s)"])
     assert "not run" not in result.stdout.str()
 
 

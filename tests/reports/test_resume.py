@@ -100,7 +100,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, obj
     folder = tmp_path_factory.mktemp("clean")
     dump = write(folder / "dump", many_calls(CALLS))
     result = run(dump, folder / "out", "--msprobe-resume")  # nothing to resume from: runs every call
-    assert result.returncode == 0 and "150 tests, 150 pass" in result.stdout, result.stdout[-3000:]
+    assert result.returncode == 0 and "150 calls, 150 pass" in result.stdout, result.stdout[-3000:]
     return dump, files_by_call(folder / "out")
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pytest_msprobe.standards import Offender, Registry, Verdict, check
+from pytest_msprobe.standards.verdict import DETAIL_METRICS
 
 
 @pytest.mark.parametrize(
@@ -118,6 +119,7 @@ def test_verdict_is_frozen_and_message_readable():
     v = check(torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([1.0, 3.0]), api="add")
     with pytest.raises(dataclasses.FrozenInstanceError):
         v.status = "pass"
-    msg = v.message()
-    assert "absolute_threshold" in msg and "rel_err_ratio" in msg and "[1]: 3.0 vs 2.0" in msg
+    msg = v.message()  # what failed: the scaled ratio, not the spec's ratios that passed
+    assert "absolute_threshold" in msg and "scaled_err_ratio = 0.5  (limit 0)" in msg and "[1]: 3.0 vs 2.0" in msg
+    assert "rel_err_ratio" not in msg and "rel_err_ratio = " in v.message(DETAIL_METRICS)
     assert isinstance(v.worst[0], Offender) and isinstance(v, Verdict)
