@@ -133,6 +133,12 @@ def paired_apis() -> frozenset[str]:
     return frozenset(_pytorch_toml()["explore"]["angles"])
 
 
+@functools.cache
+def reduce_rules() -> dict[str, str]:
+    """API -> the rule of its axes a reduction may cut (the [reduce] table; judge/reduce.py AXIS_RULES)."""
+    return {api: rule for rule, apis in _pytorch_toml()["reduce"].items() for api in apis}
+
+
 def normed_arguments(api_name: str) -> tuple[int, ...]:
     """The positions of the arguments whose norm `api_name` divides by (the [explore.norms]
     table; none where it divides by none)."""

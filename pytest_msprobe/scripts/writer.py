@@ -15,11 +15,9 @@ so that the script reaches the very verdict and metrics of the test.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import re
-import sys
 import textwrap
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -27,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
-from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
+from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.tensors import check_size, load_tensor, tensor_spec
 from pytest_msprobe.dump.values import TENSOR_TYPES
-from pytest_msprobe.errors import CallError, CallSkip, DumpError
+from pytest_msprobe.errors import CallError, CallSkip
 from pytest_msprobe.run.apis import resolve_pytorch
 from pytest_msprobe.scripts.shared import identity, text_literal, write_shared
 from pytest_msprobe.scripts.template import NOT_RUNNABLE_CALL, RESOLVED_CALL, SCRIPT, TORCH_CALL
@@ -309,53 +307,3 @@ def _wrapped(text: str) -> str:
 def _comment(text: str) -> str:
     """Text safe inside a # comment: no line breaks, ASCII only."""
     return text.encode("unicode_escape").decode("ascii")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`msprobe-script DUMP CALL... -o DIR`: write scripts without running pytest."""
-    parser = argparse.ArgumentParser(
-        prog="msprobe-script",
-        description="Write standalone scripts that reproduce calls of an msprobe dump: DIR/<call>.py, its tensors "
-        "in DIR/<call>.pt and, once per folder, the judging library DIR/_msprobe_judge.py for machines without "
-        "pytest-msprobe.",
-    )
-    parser.add_argument("dump", type=Path, help="dump.json, or the folder holding it")
-    parser.add_argument("calls", nargs="+", metavar="CALL", help="call names, e.g. Functional.linear.0.forward")
-    parser.add_argument(
-        "-o", "--out", type=Path, default=Path("."), help="folder for the scripts (default: the current one)"
-    )
-    parser.add_argument(
-        "--standards", type=Path, metavar="CSV", help="the --msprobe-standards file the scripts judge with"
-    )
-    parser.add_argument(
-        "--max-elements", type=int, default=DEFAULT_MAX_ELEMENTS, help="largest tensor a call may create"
-    )
-    parser.add_argument(
-        "--offline",
-        action="store_true",
-        help="the scripts judge the dumped outputs as the device result, as --msprobe-offline does (tensor dumps)",
-    )
-    args = parser.parse_args(argv)
-    dump = args.dump / "dump.json" if args.dump.is_dir() else args.dump
-    try:
-        index = read_index(dump)
-        standards_csv = args.standards.read_text("utf-8") if args.standards else None
-    except (DumpError, OSError) as exc:
-        print(f"msprobe-script: {exc}", file=sys.stderr)
-        return 2
-    if args.offline and index.task != "tensor":
-        print(f"msprobe-script: --offline needs a tensor dump; {dump} is a {index.task} dump", file=sys.stderr)
-        return 2
-    options = WriteOptions(max_elements=args.max_elements, standards_csv=standards_csv, offline=args.offline)
-    status = 0
-    for call in args.calls:
-        try:
-            print(write_script(index, call, args.out, options))
-        except ScriptError as exc:
-            print(f"msprobe-script: {exc}", file=sys.stderr)
-            status = 2
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,535 @@
+"""Reduce a failing call to a smaller input that fails the same way, for a bug report.
+
+A kernel engineer's first step with a failing call is to cut its input down until the
+failure is small enough to read. This module does that step with the plugin's own
+verdict as the oracle: each candidate is the dumped call with some dimensions sliced
+(halved, delta-debugging style) and then, where the failure does not depend on the
+values, its inputs made constant. A candidate is written as a one-call tensor dump,
+the form the bug report hands over, and judged exactly as a dumped call is
+(judge/call.py: same sides, same standards, same re-judgements; offline its dumped
+outputs sliced with it). It is accepted only where it fails with the same signature
+(failure_signature): a reduction never changes what is reported.
+
+Which dimensions of which tensors may be cut together is data: the `[reduce]` table of
+run/api_tables/pytorch.toml names each API's rule, and AXIS_RULES turns a rule and the
+call's shapes into axes. An axis whose slices have no dumped output (a matmul's inner
+dimension) is tried online only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
+
+from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
+from pytest_msprobe.dump.tensors import load_tensor, tensor_spec
+from pytest_msprobe.dump.values import TENSOR_TYPES
+from pytest_msprobe.dump.writer import tensor_entry, write_tensor_dump
+from pytest_msprobe.errors import CallError, CallSkip, DumpError
+from pytest_msprobe.judge.call import CallResult, Settings, check_call
+from pytest_msprobe.run.apis import reduce_rules
+from pytest_msprobe.run.replay import DeviceFailed
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_msprobe.dump.index import Json, Record
+    from pytest_msprobe.standards import Verdict
+
+#: where a tensor sits in a call's forward record: ("input_args", 0), ("input_kwargs", "weight"), ("output", 0)
+Loc: TypeAlias = tuple[str, "int | str"]
+#: the backward record's tensors, by the forward tensor whose shape they have
+BACKWARD_TWINS = {"input": "output", "output": "input_args"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """How a call fails: what a reduction must keep. `kinds`: each failing output's
+    path with each reason as a kind (numbers masked, their signs kept: the bias's
+    direction; the words kept: the misrounding's side)."""
+
+    status: str
+    standard: str
+    kinds: frozenset[tuple[str, str]]
+
+    def __str__(self) -> str:
+        return f"{self.status} by {self.standard}: " + "; ".join(f"{path}: {kind}" for path, kind in sorted(self.kinds))
+
+
+_NUMBER = re.compile(r"(?<![A-Za-z_\d.])([+-]?)(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?|\b(?:inf|nan)\b")
+_KIND_END = re.compile(r"\s*[(,;]")
+
+
+def reason_kind(reason: str) -> str:
+    """A reason without its magnitudes: numbers become '#' (a sign kept), and the text
+    stops at its first aside ('(limit ...)', ', against ...')."""
+    masked = _NUMBER.sub(lambda match: (match.group(1) or "") + "#", reason)
+    return _KIND_END.split(masked, maxsplit=1)[0].strip()
+
+
+def failure_signature(verdict: Verdict) -> Signature:
+    """The signature of a verdict: its status and standard, and the kind of every reason
+    of each output that has the verdict's status."""
+    leaves = verdict.outputs or (verdict,)
+    kinds = frozenset(
+        (leaf.path or "output", reason_kind(reason))
+        for leaf in leaves
+        if leaf.status == verdict.status
+        for reason in leaf.reasons
+    )
+    return Signature(verdict.status, verdict.standard, kinds)
+
+
+# --- axes: which dims of which tensors are cut together ---------------------------
+
+
+@dataclass(frozen=True)
+class Axis:
+    """Dimensions cut together by one slice: (where, dim) of each tensor, its size, and
+    whether the outputs' slices follow (False: the dumped outputs cannot be sliced with it)."""
+
+    name: str
+    members: tuple[tuple[Loc, int], ...]
+    size: int
+    maps_outputs: bool = True
+
+
+@dataclass(frozen=True)
+class CallShapes:
+    """The forward record's tensors' shapes and its other arguments, as a rule reads them."""
+
+    shapes: dict[Loc, tuple[int, ...]]
+    values: dict[Loc, Json]
+
+    def argument(self, position: int, keyword: str) -> Json:
+        """An argument given by position or by keyword (None: not given)."""
+        return self.values.get(("input_args", position), self.values.get(("input_kwargs", keyword)))
+
+    @property
+    def output(self) -> tuple[int, ...]:
+        return self.shapes.get(("output", 0), ())
+
+    def inputs(self) -> Iterator[tuple[Loc, tuple[int, ...]]]:
+        return ((loc, shape) for loc, shape in self.shapes.items() if loc[0] != "output")
+
+
+def _broadcast(call: CallShapes, kept: frozenset[int] = frozenset()) -> list[Axis]:
+    """Any dim of the output but `kept`, cut in every output and every argument that
+    spans it (an argument of size 1 there is broadcast, and kept)."""
+    out = call.output
+    axes = []
+    for dim, size in enumerate(out):
+        if size < 2 or dim in kept:
+            continue
+        members: list[tuple[Loc, int]] = [
+            (loc, dim) for loc, shape in call.shapes.items() if loc[0] == "output" and shape == out
+        ]
+        for loc, shape in call.inputs():
+            aligned = dim - (len(out) - len(shape))
+            if aligned >= 0 and shape[aligned] == size:
+                members.append((loc, aligned))
+        axes.append(Axis(f"dim {dim}", tuple(members), size))
+    return axes
+
+
+def _reduced_dim(call: CallShapes) -> list[Axis]:
+    """A softmax: every dim but the one it reduces (argument `dim`)."""
+    dim = _int(call.argument(1, "dim"))
+    if dim is None:
+        return []
+    return _broadcast(call, frozenset({dim % max(len(call.output), 1)}))
+
+
+def _normalized(call: CallShapes) -> list[Axis]:
+    """A norm over the trailing `normalized_shape` dims: the leading dims only."""
+    normalized = _ints(call.argument(1, "normalized_shape"))
+    rank = len(call.output)
+    return _broadcast(call, frozenset(range(rank - len(normalized), rank))) if normalized is not None else []
+
+
+def _matmul(call: CallShapes) -> list[Axis]:
+    """Rows of the first operand (its every dim but the last, with the output's), the
+    columns of the second (its last), and the inner dim, online only."""
+    a, b, out = call.shapes.get(("input_args", 0)), call.shapes.get(("input_args", 1)), call.output
+    if a is None or b is None or len(a) < 2 or len(b) < 2 or len(out) < 2:
+        return []
+    axes = []
+    for dim in range(len(a) - 1):
+        out_dim = dim + len(out) - len(a)
+        members: list[tuple[Loc, int]] = [(("input_args", 0), dim), (("output", 0), out_dim)]
+        b_dim = out_dim - (len(out) - len(b))
+        if dim < len(a) - 2 and b_dim >= 0 and b[b_dim] == a[dim]:  # a batch dim b shares
+            members.append((("input_args", 1), b_dim))
+        axes.append(Axis(f"rows dim {dim}", tuple(members), a[dim]))
+    axes.append(Axis("columns", ((("input_args", 1), len(b) - 1), (("output", 0), len(out) - 1)), b[-1]))
+    inner = ((("input_args", 0), len(a) - 1), (("input_args", 1), len(b) - 2))
+    return [*axes, Axis("inner", inner, a[-1], maps_outputs=False)]
+
+
+def _linear(call: CallShapes) -> list[Axis]:
+    """Rows of the input, the weight's output features with the bias's and the output's
+    last dim, and the inner dim (input features), online only."""
+    x, weight, out = call.shapes.get(("input_args", 0)), call.shapes.get(("input_args", 1)), call.output
+    if x is None or weight is None or len(weight) != 2 or not out:
+        return []
+    axes = [
+        Axis(f"rows dim {dim}", ((("input_args", 0), dim), (("output", 0), dim)), x[dim]) for dim in range(len(x) - 1)
+    ]
+    features: list[tuple[Loc, int]] = [(("input_args", 1), 0), (("output", 0), len(out) - 1)]
+    features += [(loc, 0) for loc in (("input_args", 2), ("input_kwargs", "bias")) if loc in call.shapes]
+    axes.append(Axis("features", tuple(features), weight[0]))
+    return [*axes, Axis("inner", ((("input_args", 0), len(x) - 1), (("input_args", 1), 1)), x[-1], maps_outputs=False)]
+
+
+#: a rule of the [reduce] table -> the axes of a call
+AXIS_RULES: dict[str, Callable[[CallShapes], list[Axis]]] = {
+    "broadcast": _broadcast,
+    "reduced_dim": _reduced_dim,
+    "normalized": _normalized,
+    "matmul": _matmul,
+    "linear": _linear,
+}
+
+
+def _int(value: Json) -> int | None:
+    value = value.get("value") if isinstance(value, dict) else value
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _ints(value: Json) -> list[int] | None:
+    value = value.get("value") if isinstance(value, dict) else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        found = [_int(item) for item in value]
+        return [item for item in found if item is not None] if None not in found else None
+    return None
+
+
+# --- the call and its candidates --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How far a reduction goes: at most `tries` candidates judged and `seconds` spent."""
+
+    tries: int = 64
+    seconds: float = 60.0
+    progress: Callable[[str], None] | None = None  # told each accepted step
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A candidate: each axis's kept [start, stop) and the inputs made constant."""
+
+    ranges: tuple[tuple[int, int], ...]
+    constant: frozenset[Loc] = frozenset()
+
+
+@dataclass
+class _Call:
+    """The dumped call: its records, its tensors by location, and its axes."""
+
+    name: CallName
+    framework: str
+    records: dict[str, Record]  # "forward", and "backward" for a backward call
+    tensors: dict[tuple[str, Loc], torch.Tensor]  # (record, location) -> the dumped tensor
+    axes: list[Axis]
+
+    def elements(self, cut: Cut) -> int:
+        """The elements of the forward inputs a cut keeps."""
+        return sum(
+            math.prod(self.shape(loc, cut))
+            for (record, loc) in self.tensors
+            if record == "forward" and loc[0] != "output"
+        )
+
+    def shape(self, loc: Loc, cut: Cut, record: str = "forward") -> tuple[int, ...]:
+        return tuple(self.sliced(record, loc, cut).shape)
+
+    def sliced(self, record: str, loc: Loc, cut: Cut) -> torch.Tensor:
+        tensor = self.tensors[(record, loc)]
+        twin = loc if record == "forward" else (BACKWARD_TWINS[loc[0]], loc[1])
+        for axis, (start, stop) in zip(self.axes, cut.ranges, strict=True):
+            for member, dim in axis.members:
+                if member == twin and (start, stop) != (0, axis.size) and tensor.shape[dim] == axis.size:
+                    tensor = tensor.narrow(dim, start, stop - start)
+        if loc in cut.constant and record == "forward":
+            tensor = tensor.flatten()[:1].expand(tensor.shape).clone() if tensor.numel() else tensor
+        return tensor
+
+    def size(self, cut: Cut) -> str:
+        """The first tensor argument's shape, as `4x8x128`."""
+        loc = next((loc for (record, loc) in self.tensors if record == "forward" and loc[0] != "output"), None)
+        return "x".join(map(str, self.shape(loc, cut))) if loc is not None else "?"
+
+
+def _arguments(record: Record, key: str) -> Iterator[tuple[Loc, Json]]:
+    """A record's field's top-level values by location (a list's by position, a dict's by key)."""
+    value = record.get(key)
+    items = enumerate(value) if isinstance(value, list) else value.items() if isinstance(value, dict) else ()
+    return (((key, where), item) for where, item in items)
+
+
+def _locations(record: Record, key: str) -> Iterator[tuple[Loc, Record]]:
+    for loc, item in _arguments(record, key):
+        if isinstance(item, dict) and item.get("type") in TENSOR_TYPES:
+            yield loc, item
+
+
+def read_call(index: DumpIndex, name: CallName, settings: Settings) -> _Call:
+    """The call's records and dumped tensors, and its axes (none where the [reduce]
+    table has no rule for its API). Raises CallSkip where it cannot be reduced."""
+    if index.task != "tensor":
+        raise CallSkip("a statistics dump's inputs are generated from their statistics: only a tensor dump is reduced")
+    records: dict[str, Record] = {}
+    for direction in ("forward", "backward") if name.direction == "backward" else ("forward",):
+        entry = index.entry(str(name.sibling(direction)))
+        if entry is None:
+            raise CallSkip(f"the dump has no {direction} record of {name.call}")
+        records[direction] = index.read_record(entry)
+    tensors: dict[tuple[str, Loc], torch.Tensor] = {}
+    values: dict[Loc, Json] = {}
+    keys = {"forward": ("input_args", "input_kwargs", "output"), "backward": ("input", "output")}
+    for direction, record in records.items():
+        for key in keys[direction]:
+            for loc, value in _locations(record, key):
+                where = f"{name.call} {direction}.{key}[{loc[1]!r}]"
+                spec = tensor_spec(value, where)
+                if spec.data_name:
+                    tensors[(direction, loc)] = load_tensor(index.tensor_dir, spec, where)
+    for key in ("input_args", "input_kwargs"):
+        values.update(_arguments(records["forward"], key))
+    shapes = {loc: tuple(tensor.shape) for (record, loc), tensor in tensors.items() if record == "forward"}
+    rule = reduce_rules().get(name.operator)
+    axes = AXIS_RULES[rule](CallShapes(shapes, values)) if rule is not None else []
+    if settings.offline:
+        axes = [axis for axis in axes if axis.maps_outputs]
+    return _Call(name, index.framework, records, tensors, axes)
+
+
+def write_candidate(call: _Call, cut: Cut, folder: Path) -> Path:
+    """The candidate as a one-call tensor dump in `folder` (its dump.json path). Its
+    outputs are sliced with it where every cut axis maps them; else left out (online,
+    the device computes them)."""
+    outputs_follow = (
+        all(axis.maps_outputs or kept == (0, axis.size) for axis, kept in zip(call.axes, cut.ranges, strict=True))
+        and not cut.constant
+    )
+    tensors: dict[str, torch.Tensor] = {}
+    records: dict[str, Record] = {}
+    for direction, record in call.records.items():
+        written = dict(record)
+        for key in ("input_args", "input_kwargs", "input", "output"):
+            if key not in record:
+                continue
+            is_output = (direction, key) in (("forward", "output"), ("backward", "output"))
+            written[key] = (
+                [] if is_output and not outputs_follow else _entries(call, (direction, key), record[key], cut, tensors)
+            )
+        records[str(call.name.sibling(direction))] = written
+    shutil.rmtree(folder, ignore_errors=True)
+    return write_tensor_dump(folder, records, tensors, call.framework)
+
+
+def _entries(call: _Call, field: tuple[str, str], value: Json, cut: Cut, tensors: dict[str, torch.Tensor]) -> Json:
+    """A record's field (`field`: its record and key) with each tensor's entry of its
+    slice, the slice added to `tensors`."""
+    direction, key = field
+
+    def entry(where: int | str, item: Json) -> Json:
+        loc = (key, where)
+        if (direction, loc) not in call.tensors or not isinstance(item, dict):
+            return item
+        tensor = call.sliced(direction, loc, cut)
+        data_name = str(item["data_name"])
+        tensors[data_name] = tensor
+        return {
+            **item,
+            **tensor_entry(tensor, data_name, kind=str(item["type"]), requires_grad=bool(item.get("requires_grad"))),
+        }
+
+    if isinstance(value, list):
+        return [entry(position, item) for position, item in enumerate(value)]
+    if isinstance(value, dict):
+        return {where: entry(where, item) for where, item in value.items()}
+    return value
+
+
+# --- the search ------------------------------------------------------------------
+
+
+@dataclass
+class Reduction:
+    """What a reduction found: the reduced call as a one-call dump, its sizes before
+    and after, the verdicts, the accepted steps and why it stopped where it did."""
+
+    call: str
+    dump: Path  # the reduced call's dump.json (the original's where nothing was cut)
+    before: str  # the first tensor argument's shape, e.g. 4x8x128
+    after: str
+    elements_before: int
+    elements_after: int
+    signature: Signature
+    original: CallResult
+    reduced: CallResult
+    kept: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # axis -> the [start, stop) kept
+    steps: list[str] = dataclasses.field(default_factory=list)
+    tries: int = 0
+    refused: int = 0  # candidates that passed or failed otherwise
+    seconds: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        """`4x8x128 -> 1x1x8`, with the elements kept."""
+        share = self.elements_after / self.elements_before if self.elements_before else 1.0
+        return (
+            f"{self.before} -> {self.after} ({self.elements_after}/{self.elements_before} input elements, {share:.2%})"
+        )
+
+
+@dataclass
+class Search:
+    """One reduction's candidates, judged against the signature they must keep."""
+
+    call: _Call
+    settings: Settings
+    plan: Plan
+    wanted: Signature
+    scratch: Path
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    tries: int = 0
+    refused: int = 0
+    steps: list[str] = dataclasses.field(default_factory=list)
+
+    def spent(self) -> bool:
+        return self.tries >= self.plan.tries or time.monotonic() - self.started > self.plan.seconds
+
+    def fails_alike(self, cut: Cut) -> bool:
+        """The oracle: the candidate judged as a dumped call, with the same signature."""
+        self.tries += 1
+        folder = self.scratch / f"try{self.tries}"
+        try:
+            result = judge_dump(write_candidate(self.call, cut, folder), self.call.name, self.settings)
+        except (CallSkip, CallError, DeviceFailed, DumpError):
+            result = None
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        alike = result is not None and failure_signature(result.verdict) == self.wanted
+        self.refused += not alike
+        return alike
+
+
+def judge_dump(path: Path, name: CallName, settings: Settings) -> CallResult:
+    """A one-call dump judged as the plugin judges its call."""
+    return check_call(read_index(path), name, settings)
+
+
+def _halves(cut: Cut, position: int) -> list[Cut]:
+    start, stop = cut.ranges[position]
+    middle = start + (stop - start) // 2
+    ranges = list(cut.ranges)
+    found = []
+    for half in ((start, middle), (middle, stop)):
+        ranges[position] = half
+        found.append(dataclasses.replace(cut, ranges=tuple(ranges)))
+    return found
+
+
+def _sliced(search: Search, cut: Cut) -> Cut:
+    """Halve each axis (largest first) while a half fails alike, until nothing halves."""
+    call = search.call
+    progress = True
+    while progress and not search.spent():
+        progress = False
+        order = sorted(range(len(call.axes)), key=lambda i: -(cut.ranges[i][1] - cut.ranges[i][0]))
+        for position in order:
+            start, stop = cut.ranges[position]
+            if stop - start < 2 or search.spent():
+                continue
+            for half in _halves(cut, position):
+                if search.spent():
+                    break
+                if search.fails_alike(half):
+                    cut, progress = half, True
+                    _told(search, f"{call.axes[position].name}: kept {half.ranges[position]} -> {call.size(half)}")
+                    break
+    return cut
+
+
+def _constant(search: Search, cut: Cut) -> Cut:
+    """Each floating input made one repeated value where the failure stays (online only:
+    the dumped outputs are of the dumped values)."""
+    if search.settings.offline:
+        return cut
+    for (record, loc), tensor in search.call.tensors.items():
+        if search.spent() or record != "forward" or loc[0] == "output" or not tensor.is_floating_point():
+            continue
+        candidate = dataclasses.replace(cut, constant=cut.constant | {loc})
+        if search.fails_alike(candidate):
+            cut = candidate
+            _told(search, f"{loc[0]}[{loc[1]!r}]: one repeated value")
+    return cut
+
+
+def _told(search: Search, step: str) -> None:
+    search.steps.append(step)
+    if search.plan.progress is not None:
+        search.plan.progress(f"{search.call.name}: {step}")
+
+
+def reduce_call(
+    index: DumpIndex, name: CallName, settings: Settings, folder: Path, plan: Plan | None = None
+) -> Reduction:
+    """Reduce a failing call; its reduced form is written as a one-call dump at
+    `folder/dump.json`, re-judged there with the full rules. Raises CallSkip where the
+    call does not fail (a passing call is never reduced) or cannot be reduced."""
+    plan = plan or Plan()
+    settings = dataclasses.replace(settings, baseline=None, sample_statuses=frozenset(), repeat=1)
+    original = check_call(index, name, settings)
+    if original.verdict.status != "error":
+        raise CallSkip(f"{name} does not fail ({original.verdict.status}): only a failing call is reduced")
+    wanted = failure_signature(original.verdict)
+    call = read_call(index, name, settings)
+    whole = Cut(tuple((0, axis.size) for axis in call.axes))
+    notes = [] if call.axes else [f"no dimension of {name.operator} is cut: the [reduce] table has no rule for it"]
+    scratch = Path(tempfile.mkdtemp(prefix="msprobe-reduce-"))
+    search = Search(call, settings, plan, wanted, scratch)
+    try:
+        cut = _constant(search, _sliced(search, whole))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    path = write_candidate(call, cut, folder)
+    reduced = judge_dump(path, name, settings)
+    if failure_signature(reduced.verdict) != wanted:  # re-judged with the full rules: never another failure
+        notes.append("the reduced call, re-judged, failed otherwise: the whole call is reported")
+        cut, path = whole, write_candidate(call, whole, folder)
+        reduced = judge_dump(path, name, settings)
+    if search.spent():
+        notes.append(f"stopped at its bound ({plan.tries} tries, {plan.seconds:g} s)")
+    return Reduction(
+        str(name),
+        path,
+        call.size(whole),
+        call.size(cut),
+        call.elements(whole),
+        call.elements(cut),
+        wanted,
+        original,
+        reduced,
+        kept={axis.name: kept for axis, kept in zip(call.axes, cut.ranges, strict=True)},
+        steps=search.steps,
+        tries=search.tries,
+        refused=search.refused,
+        seconds=time.monotonic() - search.started,
+        notes=notes,
+    )
