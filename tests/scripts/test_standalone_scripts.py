@@ -22,9 +22,9 @@ import torch
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.dump.index import read_index
 from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.scripts.command import main as msprobe_script
 from pytest_msprobe.scripts.shared import SHARED_FILE
 from pytest_msprobe.scripts.writer import WriteOptions, expected_verdict, script_file_name, write_script
-from pytest_msprobe.scripts.command import main as msprobe_script
 
 HERE = Path(__file__).parent
 EXIT_IMPORTED = 99  # without_plugin.py's exit status where a script imported pytest_msprobe
