@@ -58,15 +58,18 @@ class ResultRecord:
     # A failure's text at the run's verbosity (Verdict.message's detail), for the terminal;
     # empty: the message. Never written: the files keep `message`, which holds everything.
     shown: str = ""
+    # --msprobe-bug-reports: the failing call reduced (scripts/bug_report.py): its
+    # "size" (`4x8x128 -> 1x1x8`), "elements" kept and "folder"; empty, and absent from
+    # to_dict, without that option or where the call was not reduced.
+    reduction: Record = field(default_factory=dict)
 
     def to_dict(self) -> Record:
         """Plain data for the report (dataclasses.asdict deep-copies: 5x slower here)."""
         data = {**vars(self), "outputs": [dict(vars(output)) for output in self.outputs], "origins": list(self.origins)}
         del data["shown"]
-        if not self.samples:
-            del data["samples"]  # the journal of a run without a report stays as it was
-        if not self.known_defect:
-            del data["known_defect"]  # likewise, for every call that matches no known defect
+        for optional in ("samples", "known_defect", "reduction"):
+            if not data[optional]:
+                del data[optional]  # the journal of a run without them (most calls) stays as it was
         return data
 
     @classmethod

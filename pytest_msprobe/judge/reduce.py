@@ -392,9 +392,7 @@ class Reduction:
     def summary(self) -> str:
         """`4x8x128 -> 1x1x8`, with the elements kept."""
         share = self.elements_after / self.elements_before if self.elements_before else 1.0
-        return (
-            f"{self.before} -> {self.after} ({self.elements_after}/{self.elements_before} input elements, {share:.2%})"
-        )
+        return f"{self.before} -> {self.after} ({self.elements_after} of {self.elements_before} input elements, {share:.2%})"
 
 
 @dataclass
@@ -461,7 +459,8 @@ def _sliced(search: Search, cut: Cut) -> Cut:
                     break
                 if search.fails_alike(half):
                     cut, progress = half, True
-                    _told(search, f"{call.axes[position].name}: kept {half.ranges[position]} -> {call.size(half)}")
+                    start, stop = half.ranges[position]
+                    _told(search, f"{call.axes[position].name}: kept [{start}, {stop}) -> {call.size(half)}")
                     break
     return cut
 

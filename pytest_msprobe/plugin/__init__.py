@@ -5,7 +5,8 @@ once into one typed value, every path resolved by one rule), `state` (the
 session's settings), `items` (the dump file and call items), `hookspecs` (hooks users
 implement, and the plugin's own between its parts), and one module of
 hooks per concern: `reports`, `baselines`, `html` (the HTML report), `scale` (isolation,
-sharding, ordering), `scripts`, `workers` and `scheduling` (xdist).
+sharding, ordering), `scripts`, `bug_reports` (a reduced bug report per failing
+call), `workers` and `scheduling` (xdist).
 
 May import every stage. The only subpackage that imports pytest. Without a dump option
 every hook returns at once and nothing heavy is imported.
@@ -84,13 +85,14 @@ REGISTERED = (
     "msprobe-kernels",
     "msprobe-baseline",
     "pytest_msprobe.plugin.scripts",
+    "pytest_msprobe.plugin.bug_reports",
     "pytest_msprobe.plugin.scale",
 )
 
 
 def _dump_plugins(config: pytest.Config, chosen: options.Options) -> dict[str, object]:
     """Each plugin of REGISTERED this run uses, by name (imported only when a dump is given)."""
-    from pytest_msprobe.plugin import baselines, kernels, reports, scale, scripts
+    from pytest_msprobe.plugin import baselines, bug_reports, kernels, reports, scale, scripts
 
     report_plugin = reports.ReportPlugin(config)
     plugins: dict[str, object] = {
@@ -98,6 +100,7 @@ def _dump_plugins(config: pytest.Config, chosen: options.Options) -> dict[str, o
         "msprobe-kernels": kernels.KernelPlugin(config, report_plugin),
         "msprobe-baseline": baselines.BaselinePlugin(config, report_plugin),
         scripts.__name__: scripts,
+        bug_reports.__name__: bug_reports,
         scale.__name__: scale,
     }
     if chosen.html is not None:

@@ -251,6 +251,31 @@ OPTIONS = (
         False,
     ),
     Option(
+        "msprobe_bug_reports",
+        "Write a bug report folder for every failing call under this folder: the call reduced to the smallest "
+        "input that fails the same way, as a one-call dump and a standalone script, with the verdicts and the "
+        "environment (tensor dumps)",
+        "path",
+        metavar="DIR",
+        details="Each failing call gets `DIR/<dump>/<call name>/`: `README.md` (what fails, how small, how to run "
+        "it), `dump/dump.json` with `dump/dump_tensor_data/` (the reduced call, judged by "
+        "`pytest --msprobe-dump=dump/dump.json`), the call's standalone script with its tensors in a `.pt` file, and "
+        "`report.json` (the verdicts before and after the reduction, its steps, the environment's versions and "
+        "device, the known defect it matches). The reduction slices the dimensions the API allows (the `[reduce]` "
+        "table of `api_tables/pytorch.toml`: a softmax's reduced dimension, a norm's normalized ones stay whole), "
+        "halving first, then makes inputs constant where the failure does not depend on them; a candidate is kept "
+        "only where the plugin's own verdict on it fails with the same standard and the same reasons (a bias in "
+        "the same direction). Offline, the dumped outputs are sliced with the inputs. At most "
+        "`--msprobe-bug-report-tries` candidates are judged per call; nothing runs for passing calls or without "
+        "this option. `msprobe-script DUMP CALL --bug-report -o DIR` writes one call's folder.",
+    ),
+    Option(
+        "msprobe_bug_report_tries",
+        "At most this many reduced candidates judged per failing call (needs --msprobe-bug-reports)",
+        default=64,
+        number=Number("candidates", 1),
+    ),
+    Option(
         "msprobe_html",
         "Write a self-contained HTML report of the run to this file, failures first: counts, environment, "
         "failing kernels, a sortable table of every call with the metrics that failed and their limits, "

@@ -57,6 +57,8 @@ class Options:
     save_failed: Path | None
     scripts: Path | None
     scripts_all: bool
+    bug_reports: Path | None
+    bug_report_tries: int
     html: Path | None
     html_all: bool
     devices: tuple[int, ...] | None  # None: every visible device
@@ -155,6 +157,8 @@ def read(config: pytest.Config) -> Options | None:
         save_failed=path("msprobe_save_failed"),
         scripts=path("msprobe_scripts"),
         scripts_all=flag("msprobe_scripts_all"),
+        bug_reports=path("msprobe_bug_reports"),
+        bug_report_tries=whole("msprobe_bug_report_tries"),
         html=path("msprobe_html"),
         html_all=flag("msprobe_html_all"),
         devices=device_list(text("msprobe_devices")),

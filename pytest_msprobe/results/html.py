@@ -371,6 +371,8 @@ def _call_section(
         + (f"<pre>{_e(chr(10).join(record.origins))}</pre>" if record.origins else '<p class="muted">none recorded</p>')
     )
     parts.append(f"<h4>Reproduce</h4><pre>{_e(reproduce(record, scripts))}</pre>")
+    if record.reduction:
+        parts.append(_bug_report_part(record.reduction))
     if not record.samples:  # without samples its worst elements are only in the message
         parts.append(f"<details><summary>the test's message</summary><pre>{_e(record.message)}</pre></details>")
     return "".join(parts) + "</section>"
@@ -390,6 +392,16 @@ def _output_part(output: OutputResult, sample: dict | None, figure: tuple[str, s
     if sample is not None and sample.get("worst"):
         parts.append(_worst_table(sample["worst"]))
     return "".join(parts)
+
+
+def _bug_report_part(reduction: Record) -> str:
+    """The call reduced (--msprobe-bug-reports): its sizes, and a link to its folder."""
+    folder = Path(str(reduction.get("folder", "")))
+    link = f'<a href="{_e(folder.resolve().as_uri())}">{_e(str(folder))}</a>'
+    return (
+        f"<h4>Bug report</h4><p>reduced {_e(str(reduction.get('size')))} "
+        f"({_e(str(reduction.get('elements')))} input elements): {link}</p>"
+    )
 
 
 def _metrics_table(output: OutputResult) -> str:

@@ -114,6 +114,7 @@ class Summary:
     skips: Counter[str] = field(default_factory=Counter)  # skip_reason -> calls
     overflow_modes: Counter[str] = field(default_factory=Counter)  # overflow_mode_counts: mode -> calls
     known: Counter[str] = field(default_factory=Counter)  # known defect (judge/defects.py) -> failing calls
+    bug_reports: list[str] = field(default_factory=list)  # --msprobe-bug-reports: a line per reduced call
     started: float = field(default_factory=time.monotonic)
     # the tests besides the dumped calls', counted apart so that the counts add up to
     # pytest's: `<call>.explore` tests (among the records) and the kernels' (no record)
@@ -140,6 +141,12 @@ class Summary:
         self.overflow_modes.update(overflow_mode_counts(record))
         if record.known_defect:
             self.known[record.known_defect] += 1
+        if record.reduction:
+            reduction = record.reduction
+            self.bug_reports.append(
+                f"  {record.call}: {reduction.get('size')} ({reduction.get('elements')} input elements): "
+                f"{reduction.get('folder')}"
+            )
         if represents > 1:
             repeated = (represents, record.call)
             if len(self.most_repeated) < MOST_REPEATED_SHOWN:
@@ -214,6 +221,9 @@ class Summary:
                 f"  {call}{f' ({named[dump]})' if dump in named else ''}: {metric}"
                 for _, call, metric, dump in sorted(self.worst, reverse=True)
             ]
+        lines += _listed(
+            "bug reports, each call reduced to the smallest input that fails the same way:", self.bug_reports
+        )
         lines += [f"results: {path}" for path in files] or ["results: none written (no call ran)"]
         return lines
 
@@ -222,6 +232,10 @@ def _counted(kind: str, counter: Counter[Status]) -> str:
     """`49 calls, 48 pass, 1 error`."""
     total = sum(counter.values())
     return f"{total} {kind}{'s' if total != 1 else ''}" + "".join(f", {counter[s]} {s}" for s in STATUSES if counter[s])
+
+
+def _listed(title: str, rows: list[str]) -> list[str]:
+    return [title, *rows] if rows else []
 
 
 def _table(title: str, counts: dict[str, Counter[Status]]) -> list[str]:

@@ -58,10 +58,21 @@ class BugReport:
         """The one line a run's report shows: the sizes and the folder."""
         return f"reduced {self.reduction.summary}; bug report: {self.folder}"
 
+    @property
+    def fields(self) -> Record:
+        """What the call's result record says of it (ResultRecord.reduction)."""
+        reduction = self.reduction
+        return {
+            "size": f"{reduction.before} -> {reduction.after}",
+            "elements": f"{reduction.elements_after}/{reduction.elements_before}",
+            "folder": str(self.folder),
+        }
+
 
 def report_folder(root: Path, index: DumpIndex, name: CallName | str) -> Path:
     """`root/<dump>/<call>`: a dump's names are not trusted to stay inside root."""
-    return root / _safe(str(index.key or index.path.parent.name)) / _safe(str(name))
+    dump = str(index.key).removesuffix("dump.json").strip("/") or index.path.parent.name
+    return root / _safe(dump) / _safe(str(name))
 
 
 def write_bug_report(
@@ -147,7 +158,10 @@ def _first_line(path: Path) -> str:
 def readme(reduction: Reduction, script: Path, known: str | None, offline: bool) -> str:
     """Three lines: what fails, how small, how to run it."""
     verdict = reduction.reduced.verdict
-    lead = f"{reduction.call} fails: {verdict.status} by the {verdict.standard} standard ({reduction.signature})."
+    reasons = [
+        reason for leaf in verdict.outputs or (verdict,) if leaf.status == verdict.status for reason in leaf.reasons
+    ]
+    lead = f"{reduction.call} fails: {verdict.status} by the {verdict.standard} standard: " + "; ".join(reasons) + "."
     if known:
         lead += f" Known defect: {known}."
     return (
