@@ -30,6 +30,7 @@ SCRIPTS = {
     "bench_kernels.py": HELP,
     "bench_large_calls.py": HELP,
     "bench_percall.py": HELP,
+    "bench_reduce.py": HELP,
     "bench_reports.py": IMPORT,
     "bench_scale.py": HELP,
     "bench_shares.py": HELP,

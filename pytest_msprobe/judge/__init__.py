@@ -16,7 +16,8 @@ avoids (`excuses`, over a backward's intermediates: `intermediates`); and the kn
 defects of the libraries the plugin runs (`defects`: one table, each row's regime in
 `regimes`, its measured symptom in `symptoms`, its reproducer in `reproducers` and
 `reproducers_reduced`, run by `python -m pytest_msprobe.judge.reproduce`), which a
-failure's message names.
+failure's message names; and the reduction of a failing call to a smaller input that
+fails the same way (`reduce`), the plugin's verdict its oracle.
 
 May import: `dump`, `run`, `errors`, `compat`, `standards`. Never pytest, never a later stage.
 """

@@ -1,4 +1,5 @@
-"""Write a standalone script that reproduces one dumped call, for the kernel engineer.
+"""Write a standalone script that reproduces one dumped call, for the kernel engineer
+(the msprobe-script command is command.py).
 
 The engineer who fixes an inaccurate kernel works on a bare machine with torch (and
 torch_npu or MindSpore), far from the model and from this plugin, and reads the bug
