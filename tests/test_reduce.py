@@ -236,3 +236,42 @@ def test_a_real_dumps_planted_failure_reduces_offline(fault, tmp_path):
     assert reduction.original.verdict.status == "error"
     assert failure_signature(reduction.reduced.verdict) == reduction.signature
     assert reduction.elements_after <= reduction.elements_before * share, reduction.summary
+
+
+def test_an_api_without_a_rule_is_reported_whole_and_said_so(tmp_path):
+    x = _random(8, 64, seed=8)
+    out = (torch.cumsum(x.float(), dim=1) * (1 + 2**-4)).to(BF16)
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    writer.forward("Torch.cumsum.0", [x, 1], {}, out)
+    reduction = _reduce(writer.write(), "Torch.cumsum.0.forward", tmp_path, offline=True)
+    assert reduction.before == reduction.after == "8x64" and reduction.tries == 0
+    assert any("no rule for it" in note for note in reduction.notes)
+    assert failure_signature(reduction.reduced.verdict) == reduction.signature
+
+
+def test_the_search_stops_at_its_bound_and_says_so(tmp_path):
+    dump = _rows_biased_dump(tmp_path / "dump")
+    index, name = read_index(dump), parse_call_name("Tensor.__add__.0.forward")
+    reduction = reduce_call(index, name, _settings(offline=True), tmp_path / "reduced", Plan(tries=2))
+    assert reduction.tries == 2 and any("stopped at its bound (2 tries" in note for note in reduction.notes)
+    assert failure_signature(reduction.reduced.verdict) == reduction.signature
+
+
+def test_offline_a_matmuls_inner_dim_stays_whole_and_is_said_so(tmp_path):
+    a, b = _random(32, 64, seed=9), _random(64, 16, seed=10)
+    out = (torch.matmul(a.float(), b.float()) * (1 + 2**-4)).to(BF16)
+    writer = DumpWriter(tmp_path / "dump", "tensor")
+    writer.forward("Torch.matmul.0", [a, b], {}, out)
+    reduction = _reduce(writer.write(), "Torch.matmul.0.forward", tmp_path, offline=True)
+    assert reduction.after.endswith("x64") and "inner" not in reduction.kept
+    assert any("kept whole offline: inner" in note for note in reduction.notes)
+    assert reduction.elements_after < reduction.elements_before
+
+
+def test_a_statistics_dump_is_not_reduced(tmp_path, monkeypatch):
+    writer = DumpWriter(tmp_path / "dump", "statistics")
+    x = _random(16, 64)
+    writer.forward("Functional.silu.0", [x], {}, torch.nn.functional.silu(x))
+    monkeypatch.setattr(torch.nn.functional, "silu", scaled_in(BF16, 1 + 2**-4)(torch.nn.functional.silu))
+    with pytest.raises(CallSkip, match="only a tensor dump is reduced"):
+        _reduce(writer.write(), "Functional.silu.0.forward", tmp_path)

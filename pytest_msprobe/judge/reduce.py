@@ -243,6 +243,7 @@ class _Call:
     records: dict[str, Record]  # "forward", and "backward" for a backward call
     tensors: dict[tuple[str, Loc], torch.Tensor]  # (record, location) -> the dumped tensor
     axes: list[Axis]
+    offline_whole: list[str]  # the axes left whole offline: their slices have no dumped output
 
     def elements(self, cut: Cut) -> int:
         """The elements of the forward inputs a cut keeps."""
@@ -311,9 +312,9 @@ def read_call(index: DumpIndex, name: CallName, settings: Settings) -> _Call:
     shapes = {loc: tuple(tensor.shape) for (record, loc), tensor in tensors.items() if record == "forward"}
     rule = reduce_rules().get(name.operator)
     axes = AXIS_RULES[rule](CallShapes(shapes, values)) if rule is not None else []
-    if settings.offline:
-        axes = [axis for axis in axes if axis.maps_outputs]
-    return _Call(name, index.framework, records, tensors, axes)
+    whole = [axis.name for axis in axes if settings.offline and not axis.maps_outputs]
+    axes = [axis for axis in axes if axis.name not in whole]
+    return _Call(name, index.framework, records, tensors, axes, whole)
 
 
 def write_candidate(call: _Call, cut: Cut, folder: Path) -> Path:
@@ -501,6 +502,11 @@ def reduce_call(
     call = read_call(index, name, settings)
     whole = Cut(tuple((0, axis.size) for axis in call.axes))
     notes = [] if call.axes else [f"no dimension of {name.operator} is cut: the [reduce] table has no rule for it"]
+    if call.offline_whole:
+        notes.append(
+            f"kept whole offline: {', '.join(call.offline_whole)} (its slices have no dumped output; "
+            "reduced without --offline, the device computes them)"
+        )
     scratch = Path(tempfile.mkdtemp(prefix="msprobe-reduce-"))
     search = Search(call, settings, plan, wanted, scratch)
     try:
