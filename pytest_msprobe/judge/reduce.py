@@ -14,6 +14,10 @@ Which dimensions of which tensors may be cut together is data: the `[reduce]` ta
 run/api_tables/pytorch.toml names each API's rule, and AXIS_RULES turns a rule and the
 call's shapes into axes. An axis whose slices have no dumped output (a matmul's inner
 dimension) is tried online only.
+
+Reproducible: the search draws nothing at random (axes largest first, the first half
+before the second), and the reduced dump keeps the call's name, whose seeds the plugin
+derives from it. Bounded: Plan's tries and seconds.
 """
 
 from __future__ import annotations
@@ -235,7 +239,7 @@ class Cut:
 
 
 @dataclass
-class _Call:
+class ReducibleCall:
     """The dumped call: its records, its tensors by location, and its axes."""
 
     name: CallName
@@ -286,7 +290,7 @@ def _locations(record: Record, key: str) -> Iterator[tuple[Loc, Record]]:
             yield loc, item
 
 
-def read_call(index: DumpIndex, name: CallName, settings: Settings) -> _Call:
+def read_call(index: DumpIndex, name: CallName, settings: Settings) -> ReducibleCall:
     """The call's records and dumped tensors, and its axes (none where the [reduce]
     table has no rule for its API). Raises CallSkip where it cannot be reduced."""
     if index.task != "tensor":
@@ -314,10 +318,10 @@ def read_call(index: DumpIndex, name: CallName, settings: Settings) -> _Call:
     axes = AXIS_RULES[rule](CallShapes(shapes, values)) if rule is not None else []
     whole = [axis.name for axis in axes if settings.offline and not axis.maps_outputs]
     axes = [axis for axis in axes if axis.name not in whole]
-    return _Call(name, index.framework, records, tensors, axes, whole)
+    return ReducibleCall(name, index.framework, records, tensors, axes, whole)
 
 
-def write_candidate(call: _Call, cut: Cut, folder: Path) -> Path:
+def write_candidate(call: ReducibleCall, cut: Cut, folder: Path) -> Path:
     """The candidate as a one-call tensor dump in `folder` (its dump.json path). Its
     outputs are sliced with it where every cut axis maps them; else left out (online,
     the device computes them)."""
@@ -341,7 +345,9 @@ def write_candidate(call: _Call, cut: Cut, folder: Path) -> Path:
     return write_tensor_dump(folder, records, tensors, call.framework)
 
 
-def _entries(call: _Call, field: tuple[str, str], value: Json, cut: Cut, tensors: dict[str, torch.Tensor]) -> Json:
+def _entries(
+    call: ReducibleCall, field: tuple[str, str], value: Json, cut: Cut, tensors: dict[str, torch.Tensor]
+) -> Json:
     """A record's field (`field`: its record and key) with each tensor's entry of its
     slice, the slice added to `tensors`."""
     direction, key = field
@@ -400,7 +406,7 @@ class Reduction:
 class Search:
     """One reduction's candidates, judged against the signature they must keep."""
 
-    call: _Call
+    call: ReducibleCall
     settings: Settings
     plan: Plan
     wanted: Signature
@@ -419,8 +425,8 @@ class Search:
         folder = self.scratch / f"try{self.tries}"
         try:
             result = judge_dump(write_candidate(self.call, cut, folder), self.call.name, self.settings)
-        except (CallSkip, CallError, DeviceFailed, DumpError):
-            result = None
+        except (CallSkip, CallError, DeviceFailed, DumpError, RuntimeError, ValueError, IndexError):
+            result = None  # a slice the kernels or the standards refuse: no candidate
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         alike = result is not None and failure_signature(result.verdict) == self.wanted
