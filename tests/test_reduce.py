@@ -89,6 +89,12 @@ def test_a_reasons_kind_keeps_its_signs_and_words_not_its_magnitudes():
     plus = "systematic additive bias: bias_ulp +0.31 ULP, against the bench rounded to D (limit 0.05)"
     assert reason_kind(plus) == reason_kind(plus.replace("0.31", "0.52").replace("0.05", "0.07"))
     assert reason_kind(plus) != reason_kind(plus.replace("+0.31", "-0.31"))  # the other direction
+    scale = (
+        "systematic scale (toward/away from zero) bias: scale_bias_ulp +0.336 ULP, +0.336 ULP beyond the "
+        "reference run's -0.000589 (limit 0.25), with sign-test z 32 > 5"
+    )
+    assert reason_kind(scale) == "systematic scale bias: scale_bias_ulp +# ULP"
+    assert reason_kind(scale) != reason_kind(scale.replace("+0.336", "-0.336"))
     toward = "scale misrounding: 63 elements toward zero and over half an ULP (and 2 float32 ULPs) from the bench"
     assert reason_kind(toward) != reason_kind(toward.replace("toward zero", "away from zero"))
     assert (
@@ -109,7 +115,8 @@ def test_the_signature_reads_the_failing_outputs_only():
 
 # --- planted faults, online -------------------------------------------------------
 
-#: name -> (patch it, the dumped call, its arguments, elementwise, backward)
+#: name -> (patch it, the dumped call, its function, its arguments, elementwise); the biased silu
+#: fails by a scale bias and a far misrounding away from zero, the linear by a bias toward zero
 ONLINE = {
     "biased-silu": (
         lambda mp: mp.setattr(torch.nn.functional, "silu", scaled_in(BF16, 1 + 2**-6)(torch.nn.functional.silu)),
@@ -125,7 +132,7 @@ ONLINE = {
         lambda: [_random(64, 512, seed=1), _random(64, 512, seed=2)],
         True,
     ),
-    "far-misrounding-linear": (
+    "toward-zero-linear": (
         FAULTS["bf16_dot_toward_zero"].patch,
         "Functional.linear.0",
         torch.nn.functional.linear,

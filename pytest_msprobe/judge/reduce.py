@@ -69,13 +69,20 @@ class Signature:
 
 
 _NUMBER = re.compile(r"(?<![A-Za-z_\d.])([+-]?)(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?|\b(?:inf|nan)\b")
-_KIND_END = re.compile(r"\s*[(,;]")
+_ASIDE = re.compile(r"\s*\([^()]*\)")
+_KIND_END = re.compile(r"\s*[,;]")
 
 
 def reason_kind(reason: str) -> str:
-    """A reason without its magnitudes: numbers become '#' (a sign kept), and the text
-    stops at its first aside ('(limit ...)', ', against ...')."""
+    """A reason without its magnitudes: numbers become '#' (a sign kept: a bias's
+    direction), asides in parentheses go ('(limit ...)'), and the text stops at its
+    first clause (', against ...')."""
     masked = _NUMBER.sub(lambda match: (match.group(1) or "") + "#", reason)
+    while True:
+        bare = _ASIDE.sub("", masked)
+        if bare == masked:
+            break
+        masked = bare
     return _KIND_END.split(masked, maxsplit=1)[0].strip()
 
 
