@@ -115,3 +115,17 @@ def test_the_run_writes_a_folder_per_failing_call_and_names_it(tmp_path):
     assert failing[0]["reduction"]["folder"] == str(folders[0])
     assert all("reduction" not in record for record in records if record.get("call") != CALL)
     assert str(folders[0]) in (tmp_path / "report.html").read_text()
+
+
+def test_a_known_defect_keeps_its_label_through_the_reduction(tmp_path):
+    """torch's CPU bfloat16 `0.79788456 + x` (the known-defects table's scalar row),
+    reduced on the CPU: every candidate must still match the row, and the folder names it."""
+    from test_known_defects import ROWS, write_dump
+
+    dump = write_dump(tmp_path / "dump")
+    assert msprobe_script([str(dump), "Tensor.__radd__.0.forward", "--bug-report", "-o", str(tmp_path / "r")]) == 0
+    (folder,) = (tmp_path / "r").glob("*/Tensor.__radd__.0.forward")
+    report = json.loads((folder / "report.json").read_text())
+    assert report["known_defect"].startswith(f"known defect {ROWS['radd']} of torch CPU")
+    assert f"Not a new fault: a known defect {ROWS['radd']}" in (folder / "README.md").read_text()
+    assert report["shape_before"] == "64x64" and report["shape_after"] != "64x64"

@@ -422,6 +422,7 @@ class Search:
     tries: int = 0
     refused: int = 0
     steps: list[str] = dataclasses.field(default_factory=list)
+    known: str = ""  # the known defect (judge/defects.py) the original matches: a candidate matches it too
 
     def spent(self) -> bool:
         return self.tries >= self.plan.tries or time.monotonic() - self.started > self.plan.seconds
@@ -436,9 +437,17 @@ class Search:
             result = None  # a slice the kernels or the standards refuse: no candidate
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        alike = result is not None and failure_signature(result.verdict) == self.wanted
+        alike = (
+            result is not None and failure_signature(result.verdict) == self.wanted and known_id(result) == self.known
+        )
         self.refused += not alike
         return alike
+
+
+def known_id(result: CallResult) -> str:
+    """The known defect a result matches ("": none): a reduction keeps it, so that a
+    known defect is never handed over as a new one, nor a new fault as a known one."""
+    return result.known.id if result.known is not None else ""
 
 
 def judge_dump(path: Path, name: CallName, settings: Settings) -> CallResult:
@@ -521,14 +530,14 @@ def reduce_call(
             "reduced without --offline, the device computes them)"
         )
     scratch = Path(tempfile.mkdtemp(prefix="msprobe-reduce-"))
-    search = Search(call, settings, plan, wanted, scratch)
+    search = Search(call, settings, plan, wanted, scratch, known=known_id(original))
     try:
         cut = _constant(search, _sliced(search, whole))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     path = write_candidate(call, cut, folder)
     reduced = judge_dump(path, name, settings)
-    if failure_signature(reduced.verdict) != wanted:  # re-judged with the full rules: never another failure
+    if (failure_signature(reduced.verdict), known_id(reduced)) != (wanted, search.known):  # never another failure
         notes.append("the reduced call, re-judged, failed otherwise: the whole call is reported")
         cut, path = whole, write_candidate(call, whole, folder)
         reduced = judge_dump(path, name, settings)

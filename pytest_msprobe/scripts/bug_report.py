@@ -126,9 +126,10 @@ def _record(result: CallResult, index: DumpIndex) -> ResultRecord:
 
 
 def known_defect_of(reduction: Reduction) -> str | None:
-    """The known-defects table's entry the failure matches, by its symptom (None: none
-    matches). The one place a report asks the table."""
-    return None
+    """The known-defects table's row the failure matches, by its measured symptom, as
+    the failure's message names it (None: none matches; the reduction kept the match)."""
+    known = reduction.reduced.known
+    return known.note() if known is not None else None
 
 
 def bug_environment(device: str) -> Record:
@@ -163,7 +164,7 @@ def readme(reduction: Reduction, script: Path, known: str | None, offline: bool)
     ]
     lead = f"{reduction.call} fails: {verdict.status} by the {verdict.standard} standard: " + "; ".join(reasons) + "."
     if known:
-        lead += f" Known defect: {known}."
+        lead += f" Not a new fault: a {known}."
     return (
         f"{lead}\n\n"
         f"Reduced from {reduction.summary}; report.json has the verdicts before and after, the environment and the steps.\n\n"
