@@ -101,13 +101,14 @@ def test_the_run_writes_a_folder_per_failing_call_and_names_it(tmp_path):
     reports, out = tmp_path / "reports", tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", f"--msprobe-dump={dump}", "--msprobe-offline", f"--msprobe-bug-reports={reports}",
-         f"--msprobe-out={out}", f"--msprobe-html={tmp_path / 'report.html'}", "-p", "no:cacheprovider", "-n", "0", "-rA"],
+         f"--msprobe-out={out}", f"--msprobe-html={tmp_path / 'report.html'}", "-p", "no:cacheprovider", "-n", "0", "-v"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout[-3000:]
     folders = list(reports.glob("*/*"))
     assert [folder.name for folder in folders] == [CALL]  # the passing call has none
     assert "64x256 -> " in done.stdout and str(folders[0]) in done.stdout
+    assert "dim 0: kept [0, 32) -> 32x" in done.stdout  # -v: the accepted steps under the failure
     journal = next(out.glob("msprobe_records_*.jsonl")).read_text()
     records = [json.loads(line) for line in journal.splitlines() if line.strip()]
     failing = [record for record in records if record.get("call") == CALL]

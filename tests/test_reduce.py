@@ -32,6 +32,7 @@ from pytest_msprobe.judge.reduce import (
     reason_kind,
     reduce_call,
 )
+from pytest_msprobe.run.cuts import CallShapes, call_axes
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.standards import Registry, Verdict
 
@@ -282,3 +283,40 @@ def test_a_statistics_dump_is_not_reduced(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "silu", scaled_in(BF16, 1 + 2**-4)(torch.nn.functional.silu))
     with pytest.raises(CallSkip, match="only a tensor dump is reduced"):
         _reduce(writer.write(), "Functional.silu.0.forward", tmp_path)
+
+
+# --- the [reduce] table's rules (run/cuts.py) ---------------------------------------
+
+
+def _axes(operator: str, shapes: dict, values: dict | None = None) -> dict[str, tuple]:
+    call = CallShapes({loc: tuple(shape) for loc, shape in shapes.items()}, values or {})
+    return {axis.name: (axis.members, axis.maps_outputs) for axis in call_axes(operator, call)}
+
+
+def test_a_softmax_keeps_its_reduced_dim_and_a_norm_its_normalized_dims():
+    shapes = {("input_args", 0): (4, 8, 16), ("output", 0): (4, 8, 16)}
+    assert set(_axes("softmax", shapes, {("input_kwargs", "dim"): {"type": "int", "value": -1}})) == {"dim 0", "dim 1"}
+    assert set(_axes("softmax", shapes, {("input_args", 1): {"type": "int", "value": 1}})) == {"dim 0", "dim 2"}
+    assert _axes("softmax", shapes) == {}  # an implicit dim: nothing is cut
+    norm = {**shapes, ("input_args", 2): (8, 16)}
+    assert set(_axes("layer_norm", norm, {("input_args", 1): [8, 16]})) == {"dim 0"}
+
+
+def test_a_broadcast_operand_is_cut_only_where_it_spans_the_dim():
+    shapes = {("input_args", 0): (4, 8), ("input_args", 1): (1, 8), ("output", 0): (4, 8)}
+    axes = _axes("add", shapes)
+    assert (("input_args", 1), 0) not in axes["dim 0"][0] and (("input_args", 0), 0) in axes["dim 0"][0]
+    assert (("input_args", 1), 1) in axes["dim 1"][0]
+
+
+def test_a_linears_rows_and_features_map_the_output_and_its_inner_dim_does_not():
+    shapes = {
+        ("input_args", 0): (2, 3, 16),
+        ("input_args", 1): (5, 16),
+        ("input_args", 2): (5,),
+        ("output", 0): (2, 3, 5),
+    }
+    axes = _axes("linear", shapes)
+    assert set(axes) == {"rows dim 0", "rows dim 1", "features", "inner"}
+    assert (("input_args", 2), 0) in axes["features"][0] and (("output", 0), 2) in axes["features"][0]
+    assert axes["inner"][1] is False and all(maps for name, (_, maps) in axes.items() if name != "inner")

@@ -10,10 +10,9 @@ the form the bug report hands over, and judged exactly as a dumped call is
 outputs sliced with it). It is accepted only where it fails with the same signature
 (failure_signature): a reduction never changes what is reported.
 
-Which dimensions of which tensors may be cut together is data: the `[reduce]` table of
-run/api_tables/pytorch.toml names each API's rule, and AXIS_RULES turns a rule and the
-call's shapes into axes. An axis whose slices have no dumped output (a matmul's inner
-dimension) is tried online only.
+Which dimensions of which tensors may be cut together is data (run/cuts.py: the
+`[reduce]` table of run/api_tables/pytorch.toml and its rules). An axis whose slices
+have no dumped output (a matmul's inner dimension) is tried online only.
 
 Reproducible: the search draws nothing at random (axes largest first, the first half
 before the second), and the reduced dump keeps the call's name, whose seeds the plugin
@@ -31,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
 from pytest_msprobe.dump.tensors import load_tensor, tensor_spec
@@ -39,7 +38,7 @@ from pytest_msprobe.dump.values import TENSOR_TYPES
 from pytest_msprobe.dump.writer import tensor_entry, write_tensor_dump
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.judge.call import CallResult, Settings, check_call
-from pytest_msprobe.run.apis import reduce_rules
+from pytest_msprobe.run.cuts import Axis, CallShapes, Loc, call_axes
 from pytest_msprobe.run.replay import DeviceFailed
 
 if TYPE_CHECKING:
@@ -48,8 +47,6 @@ if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
     from pytest_msprobe.standards import Verdict
 
-#: where a tensor sits in a call's forward record: ("input_args", 0), ("input_kwargs", "weight"), ("output", 0)
-Loc: TypeAlias = tuple[str, "int | str"]
 #: the backward record's tensors, by the forward tensor whose shape they have
 BACKWARD_TWINS = {"input": "output", "output": "input_args"}
 
@@ -97,132 +94,6 @@ def failure_signature(verdict: Verdict) -> Signature:
         for reason in leaf.reasons
     )
     return Signature(verdict.status, verdict.standard, kinds)
-
-
-# --- axes: which dims of which tensors are cut together ---------------------------
-
-
-@dataclass(frozen=True)
-class Axis:
-    """Dimensions cut together by one slice: (where, dim) of each tensor, its size, and
-    whether the outputs' slices follow (False: the dumped outputs cannot be sliced with it)."""
-
-    name: str
-    members: tuple[tuple[Loc, int], ...]
-    size: int
-    maps_outputs: bool = True
-
-
-@dataclass(frozen=True)
-class CallShapes:
-    """The forward record's tensors' shapes and its other arguments, as a rule reads them."""
-
-    shapes: dict[Loc, tuple[int, ...]]
-    values: dict[Loc, Json]
-
-    def argument(self, position: int, keyword: str) -> Json:
-        """An argument given by position or by keyword (None: not given)."""
-        return self.values.get(("input_args", position), self.values.get(("input_kwargs", keyword)))
-
-    @property
-    def output(self) -> tuple[int, ...]:
-        return self.shapes.get(("output", 0), ())
-
-    def inputs(self) -> Iterator[tuple[Loc, tuple[int, ...]]]:
-        return ((loc, shape) for loc, shape in self.shapes.items() if loc[0] != "output")
-
-
-def _broadcast(call: CallShapes, kept: frozenset[int] = frozenset()) -> list[Axis]:
-    """Any dim of the output but `kept`, cut in every output and every argument that
-    spans it (an argument of size 1 there is broadcast, and kept)."""
-    out = call.output
-    axes = []
-    for dim, size in enumerate(out):
-        if size < 2 or dim in kept:
-            continue
-        members: list[tuple[Loc, int]] = [
-            (loc, dim) for loc, shape in call.shapes.items() if loc[0] == "output" and shape == out
-        ]
-        for loc, shape in call.inputs():
-            aligned = dim - (len(out) - len(shape))
-            if aligned >= 0 and shape[aligned] == size:
-                members.append((loc, aligned))
-        axes.append(Axis(f"dim {dim}", tuple(members), size))
-    return axes
-
-
-def _reduced_dim(call: CallShapes) -> list[Axis]:
-    """A softmax: every dim but the one it reduces (argument `dim`)."""
-    dim = _int(call.argument(1, "dim"))
-    if dim is None:
-        return []
-    return _broadcast(call, frozenset({dim % max(len(call.output), 1)}))
-
-
-def _normalized(call: CallShapes) -> list[Axis]:
-    """A norm over the trailing `normalized_shape` dims: the leading dims only."""
-    normalized = _ints(call.argument(1, "normalized_shape"))
-    rank = len(call.output)
-    return _broadcast(call, frozenset(range(rank - len(normalized), rank))) if normalized is not None else []
-
-
-def _matmul(call: CallShapes) -> list[Axis]:
-    """Rows of the first operand (its every dim but the last, with the output's), the
-    columns of the second (its last), and the inner dim, online only."""
-    a, b, out = call.shapes.get(("input_args", 0)), call.shapes.get(("input_args", 1)), call.output
-    if a is None or b is None or len(a) < 2 or len(b) < 2 or len(out) < 2:
-        return []
-    axes = []
-    for dim in range(len(a) - 1):
-        out_dim = dim + len(out) - len(a)
-        members: list[tuple[Loc, int]] = [(("input_args", 0), dim), (("output", 0), out_dim)]
-        b_dim = out_dim - (len(out) - len(b))
-        if dim < len(a) - 2 and b_dim >= 0 and b[b_dim] == a[dim]:  # a batch dim b shares
-            members.append((("input_args", 1), b_dim))
-        axes.append(Axis(f"rows dim {dim}", tuple(members), a[dim]))
-    axes.append(Axis("columns", ((("input_args", 1), len(b) - 1), (("output", 0), len(out) - 1)), b[-1]))
-    inner = ((("input_args", 0), len(a) - 1), (("input_args", 1), len(b) - 2))
-    return [*axes, Axis("inner", inner, a[-1], maps_outputs=False)]
-
-
-def _linear(call: CallShapes) -> list[Axis]:
-    """Rows of the input, the weight's output features with the bias's and the output's
-    last dim, and the inner dim (input features), online only."""
-    x, weight, out = call.shapes.get(("input_args", 0)), call.shapes.get(("input_args", 1)), call.output
-    if x is None or weight is None or len(weight) != 2 or not out:
-        return []
-    axes = [
-        Axis(f"rows dim {dim}", ((("input_args", 0), dim), (("output", 0), dim)), x[dim]) for dim in range(len(x) - 1)
-    ]
-    features: list[tuple[Loc, int]] = [(("input_args", 1), 0), (("output", 0), len(out) - 1)]
-    features += [(loc, 0) for loc in (("input_args", 2), ("input_kwargs", "bias")) if loc in call.shapes]
-    axes.append(Axis("features", tuple(features), weight[0]))
-    return [*axes, Axis("inner", ((("input_args", 0), len(x) - 1), (("input_args", 1), 1)), x[-1], maps_outputs=False)]
-
-
-#: a rule of the [reduce] table -> the axes of a call
-AXIS_RULES: dict[str, Callable[[CallShapes], list[Axis]]] = {
-    "broadcast": _broadcast,
-    "reduced_dim": _reduced_dim,
-    "normalized": _normalized,
-    "matmul": _matmul,
-    "linear": _linear,
-}
-
-
-def _int(value: Json) -> int | None:
-    value = value.get("value") if isinstance(value, dict) else value
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _ints(value: Json) -> list[int] | None:
-    value = value.get("value") if isinstance(value, dict) else value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, list):
-        found = [_int(item) for item in value]
-        return [item for item in found if item is not None] if None not in found else None
-    return None
 
 
 # --- the call and its candidates --------------------------------------------------
@@ -321,8 +192,7 @@ def read_call(index: DumpIndex, name: CallName, settings: Settings) -> Reducible
     for key in ("input_args", "input_kwargs"):
         values.update(_arguments(records["forward"], key))
     shapes = {loc: tuple(tensor.shape) for (record, loc), tensor in tensors.items() if record == "forward"}
-    rule = reduce_rules().get(name.operator)
-    axes = AXIS_RULES[rule](CallShapes(shapes, values)) if rule is not None else []
+    axes = call_axes(name.operator, CallShapes(shapes, values))
     whole = [axis.name for axis in axes if settings.offline and not axis.maps_outputs]
     axes = [axis for axis in axes if axis.name not in whole]
     return ReducibleCall(name, index.framework, records, tensors, axes, whole)

@@ -5,7 +5,8 @@ or crash its own (`isolation`), each element's terms (`terms`), the groups of el
 that share a rounded normaliser (`groups`), where the bench runs
 (`precision`), and the inputs around a dumped call that exploration draws
 (`neighbourhood`, hypothesis strategies, with the ways it moves a tensor's values:
-`moves`).
+`moves`), and which dimensions of a call's tensors a reduction may cut together
+(`cuts`, the `[reduce]` table).
 
 May import: `dump`, `errors`, `compat`, `bench_functions`. Never pytest, never a later stage.
 """
