@@ -10,6 +10,7 @@ input elements where the fault is elementwise, and a candidate that passes is re
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -265,15 +266,31 @@ def test_the_search_stops_at_its_bound_and_says_so(tmp_path):
     assert failure_signature(reduction.reduced.verdict) == reduction.signature
 
 
-def test_offline_a_matmuls_inner_dim_stays_whole_and_is_said_so(tmp_path):
+def _matmul_dump(folder: Path) -> Path:
+    """A bfloat16 matmul whose dumped output is 2**-4 too large."""
     a, b = _random(32, 64, seed=9), _random(64, 16, seed=10)
-    out = (torch.matmul(a.float(), b.float()) * (1 + 2**-4)).to(BF16)
-    writer = DumpWriter(tmp_path / "dump", "tensor")
-    writer.forward("Torch.matmul.0", [a, b], {}, out)
-    reduction = _reduce(writer.write(), "Torch.matmul.0.forward", tmp_path, offline=True)
-    assert reduction.after.endswith("x64") and "inner" not in reduction.kept
-    assert any("kept whole offline: inner" in note for note in reduction.notes)
+    writer = DumpWriter(folder, "tensor")
+    writer.forward("Torch.matmul.0", [a, b], {}, (torch.matmul(a.float(), b.float()) * (1 + 2**-4)).to(BF16))
+    return writer.write()
+
+
+def test_offline_a_matmuls_inner_dim_stays_whole_where_the_device_does_not_fail(tmp_path):
+    reduction = _reduce(_matmul_dump(tmp_path / "dump"), "Torch.matmul.0.forward", tmp_path, offline=True)
+    assert reduction.after.endswith("x64") and reduction.kept["inner"] == (0, 64) and reduction.offline
+    assert any("kept whole: inner" in note and "does not fail alike" in note for note in reduction.notes)
     assert reduction.elements_after < reduction.elements_before
+
+
+def test_offline_a_matmuls_inner_dim_is_cut_single_run_where_the_device_fails_alike(tmp_path, monkeypatch):
+    """The device here has the dump's fault too: past the sliced outputs, the reduced call
+    is judged single-run on it, its inner dim cut, and the reduction says so."""
+    monkeypatch.setattr(torch, "matmul", scaled_in(BF16, 1 + 2**-4)(torch.matmul))
+    reduction = _reduce(_matmul_dump(tmp_path / "dump"), "Torch.matmul.0.forward", tmp_path, offline=True)
+    assert reduction.kept["inner"] != (0, 64) and not reduction.offline
+    assert any("judged single-run on the device" in note for note in reduction.notes)
+    assert failure_signature(reduction.reduced.verdict) == reduction.signature
+    assert failure_signature(reduction.original.verdict).kinds <= reduction.signature.kinds
+    assert json.loads(reduction.dump.read_text())["data"]["Torch.matmul.0.forward"]["output"] == []
 
 
 def test_a_statistics_dump_is_not_reduced(tmp_path, monkeypatch):

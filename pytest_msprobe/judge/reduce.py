@@ -11,8 +11,9 @@ outputs sliced with it). It is accepted only where it fails with the same signat
 (failure_signature): a reduction never changes what is reported.
 
 Which dimensions of which tensors may be cut together is data (run/cuts.py: the
-`[reduce]` table of run/api_tables/pytorch.toml and its rules). An axis whose slices
-have no dumped output (a matmul's inner dimension) is tried online only.
+`[reduce]` table of run/api_tables/pytorch.toml and its rules). Offline, an axis whose
+slices have no dumped output (a matmul's inner dimension) is cut only where the device
+here, judged single-run, fails alike (_on_the_device); the reduction says so.
 
 Reproducible: the search draws nothing at random (axes largest first, the first half
 before the second), and the reduced dump keeps the call's name, whose seeds the plugin
@@ -125,7 +126,6 @@ class ReducibleCall:
     records: dict[str, Record]  # "forward", and "backward" for a backward call
     tensors: dict[tuple[str, Loc], torch.Tensor]  # (record, location) -> the dumped tensor
     axes: list[Axis]
-    offline_whole: list[str]  # the axes left whole offline: their slices have no dumped output
 
     def elements(self, cut: Cut) -> int:
         """The elements of the forward inputs a cut keeps."""
@@ -192,10 +192,7 @@ def read_call(index: DumpIndex, name: CallName, settings: Settings) -> Reducible
     for key in ("input_args", "input_kwargs"):
         values.update(_arguments(records["forward"], key))
     shapes = {loc: tuple(tensor.shape) for (record, loc), tensor in tensors.items() if record == "forward"}
-    axes = call_axes(name.operator, CallShapes(shapes, values))
-    whole = [axis.name for axis in axes if settings.offline and not axis.maps_outputs]
-    axes = [axis for axis in axes if axis.name not in whole]
-    return ReducibleCall(name, index.framework, records, tensors, axes, whole)
+    return ReducibleCall(name, index.framework, records, tensors, call_axes(name.operator, CallShapes(shapes, values)))
 
 
 def write_candidate(call: ReducibleCall, cut: Cut, folder: Path) -> Path:
@@ -262,7 +259,7 @@ class Reduction:
     after: str
     elements_before: int
     elements_after: int
-    signature: Signature
+    signature: Signature  # the failure the reduced call keeps: the original's (single-run on the device: with its own reasons too)
     original: CallResult
     reduced: CallResult
     kept: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # axis -> the [start, stop) kept
@@ -271,6 +268,7 @@ class Reduction:
     refused: int = 0  # candidates that passed or failed otherwise
     seconds: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)
+    offline: bool = False  # the reduced call is judged on its dumped outputs (else on the device)
 
     @property
     def summary(self) -> str:
@@ -292,21 +290,26 @@ class Search:
     tries: int = 0
     refused: int = 0
     steps: list[str] = dataclasses.field(default_factory=list)
+    usable: frozenset[int] | None = None  # the axes it may cut (None: every one)
     known: str = ""  # the known defect (judge/defects.py) the original matches: a candidate matches it too
 
     def spent(self) -> bool:
         return self.tries >= self.plan.tries or time.monotonic() - self.started > self.plan.seconds
 
-    def fails_alike(self, cut: Cut) -> bool:
-        """The oracle: the candidate judged as a dumped call, with the same signature."""
+    def judged(self, cut: Cut) -> CallResult | None:
+        """The candidate judged as a dumped call (None: the kernels or the standards refuse its slice)."""
         self.tries += 1
         folder = self.scratch / f"try{self.tries}"
         try:
-            result = judge_dump(write_candidate(self.call, cut, folder), self.call.name, self.settings)
+            return judge_dump(write_candidate(self.call, cut, folder), self.call.name, self.settings)
         except (CallSkip, CallError, DeviceFailed, DumpError, RuntimeError, ValueError, IndexError):
-            result = None  # a slice the kernels or the standards refuse: no candidate
+            return None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def fails_alike(self, cut: Cut) -> bool:
+        """The oracle: the candidate fails with the same signature (and known defect)."""
+        result = self.judged(cut)
         alike = (
             result is not None and failure_signature(result.verdict) == self.wanted and known_id(result) == self.known
         )
@@ -342,7 +345,8 @@ def _sliced(search: Search, cut: Cut) -> Cut:
     progress = True
     while progress and not search.spent():
         progress = False
-        order = sorted(range(len(call.axes)), key=lambda i: -(cut.ranges[i][1] - cut.ranges[i][0]))
+        usable = range(len(call.axes)) if search.usable is None else search.usable
+        order = sorted(usable, key=lambda i: -(cut.ranges[i][1] - cut.ranges[i][0]))
         for position in order:
             start, stop = cut.ranges[position]
             if stop - start < 2 or search.spent():
@@ -373,6 +377,36 @@ def _constant(search: Search, cut: Cut) -> Cut:
     return cut
 
 
+def _on_the_device(search: Search, cut: Cut) -> tuple[Cut, str]:
+    """Offline, the axes whose slices have no dumped output (a matmul's inner dim): cut
+    where the device here, judged single-run on the reduced call, fails by the same
+    standard with every reason of the dump's (single-run may add its own, judged against
+    the bench alone), which its candidates then keep; else kept whole. Says which."""
+    call, offline, wanted = search.call, search.settings, search.wanted
+    whole = [axis.name for axis in call.axes if not axis.maps_outputs]
+    search.settings = dataclasses.replace(offline, offline=False)
+    result = search.judged(cut)
+    online = failure_signature(result.verdict) if result is not None else None
+    if (
+        result is None
+        or online is None
+        or (online.status, online.standard) != (wanted.status, wanted.standard)
+        or not online.kinds >= wanted.kinds
+        or known_id(result) != search.known
+    ):
+        search.settings, search.refused = offline, search.refused + 1
+        return cut, (
+            f"kept whole: {', '.join(whole)} (offline its slices have no dumped output, and the device here, "
+            "judged single-run, does not fail alike)"
+        )
+    search.usable, search.wanted = None, online
+    label = offline.backend.describe(offline.device_index)
+    return _sliced(search, cut), (
+        f"judged single-run on the device ({label}), not offline: {', '.join(whole)} cut, the outputs computed "
+        "by the device (run the folder's dump without --msprobe-offline)"
+    )
+
+
 def _told(search: Search, step: str) -> None:
     search.steps.append(step)
     if search.plan.progress is not None:
@@ -394,22 +428,22 @@ def reduce_call(
     call = read_call(index, name, settings)
     whole = Cut(tuple((0, axis.size) for axis in call.axes))
     notes = [] if call.axes else [f"no dimension of {name.operator} is cut: the [reduce] table has no rule for it"]
-    if call.offline_whole:
-        notes.append(
-            f"kept whole offline: {', '.join(call.offline_whole)} (its slices have no dumped output; "
-            "reduced without --offline, the device computes them)"
-        )
     scratch = Path(tempfile.mkdtemp(prefix="msprobe-reduce-"))
-    search = Search(call, settings, plan, wanted, scratch, known=known_id(original))
+    mapped = frozenset(i for i, axis in enumerate(call.axes) if axis.maps_outputs or not settings.offline)
+    search = Search(call, settings, plan, wanted, scratch, usable=mapped, known=known_id(original))
     try:
-        cut = _constant(search, _sliced(search, whole))
+        cut = _sliced(search, whole)
+        if len(mapped) < len(call.axes) and not search.spent():
+            cut, note = _on_the_device(search, cut)
+            notes.append(note)
+        cut = _constant(search, cut)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     path = write_candidate(call, cut, folder)
-    reduced = judge_dump(path, name, settings)
-    if (failure_signature(reduced.verdict), known_id(reduced)) != (wanted, search.known):  # never another failure
+    reduced = judge_dump(path, name, search.settings)
+    if (failure_signature(reduced.verdict), known_id(reduced)) != (search.wanted, search.known):  # never another
         notes.append("the reduced call, re-judged, failed otherwise: the whole call is reported")
-        cut, path = whole, write_candidate(call, whole, folder)
+        cut, path, search.settings, search.wanted = whole, write_candidate(call, whole, folder), settings, wanted
         reduced = judge_dump(path, name, settings)
     if search.spent():
         notes.append(f"stopped at its bound ({plan.tries} tries, {plan.seconds:g} s)")
@@ -420,7 +454,7 @@ def reduce_call(
         call.size(cut),
         call.elements(whole),
         call.elements(cut),
-        wanted,
+        search.wanted,
         original,
         reduced,
         kept={axis.name: kept for axis, kept in zip(call.axes, cut.ranges, strict=True)},
@@ -429,4 +463,5 @@ def reduce_call(
         refused=search.refused,
         seconds=time.monotonic() - search.started,
         notes=notes,
+        offline=search.settings.offline,
     )

@@ -85,7 +85,7 @@ def _normalized(call: CallShapes) -> list[Axis]:
 
 def _matmul(call: CallShapes) -> list[Axis]:
     """Rows of the first operand (its every dim but the last, with the output's), the
-    columns of the second (its last), and the inner dim, online only."""
+    columns of the second (its last), and the inner dim (no output maps it)."""
     a, b, out = call.shapes.get(("input_args", 0)), call.shapes.get(("input_args", 1)), call.output
     if a is None or b is None or len(a) < 2 or len(b) < 2 or len(out) < 2:
         return []
@@ -104,7 +104,7 @@ def _matmul(call: CallShapes) -> list[Axis]:
 
 def _linear(call: CallShapes) -> list[Axis]:
     """Rows of the input, the weight's output features with the bias's and the output's
-    last dim, and the inner dim (input features), online only."""
+    last dim, and the inner dim (input features: no output maps it)."""
     x, weight, out = call.shapes.get(("input_args", 0)), call.shapes.get(("input_args", 1)), call.output
     if x is None or weight is None or len(weight) != 2 or not out:
         return []

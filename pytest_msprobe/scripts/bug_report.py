@@ -86,7 +86,7 @@ def write_bug_report(
     options = WriteOptions(
         max_elements=settings.max_elements,
         judged=reduction.reduced.verdict.message().splitlines()[0],
-        offline=settings.offline,
+        offline=reduction.offline,
         expected=expected_verdict(record),
     )
     script = write_script(reduced_index, name, folder, options)
@@ -106,12 +106,14 @@ def write_bug_report(
         "refused": reduction.refused,
         "seconds": round(reduction.seconds, 3),
         "notes": reduction.notes,
-        "mode": "offline: the dumped outputs, sliced with the inputs" if settings.offline else "online",
+        "mode": "offline: the dumped outputs, sliced with the inputs"
+        if reduction.offline
+        else f"single-run on {device}",
         "known_defect": known,
         "environment": bug_environment(device),
     }
     (folder / "report.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-    (folder / "README.md").write_text(readme(reduction, script, known, settings.offline), encoding="utf-8")
+    (folder / "README.md").write_text(readme(reduction, script, known, reduction.offline), encoding="utf-8")
     return BugReport(folder, reduction, script)
 
 
