@@ -4,6 +4,7 @@ kept whole with what to do, and an offline run's missing output file named as su
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Callable
@@ -30,7 +31,10 @@ def _data(dump: Path, name: str) -> Path:
 def _worst_calls(result: pytest.RunResult) -> list[str]:
     lines = result.outlines
     start = lines.index("worst calls:") + 1
-    return [line.strip() for line in lines[start:] if line.startswith("  ")]
+    # the section's indented lines, up to the next heading (under CI=true pytest's short
+    # summary repeats whole messages, indented too)
+    rows = itertools.takewhile(lambda line: line.startswith("  "), lines[start:])
+    return [line.strip() for line in rows]
 
 
 def test_worst_calls_name_the_dump_of_each_call_in_a_run_of_several(
