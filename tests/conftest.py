@@ -9,12 +9,18 @@ isinstance across the two copies fails: matplotlib 3.11's normalize_kwargs ("typ
 'Text' has no attribute 'items'") and PassResult.of ("this pass was not asked for
 ThresholdCounts"), in whichever test first ran after another had imported them. Imported
 here, each module has one copy for the whole session, whatever the tests' order.
+
+Only where pytester is (the repository's own runs, pyproject's `-p pytester`): pytest
+also loads this file when a user names a dump under tests/ (bench_percall.py's default),
+and their run must not pay for importing every module.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+
+import pytest
 
 PACKAGES = ("pytest_msprobe", "pytest_msprobe.standards", "pytest_msprobe.bench_functions")
 # what results/plots.py imports inside its functions, and the SVG backend Figure.savefig loads
@@ -30,4 +36,6 @@ def _import_all() -> None:
         importlib.import_module(name)
 
 
-_import_all()
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.has_plugin("pytester"):
+        _import_all()
