@@ -1,6 +1,6 @@
 """Time and peak memory of the npu_fusion_attention CPU reference on a large shape.
 
-Target (issue 6): a (batch 1, 32 heads, 4096 tokens, head dim 128) attention in float32
+Target: a (batch 1, 32 heads, 4096 tokens, head dim 128) attention in float32
 runs on a 2-core / 24 GB machine without materialising the 32 x 4096 x 4096 score matrix
 (4 GiB in float64). Each case runs in its own process so that its peak RSS is its own.
 

@@ -1,4 +1,4 @@
-"""Issue 29: the GEMM backward judged offline through the dump's data flow.
+"""The GEMM backward judged offline through the dump's data flow.
 
     python benchmarks/bench_dataflow.py time [--before SRC] [--repeats 5] [--dump DUMP_JSON]
     python benchmarks/bench_dataflow.py coverage DIR [--make] [--msprobe-python PATH]
@@ -198,7 +198,11 @@ def main() -> None:
     cover = commands.add_parser("coverage")
     cover.add_argument("dir", type=Path)
     cover.add_argument("--make", action="store_true", help="make the dumps first (needs mindstudio-probe)")
-    cover.add_argument("--msprobe-python", default=os.environ.get("MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
+    cover.add_argument(
+        "--msprobe-python",
+        default=os.environ.get("MSPROBE_PYTHON", ""),
+        help="msprobe's venv python, for --make (default: $MSPROBE_PYTHON)",
+    )
     args = parser.parse_args()
     time_it(args) if args.command == "time" else coverage(args)
 

@@ -2,13 +2,13 @@ r"""Time per call on a dump of LARGE calls, the CPU as the device: the plugin ag
 msprobe's own runner (acc_check) on the same dump, same machine, same run.
 
     python benchmarks/bench_large_calls.py [--dump DIR/dump.json] [--repeat 3] [--workers 0 2]
-                                           [--msprobe-python /work/probe-venv/bin/python]
+                                           [--msprobe-python PYTHON]
 
 The dump: one training step of a 2-block transformer with hidden size 1024, 16 heads, MLP
 4096 and sequence 512 (tests/dumps/models/make_dumps.py's `transformer_large`), float32,
 tensor task: 62 dumped calls (31 APIs, forward and backward), ~0.9 GB, so it is not in
 git. Without --dump it is made (once) under /tmp/msprobe-large/ with the msprobe venv:
-    /work/probe-venv/bin/python tests/dumps/models/make_dumps.py transformer_large float32 \
+    $MSPROBE_PYTHON tests/dumps/models/make_dumps.py transformer_large float32 \
         /tmp/msprobe-large/transformer_large_tensor_fp32
 
 Per round, interleaved so that every side sees the same machine load:
@@ -110,7 +110,11 @@ def main() -> None:
     parser.add_argument("--dump", type=Path, default=DEFAULT_DUMP)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--msprobe-python", default=os.environ.get("MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
+    parser.add_argument(
+        "--msprobe-python",
+        default=os.environ.get("MSPROBE_PYTHON", ""),
+        help="msprobe's venv python (default: $MSPROBE_PYTHON; unset: msprobe is not run)",
+    )
     args = parser.parse_args()
     if not args.dump.exists():
         if args.dump != DEFAULT_DUMP:
@@ -134,7 +138,7 @@ def main() -> None:
                 ours[n].append(run_plugin(args.dump, n, out))
                 shutil.rmtree(out, ignore_errors=True)
                 print(f"round {round_ + 1}: plugin -n {n}: {ours[n][-1]}", flush=True)
-            if os.path.exists(args.msprobe_python):
+            if args.msprobe_python and os.path.exists(args.msprobe_python):
                 out = Path(tmp) / f"msprobe_{round_}"
                 theirs.append(run_msprobe(args.msprobe_python, args.dump, out))
                 shutil.rmtree(out, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Where a small call's time goes (issue 16): the test phase per call of a real dump with
+"""Where a small call's time goes: the test phase per call of a real dump with
 -n 0, before and after, and one call's parts measured in-process.
 
     python benchmarks/bench_percall.py [--dump DUMP.json] [--before REV] [--repeats 5] [--offline]

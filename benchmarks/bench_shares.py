@@ -1,4 +1,4 @@
-"""Issue 29: the allowance for summed gradients whose shares the dump does not hold.
+"""The allowance for summed gradients whose shares the dump does not hold.
 
     python benchmarks/bench_shares.py DUMP_JSON [DUMP_JSON ...]
 

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bench_standards.py [--n 16777216] [--repeat 5] [--warmup 3]
                                             [--first-repeat 3] [--no-first]
-                                            [--msprobe-python /work/probe-venv/bin/python]
+                                            [--msprobe-python PYTHON]
 Both sides read the same arrays, saved once to .npy files and loaded by each process with
 np.load. Two regimes, both reported, each on both sides:
   first touch   the FIRST call of the standard in a fresh process (ours: this venv's
@@ -26,7 +26,7 @@ Columns:
            floating verdict carries
   msprobe  mindstudio-probe's own precision_standard class for the standard, plus the
            rel_err that run_ut computes before calling it, in its own venv
-Target (issue 16): alone >= 5x faster than msprobe on every standard IN STEADY STATE
+Target: alone >= 5x faster than msprobe on every standard IN STEADY STATE
 (reported with the first-touch and full-check factors too). Also: the per-call cost of
 `check` on a tiny (3-element) output, the plugin's common case. If the msprobe venv is
 absent, msprobe is skipped.
@@ -277,7 +277,11 @@ def _arguments() -> argparse.Namespace:
     )
     ap.add_argument("--first-repeat", type=int, default=3, help="first touch: fresh processes per standard per side")
     ap.add_argument("--no-first", action="store_true", help="skip the first-touch table")
-    ap.add_argument("--msprobe-python", default=os.environ.get("MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
+    ap.add_argument(
+        "--msprobe-python",
+        default=os.environ.get("MSPROBE_PYTHON", ""),
+        help="msprobe's venv python (default: $MSPROBE_PYTHON; unset: msprobe is not run)",
+    )
     ap.add_argument("--reference-only", action="store_true", help="only the with-a-reference table (benchmark and ulp)")
     ap.add_argument("--first-child", nargs=3, help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -336,9 +340,9 @@ def main() -> None:
     # another implementation's output: the same kind of rounding noise
     ref = (bench * (1 + rng.standard_normal(args.n) * 2**-24)).astype(np.float32)
     reg = Registry.default()
-    have_msprobe = os.path.exists(args.msprobe_python)
+    have_msprobe = bool(args.msprobe_python) and os.path.exists(args.msprobe_python)
     if not have_msprobe:
-        print(f"msprobe venv not found at {args.msprobe_python}: msprobe skipped")
+        print(f"msprobe's python not found ({args.msprobe_python or 'MSPROBE_PYTHON unset'}): msprobe skipped")
     with tempfile.TemporaryDirectory() as tmp:
         bp, dp = os.path.join(tmp, "b.npy"), os.path.join(tmp, "d.npy")
         np.save(bp, bench)

@@ -1,4 +1,4 @@
-"""Start-up of a run as a user feels it (issue 16): a dump of one call against the floor.
+"""Start-up of a run as a user feels it: a dump of one call against the floor.
 
     python benchmarks/bench_startup.py [--repeats 7] [--work DIR]
 

@@ -1,8 +1,8 @@
-"""A real 12-block transformer tensor dump, float32, on the CPU (issue 16): this plugin with
+"""A real 12-block transformer tensor dump, float32, on the CPU: this plugin with
 -n 0 and -n 2 against msprobe's own runner, on the same dump, same machine, same run.
 
     python benchmarks/bench_transformer.py [--dump DUMP.json] [--repeats 5] [--msprobe-repeats 3]
-                                           [--msprobe-python /work/probe-venv/bin/python] [--work DIR]
+                                           [--msprobe-python PYTHON] [--work DIR]
 
 The dump: --dump, else one made now with the shared maker (benchmarks/make_transformer_dump.py,
 in msprobe's Python), else the shipped tests/dumps/models/transformer12_tensor_fp32.
@@ -37,7 +37,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SHIPPED = ROOT / "tests" / "dumps" / "models" / "transformer12_tensor_fp32" / "dump.json"
-MSPROBE_PYTHON = Path(os.environ.get("MSPROBE_PYTHON", "/work/probe-venv/bin/python"))
+# msprobe's venv python (torch, mindstudio-probe): None where MSPROBE_PYTHON is unset (msprobe not run)
+MSPROBE_PYTHON = Path(os.environ["MSPROBE_PYTHON"]) if os.environ.get("MSPROBE_PYTHON") else None
 
 
 def load() -> str:
@@ -67,7 +68,7 @@ def the_dump(args: argparse.Namespace) -> tuple[Path, str]:
     made = args.work / "transformer12_tensor_fp32"
     if (made / "dump.json").exists():
         return made / "dump.json", "made with the shared maker (benchmarks/make_transformer_dump.py)"
-    if args.msprobe_python.exists():
+    if args.msprobe_python is not None and args.msprobe_python.exists():
         done = subprocess.run(
             [str(args.msprobe_python), str(HERE / "make_transformer_dump.py"), str(made)],
             capture_output=True,
@@ -187,7 +188,12 @@ def _interleaved(
                         f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
                     )
                 times[name].append(seconds)
-        if repeat < args.msprobe_repeats and args.msprobe_python.exists() and not dump.is_dir():
+        if (
+            repeat < args.msprobe_repeats
+            and args.msprobe_python is not None
+            and args.msprobe_python.exists()
+            and not dump.is_dir()
+        ):
             out = args.work / f"out-msprobe-{repeat}"
             shutil.rmtree(out, ignore_errors=True)
             seconds, done = timed([*commands.msprobe, "-o", str(out)], args.work, commands.env)

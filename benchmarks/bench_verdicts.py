@@ -1,4 +1,4 @@
-"""Cost of the conditioned verdicts and bias tests (issue 13) against the code before them.
+"""Cost of the conditioned verdicts and bias tests against the code before them.
 
 Usage: python benchmarks/bench_verdicts.py --before REV --dump DIR/dump.json [--repeat 3] [--offline] [--skip-output]
 

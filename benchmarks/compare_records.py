@@ -1,5 +1,5 @@
 """Whether two runs of the verdict harnesses judged every call alike: the check that a
-refactor (issue 41) left the verdicts unchanged.
+refactor left the verdicts unchanged.
 
     python benchmarks/compare_records.py BEFORE AFTER     # exit 1 on any difference
 
@@ -13,14 +13,14 @@ the fields and both values, and so is every test or file on one side only.
 
 Why not `diff -r`: the same code run twice writes files that differ in five ways that say
 nothing about a change of code, found by running each harness twice (see
-benchmarks/RESULTS-issue41-records.md); they are the only things this script ignores:
+benchmarks/RESULTS-verdict-records.md); they are the only things this script ignores:
 
 - file names carry the run's timestamp (msprobe's %Y%m%d%H%M%S, `_N` where that second was
   taken): files are matched with it removed;
 - `duration` (a call's seconds) in the journal and the metrics lines: wall time;
 - absolute paths of the output folder: kernel_diversity.py judges a copy of each dump under
   its --scratch, so a record's `dump` names BEFORE or AFTER; each side's own folder is
-  replaced by `<ROOT>` in every value (paths outside it, /work/real-dumps, stay);
+  replaced by `<ROOT>` in every value (paths outside it, $REAL_DUMPS, stay);
 - row order: with pytest-xdist workers tests finish, and so are written, in any order:
   rows are matched by their test (dump and call; for the metrics lines also direction
   and output name; for the CSVs the name column, the rows of one name compared as a bag);

@@ -431,8 +431,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--maker-python",
-        default="/tmp/kd/msvenv/bin/python",
-        help="python with torch==2.13.0 and mindstudio-probe for --make",
+        default=os.environ.get("MSPROBE_PYTHON"),
+        help="python with torch==2.13.0 and mindstudio-probe for --make (default: $MSPROBE_PYTHON)",
     )
     parser.add_argument("--make-model", default="transformer12", help="MODEL of --make-dump (default transformer12)")
     parser.add_argument("--make-dtype", default="float32", help="DTYPE of --make-dump (default float32)")
@@ -454,6 +454,8 @@ def collect_dumps(args: argparse.Namespace) -> list[Dump]:
     dumps = [] if args.only_made else [read_dump(f) for f in (args.dumps or default_dumps())]
     specs = args.make + [MakeSpec(args.make_model, args.make_dtype, cap) for cap in args.make_dump]
     first_made: dict[tuple[str, str], Path] = {}
+    if specs and args.maker_python is None:
+        raise SystemExit("--make needs msprobe's python: --maker-python or MSPROBE_PYTHON")
     for spec in specs:
         started = time.perf_counter()
         made = make_dump(args.maker_python, spec, args.scratch)

@@ -10,7 +10,7 @@ recomputed by a library on the dumped inputs (and, where the library differentia
 backward input-gradients are recomputed from the dumped incoming gradient), and the plugin
 judges the copy with ``--msprobe-offline``: the copy's outputs are the device result, the
 CPU bench and the reference run in the dump's dtype judge them. A correct library must get
-0 errors and 0 warnings; every one it gets is a false alarm (issue 37).
+0 errors and 0 warnings; every one it gets is a false alarm.
 
 Families
 --------

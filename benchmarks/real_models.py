@@ -1,7 +1,7 @@
 """The plugin on real msprobe dumps of model code from the libraries users train with:
 every verdict, skip, error and warning, single-run and offline, in one table.
 
-    python benchmarks/real_models.py                      # judge /work/real-dumps, write the table
+    python benchmarks/real_models.py                      # judge $REAL_DUMPS, write the table
     python benchmarks/real_models.py --make               # make the dumps first (msprobe's Python)
 
 The dumps (benchmarks/make_real_model_dumps.py, run with --maker-python: torch,
@@ -317,13 +317,17 @@ def kept_notes(path: Path) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--dumps", type=Path, default=Path("/work/real-dumps"), help="the dump folder (default /work/real-dumps)"
+        "--dumps",
+        type=Path,
+        default=Path(os.environ["REAL_DUMPS"]) if os.environ.get("REAL_DUMPS") else None,
+        required=not os.environ.get("REAL_DUMPS"),
+        help="the folder of real-model dumps (make_real_model_dumps.py's OUT_ROOT; default: $REAL_DUMPS)",
     )
     parser.add_argument("--make", action="store_true", help="make the dumps first, with --maker-python")
     parser.add_argument(
         "--maker-python",
-        default="/work/probe-venv/bin/python",
-        help="a Python with torch, mindstudio-probe, transformers, timm",
+        default=os.environ.get("MSPROBE_PYTHON"),
+        help="a Python with torch, mindstudio-probe, transformers, timm (default: $MSPROBE_PYTHON)",
     )
     parser.add_argument(
         "--scratch", type=Path, default=Path("/tmp/real-models-runs"), help="where the runs' result files go"
@@ -331,13 +335,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers per run (default 2)")
     parser.add_argument("--markdown", type=Path, default=REPO / "benchmarks" / "RESULTS-real-models.md")
-    parser.add_argument("--label", default="", help='what the run measures, e.g. "before" or "after issue 31"')
+    parser.add_argument("--label", default="", help='what the run measures, e.g. "before" or "after the layouts"')
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.make or not dump_folders(args.dumps):
+        if args.maker_python is None:
+            raise SystemExit(f"no dumps in {args.dumps}: make them with --make and --maker-python (or MSPROBE_PYTHON)")
         make_dumps(args.maker_python, args.dumps)
     verdicts: list[Verdict] = []
     seconds: dict[str, float] = {}

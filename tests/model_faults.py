@@ -437,7 +437,7 @@ FAULTS: dict[str, ModelFault] = {
             (torch.bfloat16, torch.float16),
             "backward",
             einsum_backward_scaled,
-            "issue 39: an einsum's backward judged through the data flow's sum (a bfloat16 accumulator, pytorch/pytorch#123157, passes the standards there)",
+            "an einsum's backward judged through the data flow's sum (a bfloat16 accumulator, pytorch/pytorch#123157, passes the standards there)",
             "+2**-3 relative (32 bfloat16 ulps) in the einsum's share of a summed input gradient: within the float sum bound of its 128 terms",
         ),
         ModelFault(
@@ -560,7 +560,7 @@ FAULTS: dict[str, ModelFault] = {
             (torch.float32,),
             "backward",
             linear_backward_bf16,
-            "issue 29 of this project: the GEMM backward defects of accelerators (TF32/HF32 inputs, split-K partial sums kept in a low precision)",
+            "the GEMM backward defects of accelerators (TF32/HF32 inputs, split-K partial sums kept in a low precision)",
             "input and weight gradients off by relative 2e-3 to 4e-3 (1e4-1e5 fp32 ulps); msprobe records only the view's gradient at the call",
         ),
     ]

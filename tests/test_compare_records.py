@@ -1,4 +1,4 @@
-"""benchmarks/compare_records.py, the check that issue 41's refactor left every verdict
+"""benchmarks/compare_records.py, the check that a refactor left every verdict
 unchanged: two real runs of the same code compare equal (though their files differ byte
 for byte), and a planted change of one status, one metric or one CSV cell is found, named
 by its test and field, and turns the exit status to 1."""

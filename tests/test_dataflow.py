@@ -392,7 +392,7 @@ HIDDEN_READERS = {
     "folder", ["shared_tensor_bf16", "shared_tensor_fp16", "shared_mix_tensor_bf16", "shared_mix_tensor_fp16"]
 )
 def test_a_sum_the_reference_cannot_rebuild_is_a_skip_naming_its_readers(folder: str, copy_dump, run_dump) -> None:
-    """Issue 39: a reader the dump does not hold added its share to the gradient the dump
+    """A reader the dump does not hold added its share to the gradient the dump
     recorded and to no sum rebuilt here. Before, each such GEMM backward failed (bfloat16:
     the einsum at 23% mean relative error, the matmul with 49% of its elements up to
     15,632 ULP off, the linear's at a scale bias of +57 ULP; the reference at 0): now it

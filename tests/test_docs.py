@@ -1,5 +1,5 @@
 """The documentation: it builds with warnings as errors, and its references are generated
-from the code, so that nothing the plugin declares is left out (issue 40).
+from the code, so that nothing the plugin declares is left out.
 
 Each check is a small function that returns what is missing, run once on the real
 plugin (nothing missing) and once on a planted fault (the fault is named): an

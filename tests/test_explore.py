@@ -704,7 +704,7 @@ def test_kernels_that_crash_on_disagreeing_sizes_are_explored_at_their_dumped_sh
 def test_attention_scores_beyond_float32_are_excused_and_an_unshifted_softmax_is_not(
     fault, tmp_path, run_dump, monkeypatch
 ):
-    """Issue 39: a float32 attention whose q and k are near 1e20 has scores q k^T / 2 near
+    """A float32 attention whose q and k are near 1e20 has scores q k^T / 2 near
     1e40: every correct kernel's scores overflow float32 (torch's: inf and NaN), the
     float64 bench's do not. Judged as exploration judges a call (--msprobe-explore=1),
     the example is excused by that intermediate, named; before, it failed. A float16
@@ -831,7 +831,7 @@ def _gelu_by_sigmoid(original, dtypes):
 
 @pytest.mark.parametrize("case", [*DOCUMENTED_CASES, "planted_gelu_outside_the_tail"])
 def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, run_dump, monkeypatch):
-    """Issue 39: float32 examples where torch's CPU kernel has a documented defect (an
+    """Float32 examples where torch's CPU kernel has a documented defect (an
     intermediate the kernel forms and the definition does not: README's policy) still
     fail, and their message says it is a documented torch defect and names its reproducer
     in judge/reproducers.py (before, the message named neither). A planted
@@ -880,7 +880,7 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
 def test_group_norm_is_excused_by_its_centred_squares_not_by_x_squared(
     case, scale, shift, tmp_path, run_dump, monkeypatch
 ):
-    """Issue 39: group_norm's definition sums (x - mean)**2 per group, never x**2. At
+    """group_norm's definition sums (x - mean)**2 per group, never x**2. At
     x = 1e19 + 1e16 noise (float32) the sum of x**2 overflows float32 and the centred
     squares (~1e33) fit: torch's kernel passes (judged as exploration judges a call), and
     a variance by E[x**2] - E[x]**2 (explore_faults.group_norm_by_moments: NaN) fails;

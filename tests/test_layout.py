@@ -28,7 +28,7 @@ STAGES = ("base", "dump", "run", "judge", "results", "scripts", "plugin")
 LIBRARIES = ("standards", "bench_functions")
 PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "xdist")
 OPTIONAL_PACKAGES = {"mindspore", "torch_npu"}  # the extras: maybe not installed here
-# A module past this many lines is split where it has seams (issue 41: ~500 lines), or
+# A module past this many lines is split where it has seams (~500 lines), or
 # listed in LONG_MODULES with the reason it stays one.
 MAX_LINES = 560
 LONG_MODULES = {

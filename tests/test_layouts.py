@@ -59,7 +59,7 @@ def test_a_correct_channels_last_kernel_passes(tmp_path: Path, run_dump) -> None
     assert sorted(result.by_outcome("passed")) == ["Functional.gelu.0.backward", "Functional.gelu.0.forward"], {
         name: call.text for name, call in result.calls.items()
     }
-    # Since gelu has terms (run/terms.py, issue 37), where x/2 + x/2 erf(x / sqrt 2) cancels
+    # Since gelu has terms (run/terms.py), where x/2 + x/2 erf(x / sqrt 2) cancels
     # the two layouts' erf differences are judged at the terms' scale, a re-judgement that
     # comes before the layouts' (judge/call.py); either excuses this correct kernel.
     references = [call.properties["msprobe_reference"] for call in result.calls.values()]

@@ -1,4 +1,4 @@
-r"""Another real library family as the device: JAX/XLA's CPU kernels (issue 37).
+r"""Another real library family as the device: JAX/XLA's CPU kernels.
 
 The dumps under tests/dumps/families/ are calibration dumps (tests/dumps/models/apizoo_*,
 transformer12_*) whose forward outputs and input gradients JAX recomputed on the dumped
@@ -16,7 +16,7 @@ nearest, as correct accelerator kernels do), made by
 record of an inner node and stays ATen's (the harness never recomputes it).
 
 - A correct library passes every call offline with no warning: that is the expectation of
-  every case. Before the accuracy model of issue 37, XLA's float32 gelu of the apizoo dump
+  every case. Before the accuracy model, XLA's float32 gelu of the apizoo dump
   failed here (max_rel_err 3.0x the reference's on 16 elements near x = -1.8, where
   x/2 + x/2 erf(x / sqrt 2) cancels erff's documented error into ULPs of the output); it
   passes now on its terms' magnitudes (run/terms.py).

@@ -1,7 +1,7 @@
 """The reference pages' generated parts, written from the code at every build.
 
-Why generated: a hand-copied options table had already lost an option and every default
-(issue 40). Here each page part is a pure function of what the plugin declares (the
+Why generated: a hand-copied options table had already lost an option and every default.
+Here each page part is a pure function of what the plugin declares (the
 options table, the markers, the standards tables, the console scripts, the RESULTS
 files), so the docs cannot drift from the code; tests/test_docs.py checks that each part
 renders everything there is. As a Sphinx extension it writes the parts into

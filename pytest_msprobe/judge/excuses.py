@@ -115,7 +115,7 @@ def _centred_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     """A group's sum of (x - mean)**2 (its finite elements) beyond the accumulator's range
     or so far below its smallest normal value that it keeps fewer bits than it has: the
     definition's variance. x**2 itself is no intermediate of the definition: under a large
-    common offset it overflows where the centred squares fit (issue 39: a variance by
+    common offset it overflows where the centred squares fit (measured: a variance by
     E[x**2] - E[x]**2 must still fail there)."""
     inputs = replayed.results.inputs
     grouped = CENTRED_GROUPS[name.operator](list(inputs.args), dict(inputs.kwargs))
@@ -166,7 +166,7 @@ def _scores_beyond(name: CallName, replayed: Replayed, framework: str) -> bool:
     """An attention's scores beyond the dtype's range: their terms' sums |q| |k|^T scale,
     or a query row's x - max(x) (the finite scores only: masked positions left out). In
     float32, q and k of 1e19 overflow every correct kernel's scores; the bench in float64
-    does not (issue 39: 14 inf on the device)."""
+    does not (measured: 14 inf on the device)."""
     inputs = replayed.results.inputs
     q, k = (next(iter(inputs.args[i : i + 1]), None) for i in (0, 1))
     largest = _largest(replayed.results)

@@ -1,4 +1,4 @@
-"""Workers on several hosts (issue 16): xdist's `--tx` workers (popen, socket, ssh) each
+"""Workers on several hosts: xdist's `--tx` workers (popen, socket, ssh) each
 pin a device of their own host, by their rank among that host's workers; the results
 are those of a run without xdist. Here every host is this machine: `--tx 2*popen`, and
 `--tx socket=` to an execnet socket server started on the loopback address, made another

@@ -1,4 +1,4 @@
-"""Start-up (issue 16): the xdist controller imports no torch and checks no device; the
+"""Start-up: the xdist controller imports no torch and checks no device; the
 workers do, and a device they cannot use is one clear failure, not one per worker; a
 session of dump calls alone does not import hypothesis to summarize nothing; the
 results are those of a run without xdist."""

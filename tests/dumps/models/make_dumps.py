@@ -315,7 +315,7 @@ class SharedReaders(nn.Module):
     """One 16-bit tensor h read by a GEMM and by a dropout and an elementwise op: an einsum
     (twice), a matmul, a linear. A GEMM's backward is recorded at an inner node, so the
     gradient of its input h is recovered from the data flow as the sum autograd formed
-    over h's readers (issue 39). Three of the blocks have a reader the dump does not hold
+    over h's readers. Three of the blocks have a reader the dump does not hold
     (msprobe 26.2 dumps neither a cast, nor a slice or repeat, nor F.rms_norm unregistered):
     the sum the dump recorded holds its share, which no dumped call names.
 
@@ -524,12 +524,12 @@ FAULT_DUMPS: dict[str, tuple[str, str, str]] = {
     "linear_backward_bf16": (
         "transformer1",
         "float32",
-        "issue 29: GEMM backward defects of accelerators (TF32/HF32 inputs, split-K partial sums in low precision), inside the call",
+        "GEMM backward defects of accelerators (TF32/HF32 inputs, split-K partial sums in low precision), inside the call",
     ),
     "einsum_backward_scaled": (
         "shared",
         "bfloat16",
-        "issue 39: an einsum's input gradients 2**-3 too large, judged through the summed gradient",
+        "an einsum's input gradients 2**-3 too large, judged through the summed gradient",
     ),
     "maxpool_backward_all_ties": (
         "convbn",

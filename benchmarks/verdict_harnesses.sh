@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Run issue 41's verdict harnesses on one checkout of pytest-msprobe and keep every result file.
+# Run the verdict harnesses on one checkout of pytest-msprobe and keep every result file, so
+# that two checkouts' verdicts can be compared (benchmarks/RESULTS-verdict-records.md).
 #
-#   bash benchmarks/issue41_harnesses.sh WORKTREE OUT [real|kd|kd-full|real-small|kd-small ...]
-#   (also /work/records/run_harnesses.sh; benchmarks/RESULTS-issue41-records.md says what each made)
+#   bash benchmarks/verdict_harnesses.sh WORKTREE OUT [real|kd|kd-full|real-small|kd-small ...]
 #
 # WORKTREE: a checkout with its own venv (WORKTREE/.venv, plugin installed editable from it).
-# OUT: where the records go (e.g. /work/records/before, /work/records/after); made if absent.
+# OUT: where the records go (e.g. records/before, records/after); made if absent.
+# REAL_DUMPS: the folder of real-model dumps for the real parts (made once with
+#   benchmarks/make_real_model_dumps.py; judge the same files on both sides).
 # Parts (default: real kd):
-#   real        benchmarks/real_models.py over /work/real-dumps, both modes, -n $REAL_WORKERS (default 2)
+#   real        benchmarks/real_models.py over $REAL_DUMPS, both modes, -n $REAL_WORKERS (default 2)
 #               -> OUT/real/{single,offline}/ (+ OUT/real/RESULTS-real-models.md, harness.log)
 #   kd          benchmarks/kernel_diversity.py on every shipped dump (its default set: 25), one
 #               path (ATEN_CPU_CAPABILITY=default, 1 thread), both modes: 47 plugin runs
@@ -27,7 +29,11 @@ shift 2
 PARTS=("$@")
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(real kd)
 PY="$WT/.venv/bin/python"
-DUMPS=${REAL_DUMPS:-/work/real-dumps}
+DUMPS=${REAL_DUMPS:-}
+case " ${PARTS[*]} " in
+  *" real "*|*" real-small "*)
+    [ -n "$DUMPS" ] || { echo "set REAL_DUMPS to the folder of real-model dumps (benchmarks/make_real_model_dumps.py)" >&2; exit 2; } ;;
+esac
 SMALL=${REAL_SMALL:-gpt2_eager_L1_tensor_fp32}
 # pytest-xdist workers of real_models.py (its default, 2, as BEFORE ran). Single-run dropout
 # draws another mask each run whatever the workers (-n 0 too): compare_records.py compares

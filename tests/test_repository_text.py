@@ -1,0 +1,69 @@
+"""What the repository's files may not hold: a path that exists on one machine only (a
+user, a CI runner or the next maintainer has none of them: scripts take an argument or a
+documented environment variable instead) and a ticket number (a file, a heading or a
+docstring says what it holds, not which ticket asked for it).
+
+Read from git's list of tracked files, so a fresh clone checks exactly what was committed.
+msprobe's dumps name the folder of the machine that wrote them (`dump_data_dir`): that
+foreign path, the same in every shipped dump, is the one allowed.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# home and work folders of this project's machines; the shipped dumps' own foreign folder
+MACHINE_PATH = re.compile(r"(?<![\w.$-])/(?:work|root|Users|home/(?!user/msprobe_dump/))[\w.-]*/")
+# an issue or ticket by number; upstream trackers are cited by their own form (pytorch/pytorch#N)
+TICKET = re.compile(r"\b(?:[Ii]ssues?|[Tt]ickets?) ?#?\d+\b")
+TICKET_NAME = re.compile(r"(?:issue|ticket)[-_]?\d+", re.IGNORECASE)
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".cfg", ".ini", ".txt", ".json", ".yaml", ".yml", ".css", ".html", ""}
+
+
+def tracked_text_files() -> list[Path]:
+    """Every tracked text file but this one, whose planted examples are what it forbids."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    paths = [ROOT / name for name in listed.stdout.split("\0") if name and Path(name).suffix in TEXT_SUFFIXES]
+    return [path for path in paths if path != Path(__file__).resolve()]
+
+
+def findings(name: str, text: str) -> list[str]:
+    """Each forbidden thing in one file, as `name:line: what`."""
+    found = [f"{name}: a file named after a ticket"] if TICKET_NAME.search(Path(name).name) else []
+    for number, line in enumerate(text.splitlines(), 1):
+        found += [f"{name}:{number}: machine path {m.group(0)}" for m in MACHINE_PATH.finditer(line)]
+        found += [f"{name}:{number}: ticket {m.group(0)}" for m in TICKET.finditer(line)]
+    return found
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_no_tracked_file_holds_a_machine_path_or_a_ticket() -> None:
+    found = [
+        finding
+        for path in tracked_text_files()
+        for finding in findings(str(path.relative_to(ROOT)), path.read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("benchmarks/x.py", 'default="/work/real-dumps"', ["benchmarks/x.py:1: machine path /work/"]),
+        ("x.md", "made in /root/.cache/x", ["x.md:1: machine path /root/"]),
+        ("x.md", "see /home/alice/dumps", ["x.md:1: machine path /home/alice/"]),
+        ("x.md", "# Records for issue 41", ["x.md:1: ticket issue 41"]),
+        ("x.py", '"""Issue 29: the GEMM backward."""', ["x.py:1: ticket Issue 29"]),
+        ("benchmarks/issue41_harnesses.sh", "", ["benchmarks/issue41_harnesses.sh: a file named after a ticket"]),
+        ("d/dump.json", '"dump_data_dir": "/home/user/msprobe_dump/step0/rank0"', []),
+        ("x.md", "pytorch/pytorch#185517, `$REAL_DUMPS`, ./work/x, tmp_path / 'work'", []),
+    ],
+)
+def test_a_planted_path_or_ticket_is_found(name: str, text: str, expected: list[str]) -> None:
+    assert findings(name, text) == expected
