@@ -12,6 +12,7 @@ labelled assertion below fails)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -123,6 +124,7 @@ def test_a_known_defect_fails_labelled_in_the_message_the_files_and_the_report(d
         assert row.id in metrics[call]
         assert f"known defect {row.id}" in details_text
         assert f"known defect {row.id}" in page
+    assert f"{len(CALLS)} errors in " in page and f"{len(CALLS)} of them known library defects" in page  # the headline
     assert "Tensor.__mul__" not in records  # (a correct op: no row for it)
     assert all("known_defect" not in record for record in records.values() if record["status"] == "pass")
 
@@ -225,11 +227,16 @@ def test_the_summary_counts_known_defects_apart(dump, pytester, one_thread):
     result = pytester.runpytest_inprocess(f"--msprobe-dump={dump}", "--msprobe-device=cpu", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(
         [
-            "5 of the failing calls are known library defects, not new faults: torch-cpu-scalar-rounded 2, "
-            "torch-cpu-layer-norm-affine-sums 1, torch-cpu-cross-entropy-rounded-log-softmax 1, "
-            "torch-cpu-batch-norm-statistics 1"
+            "5 failing calls are known library defects, not new faults: torch-cpu-scalar-rounded (2), "
+            "torch-cpu-layer-norm-affine-sums (1), torch-cpu-cross-entropy-rounded-log-softmax (1), "
+            "torch-cpu-batch-norm-statistics (1); --msprobe-known-defects=xfail makes them expected failures",
+            "worst calls:",
         ]
     )
+    # each worst call says which known defect it is
+    worst = result.outlines[result.outlines.index("worst calls:") + 1 :]
+    rows = list(itertools.takewhile(lambda line: line.startswith("  "), worst))
+    assert len(rows) == 5 and all(": known defect torch-cpu-" in row for row in rows), rows
 
 
 def test_an_unknown_choice_of_the_option_is_a_usage_error(dump, pytester):

@@ -54,6 +54,7 @@ from pytest_msprobe.results.summary import (
     STATUSES,
     badness,
     failing_metric,
+    known_label,
     overflow_mode_counts,
     skip_reason,
 )
@@ -148,7 +149,11 @@ def _headline(records: list[ResultRecord]) -> tuple[str, str]:
     bad = ", ".join(
         f"{counts[status]} {status}{'s' if counts[status] != 1 else ''}" for status in BAD if counts[status]
     )
-    return "failing", f"{bad} in {len(records)} calls{skipped}"
+    known = sum(1 for record in records if record.known_defect)
+    known_text = (
+        f", {known} of them {'a known library defect' if known == 1 else 'known library defects'}" if known else ""
+    )
+    return "failing", f"{bad} in {len(records)} calls{skipped}{known_text}"
 
 
 def _run_line(sessions: Sequence[dict]) -> str:
@@ -266,7 +271,7 @@ def _table_rows(records: list[ResultRecord], anchors: dict[int, str]) -> Record:
             word(record.standard),
             word(_dtype(record)),
             key_metrics(record),
-            "" if record.status == "pass" else _known(record) + failing_metric(record),
+            "" if record.status == "pass" else known_label(record) + failing_metric(record),
             word(record.reference),
             round(record.duration * 1e3, 1),
             anchors.get(id(record), ""),
@@ -274,11 +279,6 @@ def _table_rows(records: list[ResultRecord], anchors: dict[int, str]) -> Record:
         for record in records
     ]
     return {"strings": list(strings), "rows": rows}
-
-
-def _known(record: ResultRecord) -> str:
-    """A failing row's label where it matches a known library defect (judge/defects.py)."""
-    return f"known defect {record.known_defect}: " if record.known_defect else ""
 
 
 def _known_badge(record: ResultRecord) -> str:

@@ -88,6 +88,24 @@ def failing_metric(record: ResultRecord) -> str:
     return line if len(line) <= LINE_CUT else line[:LINE_CUT] + " ..."
 
 
+def known_label(record: ResultRecord) -> str:
+    """A failing call's label where it matches a known library defect (judge/defects.py):
+    the summary, the report and the worst calls tell it from a new fault."""
+    return f"known defect {record.known_defect}: " if record.known_defect else ""
+
+
+def known_line(known: Counter[str]) -> str:
+    """How many failing calls are known library defects, by row, and what a CI can do."""
+    total = sum(known.values())
+    rows = ", ".join(f"{row} ({count})" for row, count in known.most_common())
+    calls = (
+        "call is a known library defect, not a new fault"
+        if total == 1
+        else "calls are known library defects, not new faults"
+    )
+    return f"{total} failing {calls}: {rows}; --msprobe-known-defects=xfail makes them expected failures"
+
+
 def dump_names(dumps: Iterable[str]) -> dict[str, str]:
     """Each dump.json as the summary names it: its path from the folder the dumps share
     (`rank3/dump.json`)."""
@@ -154,7 +172,7 @@ class Summary:
             else:
                 heapq.heappushpop(self.most_repeated, repeated)
         if record.status in ("error", "warning"):
-            item = (badness(record), record.call, failing_metric(record), record.dump)
+            item = (badness(record), record.call, known_label(record) + failing_metric(record), record.dump)
             if len(self.worst) < WORST_SHOWN:
                 heapq.heappush(self.worst, item)
             else:
@@ -192,10 +210,7 @@ class Summary:
             )
         lines = [head, pace]
         if self.known:
-            lines.append(
-                f"{sum(self.known.values())} of the failing calls are known library defects, not new faults: "
-                + ", ".join(f"{row} {count}" for row, count in self.known.most_common())
-            )
+            lines.append(known_line(self.known))
         failing = self.resumed_status["error"] + (self.resumed_status["warning"] if strict else 0)
         if failing:
             lines.append(f"{failing} of the calls from the resumed run failed: they count in the exit status")
