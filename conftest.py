@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pytest_msprobe.judge.kernels import is_kernel
+from pytest_msprobe.judge.gate.kernel_verdicts import is_kernel
 
 DUMPS = Path(__file__).parent / "tests" / "dumps"
 
@@ -38,7 +38,7 @@ class DumpRun:
     calls: dict[str, CallOutcome]  # call name -> outcome
     collection_errors: list[str]
     ret: int
-    kernels: dict[str, CallOutcome]  # kernel name -> outcome (pytest_msprobe/judge/kernels.py)
+    kernels: dict[str, CallOutcome]  # kernel name -> outcome (pytest_msprobe/judge/gate/kernel_verdicts.py)
 
     def by_outcome(self, outcome: str) -> dict[str, CallOutcome]:
         return {name: call for name, call in self.calls.items() if call.outcome == outcome}

@@ -50,7 +50,7 @@ def one_node(compute: Callable[..., Sequence[torch.Tensor]], values: Sequence[ob
     """``compute(*values)`` as ONE autograd node whose inputs are the floating tensors
     among ``values``, in order, as torch_npu's own backward node of a fused op (indices
     and counts are never differentiable inputs): a dump's gradients of the call pair
-    with its inputs through that node (judge/offline.py), where a reference composed of
+    with its inputs through that node (judge/offline/dumped_run.py), where a reference composed of
     several torch ops would end in a node whose inputs are intermediates. The backward
     differentiates ``compute`` itself, run again."""
     slots = [i for i, value in enumerate(values) if isinstance(value, torch.Tensor) and value.is_floating_point()]

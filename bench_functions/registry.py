@@ -30,7 +30,7 @@ class Companions:
 
     Attributes:
         written_rows: the rows its kernel writes, where it leaves some unwritten (the
-            plugin judges only those: pytest_msprobe/judge/written.py).
+            plugin judges only those: pytest_msprobe/judge/verdict/written_rows.py).
         fit_generated: how arguments generated from a statistics dump are made ones the
             kernel can read, such as row indices (pytest_msprobe/run/replay.py).
     """

@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_msprobe.judge.baseline import FILE_NAME, Baseline, CallMetrics
-from pytest_msprobe.judge.outcome import KEY_METRICS
+from pytest_msprobe.judge.check.outcome import KEY_METRICS
+from pytest_msprobe.judge.gate.baseline import FILE_NAME, Baseline, CallMetrics
 
 APIS = [
     ("Functional.linear", "ulp"),

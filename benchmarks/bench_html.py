@@ -3,7 +3,7 @@ with 200 failures).
 
 The records are synthetic, the samples real: eight failing outputs are judged by the
 standards (2-D and 1-D, float32/float16/bfloat16, five standards) and their element
-samples taken as a run with --msprobe-html takes them (judge/samples.py); the 200
+samples taken as a run with --msprobe-html takes them (judge/check/samples.py); the 200
 failing records cycle through them, each drawn afresh (the report caches nothing).
 The other 19,800 records pass, one output each, as in bench_reports.py. Timed: the
 whole write_report (plots, page, write), then its figures alone.
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from pytest_msprobe.judge.record import OutputResult, ResultRecord
-from pytest_msprobe.results.html import ReportContext, write_report
-from pytest_msprobe.results.writer import Entry
+from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
+from pytest_msprobe.results.html_page import ReportContext, write_report
+from pytest_msprobe.results.run_files import Entry
 
 # torch and the standards are imported where used: rendering processes (spawned, they
 # import this module again) then start without them, as they do under pytest.
@@ -50,8 +50,8 @@ def failing_records() -> list[ResultRecord]:
     """One judged, sampled record per fault."""
     import torch
 
-    from pytest_msprobe.judge.record import output_results
-    from pytest_msprobe.judge.samples import element_samples
+    from pytest_msprobe.judge.check.samples import element_samples
+    from pytest_msprobe.judge.verdict.record import output_results
     from pytest_msprobe.standards import check
 
     generator = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""Cost of the kernel verdicts (pytest_msprobe/judge/kernels.py; target: under 2% of a
+"""Cost of the kernel verdicts (pytest_msprobe/judge/gate/kernel_verdicts.py; target: under 2% of a
 run's time) on the 322-call transformer dumps of tests/dumps/models.
 
 For each dump, one run of the plugin (a process of its own, single-run; offline too for
@@ -28,9 +28,16 @@ from pathlib import Path
 
 from bench_verdicts import plugin_command
 
-from pytest_msprobe.judge.kernels import KernelPool
-from pytest_msprobe.judge.record import ResultRecord
-from pytest_msprobe.results.writer import Entry, RunFiles, kernel_metrics_row, kernel_rows, metrics_rows, read_journal
+from pytest_msprobe.judge.gate.kernel_verdicts import KernelPool
+from pytest_msprobe.judge.verdict.record import ResultRecord
+from pytest_msprobe.results.run_files import (
+    Entry,
+    RunFiles,
+    kernel_metrics_row,
+    kernel_rows,
+    metrics_rows,
+    read_journal,
+)
 
 MODELS = Path(__file__).parents[1] / "tests" / "dumps" / "models"
 DUMPS = [

@@ -126,9 +126,9 @@ torch.set_num_threads(1)
 from pytest_msprobe.plugin.workers import set_blas_threads
 set_blas_threads(1)
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.judge import call as C
-from pytest_msprobe.judge.judgement import Judgement, judged
-from pytest_msprobe.judge.outcome import judge_call
+from pytest_msprobe.judge.check import call as C
+from pytest_msprobe.judge.verdict.judgement import Judgement, judged
+from pytest_msprobe.judge.check.outcome import judge_call
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.replay import Sides, replay
 from pytest_msprobe.standards import Registry

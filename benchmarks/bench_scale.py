@@ -186,7 +186,7 @@ def bench_speedup(work: Path, calls: int, repeats: int) -> dict[str, Any]:
 def same_results(first: Path, second: Path) -> bool:
     """Every call's status and metrics equal in the newest run of both folders."""
     from pytest_msprobe.results.merge import journal_of
-    from pytest_msprobe.results.writer import read_journal
+    from pytest_msprobe.results.run_files import read_journal
 
     def table(folder: Path) -> dict[str, Any]:
         return {

@@ -4,7 +4,7 @@
 
 For every backward call of each (tensor) dump whose offline input gradient is a sum
 with shares rerun on the bench, or with the call's own share added in pieces
-(judge/shares.py), prints per summed input: whose shares those are, how many elements get an allowance (of all), its median in ULPs
+(judge/offline/missing_shares.py), prints per summed input: whose shares those are, how many elements get an allowance (of all), its median in ULPs
 of D at the bench's value, and the measured excess against it: max |device - reference|
 / allowance and max |device - bench| / allowance over those elements, and how many
 elements lie beyond it (the device's and the reference's distance before the allowance
@@ -27,8 +27,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from pytest_msprobe.dump.index import parse_call_name, read_index  # noqa: E402
 from pytest_msprobe.errors import CallError, CallSkip  # noqa: E402
-from pytest_msprobe.judge import call as call_module  # noqa: E402
-from pytest_msprobe.judge import shares  # noqa: E402
+from pytest_msprobe.judge.check import call as call_module  # noqa: E402
+from pytest_msprobe.judge.offline import missing_shares as shares  # noqa: E402
 from pytest_msprobe.run.devices import Backend  # noqa: E402
 from pytest_msprobe.standards import Registry  # noqa: E402
 

@@ -171,7 +171,7 @@ def random_apis(journal: list[Row]) -> set[str]:
     device runs a dropout with torch's generator, which no run seeds alike (even with
     -n 0), so its mask, and with it the dropped share, the metrics and the message, differ
     from run to run (the status does not: a wrong share is |z| > 5). Found in the journal:
-    a single-run record whose outputs carry the `dropped` finding (judge/findings.py)."""
+    a single-run record whose outputs carry the `dropped` finding (judge/findings/finding.py)."""
 
     def drew(row: Row) -> bool:
         outputs = row.get("outputs")

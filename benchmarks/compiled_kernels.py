@@ -41,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     which = os.environ.get("MSPROBE_COMPILED", "device")
     if which not in WHICH:
         raise pytest.UsageError(f"MSPROBE_COMPILED={which!r}: use one of {', '.join(WHICH)}")
-    from pytest_msprobe.judge import call
+    from pytest_msprobe.judge.check import call
 
     if which == "device":
         runs = call.PytorchReplay.runs

@@ -105,7 +105,7 @@ def on_device(run: Run) -> Run:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from pytest_msprobe.judge import call
+    from pytest_msprobe.judge.check import call
 
     runs = call.PytorchReplay.runs
 

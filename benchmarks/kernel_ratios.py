@@ -1,6 +1,6 @@
 """The calls' error ratios to the reference run, pooled per kernel, from runs' journals.
 
-Why: the kernel verdicts' magnitude rule (pytest_msprobe/judge/kernels.py) pools each
+Why: the kernel verdicts' magnitude rule (pytest_msprobe/judge/gate/kernel_verdicts.py) pools each
 call's mean_rel_err over the reference run's, and its limit and its dtypes come from
 what correct kernel families pool to. This prints, for the offline runs given (their
 --msprobe-out folders), every kernel's pooled ratio (the geometric mean over its calls),
@@ -18,8 +18,8 @@ import argparse
 import math
 from pathlib import Path
 
-from pytest_msprobe.judge.kernels import KernelPool, call_log_ratios
-from pytest_msprobe.results.writer import read_journal
+from pytest_msprobe.judge.gate.kernel_verdicts import KernelPool, call_log_ratios
+from pytest_msprobe.results.run_files import read_journal
 
 
 def pooled_rows(out: Path) -> list[tuple[str, str, int, float, float, float, float]]:

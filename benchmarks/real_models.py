@@ -10,7 +10,7 @@ Hugging Face transformers decoders, encoders and encoder-decoders (eager and sdp
 attention) and timm CNNs, in float32, bfloat16 and float16, levels L1 and mix. They were
 written by this machine's own CPU kernels, so every error is a false alarm unless a
 plain-torch reproducer against float64 shows the kernel really is inaccurate
-(python -m pytest_msprobe.judge.reproduce reproduces the ones that are). KNOWN names each error class
+(python -m pytest_msprobe.judge.defects.reproduce reproduces the ones that are). KNOWN names each error class
 found so far; an error or warning no class matches is listed as "unclassified", the first
 thing to look at after a change.
 
@@ -43,7 +43,7 @@ from typing import Any
 from bench_verdicts import plugin_command  # benchmarks/ is on the path of a script run from it
 
 from pytest_msprobe.results.merge import journal_of
-from pytest_msprobe.results.writer import ResultFilesError, read_journal
+from pytest_msprobe.results.run_files import ResultFilesError, read_journal
 
 REPO = Path(__file__).resolve().parent.parent
 MAKER = REPO / "benchmarks" / "make_real_model_dumps.py"
@@ -89,7 +89,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Known:
-    """An error class already decided: a torch defect (a row of pytest_msprobe/judge/defects.py, reproduced by python -m pytest_msprobe.judge.reproduce)
+    """An error class already decided: a torch defect (a row of pytest_msprobe/judge/defects/table.py, reproduced by python -m pytest_msprobe.judge.defects.reproduce)
     or a false alarm of the plugin (the kernel is correct; the fix is the plugin's)."""
 
     label: str
@@ -285,7 +285,7 @@ def markdown(verdicts: list[Verdict], seconds: dict[str, float], args: argparse.
         *totals(verdicts, modes, seconds),
         "## Errors and warnings by class",
         "",
-        "A class names a torch defect (reproduced against float64 by `python -m pytest_msprobe.judge.reproduce`: the error is",
+        "A class names a torch defect (reproduced against float64 by `python -m pytest_msprobe.judge.defects.reproduce`: the error is",
         "right) or a false alarm of the plugin (the kernel is correct); `unclassified` is new.",
         "",
         *event_classes(verdicts, modes),

@@ -1,5 +1,5 @@
 """How far two correct runs of one kernel differ: the spread the upgrade gate's limits
-(pytest_msprobe/judge/upgrade.py CALL_LIMIT, KERNEL_LIMIT) are derived from.
+(pytest_msprobe/judge/gate/upgrade.py CALL_LIMIT, KERNEL_LIMIT) are derived from.
 
 Why
 ---
@@ -17,7 +17,7 @@ own, x 1 and 2 threads (a subprocess each: torch reads the capability when it st
 Each dump is checked offline (`--msprobe-offline`, the dumped outputs are the device
 result) with `--msprobe-baseline-save`, which records every call's verdict and key
 metrics. Every ordered pair of distinct paths (A before, B after) is then paired as the
-gate pairs it (judge/upgrade.py: by name and signature) and each paired call's growth
+gate pairs it (judge/gate/upgrade.py: by name and signature) and each paired call's growth
 (B's key metric over A's, both floored) is taken, and each kernel's pooled growth
 (geometric mean over its calls). The planted faults of tests/upgrade_dumps.py are
 measured the same way (A correct, B faulty, both on this CPU's path), only to show where
@@ -88,8 +88,8 @@ def changes(before: tuple[Path, Path], after: tuple[Path, Path]) -> tuple[list, 
     """The paired calls' and kernels' changes of dump `after` against `before`
     ((dump, baseline folder) each), as the gate computes them."""
     from pytest_msprobe.dump.index import read_index
-    from pytest_msprobe.judge.baseline import Baseline
-    from pytest_msprobe.judge.upgrade import call_change, call_signatures, kernel_changes, pair_calls
+    from pytest_msprobe.judge.gate.baseline import Baseline
+    from pytest_msprobe.judge.gate.upgrade import call_change, call_signatures, kernel_changes, pair_calls
 
     was, now = (Baseline.read(folder) for _, folder in (before, after))
     was_calls = {call: metrics for (_, call), metrics in was.calls.items()}
@@ -128,7 +128,7 @@ def derivation(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     """Per dtype: the largest growth of a call and of a kernel over the correct pairs (and,
     in float32, the AVX512 family measured elsewhere), the limits they give, and whether
     those are the shipped ones."""
-    from pytest_msprobe.judge.upgrade import CALL_LIMIT, KERNEL_LIMIT
+    from pytest_msprobe.judge.gate.upgrade import CALL_LIMIT, KERNEL_LIMIT
 
     found = []
     for dtype in DTYPES:

@@ -71,7 +71,7 @@ of a bias that a few groups make. Measured, two correct CPU kernel paths of torc
 (ATEN_CPU_CAPABILITY default against avx512) on a real transformer dump: a float32
 layer_norm of 8 rows of 32 had per-row scale sign sums -26, 13, -10, -26, -27, -17, 8, -3:
 z 7.09 by elements, 1.88 by rows. Where the caller names the groups (check(groups=...),
-the plugin's run/groups.py per API), each sign test is the cluster-robust one:
+the plugin's judge/verdict/groups.py per API), each sign test is the cluster-robust one:
 z = |sum_g S_g| / sqrt(sum_g S_g**2), S_g the sum of a group's signs (`grouped_z`). It is
 the element count's z where groups of one element are independent, and the group
 count's where a group's signs all agree; a bias of every element (truncation) still
@@ -135,7 +135,7 @@ def statistics(sums: Sequence[float], prefix: str = "") -> dict[str, float]:
     """The four bias metrics from chunks.BiasSums' totals (both paths of every standard),
     and the sums they come from (`bias_n`, `*_signs`, `*_signs_sq`, and `bias_ulp_ms`,
     the mean square of the ULP errors, which gives the means their standard error):
-    what the calls of one kernel pool into its verdict (judge/kernels.py); and, where
+    what the calls of one kernel pool into its verdict (judge/gate/kernel_verdicts.py); and, where
     some elements were left out near zero (near_zero.py), how many."""
     pos, neg, outward, inward, n_upper, signed_sum, scale_sum, square_sum, n_near = sums
     near = {f"{prefix}{NEAR_ZERO_N}": float(n_near)}

@@ -20,7 +20,7 @@ kernel that moves 8 elements or more is caught (tests/standards/test_accuracy_mo
 truncation and rounding to nearest give the same output but for those few).
 
 Where it applies. Only to the elements the caller names as rounded once (check's
-`rounded_once`: the plugin's run/rounding.py, per API and direction, measured on ATen's
+`rounded_once`: the plugin's judge/verdict/rounding.py, per API and direction, measured on ATen's
 CPU kernels): a correct kernel whose float32 formula cancels (gelu's tail) or that
 rounds an intermediate at D (ATen's log_softmax, a normalisation's backward row sums) is
 farther, and the first version of this test, applied by dtype alone, failed 44 tests of

@@ -1,7 +1,7 @@
 """The sign tests' verdict from their sums: pure arithmetic, no numpy, no torch.
 
 bias.py computes each output's sums and judges them here; the kernel verdicts
-(judge/kernels.py) judge the sums of every call of a kernel with the same rule. The
+(judge/gate/kernel_verdicts.py) judge the sums of every call of a kernel with the same rule. The
 xdist controller pools them and imports no torch (it starts no device): so this
 module imports nothing of the standards' numerics.
 """

@@ -71,7 +71,7 @@ At the output's scale (float32 and float64, a single run, no terms given: the ca
   than the block's own for elements beside it; and a purely sequential order of
   random-sign terms costs ~ u_acc r_i c_j / g sqrt(K / 2) per element, within the
   allowance up to K ~ 8192 on the typical element but not on the worst. With the terms
-  (the plugin evaluates them on an error, judge/judgement.py) the terms' rule above
+  (the plugin evaluates them on an error, judge/verdict/judgement.py) the terms' rule above
   judges instead, where this one has not passed the output already.
 """
 

@@ -278,7 +278,7 @@ class ExploreFault:
     citation: str  # a public report of the same defect in a real kernel ("": none found)
     where: dict[str, tuple[str, ...]]  # dump folder -> the calls exploration must fail on
     # a correct kernel patched in under the fault, and alone without it, where torch's own
-    # kernel in the fault's dtypes has the fault (a known defect: python -m pytest_msprobe.judge.reproduce)
+    # kernel in the fault's dtypes has the fault (a known defect: python -m pytest_msprobe.judge.defects.reproduce)
     correct: Callable[[Callable, tuple[torch.dtype, ...]], Callable] | None = None
 
     def patch(self, monkeypatch: Any) -> None:

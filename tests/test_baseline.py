@@ -12,7 +12,7 @@ import pytest
 import torch
 from faults import scaled_in
 
-from pytest_msprobe.judge.baseline import (
+from pytest_msprobe.judge.gate.baseline import (
     FILE_NAME,
     Baseline,
     CallMetrics,
@@ -21,7 +21,7 @@ from pytest_msprobe.judge.baseline import (
     environment,
     read_msprobe_details,
 )
-from pytest_msprobe.judge.kernels import is_kernel
+from pytest_msprobe.judge.gate.kernel_verdicts import is_kernel
 
 STATS = "torch_mlpcnn_statistics_bf16"
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from pytest_msprobe.dump.values import TensorLeaf
 from pytest_msprobe.errors import CallSkip
-from pytest_msprobe.judge.call import PytorchReplay, Settings, check_call
+from pytest_msprobe.judge.check.call import PytorchReplay, Settings, check_call
 from pytest_msprobe.run import precision
 from pytest_msprobe.run.apis import Api
 from pytest_msprobe.run.devices import ACCELERATORS, AcceleratorBackend, Backend, DeviceUnavailable, backend
@@ -319,7 +319,7 @@ def test_the_verdict_and_the_record_say_where_the_bench_ran(write_dump, monkeypa
     bench labelled as one, on the CPU device; the label of a real accelerator run is
     checked by test_cuda_bench_end_to_end where a GPU exists."""
     from pytest_msprobe.dump.index import CallName, read_index
-    from pytest_msprobe.judge.record import output_results
+    from pytest_msprobe.judge.verdict.record import output_results
 
     x, w = torch.randn(64, 32), torch.randn(16, 32)
     dump = write_dump(
@@ -455,7 +455,7 @@ def test_strict_settings_name_nothing() -> None:
 
 
 def test_only_the_failing_outputs_dtypes_are_asked_about() -> None:
-    from pytest_msprobe.judge.call import failing_dtypes
+    from pytest_msprobe.judge.check.call import failing_dtypes
     from pytest_msprobe.standards import Verdict
 
     outputs = (

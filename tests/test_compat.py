@@ -3,8 +3,8 @@ uses is where the plugin reaches it, in the installed versions: an upgrade that 
 one fails here, naming the API, the version and what the plugin used it for, not
 somewhere deep in a replay or a search.
 
-The package reaches them only through its compat modules (pytest_msprobe/compat.py,
-pytest_msprobe/plugin/compat.py), which list them; the tests and benchmarks use a few
+The package reaches them only through its compat modules (pytest_msprobe/private_apis.py,
+pytest_msprobe/plugin/pytest_privates.py), which list them; the tests and benchmarks use a few
 more, listed here. Both are found by reading the source with `ast`, so a new private
 name used anywhere without a check here fails too.
 """
@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_msprobe import compat
-from pytest_msprobe.compat import PrivateApi
-from pytest_msprobe.plugin import compat as plugin_compat
+from pytest_msprobe import private_apis as compat
+from pytest_msprobe.plugin import pytest_privates as plugin_compat
+from pytest_msprobe.private_apis import PrivateApi
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("pytest_msprobe", "standards", "bench_functions", "tests", "benchmarks")
 PACKAGE = ("pytest_msprobe", "standards", "bench_functions")
-COMPAT_MODULES = (ROOT / "pytest_msprobe" / "compat.py", ROOT / "pytest_msprobe" / "plugin" / "compat.py")
+COMPAT_MODULES = (ROOT / "pytest_msprobe" / "private_apis.py", ROOT / "pytest_msprobe" / "plugin" / "private_apis.py")
 # the few underscore names that are public API: os._exit, a namedtuple's methods
 PUBLIC_UNDERSCORE = {"_exit", "_replace", "_asdict", "_fields", "_make"}
 # what the tests and benchmarks reach besides the package's (where: the first user)
@@ -72,7 +72,7 @@ def _version(distribution: str) -> str:
 def _moved(api: PrivateApi, problem: str) -> str:
     return (
         f"{api.name} {problem} in {api.distribution} {_version(api.distribution)}; the plugin uses it for {api.use}. "
-        "Change pytest_msprobe/compat.py (pytest's: plugin/compat.py) and the tested range in pyproject.toml"
+        "Change pytest_msprobe/private_apis.py (pytest's: plugin/pytest_privates.py) and the tested range in pyproject.toml"
     )
 
 
@@ -216,7 +216,7 @@ def test_ending_a_process_waits_for_its_threads_and_runs_its_exit_handlers() -> 
     """In a process of its own: threading._shutdown marks the main thread stopped."""
     script = (
         "import atexit, os, threading, time\n"
-        "from pytest_msprobe.compat import join_threads, run_exit_handlers\n"
+        "from pytest_msprobe.private_apis import join_threads, run_exit_handlers\n"
         "thread = threading.Thread(target=time.sleep, args=(0.2,))\n"
         "thread.start()\n"
         "atexit.register(print, 'exit handler ran', flush=True)\n"
@@ -313,7 +313,9 @@ def test_the_package_reaches_private_apis_only_through_its_compat_modules() -> N
     outside = [
         use for use in outside if not any(use.startswith(str(module.relative_to(ROOT))) for module in COMPAT_MODULES)
     ]
-    assert outside == [], "use these through pytest_msprobe/compat.py (pytest's through plugin/compat.py)"
+    assert outside == [], (
+        "use these through pytest_msprobe/private_apis.py (pytest's through plugin/pytest_privates.py)"
+    )
 
 
 def test_every_private_api_used_is_listed_and_checked() -> None:

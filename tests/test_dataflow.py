@@ -328,8 +328,8 @@ def test_a_reader_s_recorded_gradient_equal_to_the_incoming_one_is_its_share() -
     its share of a summed gradient even where the bits match the incoming gradient
     (only an in-place call's record may be a hook's pass-through)."""
     from pytest_msprobe.dump.index import parse_call_name, read_index
-    from pytest_msprobe.judge.call import read_inputs
-    from pytest_msprobe.judge.offline import DumpedRun
+    from pytest_msprobe.judge.check.call import read_inputs
+    from pytest_msprobe.judge.offline.dumped_run import DumpedRun
     from pytest_msprobe.run.apis import resolve_pytorch
     from pytest_msprobe.run.replay import Placement, Run, needs_grad
 

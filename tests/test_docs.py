@@ -21,7 +21,7 @@ import pytest
 
 from pytest_msprobe.plugin import MARKERS
 from pytest_msprobe.plugin.option_table import OPTIONS, Number, Option
-from pytest_msprobe.results import msprobe_csv, writer
+from pytest_msprobe.results import msprobe_csv, run_files
 from pytest_msprobe.standards.dtypes import DTYPES
 from pytest_msprobe.standards.registry import SHIPPED_STANDARDS
 
@@ -122,7 +122,7 @@ STAGE_PATH = re.compile(r"`((?:dump|run|judge|results|scripts|plugin)/[\w/-]+\.(
 
 
 def missing_files(text: str) -> list[str]:
-    """The repository files a page names (`benchmarks/bench_html.py`, `judge/offline.py`)
+    """The repository files a page names (`benchmarks/bench_html.py`, `judge/offline/dumped_run.py`)
     that do not exist: moved or renamed since the page was written."""
     named = set(REPO_PATH.findall(text)) | {f"pytest_msprobe/{path}" for path in STAGE_PATH.findall(text)}
     return sorted(path for path in named if not (ROOT / path).exists())
@@ -197,7 +197,7 @@ def test_the_docs_name_only_files_that_exist() -> None:
     assert {
         str(p.relative_to(ROOT)): missing for p in pages if (missing := missing_files(p.read_text(encoding="utf-8")))
     } == {}
-    planted = "see `benchmarks/bench_html.py`, `judge/offline.py`, `judge/nosuch.py` and `benchmarks/RESULTS-nosuch.md`"
+    planted = "see `benchmarks/bench_html.py`, `judge/offline/dumped_run.py`, `judge/nosuch.py` and `benchmarks/RESULTS-nosuch.md`"
     assert missing_files(planted) == ["benchmarks/RESULTS-nosuch.md", "pytest_msprobe/judge/nosuch.py"]
     harnesses = re.findall(
         r"`(\w+\.(?:py|sh))`", (DOCS / "explanation" / "measurements.md").read_text(encoding="utf-8")
@@ -261,14 +261,14 @@ def test_every_standard_marker_script_result_column_and_results_file_is_rendered
     rendered = gen.scripts_markdown(scripts)
     assert all(f"## `{name}`" in rendered and f"usage: {name}" in rendered for name in scripts)
     files = gen.result_files_markdown(
-        gen.result_files(msprobe_csv, writer),
+        gen.result_files(msprobe_csv, run_files),
         msprobe_csv.RESULT_HEADER,
         msprobe_csv.METRIC_COLUMNS,
         msprobe_csv.DETAILS_HEADER,
     )
     assert all(f"| `{column}` |" in files for column in (*msprobe_csv.RESULT_HEADER, *msprobe_csv.DETAILS_HEADER))
     assert all(f"| `{column}` | `{key}` |" in files for key, column in msprobe_csv.METRIC_COLUMNS)
-    assert all(prefix in files for prefix in (writer.METRICS_PREFIX, writer.JOURNAL_PREFIX, writer.RUN_PREFIX))
+    assert all(prefix in files for prefix in (run_files.METRICS_PREFIX, run_files.JOURNAL_PREFIX, run_files.RUN_PREFIX))
     results = gen.results_pages(gen.BENCHMARKS)
     assert {f"RESULTS-{name}.md" for name in results} == {p.name for p in gen.BENCHMARKS.glob("RESULTS-*.md")}
 

@@ -1,4 +1,4 @@
-"""--msprobe-explore: the search around each dumped call (judge/explore.py, run/neighbourhood.py).
+"""--msprobe-explore: the search around each dumped call (judge/explore/search.py, judge/explore/neighbourhood.py).
 
 - The CPU's own kernels pass every explored call of the example dump.
 - Naive kernels that the dumped step does not trip (tests/explore_faults.py) pass their
@@ -24,10 +24,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.dump.writer import tensor_entry, write_tensor_dump
-from pytest_msprobe.judge.call import read_inputs
-from pytest_msprobe.judge.defects import BY_ID
-from pytest_msprobe.run.neighbourhood import Neighbourhood
+from pytest_msprobe.dump.tensor_dump import tensor_entry, write_tensor_dump
+from pytest_msprobe.judge.check.call import read_inputs
+from pytest_msprobe.judge.defects.table import BY_ID
+from pytest_msprobe.judge.explore.neighbourhood import Neighbourhood
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
 
@@ -165,7 +165,7 @@ def test_the_search_does_not_depend_on_the_modules_the_process_imported(run_dump
     imported: a module full of them, imported between two runs, changes no example."""
     from hypothesis.internal.conjecture import providers
 
-    import pytest_msprobe.judge.explore as explore
+    import pytest_msprobe.judge.explore.search as explore
 
     examples: dict[str, list[str]] = {"before": [], "after": []}
     replay = explore.replay_inputs
@@ -251,7 +251,7 @@ def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path, monkeypa
 DEFINED_INTERMEDIATES = [
     # x2 scaled by 2**63: the squares of x2's rows, a norm cosine_similarity divides by,
     # overflow float32 where the gradient fits (torch gave 0 for 0.04); and at the 'small
-    # angles' edge its gradient cancels (7.5e-9 for -1.4e-9: judged at its terms, run/terms.py)
+    # angles' edge its gradient cancels (7.5e-9 for -1.4e-9: judged at its terms, judge/verdict/terms.py)
     ("apizoo_tensor_fp32", "Functional.cosine_similarity.0.backward", "a norm it divides by beyond the dtype's range"),
     # derivatives.yaml's atan2 backward: g * x overflows float16 (g ~ 3e4), and
     # x * x + y * y underflows it (x, y ~ 1e-4): 0 or inf for 0.9
@@ -298,7 +298,7 @@ def _gru_with_half_gates(original):
     recurrent kernel: cuDNN's RNNs run in TF32, 10 mantissa bits as float16's, where
     torch.backends.cudnn.allow_tf32 is on, its default; PyTorch's "TensorFloat-32 (TF32)
     on Ampere" notes)."""
-    from pytest_msprobe.run.recurrent import DEFINITIONS
+    from pytest_msprobe.judge.explore.recurrent import DEFINITIONS
 
     def gru(input, hx, params, *args):
         if input.dtype != torch.float32:
@@ -367,7 +367,7 @@ def test_a_cosine_embedding_gradient_that_cancels_is_judged_at_its_terms(run_dum
     """Pairs of one element at an angle of pi: the input gradients, g (x2 / (|x1| |x2|) -
     cos x1 / |x1|**2), are exactly 0, and torch's float32 kernel leaves -3.6e-15 (found
     by exploration: 4.4e12 ULP at the exact result's scale, a few ULP of the terms it
-    subtracted: run/terms.py)."""
+    subtracted: judge/verdict/terms.py)."""
     x1, x2, target, g = (
         torch.tensor([[-1.0914251]]),
         torch.tensor([[0.9538571]]),
@@ -395,7 +395,7 @@ def test_a_cosine_embedding_gradient_that_cancels_is_judged_at_its_terms(run_dum
 
 def test_exploration_finds_torch_s_own_one_minus_cos_at_small_angles(run_dump, tmp_path, monkeypatch):
     """torch's cosine_embedding_loss forms cos in the dtype and subtracts it from 1: for x2
-    near x1 the loss keeps no bit (pytest_msprobe/judge/reproducers.py one_minus_cos). The
+    near x1 the loss keeps no bit (pytest_msprobe/judge/defects/explored_reproducers.py one_minus_cos). The
     dumped pairs (noise of half their scale) pass; the 'small angles' edge, x2 = x1 +
     2**-11 spread, finds it first, while this torch has it; a kernel rounding the float64
     loss once passes there."""
@@ -438,7 +438,7 @@ def test_group_norm_s_definition_passes_exploration_and_torch_s_rstd_cubed_fails
     terms of its gradients), and its group sums of g w overflow with a weight near the
     largest value (an intermediate of its backward's formula). torch's CPU backward forms
     the input gradient by moments with rstd**3, which overflows at a weight of 1.7e38
-    where the exact gradient is finite (pytest_msprobe/judge/reproducers.py): it fails while
+    where the exact gradient is finite (pytest_msprobe/judge/defects/explored_reproducers.py): it fails while
     this torch does so."""
     generator = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 4, 8, 8, generator=generator) * 0.5).requires_grad_()
@@ -748,8 +748,8 @@ def _seeded(*shape: int, scale: float = 1.0, shift: float = 0.0, seed: int = 0) 
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale + shift
 
 
-# The known torch defects exploration finds (judge/defects.py's float32 rows), each at its
-# reproducer's inputs (judge/reproducers.py): the API, its forward arguments and keywords,
+# The known torch defects exploration finds (judge/defects/table.py's float32 rows), each at its
+# reproducer's inputs (judge/defects/explored_reproducers.py): the API, its forward arguments and keywords,
 # the incoming gradient of a backward (None: the forward is judged), the reproducer.
 F = torch.nn.functional
 DOCUMENTED_CASES = {
@@ -834,7 +834,7 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     """Float32 examples where torch's CPU kernel has a documented defect (an
     intermediate the kernel forms and the definition does not: README's policy) still
     fail, and their message says it is a documented torch defect and names its reproducer
-    in judge/reproducers.py (before, the message named neither). A planted
+    in judge/defects/explored_reproducers.py (before, the message named neither). A planted
     float32 gelu (x sigmoid(1.702 x)) on x in [0.5, 2], outside every documented regime,
     fails without that note."""
     from dumpwriter import DumpWriter
@@ -870,7 +870,7 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     named = re.search(r"known defect (\S+) of torch CPU", explored.text)
     assert (named is not None) != planted, explored.text
     assert planted or BY_ID[named.group(1)].reproducer == reproducer.split(",")[0], explored.text
-    assert planted or f"python -m pytest_msprobe.judge.reproduce {named.group(1)}" in explored.text
+    assert planted or f"python -m pytest_msprobe.judge.defects.reproduce {named.group(1)}" in explored.text
 
 
 @pytest.mark.parametrize(

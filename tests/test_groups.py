@@ -1,10 +1,10 @@
-"""run/groups.py: which elements of a call share one rounded quantity, per API."""
+"""judge/verdict/groups.py: which elements of a call share one rounded quantity, per API."""
 
 import pytest
 import torch
 
 from pytest_msprobe.dump.index import parse_call_name
-from pytest_msprobe.run.groups import collapsed, groups_of
+from pytest_msprobe.judge.verdict.groups import collapsed, groups_of
 from pytest_msprobe.run.replay import Inputs
 
 

@@ -1,4 +1,4 @@
-"""judge/judgement.py: a Judgement is what a verdict is made from; the re-judgements are
+"""judge/verdict/judgement.py: a Judgement is what a verdict is made from; the re-judgements are
 rows of an ordered table, each tried where it applies while the verdict is an error."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pytest_msprobe.dump.index import parse_call_name
-from pytest_msprobe.judge.judgement import RE_JUDGEMENTS, Judgement, Rejudgement, judged, rejudged
+from pytest_msprobe.judge.verdict.judgement import RE_JUDGEMENTS, Judgement, Rejudgement, judged, rejudged
 from pytest_msprobe.run.replay import Inputs, Results
 from pytest_msprobe.standards import Registry
 from pytest_msprobe.standards.verdict import Verdict

@@ -1,4 +1,4 @@
-"""Kernel verdicts (pytest_msprobe/judge/kernels.py, plugin/kernels.py): the bias tests of
+"""Kernel verdicts (pytest_msprobe/judge/gate/kernel_verdicts.py, plugin/kernels.py): the bias tests of
 every call of one kernel pooled, reported as a pytest result, a row of the kernels CSV and
 a metrics line, the same however the calls ran.
 
@@ -215,7 +215,7 @@ def test_the_pooled_ratios_t_tail_is_students(df):
     """t_tail against Student's t's closed forms (df 1-3) and its symmetry and limits."""
     import math
 
-    from pytest_msprobe.judge.kernels import t_tail
+    from pytest_msprobe.judge.gate.kernel_verdicts import t_tail
 
     closed = {
         1: lambda t: 0.5 - math.atan(t) / math.pi,
@@ -233,7 +233,7 @@ def test_the_pooled_ratios_t_tail_is_students(df):
 
 def _ratio_evidence(call: int, ratio: float, api: str = "softmax"):
     """An output of 100 elements with no bias, its mean_rel_err `ratio` x the reference's."""
-    from pytest_msprobe.judge.kernels import Evidence
+    from pytest_msprobe.judge.gate.kernel_verdicts import Evidence
 
     sums = {"bias_n": 100.0, "ref_bias_n": 100.0, "mean_rel_err": 1e-3 * ratio, "ref_mean_rel_err": 1e-3}
     for prefix in ("", "ref_"):
@@ -256,8 +256,8 @@ def _ratio_evidence(call: int, ratio: float, api: str = "softmax"):
 def test_the_kernel_fails_where_its_calls_error_ratio_is_certainly_over_the_limit(ratios, status):
     """The pooled error ratio alone (no bias): a kernel fails where the calls' mean log
     ratio is certainly above 1.5x; the HTML section then plots each call's log ratio."""
-    from pytest_msprobe.judge.kernels import KernelKey, judge_kernel
-    from pytest_msprobe.results.html import kernels_section
+    from pytest_msprobe.judge.gate.kernel_verdicts import KernelKey, judge_kernel
+    from pytest_msprobe.results.html_page import kernels_section
 
     verdict = judge_kernel(
         KernelKey("d", "Functional.softmax", "bfloat16", "forward"),
@@ -285,7 +285,7 @@ def test_two_correct_float32_kernel_families_are_no_magnitude_fault(dtype, statu
     limit holds in float32, which pools only the bias tests. The same ratios in bfloat16
     (where correct pairs pool to at most 1.12x) fail. Fails without MAGNITUDE_DTYPES: the
     float32 kernel errs, certainly over 1.5x."""
-    from pytest_msprobe.judge.kernels import KernelKey, judge_kernel
+    from pytest_msprobe.judge.gate.kernel_verdicts import KernelKey, judge_kernel
 
     items = [_ratio_evidence(call, ratio, "gelu") for call, ratio in enumerate(AVX2_OVER_AVX512_GELU)]
     verdict = judge_kernel(KernelKey("d", "Functional.gelu", dtype, "forward"), items, 0)
@@ -296,7 +296,7 @@ def test_two_correct_float32_kernel_families_are_no_magnitude_fault(dtype, statu
 def _leaning_evidence(call: int, lean: float, allowance: float):
     """A float32 gelu output of 100 elements, every one `lean` ULPs from the bench
     rounded to D (as certain as 100 signs can be), its reference run leaning none."""
-    from pytest_msprobe.judge.kernels import Evidence
+    from pytest_msprobe.judge.gate.kernel_verdicts import Evidence
 
     sums = {"bias_n": 100.0, "ref_bias_n": 100.0, "bias_ulp_ms": lean * lean + 0.25, "ref_bias_ulp_ms": 0.25}
     for test in ("bias", "scale_bias"):
@@ -313,7 +313,7 @@ def test_a_kernel_pools_its_calls_against_the_accuracy_model(lean, status):
     accuracy model allows gelu (standards/tables/accuracy_model.csv), so the pooled kernel
     passes, however certain its sign test; a lean certainly beyond it fails. Fails
     without the allowance in the pooled verdict: every row errs (0.25 ULP limit)."""
-    from pytest_msprobe.judge.kernels import KernelKey, judge_kernel
+    from pytest_msprobe.judge.gate.kernel_verdicts import KernelKey, judge_kernel
 
     items = [_leaning_evidence(call, lean, 3.0) for call in range(CALLS)]
     verdict = judge_kernel(KernelKey("d", "Functional.gelu", "float32", "forward"), items, 0)

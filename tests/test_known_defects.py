@@ -1,4 +1,4 @@
-"""Known library defects (pytest_msprobe/judge/defects.py), labelled wherever a failing
+"""Known library defects (pytest_msprobe/judge/defects/table.py), labelled wherever a failing
 call shows: torch's CPU kernels' reduced-precision defects that real models' dumps show
 (a bfloat16 `0.79788456 + x`, a bfloat16 layer_norm backward over many rows, a
 bfloat16 cross_entropy backward, a bfloat16 batch_norm with bfloat16 weights), each in a
@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from dumpwriter import DumpWriter
 from model_faults import truncate_to_bfloat16
 
-from pytest_msprobe.judge.defects import BY_ID, DEFECTS, REPRODUCE
-from pytest_msprobe.judge.reproduce import by_name, main
+from pytest_msprobe.judge.defects.reproduce import by_name, main
+from pytest_msprobe.judge.defects.table import BY_ID, DEFECTS, REPRODUCE
 
 SCALAR = 0.79788456  # GPT-2's sqrt(2 / pi), written out
 ROWS = {

@@ -26,13 +26,17 @@ PACKAGE_DIRS = {
 # The stages in the order a call passes them; `base` is what every stage shares.
 STAGES = ("base", "dump", "run", "judge", "results", "scripts", "plugin")
 LIBRARIES = ("standards", "bench_functions")
+# judge/'s features in order (pytest_msprobe/judge/__init__.py): each imports only from
+# itself and the features before it. `TYPE_CHECKING` imports are left out of this rule
+# (an annotation is no dependency at run time): verdict's Judgement names offline's layouts.
+JUDGE_FEATURES = ("verdict", "offline", "findings", "defects", "check", "explore", "reduce", "gate")
 PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "xdist")
 OPTIONAL_PACKAGES = {"mindspore", "torch_npu"}  # the extras: maybe not installed here
 # A module past this many lines is split where it has seams (~500 lines), or
 # listed in LONG_MODULES with the reason it stays one.
 MAX_LINES = 560
 LONG_MODULES = {
-    "pytest_msprobe/results/html.py": "one self-contained report page: its template, styles and script",
+    "pytest_msprobe/results/html_page.py": "one self-contained report page: its template, styles and script",
     "bench_functions/fusion_attention.py": (
         "one reference implementation of npu_fusion_attention: its layouts, masks and both directions"
     ),
@@ -50,12 +54,28 @@ def modules(package_dirs: dict[str, Path]) -> dict[str, Path]:
     return found
 
 
-def imports(name: str, path: Path, known: set[str]) -> set[str]:
+def _type_checking_blocks(tree: ast.Module) -> set[int]:
+    """The ids of the import nodes under `if TYPE_CHECKING:`."""
+    return {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+        if isinstance(inner, ast.Import | ast.ImportFrom)
+    }
+
+
+def imports(name: str, path: Path, known: set[str], *, annotations: bool = True) -> set[str]:
     """The modules `name` imports (at any depth of its code): `from P import m` counts
-    as importing the module P.m where that is a module, else P."""
+    as importing the module P.m where that is a module, else P. Without `annotations`,
+    the imports under `if TYPE_CHECKING:` are left out."""
     is_package = path.name == "__init__.py"
     found = set()
-    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+    tree = ast.parse(path.read_text("utf-8"))
+    typing_only = set() if annotations else _type_checking_blocks(tree)
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -106,6 +126,29 @@ def violations(package_dirs: dict[str, Path]) -> list[str]:
             elif stage in STAGES and target_stage in STAGES and STAGES.index(target_stage) > STAGES.index(stage):
                 problems.append(f"{name} imports {target}: {stage}/ comes before {target_stage}/ in a call's path")
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
+    return problems + judge_violations(found)
+
+
+def judge_feature(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["pytest_msprobe", "judge"] and len(parts) > 3 else None
+
+
+def judge_violations(found: dict[str, Path]) -> list[str]:
+    """A judge/ feature that imports (at run time) a feature after it in JUDGE_FEATURES."""
+    problems = []
+    for name, path in sorted(found.items()):
+        feature = judge_feature(name)
+        if feature is None:
+            continue
+        for target in sorted(imports(name, path, set(found), annotations=False)):
+            target_feature = judge_feature(target)
+            if target_feature is None or target_feature == feature:
+                continue
+            if target_feature not in JUDGE_FEATURES or JUDGE_FEATURES.index(target_feature) > JUDGE_FEATURES.index(
+                feature
+            ):
+                problems.append(f"{name} imports {target}: judge/{feature}/ comes before judge/{target_feature}/")
     return problems
 
 
@@ -146,6 +189,16 @@ def test_imports_follow_a_calls_path():
     assert violations(PACKAGE_DIRS) == []
 
 
+def test_every_subpackage_is_packaged():
+    """pyproject.toml lists the packages a wheel holds: a subpackage left out is missing
+    from every non-editable install (the editable one in this checkout still finds it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]["packages"])
+    on_disk = {name for name, path in modules(PACKAGE_DIRS).items() if path.name == "__init__.py"}
+    assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
 def test_every_subpackage_says_what_it_owns_and_may_import():
     for folder in [
         PACKAGE_DIRS["pytest_msprobe"],
@@ -170,11 +223,25 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
     [
         ({"dump/index.py": "from pytest_msprobe.run import replay\n", "run/replay.py": ""}, "dump/ comes before run/"),
         (
-            {"run/replay.py": "def f():\n    from pytest_msprobe.results.writer import x\n", "results/writer.py": ""},
+            {
+                "run/replay.py": "def f():\n    from pytest_msprobe.results.run_files import x\n",
+                "results/run_files.py": "",
+            },
             "run/ comes before results/",
         ),
-        ({"judge/call.py": "import pytest\n"}, "only the pytest layer"),
-        ({"compat.py": "from _pytest.pathlib import bestrelpath\n"}, "only the pytest layer"),
+        ({"judge/check/call.py": "import pytest\n"}, "only the pytest layer"),
+        (
+            {"judge/verdict/judgement.py": "from pytest_msprobe.judge.check import call\n", "judge/check/call.py": ""},
+            "judge/verdict/ comes before judge/check/",
+        ),
+        (
+            {
+                "judge/explore/search.py": "def f():\n    from pytest_msprobe.judge.gate import baseline\n",
+                "judge/gate/baseline.py": "",
+            },
+            "judge/explore/ comes before judge/gate/",
+        ),
+        ({"private_apis.py": "from _pytest.pathlib import bestrelpath\n"}, "only the pytest layer"),
         (
             {"standards/fast.py": "from pytest_msprobe.dump import index\n", "dump/index.py": ""},
             "library imports no stage",
@@ -188,6 +255,8 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
         "reading-imports-running",
         "lazy-running-imports-results",
         "pytest-outside-plugin",
+        "judge-core-imports-a-feature",
+        "judge-feature-imports-a-later-one",
         "pytest-privates-in-the-base-compat",
         "library-imports-stage",
         "cycle",
@@ -260,5 +329,5 @@ def test_new_import_paths_warn_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         from pytest_msprobe.dump import values  # a submodule
-        from pytest_msprobe.judge.outcome import AccuracyWarning  # noqa: F401 (imported to see that importing warns nothing)
+        from pytest_msprobe.judge.check.outcome import AccuracyWarning  # noqa: F401 (imported to see that importing warns nothing)
     assert values.__name__ == "pytest_msprobe.dump.values"

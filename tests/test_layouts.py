@@ -1,6 +1,6 @@
 """A dump records values, not strides: offline, a layout-sensitive call written by a
 correct kernel on a channels_last tensor is not an error for rounding otherwise than the
-contiguous reference run (judge/layouts.py), while a biased channels_last kernel still is.
+contiguous reference run (judge/offline/layouts.py), while a biased channels_last kernel still is.
 
 float32 gelu is such a call here: its contiguous and channels_last CPU kernels compute
 erf differently (benchmarks/layout_kernels.py). Written channels_last, (1, 96, 20, 20)
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from dumpwriter import DumpWriter
 
 from pytest_msprobe.dump.index import CallName
-from pytest_msprobe.judge.layouts import other_layouts
+from pytest_msprobe.judge.offline.layouts import other_layouts
 from pytest_msprobe.run.apis import resolve_pytorch
 
 SHAPE = (1, 96, 20, 20)
@@ -59,9 +59,9 @@ def test_a_correct_channels_last_kernel_passes(tmp_path: Path, run_dump) -> None
     assert sorted(result.by_outcome("passed")) == ["Functional.gelu.0.backward", "Functional.gelu.0.forward"], {
         name: call.text for name, call in result.calls.items()
     }
-    # Since gelu has terms (run/terms.py), where x/2 + x/2 erf(x / sqrt 2) cancels
+    # Since gelu has terms (judge/verdict/terms.py), where x/2 + x/2 erf(x / sqrt 2) cancels
     # the two layouts' erf differences are judged at the terms' scale, a re-judgement that
-    # comes before the layouts' (judge/call.py); either excuses this correct kernel.
+    # comes before the layouts' (judge/check/call.py); either excuses this correct kernel.
     references = [call.properties["msprobe_reference"] for call in result.calls.values()]
     if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
         assert any(LAYOUT_LABEL in reference or TERMS_LABEL in reference for reference in references), references

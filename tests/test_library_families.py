@@ -19,7 +19,7 @@ record of an inner node and stays ATen's (the harness never recomputes it).
   every case. Before the accuracy model, XLA's float32 gelu of the apizoo dump
   failed here (max_rel_err 3.0x the reference's on 16 elements near x = -1.8, where
   x/2 + x/2 erf(x / sqrt 2) cancels erff's documented error into ULPs of the output); it
-  passes now on its terms' magnitudes (run/terms.py).
+  passes now on its terms' magnitudes (judge/verdict/terms.py).
 - Faults planted in a family-made dump stay errors: a float32 gelu 5 ULP away from zero
   everywhere and a float32 layer_norm 10 ULP away (beyond what the accuracy model allows
   their classes: 3 and 7 ULP), a bfloat16 layer_norm rounded toward zero (its float32
@@ -154,7 +154,7 @@ PLANTED = [
         "jax_transformer12_tensor_bf16",
         "Functional.layer_norm.0",
         _layer_norm_truncated,
-        id="bfloat16-layer_norm-truncated-8-rows",  # caught since 16-bit groups count elements (run/groups.py)
+        id="bfloat16-layer_norm-truncated-8-rows",  # caught since 16-bit groups count elements (judge/verdict/groups.py)
     ),
 ]
 
@@ -193,7 +193,7 @@ def _gelu_dump(root: Path, erf_ulps: int) -> Path:
 )
 def test_a_library_gelu_is_judged_by_its_erf_s_documented_error(tmp_path: Path, run_dump, erf_ulps: int, outcome: str):
     """erff's documented 2 ULP become a relative error of up to 2e-3 of gelu's output
-    here, where x/2 and x/2 erf(x / sqrt 2) cancel: without gelu's terms (run/terms.py)
+    here, where x/2 and x/2 erf(x / sqrt 2) cancel: without gelu's terms (judge/verdict/terms.py)
     that was 4.3x the max_rel_err of this machine's kernel (limit 2x), an error. A
     correct library within its document passes on the terms' magnitudes; 16 ULP of erff
     is beyond any document and fails."""

@@ -167,10 +167,10 @@ NO_REFERENCE = (
 NOT_SEPARABLE = "12 calls at 1.23-2.46x the reference's scaled-ULP error: not certain over correct pairs' 1.15x at z 5"
 #: calls of a softmax fault that fail on their own, and the test that says so: a bfloat16
 #: softmax whose row sum is rounded to D shifts its rows' elements alike; a correct 16-bit
-#: kernel forms the sum in float32, so the sign tests count elements there (run/groups.py):
+#: kernel forms the sum in float32, so the sign tests count elements there (judge/verdict/groups.py):
 #: of the 12 calls of 256 elements, softmax.8's is certain alone (z 6.0 by elements, -0.27
 #: ULP), and softmax.7's by the far-misrounding test (63 elements below and over half an
-#: ULP from the bench against 29: a correct kernel rounds softmax once, run/rounding.py);
+#: ULP from the bench against 29: a correct kernel rounds softmax once, judge/verdict/rounding.py);
 #: the others stay under both tests' limits and their kernel pools them
 CAUGHT_ALONE = {
     ("softmax_low_precision_sum", "offline"): {
@@ -243,7 +243,7 @@ def _instance_norm_parameters_from_the_first_sample(original):
 
 def test_instance_norm_parameter_gradients_missing_a_sample_fail(copy_dump, run_dump, monkeypatch):
     """The terms that excuse a correct kernel's cancelled weight and bias gradients
-    (run/terms.py) still fail one that drops a sample's share of their sums (about 8% of
+    (judge/verdict/terms.py) still fail one that drops a sample's share of their sums (about 8% of
     the terms' magnitude on this dump)."""
     import torch.nn.functional as F
 

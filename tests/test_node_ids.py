@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch  # noqa: F401  loaded before pytester's in-process runs: numpy loads once per process
 
-from pytest_msprobe.judge.kernels import is_kernel
+from pytest_msprobe.judge.gate.kernel_verdicts import is_kernel
 
 DUMP = Path(__file__).parent / "dumps" / "models" / "losses_tensor_bf16" / "dump.json"
 RUN = ("--msprobe-device=cpu", "-p", "no:cacheprovider")

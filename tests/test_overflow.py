@@ -1,4 +1,4 @@
-"""The overflow re-check (judge/overflow.py), part of every run: a dumped output holding
+"""The overflow re-check (judge/findings/overflow.py), part of every run: a dumped output holding
 inf/NaN while the inputs are finite is the kernel's overflow (an error) where the bench
 stays within the dtype's range, the inputs' (a note) where the bench overflows too.
 

@@ -1,4 +1,4 @@
-"""Overflow modes (judge/overflow_modes.py): where the bench overflows an output's dtype,
+"""Overflow modes (judge/findings/overflow_modes.py): where the bench overflows an output's dtype,
 a device in CANN's saturation mode gives the dtype's largest finite value (and 0 for
 NaN), one in INF/NaN mode gives +-inf. Either is a finding of that mode (a note, counted
 apart), not an accuracy error; a stated mode (--msprobe-overflow-mode) makes the other
@@ -21,7 +21,7 @@ import pytest
 import torch
 from dumpwriter import DumpWriter
 
-from pytest_msprobe.judge.overflow_modes import (
+from pytest_msprobe.judge.findings.overflow_modes import (
     INF_NAN,
     SATURATION,
     UNKNOWN,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_msprobe.judge.kernels import is_kernel
+from pytest_msprobe.judge.gate.kernel_verdicts import is_kernel
 
 STATS = "torch_mlpcnn_statistics_bf16"
 

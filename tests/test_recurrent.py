@@ -1,4 +1,4 @@
-"""The recurrent definitions that exploration perturbs (run/recurrent.py) are torch's
+"""The recurrent definitions that exploration perturbs (judge/explore/recurrent.py) are torch's
 kernels: equal to them in float64 over every argument form they accept, their
 derivatives included; other forms raise (no sensitivity is measured there)."""
 
@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from pytest_msprobe.run.recurrent import DEFINITIONS, _sigmoid
+from pytest_msprobe.judge.explore.recurrent import DEFINITIONS, _sigmoid
 
 GATES = {"gru": 3, "lstm": 4, "rnn_tanh": 1}
 FORMS = list(itertools.product(GATES, (1, 2), (False, True), (False, True), (False, True)))

@@ -1,4 +1,4 @@
-"""judge/reduce.py: a failing call reduced to a smaller input that fails the same way.
+"""judge/reduce/reduction.py: a failing call reduced to a smaller input that fails the same way.
 
 Planted faults of every kind the suite has (a biased kernel, a truncating add, a linear
 rounding toward zero, a wrong backward) are patched into the device side in this
@@ -22,8 +22,9 @@ from model_faults import FAULTS
 
 from pytest_msprobe.dump.index import parse_call_name, read_index
 from pytest_msprobe.errors import CallSkip
-from pytest_msprobe.judge.call import Settings
-from pytest_msprobe.judge.reduce import (
+from pytest_msprobe.judge.check.call import Settings
+from pytest_msprobe.judge.reduce.cuts import CallShapes, call_axes
+from pytest_msprobe.judge.reduce.reduction import (
     Cut,
     Plan,
     Search,
@@ -33,7 +34,6 @@ from pytest_msprobe.judge.reduce import (
     reason_kind,
     reduce_call,
 )
-from pytest_msprobe.run.cuts import CallShapes, call_axes
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.standards import Registry, Verdict
 
@@ -302,7 +302,7 @@ def test_a_statistics_dump_is_not_reduced(tmp_path, monkeypatch):
         _reduce(writer.write(), "Functional.silu.0.forward", tmp_path)
 
 
-# --- the [reduce] table's rules (run/cuts.py) ---------------------------------------
+# --- the [reduce] table's rules (judge/reduce/cuts.py) ---------------------------------------
 
 
 def _axes(operator: str, shapes: dict, values: dict | None = None) -> dict[str, tuple]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from dumpwriter import DumpWriter
 
-from pytest_msprobe.judge.repeat import bit_differences
+from pytest_msprobe.judge.findings.repeat import bit_differences
 from pytest_msprobe.results.msprobe_csv import DETAILS_HEADER
 
 KERNEL_FOLDER = Path(__file__).parent / "scripts"  # split_k_linear, a plugin module (-p)

@@ -1,4 +1,4 @@
-"""run/rounding.py: which 16-bit elements the far-misrounding test reads. Each row of its
+"""judge/verdict/rounding.py: which 16-bit elements the far-misrounding test reads. Each row of its
 table is checked against ATen's own kernels here (benchmarks/rounded_once.py's
 measurement, on random inputs): a correct kernel of a listed API and direction makes
 fewer than FAR_MIN far misroundings, one way; and the directions left out are left out
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pytest_msprobe.dump.index import parse_call_name
+from pytest_msprobe.judge.verdict.rounding import ROUNDED_ONCE, rounded_once_of
 from pytest_msprobe.run.replay import Inputs
-from pytest_msprobe.run.rounding import ROUNDED_ONCE, rounded_once_of
 from pytest_msprobe.standards.misrounding import FAR_MIN
 
 HALF = (torch.bfloat16, torch.float16)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from pytest_msprobe.judge.offline import OFFLINE_BACKWARD_REMEDY
+from pytest_msprobe.judge.offline.dumped_run import OFFLINE_BACKWARD_REMEDY
 
 if TYPE_CHECKING:
     from conftest import DumpRun  # the root conftest's run_dump result (tests/conftest.py is another)

@@ -53,7 +53,7 @@ def test_correct_softmax_gradients_pass_against_the_saved_in_d_bench(tmp_path: P
     )
     for call, dtype in DTYPES.items():
         spelled = str(dtype).removeprefix("torch.")
-        # softmax's input gradient has terms (run/terms.py): that re-judgement comes first and suffices
+        # softmax's input gradient has terms (judge/verdict/terms.py): that re-judgement comes first and suffices
         assert result.calls[f"{call}.backward"].properties["msprobe_reference"] in (
             f"single-run, forward results saved in {spelled}",
             "single-run, conditioned on the terms' magnitudes",

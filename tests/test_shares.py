@@ -1,4 +1,4 @@
-"""The allowance of a summed gradient for shares the dump does not hold (judge/shares.py):
+"""The allowance of a summed gradient for shares the dump does not hold (judge/offline/missing_shares.py):
 a bound a correct device's other grouping stays within, zero where no rerun share reaches."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from pytest_msprobe.dump.values import TensorLeaf
-from pytest_msprobe.judge.shares import Kind, Share, accumulated, beyond
+from pytest_msprobe.judge.offline.missing_shares import Kind, Share, accumulated, beyond
+from pytest_msprobe.judge.verdict.summed import gradient_pieces
 from pytest_msprobe.run.apis import Api
 from pytest_msprobe.run.replay import RAISED, Inputs, Placement, Run
-from pytest_msprobe.run.summed import gradient_pieces
 
 
 def _device_sum(shares: list[Share], numel: int, dtype: torch.dtype) -> torch.Tensor:

@@ -3,7 +3,7 @@ with overlapping windows (kernel 3, stride 2, as in ResNet's stem), gather and
 index_select with a repeated index, expand. Their tables' standard is binary consistency,
 which called a correct float32 kernel's sums in another order an error ("this op must be
 exact"); they are judged again as `<api>.summed` where the call's own backward sums
-(run/summed.py). A max_pool2d without overlap stays exact."""
+(judge/verdict/summed.py). A max_pool2d without overlap stays exact."""
 
 from __future__ import annotations
 

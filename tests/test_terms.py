@@ -1,4 +1,4 @@
-"""Each element's terms' magnitude (run/terms.py): the bench on absolute values for sums
+"""Each element's terms' magnitude (judge/verdict/terms.py): the bench on absolute values for sums
 of products, per-API formulas for the normalisations' parameters, nothing elsewhere."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.dump.values import TensorLeaf
+from pytest_msprobe.judge.verdict.terms import term_magnitudes
 from pytest_msprobe.run.apis import Api
 from pytest_msprobe.run.replay import RAISED, Inputs, Placement, Run
-from pytest_msprobe.run.terms import term_magnitudes
 
 
 class _Spec:
@@ -159,7 +159,7 @@ def test_gelu_output_terms_are_its_two_halves(approximate: str):
 def test_activation_gradient_terms_bound_the_gradient_and_exceed_it_where_it_cancels(api: str, function, kwargs: dict):
     """Each formula's terms are a sum of the absolute values of the gradient's parts: never
     below the exact gradient, above it near the gradient's zero (x near -0.75 for gelu,
-    -1.28 for silu, -1.19 for mish), and credited up to 2**10 times it (run/terms.py)."""
+    -1.28 for silu, -1.19 for mish), and credited up to 2**10 times it (judge/verdict/terms.py)."""
     x = torch.linspace(-5, 3, 801, dtype=torch.float64, requires_grad=True)
     g = torch.randn(801, generator=_generator(11), dtype=torch.float64)
     (exact,) = torch.autograd.grad(function(x, **kwargs), x, g)

@@ -1,4 +1,4 @@
-"""The upgrade gate on two dumps (judge/upgrade.py, --msprobe-gate): dump A recorded as the
+"""The upgrade gate on two dumps (judge/gate/upgrade.py, --msprobe-gate): dump A recorded as the
 baseline before an operator upgrade, dump B of the same model, seed and data after it.
 
 The pairs are real dumps of one training step made here (tests/upgrade_dumps.py): B by
@@ -22,8 +22,8 @@ import pytest
 import torch
 from upgrade_dumps import DTYPES, step
 
-from pytest_msprobe.judge.baseline import Baseline, CallMetrics, environment
-from pytest_msprobe.judge.upgrade import CALL_LIMIT, call_change, pair_calls
+from pytest_msprobe.judge.gate.baseline import Baseline, CallMetrics, environment
+from pytest_msprobe.judge.gate.upgrade import CALL_LIMIT, call_change, pair_calls
 from pytest_msprobe.plugin.baselines import GATE_EXIT
 from pytest_msprobe.results.merge import main as merge_main
 

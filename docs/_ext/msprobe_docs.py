@@ -182,7 +182,7 @@ REASONING = ("single_run", "bias")
 
 
 # --------------------------------------------------------------------------- result files
-def result_files(msprobe_csv: Any, writer: Any) -> list[tuple[str, str]]:
+def result_files(msprobe_csv: Any, run_files: Any) -> list[tuple[str, str]]:
     """The files a run writes into --msprobe-out, by the writer's own prefixes."""
     return [
         (f"{msprobe_csv.RESULT_PREFIX}{{timestamp}}.csv", "msprobe's result CSV: one row per call (UTF-8 with BOM)"),
@@ -190,13 +190,16 @@ def result_files(msprobe_csv: Any, writer: Any) -> list[tuple[str, str]]:
             f"{msprobe_csv.DETAILS_PREFIX}{{timestamp}}.csv",
             "msprobe's details CSV: one row per output, every metric (UTF-8 with BOM)",
         ),
-        (f"{writer.METRICS_PREFIX}{{timestamp}}.jsonl", "every metric of every output, numbers, and the columns below"),
         (
-            f"{writer.JOURNAL_PREFIX}{{timestamp}}.jsonl",
+            f"{run_files.METRICS_PREFIX}{{timestamp}}.jsonl",
+            "every metric of every output, numbers, and the columns below",
+        ),
+        (
+            f"{run_files.JOURNAL_PREFIX}{{timestamp}}.jsonl",
             "the journal: every finished call's record, read by `--msprobe-resume`, `msprobe-merge` and `msprobe-report`",
         ),
         (
-            f"{writer.RUN_PREFIX}{{timestamp}}.json",
+            f"{run_files.RUN_PREFIX}{{timestamp}}.json",
             "the run: when, how long, the command, the environment, the sessions that wrote it",
         ),
     ]
@@ -270,7 +273,7 @@ def results_pages(benchmarks: Path) -> dict[str, str]:
 
 
 def known_defects_markdown(defects: Sequence[Any], reproduce: str) -> str:
-    """The known defects' table (pytest_msprobe/judge/defects.py), one row per defect."""
+    """The known defects' table (pytest_msprobe/judge/defects/table.py), one row per defect."""
 
     def tracker(url: str) -> str:
         return f"[{url.rsplit('/', 3)[-3]}#{url.rsplit('/', 1)[-1]}]({url})" if url else "none known"
@@ -295,10 +298,10 @@ def known_defects_markdown(defects: Sequence[Any], reproduce: str) -> str:
 # --------------------------------------------------------------------------- writing
 def generated_parts() -> dict[Path, str]:
     """Every generated file: path -> content."""
-    from pytest_msprobe.judge.defects import DEFECTS, REPRODUCE
+    from pytest_msprobe.judge.defects.table import DEFECTS, REPRODUCE
     from pytest_msprobe.plugin import MARKERS
     from pytest_msprobe.plugin.option_table import OPTIONS
-    from pytest_msprobe.results import msprobe_csv, writer
+    from pytest_msprobe.results import msprobe_csv, run_files
     from pytest_msprobe.standards.dtypes import DTYPES
     from pytest_msprobe.standards.registry import SHIPPED_STANDARDS
 
@@ -315,7 +318,7 @@ def generated_parts() -> dict[Path, str]:
         ),
         GENERATED / "markers.md": markers_markdown(MARKERS),
         GENERATED / "result-files.md": result_files_markdown(
-            result_files(msprobe_csv, writer),
+            result_files(msprobe_csv, run_files),
             msprobe_csv.RESULT_HEADER,
             msprobe_csv.METRIC_COLUMNS,
             msprobe_csv.DETAILS_HEADER,

@@ -1,7 +1,7 @@
 """At levels mix and L0, the module that made a call, from construct.json beside
 dump.json and the dump's Module.* records: where the module made that call alone (an
 nn.Linear, a convolution, a norm), its backward record holds the call's input gradients
-and its parameters' gradients (judge/offline.py reads them before the data flow,
+and its parameters' gradients (judge/offline/dumped_run.py reads them before the data flow,
 dump/dataflow.py).
 """
 

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from pytest_msprobe.compat import file_reader, untyped
 from pytest_msprobe.errors import CallError, CallSkip, MissingTensorFile
+from pytest_msprobe.private_apis import file_reader, untyped
 
 if TYPE_CHECKING:
-    from pytest_msprobe.compat import PyTorchFileReader
     from pytest_msprobe.dump.index import Json, Record
+    from pytest_msprobe.private_apis import PyTorchFileReader
 
 # Every dtype spelling a dump may use, PyTorch's and MindSpore's, mapped to torch.
 DTYPES: dict[str, torch.dtype] = {

@@ -86,7 +86,7 @@ class DecodeContext:
     call: str
     max_elements: int
     leaves: list[TensorLeaf] = field(default_factory=list)
-    # data_name -> (tensor, origin): tensors made in memory (judge/explore.py's inputs),
+    # data_name -> (tensor, origin): tensors made in memory (judge/explore/search.py's inputs),
     # used instead of files of that name
     provided: dict[str, tuple[torch.Tensor, str]] = field(default_factory=dict)
 

@@ -1,23 +1,28 @@
-"""Judging a call: the check end to end (`call`: read, replay, judge), what a verdict
-is made from and the ordered table of ways a call judged error is judged again
-(`judgement`: Judgement, RE_JUDGEMENTS; one more way of judging is one more row), the
-references a call may be judged against besides the bench (`offline`: the dump's own
-outputs as the device result, with the sums of gradients autograd added over several
-readers (`shared_sums`, its arithmetic in `shares`); `baseline`: a recorded run's metrics;
-`upgrade`: another dump of the model paired with a baseline's calls, and what regressed),
-the result as plain data (`record`), what any outcome amounts to (`outcome`), and the
-check of a standards registry's routes and thresholds before any call (`routing`),
-the element samples an HTML report plots (`samples`), and the checks beside the
-standards (`findings`): the device's bits over repeated runs (`repeat`) and the
-overflow re-check of dumped inf/NaN (`overflow`); and the search around a call
-(`explore`: --msprobe-explore, hypothesis) with what excuses or names an example it
-finds: the rounding a correct kernel may reach (`sensitivity`), the overflows none
-avoids (`excuses`, over a backward's intermediates: `intermediates`); and the known
-defects of the libraries the plugin runs (`defects`: one table, each row's regime in
-`regimes`, its measured symptom in `symptoms`, its reproducer in `reproducers` and
-`reproducers_reduced`, run by `python -m pytest_msprobe.judge.reproduce`), which a
-failure's message names; and the reduction of a failing call to a smaller input that
-fails the same way (`reduce`), the plugin's verdict its oracle.
+"""Judging a call, one subpackage per feature, from the core up; a feature imports only
+from itself and the features before it in this list (tests/test_layout.py checks this,
+`TYPE_CHECKING` imports aside):
 
-May import: `dump`, `run`, `errors`, `compat`, `standards`. Never pytest, never a later stage.
+    verdict/   what a verdict is made from (`judgement`: Judgement and the ordered
+               re-judgements, RE_JUDGEMENTS), the arithmetic it reads (an element's
+               terms, groups that share a normaliser, rounding once, summed routes, the
+               rows a grouped kernel wrote) and the result as plain data (`record`)
+    offline/   the dump's own outputs as the device's result (`dumped_run`), the memory
+               layouts a device may have used, and the gradients autograd summed over
+               several readers (`summed_gradients`, their bound in `missing_shares`)
+    findings/  the checks beside the standards: the device's bits over repeated runs,
+               the re-check of a dumped inf/NaN, the device's overflow mode
+    defects/   the known defects of the libraries the plugin runs (`table`: one row each,
+               its regime, its measured symptom, its reproducer; `python -m
+               pytest_msprobe.judge.defects.reproduce ROW` runs one without the plugin)
+    check/     one call end to end (`call`: read, replay, judge), what any outcome
+               amounts to (`outcome`), the samples an HTML report plots, the check of a
+               registry's routes before any call
+    explore/   --msprobe-explore: the search around a call (hypothesis) and what excuses
+               an example it finds (the overflows and the rounding no correct kernel avoids)
+    reduce/    a failing call cut down to a smaller input that fails the same way
+    gate/      a recorded baseline, the upgrade gate over two dumps, kernel verdicts pooled
+               over every call of a kernel
+
+May import: `dump`, `run`, `errors`, `private_apis`, `standards`, `bench_functions`.
+Never pytest, never a later stage.
 """

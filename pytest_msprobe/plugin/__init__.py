@@ -3,8 +3,9 @@ terminal summary), thin; the work is in the stages they call. Beside them:
 `option_table` (the flags and ini options, one table), `options` (their values, read
 once into one typed value, every path resolved by one rule), `state` (the
 session's settings), `items` (the dump file and call items), `hookspecs` (hooks users
-implement, and the plugin's own between its parts), and one module of
-hooks per concern: `reports`, `baselines`, `html` (the HTML report), `scale` (isolation,
+implement, and the plugin's own between its parts), `pytest_privates` (the private
+APIs of pytest it uses), and one module of
+hooks per concern: `reports`, `baselines`, `html_report` (the HTML report), `scale` (isolation,
 sharding, ordering), `scripts`, `bug_reports` (a reduced bug report per failing
 call), `workers` and `scheduling` (xdist).
 
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pytest_msprobe.plugin import hookspecs, option_table, options
-from pytest_msprobe.plugin.compat import bestrelpath
+from pytest_msprobe.plugin.pytest_privates import bestrelpath
 from pytest_msprobe.plugin.state import STATE_KEY, SessionState
 
 HYPOTHESIS_PLUGIN = "hypothesispytest"  # hypothesis's pytest11 entry point
@@ -104,9 +105,9 @@ def _dump_plugins(config: pytest.Config, chosen: options.Options) -> dict[str, o
         scale.__name__: scale,
     }
     if chosen.html is not None:
-        from pytest_msprobe.plugin import html
+        from pytest_msprobe.plugin import html_report
 
-        plugins["msprobe-html"] = html.HtmlPlugin(config, report_plugin)
+        plugins["msprobe-html"] = html_report.HtmlPlugin(config, report_plugin)
     return plugins
 
 

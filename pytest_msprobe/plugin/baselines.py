@@ -1,4 +1,4 @@
-"""The hooks of baselines: thin, over pytest_msprobe.judge.baseline.
+"""The hooks of baselines: thin, over pytest_msprobe.judge.gate.baseline.
 
 Every call's check already receives its recorded metrics as the reference (see
 state.py, which also matches the baseline's dumps with this run's); here the controller
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.judge.baseline import FILE_NAME, KERNEL_STANDARD, Baseline, CallMetrics, compare, environment
-from pytest_msprobe.judge.record import ResultRecord
-from pytest_msprobe.judge.upgrade import RunComparison, call_signatures, compare_run, signed
+from pytest_msprobe.judge.gate.baseline import FILE_NAME, KERNEL_STANDARD, Baseline, CallMetrics, compare, environment
+from pytest_msprobe.judge.gate.upgrade import RunComparison, call_signatures, compare_run, signed
+from pytest_msprobe.judge.verdict.record import ResultRecord
 from pytest_msprobe.plugin import options
-from pytest_msprobe.plugin.compat import bestrelpath
 from pytest_msprobe.plugin.kernels import ReportedTest, report_test
+from pytest_msprobe.plugin.pytest_privates import bestrelpath
 from pytest_msprobe.plugin.state import session_state
-from pytest_msprobe.results.writer import write_regressions
+from pytest_msprobe.results.run_files import write_regressions
 
 if TYPE_CHECKING:
     from pytest_msprobe.plugin.reports import ReportPlugin
@@ -129,7 +129,7 @@ class BaselinePlugin:
         return result
 
     def comparison(self) -> RunComparison:
-        """This run's calls against the baseline (judge/upgrade.py), once."""
+        """This run's calls against the baseline (judge/gate/upgrade.py), once."""
         if self._comparison is None:
             counterparts = session_state(self.config).counterparts()
             assert counterparts is not None  # only asked where a baseline is given

@@ -43,7 +43,7 @@ def pytest_runtest_makereport(
     if chosen is None or call.when != "call" or not report.failed:
         return report
     from pytest_msprobe.errors import CallSkip
-    from pytest_msprobe.judge.reduce import Plan
+    from pytest_msprobe.judge.reduce.reduction import Plan
     from pytest_msprobe.plugin.items import RESULT_KEY, CallItem, ExploreItem
     from pytest_msprobe.scripts.bug_report import report_folder, write_bug_report
 

@@ -18,8 +18,8 @@ import pytest
 from pytest_msprobe.dump.cache import cached_summary, load_index
 from pytest_msprobe.dump.index import DIRECTIONS, CallName, DumpIndex
 from pytest_msprobe.errors import DumpError
-from pytest_msprobe.judge.outcome import AccuracyWarning, CallFailed, judge_call, properties
-from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
+from pytest_msprobe.judge.check.outcome import AccuracyWarning, CallFailed, judge_call, properties
+from pytest_msprobe.judge.verdict.record import EXPLORED_SUFFIX, ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.run.mindspore.tables import require_mindspore
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     import os
 
     from pytest_msprobe.dump.cache import DumpSummary
-    from pytest_msprobe.judge.explore import Plan
-    from pytest_msprobe.plugin.compat import TerminalRepr, TracebackStyle
+    from pytest_msprobe.judge.explore.search import Plan
+    from pytest_msprobe.plugin.pytest_privates import TerminalRepr, TracebackStyle
 
 RESULT_KEY = pytest.StashKey[ResultRecord]()
 #: the name of the one test a dump that cannot be checked gets: `<dump.json>::collection`
@@ -62,7 +62,7 @@ def open_dump(config: pytest.Config, path: Path, summary: bool = False) -> DumpI
     if index.framework == "mindspore":
         require_mindspore()
     if chosen.offline and index.task != "tensor":
-        from pytest_msprobe.judge.offline import require_tensor_task  # torch: not in the xdist controller
+        from pytest_msprobe.judge.offline.dumped_run import require_tensor_task  # torch: not in the xdist controller
 
         require_tensor_task(index)
     return index
@@ -184,7 +184,7 @@ class CallItem(pytest.Item):
 
 class ExploreItem(CallItem):
     """`<call name>.explore`: the call's neighbourhood searched with hypothesis
-    (judge/explore.py). Selected with its call: the lists, dedup, shards and -k see the
+    (judge/explore/search.py). Selected with its call: the lists, dedup, shards and -k see the
     same call."""
 
     def __init__(self, *, examples: int, **kwargs: Any) -> None:  # Any: CallItem's
@@ -200,13 +200,13 @@ class ExploreItem(CallItem):
         return 2 * self.examples  # each example, and as many again for shrinking a failure
 
     def plan(self) -> Plan:
-        from pytest_msprobe.judge.explore import Plan
+        from pytest_msprobe.judge.explore.search import Plan
 
         chosen = options.of(self.config)
         return Plan(self.examples, chosen.out / EXPLORED_FOLDER, chosen.out / HYPOTHESIS_FOLDER, chosen.strict)
 
     def judged(self) -> ResultRecord:
-        from pytest_msprobe.judge.explore import explore_call
+        from pytest_msprobe.judge.explore.search import explore_call
 
         settings = session_state(self.config).settings()
         return judge_call(
@@ -220,7 +220,7 @@ class ExploreItem(CallItem):
     def replayable(self) -> tuple[DumpIndex, CallName] | None:
         """The minimal failing example's one-call dump, once this test failed."""
         from pytest_msprobe.dump.index import read_index
-        from pytest_msprobe.judge.explore import example_path
+        from pytest_msprobe.judge.explore.search import example_path
 
         path = example_path(self.plan().folder, self.index, self.call)
         record = self.stash.get(RESULT_KEY, None)
@@ -258,7 +258,7 @@ class UncheckedDump(pytest.Item):
 def dump_lines(config: pytest.Config, dumps: Sequence[Path]) -> Iterator[str]:
     """What each dump held besides the collected calls: Module/Cell entries (whole
     modules, outside an API-level check) and keys that are not call names."""
-    from pytest_msprobe.plugin.compat import bestrelpath
+    from pytest_msprobe.plugin.pytest_privates import bestrelpath
 
     for dump in dumps:
         try:

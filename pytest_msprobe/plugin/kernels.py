@@ -1,4 +1,4 @@
-"""Kernel verdicts as pytest results (pytest_msprobe/judge/kernels.py pools them).
+"""Kernel verdicts as pytest results (pytest_msprobe/judge/gate/kernel_verdicts.py pools them).
 
 A kernel's verdict needs every call of it, wherever it ran: it cannot be a collected
 test item, which would run in one xdist worker (seeing only its own calls) and before
@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Literal
 
 import pytest
 
-from pytest_msprobe.judge.kernels import KERNEL_MARK, is_kernel
+from pytest_msprobe.judge.gate.kernel_verdicts import KERNEL_MARK, is_kernel
 from pytest_msprobe.plugin import options
-from pytest_msprobe.plugin.compat import bestrelpath
+from pytest_msprobe.plugin.pytest_privates import bestrelpath
 from pytest_msprobe.plugin.state import session_state
 
 if TYPE_CHECKING:
-    from pytest_msprobe.judge.kernels import KernelVerdict
+    from pytest_msprobe.judge.gate.kernel_verdicts import KernelVerdict
     from pytest_msprobe.plugin.reports import ReportPlugin
 
 KERNEL_KEYWORD = "msprobe_kernel"
@@ -120,7 +120,7 @@ class KernelPlugin:
 
     def _failed_before(self, dump: str, name: str) -> str | None:
         """Under --msprobe-gate, why a failing kernel is expected to: the baseline's verdict
-        of it (judge/baseline.py Baseline.kernel) was an error too; None otherwise."""
+        of it (judge/gate/baseline.py Baseline.kernel) was an error too; None otherwise."""
         state = session_state(self.config)
         found = state.baseline.kernel(dump, name) if state.options.gate and state.baseline is not None else None
         if found is None or found[1].status != "error":

@@ -73,7 +73,7 @@ class Options:
     @property
     def sample_statuses(self) -> frozenset[Status]:
         """The verdict statuses whose outputs keep an element sample for the HTML report
-        (judge/samples.py): none without --msprobe-html, so a run without it costs nothing."""
+        (judge/check/samples.py): none without --msprobe-html, so a run without it costs nothing."""
         if self.html is None:
             return frozenset()
         return SAMPLED_EVERY if self.html_all else SAMPLED_FAILING
@@ -317,7 +317,7 @@ VERDICT_OPTIONS = (
 def reproduce_command(config: pytest.Config, dump: Path, test: str) -> str:
     """`pytest --msprobe-dump=DUMP <the options given> 'DUMP::TEST'`: run from the folder
     this run was started in, the one test of `dump` named `test`, judged as here."""
-    from pytest_msprobe.plugin.compat import bestrelpath
+    from pytest_msprobe.plugin.pytest_privates import bestrelpath
 
     where = bestrelpath(Path(config.invocation_params.dir), dump)
     words = ["pytest", f"--msprobe-dump={where}"]

@@ -37,11 +37,10 @@ import pytest
 from pytest_msprobe.dump import filters
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.errors import DumpError
-from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.judge.verdict.record import ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.state import session_state
-from pytest_msprobe.results.summary import Summary
-from pytest_msprobe.results.writer import (
+from pytest_msprobe.results.run_files import (
     Entry,
     OutFolderLock,
     ResultFilesError,
@@ -52,6 +51,7 @@ from pytest_msprobe.results.writer import (
     record_key,
     write_sessions,
 )
+from pytest_msprobe.results.summary import Summary
 
 if TYPE_CHECKING:
     from xdist.workermanage import WorkerController
@@ -356,7 +356,7 @@ def result_set_status(status: int, summary: Summary, strict: bool) -> int:
 def record_session(files: RunFiles, config: pytest.Config, started: str, duration: float) -> None:
     """Add this session to the run file: when, how long, the command, the environment
     (versions, CANN, device), which a report of these results shows."""
-    from pytest_msprobe.judge.baseline import environment
+    from pytest_msprobe.judge.gate.baseline import environment
 
     state = session_state(config)
     session = {

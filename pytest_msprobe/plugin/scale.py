@@ -10,7 +10,7 @@ import pytest
 
 from pytest_msprobe.dump.cache import ensure_cached
 from pytest_msprobe.plugin import options, scheduling, workers
-from pytest_msprobe.plugin.compat import bestrelpath
+from pytest_msprobe.plugin.pytest_privates import bestrelpath
 from pytest_msprobe.plugin.state import session_state
 from pytest_msprobe.run import isolation
 
@@ -94,7 +94,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     state = session_state(config)
     if hasattr(config, "workeroutput") and state.problem is None and state.settings_built:
-        from pytest_msprobe.judge.baseline import environment
+        from pytest_msprobe.judge.gate.baseline import environment
 
         found = environment((), state.device_label())
         config.workeroutput[ENVIRONMENT_OUTPUT] = {"device": found["device"], "versions": found["versions"]}
@@ -166,8 +166,8 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """A call past its timeout, or out of memory outside the device run (decoding its
     inputs, the bench), errors with its own record; the run goes on."""
-    from pytest_msprobe.judge import outcome
-    from pytest_msprobe.judge.record import ResultRecord
+    from pytest_msprobe.judge.check import outcome
+    from pytest_msprobe.judge.verdict.record import ResultRecord
     from pytest_msprobe.plugin.items import RESULT_KEY, CallItem
 
     if not isinstance(item, CallItem):
@@ -203,7 +203,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: object) -> None:
     """xdist reports a call whose worker died with when="???" and no record; give it
     the call's error record, so that the result files hold it like any other."""
-    from pytest_msprobe.judge import outcome
+    from pytest_msprobe.judge.check import outcome
     from pytest_msprobe.plugin.items import headline
     from pytest_msprobe.plugin.reports import attach_record
 

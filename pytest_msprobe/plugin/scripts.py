@@ -56,7 +56,7 @@ def pytest_runtest_makereport(
     if chosen is None or call.when != "call" or not (chosen.every or report.failed):
         return report
     from pytest_msprobe.plugin.items import RESULT_KEY, CallItem, ExploreItem
-    from pytest_msprobe.scripts.writer import WriteOptions, expected_verdict, write_script
+    from pytest_msprobe.scripts.standalone import WriteOptions, expected_verdict, write_script
 
     if not isinstance(item, CallItem):
         return report

@@ -19,10 +19,10 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
-    from pytest_msprobe.judge.baseline import Baseline
-    from pytest_msprobe.judge.call import Settings
-    from pytest_msprobe.judge.record import ResultRecord
-    from pytest_msprobe.judge.upgrade import Change, Counterparts
+    from pytest_msprobe.judge.check.call import Settings
+    from pytest_msprobe.judge.gate.baseline import Baseline
+    from pytest_msprobe.judge.gate.upgrade import Change, Counterparts
+    from pytest_msprobe.judge.verdict.record import ResultRecord
     from pytest_msprobe.plugin.options import Options
     from pytest_msprobe.run.devices import Backend
     from pytest_msprobe.standards import Registry
@@ -70,10 +70,10 @@ class SessionState:
         return self._baseline
 
     def counterparts(self) -> Counterparts | None:
-        """The baseline's record of each call (judge/upgrade.py), None without a baseline;
+        """The baseline's record of each call (judge/gate/upgrade.py), None without a baseline;
         one per process, each dump paired once."""
         if self._counterparts is None and self.baseline is not None:
-            from pytest_msprobe.judge.upgrade import Counterparts
+            from pytest_msprobe.judge.gate.upgrade import Counterparts
 
             self._counterparts = Counterparts(self.baseline)
         return self._counterparts
@@ -84,7 +84,7 @@ class SessionState:
         counterparts = self.counterparts() if self.options.gate else None
         if counterparts is None or record.status == "skip":
             return None
-        from pytest_msprobe.judge.baseline import CallMetrics
+        from pytest_msprobe.judge.gate.baseline import CallMetrics
 
         return counterparts.change(index.key, lambda: index, record.call, CallMetrics.of(record))
 
@@ -124,8 +124,8 @@ class SessionState:
         """Built once per process that runs calls; a problem with the device or an
         option's file is a usage error that tells the user what to fix."""
         if self._settings is None:
-            from pytest_msprobe.judge.call import Settings
-            from pytest_msprobe.judge.overflow_modes import stated_mode
+            from pytest_msprobe.judge.check.call import Settings
+            from pytest_msprobe.judge.findings.overflow_modes import stated_mode
 
             _register_bench_functions(self.config)
             backend, self.device_index = _backend(self.config, self.options.device)
@@ -184,7 +184,7 @@ def _custom_routes(config: pytest.Config, chosen: Options) -> bool:
 def _registry(config: pytest.Config, chosen: Options) -> Registry:
     """The shipped standards tables, the user's file over them, then conftest hooks;
     checked before any call is judged (judge.routing)."""
-    from pytest_msprobe.judge.routing import routing_problems
+    from pytest_msprobe.judge.check.routing import routing_problems
     from pytest_msprobe.standards import Registry
 
     registry = Registry.default()
@@ -220,8 +220,8 @@ def _recorded_metrics(config: pytest.Config, chosen: Options) -> Baseline | None
     folder, imported = chosen.baseline, chosen.reference_csv
     if not folder and not imported:
         return None
-    from pytest_msprobe.judge.baseline import Baseline, BaselineError, read_msprobe_details
-    from pytest_msprobe.plugin.compat import bestrelpath
+    from pytest_msprobe.judge.gate.baseline import Baseline, BaselineError, read_msprobe_details
+    from pytest_msprobe.plugin.pytest_privates import bestrelpath
 
     updating = chosen.baseline_update
     try:

@@ -1,4 +1,4 @@
-"""What the HTML report reads from an output's element sample (judge/samples.py): the
+"""What the HTML report reads from an output's element sample (judge/check/samples.py): the
 points of its plots, ready to draw, and the tolerance its standard applied, as a curve.
 
 Why a curve per standard: "how far off" only means something next to what was allowed.
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
-from pytest_msprobe.judge.record import OutputResult
+from pytest_msprobe.judge.verdict.record import OutputResult
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
     from pytest_msprobe.standards.dtypes import DtypeInfo
 
-#: an output's metrics or thresholds, by name (judge/record.py's OutputResult)
+#: an output's metrics or thresholds, by name (judge/verdict/record.py's OutputResult)
 Metrics: TypeAlias = dict[str, float]
 
 TOLERANCE_POINTS = 64

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.judge.verdict.record import ResultRecord
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_msprobe.judge.call import Settings
+    from pytest_msprobe.judge.check.call import Settings
 
 
 def flat_tensors(value: object, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -77,7 +77,7 @@ def save_failed_call(folder: Path, failed: FailedCall, settings: Settings) -> Pa
     index, name, record, label = failed.index, failed.name, failed.record, failed.label
     import torch
 
-    from pytest_msprobe.judge.call import replay_call
+    from pytest_msprobe.judge.check.call import replay_call
     from pytest_msprobe.run.replay import DeviceFailed
 
     target = folder / (label or str(name))

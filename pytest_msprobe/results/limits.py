@@ -18,10 +18,10 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from pytest_msprobe.judge.outcome import KEY_METRICS
+from pytest_msprobe.judge.check.outcome import KEY_METRICS
 
 if TYPE_CHECKING:
-    from pytest_msprobe.judge.record import OutputResult, ResultRecord
+    from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
 
 # metric -> (the threshold keys that may limit it, first found wins; how): "max" a value
 # must not exceed it, "min" must reach it, "abs" its magnitude must not exceed it, "ref"

@@ -7,7 +7,7 @@ named as not read) or a journal file. The journals are the truth: a test present
 several sources keeps the record of the last source named, so a rerun named after the
 first run replaces its results. It prints what it read from each source.
 
-The HTML report of result folders, merged the same way in memory (html.py):
+The HTML report of result folders, merged the same way in memory (html_page.py):
 
     msprobe-report msprobe-out/ [more sources] -o report.html [--scripts DIR] [--baseline DIR ...]
 """
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_msprobe.judge.upgrade import merged_changes
-from pytest_msprobe.results.writer import (
+from pytest_msprobe.judge.gate.upgrade import merged_changes
+from pytest_msprobe.results.run_files import (
     JOURNAL_PREFIX,
     Entry,
     ResultFilesError,
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"msprobe-merge: wrote {total} records to {files.result}, {files.details}, {files.kernels}, {files.metrics}, {files.journal}{note}"
     )
     if args.html is not None:
-        from pytest_msprobe.results.html import ReportContext, write_report
+        from pytest_msprobe.results.html_page import ReportContext, write_report
 
         report = write_report(merged.entries, args.html, ReportContext(sessions=tuple(read_sessions(files))))
         print(f"msprobe-merge: wrote {report}")
@@ -141,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def report_main(argv: Sequence[str] | None = None) -> int:
     """msprobe-report: the HTML report of result folders, rebuilt from their journals."""
-    from pytest_msprobe.judge.baseline import BaselineError
-    from pytest_msprobe.results.html import ReportContext, read_baselines, write_report
+    from pytest_msprobe.judge.gate.baseline import BaselineError
+    from pytest_msprobe.results.html_page import ReportContext, read_baselines, write_report
 
     parser = argparse.ArgumentParser(
         prog="msprobe-report",

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from pytest_msprobe.judge.record import OutputResult, ResultRecord
+from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
 from pytest_msprobe.standards.verdict import Status
 
 RESULT_PREFIX = "accuracy_checking_result_"
 DETAILS_PREFIX = "accuracy_checking_details_"
-# The kernel verdicts (judge/kernels.py) in the result CSV's columns, in a file of their
+# The kernel verdicts (judge/gate/kernel_verdicts.py) in the result CSV's columns, in a file of their
 # own: msprobe's result file has one row per dumped call, and tools count them so.
 KERNELS_PREFIX = "accuracy_checking_kernels_"
 ENCODING = "utf-8-sig"  # msprobe writes a byte-order mark: Excel then reads the Chinese headers
@@ -114,7 +114,7 @@ def details_rows(record: ResultRecord) -> list[list[str]]:
 
 
 def _known(record: ResultRecord, status: Status) -> list[str]:
-    """A failing output's mention of the known defect its call matches (judge/defects.py):
+    """A failing output's mention of the known defect its call matches (judge/defects/table.py):
     msprobe's columns stay as they are, so it goes where the reasons are."""
     return [f"known defect {record.known_defect}"] if record.known_defect and status == "error" else []
 

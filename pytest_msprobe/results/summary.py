@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_msprobe.judge.record import EXPLORED_SUFFIX, ResultRecord
+from pytest_msprobe.judge.verdict.record import EXPLORED_SUFFIX, ResultRecord
 from pytest_msprobe.standards.verdict import STATUS_ORDER, Status
 
 #: the order statuses are shown in
@@ -23,7 +23,7 @@ WORST_SHOWN = 10
 MOST_REPEATED_SHOWN = 10  # with --msprobe-dedup: the tests that stand for the most dumped calls
 LINE_CUT = 200  # a failure's reason can be long; worst calls show its start, the message the rest
 SKIP_REASONS_SHOWN = 12
-#: the overflow modes as judge/overflow_modes.py names them in the metrics columns, as the
+#: the overflow modes as judge/findings/overflow_modes.py names them in the metrics columns, as the
 #: summary and the report count them (spelled here: that module imports torch, and the
 #: xdist controller, which writes the summary, does not)
 OVERFLOW_MODES = ("saturation", "inf-nan")
@@ -45,7 +45,7 @@ def skip_reason(message: str) -> str:
 
 def overflow_mode_counts(record: ResultRecord) -> Counter[str]:
     """The overflow modes the call's outputs showed where the bench overflows
-    (judge/overflow_modes.py), each counted once, and `contradicts` where one
+    (judge/findings/overflow_modes.py), each counted once, and `contradicts` where one
     contradicts the device's stated mode."""
     modes = {str(output.findings["overflow_mode"]) for output in record.outputs if "overflow_mode" in output.findings}
     if any(output.findings.get("overflow_mode_contradicts") for output in record.outputs):
@@ -89,7 +89,7 @@ def failing_metric(record: ResultRecord) -> str:
 
 
 def known_label(record: ResultRecord) -> str:
-    """A failing call's label where it matches a known library defect (judge/defects.py):
+    """A failing call's label where it matches a known library defect (judge/defects/table.py):
     the summary, the report and the worst calls tell it from a new fault."""
     return f"known defect {record.known_defect}: " if record.known_defect else ""
 
@@ -131,7 +131,7 @@ class Summary:
     most_repeated: list[tuple[int, str]] = field(default_factory=list)
     skips: Counter[str] = field(default_factory=Counter)  # skip_reason -> calls
     overflow_modes: Counter[str] = field(default_factory=Counter)  # overflow_mode_counts: mode -> calls
-    known: Counter[str] = field(default_factory=Counter)  # known defect (judge/defects.py) -> failing calls
+    known: Counter[str] = field(default_factory=Counter)  # known defect (judge/defects/table.py) -> failing calls
     bug_reports: list[str] = field(default_factory=list)  # --msprobe-bug-reports: a line per reduced call
     started: float = field(default_factory=time.monotonic)
     # the tests besides the dumped calls', counted apart so that the counts add up to
@@ -140,7 +140,7 @@ class Summary:
     kernels: Counter[Status] = field(default_factory=Counter)
 
     def add_kernel(self, status: Status) -> None:
-        """A kernel test's verdict (judge/kernels.py), reported after the calls."""
+        """A kernel test's verdict (judge/gate/kernel_verdicts.py), reported after the calls."""
         self.kernels[status] += 1
 
     def add(self, record: ResultRecord, represents: int = 1, *, resumed: bool = False) -> None:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_msprobe.compat import torch_vf
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.errors import CallSkip
+from pytest_msprobe.private_apis import torch_vf
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -66,7 +66,7 @@ def pytorch_table() -> dict[str, frozenset[str]]:
 
 @functools.cache
 def terms_table() -> dict[str, frozenset[str]]:
-    """direction -> the APIs whose terms' magnitudes run/terms.py can measure."""
+    """direction -> the APIs whose terms' magnitudes judge/verdict/terms.py can measure."""
     terms = _pytorch_toml()["terms"]
     return {
         "forward": frozenset(terms["forward"]),
@@ -102,13 +102,13 @@ def dropout_table() -> dict[str, DropoutKind]:
 
 @functools.cache
 def summed_backward_table() -> frozenset[str]:
-    """The APIs whose backward may sum several incoming values into one element (run/summed.py)."""
+    """The APIs whose backward may sum several incoming values into one element (judge/verdict/summed.py)."""
     return frozenset(_pytorch_toml()["summed_backward"]["names"])
 
 
 @functools.cache
 def layout_sensitive_apis() -> frozenset[str]:
-    """The APIs whose CPU kernels round differently on a channels_last tensor (judge/layouts.py)."""
+    """The APIs whose CPU kernels round differently on a channels_last tensor (judge/offline/layouts.py)."""
     return frozenset(_pytorch_toml()["layouts"]["names"])
 
 
@@ -129,13 +129,13 @@ def summing_apis(intermediate: str) -> frozenset[str]:
 def paired_apis() -> frozenset[str]:
     """The APIs whose definition takes the angle or the difference of their first two
     floating arguments (the [explore] table's `angles`): exploration moves the second
-    near the first (run/neighbourhood.py near_variants)."""
+    near the first (judge/explore/neighbourhood.py near_variants)."""
     return frozenset(_pytorch_toml()["explore"]["angles"])
 
 
 @functools.cache
 def reduce_rules() -> dict[str, str]:
-    """API -> the rule of its axes a reduction may cut (the [reduce] table; judge/reduce.py AXIS_RULES)."""
+    """API -> the rule of its axes a reduction may cut (the [reduce] table; judge/reduce/reduction.py AXIS_RULES)."""
     return {api: rule for rule, apis in _pytorch_toml()["reduce"].items() for api in apis}
 
 

@@ -28,8 +28,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from pytest_msprobe.compat import join_threads, run_exit_handlers
 from pytest_msprobe.dump.index import CallName, DumpIndex
+from pytest_msprobe.private_apis import join_threads, run_exit_handlers
 
 if TYPE_CHECKING:
     from types import FrameType

@@ -10,7 +10,7 @@ accelerator really computes in float32. It does not by default everywhere: TF32 
 mantissa bits, float16's) in cuBLAS/cuDNN, HF32 on Ascend, reduced-precision reductions
 inside float16/bfloat16 GEMMs.
 
-The rule (PytorchReplay.runs in judge/call.py applies it per call); the bench runs on the
+The rule (PytorchReplay.runs in judge/check/call.py applies it per call); the bench runs on the
 accelerator in float32 where all of 1-7 hold, else on the CPU as before:
 
 1. The device under test is an accelerator (cuda or npu); on the CPU the bench is the
@@ -68,7 +68,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from pytest_msprobe.compat import npu_option
+from pytest_msprobe.private_apis import npu_option
 
 if TYPE_CHECKING:
     import torch

@@ -16,10 +16,10 @@ from typing import Literal, Protocol, TypeAlias, cast, overload
 
 import torch
 
-from pytest_msprobe.compat import engine_run_backward
 from pytest_msprobe.dump.index import Json, Record
 from pytest_msprobe.dump.values import DecodeContext, Nested, RecordedDevice, TensorLeaf, decode
 from pytest_msprobe.errors import CallError, CallSkip
+from pytest_msprobe.private_apis import engine_run_backward
 from pytest_msprobe.run.apis import Api
 
 #: sees a backward's graph before its gradients flow: (the inputs taking gradients, the outputs)
@@ -42,7 +42,7 @@ class Inputs:
     leaves: list[TensorLeaf]
     grads: list[Nested] | None = None  # backward: the incoming gradient per forward output
     # the record's "output" as dumped (forward outputs, or the gradients a backward
-    # produced), not decoded: the overflow re-check reads their statistics (judge/overflow.py)
+    # produced), not decoded: the overflow re-check reads their statistics (judge/findings/overflow.py)
     recorded_outputs: Json | None = None
 
     @property
@@ -159,7 +159,7 @@ class Placement:
     device: torch.device
     dtypes: dict[torch.dtype, torch.dtype] = field(default_factory=dict)
     # tensor rank -> the memory format its tensors (inputs and incoming gradients) are laid
-    # out in; none given: contiguous, as decoded (judge/layouts.py runs the other layouts)
+    # out in; none given: contiguous, as decoded (judge/offline/layouts.py runs the other layouts)
     formats: dict[int, torch.memory_format] = field(default_factory=dict)
 
     def __call__(self, value: Nested) -> Nested:
@@ -202,7 +202,7 @@ def flat_outputs(value: Nested) -> list[Nested]:
 
 class Side(Protocol):
     """What runs a call on one side (device, bench or reference): Run here, MindSpore's
-    MindsporeRun (run/mindspore/replay.py), the dump's own outputs offline (judge/offline.py)."""
+    MindsporeRun (run/mindspore/replay.py), the dump's own outputs offline (judge/offline/dumped_run.py)."""
 
     def forward(self, inputs: Inputs) -> Nested: ...
 
@@ -218,7 +218,7 @@ class Run:
     placement: Placement
     synchronize: Callable[[], None] = lambda: None
     saved_in: tuple[torch.dtype, torch.dtype] | None = None  # (raised, D): see saved_in_device_dtype
-    absolute: bool = False  # every floating value, incoming gradients too, as its |.|: see run/terms.py
+    absolute: bool = False  # every floating value, incoming gradients too, as its |.|: see judge/verdict/terms.py
     # entered around the run: an accelerator bench's strict float32 (run/precision.py)
     context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
     site: str = ""  # where a bench ran, for the verdict's reference text (run/precision.py)
@@ -250,7 +250,7 @@ class Run:
 
     def observed_backward(self, inputs: Inputs, needs_grad: list[bool], observe: Observer) -> Gradients:
         """backward, calling `observe(wanted inputs, outputs)` on the built graph before
-        the gradients flow (to hook its nodes: run/summed.py gradient_pieces)."""
+        the gradients flow (to hook its nodes: judge/verdict/summed.py gradient_pieces)."""
         with self.context():
             return self._backward(inputs, needs_grad, observe)
 

@@ -1,8 +1,8 @@
 """A bug report folder per failing call: what a kernel engineer needs, whole.
 
-The call reduced to its smallest input that fails the same way (judge/reduce.py), as a
+The call reduced to its smallest input that fails the same way (judge/reduce/reduction.py), as a
 one-call dump the plugin judges (`dump/`), the standalone script that runs it on the
-device and the bench without the plugin (writer.py: tensors in a side `.pt`), the
+device and the bench without the plugin (scripts/standalone.py: tensors in a side `.pt`), the
 verdicts before and after the reduction, the environment it failed in, the known defect
 it matches where one does, and a README.md that says in three lines what fails and how
 to run it:
@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
-from pytest_msprobe.judge.baseline import environment
-from pytest_msprobe.judge.record import output_results
-from pytest_msprobe.judge.reduce import Plan, Reduction, reduce_call
+from pytest_msprobe.judge.gate.baseline import environment
+from pytest_msprobe.judge.reduce.reduction import Plan, Reduction, reduce_call
+from pytest_msprobe.judge.verdict.record import output_results
 from pytest_msprobe.scripts.shared import version
-from pytest_msprobe.scripts.writer import WriteOptions, expected_verdict, write_script
+from pytest_msprobe.scripts.standalone import WriteOptions, expected_verdict, write_script
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
-    from pytest_msprobe.judge.call import CallResult, Settings
-    from pytest_msprobe.judge.record import ResultRecord
+    from pytest_msprobe.judge.check.call import CallResult, Settings
+    from pytest_msprobe.judge.verdict.record import ResultRecord
 
 #: files whose first line names a driver's version, where that driver is installed
 DRIVER_FILES = {
@@ -79,7 +79,7 @@ def write_bug_report(
     index: DumpIndex, name: CallName, settings: Settings, folder: Path, plan: Plan | None = None
 ) -> BugReport:
     """Reduce the failing call and write its folder. Raises CallSkip where the call does
-    not fail or cannot be reduced (judge/reduce.py)."""
+    not fail or cannot be reduced (judge/reduce/reduction.py)."""
     reduction = reduce_call(index, name, settings, folder / "dump", plan)
     reduced_index = read_index(reduction.dump)
     record = _record(reduction.reduced, reduced_index)
@@ -118,7 +118,7 @@ def write_bug_report(
 
 
 def _record(result: CallResult, index: DumpIndex) -> ResultRecord:
-    from pytest_msprobe.judge.record import ResultRecord
+    from pytest_msprobe.judge.verdict.record import ResultRecord
 
     verdict = result.verdict
     return ResultRecord(

@@ -1,4 +1,4 @@
-"""The msprobe-script command: standalone scripts of named calls (writer.py), or with
+"""The msprobe-script command: standalone scripts of named calls (standalone.py), or with
 --bug-report a bug report folder per call (bug_report.py: the call reduced to the
 smallest input that fails the same way, its script, verdicts and environment).
 
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.dump.index import DumpIndex, read_index
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
-from pytest_msprobe.scripts.writer import ScriptError, WriteOptions, write_script
+from pytest_msprobe.scripts.standalone import ScriptError, WriteOptions, write_script
 
 if TYPE_CHECKING:
-    from pytest_msprobe.judge.call import Settings
+    from pytest_msprobe.judge.check.call import Settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,7 +107,7 @@ def _bug_reports(index: DumpIndex, args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace) -> Settings:
     """The settings a test of the run would judge with: the shipped standards (and the
     given file over them) on the chosen device."""
-    from pytest_msprobe.judge.call import Settings
+    from pytest_msprobe.judge.check.call import Settings
     from pytest_msprobe.run.devices import backend
     from pytest_msprobe.standards import Registry
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 from pytest_msprobe.dump.index import DIRECTIONS, TENSOR_FOLDER, DumpIndex, parse_call_name, read_index
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
-from pytest_msprobe.judge.call import FRAMEWORKS, Resolved, Settings, call_findings, offline_runs, replay_inputs
-from pytest_msprobe.judge.findings import Finding, annotated, status_with
-from pytest_msprobe.judge.judgement import Judgement, judged, relabelled
-from pytest_msprobe.judge.record import output_results
+from pytest_msprobe.judge.check.call import FRAMEWORKS, Resolved, Settings, call_findings, offline_runs, replay_inputs
+from pytest_msprobe.judge.findings.finding import Finding, annotated, status_with
+from pytest_msprobe.judge.verdict.judgement import Judgement, judged, relabelled
+from pytest_msprobe.judge.verdict.record import output_results
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.run.replay import DeviceFailed, Inputs, decode_backward, decode_forward
 from pytest_msprobe.standards import Registry
@@ -207,7 +207,7 @@ def tensor_source(call: ScriptCall, dump_dir: Path | None, scratch: Path) -> Ten
     own loader (shape and dtype checked against the records), or --dump-dir's dump."""
     if dump_dir is not None:
         return TensorSource(dump_dir / TENSOR_FOLDER, dump_dir / "dump.json")
-    from pytest_msprobe.dump.writer import write_tensor_dump
+    from pytest_msprobe.dump.tensor_dump import write_tensor_dump
 
     records = {
         f"{call.name.rsplit('.', 1)[0]}.{direction}": record
@@ -314,7 +314,7 @@ def _run(script: _Script, variant: int) -> Outcome:
 
 
 def _check(script: _Script, variant: int) -> tuple[Verdict, list[Finding]]:
-    """check_call's steps (judge/call.py), with the script's own inputs and API
+    """check_call's steps (judge/check/call.py), with the script's own inputs and API
     function: the verdict, and the checks beside the standards."""
     call, name, chosen, registry, args = script.call, script.name, script.chosen, script.registry, script.args
     call_name = parse_call_name(name)
@@ -341,7 +341,7 @@ def _check(script: _Script, variant: int) -> tuple[Verdict, list[Finding]]:
     if site:
         verdict = relabelled(verdict, site)
     evidence = getattr(replayed.device, "evidence", None)
-    if evidence is not None and evidence.origins:  # gradients recovered from the dump (judge/offline.py)
+    if evidence is not None and evidence.origins:  # gradients recovered from the dump (judge/offline/dumped_run.py)
         verdict = relabelled(verdict, f"gradients recovered from the dump: {evidence.how}")
     return verdict, call_findings(replayed, call_name, call.framework, settings)
 

@@ -36,11 +36,11 @@ SUPPORT_PACKAGE = "_msprobe_support"
 # What the library holds: (package, path inside the support package, file patterns).
 # Its root __init__.py is SUPPORT_INIT (the real one describes every stage).
 LIBRARY = (
-    ("pytest_msprobe", "", ("errors.py", "compat.py")),
+    ("pytest_msprobe", "", ("errors.py", "private_apis.py")),
     ("pytest_msprobe.dump", "dump", ("*.py",)),
     ("pytest_msprobe.run", "run", ("*.py", "api_tables/*.toml")),
     ("pytest_msprobe.run.mindspore", "run/mindspore", ("*.py",)),
-    ("pytest_msprobe.judge", "judge", ("*.py",)),
+    ("pytest_msprobe.judge", "judge", ("*.py", "*/*.py")),
     ("pytest_msprobe.scripts", "scripts", ("__init__.py", "runtime.py")),
     ("pytest_msprobe.standards", "standards", ("*.py", "tables/*.csv")),
     ("pytest_msprobe.bench_functions", "bench_functions", ("*.py",)),

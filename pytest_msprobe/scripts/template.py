@@ -1,4 +1,4 @@
-"""The text of a standalone script and of the judging library beside it (see writer.py
+"""The text of a standalone script and of the judging library beside it (see standalone.py
 and shared.py, which fill them in).
 
 Kept as templates so that what the kernel engineer reads is visible here as they will

@@ -232,7 +232,7 @@ def _scaling_dump(write_dump: Callable[..., Path], toward_zero: bool) -> Path:
 def test_a_mindspore_kernels_calls_are_pooled(
     write_dump: Callable[..., Path], run_dump: Callable[..., Any], toward_zero: bool
 ) -> None:
-    """Kernel verdicts pool MindSpore calls as torch ones (judge/kernels.py): a float16
+    """Kernel verdicts pool MindSpore calls as torch ones (judge/gate/kernel_verdicts.py): a float16
     multiplication rounded toward zero passes each of its 12 calls and fails its kernel
     offline; rounded to nearest, the kernel passes. Fails without the pooling: no kernel."""
     result = run_dump(_scaling_dump(write_dump, toward_zero), "--msprobe-device=cpu", "--msprobe-offline")

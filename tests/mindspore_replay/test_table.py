@@ -108,7 +108,7 @@ def _flat(value: Any) -> list[Any]:
 
 
 def _settings() -> Any:
-    from pytest_msprobe.judge.call import Settings
+    from pytest_msprobe.judge.check.call import Settings
     from pytest_msprobe.standards import Registry
 
     return Settings(

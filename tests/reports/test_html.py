@@ -27,15 +27,15 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_msprobe.judge import samples
-from pytest_msprobe.judge.record import output_results
-from pytest_msprobe.judge.samples import element_samples, scaled_errors
+from pytest_msprobe.judge.check import samples
+from pytest_msprobe.judge.check.samples import element_samples, scaled_errors
+from pytest_msprobe.judge.verdict.record import output_results
 from pytest_msprobe.results import plots
 from pytest_msprobe.results.elements import plot_data, tolerance_of
-from pytest_msprobe.results.html import report_html
+from pytest_msprobe.results.html_page import report_html
 from pytest_msprobe.results.merge import main as msprobe_merge
 from pytest_msprobe.results.merge import report_main as msprobe_report
-from pytest_msprobe.results.writer import RunFiles, read_journal
+from pytest_msprobe.results.run_files import RunFiles, read_journal
 from pytest_msprobe.standards import check
 from pytest_msprobe.standards.dtypes import dtype_info
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from test_html import DUMPS, Opened, browser, run_pytest, table_rows
 
-from pytest_msprobe.judge.record import OutputResult, ResultRecord
-from pytest_msprobe.results.html import report_html, worst_first
+from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
+from pytest_msprobe.results.html_page import report_html, worst_first
 from pytest_msprobe.results.limits import failed_metrics, key_metrics, overshoot
-from pytest_msprobe.results.writer import Entry, RunFiles, read_journal
+from pytest_msprobe.results.run_files import Entry, RunFiles, read_journal
 from pytest_msprobe.standards.verdict import Status
 
 __all__ = ["browser"]  # the module's browser fixture, shared with test_html

@@ -18,7 +18,7 @@ from planted import Planted
 from synthetic import many_calls
 
 from pytest_msprobe.results.msprobe_csv import DETAILS_HEADER, METRIC_COLUMNS, RESULT_HEADER
-from pytest_msprobe.results.writer import RunFiles
+from pytest_msprobe.results.run_files import RunFiles
 
 LEGACY = {"cosine", "max_abs_err", "rel_err_hundredth", "rel_err_thousandth", "rel_err_ten_thousandth"}
 # msprobe fills, per standard, the legacy columns (float outputs) and its own; the rest a space.
@@ -145,7 +145,9 @@ def test_hostile_text_is_neutralised_kept_on_one_line_and_cut(fp32_run) -> None:
 def test_metrics_file_is_one_pandas_read_with_every_metric(fp32_run) -> None:
     frame = pandas.read_json(fp32_run["files"].metrics, lines=True)
     details = read_csv(fp32_run["files"].details)
-    kernels = frame[frame.standard == "kernel"]  # a line per kernel verdict (judge/kernels.py), no details row
+    kernels = frame[
+        frame.standard == "kernel"
+    ]  # a line per kernel verdict (judge/gate/kernel_verdicts.py), no details row
     assert set(kernels.name) and all(name.endswith((".kernel.forward", ".kernel.backward")) for name in kernels.name)
     frame = frame[frame.standard != "kernel"]
     assert len(frame) == len(details) - 1
@@ -238,7 +240,7 @@ def test_a_run_that_checks_nothing_says_so_and_writes_nothing(pytester: pytest.P
 
 
 def test_progress_line_tells_done_pace_and_time_left() -> None:
-    from pytest_msprobe.judge.record import ResultRecord
+    from pytest_msprobe.judge.verdict.record import ResultRecord
     from pytest_msprobe.results.summary import Summary
 
     summary = Summary()

@@ -18,9 +18,9 @@ import pytest
 import torch  # noqa: F401 - imported before the in-process runs: pytester's runs then never unload it
 from synthetic import many_calls
 
-from pytest_msprobe.judge.kernels import is_kernel
+from pytest_msprobe.judge.gate.kernel_verdicts import is_kernel
 from pytest_msprobe.results.merge import main as merge_main
-from pytest_msprobe.results.writer import ResultFilesError, RunFiles, read_journal
+from pytest_msprobe.results.run_files import ResultFilesError, RunFiles, read_journal
 
 CALLS = 120  # 150 tests: a lone run takes a few seconds after startup
 
@@ -162,7 +162,7 @@ def inline(pytester: pytest.Pytester, dump: Path, *args: str, plugins: tuple = (
 
 
 def call_reports(recorded: pytest.HookRecorder) -> list[pytest.TestReport]:
-    """The reports of the calls' tests (not of the kernels', judge/kernels.py)."""
+    """The reports of the calls' tests (not of the kernels', judge/gate/kernel_verdicts.py)."""
     return [
         report
         for report in recorded.getreports("pytest_runtest_logreport")
@@ -269,8 +269,8 @@ def test_merge_joins_shards_and_keeps_the_last_record_of_a_repeat(tmp_path: Path
 def test_each_record_is_in_the_journal_on_disk_when_added(tmp_path: Path) -> None:
     """What resume trusts: a record whose add() returned survives a SIGKILL (the journal
     is flushed per record; the details and metrics files may lag up to a second)."""
-    from pytest_msprobe.judge.record import ResultRecord
-    from pytest_msprobe.results.writer import Entry, ResultWriter
+    from pytest_msprobe.judge.verdict.record import ResultRecord
+    from pytest_msprobe.results.run_files import Entry, ResultWriter
 
     writer = ResultWriter(RunFiles.new(tmp_path))
     for number in range(3):

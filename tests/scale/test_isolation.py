@@ -112,7 +112,7 @@ def test_faults_stay_with_their_calls_under_xdist(pytester: pytest.Pytester, rec
         assert found[crashed].device == "cpu"
     result.stdout.fnmatch_lines(
         ["*4 failed, 7 passed*"]
-    )  # the 6 healthy calls and their kernel's test (judge/kernels.py)
+    )  # the 6 healthy calls and their kernel's test (judge/gate/kernel_verdicts.py)
     threads = {path.name: int(path.read_text()) for path in pytester.path.glob("threads-gw*.txt")}
     assert threads and all(count == 1 for count in threads.values()), threads  # the CPU backend: one each
 
@@ -123,7 +123,9 @@ def test_timeout_and_out_of_memory_without_xdist(pytester: pytest.Pytester, reco
     result = pytester.runpytest_subprocess(
         "--msprobe-dump=dump", "--msprobe-timeout=2", "-p", "no:cacheprovider", "--msprobe-out=out", timeout=120
     )
-    result.assert_outcomes(failed=3, passed=3)  # the 2 healthy calls and their kernel's test (judge/kernels.py)
+    result.assert_outcomes(
+        failed=3, passed=3
+    )  # the 2 healthy calls and their kernel's test (judge/gate/kernel_verdicts.py)
     found = records(pytester.path / "out")
     assert "still running after --msprobe-timeout=2 s" in found["Torch.exp.3.forward"].message
     assert "out of memory on cpu" in found["Torch.exp.5.forward"].message

@@ -21,10 +21,10 @@ import torch
 
 from pytest_msprobe.dump import DEFAULT_MAX_ELEMENTS
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.judge.record import ResultRecord
+from pytest_msprobe.judge.verdict.record import ResultRecord
 from pytest_msprobe.scripts.command import main as msprobe_script
 from pytest_msprobe.scripts.shared import SHARED_FILE
-from pytest_msprobe.scripts.writer import WriteOptions, expected_verdict, script_file_name, write_script
+from pytest_msprobe.scripts.standalone import WriteOptions, expected_verdict, script_file_name, write_script
 
 HERE = Path(__file__).parent
 EXIT_IMPORTED = 99  # without_plugin.py's exit status where a script imported pytest_msprobe
@@ -225,7 +225,7 @@ def test_planted_fault_fails_the_test_and_its_script(tmp_path: Path) -> None:
 
 
 def test_a_nondeterministic_kernel_fails_the_repeated_test_and_script(tmp_path: Path) -> None:
-    """--msprobe-repeat and a script's --repeat share the check (judge/repeat.py)."""
+    """--msprobe-repeat and a script's --repeat share the check (judge/findings/repeat.py)."""
     shutil.copytree(DUMPS / "torch_mlpcnn_tensor_fp32", tmp_path / "dump")
     done = run_pytest(
         tmp_path,

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from kernels import round_toward_zero
 
 from pytest_msprobe.dump.index import parse_call_name
-from pytest_msprobe.run.groups import groups_of
+from pytest_msprobe.judge.verdict.groups import groups_of
+from pytest_msprobe.judge.verdict.rounding import rounded_once_of
 from pytest_msprobe.run.replay import Inputs
-from pytest_msprobe.run.rounding import rounded_once_of
 from pytest_msprobe.standards import check
 from pytest_msprobe.standards.accuracy import EVERY_CLASS, LIB_BIAS_KEY, load_model
 from pytest_msprobe.standards.misrounding import FAR_MIN
@@ -134,7 +134,7 @@ HALF_KERNELS = {
 
 def _16bit_kernel(api: str, x16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(the float32 bench of `api` on x16, its groups, its elements rounded once), the
-    last two as the plugin finds them for the forward call (run/groups.py, run/rounding.py)."""
+    last two as the plugin finds them for the forward call (judge/verdict/groups.py, judge/verdict/rounding.py)."""
     fn, args = HALF_KERNELS[api]
     name, inputs = parse_call_name(f"Functional.{api}.0.forward"), Inputs(args(x16), {}, [])
     return fn(x16.float()), groups_of(name, None, inputs), rounded_once_of(name, None, inputs)
@@ -148,8 +148,8 @@ def _16bit_kernel(api: str, x16: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 @pytest.mark.parametrize("api", sorted(HALF_KERNELS))
 def test_a_16bit_normalisation_or_activation_that_truncates_fails_whatever_its_row_count(api, shape, dtype, reference):
     """In 16-bit a correct kernel computes in float32 and rounds once, its normaliser too,
-    so its elements are independent draws (run/groups.py) and never farther than half an
-    ULP (and 64 float32 ULPs) from the bench (run/rounding.py, standards/misrounding.py):
+    so its elements are independent draws (judge/verdict/groups.py) and never farther than half an
+    ULP (and 64 float32 ULPs) from the bench (judge/verdict/rounding.py, standards/misrounding.py):
     rounded toward zero, 64 elements or more fail however few rows carry them; rounded
     to nearest they pass."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=torch.float64) * 2 + 0.5

@@ -1,6 +1,6 @@
 """Calibration of the single-run rule: correct CPU kernels pass, planted faults fail.
 
-Each output is judged as the plugin judges a call (judge/call.py): by its standard, and,
+Each output is judged as the plugin judges a call (judge/check/call.py): by its standard, and,
 where that says error and the API sums products, once more at each element's terms'
 magnitude. Measured (2 seeds x 31 forward kernels x 3 dtypes + 9 valid fp32 rewrites +
 14 float32 summation orders of a float16/bfloat16 linear of K = 4096 = 227 correct

@@ -56,7 +56,9 @@ def padded_scores() -> torch.Tensor:
 def _judge(scores: torch.Tensor, dtype: torch.dtype, device: Callable[[torch.Tensor], torch.Tensor], **kwargs):
     x = scores.to(dtype)
     bench = torch.softmax(x.double(), -1)
-    once = torch.ones(x.shape, dtype=torch.bool) if dtype != torch.float32 else None  # as run/rounding.py says
+    once = (
+        torch.ones(x.shape, dtype=torch.bool) if dtype != torch.float32 else None
+    )  # as judge/verdict/rounding.py says
     return check(bench, device(x), api="softmax", rounded_once=once, **kwargs)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from kernels import round_toward_zero
 
-from pytest_msprobe.run.groups import collapsed
+from pytest_msprobe.judge.verdict.groups import collapsed
 from pytest_msprobe.standards import check
 
 #: an API the accuracy model puts in no class (standards/accuracy.py): its float32 limits

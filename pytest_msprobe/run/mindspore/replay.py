@@ -131,7 +131,7 @@ def missing_kernel_is_skip(target: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class TorchTwin:
-    """A torch function called with MindSpore's arguments translated by the table (run/terms.py
+    """A torch function called with MindSpore's arguments translated by the table (judge/verdict/terms.py
     TranslatesArguments: the terms' formulas read the translation)."""
 
     function: Callable[..., Nested]
@@ -143,7 +143,7 @@ class TorchTwin:
 
     def torch_arguments(self, args: list[Nested], kwargs: dict[str, Nested]) -> tuple[list[Nested], dict[str, Nested]]:
         """MindSpore's arguments as the torch function takes them (the same objects: the
-        terms' formulas in run/terms.py read them by torch's names)."""
+        terms' formulas in judge/verdict/terms.py read them by torch's names)."""
         if self.spec.params:
             kwargs = {**dict(zip(self.spec.params[1:], args[1:], strict=False)), **kwargs}
             args = args[:1]
@@ -286,7 +286,7 @@ def _outputs_with_gradients(mindspore: ModuleType, outputs: list[MsValue], sens:
     return chosen
 
 
-# --- the framework seam (pytest_msprobe.judge.call.FRAMEWORKS) ----------------------------
+# --- the framework seam (pytest_msprobe.judge.check.call.FRAMEWORKS) ----------------------------
 
 
 def _mindspore_attribute(owner: str, api_name: str) -> MsValue:
