@@ -81,7 +81,14 @@ def _describe(path: str, value: Nested, leaves: dict[int, TensorLeaf], lines: li
         lines.append(f"{path}: {value!r} ({type(value).__name__})")
 
 
-def decode_forward(record: Record, ctx: DecodeContext) -> Inputs:
+def decode_inputs(forward: Record, backward: Record | None, ctx: DecodeContext) -> Inputs:
+    """A call's inputs from its forward record; a backward call's (`backward` given) also
+    takes the incoming gradients and the recorded outputs from its own record. Every
+    caller reads both records first, so decoding is one step after reading."""
+    return _decode_forward(forward, ctx) if backward is None else _decode_backward(forward, backward, ctx)
+
+
+def _decode_forward(record: Record, ctx: DecodeContext) -> Inputs:
     args = record.get("input_args", [])
     kwargs = record.get("input_kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
@@ -112,8 +119,8 @@ def _fit_generated(ctx: DecodeContext, args: list[Nested], kwargs: dict[str, Nes
             leaf.origin = f"{leaf.origin}, {how}"
 
 
-def decode_backward(forward: Record, backward: Record, ctx: DecodeContext) -> Inputs:
-    inputs = decode_forward(forward, ctx)
+def _decode_backward(forward: Record, backward: Record, ctx: DecodeContext) -> Inputs:
+    inputs = _decode_forward(forward, ctx)
     grads = backward.get("input")
     if not isinstance(grads, list):
         raise CallError(f'{ctx.call}: the backward record\'s "input" (incoming gradients) is not a list')

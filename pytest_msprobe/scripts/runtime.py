@@ -28,7 +28,7 @@ from pytest_msprobe.judge.findings.finding import Finding, annotated, status_wit
 from pytest_msprobe.judge.verdict.judgement import Judgement, judged, relabelled
 from pytest_msprobe.judge.verdict.record import output_results
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
-from pytest_msprobe.run.replay import DeviceFailed, Inputs, decode_backward, decode_forward
+from pytest_msprobe.run.replay import DeviceFailed, Inputs, decode_inputs
 from pytest_msprobe.standards import Registry
 from pytest_msprobe.standards.verdict import STATUS_ORDER
 
@@ -356,11 +356,8 @@ def _decoded(script: _Script, variant: int) -> Inputs:
     ctx = DecodeContext(script.source.tensor_dir, task, call_id, call.max_elements)
     if call.forward_record is None:
         raise CallSkip(f"the dump has no forward record of {call.name}: its inputs are unknown")
-    if args.direction == "forward":
-        inputs = decode_forward(call.forward_record, ctx)
-    else:
-        assert call.backward_record is not None  # main: no backward is a skip
-        inputs = decode_backward(call.forward_record, call.backward_record, ctx)
+    assert args.direction == "forward" or call.backward_record is not None  # main: no backward is a skip
+    inputs = decode_inputs(call.forward_record, None if args.direction == "forward" else call.backward_record, ctx)
     if args.dump_dir is None and call.tensors is not None:
         for leaf in inputs.leaves:
             if leaf.origin.startswith("file "):  # read back from the one-call dump of tensor_source

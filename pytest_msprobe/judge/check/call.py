@@ -26,8 +26,7 @@ from pytest_msprobe.run.replay import (
     Side,
     Sides,
     bench_dtypes,
-    decode_backward,
-    decode_forward,
+    decode_inputs,
     replay,
 )
 
@@ -379,18 +378,24 @@ def align_offline(results: Results) -> Results:
 
 
 def read_inputs(index: DumpIndex, name: CallName, max_elements: int) -> Inputs:
-    """Decode the inputs of a call (a backward call needs its forward's record)."""
-    ctx = DecodeContext(index.tensor_dir, index.task, name.call, max_elements)
+    """Decode the inputs of a call, once its records are read."""
+    forward, backward = read_records(index, name)
+    return decode_inputs(forward, backward, DecodeContext(index.tensor_dir, index.task, name.call, max_elements))
+
+
+def read_records(index: DumpIndex, name: CallName) -> tuple[Record, Record | None]:
+    """A call's forward record, and a backward call's own record (its inputs are its
+    forward's)."""
     entry = index.entry(str(name))
     if entry is None:
         raise CallError(f"{name} is not in {index.path}")
     record = index.read_record(entry)
     if name.direction == "forward":
-        return decode_forward(record, ctx)
+        return record, None
     forward_entry = index.entry(str(name.sibling("forward")))
     if forward_entry is None:
         raise CallSkip(f"{name} has no forward record {name.sibling('forward')} in the dump: its inputs are unknown")
-    return decode_backward(index.read_record(forward_entry), record, ctx)
+    return index.read_record(forward_entry), record
 
 
 class PytorchReplay:

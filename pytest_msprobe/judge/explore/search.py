@@ -50,7 +50,7 @@ from pytest_msprobe.judge.verdict.judgement import Judgement, judged
 from pytest_msprobe.judge.verdict.record import EXPLORED_SUFFIX
 from pytest_msprobe.private_apis import key_database, no_local_constants, seed_search
 from pytest_msprobe.run.apis import fixed_shape_apis, paired_apis
-from pytest_msprobe.run.replay import DeviceFailed, decode_backward, decode_forward
+from pytest_msprobe.run.replay import DeviceFailed, decode_inputs
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Record
@@ -166,11 +166,7 @@ class _Exploration:
         correct kernel avoids excuses it."""
         index, name, settings = self.index, self.call.name, self.settings
         ctx = DecodeContext(index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided())
-        inputs = (
-            decode_forward(variant.forward, ctx)
-            if self.backward is None
-            else decode_backward(variant.forward, variant.backward or {}, ctx)
-        )
+        inputs = decode_inputs(variant.forward, None if self.backward is None else variant.backward or {}, ctx)
         replayed = replay_inputs(self.call, inputs, settings)
         judgement = judged(Judgement(settings.registry, name, replayed.results, replayed.bench, index.framework))
         if judgement.error:
