@@ -1,4 +1,4 @@
-"""The hidden-fault catalogue (tests/explore_faults.py) against every call of its API:
+"""The hidden-fault catalogue (pytest_msprobe/testing/explore_faults.py) against every call of its API:
 does --msprobe-explore=N find each planted fault on every forward call of the API, in
 the fault's dtypes, in every real dump of tests/dumps/models/ (and the example dump)?
 
@@ -20,16 +20,15 @@ import contextlib
 import io
 import json
 import re
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from pytest_msprobe.testing.explore_faults import FAULTS, ExploreFault
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from explore_faults import FAULTS, ExploreFault  # noqa: E402
 
 DUMPS = [
     ROOT / "examples" / "mlpcnn_tensor_fp32",

@@ -4,7 +4,7 @@
     python benchmarks/bench_percall.py [--dump DUMP.json] [--before REV] [--repeats 5] [--offline]
 
   per call     the test phase of `pytest --msprobe-dump=DUMP --msprobe-device=cpu -n 0`
-               (from collection's end to the session's: benchmarks/probe_plugin.py's
+               (from collection's end to the session's: tools/probe_plugin.py's
                run_s) over the calls, best of --repeats;
                with --before REV, the same for REV (a git worktree of it, imported with
                this environment's packages), the runs interleaved
@@ -49,7 +49,7 @@ def test_phase(dump: Path, out: Path, source: Path | None, work: Path, mode: lis
         **os.environ,
         "PYTEST_DEBUG_TEMPROOT": str(work / "tmp"),
         "MSPROBE_BENCH_PROBE": str(probe),
-        "PYTHONPATH": os.pathsep.join([*paths, str(HERE)]),
+        "PYTHONPATH": os.pathsep.join([*paths, str(ROOT / "tools")]),
     }
     done = subprocess.run(
         [

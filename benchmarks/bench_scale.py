@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from pytest_msprobe.testing.synthetic_dumps import Knobs, make_dump
 
-from make_dump import Knobs, make_dump  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def load() -> str:
@@ -38,7 +37,7 @@ def pytest_run(work: Path, *args: str) -> tuple[float, list[dict[str, Any]], sub
     probe = work / f"probe-{time.monotonic_ns()}.jsonl"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent / "tools"), os.environ.get("PYTHONPATH")])),
         "MSPROBE_BENCH_PROBE": str(probe),
     }
     started = time.perf_counter()

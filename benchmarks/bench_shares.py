@@ -17,14 +17,11 @@ kernel's error the ULP standard judges (under 1 ULP of D passes).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
 from pytest_msprobe.dump.index import parse_call_name, read_index  # noqa: E402
 from pytest_msprobe.errors import CallError, CallSkip  # noqa: E402
 from pytest_msprobe.judge.check import call as call_module  # noqa: E402

@@ -4,7 +4,7 @@
     python benchmarks/bench_transformer.py [--dump DUMP.json] [--repeats 5] [--msprobe-repeats 3]
                                            [--msprobe-python PYTHON] [--work DIR]
 
-The dump: --dump, else one made now with the shared maker (benchmarks/make_transformer_dump.py,
+The dump: --dump, else one made now with the shared maker (tools/make_transformer_dump.py,
 in msprobe's Python), else the shipped tests/dumps/models/transformer12_tensor_fp32.
 
 Every figure is the wall time of a whole fresh process, start-up and exit included, best
@@ -13,7 +13,7 @@ then again) so that all see the same machine load, which is printed before and a
   -n 0      pytest --msprobe-dump=DUMP --msprobe-device=cpu
   -n 2      the same with two xdist workers
   msprobe   msprobe acc_check -api_info DUMP -o OUT, its device set to the CPU
-            (benchmarks/msprobe_acc_check_cpu.py); its time inside acc_check printed too
+            (tools/msprobe_acc_check_cpu.py); its time inside acc_check printed too
 Targets: -n 0 at least 30x faster than msprobe; -n 2 faster than -n 0; the result files of
 -n 0 and -n 2 identical (every file of the run, rows sorted, durations and timestamps
 aside). Private temporary roots and no cache provider, as in bench_startup.py.
@@ -67,15 +67,15 @@ def the_dump(args: argparse.Namespace) -> tuple[Path, str]:
         return args.dump.resolve(), "given"
     made = args.work / "transformer12_tensor_fp32"
     if (made / "dump.json").exists():
-        return made / "dump.json", "made with the shared maker (benchmarks/make_transformer_dump.py)"
+        return made / "dump.json", "made with the shared maker (tools/make_transformer_dump.py)"
     if args.msprobe_python is not None and args.msprobe_python.exists():
         done = subprocess.run(
-            [str(args.msprobe_python), str(HERE / "make_transformer_dump.py"), str(made)],
+            [str(args.msprobe_python), str(ROOT / "tools" / "make_transformer_dump.py"), str(made)],
             capture_output=True,
             text=True,
         )
         if done.returncode == 0 and (made / "dump.json").exists():
-            return made / "dump.json", "made with the shared maker (benchmarks/make_transformer_dump.py)"
+            return made / "dump.json", "made with the shared maker (tools/make_transformer_dump.py)"
         print(f"the shared maker failed ({done.returncode}): {done.stderr[-500:]}; the shipped dump is used")
     return SHIPPED, "shipped (tests/dumps/models/transformer12_tensor_fp32)"
 
@@ -168,7 +168,7 @@ def _commands(args: argparse.Namespace, dump: Path) -> _Commands:
         "-n 0": [*ours, f"--msprobe-out={args.work / 'out-n0'}"],
         "-n 2": [*ours, f"--msprobe-out={args.work / 'out-n2'}", "-n", "2"],
     }
-    msprobe = [str(args.msprobe_python), str(HERE / "msprobe_acc_check_cpu.py"), "-api_info", str(dump)]
+    msprobe = [str(args.msprobe_python), str(ROOT / "tools" / "msprobe_acc_check_cpu.py"), "-api_info", str(dump)]
     return _Commands(runs, msprobe, root, env)
 
 

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pytest_msprobe.testing.commands import plugin_command
+
 ROOT = Path(__file__).resolve().parents[1]
 APIS = {
     "absolute_threshold": "mul",
@@ -70,23 +72,6 @@ def _env(tree: Path | None) -> dict[str, str]:
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     return env
-
-
-def plugin_command(dump: Path, out: Path, *extra: str) -> list[str]:
-    """The plugin's run of one dump on the CPU in a process of its own: the one spelling
-    the benchmarks share (bench_large_calls, kernel_diversity import it)."""
-    return [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        f"--msprobe-dump={dump}",
-        "--msprobe-device=cpu",
-        f"--msprobe-out={out}",
-        *extra,
-    ]
 
 
 def _dump_seconds(tree: Path | None, dump: Path, out: Path, extra: list[str]) -> tuple[float, int]:

@@ -412,9 +412,8 @@ def test_cuda_bench_end_to_end(tmp_path) -> None:
     it passes, its verdict says the bench ran on cuda:0 in strict float32, and the user's
     TF32 settings are unchanged afterwards."""
     _cuda_or_skip()
-    from dumpwriter import DumpWriter
-
     from pytest_msprobe.dump.index import CallName, read_index
+    from pytest_msprobe.testing.dumpwriter import DumpWriter
 
     g = torch.Generator().manual_seed(1)
     x, w = torch.randn(256, 1024, generator=g).half(), torch.randn(512, 1024, generator=g).half()

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
 
 from pytest_msprobe.scripts.command import main as msprobe_script
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 CALL = "Tensor.__add__.0.forward"
 HERE = Path(__file__).parent

@@ -1,4 +1,4 @@
-"""benchmarks/compare_records.py, the check that a refactor left every verdict
+"""tools/compare_records.py, the check that a refactor left every verdict
 unchanged: two real runs of the same code compare equal (though their files differ byte
 for byte), and a planted change of one status, one metric or one CSV cell is found, named
 by its test and field, and turns the exit status to 1."""
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import compare_records  # noqa: E402 - a benchmark script, importable from benchmarks/
+from pytest_msprobe.testing.script_modules import load_script
+
+compare_records = load_script(Path(__file__).resolve().parents[1] / "tools" / "compare_records.py")
 
 DUMP = Path(__file__).resolve().parent / "dumps" / "models" / "gru_tensor_fp32"
 

@@ -4,7 +4,7 @@ msprobe records a linear's or batched matmul's backward at the reshape after the
 the incoming gradient, reshaped. The input's gradient is recovered from the call that
 produced the input (its incoming gradient, summed over every call that read it) or, at
 level mix, from the module's records; a kernel whose backward is wrong INSIDE the call
-(tests/model_faults.py's linear_backward_bf16, planted while msprobe dumped) is then an
+(pytest_msprobe/testing/model_faults.py's linear_backward_bf16, planted while msprobe dumped) is then an
 error offline, at L1 through the input gradient, at mix through the weight gradient too.
 """
 

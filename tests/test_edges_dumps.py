@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
+
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 CALL = "Tensor.softmax.0.forward"
 #: the shipped dumps whose attention softmax has masked (-inf) scores, by dtype

@@ -1,7 +1,7 @@
 """--msprobe-explore: the search around each dumped call (judge/explore/search.py, judge/explore/neighbourhood.py).
 
 - The CPU's own kernels pass every explored call of the example dump.
-- Naive kernels that the dumped step does not trip (tests/explore_faults.py) pass their
+- Naive kernels that the dumped step does not trip (pytest_msprobe/testing/explore_faults.py) pass their
   dumped test and fail exploration with at most 100 examples, shrunk to a minimal input
   that the message shows and that a one-call dump reproduces.
 - The search is deterministic: reruns and -n 2 give the same results.
@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from explore_faults import FAULTS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.dump.tensor_dump import tensor_entry, write_tensor_dump
-from pytest_msprobe.judge.check.call import read_inputs
-from pytest_msprobe.judge.defects.table import BY_ID
-from pytest_msprobe.judge.explore.neighbourhood import Neighbourhood
+from pytest_msprobe.dump.writer import tensor_entry, write_tensor_dump
+from pytest_msprobe.judge.call import read_inputs
+from pytest_msprobe.judge.defects import BY_ID
+from pytest_msprobe.run.neighbourhood import Neighbourhood
+from pytest_msprobe.testing.explore_faults import FAULTS
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
 
@@ -461,7 +461,7 @@ def test_a_bfloat16_gelu_gradient_in_the_left_tail_is_judged_against_an_exact_be
     _exact_gelu): torch's float32 cdf term 0.5 (1 + erf(x / sqrt 2)) cancels at x ~ -7,
     where the bfloat16 kernel's gradient is closer to the exact one than that bench (an
     explored example of transformer12_statistics_bf16: 31.5 > 8 ULP against it)."""
-    from dumpwriter import DumpWriter
+    from pytest_msprobe.testing.dumpwriter import DumpWriter
 
     generator = torch.Generator().manual_seed(5)
     x = (torch.rand(1, 8, 64, generator=generator) * 2.9 - 8.4).bfloat16()
@@ -490,7 +490,7 @@ def test_subnormal_intermediates_times_a_large_gradient_are_excused(run_dump, tm
     the weight gradient sums g x_hat with |g| ~ 1e7: the CPU's float32 kernel is off by
     far more than its result's rounding, as any kernel that rounds (or flushes) x_hat is.
     The first example explored is the dumped call itself; it passes."""
-    from dumpwriter import DumpWriter
+    from pytest_msprobe.testing.dumpwriter import DumpWriter
 
     generator = torch.Generator().manual_seed(3)
     x = (torch.randn(4, 16, 64, generator=generator) * 2.0**-145).float()  # subnormal float32
@@ -710,7 +710,7 @@ def test_attention_scores_beyond_float32_are_excused_and_an_unshifted_softmax_is
     the example is excused by that intermediate, named; before, it failed. A float16
     attention with q and k near 7 (scores near 100: within float16, exp of them beyond it)
     whose softmax does not subtract the row's max (explore_faults.py) still fails."""
-    from dumpwriter import DumpWriter
+    from pytest_msprobe.testing.dumpwriter import DumpWriter
 
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 4, generator=generator) for _ in range(3))
@@ -837,14 +837,14 @@ def test_a_documented_torch_defect_is_named_with_its_reproducer(case, tmp_path, 
     in judge/defects/explored_reproducers.py (before, the message named neither). A planted
     float32 gelu (x sigmoid(1.702 x)) on x in [0.5, 2], outside every documented regime,
     fails without that note."""
-    from dumpwriter import DumpWriter
+    from pytest_msprobe.testing.dumpwriter import DumpWriter
 
     planted = case not in DOCUMENTED_CASES
     function, args, kwargs, grad, reproducer = DOCUMENTED_CASES.get(
         case, (F.gelu, [torch.linspace(0.5, 2.0, 16)], {}, None, "")
     )
     if planted:
-        from explore_faults import ExploreFault
+        from pytest_msprobe.testing.explore_faults import ExploreFault
 
         ExploreFault(F, "gelu", _gelu_by_sigmoid, (torch.float32,), "", {}).patch(monkeypatch)
     wide = [arg.double().requires_grad_(grad is not None) if isinstance(arg, torch.Tensor) else arg for arg in args]
@@ -886,7 +886,7 @@ def test_group_norm_is_excused_by_its_centred_squares_not_by_x_squared(
     a variance by E[x**2] - E[x]**2 (explore_faults.group_norm_by_moments: NaN) fails;
     before, the sum of x**2 excused it (passed). At a spread of 1e20 the centred squares
     overflow every correct kernel's: excused, the cause named."""
-    from dumpwriter import DumpWriter
+    from pytest_msprobe.testing.dumpwriter import DumpWriter
 
     x = _seeded(2, 4, 4, 4, scale=scale, shift=shift)
     writer = DumpWriter(tmp_path / "dump", "tensor")

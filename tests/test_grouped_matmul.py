@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
 
 from pytest_msprobe import bench_functions
 from pytest_msprobe.bench_functions import Companions
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 K, N, M = 96, 16, 40

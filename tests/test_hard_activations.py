@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from dumpwriter import DumpWriter
-from faults import scaled_in
+
+from pytest_msprobe.testing.dumpwriter import DumpWriter
+from pytest_msprobe.testing.faults import scaled_in
 
 CALLS = ("Functional.hardswish.0", "Functional.hardsigmoid.0")
 

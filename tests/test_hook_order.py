@@ -3,7 +3,7 @@
 says the same, in the same order. pluggy calls the hooks of the later-registered plugin
 first, so an ordering left to registration shows here as a difference.
 
-The run: dump B of tests/upgrade_dumps.py with a planted gelu fault, gated against dump
+The run: dump B of pytest_msprobe/testing/upgrade_dumps.py with a planted gelu fault, gated against dump
 A's baseline (per-call and kernel regressions), with the HTML report, scripts,
 saved failed data, a new baseline, a black list and a shard: each plugin's hooks."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from upgrade_dumps import step
 
 import pytest_msprobe.plugin
+from pytest_msprobe.testing.upgrade_dumps import step
 
 RUN = "run"  # each run writes here, then the folder is renamed after its order
 # what differs between two runs of the same calls: times (a minute or more, on a busy

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from dumpwriter import DumpWriter
+
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 # call -> (the call on a copy of its first argument, its other arguments, its kwargs)
 CALLS: dict[str, tuple[Callable[..., torch.Tensor], tuple[object, ...], dict[str, object]]] = {
@@ -83,7 +84,7 @@ def module_hooked_relu_dump(root: Path, faulty: bool = False) -> Path:
 def test_a_passed_through_in_place_gradient_is_recovered_from_the_data_flow(
     faulty: bool, tmp_path: Path, run_dump
 ) -> None:
-    """Real: resnet's ReLU(inplace=True) at level mix (benchmarks/RESULTS-real-models.md), 5
+    """Real: resnet's ReLU(inplace=True) at level mix (studies/verdicts-on-real-models.md), 5
     false errors offline before. The relu's own gradient comes from its producer's record:
     correct, it passes; a device relu that passes the gradient through fails there."""
     result = run_dump(module_hooked_relu_dump(tmp_path / "dump", faulty), "--msprobe-device=cpu", "--msprobe-offline")

@@ -3,7 +3,7 @@ every call of one kernel pooled, reported as a pytest result, a row of the kerne
 a metrics line, the same however the calls ran.
 
 The planted fault is the small-head one of real models: a bfloat16 linear rounded toward
-zero (tests/model_faults.py) on a 4 x 10 classifier output, called 12 times. Each call's
+zero (pytest_msprobe/testing/model_faults.py) on a 4 x 10 classifier output, called 12 times. Each call's
 sign test has at most 40 elements, of which the fault moves about half: z <= 4.5, under
 the limit of 5, so every call passes alone; pooled, z is 15. (The float32 kernel rounded
 toward zero once is within the accuracy model's `accumulation` class: no defect.)
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from dumpwriter import DumpWriter
-from model_faults import FAULTS
 
 from pytest_msprobe.results.merge import main as merge_main
+from pytest_msprobe.testing.dumpwriter import DumpWriter
+from pytest_msprobe.testing.model_faults import FAULTS
 
 KERNEL = "Functional.linear.bfloat16.kernel.forward"
 CALLS = 12
@@ -247,7 +247,7 @@ def _ratio_evidence(call: int, ratio: float, api: str = "softmax"):
     [
         ([2.0] * CALLS, "error"),  # every call 2x: certain, spread 0
         ([1.9, 2.1] * (CALLS // 2), "error"),
-        ([1.2, 1.3] * (CALLS // 2), "pass"),  # what correct families differ by (RESULTS-kernels.md)
+        ([1.2, 1.3] * (CALLS // 2), "pass"),  # what correct families differ by (studies/kernel-verdict-limits.md)
         ([1.0] * (CALLS - 1) + [40.0], "pass"),  # one wild call is no certainty
         ([2.0, 2.1], "pass"),  # 2 calls: 1 degree of freedom
     ],
@@ -275,7 +275,7 @@ def test_the_kernel_fails_where_its_calls_error_ratio_is_certainly_over_the_limi
 
 #: each of the 12 float32 gelu calls of transformer12_tensor_fp32: this avx2 CPU's
 #: mean_rel_err over the shipped dump's (written by an avx512 CPU): what a dump written
-#: here and checked offline on an avx512 CPU would pool (benchmarks/RESULTS-kernels.md)
+#: here and checked offline on an avx512 CPU would pool (studies/kernel-verdict-limits.md)
 AVX2_OVER_AVX512_GELU = [3.86, 3.58, 3.63, 3.74, 3.58, 3.8, 3.64, 3.78, 4.04, 3.76, 3.97, 3.65]
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from dumpwriter import DumpWriter
-from model_faults import truncate_to_bfloat16
 
-from pytest_msprobe.judge.defects.reproduce import by_name, main
-from pytest_msprobe.judge.defects.table import BY_ID, DEFECTS, REPRODUCE
+from pytest_msprobe.judge.defects import BY_ID, DEFECTS, REPRODUCE
+from pytest_msprobe.judge.reproduce import by_name, main
+from pytest_msprobe.testing.dumpwriter import DumpWriter
+from pytest_msprobe.testing.model_faults import truncate_to_bfloat16
 
 SCALAR = 0.79788456  # GPT-2's sqrt(2 / pi), written out
 ROWS = {

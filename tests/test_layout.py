@@ -1,7 +1,9 @@
 """The package layout follows a call's path, and the imports keep to it: a stage imports
 only from itself and the stages before it, only the pytest layer imports pytest, the
-standards and bench_functions libraries import no stage, and no module cycle exists;
-no module is over MAX_LINES lines unless LONG_MODULES says why.
+standards and bench_functions libraries import no stage, the testing helpers
+(pytest_msprobe.testing) import no stage and no stage imports them, and no module cycle
+exists; no module of the package, the studies, the tools or the benchmarks is over
+MAX_LINES lines unless LONG_MODULES says why.
 
 Read from the source with `ast` (imports inside functions included), so the rule holds
 for lazy imports too. Each rule is also shown to fail on a planted violation.
@@ -26,10 +28,10 @@ PACKAGE_DIRS = {
 # The stages in the order a call passes them; `base` is what every stage shares.
 STAGES = ("base", "dump", "run", "judge", "results", "scripts", "plugin")
 LIBRARIES = ("standards", "bench_functions")
-# judge/'s features in order (pytest_msprobe/judge/__init__.py): each imports only from
-# itself and the features before it. `TYPE_CHECKING` imports are left out of this rule
-# (an annotation is no dependency at run time): verdict's Judgement names offline's layouts.
-JUDGE_FEATURES = ("verdict", "offline", "findings", "defects", "check", "explore", "reduce", "gate")
+# the helpers that tests, studies and benchmarks share: shipped, never used by the plugin
+TESTING = "testing"
+# the scripts beside the package: held to the module-size rule as the package is
+SCRIPT_DIRS = {folder: ROOT / folder for folder in ("benchmarks", "studies", "tools")}
 PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "xdist")
 OPTIONAL_PACKAGES = {"mindspore", "torch_npu"}  # the extras: maybe not installed here
 # A module past this many lines is split where it has seams (~500 lines), or
@@ -106,7 +108,7 @@ def stage_of(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "pytest_msprobe" or len(parts) == 1:
         return "outside" if parts[0] != "pytest_msprobe" else "base"
-    return parts[1] if parts[1] in STAGES + LIBRARIES else "base"
+    return parts[1] if parts[1] in (*STAGES, *LIBRARIES, TESTING) else "base"
 
 
 def violations(package_dirs: dict[str, Path]) -> list[str]:
@@ -121,7 +123,11 @@ def violations(package_dirs: dict[str, Path]) -> list[str]:
             target_stage = stage_of(target)
             if target_stage == "outside":
                 continue
-            if stage in LIBRARIES and target_stage != stage:
+            if target_stage == TESTING and stage != TESTING:
+                problems.append(f"{name} imports {target}: no stage or library imports the testing helpers")
+            elif stage == TESTING and target_stage in STAGES:
+                problems.append(f"{name} imports {target}: the testing helpers import no stage of the plugin")
+            elif stage in LIBRARIES and target_stage != stage:
                 problems.append(f"{name} imports {target}: the {stage} library imports no stage of the plugin")
             elif stage in STAGES and target_stage in STAGES and STAGES.index(target_stage) > STAGES.index(stage):
                 problems.append(f"{name} imports {target}: {stage}/ comes before {target_stage}/ in a call's path")
@@ -229,19 +235,21 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
             },
             "run/ comes before results/",
         ),
-        ({"judge/check/call.py": "import pytest\n"}, "only the pytest layer"),
+        ({"judge/call.py": "import pytest\n"}, "only the pytest layer"),
+        ({"compat.py": "from _pytest.pathlib import bestrelpath\n"}, "only the pytest layer"),
+        ({"testing/faults.py": "import pytest\n"}, "only the pytest layer"),
         (
-            {"judge/verdict/judgement.py": "from pytest_msprobe.judge.check import call\n", "judge/check/call.py": ""},
-            "judge/verdict/ comes before judge/check/",
+            {"judge/call.py": "from pytest_msprobe.testing import faults\n", "testing/faults.py": ""},
+            "no stage or library imports the testing helpers",
         ),
         (
-            {
-                "judge/explore/search.py": "def f():\n    from pytest_msprobe.judge.gate import baseline\n",
-                "judge/gate/baseline.py": "",
-            },
-            "judge/explore/ comes before judge/gate/",
+            {"standards/fast.py": "from pytest_msprobe.testing.faults import x\n", "testing/faults.py": ""},
+            "no stage or library imports the testing helpers",
         ),
-        ({"private_apis.py": "from _pytest.pathlib import bestrelpath\n"}, "only the pytest layer"),
+        (
+            {"testing/faults.py": "from pytest_msprobe.run import replay\n", "run/replay.py": ""},
+            "the testing helpers import no stage",
+        ),
         (
             {"standards/fast.py": "from pytest_msprobe.dump import index\n", "dump/index.py": ""},
             "library imports no stage",
@@ -258,6 +266,10 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
         "judge-core-imports-a-feature",
         "judge-feature-imports-a-later-one",
         "pytest-privates-in-the-base-compat",
+        "pytest-in-the-testing-helpers",
+        "stage-imports-testing",
+        "library-imports-testing",
+        "testing-imports-stage",
         "library-imports-stage",
         "cycle",
     ],
@@ -281,7 +293,7 @@ def long_modules(package_dirs: dict[str, Path], root: Path, reasons: dict[str, s
 
 
 def test_no_module_is_long_without_a_reason():
-    assert long_modules(PACKAGE_DIRS, ROOT, LONG_MODULES) == []
+    assert long_modules({**PACKAGE_DIRS, **SCRIPT_DIRS}, ROOT, LONG_MODULES) == []
 
 
 @pytest.mark.parametrize("path", sorted(LONG_MODULES))
@@ -305,6 +317,16 @@ def test_a_planted_long_module_is_found(tmp_path, lines, reasons, found):
     assert (
         any("pytest_msprobe/judge/long.py" in problem for problem in long_modules(package, tmp_path, reasons)) == found
     )
+
+
+@pytest.mark.parametrize("folder", sorted(SCRIPT_DIRS))
+def test_a_planted_long_script_is_found(tmp_path, folder):
+    """A study, tool or benchmark past the cap is named as a module of the package is."""
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_modules({folder: tmp_path / folder}, tmp_path, {}) == [
+        f"{folder}/long.py: {MAX_LINES + 1} lines (at most {MAX_LINES}): split it, or say in LONG_MODULES why it stays one"
+    ]
 
 
 @pytest.mark.parametrize("old", ["pytest_msprobe.outcome", "pytest_msprobe.report_writer", "pytest_msprobe.options"])

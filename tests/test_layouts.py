@@ -3,7 +3,7 @@ correct kernel on a channels_last tensor is not an error for rounding otherwise 
 contiguous reference run (judge/offline/layouts.py), while a biased channels_last kernel still is.
 
 float32 gelu is such a call here: its contiguous and channels_last CPU kernels compute
-erf differently (benchmarks/layout_kernels.py). Written channels_last, (1, 96, 20, 20)
+erf differently (studies/layout_kernels.py). Written channels_last, (1, 96, 20, 20)
 was judged error against the contiguous reference run under both of this machine's paths
 without the rule: its backward under avx2 (scale bias z 45), its forward under
 ATEN_CPU_CAPABILITY=default (bias -0.485 ULP beyond the reference run, z 57)."""
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from dumpwriter import DumpWriter
 
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.judge.offline.layouts import other_layouts
 from pytest_msprobe.run.apis import resolve_pytorch
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 SHAPE = (1, 96, 20, 20)
 LAYOUT_LABEL = "against the reference run in channels_last layout"

@@ -5,7 +5,7 @@ transformer12_*) whose forward outputs and input gradients JAX recomputed on the
 inputs (float32 in float32; bfloat16 raised to float32, computed there, rounded once to
 nearest, as correct accelerator kernels do), made by
 
-    python benchmarks/library_families.py --families jax --write-dumps tests/dumps/families \
+    python studies/library_families.py --families jax --write-dumps tests/dumps/families \
         --only Functional.gelu Torch.tanh Functional.hardswish Functional.layer_norm \
         Functional.linear Torch.sigmoid Functional.silu Torch.erf Functional.batch_norm \
         Functional.softmax --max-index 1 tests/dumps/models/apizoo_tensor_fp32 \
@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
+
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 FAMILIES = Path(__file__).parent / "dumps" / "families"
 DUMPS = sorted(p.name for p in FAMILIES.iterdir() if (p / "dump.json").exists())

@@ -6,7 +6,7 @@ defects the faults model).
 
 - The CPU is a correct device: every call passes with no warning, single-run and
   offline (the dumped outputs judged against the CPU reference in the dump's dtype).
-- A planted fault (tests/model_faults.py) fails the faulty API's calls and nothing else:
+- A planted fault (pytest_msprobe/testing/model_faults.py) fails the faulty API's calls and nothing else:
   single-run, patched into the device run; offline, in a dump whose outputs the faulty
   kernel wrote while msprobe dumped (the maker checked the fault is in the dumped outputs).
 """
@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 
 import pytest
-from model_faults import FAULTS
+
+from pytest_msprobe.testing.model_faults import FAULTS
 
 MODELS = Path(__file__).parent / "dumps" / "models"
 TENSOR_DUMPS = [
@@ -152,18 +153,18 @@ def _write_faulty_softmax(dump: Path, fault) -> None:
         torch.save(x.grad, data / f"{call}.backward.output.0.pt")
 
 
-# single-run: neither reference-free floor holds across kernel families (RESULTS-kernels.md):
+# single-run: neither reference-free floor holds across kernel families (studies/kernel-verdict-limits.md):
 # the bench rounded to D (correct bfloat16/float16 kernels pool to 2.65x its scaled-ULP
 # error, the faults 2.0-3.1x) nor the dumped output (the shipped dumps' avx512 float32 gelu
 # is 3.2x more accurate than this CPU's correct one, in each of 12 calls)
 NO_REFERENCE = (
     "single-run on the CPU has no reference run, and no reference-free floor separates the kernel's pooled calls "
-    "(RESULTS-kernels.md); the 16-bit forward fault's softmax.7 and .8 fail alone (the far-misrounding test)"
+    "(studies/kernel-verdict-limits.md); the 16-bit forward fault's softmax.7 and .8 fail alone (the far-misrounding test)"
 )
 # offline, the half-accumulator backward pools to 1.20x the reference's mean_rel_err
 # (correct pairs up to 1.23x) and to 1.70x its scaled-ULP error (correct 16-bit pairs up
 # to 1.15x), but its 12 calls spread too widely (1.23-2.46x, sd of log 0.19) for Student's
-# t to make it certain over any limit above 1 at z 5: RESULTS-kernels.md
+# t to make it certain over any limit above 1 at z 5: studies/kernel-verdict-limits.md
 NOT_SEPARABLE = "12 calls at 1.23-2.46x the reference's scaled-ULP error: not certain over correct pairs' 1.15x at z 5"
 #: calls of a softmax fault that fail on their own, and the test that says so: a bfloat16
 #: softmax whose row sum is rounded to D shifts its rows' elements alike; a correct 16-bit

@@ -1,4 +1,4 @@
-"""A MoE layer's training step recorded as MindSpeed runs it on an NPU (tests/moe_dump.py):
+"""A MoE layer's training step recorded as MindSpeed runs it on an NPU (pytest_msprobe/testing/moe_dump.py):
 every call, forward and backward, in bfloat16 and float16, is judged, none skipped,
 with no error and no warning."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from moe_dump import write_moe_dump
 
 from pytest_msprobe import bench_functions
+from pytest_msprobe.testing.moe_dump import write_moe_dump
 
 EXPECTED = {
     "Functional.linear.0.forward",
@@ -75,7 +75,7 @@ def test_offline_a_faulty_grouped_kernel_fails_its_calls(tmp_path: Path, run_dum
 def test_gating_top_k_norm_out_without_out_flag_is_not_judged(tmp_path: Path, run_dump, pytester) -> None:
     """npu_moe_gating_top_k writes normOut only with out_flag=True: without it the dumped
     normOut (leftover memory: NaN here) is left out, the other outputs judged."""
-    from dumpwriter import DumpWriter
+    from pytest_msprobe.testing.dumpwriter import DumpWriter
 
     reference = bench_functions.get("npu_moe_gating_top_k")
     x, bias = (
@@ -107,7 +107,7 @@ def test_gating_top_k_norm_out_without_out_flag_is_not_judged(tmp_path: Path, ru
 def test_init_routing_v2_judges_only_the_available_pairs(tmp_path: Path, run_dump) -> None:
     """npu_moe_init_routing_v2 writes the pairs of the active experts only: leftover memory
     (NaN, garbage indices) past them is not judged; two gathered rows swapped fail."""
-    from dumpwriter import DumpWriter
+    from pytest_msprobe.testing.dumpwriter import DumpWriter
 
     reference = bench_functions.get("npu_moe_init_routing_v2")
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(3)).bfloat16()

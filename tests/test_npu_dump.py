@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
-from faults import scaled_in
 
 from pytest_msprobe import bench_functions
+from pytest_msprobe.testing.dumpwriter import DumpWriter
+from pytest_msprobe.testing.faults import scaled_in
 
 DTYPE = torch.float16
 

@@ -80,7 +80,7 @@ def test_a_backward_with_gradients_for_outputs_the_api_does_not_return_is_judged
     dump = copy_dump("models/apizoo_tensor_fp32")
     call = "Functional.group_norm.0.backward"
     # the CPU as the device: on an H200 the 4-element weight gradient's mean_rel_err is
-    # 3.7x the CPU reference's (benchmarks/RESULTS-cuda.md), a verdict this test is not about
+    # 3.7x the CPU reference's (studies/verdicts-on-a-cuda-gpu.md), a verdict this test is not about
     assert run_dump(dump, *mode, "--msprobe-device=cpu", "-k", call).calls[call].outcome == "passed"
     if mode:  # offline the dumped weight gradient is the device's: a biased one fails
         perturb(dump, f"{call}.output.1.pt", PERTURBATIONS["bias"])

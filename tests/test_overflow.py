@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
 
 from pytest_msprobe.results.msprobe_csv import DETAILS_HEADER
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 KERNEL, INPUT, NON_FINITE_INPUTS, CORRECT = (
     "Functional.softmax.0.forward",

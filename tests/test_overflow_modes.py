@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
 
 from pytest_msprobe.judge.findings.overflow_modes import (
     INF_NAN,
@@ -32,6 +31,7 @@ from pytest_msprobe.judge.findings.overflow_modes import (
     stated_mode,
 )
 from pytest_msprobe.run.replay import Inputs, Results
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 EXP, MUL, ADD, SQRT, CORRECT = (

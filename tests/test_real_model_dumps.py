@@ -3,15 +3,15 @@ training step of Hugging Face transformers' LlamaForCausalLM (one block, hidden 
 grouped-query sdpa attention, rotary embedding, RMSNorm written out in float32, SiLU MLP,
 the library's own causal-LM loss), made by
 
-    python benchmarks/make_real_model_dumps.py tests/dumps/real --levels L1 --models llama_tiny_sdpa --dtypes bfloat16
+    python tools/make_real_model_dumps.py tests/dumps/real --levels L1 --models llama_tiny_sdpa --dtypes bfloat16
 
-(msprobe's Python, with transformers). benchmarks/real_models.py runs the plugin on the
+(msprobe's Python, with transformers). studies/real_models.py runs the plugin on the
 larger set (transformers decoders, encoders, encoder-decoders, timm CNNs) by hand.
 
 - The CPU that wrote it is a correct device: every call passes single-run; offline every
   call passes but the backwards msprobe recorded inside a composite API (its linear and
   cross_entropy backwards), which skip saying so.
-- A bfloat16 add that truncates (tests/model_faults.py's bf16_truncation) fails the
+- A bfloat16 add that truncates (pytest_msprobe/testing/model_faults.py's bf16_truncation) fails the
   model's bfloat16 adds (the rotary embedding's and the residuals') and nothing else:
   single-run patched into the device, offline written into the dumped outputs.
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_faults import FAULTS
+
+from pytest_msprobe.testing.model_faults import FAULTS
 
 DUMP = "real/llama_tiny_sdpa_L1_tensor_bf16"
 MODES = {"single-run": (), "offline": ("--msprobe-offline",)}

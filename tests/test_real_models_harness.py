@@ -1,16 +1,16 @@
-"""benchmarks/real_models.py's reading of results: the error classes it names (a class
+"""studies/real_models.py's reading of results: the error classes it names (a class
 that swallowed a new error would hide it from the lead's re-run) and its tables."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import real_models  # noqa: E402 - a benchmark script, importable from benchmarks/
+from pytest_msprobe.testing.script_modules import load_script
+
+real_models = load_script(Path(__file__).resolve().parents[1] / "studies" / "real_models.py")
 
 SDPA = "Functional.scaled_dot_product_attention.0"
 

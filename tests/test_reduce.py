@@ -2,7 +2,7 @@
 
 Planted faults of every kind the suite has (a biased kernel, a truncating add, a linear
 rounding toward zero, a wrong backward) are patched into the device side in this
-process, as tests/model_faults.py patches them; an offline fault is written into the
+process, as pytest_msprobe/testing/model_faults.py patches them; an offline fault is written into the
 dumped outputs. Each reduction keeps the verdict's signature, reaches at most 1/8 of the
 input elements where the fault is elementwise, and a candidate that passes is refused.
 """
@@ -16,9 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
-from faults import scaled_in
-from model_faults import FAULTS
 
 from pytest_msprobe.dump.index import parse_call_name, read_index
 from pytest_msprobe.errors import CallSkip
@@ -36,6 +33,9 @@ from pytest_msprobe.judge.reduce.reduction import (
 )
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.standards import Registry, Verdict
+from pytest_msprobe.testing.dumpwriter import DumpWriter
+from pytest_msprobe.testing.faults import scaled_in
+from pytest_msprobe.testing.model_faults import FAULTS
 
 BF16 = torch.bfloat16
 

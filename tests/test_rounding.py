@@ -1,14 +1,12 @@
-"""judge/verdict/rounding.py: which 16-bit elements the far-misrounding test reads. Each row of its
-table is checked against ATen's own kernels here (benchmarks/rounded_once.py's
+"""run/rounding.py: which 16-bit elements the far-misrounding test reads. Each row of its
+table is checked against ATen's own kernels here (studies/rounded_once.py's
 measurement, on random inputs): a correct kernel of a listed API and direction makes
 fewer than FAR_MIN far misroundings, one way; and the directions left out are left out
 for a reason this machine still shows."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -17,20 +15,12 @@ from pytest_msprobe.dump.index import parse_call_name
 from pytest_msprobe.judge.verdict.rounding import ROUNDED_ONCE, rounded_once_of
 from pytest_msprobe.run.replay import Inputs
 from pytest_msprobe.standards.misrounding import FAR_MIN
+from pytest_msprobe.testing.script_modules import load_script
 
 HALF = (torch.bfloat16, torch.float16)
 
 
-def _measurement() -> ModuleType:
-    path = Path(__file__).parents[1] / "benchmarks" / "rounded_once.py"
-    spec = importlib.util.spec_from_file_location("rounded_once_measurement", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MEASURE = _measurement()
+MEASURE = load_script(Path(__file__).parents[1] / "studies" / "rounded_once.py", "rounded_once_measurement")
 KERNELS = {**MEASURE.ELEMENTWISE, **MEASURE.ROWS}
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
-from faults import scaled_in
+
+from pytest_msprobe.testing.dumpwriter import DumpWriter
+from pytest_msprobe.testing.faults import scaled_in
 
 DTYPES = {"Tensor.softmax.0": torch.bfloat16, "Tensor.softmax.1": torch.float16}
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from dumpwriter import DumpWriter
+
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 SETITEM = torch.Tensor.__setitem__  # the correct kernel, kept while a planted fault stands in for it
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from faults import scaled_in
 
 from pytest_msprobe.run.devices import DeviceUnavailable, backend
+from pytest_msprobe.testing.faults import scaled_in
 
 TORCH_DUMPS = [
     "torch_mlpcnn_tensor_fp32",

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from dumpwriter import DumpWriter
+
+from pytest_msprobe.testing.dumpwriter import DumpWriter
 
 SUMMED_LABEL = "sums overlapping contributions"
 MAX_POOL2D = F.max_pool2d  # the correct kernel, kept while a planted fault stands in for it

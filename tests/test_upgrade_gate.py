@@ -1,7 +1,7 @@
 """The upgrade gate on two dumps (judge/gate/upgrade.py, --msprobe-gate): dump A recorded as the
 baseline before an operator upgrade, dump B of the same model, seed and data after it.
 
-The pairs are real dumps of one training step made here (tests/upgrade_dumps.py): B by
+The pairs are real dumps of one training step made here (pytest_msprobe/testing/upgrade_dumps.py): B by
 another ATen kernel path (ATEN_CPU_CAPABILITY=default, 2 threads, in a subprocess) is a
 correct upgrade and must name nothing; B with a planted fault (every gelu result scaled
 by 1 + 2**-6 in 16-bit, 1 + 2**-16 in float32) must name exactly the gelu calls and
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from upgrade_dumps import DTYPES, step
 
 from pytest_msprobe.judge.gate.baseline import Baseline, CallMetrics, environment
 from pytest_msprobe.judge.gate.upgrade import CALL_LIMIT, call_change, pair_calls
 from pytest_msprobe.plugin.baselines import GATE_EXIT
 from pytest_msprobe.results.merge import main as merge_main
+from pytest_msprobe.testing.upgrade_dumps import DTYPES, step
 
-MAKER = Path(__file__).parent / "upgrade_dumps.py"
+MAKER = ("-m", "pytest_msprobe.testing.upgrade_dumps")
 GELU_CALLS = {f"Functional.gelu.{index}.{direction}" for index in range(4) for direction in ("forward", "backward")}
 OFFLINE = ("--msprobe-offline", "--msprobe-device=cpu")
 
@@ -41,7 +41,7 @@ def other_path(root: Path, dtype: str, *extra: str) -> Path:
     if not forced:
         env["ATEN_CPU_CAPABILITY"] = "default"
     subprocess.run(
-        [sys.executable, str(MAKER), str(root), "--dtype", dtype, "--threads", "2", *extra],
+        [sys.executable, *MAKER, str(root), "--dtype", dtype, "--threads", "2", *extra],
         check=True,
         env=env,
         capture_output=True,
@@ -362,7 +362,7 @@ def test_online_the_same_dump_gates_by_its_own_records(
     """One dump replayed before and after (found by content): each call is judged
     against its own recorded metrics, so silu, as wrong as before, passes; layer_norm,
     wrong only after, is a regression and fails."""
-    from faults import scaled_in
+    from pytest_msprobe.testing.faults import scaled_in
 
     dump = copy_dump("torch_mlpcnn_statistics_bf16")
     silu = scaled_in(torch.bfloat16, 1 + 2**-6)(torch.nn.functional.silu)

@@ -265,7 +265,7 @@ def lowered_precision(backend_name: str, dtypes: set[str]) -> list[str]:
     had them (the device run keeps the user's settings; torch's defaults turn TF32 on for
     cuDNN's float32 convolutions and RNNs and reduced-precision reductions on for 16-bit
     GEMMs). A failing call names them: measured on an H200 under the defaults, a float32
-    LSTM was 2.7e-4 off on average, 5.9e-6 with TF32 off (benchmarks/RESULTS-cuda.md)."""
+    LSTM was 2.7e-4 off on average, 5.9e-6 with TF32 off (studies/verdicts-on-a-cuda-gpu.md)."""
     switches = SWITCHES.get(backend_name)
     if switches is None:
         return []

@@ -4,7 +4,7 @@ sideways and no column of the calls' table is narrower than its longest word, an
 failing row shows the metrics that failed, with their limits.
 
 The page is an offline run of a real bfloat16 dump written with a planted fault (its
-adds' outputs truncated toward zero, tests/model_faults.py) and 7 passing kernels, in
+adds' outputs truncated toward zero, pytest_msprobe/testing/model_faults.py) and 7 passing kernels, in
 headless Chromium. Today's layout fails each check (test_the_checks_catch_...)."""
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Fixtures of the scale tests: synthetic dumps from benchmarks/make_dump.py, and the
-records a run left in its out folder."""
+"""Fixtures of the scale tests: synthetic dumps (pytest_msprobe.testing.synthetic_dumps) and
+the records a run left in its out folder."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,20 +12,14 @@ import pytest
 import torch  # noqa: F401 - imported before pytester's in-process runs, which must not import it a second time
 
 from pytest_msprobe.results.merge import journal_of
-from pytest_msprobe.results.run_files import read_journal
-
-MAKE_DUMP = Path(__file__).parents[2] / "benchmarks" / "make_dump.py"
+from pytest_msprobe.results.writer import read_journal
+from pytest_msprobe.testing import synthetic_dumps
 
 
 @pytest.fixture(scope="session")
 def make_dump() -> Callable[..., Path]:
-    """benchmarks/make_dump.make_dump (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("make_dump", MAKE_DUMP)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.make_dump
+    """The synthetic dump maker, as a fixture the scale tests take."""
+    return synthetic_dumps.make_dump
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Torch's own reduced-precision defects that the real-model dumps show
-(benchmarks/real_models.py, RESULTS-real-models.md), reproduced without the plugin: the
+(studies/real_models.py, studies/verdicts-on-real-models.md), reproduced without the plugin: the
 kernel against float64, beside the same kernel given what the defect takes away. The
 plugin calls these calls errors, and is right to; judge/defects/table.py's rows name these
 functions and label such calls. (judge/defects/explored_reproducers.py holds the float32 findings of

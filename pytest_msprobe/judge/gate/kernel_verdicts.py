@@ -31,7 +31,7 @@ independent, so their log ratios x_i are a sample: the kernel fails where their 
 is above log(RATIO_LIMIT) with certainty -- Student's t on the calls, one-sided, as
 unlikely as the sign tests' z `sr_bias_z` under the normal law. RATIO_LIMIT is what
 two correct kernel families were measured to differ by, pooled, with room
-(benchmarks/RESULTS-kernels.md): CPU kernels dumped under
+(studies/kernel-verdict-limits.md): CPU kernels dumped under
 ATEN_CPU_CAPABILITY=default/2 threads and referenced by avx2 or default/1 thread
 pool to 0.83-1.23x (a float32 softmax backward 1.23x, 12 calls), single calls up to
 3.6x; the bfloat16-sum softmax pools to 1.99x. Only in bfloat16 and float16

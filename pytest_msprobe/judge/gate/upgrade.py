@@ -21,8 +21,8 @@ A paired call is a regression where its verdict got worse (pass -> warning -> er
 or where its key metric against its own bench (KEY_METRIC: the benchmark standard's
 mean relative error, the ULP standard's mean ULP error) grew by more than two correct
 runs of one kernel differ by: CALL_LIMIT, derived from correct dump pairs written
-under other ATen kernel paths and thread counts (benchmarks/upgrade_spread.py,
-benchmarks/RESULTS-baseline.md). A kernel (an API in one dtype and direction) pools
+under other ATen kernel paths and thread counts (studies/upgrade_spread.py,
+studies/upgrade-gate-limits.md). A kernel (an API in one dtype and direction) pools
 its paired calls: a regression where one of them is, or where the geometric mean of
 their growths exceeds KERNEL_LIMIT (the same measurement, pooled). Improvements (a
 better verdict, or a metric shrunk by as much) and unchanged calls are counted too.
@@ -68,7 +68,7 @@ FLOOR_ULPS = 0.125
 MANTISSA = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
 #: the growth of one call's key metric beyond which it regressed, by its dtype: twice
 #: the largest growth of any call of a correct pair measured, rounded up to a power of
-#: two (benchmarks/RESULTS-baseline.md: float32 4.04x, AVX512 against AVX2 gelu; float16
+#: two (studies/upgrade-gate-limits.md: float32 4.04x, AVX512 against AVX2 gelu; float16
 #: 1.99x and bfloat16 1.55x, layer_norm backward across thread counts). The doubling is
 #: room for kernel families this machine cannot run (an NPU's), as the standards' own
 #: ratio bands give a device twice its reference's error

@@ -7,7 +7,7 @@ channels_last tensor; and torch's CPU kernels for the two layouts are different 
 rounding differently. The offline reference (the CPU in the dump's dtype) runs the
 contiguous kernel: measured here, a correct float32 gelu written channels_last was
 "-0.485 ULP beyond the reference run, sign-test z 57" under ATEN_CPU_CAPABILITY=default
-(benchmarks/layout_kernels.py, RESULTS-layouts.md).
+(studies/layout_kernels.py, studies/channels-last-kernels.md).
 
 So for the `[layouts]` APIs (run/api_tables/pytorch.toml) on a 4-D or 5-D floating
 input, a call judged error against the contiguous reference run is judged again against

@@ -54,7 +54,7 @@ rerun share's rounding to D, u |share|; each addition, u |partial sum|; and the 
 allowance above. Beyond that no correct kernel of the judged call that sums its K
 products in D or wider explains the dumped sum: the call is not judged on that input,
 and the message names the readers summed. A defect of the judged kernel within that
-bound (an einsum's gradient 12.5% too large, of 16 terms: tests/model_faults.py) is still
+bound (an einsum's gradient 12.5% too large, of 16 terms: pytest_msprobe/testing/model_faults.py) is still
 judged, and fails; one beyond it (a GEMM whose gradient is not a sum of its products) is
 indistinguishable from a missing share here, and skips, named. Only calls whose
 gradients are sums of products are checked (judge/verdict/terms.py term_counts: K is their count);

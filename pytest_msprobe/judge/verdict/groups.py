@@ -140,7 +140,7 @@ def _always(args: list[Param], kwargs: dict[str, Param], direction: str) -> bool
 def _cross_entropy_classes(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """cross_entropy: one group per sample, over the class dim (1; 0 for one unbatched
     sample): its gradient is the sample's softmax, all of it scaled by the one log-sum-exp.
-    Measured on an H200 against torch's CPU kernel (benchmarks/RESULTS-cuda.md): correct
+    Measured on an H200 against torch's CPU kernel (studies/verdicts-on-a-cuda-gpu.md): correct
     float32 gradients differ by 0.3-0.5 ULP of bias, z 5-12 by elements."""
     x = args[0]
     return collapsed(tuple(x.shape), (1 if x.dim() >= 2 else 0,))

@@ -13,14 +13,14 @@ of -3) or a kernel that rounds an intermediate at D (ATen's CPU log_softmax, a
 normalisation's backward row sums) is correct and still farther. So the test reads the
 elements this table names, per API and direction: where ATen's CPU kernels, the
 reference family of every check, round once on both of this machine's kernel paths (AVX2
-and ATEN_CPU_CAPABILITY=default), measured by benchmarks/rounded_once.py (results in
-benchmarks/RESULTS-library-families.md): every finite input of float16 and bfloat16 for
+and ATEN_CPU_CAPABILITY=default), measured by studies/rounded_once.py (results in
+studies/sixteen-bit-kernels-rounded-once.md): every finite input of float16 and bfloat16 for
 the elementwise functions, with a random 16-bit gradient; 3 x 64 x 256 random inputs for
 the normalisations. There a device that rounds otherwise is less accurate than both the
 model's correct kernel and the reference, and fails. An API or direction not here gets no
 such test: its elements are judged by the sign tests alone. rsqrt's forward is left out:
 0 farther on AVX2, 8906 of 32639 bfloat16 inputs farther on the default path, both ways.
-An H200's CUDA kernels (torch 2.11, benchmarks/RESULTS-cuda.md) round every row once but
+An H200's CUDA kernels (torch 2.11, studies/verdicts-on-a-cuda-gpu.md) round every row once but
 group_norm's forward (17379 of 49152 bfloat16 elements farther; its apizoo float16 call,
 83 toward zero against 11, fails: a finding, as TF32 is); they also round once the
 forward of log_softmax, instance_norm and batch_norm in training and layer_norm's

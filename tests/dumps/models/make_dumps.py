@@ -16,11 +16,11 @@ another machine) and stack.json dropped (it names files of the machine that made
 Seeds are fixed and torch runs with one thread while dumping (a reduction split over
 several threads rounds differently): rerunning the maker writes the same files on any
 machine. --threads N (default 1) dumps with N threads instead: another correct kernel path,
-for benchmarks/kernel_diversity.py; the shipped dumps (--all, --fault-dump) always use one
+for studies/kernel_diversity.py; the shipped dumps (--all, --fault-dump) always use one
 thread. One dump per process (msprobe's debugger wraps the APIs once per process); --all
 and --fault-dump start subprocesses.
 
---fault NAME plants one of the faulty kernels of tests/model_faults.py WHILE dumping: the
+--fault NAME plants one of the faulty kernels of pytest_msprobe/testing/model_faults.py WHILE dumping: the
 torch API is patched before msprobe wraps it, so the dumped outputs carry the fault (the
 plugin's offline mode reads them as the device result). After dumping, every dumped call
 of that API is replayed here with the correct kernel on its dumped inputs, and the maker
@@ -51,8 +51,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # tests/, for model_faults
-import model_faults  # noqa: E402
+# the repository, for pytest_msprobe.testing: msprobe's Python runs this, where the plugin
+# need not be installed
+sys.path.insert(0, str(HERE.parents[2]))
+from pytest_msprobe.testing import model_faults  # noqa: E402
 
 SEED = 1234
 FOREIGN_DIR = "/home/user/msprobe_dump/step0/rank0/dump_tensor_data"
@@ -437,7 +439,7 @@ MODELS: dict[str, ModelSpec] = {
         _per_token_labels(10),
         "4 x (linear, its output read by einsum / einsum / matmul / linear, dropout, mul; three also by an op the dump lacks), linear",
     ),
-    # not shipped: for benchmarks/kernel_diversity.py (wide reductions under other kernel paths)
+    # not shipped: for studies/kernel_diversity.py (wide reductions under other kernel paths)
     "widenorm": ModelSpec(
         WideNorm,
         lambda: torch.randn(8, 4096),
@@ -474,7 +476,7 @@ SHIPPED = {
 # Shipped dumps at level mix (Module.* records too): folder -> (model, dtype), task tensor.
 SHIPPED_MIX = {"shared_mix_tensor_bf16": ("shared", "bfloat16"), "shared_mix_tensor_fp16": ("shared", "float16")}
 
-# The fault table: fault -> (model, dtype, citation). The kernels are in tests/model_faults.py.
+# The fault table: fault -> (model, dtype, citation). The kernels are in pytest_msprobe/testing/model_faults.py.
 # Two backward faults were tried and left out: layer_norm backward reading mean/rstd rounded
 # to float16/bfloat16 (pytorch/pytorch#140259) is what torch's CPU kernel itself does (its
 # native_layer_norm returns them in the input dtype), and a bfloat16 layer_norm weight
@@ -859,7 +861,7 @@ def list_everything() -> None:
         print(f"  {folder}: {model} {dtype} {task}")
     for folder, (model, dtype) in SHIPPED_MIX.items():
         print(f"  {folder}: {model} {dtype} tensor, level mix")
-    print("faults (tests/model_faults.py; dumps under tests/dumps/models/faults/<fault>/):")
+    print("faults (pytest_msprobe/testing/model_faults.py; dumps under tests/dumps/models/faults/<fault>/):")
     for fault, (model, dtype, citation) in FAULT_DUMPS.items():
         spec = model_faults.FAULTS[fault]
         print(
