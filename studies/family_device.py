@@ -34,7 +34,7 @@ def jax_function(api: str) -> Any:
     """The call's JAX equivalent as a torch function (differentiable through jax.vjp)."""
     import families_jax
     import torch
-    from library_families import raised, rounded
+    from family_recompute import raised, rounded
 
     class JaxCall(torch.autograd.Function):
         @staticmethod

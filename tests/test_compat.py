@@ -46,7 +46,7 @@ TESTS_PRIVATE_APIS = (
         "torch.ops.aten._to_copy", "torch", "pytest_msprobe/testing/backward_faults.py: a planted kernel's dtype casts"
     ),
     PrivateApi("torch.nn.GRU._flat_weights", "torch", "tests/dumps/models/make_dumps.py: torch.gru's weights list"),
-    PrivateApi("torch._dynamo.config.cache_size_limit", "torch", "studies/library_families.py: more compiled variants"),
+    PrivateApi("torch._dynamo.config.cache_size_limit", "torch", "studies/family_recompute.py: more compiled variants"),
 )
 ALL_APIS = (*compat.PRIVATE_APIS, *plugin_compat.PRIVATE_APIS, *TESTS_PRIVATE_APIS)
 # an instance attribute: read from an instance the class makes
