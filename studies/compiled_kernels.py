@@ -3,7 +3,7 @@ more correct kernel family.
 
 torch.compile turns each call into C++ kernels of its own (fused loops, its own
 reduction order and vectorisation): a kernel family no CPU path of eager torch has, as
-an accelerator's kernels are. Loaded with `-p compiled_kernels` (benchmarks/ on
+an accelerator's kernels are. Loaded with `-p compiled_kernels` (studies/ on
 PYTHONPATH), it compiles, for every PyTorch call, the run that MSPROBE_COMPILED names:
 
   MSPROBE_COMPILED=device     single-run: the device under test is the compiled call

@@ -2,7 +2,7 @@
 a single run (no reference: the single-run rules judge), as Inductor is in
 compiled_kernels.py.
 
-Loaded with `-p family_device` (benchmarks/ on PYTHONPATH), it replaces the device run of
+Loaded with `-p family_device` (studies/ on PYTHONPATH), it replaces the device run of
 every PyTorch call whose API studies/families_jax.py has by that JAX function, wrapped
 in a torch.autograd.Function: the forward raises 16-bit inputs to float32, computes in
 XLA and rounds once to the input's dtype; the backward is jax.vjp of the same function,

@@ -87,7 +87,7 @@ def judge(copy: DumpCopy, label: str, mode: str, family: str) -> tuple[RunResult
     command = pytest_command(copy.folder / "dump.json", out, mode == "offline") + (
         SINGLE_RUN_PLUGIN[family] if mode == "single" else []
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks"), "MSPROBE_COMPILED": "device"}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "studies"), "MSPROBE_COMPILED": "device"}
     proc = subprocess.run(command, check=False, cwd=copy.folder.parent, capture_output=True, text=True, env=env)
     result.seconds = time.perf_counter() - started
     result.exit_status = proc.returncode
@@ -252,7 +252,7 @@ def run_aten(dumps: list[Path], scratch: Path) -> pd.DataFrame:
         str(table),
         *(str(d.resolve()) for d in dumps),
     ]
-    proc = subprocess.run(command, check=False, capture_output=True, text=True, cwd=REPO / "benchmarks")
+    proc = subprocess.run(command, check=False, capture_output=True, text=True, cwd=REPO / "studies")
     (scratch / "aten.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     return (
         pd.read_csv(table)

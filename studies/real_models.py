@@ -45,7 +45,7 @@ from pytest_msprobe.results.writer import ResultFilesError, read_journal
 from pytest_msprobe.testing.commands import plugin_command
 
 REPO = Path(__file__).resolve().parent.parent
-MAKER = REPO / "benchmarks" / "make_real_model_dumps.py"
+MAKER = REPO / "tools" / "make_real_model_dumps.py"
 MODES = {"single": (), "offline": ("--msprobe-offline",)}
 STATUSES = ("pass", "warning", "error", "skip")
 MESSAGE_CHARS = 230
@@ -333,7 +333,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers per run (default 2)")
-    parser.add_argument("--markdown", type=Path, default=REPO / "benchmarks" / "studies/verdicts-on-real-models.md")
+    parser.add_argument("--markdown", type=Path, default=REPO / "studies" / "verdicts-on-real-models.md")
     parser.add_argument("--label", default="", help='what the run measures, e.g. "before" or "after the layouts"')
     return parser.parse_args(argv)
 

@@ -117,7 +117,9 @@ def style_problems(options: Iterable[Option]) -> list[str]:
 
 #: a file of the repository named in backquotes: from its root, or a stage's module
 #: (`run/dropout.py`: pytest_msprobe/run/dropout.py)
-REPO_PATH = re.compile(r"`((?:benchmarks|pytest_msprobe|standards|bench_functions|tests|examples|\.ci)/[\w/.-]*\w)`")
+REPO_PATH = re.compile(
+    r"`((?:benchmarks|studies|tools|pytest_msprobe|standards|bench_functions|tests|examples|docs|\.ci)/[\w/.-]*\w)`"
+)
 STAGE_PATH = re.compile(r"`((?:dump|run|judge|results|scripts|plugin)/[\w/-]+\.(?:py|toml|html))`")
 
 
@@ -193,7 +195,11 @@ def test_the_docs_name_only_flags_that_exist(help_text: str) -> None:
 
 
 def test_the_docs_name_only_files_that_exist() -> None:
-    pages = [README, *(p for p in DOCS.rglob("*.md") if "_generated" not in p.parts and "results" not in p.parts)]
+    pages = [
+        README,
+        *(p for p in DOCS.rglob("*.md") if not {"_generated", "results", "studies"} & set(p.parts)),
+        *(ROOT / folder / "README.md" for folder in ("studies", "tools")),
+    ]
     assert {
         str(p.relative_to(ROOT)): missing for p in pages if (missing := missing_files(p.read_text(encoding="utf-8")))
     } == {}
@@ -202,7 +208,8 @@ def test_the_docs_name_only_files_that_exist() -> None:
     harnesses = re.findall(
         r"`(\w+\.(?:py|sh))`", (DOCS / "explanation" / "measurements.md").read_text(encoding="utf-8")
     )
-    assert len(harnesses) > 20 and [h for h in harnesses if not (ROOT / "benchmarks" / h).exists()] == []
+    folders = ("benchmarks", "studies", "tools")
+    assert len(harnesses) > 20 and [h for h in harnesses if not any((ROOT / f / h).exists() for f in folders)] == []
 
 
 def test_help_texts_follow_pytests_style() -> None:
@@ -271,6 +278,14 @@ def test_every_standard_marker_script_result_column_and_results_file_is_rendered
     assert all(prefix in files for prefix in (run_files.METRICS_PREFIX, run_files.JOURNAL_PREFIX, run_files.RUN_PREFIX))
     results = gen.results_pages(gen.BENCHMARKS)
     assert {f"RESULTS-{name}.md" for name in results} == {p.name for p in gen.BENCHMARKS.glob("RESULTS-*.md")}
+    studies = gen.study_pages(gen.STUDIES)
+    assert {f"{name}.md" for name in studies} == {p.name for p in gen.STUDIES.glob("*.md")} - {"README.md"}
+
+
+def test_a_planted_study_result_gets_a_page_and_the_readme_none(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("# Studies\n", encoding="utf-8")
+    (tmp_path / "planted-limits.md").write_text("# Planted\n", encoding="utf-8")
+    assert gen.study_pages(tmp_path) == {"planted-limits": "```{include} ../../../studies/planted-limits.md\n```\n"}
 
 
 # --------------------------------------------------------------------------- README

@@ -56,6 +56,9 @@ def test_no_tracked_file_holds_a_machine_path_or_a_ticket() -> None:
     ("name", "text", "expected"),
     [
         ("benchmarks/x.py", 'default="/work/real-dumps"', ["benchmarks/x.py:1: machine path /work/"]),
+        ("studies/x.py", 'Path("/root/dumps")', ["studies/x.py:1: machine path /root/"]),
+        ("tools/x.sh", "DUMPS=/home/alice/real", ["tools/x.sh:1: machine path /home/alice/"]),
+        ("studies/issue48-limits.md", "", ["studies/issue48-limits.md: a file named after a ticket"]),
         ("x.md", "made in /root/.cache/x", ["x.md:1: machine path /root/"]),
         ("x.md", "see /home/alice/dumps", ["x.md:1: machine path /home/alice/"]),
         ("x.md", "# Records for issue 41", ["x.md:1: ticket issue 41"]),

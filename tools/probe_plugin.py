@@ -2,7 +2,7 @@
 worker) appends one JSON line to $MSPROBE_BENCH_PROBE with its collection time, its
 RSS once collected, the time its tests took and how many it ran.
 
-    PYTHONPATH=benchmarks MSPROBE_BENCH_PROBE=probe.jsonl pytest -p probe_plugin ...
+    PYTHONPATH=tools MSPROBE_BENCH_PROBE=probe.jsonl pytest -p probe_plugin ...
 """
 
 from __future__ import annotations

@@ -27,8 +27,11 @@ DOCS = ROOT / "docs"
 GENERATED = DOCS / "_generated"
 TABLES = ROOT / "standards" / "tables"
 BENCHMARKS = ROOT / "benchmarks"
+STUDIES = ROOT / "studies"
 #: where the RESULTS pages go: explanation/results/<name>.md, each including its file
 RESULTS_PAGES = DOCS / "explanation" / "results"
+#: where the studies' results go: explanation/studies/<name>.md, each including its file
+STUDY_PAGES = DOCS / "explanation" / "studies"
 
 #: what each shipped table is for; a table not named here is rendered with its columns
 TABLE_PURPOSE = {
@@ -272,6 +275,16 @@ def results_pages(benchmarks: Path) -> dict[str, str]:
     }
 
 
+def study_pages(studies: Path) -> dict[str, str]:
+    """One page per study's results file (`studies/<what it derives>.md`; the folder's
+    README.md lists the studies and is no result): name -> the page, which includes it."""
+    return {
+        path.stem: f"```{{include}} ../../../studies/{path.name}\n```\n"
+        for path in sorted(studies.glob("*.md"))
+        if path.name != "README.md"
+    }
+
+
 def known_defects_markdown(defects: Sequence[Any], reproduce: str) -> str:
     """The known defects' table (pytest_msprobe/judge/defects/table.py), one row per defect."""
 
@@ -327,6 +340,7 @@ def generated_parts() -> dict[Path, str]:
         GENERATED / "known-defects.md": known_defects_markdown(DEFECTS, REPRODUCE),
     }
     parts.update({RESULTS_PAGES / f"{name}.md": page for name, page in results_pages(BENCHMARKS).items()})
+    parts.update({STUDY_PAGES / f"{name}.md": page for name, page in study_pages(STUDIES).items()})
     return parts
 
 
