@@ -157,7 +157,13 @@ def moe_layer(tape: Tape, dtype: torch.dtype, seed: int) -> torch.Tensor:
     router = param(EXPERTS, HIDDEN, scale=HIDDEN**-0.5)
     up = [param(2 * FFN, HIDDEN, scale=HIDDEN**-0.5) for _ in range(EXPERTS)]
     down = [param(HIDDEN, FFN, scale=FFN**-0.5) for _ in range(EXPERTS)]
-    ref = bench_functions.get
+
+    def ref(name: str) -> Callable[..., Any]:
+        """The operator's CPU reference: every one this layer calls is registered."""
+        function = bench_functions.get(name)
+        if function is None:
+            raise LookupError(f"bench_functions has no reference of {name}")
+        return function
 
     logits = tape.call("Functional.linear", torch.nn.functional.linear, [hidden, router], {})
     probs, expert_idx, row_idx = tape.call(
