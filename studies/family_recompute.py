@@ -28,7 +28,7 @@ SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 #: APIs whose backward msprobe records at an inner autograd node of a composite (the
 #: offline judge recovers their inputs' gradients elsewhere): their dumped gradients are not
-#: the inputs', so no family recomputes them (judge/offline.py, README "Offline backward")
+#: the inputs', so no family recomputes them (judge/offline/dumped_run.py, README "Offline backward")
 INNER_NODE_BACKWARD = frozenset(
     {
         "Functional.linear",

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_msprobe.results.merge import journal_of
-from pytest_msprobe.results.writer import ResultFilesError, read_journal
+from pytest_msprobe.results.run_files import ResultFilesError, read_journal
 from pytest_msprobe.testing.commands import plugin_command
 
 REPO = Path(__file__).resolve().parent.parent

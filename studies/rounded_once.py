@@ -1,5 +1,5 @@
 """Which 16-bit kernels of ATen's CPU round a float32 result once: the measurement behind
-pytest_msprobe/run/rounding.py's table (results: studies/sixteen-bit-kernels-rounded-once.md).
+pytest_msprobe/judge/verdict/rounding.py's table (results: studies/sixteen-bit-kernels-rounded-once.md).
 
     python studies/rounded_once.py [KERNEL ...]
 

@@ -20,7 +20,7 @@ from pytest_msprobe.judge.gate.baseline import (
     environment,
     read_msprobe_details,
 )
-from pytest_msprobe.judge.kernels import is_kernel
+from pytest_msprobe.judge.gate.kernel_verdicts import is_kernel
 from pytest_msprobe.testing.faults import scaled_in
 
 STATS = "torch_mlpcnn_statistics_bf16"

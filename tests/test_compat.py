@@ -32,7 +32,10 @@ from pytest_msprobe.private_apis import PrivateApi
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("pytest_msprobe", "standards", "bench_functions", "tests", "benchmarks", "studies", "tools")
 PACKAGE = ("pytest_msprobe", "standards", "bench_functions")
-COMPAT_MODULES = (ROOT / "pytest_msprobe" / "compat.py", ROOT / "pytest_msprobe" / "plugin" / "compat.py")
+COMPAT_MODULES = (
+    ROOT / "pytest_msprobe" / "private_apis.py",
+    ROOT / "pytest_msprobe" / "plugin" / "pytest_privates.py",
+)
 # shipped beside the plugin but not part of it: its planted kernels use private APIs as the tests do
 TESTING = ROOT / "pytest_msprobe" / "testing"
 # the few underscore names that are public API: os._exit, a namedtuple's methods

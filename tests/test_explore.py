@@ -23,10 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_msprobe.dump.index import read_index
-from pytest_msprobe.dump.writer import tensor_entry, write_tensor_dump
-from pytest_msprobe.judge.call import read_inputs
-from pytest_msprobe.judge.defects import BY_ID
-from pytest_msprobe.run.neighbourhood import Neighbourhood
+from pytest_msprobe.dump.tensor_dump import tensor_entry, write_tensor_dump
+from pytest_msprobe.judge.check.call import read_inputs
+from pytest_msprobe.judge.defects.table import BY_ID
+from pytest_msprobe.judge.explore.neighbourhood import Neighbourhood
 from pytest_msprobe.testing.explore_faults import FAULTS
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mlpcnn_tensor_fp32" / "dump.json"

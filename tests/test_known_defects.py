@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pytest_msprobe.judge.defects import BY_ID, DEFECTS, REPRODUCE
-from pytest_msprobe.judge.reproduce import by_name, main
+from pytest_msprobe.judge.defects.reproduce import by_name, main
+from pytest_msprobe.judge.defects.table import BY_ID, DEFECTS, REPRODUCE
 from pytest_msprobe.testing.dumpwriter import DumpWriter
 from pytest_msprobe.testing.model_faults import truncate_to_bfloat16
 

@@ -28,6 +28,10 @@ PACKAGE_DIRS = {
 # The stages in the order a call passes them; `base` is what every stage shares.
 STAGES = ("base", "dump", "run", "judge", "results", "scripts", "plugin")
 LIBRARIES = ("standards", "bench_functions")
+# judge/'s features in order (pytest_msprobe/judge/__init__.py): each imports only from
+# itself and the features before it. `TYPE_CHECKING` imports are left out of this rule
+# (an annotation is no dependency at run time): verdict's Judgement names offline's layouts.
+JUDGE_FEATURES = ("verdict", "offline", "findings", "defects", "check", "explore", "reduce", "gate")
 # the helpers that tests, studies and benchmarks share: shipped, never used by the plugin
 TESTING = "testing"
 # the scripts beside the package: held to the module-size rule as the package is
@@ -235,11 +239,22 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
             },
             "run/ comes before results/",
         ),
-        ({"judge/call.py": "import pytest\n"}, "only the pytest layer"),
-        ({"compat.py": "from _pytest.pathlib import bestrelpath\n"}, "only the pytest layer"),
+        ({"judge/check/call.py": "import pytest\n"}, "only the pytest layer"),
+        (
+            {"judge/verdict/judgement.py": "from pytest_msprobe.judge.check import call\n", "judge/check/call.py": ""},
+            "judge/verdict/ comes before judge/check/",
+        ),
+        (
+            {
+                "judge/explore/search.py": "def f():\n    from pytest_msprobe.judge.gate import baseline\n",
+                "judge/gate/baseline.py": "",
+            },
+            "judge/explore/ comes before judge/gate/",
+        ),
+        ({"private_apis.py": "from _pytest.pathlib import bestrelpath\n"}, "only the pytest layer"),
         ({"testing/faults.py": "import pytest\n"}, "only the pytest layer"),
         (
-            {"judge/call.py": "from pytest_msprobe.testing import faults\n", "testing/faults.py": ""},
+            {"judge/check/call.py": "from pytest_msprobe.testing import faults\n", "testing/faults.py": ""},
             "no stage or library imports the testing helpers",
         ),
         (

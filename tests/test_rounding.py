@@ -1,4 +1,4 @@
-"""run/rounding.py: which 16-bit elements the far-misrounding test reads. Each row of its
+"""judge/verdict/rounding.py: which 16-bit elements the far-misrounding test reads. Each row of its
 table is checked against ATen's own kernels here (studies/rounded_once.py's
 measurement, on random inputs): a correct kernel of a listed API and direction makes
 fewer than FAR_MIN far misroundings, one way; and the directions left out are left out

@@ -12,7 +12,7 @@ import pytest
 import torch  # noqa: F401 - imported before pytester's in-process runs, which must not import it a second time
 
 from pytest_msprobe.results.merge import journal_of
-from pytest_msprobe.results.writer import read_journal
+from pytest_msprobe.results.run_files import read_journal
 from pytest_msprobe.testing import synthetic_dumps
 
 
