@@ -83,13 +83,12 @@ def _record_load(request: pytest.FixtureRequest) -> Iterator[None]:
     extra["load_before"], extra["load_after"] = before, load()
 
 
-@pytest.fixture
-def run_plugin(tmp_path: Path) -> Callable[..., PluginRun]:
+@pytest.fixture(scope="session")
+def run_plugin(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., PluginRun]:
     """Run the plugin on a dump in a fresh process; every process gets a private
     temporary root (an xdist run otherwise first deletes the oldest of the user's
     earlier pytest temporary folders: seconds where they are large)."""
-    (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(tmp_path / "tmp")}
+    env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(tmp_path_factory.mktemp("temproot"))}
 
     def run(dump: Path, out: Path, *extra: str) -> PluginRun:
         root = dump if dump.is_dir() else dump.parent

@@ -90,7 +90,7 @@ def timed_process(command: list[str], cwd: Path, env: dict[str, str] | None = No
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode not in (0, 1):
-        raise AssertionError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
     return seconds, done.stdout
-
-

@@ -2,7 +2,7 @@
 
 Target: a (batch 1, 32 heads, 4096 tokens, head dim 128) attention in float32 runs on a
 2-core / 24 GB machine without materialising the 32 x 4096 x 4096 score matrix (4 GiB in
-float64): --bench-full. The default run takes 1024 tokens. Each case runs in a process of
+float64): --bench-full. The default run takes 512 tokens. Each case runs in a process of
 its own, so that its peak RSS is its own; the number is the attention call's own time
 (forward, or forward and backward) as that process reports it.
 """
@@ -50,7 +50,7 @@ clock = ReportedClock()
 @pytest.mark.parametrize("case", CASES)
 def test_fusion_attention(benchmark, sizes: Sizes, case: str) -> None:
     dtype_name, backward = CASES[case]
-    seq = sizes(1024, 4096)
+    seq = sizes(512, 4096)
     found: dict[str, float] = {}
 
     def one() -> None:

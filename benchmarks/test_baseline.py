@@ -41,7 +41,6 @@ def synthetic(calls: int, seed: int = 0) -> Baseline:
     return baseline
 
 
-
 def test_write(benchmark, sizes: Sizes, tmp_path: Path) -> None:
     calls = sizes(20_000, 200_000)
     baseline = synthetic(calls)

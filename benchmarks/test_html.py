@@ -134,7 +134,6 @@ def entries(calls: int, failures: int) -> list[Entry]:
     return made
 
 
-
 def test_report(benchmark, sizes: Sizes, tmp_path: Path) -> None:
     calls, failures = sizes(2_000, 20_000), sizes(20, 200)
     made = entries(calls, failures)

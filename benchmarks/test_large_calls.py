@@ -43,7 +43,9 @@ def large_dump(sizes: Sizes, msprobe_python: Path, dumps_cache: Path) -> Path:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_plugin(benchmark, run_plugin: Callable[..., PluginRun], large_dump: Path, tmp_path: Path, workers: int) -> None:
+def test_plugin(
+    benchmark, run_plugin: Callable[..., PluginRun], large_dump: Path, tmp_path: Path, workers: int
+) -> None:
     extra = ("-W", "ignore", *(("-n", str(workers)) if workers else ()))
     runs: list[PluginRun] = []
 

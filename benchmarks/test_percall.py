@@ -42,7 +42,9 @@ MODES = {"single": (), "offline": ("--msprobe-offline",)}
 
 @pytest.mark.benchmark(group="per call: test phase", timer=clock)
 @pytest.mark.parametrize("mode", MODES)
-def test_test_phase(benchmark, sizes: Sizes, run_plugin: Callable[..., PluginRun], bench_dump: Path, tmp_path: Path, mode: str) -> None:
+def test_test_phase(
+    benchmark, sizes: Sizes, run_plugin: Callable[..., PluginRun], bench_dump: Path, tmp_path: Path, mode: str
+) -> None:
     runs: list[PluginRun] = []
 
     def run() -> None:
@@ -112,7 +114,9 @@ def _parts(index: DumpIndex, settings: C.Settings) -> dict[str, Callable[[CallNa
 )
 def test_parts(benchmark, sizes: Sizes, bench_dump: Path, one_thread: None, part: str) -> None:
     index = read_index(bench_dump)
-    settings = C.Settings(backend=Backend(), device_index=0, max_elements=2**28, registry=Registry.default(), offline=False)
+    settings = C.Settings(
+        backend=Backend(), device_index=0, max_elements=2**28, registry=Registry.default(), offline=False
+    )
     names = [index.call_at(i) for i in range(len(index))]
     step = _parts(index, settings)[part]
 

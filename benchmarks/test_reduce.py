@@ -71,7 +71,6 @@ def _scaled(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
     return faulty
 
 
-
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("case", CASES)
 def test_reduce(benchmark, sizes: Sizes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, size: int) -> None:

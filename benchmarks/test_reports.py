@@ -85,7 +85,9 @@ def test_write_per_call(benchmark, tmp_path: Path) -> None:
     files = benchmark.pedantic(write_all, setup=setup, rounds=3, iterations=1)
     benchmark.extra_info["calls"] = CALLS
     benchmark.extra_info["ms_per_call"] = benchmark.stats.stats.min * 1e3 / CALLS
-    benchmark.extra_info["file_bytes"] = {path.name.split("_2")[0]: path.stat().st_size for path in files.folder.iterdir()}
+    benchmark.extra_info["file_bytes"] = {
+        path.name.split("_2")[0]: path.stat().st_size for path in files.folder.iterdir()
+    }
 
 
 def test_resume(benchmark, tmp_path: Path) -> None:

@@ -268,10 +268,13 @@ def scripts_markdown(scripts: dict[str, str]) -> str:
 
 # --------------------------------------------------------------------------- RESULTS files
 def results_pages(benchmarks: Path) -> dict[str, str]:
-    """One page per `benchmarks/RESULTS-*.md`: name -> the page, which includes the file."""
+    """One page per results file, which includes the file: the timing benchmarks' one
+    summary (`benchmarks/RESULTS.md`, page "timings") and each `benchmarks/RESULTS-*.md`."""
+    files = {"timings": benchmarks / "RESULTS.md"} | {
+        path.stem.removeprefix("RESULTS-"): path for path in sorted(benchmarks.glob("RESULTS-*.md"))
+    }
     return {
-        path.stem.removeprefix("RESULTS-"): f"```{{include}} ../../../benchmarks/{path.name}\n```\n"
-        for path in sorted(benchmarks.glob("RESULTS-*.md"))
+        name: f"```{{include}} ../../../benchmarks/{path.name}\n```\n" for name, path in files.items() if path.exists()
     }
 
 

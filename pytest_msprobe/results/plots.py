@@ -9,7 +9,7 @@ Why it looks like this, and not like matplotlib's tutorial: a report of 200 fail
 calls renders 200 figures, and a fresh figure with three axes costs ~0.5 s (mathtext
 tick labels, tight_layout, creating ticks). So each layout's figure is made once per
 process and its artists updated for every output; tick labels are plain text, axis
-labels sit at fixed places, margins are fixed (benchmarks/RESULTS-html.md: ~33 ms a
+labels sit at fixed places, margins are fixed (benchmarks/RESULTS.md, HTML report: ~33 ms a
 figure). The scatter is rasterized (one embedded PNG, not a thousand markers) and text
 stays text, which keeps a figure ~14 kB. matplotlib's settings are ours only inside
 rc_context: a user's own figures in the same process keep theirs. Only numpy and
