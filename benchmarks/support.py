@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "dumps" / "models"
@@ -32,6 +33,12 @@ class Sizes:
 
     def __call__(self, default: int, full: int) -> int:
         return full if self.full else default
+
+
+def fastest(benchmark: Any) -> float:
+    """The best round's seconds; NaN where the run is --benchmark-disable'd (no stats)."""
+    stats = getattr(benchmark, "stats", None)
+    return float("nan") if stats is None else float(stats.stats.min)
 
 
 class ReportedClock:
