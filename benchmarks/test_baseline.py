@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.support import Sizes
-from pytest_msprobe.judge.baseline import FILE_NAME, Baseline, CallMetrics
-from pytest_msprobe.judge.outcome import KEY_METRICS
+from pytest_msprobe.judge.check.outcome import KEY_METRICS
+from pytest_msprobe.judge.gate.baseline import FILE_NAME, Baseline, CallMetrics
 
 pytestmark = pytest.mark.benchmark(group="baseline")
 

@@ -7,7 +7,7 @@ The dump: --bench-dump, else the shipped tests/dumps/models/transformer12_tensor
 430 calls, given with --bench-dump). Before/after a change: --benchmark-save on both
 commits, then --benchmark-compare (benchmarks/README.md). What the offline check judges
 and skips on real msprobe dumps (the coverage half of the old script) is
-benchmarks/bench_dataflow.py's `coverage`.
+studies/dataflow_coverage.py's `coverage`.
 """
 
 from __future__ import annotations

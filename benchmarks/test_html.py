@@ -3,7 +3,7 @@ with 200 failures; the default run: 2,000 calls with 20).
 
 The records are synthetic, the samples real: eight failing outputs are judged by the
 standards (2-D and 1-D, float32/float16/bfloat16, five standards) and their element
-samples taken as a run with --msprobe-html takes them (judge/samples.py); the failing
+samples taken as a run with --msprobe-html takes them (judge/check/samples.py); the failing
 records cycle through them, each drawn afresh (the report caches nothing). The other
 records pass, one output each, as in test_reports.py. Timed: the whole write_report
 (plots, page, write), then its figures alone.
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from benchmarks.support import Sizes, fastest
-from pytest_msprobe.judge.record import OutputResult, ResultRecord
-from pytest_msprobe.results.html import ReportContext, write_report
-from pytest_msprobe.results.writer import Entry
+from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
+from pytest_msprobe.results.html_page import ReportContext, write_report
+from pytest_msprobe.results.run_files import Entry
 
 pytestmark = pytest.mark.benchmark(group="html")
 
@@ -48,8 +48,8 @@ def failing_records() -> list[ResultRecord]:
     """One judged, sampled record per fault."""
     import torch
 
-    from pytest_msprobe.judge.record import output_results
-    from pytest_msprobe.judge.samples import element_samples
+    from pytest_msprobe.judge.check.samples import element_samples
+    from pytest_msprobe.judge.verdict.record import output_results
     from pytest_msprobe.standards import check
 
     generator = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""Cost of the kernel verdicts (pytest_msprobe/judge/kernels.py; target: under 2% of a
+"""Cost of the kernel verdicts (pytest_msprobe/judge/gate/kernel_verdicts.py; target: under 2% of a
 run's time) on the 322-call transformer dumps of tests/dumps/models (the default run:
 the float32 tensor dump single-run; --bench-full: the four dumps, offline too for the
 tensor ones).
@@ -21,9 +21,16 @@ from collections.abc import Callable
 import pytest
 
 from benchmarks.support import MODELS, PluginRun, Sizes, fastest
-from pytest_msprobe.judge.kernels import KernelPool
-from pytest_msprobe.judge.record import ResultRecord
-from pytest_msprobe.results.writer import Entry, RunFiles, kernel_metrics_row, kernel_rows, metrics_rows, read_journal
+from pytest_msprobe.judge.gate.kernel_verdicts import KernelPool
+from pytest_msprobe.judge.verdict.record import ResultRecord
+from pytest_msprobe.results.run_files import (
+    Entry,
+    RunFiles,
+    kernel_metrics_row,
+    kernel_rows,
+    metrics_rows,
+    read_journal,
+)
 
 RUNS = [
     ("transformer12_tensor_fp32", "single"),

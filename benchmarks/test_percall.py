@@ -29,9 +29,9 @@ import torch
 
 from benchmarks.support import PluginRun, ReportedClock, Sizes, fastest, timed_process
 from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
-from pytest_msprobe.judge import call as C
-from pytest_msprobe.judge.judgement import Judgement, judged
-from pytest_msprobe.judge.outcome import judge_call
+from pytest_msprobe.judge.check import call as C
+from pytest_msprobe.judge.check.outcome import judge_call
+from pytest_msprobe.judge.verdict.judgement import Judgement, judged
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.replay import Sides, replay
 from pytest_msprobe.standards import Registry

@@ -1,4 +1,4 @@
-"""Time the reduction of one failing call (judge/reduce.py, --msprobe-bug-reports) for
+"""Time the reduction of one failing call (judge/reduce/reduction.py, --msprobe-bug-reports) for
 calls of 1e4 and 1e5 input elements (--bench-full: 1e6 too): a bfloat16 add whose
 dumped output is 2**-5 too large (offline: the dumped outputs sliced with the inputs),
 and a bfloat16 matmul whose kernel is 2**-5 too large (online: patched into the device
@@ -18,9 +18,9 @@ import torch
 
 from benchmarks.support import Sizes
 from pytest_msprobe.dump.index import parse_call_name, read_index
-from pytest_msprobe.dump.writer import tensor_entry, write_tensor_dump
-from pytest_msprobe.judge.call import Settings
-from pytest_msprobe.judge.reduce import Plan, Reduction, reduce_call
+from pytest_msprobe.dump.tensor_dump import tensor_entry, write_tensor_dump
+from pytest_msprobe.judge.check.call import Settings
+from pytest_msprobe.judge.reduce.reduction import Plan, Reduction, reduce_call
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.standards import Registry
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.support import fastest
-from pytest_msprobe.judge.record import OutputResult, ResultRecord
+from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
+from pytest_msprobe.results.run_files import Entry, ResultWriter, RunFiles, read_journal
 from pytest_msprobe.results.summary import Summary
-from pytest_msprobe.results.writer import Entry, ResultWriter, RunFiles, read_journal
 
 CALLS = 10_000
 pytestmark = pytest.mark.benchmark(group="reports")

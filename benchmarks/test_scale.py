@@ -1,6 +1,6 @@
 """Scale: collecting a large dump, the harness cost of a call whose compute is
 negligible, and -n 2 against -n 0 on a compute-bound dump (synthetic dumps made by
-tools/make_dump.py; the sizes of --bench-full in brackets).
+pytest_msprobe.testing.synthetic_dumps; the sizes of --bench-full in brackets).
 
   collection  a dump of 20,000 [200,000] llm-mix calls: json.load of it in this process;
               the plugin's first collection (no cache: it parses) and the cached one,
@@ -35,7 +35,15 @@ clock = ReportedClock()
 
 def make_dump(folder: Path, calls: int, *knobs: str) -> Path:
     if not (folder / "dump.json").exists():
-        command = [sys.executable, str(TOOLS / "make_dump.py"), str(folder), "--calls", str(calls), *knobs]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest_msprobe.testing.synthetic_dumps",
+            str(folder),
+            "--calls",
+            str(calls),
+            *knobs,
+        ]
         subprocess.run(command, check=True, capture_output=True)
     return folder / "dump.json"
 
@@ -184,7 +192,7 @@ def test_speedup(benchmark, sizes: Sizes, speedup_outs: Path, workers: str) -> N
 def same_results(first: Path, second: Path) -> bool:
     """Every call's status and metrics equal in the newest run of both folders."""
     from pytest_msprobe.results.merge import journal_of
-    from pytest_msprobe.results.writer import read_journal
+    from pytest_msprobe.results.run_files import read_journal
 
     def table(folder: Path) -> dict[str, Any]:
         return {

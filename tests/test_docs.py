@@ -124,7 +124,7 @@ STAGE_PATH = re.compile(r"`((?:dump|run|judge|results|scripts|plugin)/[\w/-]+\.(
 
 
 def missing_files(text: str) -> list[str]:
-    """The repository files a page names (`benchmarks/bench_html.py`, `judge/offline/dumped_run.py`)
+    """The repository files a page names (`benchmarks/test_html.py`, `judge/offline/dumped_run.py`)
     that do not exist: moved or renamed since the page was written."""
     named = set(REPO_PATH.findall(text)) | {f"pytest_msprobe/{path}" for path in STAGE_PATH.findall(text)}
     return sorted(path for path in named if not (ROOT / path).exists())
@@ -209,7 +209,7 @@ def test_the_docs_name_only_files_that_exist() -> None:
     assert {
         str(p.relative_to(ROOT)): missing for p in pages if (missing := missing_files(p.read_text(encoding="utf-8")))
     } == {}
-    planted = "see `benchmarks/bench_html.py`, `judge/offline/dumped_run.py`, `judge/nosuch.py` and `benchmarks/RESULTS-nosuch.md`"
+    planted = "see `benchmarks/test_html.py`, `judge/offline/dumped_run.py`, `judge/nosuch.py` and `benchmarks/RESULTS-nosuch.md`"
     assert missing_files(planted) == ["benchmarks/RESULTS-nosuch.md", "pytest_msprobe/judge/nosuch.py"]
     planted = "`studies/nosuch.py`, `tools/nosuch.sh`, {doc}`studies/verdicts-on-real-models` (a page, not a file)"
     assert missing_files(planted) == ["studies/nosuch.py", "tools/nosuch.sh"]

@@ -58,7 +58,7 @@ def test_the_cpu_kernels_pass_every_explored_call_of_the_example_dump(run_dump, 
 
 
 ROOT = Path(__file__).parent.parent
-# One call per defect class here (benchmarks/bench_explore_faults.py runs every call of
+# One call per defect class here (studies/explore_faults_catalogue.py runs every call of
 # every fault's API): masked attention scores in bfloat16, causal attention in float16, a
 # float32 layer_norm the N=100 missed, a bfloat16 one only the largest offset edge
 # finds, a float16 mean, a cancelling expm1, a

@@ -25,15 +25,12 @@ HELP = "help"  # runs as __main__ with --help: argparse prints its usage and exi
 IMPORT = "import"  # imported (a plugin, or a script without options whose main measures)
 COMPILE = "compile"  # compiled only: it needs msprobe's Python or a library the project does not depend on
 SCRIPTS = {
-    "benchmarks": {
-        "bench_dataflow.py": HELP,
-        "bench_explore_faults.py": HELP,
-        "bench_shares.py": HELP,
-        "bench_verdicts.py": HELP,
-    },
+    "benchmarks": {},
     "studies": {
         "compiled_kernels.py": IMPORT,
         "cuda_kernels.py": HELP,
+        "dataflow_coverage.py": HELP,
+        "explore_faults_catalogue.py": HELP,
         "families_jax.py": COMPILE,  # needs jax[cpu]
         "families_onnx.py": COMPILE,  # needs onnx and onnxruntime
         "family_device.py": COMPILE,  # a plugin that needs jax[cpu]
@@ -44,6 +41,7 @@ SCRIPTS = {
         "library_families.py": HELP,
         "real_models.py": HELP,
         "rounded_once.py": HELP,
+        "summed_gradient_allowance.py": HELP,
         "upgrade_spread.py": HELP,
     },
     "tools": {
@@ -90,7 +88,9 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.mark.parametrize("folder", sorted(SCRIPTS))
 def test_every_script_is_checked(folder: str) -> None:
-    scripts = (path.name for path in (ROOT / folder).glob("*.py") if folder != "benchmarks" or not path.name.startswith(SUITE))
+    scripts = (
+        path.name for path in (ROOT / folder).glob("*.py") if folder != "benchmarks" or not path.name.startswith(SUITE)
+    )
     assert sorted(scripts) == sorted(SCRIPTS[folder])
     assert {path.name for path in (ROOT / folder).glob("*.sh")} == SHELL_SCRIPTS.get(folder, set())
 

@@ -7,7 +7,7 @@ float16 and bfloat16), still computes the truth (so no fault is wrong in float32
 a 16-bit type at once). Each names a public report of the same
 defect class in a real kernel, and the calls of the real dumps it is looked for on
 (`where`: dump folder under tests/dumps/ or examples/ -> calls; the tests explore those,
-benchmarks/bench_explore_faults.py every call of the API in every dump of tests/dumps/models/).
+studies/explore_faults_catalogue.py every call of the API in every dump of tests/dumps/models/).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def _squares_in_dtype(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Ca
     overflows past 255.9) and summed term by term in it. Planted in float16 only: in
     bfloat16 the squares overflow where float32's do, and the sum's rounding over rows of
     16 to 64 stays at 1.8 to 3 ULP of the output (torch 0.6-0.7), within the standards
-    (benchmarks/RESULTS-explore.md)."""
+    (studies/exploration-excuses-and-defects.md)."""
 
     def rms_norm(x: torch.Tensor, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> torch.Tensor:
         if x.dtype not in dtypes:

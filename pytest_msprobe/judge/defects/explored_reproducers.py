@@ -1,4 +1,4 @@
-"""The failures exploration finds in torch's own CPU kernels (benchmarks/RESULTS-explore.md)
+"""The failures exploration finds in torch's own CPU kernels (studies/exploration-excuses-and-defects.md)
 that the README's policy counts as the kernel's defects (an intermediate the kernel chose,
 which the API's definition does not compute), reproduced without the plugin: the kernel
 against float64, and a formula of the same cost in the same dtype without the defect.

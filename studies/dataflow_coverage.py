@@ -1,16 +1,10 @@
-"""The GEMM backward judged offline through the dump's data flow.
+"""The GEMM backward judged offline through the dump's data flow: which are judged, which
+skipped and why, on real msprobe dumps (the time an offline check takes is the timing
+benchmark benchmarks/test_dataflow.py).
 
-    python benchmarks/bench_dataflow.py time [--before SRC] [--repeats 5] [--dump DUMP_JSON]
-    python benchmarks/bench_dataflow.py coverage DIR [--make] [--msprobe-python PATH]
+    python studies/dataflow_coverage.py DIR [--make] [--msprobe-python PATH]
 
-time: the offline check of a dump (default: the shipped 12-block transformer dump,
-tests/dumps/models/transformer12_tensor_fp32, 322 calls; the issue's deeper one:
-`make_transformer_dump.py OUT --blocks 16`, 430), `-n 0 --msprobe-offline
---msprobe-device=cpu`, wall time of a fresh process, best of --repeats, the runs of this
-tree and of --before (a source tree of the code before, e.g. `git archive main | tar -x
--C SRC`, put first on PYTHONPATH) interleaved so that both see the same machine load.
-
-coverage: real msprobe dumps of a 4-block transformer with residual connections
+Real msprobe dumps of a 4-block transformer with residual connections
 (tests/dumps/models/make_dumps.py transformer4), levels L1 and mix, float32, bfloat16 and
 float16, and the fault linear_backward_bf16 (planted inside the call) at L1 and mix, made
 under DIR with --make (in msprobe's Python; ~1-2 MB each, so not shipped). Each is checked
@@ -36,7 +30,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SHIPPED = ROOT / "tests" / "dumps" / "models" / "transformer12_tensor_fp32" / "dump.json"
 MAKER = ROOT / "tests" / "dumps" / "models" / "make_dumps.py"
 GEMM = ("Functional.linear.", "Torch.matmul.", "Tensor.__matmul__.")
 DUMPS = {
@@ -71,23 +64,6 @@ def offline(
         start = time.perf_counter()
         done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
         return time.perf_counter() - start, done
-
-
-def time_it(args: argparse.Namespace) -> None:
-    print(f"load {os.getloadavg()[0]:.2f}; dump {args.dump}")
-    sides = {"after (this tree)": dict(os.environ)}
-    if args.before is not None:
-        sides["before (" + str(args.before) + ")"] = {**os.environ, "PYTHONPATH": str(args.before.resolve())}
-    times: dict[str, list[float]] = collections.defaultdict(list)
-    for _ in range(args.repeats):
-        for label, env in sides.items():
-            seconds, done = offline(args.dump.resolve(), env)
-            tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
-            times[label].append(seconds)
-            print(f"  {label}: {seconds:.2f} s  {tail}", flush=True)
-    for label, runs in times.items():
-        print(f"{label}: best {min(runs):.2f} s of {', '.join(f'{r:.2f}' for r in runs)}")
-    print(f"load {os.getloadavg()[0]:.2f}")
 
 
 def make(folder: Path, python: str) -> None:
@@ -188,23 +164,14 @@ def coverage(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    timing = commands.add_parser("time")
-    timing.add_argument("--before", type=Path, help="a source tree of the code before (put first on PYTHONPATH)")
-    timing.add_argument("--repeats", type=int, default=5)
-    timing.add_argument(
-        "--dump", type=Path, default=SHIPPED, help="the dump.json to check (default: the shipped transformer12 fp32)"
-    )
-    cover = commands.add_parser("coverage")
-    cover.add_argument("dir", type=Path)
-    cover.add_argument("--make", action="store_true", help="make the dumps first (needs mindstudio-probe)")
-    cover.add_argument(
+    parser.add_argument("dir", type=Path, help="the folder of the dumps (made there with --make)")
+    parser.add_argument("--make", action="store_true", help="make the dumps first (needs mindstudio-probe)")
+    parser.add_argument(
         "--msprobe-python",
         default=os.environ.get("MSPROBE_PYTHON", ""),
         help="msprobe's venv python, for --make (default: $MSPROBE_PYTHON)",
     )
-    args = parser.parse_args()
-    time_it(args) if args.command == "time" else coverage(args)
+    coverage(parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 does --msprobe-explore=N find each planted fault on every forward call of the API, in
 the fault's dtypes, in every real dump of tests/dumps/models/ (and the example dump)?
 
-    python benchmarks/bench_explore_faults.py [--examples 50] [FAULT ...]
+    python studies/explore_faults_catalogue.py [--examples 50] [FAULT ...]
 
 Per fault and call it runs one pytest session in this process with the fault patched
 in (-k <call>, CPU device, a fresh --msprobe-out), and prints one JSON line: whether the

@@ -1,6 +1,6 @@
 """The allowance for summed gradients whose shares the dump does not hold.
 
-    python benchmarks/bench_shares.py DUMP_JSON [DUMP_JSON ...]
+    python studies/summed_gradient_allowance.py DUMP_JSON [DUMP_JSON ...]
 
 For every backward call of each (tensor) dump whose offline input gradient is a sum
 with shares rerun on the bench, or with the call's own share added in pieces
