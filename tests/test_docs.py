@@ -299,6 +299,20 @@ def test_a_planted_study_result_gets_a_page_and_the_readme_none(tmp_path: Path) 
     assert gen.study_pages(tmp_path) == {"planted-limits": "```{include} ../../../studies/planted-limits.md\n```\n"}
 
 
+def test_a_page_whose_results_file_is_gone_is_removed(tmp_path: Path) -> None:
+    """A results file moved or deleted leaves no page behind for the toctree's glob (a
+    local rebuild after the move failed on -W: the old page had no title any more)."""
+    owned = tmp_path / "results"
+    owned.mkdir()
+    (owned / "moved-away.md").write_text("```{include} ../../../benchmarks/RESULTS-moved-away.md\n```\n")
+    kept = owned / "timings.md"
+    other = tmp_path / "index.md"
+    other.write_text("# not generated\n")
+    assert gen.write_parts({kept: "page\n"}, owned=(owned,)) == [kept]
+    assert sorted(path.name for path in owned.iterdir()) == ["timings.md"]
+    assert other.exists()
+
+
 # --------------------------------------------------------------------------- README
 def test_the_readme_keeps_its_set_up_commands_first_and_its_links() -> None:
     text = README.read_text(encoding="utf-8")

@@ -347,8 +347,17 @@ def generated_parts() -> dict[Path, str]:
     return parts
 
 
-def write_parts(parts: dict[Path, str]) -> list[Path]:
-    """Write what changed (an unchanged file keeps its time: Sphinx rereads nothing)."""
+#: folders whose every page is generated: a page whose source is gone is removed with it
+#: (a results file moved or deleted must not leave its old page in the toctree's glob)
+OWNED_FOLDERS = (RESULTS_PAGES, STUDY_PAGES)
+
+
+def write_parts(parts: dict[Path, str], owned: tuple[Path, ...] = OWNED_FOLDERS) -> list[Path]:
+    """Write what changed (an unchanged file keeps its time: Sphinx rereads nothing), and
+    remove the pages of `owned` folders that no part generates any more."""
+    for folder in owned:
+        for stale in set(folder.glob("*.md")) - set(parts):
+            stale.unlink()
     written = []
     for path, content in parts.items():
         if not path.exists() or path.read_text(encoding="utf-8") != content:
