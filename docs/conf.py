@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
 project = "pytest-msprobe"
 author = "pytest-msprobe developers"
-copyright = "2026, pytest-msprobe developers"  # noqa: A001 (Sphinx's name)
+copyright = "2026, pytest-msprobe developers"  # Sphinx's name for it, shadowing a builtin
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "msprobe_docs"]
 source_suffix = {".md": "markdown"}

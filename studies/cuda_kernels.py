@@ -148,7 +148,7 @@ def main() -> None:
         print(f"{measure.__name__}:")
         try:
             measure(options.dump_dir)
-        except Exception:  # one measurement's failure (a backend this torch lacks) is printed; the rest run
+        except Exception:  # noqa: BLE001 - one measurement's failure (a backend this torch lacks) is printed; the rest run
             traceback.print_exc(limit=2)
 
 

@@ -42,103 +42,103 @@ def _pair(value: int | Sequence[int], n: int) -> tuple[int, ...]:
 # --- elementwise ------------------------------------------------------------------------
 
 
-def gelu(input: Array, approximate: str = "none") -> Array:  # noqa: A002 (torch's names)
+def gelu(input: Array, approximate: str = "none") -> Array:
     return jax.nn.gelu(input, approximate=approximate == "tanh")
 
 
-def softplus(input: Array, beta: float = 1.0, threshold: float = 20.0) -> Array:  # noqa: A002
+def softplus(input: Array, beta: float = 1.0, threshold: float = 20.0) -> Array:
     scaled = input * beta
     return jnp.where(scaled > threshold, input, jax.nn.softplus(scaled) / beta)
 
 
-def mish(input: Array, inplace: bool = False) -> Array:  # noqa: A002
+def mish(input: Array, inplace: bool = False) -> Array:
     return input * jnp.tanh(jax.nn.softplus(input))
 
 
-def elu(input: Array, alpha: float = 1.0, inplace: bool = False) -> Array:  # noqa: A002
+def elu(input: Array, alpha: float = 1.0, inplace: bool = False) -> Array:
     return jax.nn.elu(input, alpha)
 
 
 def unary(function: Callable[[Array], Array]) -> Callable[..., Array]:
     """An API of one tensor (and torch's inplace flag, ignored: the harness never writes in place)."""
 
-    def call(input: Array, *_: Any, **__: Any) -> Array:  # noqa: A002
+    def call(input: Array, *_: Any, **__: Any) -> Array:
         return function(input)
 
     return call
 
 
-def pow_(input: Array, exponent: Array) -> Array:  # noqa: A002
+def pow_(input: Array, exponent: Array) -> Array:
     return jnp.power(input, exponent)
 
 
-def add(input: Array, other: Array, alpha: float = 1) -> Array:  # noqa: A002
+def add(input: Array, other: Array, alpha: float = 1) -> Array:
     return input + other * alpha if alpha != 1 else input + other
 
 
-def radd(input: Array, other: Array) -> Array:  # noqa: A002
+def radd(input: Array, other: Array) -> Array:
     return other + input
 
 
-def sub(input: Array, other: Array, alpha: float = 1) -> Array:  # noqa: A002
+def sub(input: Array, other: Array, alpha: float = 1) -> Array:
     return input - other * alpha if alpha != 1 else input - other
 
 
-def masked_fill(input: Array, mask: Array, value: Array) -> Array:  # noqa: A002
+def masked_fill(input: Array, mask: Array, value: Array) -> Array:
     return jnp.where(mask, jnp.asarray(value, dtype=input.dtype), input)
 
 
-def where(condition: Array, input: Array, other: Array) -> Array:  # noqa: A002
+def where(condition: Array, input: Array, other: Array) -> Array:
     return jnp.where(condition, input, other)
 
 
 # --- reductions -------------------------------------------------------------------------
 
 
-def sum_(input: Array, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Array:  # noqa: A002
+def sum_(input: Array, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Array:
     return jnp.sum(input, axis=_axes(dim, input.ndim), keepdims=keepdim)
 
 
-def mean(input: Array, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Array:  # noqa: A002
+def mean(input: Array, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Array:
     return jnp.mean(input, axis=_axes(dim, input.ndim), keepdims=keepdim)
 
 
-def amax(input: Array, dim: Any = (), keepdim: bool = False) -> Array:  # noqa: A002
+def amax(input: Array, dim: Any = (), keepdim: bool = False) -> Array:
     return jnp.max(input, axis=_axes(dim, input.ndim), keepdims=keepdim)
 
 
 def var(
     input: Array, dim: Any = None, unbiased: bool = True, keepdim: bool = False, *, correction: Any = None
-) -> Array:  # noqa: A002
+) -> Array:
     ddof = (1 if unbiased else 0) if correction is None else correction
     return jnp.var(input, axis=_axes(dim, input.ndim), ddof=ddof, keepdims=keepdim)
 
 
 def std(
     input: Array, dim: Any = None, unbiased: bool = True, keepdim: bool = False, *, correction: Any = None
-) -> Array:  # noqa: A002
+) -> Array:
     return jnp.sqrt(var(input, dim, unbiased, keepdim, correction=correction))
 
 
-def norm(input: Array, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Array:  # noqa: A002
+def norm(input: Array, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Array:
     if p not in ("fro", 2, 2.0):
         raise NotImplementedError(f"norm p={p!r}")
     return jnp.sqrt(jnp.sum(input * input, axis=_axes(dim, input.ndim), keepdims=keepdim))
 
 
-def logsumexp(input: Array, dim: Any, keepdim: bool = False) -> Array:  # noqa: A002
+def logsumexp(input: Array, dim: Any, keepdim: bool = False) -> Array:
     return jax.nn.logsumexp(input, axis=_axes(dim, input.ndim), keepdims=keepdim)
 
 
-def cumsum(input: Array, dim: int, dtype: Any = None) -> Array:  # noqa: A002
+def cumsum(input: Array, dim: int, dtype: Any = None) -> Array:
     return jnp.cumsum(input, axis=dim)
 
 
-def softmax(input: Array, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Array:  # noqa: A002
+def softmax(input: Array, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Array:
     return jax.nn.softmax(input, axis=-1 if dim is None else dim)
 
 
-def log_softmax(input: Array, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Array:  # noqa: A002
+def log_softmax(input: Array, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Array:
     return jax.nn.log_softmax(input, axis=-1 if dim is None else dim)
 
 
@@ -155,14 +155,14 @@ def _affine(y: Array, weight: Array | None, bias: Array | None, shape: tuple[int
 
 def layer_norm(
     input: Array, normalized_shape: Sequence[int], weight: Array = None, bias: Array = None, eps: float = 1e-5
-) -> Array:  # noqa: A002
+) -> Array:
     axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
     centred = input - jnp.mean(input, axis=axes, keepdims=True)
     y = centred * lax.rsqrt(jnp.mean(centred * centred, axis=axes, keepdims=True) + eps)
     return _affine(y, weight, bias, tuple(normalized_shape))
 
 
-def rms_norm(input: Array, normalized_shape: Sequence[int], weight: Array = None, eps: float | None = None) -> Array:  # noqa: A002
+def rms_norm(input: Array, normalized_shape: Sequence[int], weight: Array = None, eps: float | None = None) -> Array:
     axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
     eps = float(jnp.finfo(input.dtype).eps) if eps is None else eps  # torch: the compute type's epsilon
     y = input * lax.rsqrt(jnp.mean(input * input, axis=axes, keepdims=True) + eps)
@@ -175,7 +175,7 @@ def _standardise(input: Array, axes: tuple[int, ...], eps: float) -> Array:
     return centred * lax.rsqrt(jnp.mean(centred * centred, axis=axes, keepdims=True) + eps)
 
 
-def group_norm(input: Array, num_groups: int, weight: Array = None, bias: Array = None, eps: float = 1e-5) -> Array:  # noqa: A002
+def group_norm(input: Array, num_groups: int, weight: Array = None, bias: Array = None, eps: float = 1e-5) -> Array:
     n, c = input.shape[:2]
     grouped = input.reshape(n, num_groups, -1)
     y = _standardise(grouped, (2,), eps).reshape(input.shape)
@@ -183,7 +183,7 @@ def group_norm(input: Array, num_groups: int, weight: Array = None, bias: Array 
 
 
 def batch_norm(
-    input: Array,  # noqa: A002
+    input: Array,
     running_mean: Array,
     running_var: Array,
     weight: Array = None,
@@ -201,7 +201,7 @@ def batch_norm(
 
 
 def instance_norm(
-    input: Array,  # noqa: A002
+    input: Array,
     running_mean: Array = None,
     running_var: Array = None,
     weight: Array = None,
@@ -216,7 +216,7 @@ def instance_norm(
     return _affine(y, weight, bias, (1, input.shape[1]) + (1,) * (input.ndim - 2))
 
 
-def normalize(input: Array, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Array:  # noqa: A002
+def normalize(input: Array, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Array:
     if p != 2:
         raise NotImplementedError(f"normalize p={p!r}")
     length = jnp.sqrt(jnp.sum(input * input, axis=dim, keepdims=True))
@@ -226,16 +226,16 @@ def normalize(input: Array, p: float = 2.0, dim: int = 1, eps: float = 1e-12, ou
 # --- products, convolutions, pooling ----------------------------------------------------
 
 
-def linear(input: Array, weight: Array, bias: Array = None) -> Array:  # noqa: A002
+def linear(input: Array, weight: Array, bias: Array = None) -> Array:
     y = jnp.matmul(input, weight.T)
     return y if bias is None else y + bias
 
 
-def matmul(input: Array, other: Array) -> Array:  # noqa: A002
+def matmul(input: Array, other: Array) -> Array:
     return jnp.matmul(input, other)
 
 
-def addmm(input: Array, mat1: Array, mat2: Array, *, beta: float = 1, alpha: float = 1) -> Array:  # noqa: A002
+def addmm(input: Array, mat1: Array, mat2: Array, *, beta: float = 1, alpha: float = 1) -> Array:
     return beta * input + alpha * jnp.matmul(mat1, mat2)
 
 
@@ -256,7 +256,7 @@ def _conv(spatial: int) -> Callable[..., Array]:
         padding: Any = 0,
         dilation: Any = 1,
         groups: int = 1,
-    ) -> Array:  # noqa: A002
+    ) -> Array:
         if isinstance(padding, str):
             raise NotImplementedError(f"conv padding={padding!r}")
         pads = [(p, p) for p in _pair(padding, spatial)]
@@ -277,7 +277,7 @@ def _conv(spatial: int) -> Callable[..., Array]:
 
 def _pool(spatial: int, kind: str) -> Callable[..., Array]:
     def pool(
-        input: Array,  # noqa: A002
+        input: Array,
         kernel_size: Any,
         stride: Any = None,
         padding: Any = 0,
@@ -297,7 +297,7 @@ def _pool(spatial: int, kind: str) -> Callable[..., Array]:
 
 
 def interpolate(
-    input: Array,  # noqa: A002
+    input: Array,
     size: Any = None,
     scale_factor: Any = None,
     mode: str = "nearest",
@@ -313,7 +313,7 @@ def interpolate(
     return jax.image.resize(input, shape, method="linear", antialias=False)  # half-pixel centres: align_corners=False
 
 
-def embedding(input: Array, weight: Array, padding_idx: Any = None, max_norm: Any = None, *_: Any, **__: Any) -> Array:  # noqa: A002
+def embedding(input: Array, weight: Array, padding_idx: Any = None, max_norm: Any = None, *_: Any, **__: Any) -> Array:
     if max_norm is not None:
         raise NotImplementedError("embedding with max_norm")
     return jnp.take(weight, input, axis=0)
@@ -323,7 +323,7 @@ def embedding(input: Array, weight: Array, padding_idx: Any = None, max_norm: An
 
 
 def cross_entropy(
-    input: Array,  # noqa: A002
+    input: Array,
     target: Array,
     weight: Array = None,
     size_average: Any = None,

@@ -92,30 +92,30 @@ def node(op_type: str, **attributes: Any) -> Callable[..., np.ndarray]:
 
 
 def unary(op_type: str, **attributes: Any) -> Callable[..., np.ndarray]:
-    def call(input: np.ndarray, *_: Any, **__: Any) -> np.ndarray:  # noqa: A002 (torch's names)
+    def call(input: np.ndarray, *_: Any, **__: Any) -> np.ndarray:
         graph = Graph()
         return graph.run(graph.op(op_type, graph.input(input), **attributes))
 
     return call
 
 
-def gelu(input: np.ndarray, approximate: str = "none") -> np.ndarray:  # noqa: A002
+def gelu(input: np.ndarray, approximate: str = "none") -> np.ndarray:
     graph = Graph()
     return graph.run(graph.op("Gelu", graph.input(input), approximate=approximate))
 
 
-def silu(input: np.ndarray, inplace: bool = False) -> np.ndarray:  # noqa: A002
+def silu(input: np.ndarray, inplace: bool = False) -> np.ndarray:
     graph = Graph()
     x = graph.input(input)
     return graph.run(graph.op("Mul", x, graph.op("Sigmoid", x)))
 
 
-def rsqrt(input: np.ndarray) -> np.ndarray:  # noqa: A002
+def rsqrt(input: np.ndarray) -> np.ndarray:
     graph = Graph()
     return graph.run(graph.op("Reciprocal", graph.op("Sqrt", graph.input(input))))
 
 
-def softplus(input: np.ndarray, beta: float = 1.0, threshold: float = 20.0) -> np.ndarray:  # noqa: A002
+def softplus(input: np.ndarray, beta: float = 1.0, threshold: float = 20.0) -> np.ndarray:
     if beta != 1:
         raise NotImplementedError(f"softplus beta={beta}")
     graph = Graph()
@@ -124,7 +124,7 @@ def softplus(input: np.ndarray, beta: float = 1.0, threshold: float = 20.0) -> n
 
 
 def binary(op_type: str, swap: bool = False) -> Callable[..., np.ndarray]:
-    def call(input: Any, other: Any, alpha: float = 1) -> np.ndarray:  # noqa: A002
+    def call(input: Any, other: Any, alpha: float = 1) -> np.ndarray:
         if alpha != 1:
             raise NotImplementedError("alpha")
         graph = Graph()
@@ -135,7 +135,7 @@ def binary(op_type: str, swap: bool = False) -> Callable[..., np.ndarray]:
 
 
 def softmax(op_type: str) -> Callable[..., np.ndarray]:
-    def call(input: np.ndarray, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> np.ndarray:  # noqa: A002
+    def call(input: np.ndarray, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> np.ndarray:
         graph = Graph()
         return graph.run(graph.op(op_type, graph.input(input), axis=-1 if dim is None else dim))
 
@@ -144,7 +144,7 @@ def softmax(op_type: str) -> Callable[..., np.ndarray]:
 
 def layer_norm(
     input: np.ndarray, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = 1e-5
-) -> np.ndarray:  # noqa: A002
+) -> np.ndarray:
     graph = Graph()
     shape = tuple(normalized_shape)
     scale = graph.input(weight) if weight is not None else graph.const(np.ones(shape))
@@ -153,7 +153,7 @@ def layer_norm(
 
 
 def reduce(op_type: str) -> Callable[..., np.ndarray]:
-    def call(input: np.ndarray, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> np.ndarray:  # noqa: A002
+    def call(input: np.ndarray, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> np.ndarray:
         graph = Graph()
         axes = [] if dim is None else [dim] if isinstance(dim, int) else list(dim)
         inputs = [graph.input(input)] + ([graph.const(axes, np.int64)] if axes else [])
@@ -162,7 +162,7 @@ def reduce(op_type: str) -> Callable[..., np.ndarray]:
     return call
 
 
-def linear(input: np.ndarray, weight: np.ndarray, bias: Any = None) -> np.ndarray:  # noqa: A002
+def linear(input: np.ndarray, weight: np.ndarray, bias: Any = None) -> np.ndarray:
     graph = Graph()
     product = graph.op("MatMul", graph.input(input), graph.op("Transpose", graph.input(weight), perm=[1, 0]))
     return graph.run(product if bias is None else graph.op("Add", product, graph.input(bias)))
@@ -176,7 +176,7 @@ def conv(
     padding: Any = 0,
     dilation: Any = 1,
     groups: int = 1,
-) -> np.ndarray:  # noqa: A002
+) -> np.ndarray:
     spatial = input.ndim - 2
     if isinstance(padding, str):
         raise NotImplementedError(f"padding={padding!r}")
@@ -194,7 +194,7 @@ def conv(
 def pool(op_type: str) -> Callable[..., np.ndarray]:
     def call(
         input: np.ndarray, kernel_size: Any, stride: Any = None, padding: Any = 0, *rest: Any, **options: Any
-    ) -> np.ndarray:  # noqa: A002
+    ) -> np.ndarray:
         spatial = input.ndim - 2
 
         def pair(v: Any) -> list[int]:
@@ -209,22 +209,22 @@ def pool(op_type: str) -> Callable[..., np.ndarray]:
     return call
 
 
-def masked_fill(input: np.ndarray, mask: np.ndarray, value: float) -> np.ndarray:  # noqa: A002
+def masked_fill(input: np.ndarray, mask: np.ndarray, value: float) -> np.ndarray:
     graph = Graph()
     return graph.run(graph.op("Where", graph.input(mask), graph.const(value), graph.input(input)))
 
 
-def where(condition: np.ndarray, input: Any, other: Any) -> np.ndarray:  # noqa: A002
+def where(condition: np.ndarray, input: Any, other: Any) -> np.ndarray:
     graph = Graph()
     return graph.run(graph.op("Where", graph.input(condition), operand(graph, input), operand(graph, other)))
 
 
-def cumsum(input: np.ndarray, dim: int, dtype: Any = None) -> np.ndarray:  # noqa: A002
+def cumsum(input: np.ndarray, dim: int, dtype: Any = None) -> np.ndarray:
     graph = Graph()
     return graph.run(graph.op("CumSum", graph.input(input), graph.const(dim, np.int64)))
 
 
-def embedding(input: np.ndarray, weight: np.ndarray, *_: Any, **__: Any) -> np.ndarray:  # noqa: A002
+def embedding(input: np.ndarray, weight: np.ndarray, *_: Any, **__: Any) -> np.ndarray:
     graph = Graph()
     return graph.run(graph.op("Gather", graph.input(weight), graph.input(input), axis=0))
 

@@ -365,7 +365,7 @@ def recompute_dump(family: Family, source: Path, target: Path, only: frozenset[s
                 entry.reason = recompute_forward(family, target, entry, record)
             else:
                 entry.reason = recompute_backward(family, target, entry, data.get(f"{call}.forward", {}), record)
-        except Exception as exc:  # a family that cannot compute the call: it keeps the dump's output
+        except Exception as exc:  # noqa: BLE001 - a family that cannot compute the call: it keeps the dump's output
             entry.reason = (
                 f"{family.name} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
             )

@@ -631,7 +631,7 @@ def test_empty_tensors_only_where_the_framework_takes_them(smallest_size):
     from hypothesis.errors import NoSuchExample
 
     space, _ = _space("Functional.layer_norm.0.backward", smallest_size=smallest_size)
-    empty = lambda variant: any(tensor.numel() == 0 for tensor in variant.tensors.values())  # noqa: E731
+    empty = lambda variant: any(tensor.numel() == 0 for tensor in variant.tensors.values())
     if smallest_size:
         with pytest.raises(NoSuchExample):
             find(space.variants(), empty, settings=settings(database=None, max_examples=300))

@@ -402,7 +402,7 @@ def low_word_float(scale: torch.Tensor) -> torch.Tensor:
 def dequantised(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
     """Formula 4's (weight + antiquant_offset) * antiquant_scale, per channel or per group of K rows."""
     step = w.shape[0] // scale.shape[0] if scale.dim() == 2 else w.shape[0]
-    rows = lambda t: t.double().repeat_interleave(step, 0) if t.dim() == 2 else t.double()  # noqa: E731
+    rows = lambda t: t.double().repeat_interleave(step, 0) if t.dim() == 2 else t.double()
     return (w.double() + (rows(offset) if offset is not None else 0)) * rows(scale)
 
 

@@ -21,7 +21,7 @@ def setitem_dump(root: Path) -> Path:
     the write, the index (a tuple as a list), the value; the output null."""
     generator = torch.Generator().manual_seed(2)
     target = torch.randn(4, 5, 6, generator=generator)
-    value = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    value = lambda *shape: torch.randn(*shape, generator=generator)
     writes = [
         (2, value(5, 6)),
         ([slice(1, 3), slice(None), slice(None, None, 2)], value(2, 5, 3)),

@@ -64,7 +64,7 @@ def main() -> None:
     assert spec is not None and spec.loader is not None
     maker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(maker)
-    model = lambda: Transformer12(dim=args.dim, seq=args.seq, blocks=args.blocks)  # noqa: E731
+    model = lambda: Transformer12(dim=args.dim, seq=args.seq, blocks=args.blocks)
     maker.MODELS["transformer12"] = (model, lambda: torch.randint(0, 64, (4, args.seq)), CLASSES)
     sys.argv = [str(args.tool), "transformer12", "tensor", args.dtype, str(args.out)]
     maker.main()

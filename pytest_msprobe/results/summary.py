@@ -110,7 +110,7 @@ def dump_names(dumps: Iterable[str]) -> dict[str, str]:
     """Each dump.json as the summary names it: its path from the folder the dumps share
     (`rank3/dump.json`)."""
     paths = [Path(dump) for dump in dumps]
-    if len(paths) < 2:  # noqa: PLR2004  one dump: its path alone
+    if len(paths) < 2:  # one dump: its path alone
         return {str(path): path.name for path in paths}
     common = Path(os.path.commonpath([path.parent for path in paths]))
     return {str(path): path.relative_to(common).as_posix() for path in paths}

@@ -298,7 +298,7 @@ def _exact_gelu(gelu: Callable[..., Nested], dtypes: tuple[str, ...]) -> Callabl
     layouts, a reference run) stays torch's. The tanh approximation and the other dtypes
     are torch's own."""
 
-    def bench(input: Nested, approximate: str = "none") -> Nested:  # noqa: A002 (torch's name)
+    def bench(input: Nested, approximate: str = "none") -> Nested:
         import torch
 
         if (

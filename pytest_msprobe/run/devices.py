@@ -148,7 +148,7 @@ class AcceleratorBackend(Backend):
     def describe(self, index: int = 0) -> str:
         try:
             label = self._module().get_device_name(index)
-        except Exception:  # a name is decoration; never fail a call for it
+        except Exception:  # noqa: BLE001 - a name is decoration; never fail a call for it
             label = ""
         return f"{self.name}:{index}" + (f" ({label})" if label else "")
 

@@ -117,7 +117,7 @@ def cuda_switches() -> list[Switch]:
     """(Cached: each switch reads and sets its attribute anew.)"""
     import torch
 
-    matmul = lambda: torch.backends.cuda.matmul  # noqa: E731
+    matmul = lambda: torch.backends.cuda.matmul
     switches = [
         _attr_switch(matmul, "torch.backends.cuda.matmul", "allow_tf32", False),
         _attr_switch(lambda: torch.backends.cudnn, "torch.backends.cudnn", "allow_tf32", False),

@@ -320,7 +320,7 @@ def _saved_rounded(saved_in: tuple[torch.dtype, torch.dtype] | None) -> Iterator
         yield
         return
     raised, device_dtype = saved_in
-    rounded = lambda t: t.to(device_dtype).to(raised) if t.dtype == raised else t  # noqa: E731
+    rounded = lambda t: t.to(device_dtype).to(raised) if t.dtype == raised else t
     with torch.autograd.graph.saved_tensors_hooks(rounded, lambda t: t):
         yield
 
@@ -368,7 +368,7 @@ def in_place_copies(
     gradient through unchanged). Any other call runs on its arguments as they are."""
     if not writes_in_place(api, function, args, kwargs):
         return args, kwargs
-    clone = lambda value: value.clone() if isinstance(value, torch.Tensor) else value  # noqa: E731
+    clone = lambda value: value.clone() if isinstance(value, torch.Tensor) else value
     return tree_map(clone, args), tree_map(clone, kwargs)
 
 
@@ -477,7 +477,7 @@ def replay(direction: str, api: Api, inputs: Inputs, sides: Sides, framework: st
         device_out = step(sides.device)
     except (CallSkip, CallError):  # the call's own data (offline, the dumped outputs): not the device's failure
         raise
-    except Exception as exc:  # the device failing is the finding, reported after the bench
+    except Exception as exc:  # noqa: BLE001 - the device failing is the finding, reported after the bench
         device_error, device_out = exc, None
     if api.reveal is not None and device_error is None:
         inputs = api.reveal(inputs, device_out, direction)
@@ -494,7 +494,7 @@ def replay(direction: str, api: Api, inputs: Inputs, sides: Sides, framework: st
     if sides.reference is not None:
         try:
             reference_out = step(sides.reference)
-        except Exception:  # no reference: the standards fall back to their single-run rule
+        except Exception:  # noqa: BLE001 - no reference: the standards fall back to their single-run rule
             reference_out = None
     return Results(device_out, bench_out, reference_out, inputs)
 

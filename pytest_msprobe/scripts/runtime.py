@@ -233,7 +233,7 @@ def side_tensors(call: ScriptCall) -> dict[str, torch.Tensor]:
         raise CallError(f"{call.tensors} is not beside the script ({call.folder}): copy it there, or give --dump-dir")
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - a corrupt or hostile file: named, never a crash
+    except Exception as exc:
         raise CallError(f"cannot load {call.tensors}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(loaded, dict) or not all(
         isinstance(key, str) and _plain_file_name(key) and isinstance(value, torch.Tensor)

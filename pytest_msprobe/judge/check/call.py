@@ -352,7 +352,7 @@ def _share_of(index: DumpIndex, read: Read, framework_name: str, framework: Fram
         bench_grads, reference_grads = bench.backward(inputs, flags), reference.backward(inputs, flags)
     except CallSkip:
         raise
-    except Exception as exc:  # noqa: BLE001 - that call's own test reports it; here the sum cannot be made
+    except Exception as exc:
         raise CallSkip(f"{call}'s backward does not run on the bench: {type(exc).__name__}: {exc}") from exc
     return Share(
         read.gather,

@@ -120,7 +120,7 @@ def layer_norm_scale() -> None:
         kernel = x.clone().requires_grad_()
         F.layer_norm(kernel, [32], eps=1e-5).backward(g)
         scale = exact.abs().amax(-1, keepdim=True) * torch.finfo(torch.float32).eps
-        ulps = lambda found, exact=exact, scale=scale: float(((found.double() - exact).abs() / scale).max())  # noqa: E731
+        ulps = lambda found, exact=exact, scale=scale: float(((found.double() - exact).abs() / scale).max())
         print(
             f"  |x| ~ 2**{exponent:<2}: torch {ulps(kernel.grad):10.1f}   without rstd**3 {ulps(_layer_norm_input_grad(x, g)):6.1f}"
         )

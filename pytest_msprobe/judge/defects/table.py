@@ -80,7 +80,7 @@ GELU_TRACKER = "https://github.com/pytorch/pytorch/issues/187806"
 
 
 def _explored(  # noqa: PLR0913 - a row's own fields, as KnownDefect takes them
-    id: str,  # noqa: A002 - the row's field
+    id: str,
     operator: str,
     direction: str,
     regime: Callable[[Arguments], bool],

@@ -67,7 +67,7 @@ def rerun(step: Callable[[Side], Nested], device: Side, runs: int) -> list[Neste
     for _ in range(runs - 1):
         try:
             outputs.append(step(device))
-        except Exception as exc:  # noqa: BLE001 - as replay(): the device failing is the finding
+        except Exception as exc:
             raise DeviceFailed(exc) from exc
     return outputs
 
