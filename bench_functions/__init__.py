@@ -79,19 +79,58 @@ default_registry = Registry(BUILTIN, builtin=True, companions=BUILTIN_COMPANIONS
 
 
 def get(name: str) -> BenchFunction | None:
-    """The reference of torch_npu op ``name`` in the default registry, or None."""
+    """The reference of a torch_npu op in the default registry.
+
+    Parameters
+    ----------
+    name
+        The op's name as dumps write it after ``NPU.`` (``"npu_rms_norm"``).
+
+    Returns
+    -------
+    BenchFunction or None
+        The reference, callable like the op; None for an op no reference is registered
+        for.
+    """
     return default_registry.get(name)
 
 
 def register(
     name: str, func: Callable[..., Any], *, replace: bool = False, companions: Companions | None = None
 ) -> None:
-    """Register ``func`` as the reference of op ``name`` in the default registry."""
+    """Register ``func`` as the reference of op ``name`` in the default registry, the one
+    the plugin replays ``NPU.<name>`` calls on the bench with.
+
+    Parameters
+    ----------
+    name
+        The op's name as dumps write it after ``NPU.`` (``"npu_my_fused_op"``).
+    func
+        The reference: takes the op's exact arguments and returns what the op returns,
+        in any floating dtype, on the inputs' device. Cases it cannot reproduce raise
+        ``Unsupported`` (the call is then skipped with its message).
+    replace
+        Replace a reference already registered under `name` (a shipped one included).
+    companions
+        What else it says about the op (``Companions``), such as the rows its kernel
+        writes.
+
+    Raises
+    ------
+    ValueError
+        `name` is registered already and `replace` is false.
+    """
     default_registry.register(name, func, replace=replace, companions=companions)
 
 
 def names() -> list[str]:
-    """The op names the default registry knows, sorted."""
+    """The op names the default registry knows.
+
+    Returns
+    -------
+    list[str]
+        Sorted; the shipped references and every one registered since.
+    """
     return default_registry.names()
 
 

@@ -62,7 +62,8 @@ def one_node(compute: Callable[..., Sequence[torch.Tensor]], values: Sequence[ob
         return tuple(compute(*filled))
 
     tensors = [values[i] for i in slots]
-    return tuple(_OneNode.apply(with_tensors, *tensors))
+    # torch's Function.apply is unannotated
+    return tuple(_OneNode.apply(with_tensors, *tensors))  # type: ignore[no-untyped-call]
 
 
 class _OneNode(torch.autograd.Function):

@@ -31,6 +31,8 @@ def _moments(
 
 
 Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+#: An NPU ``Scalar`` argument, as dumps record it: a number or a one-element tensor.
+Scalar = float | torch.Tensor
 
 
 def _write_back(state: Tensors3, new: Tensors3) -> Tensors3:
@@ -41,12 +43,12 @@ def _write_back(state: Tensors3, new: Tensors3) -> Tensors3:
 
 
 def npu_apply_adam(
-    beta1_power,
-    beta2_power,
-    lr,
-    beta1,
-    beta2,
-    epsilon,
+    beta1_power: Scalar,
+    beta2_power: Scalar,
+    lr: Scalar,
+    beta1: Scalar,
+    beta2: Scalar,
+    epsilon: Scalar,
     grad: torch.Tensor,
     use_locking: bool | None,
     use_nesterov: bool | None,
@@ -79,13 +81,13 @@ def npu_apply_adam(
 
 
 def npu_apply_adam_w(
-    beta1_power,
-    beta2_power,
-    lr,
-    weight_decay,
-    beta1,
-    beta2,
-    epsilon,
+    beta1_power: Scalar,
+    beta2_power: Scalar,
+    lr: Scalar,
+    weight_decay: Scalar,
+    beta1: Scalar,
+    beta2: Scalar,
+    epsilon: Scalar,
     grad: torch.Tensor,
     max_grad_norm: torch.Tensor | None,
     amsgrad: bool | None,

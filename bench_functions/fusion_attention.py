@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 import torch
 
@@ -185,13 +186,22 @@ def _reduce_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t.sum(dim=dims, keepdim=True) if dims else t
 
 
-def _attention_forward(q, k, v, pse, scale, rules):
+def _attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pse: torch.Tensor | None,
+    scale: float,
+    rules: _MaskRules | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (B,N2,G,Sq,D), k (B,N2,1,Skv,D), v (B,N2,1,Skv,Dv), pse (..,Sq|1,Skv) or None.
     Returns out (B,N2,G,Sq,Dv), row max and row sum (B,N2,G,Sq,1)."""
     b, n2, g, sq, _ = q.shape
     skv = k.shape[-2]
     step = _row_block(b, n2 * g, sq, skv)
-    outs, maxes, sums = [], [], []
+    outs: list[torch.Tensor] = []
+    maxes: list[torch.Tensor] = []
+    sums: list[torch.Tensor] = []
     for r0 in range(0, sq, step):
         r1 = min(sq, r0 + step)
         masked = rules.block(r0, r1, q.device) if rules is not None else None
@@ -202,12 +212,23 @@ def _attention_forward(q, k, v, pse, scale, rules):
     return torch.cat(outs, dim=-2), torch.cat(maxes, dim=-2), torch.cat(sums, dim=-2)
 
 
-def _attention_backward(q, k, v, pse, dout, scale, rules, need_pse_grad):
+def _attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pse: torch.Tensor | None,
+    dout: torch.Tensor,
+    scale: float,
+    rules: _MaskRules | None,
+    need_pse_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of sum(dout * attention(q, k, v, pse)), recomputing each row block."""
     b, n2, g, sq, _ = q.shape
     skv = k.shape[-2]
     step = _row_block(b, n2 * g, sq, skv)
-    dq_blocks, dpse_blocks = [], []
+    dq_blocks: list[torch.Tensor] = []
+    dpse_blocks: list[torch.Tensor] = []
+    pse_grad = pse if need_pse_grad else None  # the pse whose gradient is asked for
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
     for r0 in range(0, sq, step):
@@ -222,20 +243,43 @@ def _attention_backward(q, k, v, pse, dout, scale, rules, need_pse_grad):
         dq_blocks.append(torch.matmul(ds, k) * scale)
         dk += (torch.matmul(ds.transpose(-1, -2), q[..., r0:r1, :]) * scale).sum(dim=2, keepdim=True)
         dv += torch.matmul(p.transpose(-1, -2), do).sum(dim=2, keepdim=True)
-        if need_pse_grad:  # d (scale * (qk + pse)) / d pse = scale, summed over broadcast dims
-            d = _reduce_to(ds * scale, pse.shape[:-2] + ds.shape[-2:])
-            dpse_blocks.append(d.sum(dim=-2, keepdim=True) if pse.shape[-2] == 1 else d)
-    dpse = None
-    if need_pse_grad:
-        dpse = sum(dpse_blocks) if pse.shape[-2] == 1 else torch.cat(dpse_blocks, dim=-2)
+        if pse_grad is not None:  # d (scale * (qk + pse)) / d pse = scale, summed over broadcast dims
+            d = _reduce_to(ds * scale, pse_grad.shape[:-2] + ds.shape[-2:])
+            dpse_blocks.append(d.sum(dim=-2, keepdim=True) if pse_grad.shape[-2] == 1 else d)
+    dpse: torch.Tensor | None = None
+    if pse_grad is not None:  # sum() of one block or more: a tensor
+        dpse = cast(torch.Tensor, sum(dpse_blocks)) if pse_grad.shape[-2] == 1 else torch.cat(dpse_blocks, dim=-2)
     return torch.cat(dq_blocks, dim=-2), dk, dv, dpse
+
+
+class _AttentionContext(Protocol):
+    """What _BlockedAttention's context holds: torch's FunctionCtx declares none of
+    what autograd gives its backward (the saved tensors, which inputs need a gradient),
+    and the constants are this function's own."""
+
+    saved_tensors: tuple[torch.Tensor | None, ...]
+    needs_input_grad: tuple[bool, ...]
+    scale: float
+    rules: _MaskRules | None
+
+    def save_for_backward(self, *tensors: torch.Tensor | None) -> None: ...
+
+    def mark_non_differentiable(self, *tensors: torch.Tensor) -> None: ...
 
 
 class _BlockedAttention(torch.autograd.Function):
     """Exact attention whose backward recomputes row blocks instead of saving them."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pse, scale, rules):
+    def forward(
+        ctx: _AttentionContext,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pse: torch.Tensor | None,
+        scale: float,
+        rules: _MaskRules | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out, m, l = _attention_forward(q, k, v, pse, scale, rules)
         ctx.save_for_backward(q, k, v, pse)
         ctx.scale, ctx.rules = scale, rules
@@ -243,8 +287,11 @@ class _BlockedAttention(torch.autograd.Function):
         return out, m, l
 
     @staticmethod
-    def backward(ctx, dout, _dm, _dl):
+    def backward(
+        ctx: _AttentionContext, dout: torch.Tensor, _dm: torch.Tensor, _dl: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
         q, k, v, pse = ctx.saved_tensors
+        assert q is not None and k is not None and v is not None  # saved as forward's tensors
         need_pse = pse is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dpse = _attention_backward(q, k, v, pse, dout, ctx.scale, ctx.rules, need_pse)
         return dq, dk, dv, dpse, None, None
@@ -289,7 +336,7 @@ def _from_bnsd(x: torch.Tensor, layout: str) -> torch.Tensor:
     raise AssertionError(layout)
 
 
-def _dims(query, key, value, head_num: int, layout: str) -> _Dims:
+def _dims(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int, layout: str) -> _Dims:
     if layout not in _LAYOUTS:
         raise ValueError(f"input_layout must be one of {_LAYOUTS}, got {layout!r}")
     want = 3 if layout in ("BSH", "SBH", "TND") else 4
@@ -306,7 +353,9 @@ def _dims(query, key, value, head_num: int, layout: str) -> _Dims:
     return _Dims(b, n1, n2, sq, skv, d, dv)
 
 
-def _hidden_dims(query, key, value, head_num: int, layout: str) -> tuple[int, ...]:
+def _hidden_dims(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int, layout: str
+) -> tuple[int, ...]:
     """(b, n1, n2, sq, skv, d, dv) of BSH/SBH, whose heads are folded into the hidden size."""
     (b, sq) = (query.shape[0], query.shape[1]) if layout == "BSH" else (query.shape[1], query.shape[0])
     skv = key.shape[1] if layout == "BSH" else key.shape[0]
@@ -321,16 +370,16 @@ def _hidden_dims(query, key, value, head_num: int, layout: str) -> tuple[int, ..
     return b, n1, n2, sq, skv, d, value.shape[2] // n2
 
 
-def _tnd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+def _tnd_dims(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int) -> tuple[int, ...]:
     return 0, query.shape[1], key.shape[1], query.shape[0], key.shape[0], query.shape[2], value.shape[2]
 
 
-def _bnsd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+def _bnsd_dims(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int) -> tuple[int, ...]:
     b, n1, sq, d = query.shape
     return b, n1, key.shape[1], sq, key.shape[2], d, value.shape[3]
 
 
-def _bsnd_dims(query, key, value, head_num: int) -> tuple[int, ...]:
+def _bsnd_dims(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int) -> tuple[int, ...]:
     b, sq, n1, d = query.shape
     return b, n1, key.shape[2], sq, key.shape[1], d, value.shape[3]
 
@@ -345,7 +394,9 @@ _LAYOUT_DIMS: dict[str, Callable[..., tuple[int, ...]]] = {
 }
 
 
-def _check_common(keep_prob: float, padding_mask, sparse_mode: int, softmax_layout: str, layout: str) -> None:
+def _check_common(
+    keep_prob: float, padding_mask: torch.Tensor | None, sparse_mode: int, softmax_layout: str, layout: str
+) -> None:
     if keep_prob != 1:
         raise Unsupported(
             f"npu_fusion_attention with keep_prob={keep_prob}: dropout draws its mask from the NPU's "
@@ -374,21 +425,34 @@ def _pse5(pse: torch.Tensor | None, dims: _Dims, dtype: torch.dtype) -> torch.Te
     return _grouped(pse.to(dtype), dims.n1, dims.n2, "pse")
 
 
-def _run(q4, k4, v4, dims: _Dims, pse5, scale: float, rules):
+def _run(
+    q4: torch.Tensor,
+    k4: torch.Tensor,
+    v4: torch.Tensor,
+    dims: _Dims,
+    pse5: torch.Tensor | None,
+    scale: float,
+    rules: _MaskRules | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of BNSD tensors (already in compute dtype): out (B,N1,Sq,Dv), max, sum."""
     g = dims.n1 // dims.n2
     q5 = q4.reshape(q4.shape[0], dims.n2, g, q4.shape[2], q4.shape[3])
-    out, m, l = _BlockedAttention.apply(q5, k4.unsqueeze(2), v4.unsqueeze(2), pse5, float(scale), rules)
+    # torch's Function.apply is unannotated
+    blocked = _BlockedAttention.apply(  # type: ignore[no-untyped-call]
+        q5, k4.unsqueeze(2), v4.unsqueeze(2), pse5, float(scale), rules
+    )
+    out, m, l = cast("tuple[torch.Tensor, torch.Tensor, torch.Tensor]", blocked)
     b, sq = q4.shape[0], q4.shape[2]
     return out.reshape(b, dims.n1, sq, -1), m.reshape(b, dims.n1, sq, 1), l.reshape(b, dims.n1, sq, 1)
 
 
-def _varlen_segments(cumulative: Sequence[int], total: int, what: str) -> list[tuple[int, int]]:
+def _varlen_segments(cumulative: Sequence[int] | None, total: int, what: str) -> list[tuple[int, int]]:
     """[(start, end)] per batch from cumulative lengths; trailing zeros (documented as
     "batches that take no part") end the list."""
     if cumulative is None:
         raise ValueError(f"input_layout TND needs {what} (cumulative sequence lengths)")
-    segs, start = [], 0
+    segs: list[tuple[int, int]] = []
+    start = 0
     for end in (int(c) for c in cumulative):
         if end == 0 and start > 0:
             break
@@ -400,7 +464,20 @@ def _varlen_segments(cumulative: Sequence[int], total: int, what: str) -> list[t
 
 
 def _varlen_rules(
-    sparse_mode, atten_mask, pre, nxt, prefix, batch, n_batches, first, last, n1, n2, sq, skv, device
+    sparse_mode: int,
+    atten_mask: torch.Tensor | None,
+    pre: int,
+    nxt: int,
+    prefix: Sequence[int] | None,
+    batch: int,
+    n_batches: int,
+    first: int,
+    last: int,
+    n1: int,
+    n2: int,
+    sq: int,
+    skv: int,
+    device: torch.device,
 ) -> _MaskRules | None:
     if atten_mask is None:
         return None
@@ -429,22 +506,22 @@ def _varlen_rules(
 
 
 def _attention(
-    query,
-    key,
-    value,
-    head_num,
-    input_layout,
-    pse,
-    atten_mask,
-    scale,
-    pre_tockens,
-    next_tockens,
-    prefix,
-    actual_seq_qlen,
-    actual_seq_kvlen,
-    sparse_mode,
-    softmax_layout,
-):
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    head_num: int,
+    input_layout: str,
+    pse: torch.Tensor | None,
+    atten_mask: torch.Tensor | None,
+    scale: float,
+    pre_tockens: int,
+    next_tockens: int,
+    prefix: Sequence[int] | None,
+    actual_seq_qlen: Sequence[int] | None,
+    actual_seq_kvlen: Sequence[int] | None,
+    sparse_mode: int,
+    softmax_layout: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shared forward: (out in query's layout, softmax_max, softmax_sum) in compute dtype."""
     dims = _dims(query, key, value, head_num, input_layout)
     dtype = compute_dtype(query)
@@ -484,7 +561,9 @@ def _attention(
         raise ValueError(f"actual_seq_qlen and actual_seq_kvlen describe {len(qsegs)} and {len(kvsegs)} batches")
     active = [i for i, (a, e) in enumerate(qsegs) if e > a]
     first, last = (active[0], active[-1]) if active else (-1, -1)
-    outs, maxes, sums = [], [], []
+    outs: list[torch.Tensor] = []
+    maxes: list[torch.Tensor] = []
+    sums: list[torch.Tensor] = []
     covered = 0
     for batch, ((q0, q1), (k0, k1)) in enumerate(zip(qsegs, kvsegs, strict=False)):
         if q1 == q0:

@@ -127,11 +127,24 @@ class Registry:
     def register(
         self, name: str, func: Callable[..., Any], *, replace: bool = False, companions: Companions | None = None
     ) -> None:
-        """Add the reference ``func`` for the op ``name`` (e.g. ``"npu_my_fused_op"``).
+        """Add the reference ``func`` for the op ``name``.
 
-        ``func`` must take the op's exact arguments and return what the op returns. A name
-        already registered raises ``ValueError`` unless ``replace=True``. ``companions``:
-        what else it says about the op (``Companions``), such as the rows its kernel writes.
+        Parameters
+        ----------
+        name
+            The op's name as dumps write it after ``NPU.`` (``"npu_my_fused_op"``).
+        func
+            Takes the op's exact arguments and returns what the op returns.
+        replace
+            Replace a reference already registered under `name`.
+        companions
+            What else it says about the op (``Companions``), such as the rows its kernel
+            writes.
+
+        Raises
+        ------
+        ValueError
+            `name` is registered already and `replace` is false.
         """
         if name in self._functions and not replace:
             raise ValueError(
@@ -142,12 +155,38 @@ class Registry:
         self._functions[name] = BenchFunction(name, func, companions=companions)
 
     def get(self, name: str) -> BenchFunction | None:
+        """The reference of op `name`.
+
+        Parameters
+        ----------
+        name
+            The op's name as dumps write it after ``NPU.``.
+
+        Returns
+        -------
+        BenchFunction or None
+            None where no reference is registered for it.
+        """
         return self._functions.get(name)
 
     def names(self) -> list[str]:
+        """The op names this registry knows.
+
+        Returns
+        -------
+        list[str]
+            Sorted.
+        """
         return sorted(self._functions)
 
     def copy(self) -> Registry:
+        """A registry of the same references that registering in leaves this one as it is.
+
+        Returns
+        -------
+        Registry
+            The copy (the references themselves are shared, not copied).
+        """
         new = Registry()
         new._functions = dict(self._functions)
         return new

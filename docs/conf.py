@@ -15,7 +15,10 @@ project = "pytest-msprobe"
 author = "pytest-msprobe developers"
 copyright = "2026, pytest-msprobe developers"  # Sphinx's name for it, shadowing a builtin
 
-extensions = ["myst_parser", "sphinx.ext.autodoc", "msprobe_docs"]
+# napoleon: the public API's docstrings hold NumPy-style Parameters/Returns/Raises
+# sections, rendered as field lists
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "msprobe_docs"]
+napoleon_google_docstring = False
 source_suffix = {".md": "markdown"}
 # _generated: parts the pages include, not pages of their own
 exclude_patterns = ["_build", "_generated", "Thumbs.db", ".DS_Store"]

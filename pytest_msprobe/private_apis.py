@@ -149,7 +149,9 @@ def attention_math() -> Callable[..., tuple[torch.Tensor, ...]]:
 def untyped(record: torch.Tensor) -> torch.UntypedStorage:
     """The storage under the tensor a file record was read into (PyTorchFileReader's
     get_storage_from_record), as torch.serialization hands it on."""
-    return record._typed_storage()._untyped_storage
+    # torch leaves this private accessor unannotated
+    storage: torch.UntypedStorage = record._typed_storage()._untyped_storage  # type: ignore[no-untyped-call]
+    return storage
 
 
 def npu_option(name: str) -> object:

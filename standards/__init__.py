@@ -58,23 +58,53 @@ def check(  # noqa: PLR0913  the public API's keyword-only options (api, referen
 ) -> Verdict:
     """Judge `device` against its raised-precision `bench` by the standard routed for `api`.
 
-    bench/device: torch tensors, numpy arrays, Python scalars, None, or nested
-    tuples/lists/dicts of them. reference: None (single-run rule), a structure like
-    `device` holding another implementation's outputs on the same inputs, or the
-    metrics of a trusted run (a Verdict, or {path: {metric: value}}).
-    terms: None, or a structure like `bench` holding each element's conditioning: the
-    magnitude of the terms that made it (for a sum, the sum of the terms' absolute
-    values). Where an element cancels far below its terms, a correct kernel's error is
-    bounded by the terms, not by the element: the standards then judge it at that scale
-    (see metrics.Pair.terms).
-    groups: None, or an integer tensor or array of the shape of the outputs it applies to
-    (an output of another shape is not grouped): the id of the group of elements that
-    share one rounded quantity (a softmax row's sum, a batch_norm channel's statistics):
-    the bias sign tests then count groups, not elements (bias.grouped_z).
-    rounded_once: None, or a boolean tensor or array of the shape of the outputs it
-    applies to: the elements a correct kernel computes in float32 and rounds to a 16-bit
-    D once. Their far-misrounding test (bias.far_metrics) then fails an output where 8
-    or more of them lie beyond half an ULP (plus 1/16) of the bench, one way.
+    Parameters
+    ----------
+    bench
+        The raised-precision result: torch tensors, numpy arrays, Python scalars, None,
+        or nested tuples/lists/dicts of them.
+    device
+        The result under test, structured like `bench`; its leaves' dtypes choose the
+        standard's thresholds.
+    api
+        The API that made them (``"linear"``, ``"Functional.linear"``...): the registry
+        routes it to a standard (reference/standards.md lists the routes).
+    reference
+        None for the single-run rule; a structure like `device` holding another
+        implementation's outputs on the same inputs (the standards then judge ratios to
+        its errors); or the metrics of a trusted run (a Verdict, or
+        ``{path: {metric: value}}``).
+    terms
+        None, or a structure like `bench` holding each element's conditioning: the
+        magnitude of the terms that made it (for a sum, the sum of the terms' absolute
+        values). Where an element cancels far below its terms, a correct kernel's error
+        is bounded by the terms, not by the element: the standards then judge it at that
+        scale (see metrics.Pair.terms).
+    groups
+        None, or an integer tensor or array of the shape of the outputs it applies to (an
+        output of another shape is not grouped): the id of the group of elements that
+        share one rounded quantity (a softmax row's sum, a batch_norm channel's
+        statistics): the bias sign tests then count groups, not elements
+        (bias.grouped_z).
+    rounded_once
+        None, or a boolean tensor or array of the shape of the outputs it applies to: the
+        elements a correct kernel computes in float32 and rounds to a 16-bit D once.
+        Their far-misrounding test (bias.far_metrics) then fails an output where 8 or
+        more of them lie beyond half an ULP (plus 1/16) of the bench, one way.
+
+    Returns
+    -------
+    Verdict
+        ``status`` one of "pass", "warning", "error", "skip"; ``metrics`` and
+        ``thresholds`` of the standard; one Verdict per leaf in ``outputs`` where the
+        results are nested. Outputs whose structure, shape or dtype kind differ are an
+        error verdict (standard "structure"), not an exception.
+
+    Raises
+    ------
+    KeyError
+        `api` is routed to a standard no one registered (``Registry.set_api_standard``
+        names it, ``Registry.register_standard`` adds it).
     """
     from .registry import shipped_registry
 

@@ -88,7 +88,14 @@ class Registry:
     # ----------------------------------------------------------------- construction
     @classmethod
     def default(cls) -> Registry:
-        """A fresh copy of the shipped tables (parsed once), safe for the caller to mutate."""
+        """A fresh copy of the shipped tables (parsed once), safe for the caller to mutate.
+
+        Returns
+        -------
+        Registry
+            The shipped standards, routes and thresholds; changing it changes no other
+            registry.
+        """
         return copy.deepcopy(_shipped())
 
     def __deepcopy__(self, memo: dict[int, object]) -> Registry:
@@ -100,7 +107,23 @@ class Registry:
         return new
 
     def load_file(self, path: str | Path) -> None:
-        """Add a user's table: routing rows and/or threshold rows (see module docstring)."""
+        """Add a user's table: routing rows and/or threshold rows (see module docstring).
+
+        Parameters
+        ----------
+        path
+            A CSV file with the columns ``api`` and ``standard`` (a route), or ``api``,
+            ``dtype`` (empty or ``*``: every dtype), ``threshold`` and ``value`` (a
+            threshold), or both on one row.
+
+        Raises
+        ------
+        OSError
+            The file cannot be read.
+        ValueError
+            A row names no ``api``, or a threshold without its ``value`` (or a value
+            that is not a number).
+        """
         for row in _read_rows(path):
             api = row.get("api", "")
             if not api:
@@ -114,31 +137,97 @@ class Registry:
 
     # ----------------------------------------------------------------- mutation
     def register_standard(self, name: str, func: StandardFunc) -> None:
-        """Add (or replace) a standard: func(pair, thresholds, reference) -> Verdict."""
+        """Add (or replace) a standard that APIs can be routed to.
+
+        Parameters
+        ----------
+        name
+            The standard's name, as routes and ``Verdict.standard`` name it.
+        func
+            ``func(pair, thresholds, reference) -> Verdict``: the output pair
+            (metrics.Pair), the thresholds of its API and dtype (``thresholds_for``) and
+            the reference to judge against (None: the single-run rule).
+
+        Raises
+        ------
+        TypeError
+            `func` is not callable.
+        """
         if not callable(func):
             raise TypeError(f"standard {name!r} must be callable")
         self.standards[name] = func
 
     def set_api_standard(self, api: str, standard: str) -> None:
-        """Route `api` to `standard` (which must be registered by the time it is used)."""
+        """Route `api` to `standard` (which must be registered by the time it is used).
+
+        Parameters
+        ----------
+        api
+            The API name as dumps write it after their prefix (``"linear"`` for
+            ``Functional.linear.0``).
+        standard
+            A registered standard's name (``"ulp"``, ``"absolute_threshold"``...).
+        """
         self.routes[api] = standard
 
     def set_threshold(self, api: str, dtype: DtypeLike, name: str, value: float) -> None:
-        """Override one threshold for `api` in `dtype` ("*" for every dtype)."""
+        """Override one threshold for `api` in `dtype`.
+
+        Parameters
+        ----------
+        api
+            The API whose threshold changes.
+        dtype
+            A torch or numpy dtype or its name; ``"*"`` for every dtype (an exact dtype's
+            row wins over it).
+        name
+            The threshold's name, as reference/standards.md lists them
+            (``"ulp_threshold"``, ``"small"``...).
+        value
+            Its new value.
+        """
         key = (api, "*" if dtype == "*" else dtype_name(dtype))
         self.overrides.setdefault(key, {})[name] = float(value)
         self._threshold_cache.clear()
 
     # ----------------------------------------------------------------- lookup
     def standard_for(self, api: str, dtype: DtypeLike) -> str:
-        """Name of the standard judging `api` outputs of `dtype`."""
+        """Name of the standard judging `api` outputs of `dtype`.
+
+        Parameters
+        ----------
+        api
+            The API name.
+        dtype
+            The device output's dtype (torch, numpy or a name).
+
+        Returns
+        -------
+        str
+            The routed standard; ``"binary_consistency"`` for integer and bool outputs,
+            ``"benchmark"`` for an API no route names.
+        """
         name = dtype_name(dtype)
         if not is_float_name(name):
             return "binary_consistency"
         return self.routes.get(api, FALLBACK)
 
     def thresholds_for(self, api: str, dtype: DtypeLike) -> dict[str, float]:
-        """Dtype defaults overlaid with the table's `*` rows, then exact-dtype rows."""
+        """The thresholds `api` outputs of `dtype` are judged by.
+
+        Parameters
+        ----------
+        api
+            The API name.
+        dtype
+            The device output's dtype (torch, numpy or a name).
+
+        Returns
+        -------
+        dict[str, float]
+            The dtype's defaults overlaid with the table's ``*`` rows of `api`, then its
+            exact-dtype rows (shared: copy it before changing it).
+        """
         name = dtype_name(dtype)
         key = (api, name)
         cached = self._threshold_cache.get(key)
@@ -161,7 +250,24 @@ class Registry:
         groups: PerElement = None,
         rounded_once: PerElement = None,
     ) -> Verdict:
-        """Judge a (possibly nested) device output against its bench. See package docs."""
+        """Judge a (possibly nested) device output against its bench by this registry's
+        routes and thresholds.
+
+        Parameters
+        ----------
+        bench, device, api, reference, terms, groups, rounded_once
+            As :func:`pytest_msprobe.standards.check` takes them.
+
+        Returns
+        -------
+        Verdict
+            As :func:`pytest_msprobe.standards.check` returns it.
+
+        Raises
+        ------
+        KeyError
+            `api` is routed to a standard this registry lacks.
+        """
         baseline, ref_leaves, ref_problem = _parse_reference(bench, reference)
         term_leaves = (
             {}

@@ -123,6 +123,83 @@ REPO_PATH = re.compile(
 STAGE_PATH = re.compile(r"`((?:dump|run|judge|results|scripts|plugin)/[\w/-]+\.(?:py|toml|html))`")
 
 
+#: the public API whose reference must list each parameter (docs/reference/api.md)
+PARAMETERISED = (
+    "pytest_msprobe.standards.check",
+    "pytest_msprobe.standards.Registry.load_file",
+    "pytest_msprobe.standards.Registry.register_standard",
+    "pytest_msprobe.standards.Registry.set_api_standard",
+    "pytest_msprobe.standards.Registry.set_threshold",
+    "pytest_msprobe.standards.Registry.standard_for",
+    "pytest_msprobe.standards.Registry.thresholds_for",
+    "pytest_msprobe.standards.Registry.check",
+    "pytest_msprobe.plugin.hookspecs.pytest_msprobe_register_standards",
+    "pytest_msprobe.plugin.hookspecs.pytest_msprobe_register_bench_functions",
+    "pytest_msprobe.plugin.hookspecs.pytest_msprobe_result",
+    "pytest_msprobe.bench_functions.get",
+    "pytest_msprobe.bench_functions.register",
+    "pytest_msprobe.bench_functions.Registry.register",
+    "pytest_msprobe.bench_functions.Registry.get",
+)
+#: ... and what it returns
+RETURNING = (
+    "pytest_msprobe.standards.check",
+    "pytest_msprobe.standards.Registry.default",
+    "pytest_msprobe.standards.Registry.standard_for",
+    "pytest_msprobe.standards.Registry.thresholds_for",
+    "pytest_msprobe.standards.Registry.check",
+    "pytest_msprobe.bench_functions.get",
+    "pytest_msprobe.bench_functions.names",
+    "pytest_msprobe.bench_functions.Registry.get",
+    "pytest_msprobe.bench_functions.Registry.names",
+    "pytest_msprobe.bench_functions.Registry.copy",
+)
+API_ENTRY = re.compile(r'<dt class="sig sig-object py" id="([^"]+)"')
+
+
+def without_field(html: str, names: Iterable[str], field: str) -> list[str]:
+    """The API entries of a rendered page without a described `field` field list
+    ("Parameters", "Returns"): missing, or with an item that has no text after its name
+    and type (what autodoc writes from the type hints alone). Each entry's text runs
+    from its signature to the next entry's."""
+    starts = [(match.group(1), match.start()) for match in API_ENTRY.finditer(html)]
+    entries = {
+        name: html[start : starts[number + 1][1] if number + 1 < len(starts) else len(html)]
+        for number, (name, start) in enumerate(starts)
+    }
+    listed = re.compile(
+        rf'<dt class="field-(odd|even)">{field}<span class="colon">:</span></dt>\s*<dd class="field-\1">(.*?)</dd>',
+        re.S,
+    )
+
+    def described(entry: str) -> bool:
+        found = listed.search(entry)
+        if found is None or field != "Parameters":
+            return found is not None
+        items = found.group(2).split("<strong>")[1:]  # one per parameter
+        return bool(items) and all(" -- " in re.sub(r"<[^>]+>", "", item) for item in items)
+
+    return [name for name in names if name not in entries or not described(entries[name])]
+
+
+def test_an_api_entry_without_described_parameters_is_named() -> None:
+    """Prose in place of a Parameters section renders one paragraph, and autodoc's type
+    hints alone a list of names and types: the check names both, and an entry that is
+    missing altogether."""
+    entry = '<dt class="sig sig-object py" id="{}">{}</dt><dd><p>{}</p>{}</dd>'
+    field = '<dl class="field-list simple"><dt class="field-odd">{}<span class="colon">:</span></dt><dd class="field-odd">{}</dd></dl>'
+    described = field.format("Parameters", "<p><strong>x</strong> (<em>int</em>) -- What is judged.</p>")
+    typed = field.format("Parameters", "<p><strong>x</strong> (<em>int</em>)</p>")
+    page = (
+        entry.format("mod.described", "described(x)", "Judge x.", described)
+        + entry.format("mod.prose", "prose(x)", "x: what is judged.", "")
+        + entry.format("mod.typed", "typed(x)", "Judge x.", typed)
+    )
+    names = ["mod.described", "mod.prose", "mod.typed", "mod.absent"]
+    assert without_field(page, names, "Parameters") == ["mod.prose", "mod.typed", "mod.absent"]
+    assert without_field(page, ["mod.described"], "Returns") == ["mod.described"]
+
+
 def missing_files(text: str) -> list[str]:
     """The repository files a page names (`benchmarks/test_html.py`, `judge/offline/dumped_run.py`)
     that do not exist: moved or renamed since the page was written."""
@@ -368,3 +445,6 @@ def test_the_docs_build_with_warnings_as_errors(tmp_path: Path) -> None:
     standards = (out / "reference" / "standards.html").read_text(encoding="utf-8")
     assert all(path.name in standards for path in gen.TABLES.glob("*.csv"))
     assert (out / "_images" / "report.png").exists() or (out / "_static" / "report.png").exists()
+    api = (out / "reference" / "api.html").read_text(encoding="utf-8")
+    assert without_field(api, PARAMETERISED, "Parameters") == []
+    assert without_field(api, RETURNING, "Returns") == []

@@ -150,7 +150,7 @@ def _affine_gather(shape: list[int], known: np.ndarray, single: np.ndarray, nume
     anchor = int(np.flatnonzero(single)[0])
     stride = np.array(strides, dtype=np.int64)
     offset = int(known[anchor]) - int((coords[anchor] * stride).sum())
-    gather = offset + (coords * stride).sum(1)
+    gather: np.ndarray = offset + (coords * stride).sum(1)
     if gather.size and (int(gather.min()) < 0 or int(gather.max()) >= numel):
         return None
     return gather
@@ -168,22 +168,25 @@ def view_gather(producer: _Values, consumer: torch.Tensor) -> np.ndarray | None:
     if bool((where < 0).any()):
         return None
     single = producer.counts[where] == 1
-    known = producer.first[where]
+    known: np.ndarray = producer.first[where]
     if not bool(single.all()):
         if not bool(single.any()):
             raise Ambiguous("every value it holds is repeated in the producer's output")
+        first = known
         fits = (
-            _affine_gather(_refined(tuple(consumer.shape), reverse), known, single, producer.flat.size)
+            _affine_gather(_refined(tuple(consumer.shape), reverse), first, single, producer.flat.size)
             for reverse in (False, True)
         )
-        known = next(
+        found = next(
             (gather for gather in fits if gather is not None and bool((producer.flat[gather] == bits).all())), None
         )
-        if known is None:
+        if found is None:
             raise UnsettledView("it holds repeated values and no strided view of the producer's output reads it")
+        known = found
     if np.unique(known).size != known.size:
         raise Ambiguous("it reads elements of the producer's output more than once (a constant or broadcast tensor)")
-    return known.reshape(tuple(consumer.shape))
+    gathered: np.ndarray = known.reshape(tuple(consumer.shape))
+    return gathered
 
 
 @dataclass

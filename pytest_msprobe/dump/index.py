@@ -228,7 +228,7 @@ def read_index(path: Path) -> DumpIndex:
     return calls.index(path, task, _header_str(path, header, "level", "L1"), framework)
 
 
-def _header_str(path: Path, header: dict, key: str, default: str | None) -> str:
+def _header_str(path: Path, header: Record, key: str, default: str | None) -> str:
     value = header.get(key, default)
     if value is None and default is not None:
         return default

@@ -136,7 +136,7 @@ def _plain(expected: tuple[type[int | float | bool | str], ...]) -> Callable[[Re
     return decode_plain
 
 
-def _slice(value: dict, ctx: DecodeContext, path: str) -> slice:
+def _slice(value: Record, ctx: DecodeContext, path: str) -> slice:
     bounds = value.get("value")
     if not (
         isinstance(bounds, list)
@@ -147,18 +147,18 @@ def _slice(value: dict, ctx: DecodeContext, path: str) -> slice:
     return slice(*bounds)
 
 
-def _size(value: dict, ctx: DecodeContext, path: str) -> torch.Size:
+def _size(value: Record, ctx: DecodeContext, path: str) -> torch.Size:
     dims = value.get("value")
     if not (isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
         raise CallError(f"{ctx.call} {path}: torch.Size value {dims!r} is not a list of integers")
     return torch.Size(dims)
 
 
-def _dtype(value: dict, ctx: DecodeContext, path: str) -> torch.dtype:
+def _dtype(value: Record, ctx: DecodeContext, path: str) -> torch.dtype:
     return torch_dtype(value.get("value"))
 
 
-def _device(value: dict, ctx: DecodeContext, path: str) -> RecordedDevice:
+def _device(value: Record, ctx: DecodeContext, path: str) -> RecordedDevice:
     return RecordedDevice(str(value.get("value")))
 
 
@@ -170,7 +170,7 @@ MEMORY_FORMATS = {
 }
 
 
-def _memory_format(value: dict, ctx: DecodeContext, path: str) -> torch.memory_format:
+def _memory_format(value: Record, ctx: DecodeContext, path: str) -> torch.memory_format:
     name = str(value.get("format", value.get("value", ""))).removeprefix("torch.")
     if name not in MEMORY_FORMATS:
         raise CallSkip(f"{ctx.call} {path}: unknown memory format {name!r}")
@@ -185,7 +185,7 @@ def _ellipsis(value: Record, ctx: DecodeContext, path: str) -> Nested:
     return Ellipsis
 
 
-def _tensor(value: dict, ctx: DecodeContext, path: str) -> torch.Tensor:
+def _tensor(value: Record, ctx: DecodeContext, path: str) -> torch.Tensor:
     return ctx.tensor(value, path)
 
 
@@ -201,10 +201,11 @@ def _numpy_scalar(value: Record, ctx: DecodeContext, path: str) -> Nested:
     item = value.get("value")
     if maker is None or not isinstance(item, (int, float, bool)):
         raise CallSkip(f"{ctx.call} {path}: unsupported value type {value['type']!r} ({item!r})")
-    return maker(item)
+    scalar: np.generic = maker(item)
+    return scalar
 
 
-def _mindspore_dtype(value: dict, ctx: DecodeContext, path: str) -> torch.dtype:
+def _mindspore_dtype(value: Record, ctx: DecodeContext, path: str) -> torch.dtype:
     return torch_dtype(str(value.get("value")))
 
 

@@ -42,7 +42,8 @@ EXPLORED_FOLDER, HYPOTHESIS_FOLDER = "explored", "hypothesis"
 def _mark(name: str) -> pytest.MarkDecorator:
     """One decorator per marker name: `pytest.mark.<name>` costs as much as the rest of
     an item's creation, and a dump has hundreds of thousands of items."""
-    return getattr(pytest.mark, name)
+    mark: pytest.MarkDecorator = getattr(pytest.mark, name)
+    return mark
 
 
 @overload

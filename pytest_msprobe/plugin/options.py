@@ -213,10 +213,10 @@ def located(config: pytest.Config, name: str) -> Path | None:
     option is not set (or set to nothing) and has no default."""
     given = config.getoption(name)
     if given:
-        return Path(config.invocation_params.dir) / given
+        return Path(config.invocation_params.dir) / str(given)
     written = config.getini(name)
     if written:
-        return ini_folder(config) / written
+        return ini_folder(config) / str(written)
     default = OPTIONS_BY_NAME[name].default
     return Path(config.invocation_params.dir) / default if default else None
 

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
-from pytest_msprobe.judge.verdict.record import OutputResult
+from pytest_msprobe.judge.verdict.record import ElementSample, OutputResult
 
 if TYPE_CHECKING:
-    from pytest_msprobe.dump.index import Record
     from pytest_msprobe.standards.dtypes import DtypeInfo
 
 #: an output's metrics or thresholds, by name (judge/verdict/record.py's OutputResult)
@@ -57,16 +56,17 @@ class Tolerance:
     text: str
 
 
-def plot_data(output: OutputResult, sample: Record) -> PlotData | None:
+def plot_data(output: OutputResult, sample: ElementSample) -> PlotData | None:
     """The plots of a sampled output, or None where there is nothing to draw (an
     integer output keeps only its worst elements)."""
     from pytest_msprobe.standards.dtypes import dtype_info
     from pytest_msprobe.standards.metrics import ulp_of
 
-    if "bench" not in sample or not sample["bench"]:
+    if not sample.get("bench"):
         return None
     info = dtype_info(output.device_dtype)
-    bench, device = np.asarray(sample["bench"], dtype=np.float64), np.asarray(sample["device"], dtype=np.float64)
+    bench = np.asarray(sample.get("bench", ()), dtype=np.float64)
+    device = np.asarray(sample.get("device", ()), dtype=np.float64)
     with np.errstate(all="ignore"):
         error = np.abs(device - bench)
     finite = np.isfinite(error) & np.isfinite(bench)
@@ -106,7 +106,7 @@ def ulp_histogram(ulps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return counts, edges
 
 
-def caption(output: OutputResult, sample: Record, data: PlotData) -> str:
+def caption(output: OutputResult, sample: ElementSample, data: PlotData) -> str:
     """What the figure shows, in words: the sample, the tolerance line, the bins."""
     size = math.prod(output.shape) if output.shape else 1
     taken = len(sample.get("flat", ()))
@@ -172,7 +172,8 @@ def _absolute_threshold(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, 
     allowed = ulps * info.eps
 
     def curve(x: np.ndarray) -> np.ndarray:
-        return np.maximum(np.where(x > small, rtol * x, atol), allowed * np.maximum(x, floor * rms))
+        bound: np.ndarray = np.maximum(np.where(x > small, rtol * x, atol), allowed * np.maximum(x, floor * rms))
+        return bound
 
     return Tolerance(
         curve,

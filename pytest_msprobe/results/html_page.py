@@ -63,6 +63,7 @@ from pytest_msprobe.results.summary import (
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
     from pytest_msprobe.judge.gate.upgrade import RunComparison
+    from pytest_msprobe.judge.verdict.record import ElementSample, WorstElement
     from pytest_msprobe.standards.verdict import Status
 
 PAGE_ROWS = 500  # table rows drawn at once; "show more" draws more
@@ -76,7 +77,7 @@ class ReportContext:
     """What the page shows besides the records."""
 
     title: str = "pytest-msprobe report"
-    sessions: tuple[dict, ...] = ()  # the run file's sessions (writer.read_sessions)
+    sessions: tuple[Record, ...] = ()  # the run file's sessions (writer.read_sessions)
     scripts: Path | None = None  # a folder of standalone scripts (--msprobe-scripts)
     baselines: tuple[tuple[str, Baseline], ...] = ()  # (label, baseline), oldest first; the last is compared with
     # the run's own comparison with its baseline (judge/gate/upgrade.py), which the section
@@ -156,7 +157,7 @@ def _headline(records: list[ResultRecord]) -> tuple[str, str]:
     return "failing", f"{bad} in {len(records)} calls{skipped}{known_text}"
 
 
-def _run_line(sessions: Sequence[dict]) -> str:
+def _run_line(sessions: Sequence[Record]) -> str:
     if not sessions:
         return "run time not recorded (no msprobe_run_*.json beside the results)"
     seconds = sum(float(session.get("duration", 0.0)) for session in sessions)
@@ -239,7 +240,7 @@ ENVIRONMENT_ROWS: tuple[tuple[str, Callable[[Record], Json]], ...] = (
 )
 
 
-def _environment(sessions: Sequence[dict]) -> str:
+def _environment(sessions: Sequence[Record]) -> str:
     if not sessions:
         return '<p class="muted">not recorded</p>'
     last = sessions[-1]
@@ -306,8 +307,10 @@ def _figures(records: list[ResultRecord]) -> dict[tuple[int, int], tuple[str, st
     keys, captions, datas = [], [], []
     for record in records:
         for sample in record.samples:
-            position = sample.get("output")
-            if isinstance(position, int) and 0 <= position < len(record.outputs):
+            if "error" in sample:
+                continue
+            position = sample["output"]
+            if 0 <= position < len(record.outputs):
                 data = plot_data(record.outputs[position], sample)
                 if data is not None:
                     keys.append((id(record), position))
@@ -341,7 +344,7 @@ def _call_section(
     baselines: list[tuple[str, BaselineIndex]],
     scripts: dict[str, Path],
 ) -> str:
-    samples = {sample.get("output"): sample for sample in record.samples}
+    samples = {sample["output"]: sample for sample in record.samples if "error" not in sample}
     meta = " · ".join(
         part
         for part in (
@@ -380,7 +383,7 @@ def _call_section(
     return "".join(parts) + "</section>"
 
 
-def _output_part(output: OutputResult, sample: dict | None, figure: tuple[str, str] | None) -> str:
+def _output_part(output: OutputResult, sample: ElementSample | None, figure: tuple[str, str] | None) -> str:
     title = (
         f"{output.path or 'output'} · {output.status} by {output.standard} · {output.device_dtype} "
         f"(bench {output.bench_dtype}) · shape {tuple(output.shape)}"
@@ -423,7 +426,7 @@ def _metrics_table(output: OutputResult) -> str:
     return table + (f'<p class="muted">other thresholds: {_e(other)}</p>' if other else "")
 
 
-def _worst_table(worst: list) -> str:
+def _worst_table(worst: list[WorstElement]) -> str:
     rows = "".join(
         f'<tr><td class="v">{_e(index)}</td><td class="v">{_e(repr(device))}</td><td class="v">{_e(repr(bench))}</td>'
         f'<td class="v">{_number(abs(device - bench)) if _finite(device, bench) else "inf/NaN"}</td></tr>'

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_msprobe.judge.gate.upgrade import merged_changes
 from pytest_msprobe.results.run_files import (
@@ -34,6 +35,9 @@ from pytest_msprobe.results.run_files import (
     write_regressions,
     write_sessions,
 )
+
+if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Record
 
 
 def journal_of(source: Path) -> Path:
@@ -76,13 +80,13 @@ class Merged:
 
     entries: list[Entry]
     repeated: int
-    sessions: list[dict]
+    sessions: list[Record]
     read: list[SourceRead]
 
 
 def merged_entries(sources: Sequence[Path]) -> Merged:
     merged: dict[tuple[str, str], Entry] = {}
-    sessions: list[dict] = []
+    sessions: list[Record] = []
     repeated = 0
     read: list[SourceRead] = []
     for source in sources:

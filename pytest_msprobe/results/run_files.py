@@ -42,6 +42,7 @@ from pytest_msprobe.judge.gate.upgrade import worst_first
 from pytest_msprobe.judge.verdict.record import EXPLORED_SUFFIX, ResultRecord
 
 if TYPE_CHECKING:
+    from pytest_msprobe.dump.index import Record
     from pytest_msprobe.judge.gate.upgrade import Change
     from pytest_msprobe.standards.verdict import Status
 from pytest_msprobe.results.msprobe_csv import (
@@ -94,13 +95,33 @@ class RunFiles:
     def _file(self, prefix: str, suffix: str) -> Path:
         return self.folder / f"{prefix}{self.stamp}{suffix}"
 
-    journal = property(lambda self: self._file(JOURNAL_PREFIX, ".jsonl"))
-    details = property(lambda self: self._file(DETAILS_PREFIX, ".csv"))
-    metrics = property(lambda self: self._file(METRICS_PREFIX, ".jsonl"))
-    result = property(lambda self: self._file(RESULT_PREFIX, ".csv"))
-    kernels = property(lambda self: self._file(KERNELS_PREFIX, ".csv"))
-    run = property(lambda self: self._file(RUN_PREFIX, ".json"))
-    regressions = property(lambda self: self._file(REGRESSIONS_PREFIX, ".csv"))
+    @property
+    def journal(self) -> Path:
+        return self._file(JOURNAL_PREFIX, ".jsonl")
+
+    @property
+    def details(self) -> Path:
+        return self._file(DETAILS_PREFIX, ".csv")
+
+    @property
+    def metrics(self) -> Path:
+        return self._file(METRICS_PREFIX, ".jsonl")
+
+    @property
+    def result(self) -> Path:
+        return self._file(RESULT_PREFIX, ".csv")
+
+    @property
+    def kernels(self) -> Path:
+        return self._file(KERNELS_PREFIX, ".csv")
+
+    @property
+    def run(self) -> Path:
+        return self._file(RUN_PREFIX, ".json")
+
+    @property
+    def regressions(self) -> Path:
+        return self._file(REGRESSIONS_PREFIX, ".csv")
 
     @classmethod
     def of_journal(cls, journal: Path) -> RunFiles:
@@ -232,7 +253,7 @@ def read_journal(path: Path) -> list[Entry]:
     return list(entries.values())
 
 
-def read_sessions(files: RunFiles) -> list[dict]:
+def read_sessions(files: RunFiles) -> list[Record]:
     """The sessions recorded for a run, oldest first; none for a run that has no (or a
     damaged) run file: it only adds to a report, it is never needed to read results."""
     try:
@@ -242,7 +263,7 @@ def read_sessions(files: RunFiles) -> list[dict]:
     return [session for session in sessions if isinstance(session, dict)] if isinstance(sessions, list) else []
 
 
-def write_sessions(files: RunFiles, sessions: list[dict]) -> None:
+def write_sessions(files: RunFiles, sessions: list[Record]) -> None:
     _replace(files.run, json.dumps({"sessions": sessions}, indent=1) + "\n")
 
 
@@ -253,7 +274,7 @@ def split_direction(record_call: str) -> tuple[str, str]:
     return (call + EXPLORED_SUFFIX if record_call.endswith(EXPLORED_SUFFIX) else call), direction
 
 
-def metrics_rows(entry: Entry) -> list[dict]:
+def metrics_rows(entry: Entry) -> list[dict[str, object]]:
     """Flat objects, one per compared output, with every metric and threshold as its own
     column, and the columns of its findings (judge/findings/finding.py) where it has any:
     pandas.read_json(path, lines=True) gives one DataFrame of the whole run."""
@@ -288,7 +309,7 @@ def metrics_rows(entry: Entry) -> list[dict]:
     ]
 
 
-def kernel_metrics_row(verdict: KernelVerdict) -> dict:
+def kernel_metrics_row(verdict: KernelVerdict) -> dict[str, object]:
     """A kernel's line in the metrics file: its pooled metrics, as a call's output's."""
     key = verdict.key
     return {

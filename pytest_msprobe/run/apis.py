@@ -162,7 +162,7 @@ def _torch_attr(section: str, owner: Callable[[], object]) -> Callable[[str], Ca
     def resolve(api_name: str) -> Callable[..., Nested]:
         if api_name not in pytorch_table()[section]:
             raise CallSkip(f"{section}.{api_name} is not in the replay table of {section} APIs")
-        function = getattr(owner(), api_name, None)
+        function: Callable[..., Nested] | None = getattr(owner(), api_name, None)
         if not callable(function):
             raise CallSkip(f"{section}.{api_name} does not exist in this torch version")
         return function
@@ -184,8 +184,9 @@ def _aten(api_name: str) -> Callable[..., Nested]:
     if len(parts) > 2 or not all(_IDENTIFIER.match(p) for p in parts):
         raise CallSkip(f"Aten.{api_name} is not an aten operator name")
     try:
-        op = getattr(torch.ops.aten, parts[0])
-        return getattr(op, parts[1]) if len(parts) == 2 else op
+        op: Callable[..., Nested] = getattr(torch.ops.aten, parts[0])
+        overload: Callable[..., Nested] = getattr(op, parts[1]) if len(parts) == 2 else op
+        return overload
     except (AttributeError, RuntimeError):
         raise CallSkip(f"Aten.{api_name} does not exist in this torch version") from None
 
@@ -307,7 +308,8 @@ def _exact_gelu(gelu: Callable[..., Nested], dtypes: tuple[str, ...]) -> Callabl
             or str(input.dtype).removeprefix("torch.") not in dtypes
         ):
             return gelu(input, approximate=approximate)
-        return 0.5 * input * torch.special.erfc(-input * 0.5**0.5)
+        exact: torch.Tensor = 0.5 * input * torch.special.erfc(-input * 0.5**0.5)
+        return exact
 
     return bench
 

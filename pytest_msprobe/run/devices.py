@@ -65,7 +65,8 @@ class Accelerator:
                 raise DeviceUnavailable(
                     f"{self.package} cannot be imported: {type(exc).__name__}: {exc}. {self.broken_hint}"
                 ) from exc
-        return getattr(torch, self.name)
+        module: ModuleType = getattr(torch, self.name)
+        return module
 
 
 ACCELERATORS = {
@@ -92,7 +93,8 @@ class Backend:
         return 1
 
     def torch_device(self, index: int = 0) -> torch.device:
-        return import_torch().device("cpu")
+        device: torch.device = import_torch().device("cpu")
+        return device
 
     def select(self, index: int) -> None:
         """Make `index` the current device of this process, before any tensor exists."""
@@ -134,7 +136,8 @@ class AcceleratorBackend(Backend):
         return int(self._module().device_count())
 
     def torch_device(self, index: int = 0) -> torch.device:
-        return import_torch().device(self.name, index)
+        device: torch.device = import_torch().device(self.name, index)
+        return device
 
     def select(self, index: int) -> None:
         self._module().set_device(index)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pytest_msprobe.judge.offline.dumped_run import DumpedRun
     from pytest_msprobe.judge.offline.layouts import LayoutReferences
     from pytest_msprobe.judge.offline.missing_shares import Share
+    from pytest_msprobe.judge.verdict.record import Sample
     from pytest_msprobe.run.mindspore.replay import MindsporeReplay
     from pytest_msprobe.run.replay import Inputs
     from pytest_msprobe.standards import Registry, Verdict
@@ -93,7 +94,7 @@ class CallResult:
     verdict: Verdict
     device: str
     origins: list[str]
-    samples: list[Record] = dataclasses.field(default_factory=list)
+    samples: list[Sample] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # lines the report adds after the inputs
     findings: list[Finding] = dataclasses.field(default_factory=list)  # repeat, overflow
     known: KnownDefect | None = None  # the known library defect an error matches (judge/defects/table.py)
@@ -176,7 +177,7 @@ def known_of(judgement: Judgement, settings: Settings) -> KnownDefect | None:
     return known_defect(judgement, "dumped" if settings.offline else settings.backend.name)
 
 
-def _samples(judgement: Judgement, verdict: Verdict, settings: Settings) -> list[Record]:
+def _samples(judgement: Judgement, verdict: Verdict, settings: Settings) -> list[Sample]:
     """The elements the HTML report plots, of the results the verdict was reached on;
     none without the report (no cost)."""
     if not settings.sample_statuses:
@@ -184,7 +185,7 @@ def _samples(judgement: Judgement, verdict: Verdict, settings: Settings) -> list
     from pytest_msprobe.judge.check.samples import element_samples
 
     try:
-        return element_samples(judgement.results.bench, judgement.results.device, verdict, settings.sample_statuses)
+        return [*element_samples(judgement.results.bench, judgement.results.device, verdict, settings.sample_statuses)]
     except Exception as exc:  # noqa: BLE001 - the report says so; the verdict stands
         return [{"error": f"no element sample: {type(exc).__name__}: {exc}"}]
 

@@ -3,7 +3,8 @@
 A record holds metrics, not tensors, yet the report's plots need elements: each error
 against the magnitude of its bench value, the errors in ULPs, where in the tensor they
 sit. So where the test runs, and only when a report is asked for, every output whose
-verdict has one of the asked statuses gets a small dict in the record's `samples`:
+verdict has one of the asked statuses gets a small dict in the record's `samples`
+(judge/verdict/record.py's ElementSample):
 
     output   the output's position among the record's outputs
     flat     flat indices of SAMPLE_SIZE elements (every element of a smaller output),
@@ -33,8 +34,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-    from pytest_msprobe.dump.index import Record
     from pytest_msprobe.dump.values import Nested
+    from pytest_msprobe.judge.verdict.record import ElementSample, Heatmap, WorstElement
     from pytest_msprobe.standards import Verdict
     from pytest_msprobe.standards.dtypes import Array, DtypeInfo
     from pytest_msprobe.standards.pairing import Leaf
@@ -48,7 +49,7 @@ HEATMAP_CELLS = 48
 CHUNK = 1 << 20  # elements converted to float64 at a time
 
 
-def element_samples(bench: Nested, device: Nested, verdict: Verdict, statuses: Iterable[Status]) -> list[Record]:
+def element_samples(bench: Nested, device: Nested, verdict: Verdict, statuses: Iterable[Status]) -> list[ElementSample]:
     """A sample of each output whose verdict's status is in `statuses`, in the order of
     the verdict's outputs (the standards pair the leaves in this same order)."""
     from pytest_msprobe.standards.pairing import Leaf, pair_leaves
@@ -56,25 +57,27 @@ def element_samples(bench: Nested, device: Nested, verdict: Verdict, statuses: I
     wanted = frozenset(statuses)
     leaves = verdict.outputs or (verdict,)
     return [
-        {"output": position, **output_sample(item, leaf)}
+        output_sample(position, item, leaf)
         for position, (item, leaf) in enumerate(zip(pair_leaves(bench, device), leaves, strict=False))
         if leaf.status in wanted and isinstance(item, Leaf)
     ]
 
 
-def output_sample(leaf: Leaf, verdict: Verdict) -> Record:
-    """The sample of one paired leaf (standards.pairing.Leaf) judged by `verdict`."""
+def output_sample(position: int, leaf: Leaf, verdict: Verdict) -> ElementSample:
+    """The sample of one paired leaf (standards.pairing.Leaf), the output at `position`,
+    judged by `verdict`."""
     from pytest_msprobe.standards.dtypes import dtype_info, is_float_name
 
-    worst = [[list(offender.index), offender.device, offender.bench] for offender in verdict.worst]
+    worst: list[WorstElement] = [(list(offender.index), offender.device, offender.bench) for offender in verdict.worst]
     if not is_float_name(leaf.device_dtype):
-        return {"worst": worst}
+        return {"output": position, "worst": worst}
     shape = tuple(leaf.device.shape)
     size = math.prod(shape)
     bench, device = _flat(leaf.bench), _flat(leaf.device)
     chosen = sample_indices(size)
     rms = _rms(bench, size)
-    sample = {
+    sample: ElementSample = {
+        "output": position,
         "flat": chosen.tolist(),
         "bench": _gather(bench, chosen).tolist(),
         "device": _gather(device, chosen).tolist(),
@@ -109,7 +112,7 @@ def scaled_errors(bench: Array, device: Array, info: DtypeInfo, rms: float) -> A
     return errors
 
 
-def heatmap(bench: Flat, device: Flat, shape: tuple[int, ...], info: DtypeInfo, rms: float) -> Record:
+def heatmap(bench: Flat, device: Flat, shape: tuple[int, ...], info: DtypeInfo, rms: float) -> Heatmap:
     """The largest scaled error in each cell of a grid over (rows, last dimension)."""
     cols = shape[-1]
     rows = math.prod(shape) // cols

@@ -4,7 +4,7 @@ read. It travels from xdist workers to the controller inside the test report."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NotRequired, TypeAlias, TypedDict, final
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
@@ -13,6 +13,46 @@ if TYPE_CHECKING:
 
 # The record (and test) of a call's exploration (judge/explore/search.py): `<call name>.explore`.
 EXPLORED_SUFFIX = ".explore"
+
+#: One of the worst elements the standard named: its index, the device's value, the
+#: bench's. A JSON array on the wire, so a list once a record is read back.
+WorstElement: TypeAlias = "tuple[list[int], float, float]"
+
+
+class Heatmap(TypedDict):
+    """The largest scaled error in each cell of a grid over an output of 2 dimensions
+    or more: `rows` (all leading dimensions) by `cols` (the last), cut into the cells
+    of `grid` (judge/check/samples.py's heatmap)."""
+
+    rows: int
+    cols: int
+    grid: list[list[float]]
+
+
+@final
+class ElementSample(TypedDict):
+    """Elements of one judged output for the HTML report's plots (judge/check/samples.py
+    says how they are drawn). A TypedDict, not a class: a record crosses from the xdist
+    workers and into the journal as JSON, and a sample stays the plain object it was.
+    Integer and bool outputs keep only `output` and `worst`."""
+
+    output: int  # the output's position among the record's outputs
+    worst: list[WorstElement]
+    flat: NotRequired[list[int]]  # the sampled elements' flat indices
+    bench: NotRequired[list[float]]  # their bench values, float64
+    device: NotRequired[list[float]]  # their device values, float64
+    rms: NotRequired[float]  # the RMS of the finite bench values: the single-run rules' scale
+    heatmap: NotRequired[Heatmap]
+
+
+@final
+class SampleError(TypedDict):
+    """Why no sample could be taken: the report says so, the verdict stands."""
+
+    error: str
+
+
+Sample: TypeAlias = "ElementSample | SampleError"
 
 
 @dataclass
@@ -51,7 +91,7 @@ class ResultRecord:
     duration: float = 0.0
     # Elements of some outputs for the HTML report's plots (judge/check/samples.py); empty,
     # and absent from to_dict, unless --msprobe-html asked for them.
-    samples: list[Record] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
     # The known library defect (judge/defects/table.py's row id) an error matches; "", and
     # absent from to_dict, for every other call.
     known_defect: str = ""

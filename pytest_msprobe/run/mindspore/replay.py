@@ -78,7 +78,8 @@ def import_mindspore() -> ModuleType:
         import mindspore
     except Exception as exc:  # a broken install raises anything
         raise CallSkip(f"MindSpore cannot be imported ({type(exc).__name__}: {exc}): {INSTALL_HINT}") from exc
-    return mindspore
+    module: ModuleType = mindspore
+    return module
 
 
 @functools.cache
@@ -196,7 +197,8 @@ def to_torch(value: MsValue) -> Nested:
     if isinstance(value, (tuple, list)):
         converted = [to_torch(item) for item in value]
         return tuple(converted) if isinstance(value, tuple) else converted
-    return value
+    plain: Nested = value  # a Python scalar, None, or what MindSpore returned as is
+    return plain
 
 
 def _flat(value: MsValue) -> list[MsValue]:
