@@ -72,7 +72,7 @@ class _MaskRules:
         return masked
 
 
-def _grouped(t: torch.Tensor, n1: int, n2: int, what: str) -> torch.Tensor:
+def _group_queries(t: torch.Tensor, n1: int, n2: int, what: str) -> torch.Tensor:
     """A (B|1, N1|1, S|1, Skv) tensor as (B|1, N2|1, G|1, S|1, Skv) for grouped queries."""
     if t.dim() != 4:
         raise ValueError(f"{what} must be 4-D here, got shape {tuple(t.shape)}")
@@ -94,7 +94,7 @@ def _given_mask(atten_mask: torch.Tensor, b: int, n1: int, n2: int, sq: int, skv
     if mask.dim() == 2:
         mask = mask.view(1, 1, *mask.shape)
     _check_4d(mask, b, n1, (sq,), skv, "atten_mask")
-    return _grouped(mask, n1, n2, "atten_mask")
+    return _group_queries(mask, n1, n2, "atten_mask")
 
 
 def _mask_rules(
@@ -422,7 +422,7 @@ def _pse5(pse: torch.Tensor | None, dims: _Dims, dtype: torch.dtype) -> torch.Te
             "position bias cannot be rebuilt from them without knowing the ALiBi slopes"
         )
     _check_4d(pse, dims.b, dims.n1, (1, dims.sq), dims.skv, "pse")
-    return _grouped(pse.to(dtype), dims.n1, dims.n2, "pse")
+    return _group_queries(pse.to(dtype), dims.n1, dims.n2, "pse")
 
 
 def _run(

@@ -124,7 +124,7 @@ class Params:
     antiquant_offset: torch.Tensor | None = None
 
 
-def _dequantised(w: torch.Tensor, p: Params, dtype: torch.dtype) -> torch.Tensor:
+def _dequantise(w: torch.Tensor, p: Params, dtype: torch.dtype) -> torch.Tensor:
     """Formula 4's (weight + antiquant_offset) * antiquant_scale: per channel ([n]) or
     per group of rows of k ([G, n])."""
     assert p.antiquant_scale is not None
@@ -146,7 +146,7 @@ def _product(
     """One group's result before the output dtype: formulas 1 to 4 of the docs."""
     if x.is_floating_point():
         dtype = compute_dtype(x)
-        weight = _dequantised(w, p, dtype) if not w.is_floating_point() else w.to(dtype)
+        weight = _dequantise(w, p, dtype) if not w.is_floating_point() else w.to(dtype)
         y = torch.matmul(x.to(dtype), weight)
         return act(y + p.bias.to(dtype) if p.bias is not None else y)
     # int8 x and weight: exact integer products in float64 (|sums| < 2**53)
@@ -249,7 +249,7 @@ def npu_grouped_matmul(
     split = (len(xs), len(xs) + len(ws))
 
     def compute(*flat: torch.Tensor) -> list[torch.Tensor]:
-        return _grouped(
+        return _matmul_per_group(
             list(flat[: split[0]]),
             list(flat[split[0] : split[1]]),
             list(flat[split[1] :]),
@@ -271,7 +271,7 @@ def npu_grouped_matmul(
     return list(one_node(compute, [*xs, *ws, *bs]))
 
 
-def _grouped(
+def _matmul_per_group(
     xs: list[torch.Tensor],
     weight: list[torch.Tensor],
     bias: list[torch.Tensor],
@@ -290,7 +290,7 @@ def _grouped(
 ) -> list[torch.Tensor]:
     """The documented formulas, group by group (see npu_grouped_matmul)."""
     if group_type == 2:
-        return [_k_grouped(xs, weight, bias, group_list, group_list_type, act)]
+        return [_matmul_split_k(xs, weight, bias, group_list, group_list_type, act)]
     weights = _weights(weight)
     n = len(weights)
     per_weight = [
@@ -331,7 +331,7 @@ def _grouped(
     return [_to_output(y, out_dtype)]
 
 
-def _k_grouped(
+def _matmul_split_k(
     xs: list[torch.Tensor],
     weights: list[torch.Tensor],
     bias: Sequence[torch.Tensor] | None,

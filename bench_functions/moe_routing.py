@@ -103,11 +103,11 @@ def npu_moe_finalize_routing(
     - Backward by autograd, as one node (torch_npu's op is one): a dump's gradients pair with the call's inputs offline.
     """
     values = [expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row]
-    (out,) = one_node(lambda *tensors: [_finalized(tensors, drop_pad_mode)], values)
+    (out,) = one_node(lambda *tensors: [_finalize(tensors, drop_pad_mode)], values)
     return out
 
 
-def _finalized(values: Sequence[torch.Tensor | None], drop_pad_mode: int) -> torch.Tensor:
+def _finalize(values: Sequence[torch.Tensor | None], drop_pad_mode: int) -> torch.Tensor:
     """npu_moe_finalize_routing's formula on its tensor arguments, in their order."""
     expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row = values
     assert expanded_permuted_rows is not None and expanded_src_to_dst_row is not None

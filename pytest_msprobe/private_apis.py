@@ -146,7 +146,7 @@ def attention_math() -> Callable[..., tuple[torch.Tensor, ...]]:
     return found
 
 
-def untyped(record: torch.Tensor) -> torch.UntypedStorage:
+def record_storage(record: torch.Tensor) -> torch.UntypedStorage:
     """The storage under the tensor a file record was read into (PyTorchFileReader's
     get_storage_from_record), as torch.serialization hands it on."""
     # torch leaves this private accessor unannotated

@@ -80,7 +80,7 @@ def threshold_reasons(
 SCALED_JUDGED = ("inf_nan_error_ratio", "scaled_err_ratio")
 
 
-def _used(thresholds: Mapping[str, float], scaled: bool) -> dict[str, float]:
+def _named_thresholds(thresholds: Mapping[str, float], scaled: bool) -> dict[str, float]:
     """The thresholds a verdict names, in the order it names them: the spec's tolerances
     and its three ratios (none may be over 0), then, where the scaled allowance judged,
     its ratio and allowance."""
@@ -109,7 +109,7 @@ def absolute_threshold(pair: Pair, thresholds: Mapping[str, float], reference: R
     metrics = absolute_threshold_metrics(pair, rtol, small, atol)
     small_mask = pair.small_mask(small)
     score = np.where(small_mask, pair.abs_err / atol, pair.rel_err / rtol)
-    used = _used(thresholds, scaled=bool(pair.n_finite))
+    used = _named_thresholds(thresholds, scaled=bool(pair.n_finite))
     limits = {"rtol": rtol, "atol": atol}
     judged = None
     if pair.n_finite:
@@ -167,7 +167,7 @@ def _fast(pair: Pair, thresholds: Mapping[str, float], reference: Reference | No
         return None
     metrics = fast_threshold_metrics(pair, res.of(ThresholdCounts))
     metrics["scaled_err_ratio"] = float(res.of(BeyondScaled).count / pair.n)
-    used = _used(thresholds, scaled=True)
+    used = _named_thresholds(thresholds, scaled=True)
     reasons = threshold_reasons(metrics, {"rtol": rtol, "atol": atol, "ulps": ulps, "floor": floor}, SCALED_JUDGED)
     bias, bias_failed = judge_bias(
         pair, reference, thresholds, used, "at_bias_ulp", statistics(res.of(BiasTotals).sums)

@@ -47,7 +47,7 @@ from .pass_results import (
 if TYPE_CHECKING:
     from .dtypes import Array
 
-__all__ = ["accumulate", "merged"]
+__all__ = ["accumulate", "merge_partials"]
 
 
 class Accumulator(Protocol):
@@ -408,7 +408,7 @@ def accumulate(d: Array, b: Array, lo: int, hi: int, plan: Plan) -> list[Partial
         return [metric.finish() for metric in metrics]
 
 
-def merged(shares: list[list[Partial]]) -> PassResult:
+def merge_partials(shares: list[list[Partial]]) -> PassResult:
     """The threads' partial results merged, in the order of their shares."""
     totals = shares[0]
     for share in shares[1:]:

@@ -93,12 +93,12 @@ def benchmark_metrics(pair: Pair, small: float, atol: float) -> dict[str, float]
             out["mean_rel_err"] = float(rel_err.mean())
         return out
 
-    return pair.cached(("benchmark", small, atol), compute)
+    return pair.memoise(("benchmark", small, atol), compute)
 
 
 def _ideal(pair: Pair) -> Pair:
     """The bench rounded to D, as if it were a device output: perfect rounding."""
-    return pair.cached(
+    return pair.memoise(
         "ideal_pair",
         lambda: Pair(
             pair.b.reshape(pair.shape),

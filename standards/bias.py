@@ -189,7 +189,7 @@ def abs_b_quantile(pair: Pair, quantile: float) -> float:
         step = max(1, pair.abs_b.size // QUANTILE_SAMPLE)
         return float(np.quantile(pair.abs_b[::step], quantile, method="lower"))
 
-    return pair.cached(("abs_b_quantile", quantile), compute)
+    return pair.memoise(("abs_b_quantile", quantile), compute)
 
 
 def bias_metrics(pair: Pair) -> dict[str, float]:
@@ -205,7 +205,7 @@ def bias_metrics(pair: Pair) -> dict[str, float]:
             sums.add(pair.df[part], pair.bf_rounded[part], pair.bf[part], pair.diff[part], pair.abs_b[part])
         return grouped_z(pair, statistics(sums.sums))
 
-    return pair.cached("bias_metrics", compute)
+    return pair.memoise("bias_metrics", compute)
 
 
 def _beyond_the_reference(

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .accumulators import accumulate, merged
+from .accumulators import accumulate, merge_partials
 from .chunks import CHUNK, in_halves, raw
 from .dtypes import Array, DtypeInfo
 from .pass_plan import PassSpec, Plan, TopSource
@@ -67,7 +67,7 @@ _FAST_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 def raw_views(pair: Pair) -> tuple[Array, Array]:
     """(device, bench) flat numpy arrays in their own dtypes, cached on the pair."""
-    return pair.cached("fast_raw", lambda: (raw(pair.device_src), raw(pair.bench_src)))
+    return pair.memoise("fast_raw", lambda: (raw(pair.device_src), raw(pair.bench_src)))
 
 
 def fast_ok(pair: Pair, reference: Reference | None = None) -> bool:
@@ -133,7 +133,7 @@ def run(pair: Pair, spec: PassSpec) -> PassResult | None:
         spec = replace(spec, legacy=True, rel_below=tuple(sorted(set(spec.rel_below) | set(LEGACY_REL_LIMITS))))
     d, b = raw_views(pair)
     constants = plan(spec, pair.info, pair.tiny)
-    res = merged(in_halves(lambda lo, hi: accumulate(d, b, lo, hi, constants), d.size))
+    res = merge_partials(in_halves(lambda lo, hi: accumulate(d, b, lo, hi, constants), d.size))
     finite = res.of(FiniteCheck)
     if not (math.isfinite(finite.total) and finite.max_abs_b <= pair.info.max_finite):
         pair.fused_nonfinite = True
@@ -224,7 +224,7 @@ def _abs_b_sample(pair: Pair) -> Array:
         sample: Array = np.abs(b[::step]).astype(np.float64, copy=False)
         return sample
 
-    return pair.cached("fast_abs_b_sample", compute)
+    return pair.memoise("fast_abs_b_sample", compute)
 
 
 def abs_b_quantiles(pair: Pair, qs: Iterable[float]) -> list[float]:

@@ -36,7 +36,7 @@ from .dtypes import Array
 from .metrics import Pair
 from .verdict import STATUS_ORDER, Verdict
 
-__all__ = ["FLUSHED_KEY", "flushed_mask", "judged_as_flushed"]
+__all__ = ["FLUSHED_KEY", "flushed_mask", "judge_as_flushed"]
 
 #: the metric that counts the elements a flush explained
 FLUSHED_KEY = "subnormals_flushed"
@@ -50,7 +50,7 @@ def flushed_mask(pair: Pair) -> Array:
     return mask
 
 
-def _unflushed(pair: Pair, flushed: Array) -> Pair:
+def _unflush(pair: Pair, flushed: Array) -> Pair:
     """The pair with the flushed elements set to the bench rounded to D, in D, and the
     caller's facts of each element (terms, groups, rounded_once, near-zero limits)."""
     values = np.where(flushed, pair.b_rounded, pair.d).reshape(pair.shape)
@@ -69,7 +69,7 @@ def _unflushed(pair: Pair, flushed: Array) -> Pair:
     return out
 
 
-def judged_as_flushed(pair: Pair, verdict: Verdict, judge: Callable[[Pair], Verdict]) -> Verdict:
+def judge_as_flushed(pair: Pair, verdict: Verdict, judge: Callable[[Pair], Verdict]) -> Verdict:
     """`verdict`, or, where it failed and the device flushed subnormal results, the
     verdict of the flushed elements taken as correctly rounded if it is better, noting
     how many (module docstring). `judge`: the standard, with its thresholds and reference."""
@@ -79,7 +79,7 @@ def judged_as_flushed(pair: Pair, verdict: Verdict, judge: Callable[[Pair], Verd
     count = int(np.count_nonzero(flushed))
     if count == 0:
         return verdict
-    again = judge(_unflushed(pair, flushed))
+    again = judge(_unflush(pair, flushed))
     if STATUS_ORDER[again.status] >= STATUS_ORDER[verdict.status]:
         return verdict
     return dataclasses.replace(again, metrics={**again.metrics, FLUSHED_KEY: float(count)})

@@ -67,7 +67,7 @@ def legacy_metrics(pair: Pair) -> dict[str, float]:
             "rel_err_ten_thousandth": pair.rel_err_share_below(0.0001),
         }
 
-    return pair.cached("legacy", compute)
+    return pair.memoise("legacy", compute)
 
 
 def _fast_legacy(pair: Pair) -> dict[str, float] | None:

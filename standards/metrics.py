@@ -128,7 +128,7 @@ class Pair:
             self.tiny = 2.0**-8
         else:
             self.tiny = 2.0**-52 if bench_dtype == "float64" else 2.0**-23
-        # Any: each entry is typed by the accessor that reads it (cached(), small_mask ...)
+        # Any: each entry is typed by the accessor that reads it (memoise(), small_mask ...)
         self._cache: dict[Hashable, Any] = {}
         # what a fused pass (fast.py, scans.py) learnt, for the standards judging it next
         self.fused_nonfinite = False  # a pass met an inf/NaN (or a bench past D's range): judge the plain way
@@ -367,7 +367,7 @@ class Pair:
         )
 
     # ----------------------------------------------------------------- cached scalars
-    def cached(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+    def memoise(self, key: Hashable, compute: Callable[[], _T]) -> _T:
         """Memoise a scalar metric shared between standards."""
         if key not in self._cache:
             self._cache[key] = compute()
@@ -383,7 +383,7 @@ class Pair:
             pos, neg = self.sign_counts
             return abs(pos - neg) / self.n_finite
 
-        return self.cached("eb", compute)
+        return self.memoise("eb", compute)
 
     @cached_property
     def sign_counts(self) -> tuple[int, int]:
@@ -405,4 +405,4 @@ class Pair:
                 good += int(self.inf_nan_agree(self.info.defaults["rtol"]).sum())
             return good / self.n
 
-        return self.cached(("share", limit), compute)
+        return self.memoise(("share", limit), compute)

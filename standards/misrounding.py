@@ -84,7 +84,7 @@ def far_metrics(pair: Pair) -> dict[str, float]:
         counts = (below.sum(), (~below).sum(), toward.sum(), (~toward).sum())
         return dict(zip(FAR_KEYS, map(float, counts), strict=True))
 
-    return pair.cached("far_metrics", compute)
+    return pair.memoise("far_metrics", compute)
 
 
 def far_reasons(metrics: Mapping[str, float]) -> list[str]:

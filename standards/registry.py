@@ -32,7 +32,7 @@ from .accuracy import allowances
 from .benchmark import benchmark
 from .binary_consistency import binary_consistency
 from .dtypes import DtypeInfo, dtype_info, dtype_name, is_float_name
-from .flush import judged_as_flushed
+from .flush import judge_as_flushed
 from .legacy import legacy, legacy_metrics
 from .metrics import Pair
 from .pairing import Leaf, Mismatch, pair_leaves
@@ -96,7 +96,7 @@ class Registry:
             The shipped standards, routes and thresholds; changing it changes no other
             registry.
         """
-        return copy.deepcopy(_shipped())
+        return copy.deepcopy(_load_shipped())
 
     def __deepcopy__(self, memo: dict[int, object]) -> Registry:
         new = Registry.__new__(Registry)
@@ -363,7 +363,7 @@ class Registry:
         with np.errstate(all="ignore"):
             verdict = func(pair, thresholds, reference)
             if floating:
-                verdict = judged_as_flushed(pair, verdict, lambda flushed: func(flushed, thresholds, reference))
+                verdict = judge_as_flushed(pair, verdict, lambda flushed: func(flushed, thresholds, reference))
             if floating and pair.n:
                 extra = {k: v for k, v in legacy_metrics(pair).items() if k not in verdict.metrics}
                 if extra:
@@ -471,7 +471,7 @@ def _combine(verdicts: list[Verdict]) -> Verdict:
     )
 
 
-def _shipped() -> Registry:
+def _load_shipped() -> Registry:
     global _default
     with _default_lock:
         if _default is None:
@@ -489,4 +489,4 @@ def _shipped() -> Registry:
 
 def shipped_registry() -> Registry:
     """The shared read-only default registry used by `check` (do not mutate)."""
-    return _shipped()
+    return _load_shipped()

@@ -121,7 +121,7 @@ def _rms(values: Array) -> float:
 
 def output_rms(pair: Pair) -> float:
     """RMS of the finite bench values: the output's scale (cached)."""
-    return pair.cached("rms", lambda: _rms(pair.bf))
+    return pair.memoise("rms", lambda: _rms(pair.bf))
 
 
 def tolerance_scale(pair: Pair, floor: float = 1.0) -> Array:
@@ -143,7 +143,7 @@ def at_least_normal(scale: float, info: DtypeInfo) -> float:
 
 def scaled_ulp_err(pair: Pair) -> Array:
     """|d - b| in ULPs of D at tolerance_scale, per finite element (cached)."""
-    return pair.cached("scaled_ulp_err", lambda: pair.abs_err / ulp_of(tolerance_scale(pair), pair.info))
+    return pair.memoise("scaled_ulp_err", lambda: pair.abs_err / ulp_of(tolerance_scale(pair), pair.info))
 
 
 def max_top_ulp_err(pair: Pair, quantile: float, floor: float) -> float:
@@ -154,7 +154,7 @@ def max_top_ulp_err(pair: Pair, quantile: float, floor: float) -> float:
         scale = tolerance_scale(pair, floor)[top]
         return float((pair.abs_err[top] / ulp_of(scale, pair.info)).max())
 
-    return pair.cached(("top_ulp", quantile, floor), compute)
+    return pair.memoise(("top_ulp", quantile, floor), compute)
 
 
 def single_run_metrics(pair: Pair) -> dict[str, float]:
@@ -183,7 +183,7 @@ def single_run_metrics(pair: Pair) -> dict[str, float]:
             **far_metrics(pair),
         }
 
-    return pair.cached("single_run_metrics", compute)
+    return pair.memoise("single_run_metrics", compute)
 
 
 def single_run_reasons(

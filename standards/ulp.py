@@ -221,8 +221,8 @@ def ulp(pair: Pair, thresholds: Mapping[str, float], reference: Reference | None
     """Judge a matrix product by its ULP error: it passes msprobe's rule (or the same at
     the terms' magnitude) or, with a reference, a ratio below 1 to the reference's;
     without a usable reference the single-run rule's checks apply too."""
-    used = _used(pair, thresholds)
-    fused = _fused(pair, used["ulp_threshold"], reference)
+    used = _named_thresholds(pair, thresholds)
+    fused = _run_fused(pair, used["ulp_threshold"], reference)
     metrics = _fast_ulp_metrics(pair, fused[0]) if fused is not None else ulp_metrics(pair, used["ulp_threshold"])
     nonfinite = pair.unexpected_nonfinite_reason()
     judged = _Judged(metrics, used, [nonfinite] if nonfinite else [])
@@ -249,14 +249,14 @@ def _fp32_like(pair: Pair) -> bool:
     return pair.info.mantissa_bits >= 23
 
 
-def _used(pair: Pair, thresholds: Mapping[str, float]) -> dict[str, float]:
+def _named_thresholds(pair: Pair, thresholds: Mapping[str, float]) -> dict[str, float]:
     used = {k: thresholds[k] for k in ("ulp_threshold", "ulp_prop_max", "ulp_floor")}
     if _fp32_like(pair):
         used["ulp_mean_max"] = thresholds["ulp_mean_max"]
     return used
 
 
-def _fused(
+def _run_fused(
     pair: Pair, threshold: float, reference: Reference | None
 ) -> tuple[PassResult, dict[str, float] | None] | None:
     """One fused pass (fast.py) and, without a reference to judge against, the

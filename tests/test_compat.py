@@ -154,7 +154,7 @@ def test_a_tensor_file_is_read_into_an_untyped_storage(tmp_path: Path) -> None:
     assert b"_rebuild_tensor_v2" in archive.get_record("data.pkl"), _moved(
         rebuild, "is not what torch.save pickles a tensor as"
     )
-    storage = compat.untyped(archive.get_storage_from_record("data/0", 16, torch.UntypedStorage))  # type: ignore[arg-type]
+    storage = compat.record_storage(archive.get_storage_from_record("data/0", 16, torch.UntypedStorage))  # type: ignore[arg-type]
     untyped = _api("torch.storage.TypedStorage._untyped_storage")
     assert isinstance(storage, torch.UntypedStorage) and storage.nbytes() == 16, _moved(
         untyped, f"is a {type(storage)}"

@@ -96,11 +96,11 @@ def test_what_is_derived_from_a_dump_is_made_once_per_kind(dumps: Path) -> None:
         made.append("count")
         return len(index)
 
-    first = index.derived(list, calls)
-    assert index.derived(list, calls) is first and index.derived(int, count) == len(index)
+    first = index.derive(list, calls)
+    assert index.derive(list, calls) is first and index.derive(int, count) == len(index)
     assert made == ["calls", "count"]
     assert (
-        read_index(dumps / "torch_mlpcnn_tensor_fp32" / "dump.json").derived(int, lambda index: -1) == -1
+        read_index(dumps / "torch_mlpcnn_tensor_fp32" / "dump.json").derive(int, lambda index: -1) == -1
     )  # kept per index
 
 

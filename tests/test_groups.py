@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pytest_msprobe.dump.index import parse_call_name
-from pytest_msprobe.judge.verdict.groups import collapsed, groups_of
+from pytest_msprobe.judge.verdict.groups import collapse, groups_of
 from pytest_msprobe.run.replay import Inputs
 
 
@@ -17,7 +17,7 @@ def _sizes(ids: torch.Tensor) -> list[int]:
 
 
 def test_collapsed_numbers_the_kept_dimensions():
-    ids = collapsed((2, 3, 4), (-1,))
+    ids = collapse((2, 3, 4), (-1,))
     assert ids.shape == (2, 3, 4) and _sizes(ids) == [4] * 6
     assert ids[1, 2].tolist() == [5] * 4
 

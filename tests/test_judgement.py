@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pytest_msprobe.dump.index import parse_call_name
-from pytest_msprobe.judge.verdict.judgement import RE_JUDGEMENTS, Judgement, Rejudgement, judged, rejudged
+from pytest_msprobe.judge.verdict.judgement import RE_JUDGEMENTS, Judgement, Rejudgement, judge_and_rejudge, rejudge
 from pytest_msprobe.run.replay import Inputs, Results
 from pytest_msprobe.standards import Registry
 from pytest_msprobe.standards.verdict import Verdict
@@ -35,7 +35,7 @@ def _row(name: str, applies: bool, status: str, ran: list[str]) -> Rejudgement:
 
 def test_an_unjudged_judgement_has_no_verdict_to_read() -> None:
     with pytest.raises(ValueError, match="not judged yet"):
-        _judgement().reached()
+        _judgement().require_verdict()
     assert not _judgement().error
 
 
@@ -47,16 +47,16 @@ def test_rows_run_in_order_where_they_apply_while_the_verdict_is_an_error() -> N
         _row("b", True, "warning", ran),
         _row("c", True, "pass", ran),
     ]
-    judgement = rejudged(_judgement(Verdict("error", "benchmark")), table)
+    judgement = rejudge(_judgement(Verdict("error", "benchmark")), table)
     assert ran == ["a", "b"]  # "c" never runs: "b" left no error
-    assert judgement.reached().status == "warning"
+    assert judgement.require_verdict().status == "warning"
 
 
 def test_no_row_runs_on_a_verdict_that_is_no_error() -> None:
     ran: list[str] = []
-    judgement = rejudged(_judgement(Verdict("pass", "benchmark")), [_row("a", True, "error", ran)])
+    judgement = rejudge(_judgement(Verdict("pass", "benchmark")), [_row("a", True, "error", ran)])
     assert ran == []
-    assert judgement.reached().status == "pass"
+    assert judgement.require_verdict().status == "pass"
 
 
 def test_the_re_judgements_keep_their_order() -> None:
@@ -72,6 +72,6 @@ def test_the_re_judgements_keep_their_order() -> None:
 
 
 def test_judged_judges_against_the_bench_first() -> None:
-    judgement = judged(_judgement())
-    assert judgement.reached().status == "pass"
+    judgement = judge_and_rejudge(_judgement())
+    assert judgement.require_verdict().status == "pass"
     assert judgement.route is None and judgement.terms is None  # no re-judgement ran

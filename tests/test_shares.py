@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_msprobe.dump.values import TensorLeaf
-from pytest_msprobe.judge.offline.missing_shares import Kind, Share, accumulated, beyond
+from pytest_msprobe.judge.offline.missing_shares import Kind, Share, accumulate_shares, beyond
 from pytest_msprobe.judge.verdict.summed import gradient_pieces
 from pytest_msprobe.run.apis import Api
 from pytest_msprobe.run.replay import RAISED, Inputs, Placement, Run
@@ -56,14 +56,14 @@ def test_the_device_s_other_grouping_stays_within_the_allowance(dtype: torch.dty
     numel, off, widest = 4096, 0, 0.0
     for _ in range(3):
         shares = _shares(generator, numel, composites=4)
-        summed = accumulated(shares, numel, dtype, "bench")
+        summed = accumulate_shares(shares, numel, dtype, "bench")
         distance = (_device_sum(shares, numel, dtype).double() - summed.total.double()).abs()
         assert bool((distance <= summed.allowance).all()), float((distance / summed.allowance).max())
         off += int((distance > 0).sum())
         widest = max(widest, float((distance / summed.allowance)[distance > 0].max()))
     assert off > 1000 and widest > 0.1  # the groupings do differ, and the allowance is not loose everywhere
     plain = _shares(generator, numel, composites=0)
-    summed = accumulated(plain, numel, dtype, "bench")
+    summed = accumulate_shares(plain, numel, dtype, "bench")
     assert torch.equal(_device_sum(plain, numel, dtype), summed.total) and not bool(summed.allowance.any())
 
 
@@ -78,7 +78,7 @@ def test_only_the_elements_a_rerun_share_reaches_get_an_allowance() -> None:
         [torch.full((2,), 0.1), torch.full((2,), 0.2)],
     )
     own = Share(np.arange(numel), torch.full((numel,), 0.7), torch.full((numel,), 0.7), Kind.OWN)
-    summed = accumulated([first, rerun, own], numel, torch.float16, "bench")
+    summed = accumulate_shares([first, rerun, own], numel, torch.float16, "bench")
     assert summed.allowance.nonzero().reshape(-1).tolist() == [2, 3]
 
 

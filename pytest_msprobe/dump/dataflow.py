@@ -122,7 +122,7 @@ def _prime_factors(size: int) -> list[int]:
     return factors
 
 
-def _refined(shape: tuple[int, ...], reverse: bool) -> list[int]:
+def _factor_dims(shape: tuple[int, ...], reverse: bool) -> list[int]:
     """The dims split into prime factors: a reshape of a permuted tensor is strided
     over them."""
     refined: list[int] = []
@@ -174,7 +174,7 @@ def view_gather(producer: _Values, consumer: torch.Tensor) -> np.ndarray | None:
             raise Ambiguous("every value it holds is repeated in the producer's output")
         first = known
         fits = (
-            _affine_gather(_refined(tuple(consumer.shape), reverse), first, single, producer.flat.size)
+            _affine_gather(_factor_dims(tuple(consumer.shape), reverse), first, single, producer.flat.size)
             for reverse in (False, True)
         )
         found = next(
@@ -334,7 +334,7 @@ class DataFlow:
         """Every forward input read from `producer` (through views), in dump order."""
         return self._readers(producer)[0]
 
-    def unsettled(self, producer: Port) -> list[Unsettled]:
+    def find_unsettled(self, producer: Port) -> list[Unsettled]:
         """The inputs that may have read `producer` through a view the values do not
         settle: a sum of the settled readers' gradients lacks their share wherever they
         may have read."""
@@ -458,4 +458,4 @@ def build(index: DumpIndex, max_elements: int) -> DataFlow:
 
 def dataflow_of(index: DumpIndex, max_elements: int) -> DataFlow:
     """The dump's data flow, made on first use and kept with the index."""
-    return index.derived(DataFlow, lambda index: build(index, max_elements))
+    return index.derive(DataFlow, lambda index: build(index, max_elements))

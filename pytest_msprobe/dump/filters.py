@@ -64,14 +64,14 @@ def split_names(raw: str | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in (raw or "").split(",") if name.strip())
 
 
-def listed(name: CallName, names: Sequence[str]) -> bool:
+def is_listed(name: CallName, names: Sequence[str]) -> bool:
     """msprobe matches lists on the API name (`linear` for `Functional.linear.0`); the
     full `Functional.linear` form is accepted too, to tell torch.x from Tensor.x."""
     return name.api_name in names or f"{name.api_type}.{name.api_name}" in names
 
 
-def unmatched(entries: Sequence[str], apis: Iterable[tuple[str, str]], which: str) -> list[str]:
-    """What is wrong with each list entry that matches no API of the dumps (`listed`'s
+def find_unmatched(entries: Sequence[str], apis: Iterable[tuple[str, str]], which: str) -> list[str]:
+    """What is wrong with each list entry that matches no API of the dumps (`is_listed`'s
     rule): a typo would deselect every call (a white list) or none (a black list)
     without a word. Each names the closest API names (difflib), as msprobe-script does."""
     known = {form for api_type, api_name in apis for form in (api_name, f"{api_type}.{api_name}")}
@@ -89,9 +89,9 @@ def unmatched(entries: Sequence[str], apis: Iterable[tuple[str, str]], which: st
 
 def list_reason(name: CallName, white_list: Sequence[str], black_list: Sequence[str]) -> str | None:
     """Why a call is left out by the lists, None if it is checked."""
-    if white_list and not listed(name, white_list):
+    if white_list and not is_listed(name, white_list):
         return "not in the white list"
-    if black_list and listed(name, black_list):
+    if black_list and is_listed(name, black_list):
         return "in the black list"
     return None
 

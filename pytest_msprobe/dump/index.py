@@ -118,7 +118,7 @@ class DumpIndex:
     modules: int = 0
     skipped_names: list[str] = field(default_factory=list)
     key: str = ""  # the dump's name in test ids (its path from the rootdir): stable across machines
-    _derived: dict[type, object] = field(default_factory=dict, init=False, repr=False)  # see derived()
+    _derived: dict[type, object] = field(default_factory=dict, init=False, repr=False)  # see derive()
 
     def __len__(self) -> int:
         return len(self.names)
@@ -154,7 +154,7 @@ class DumpIndex:
         its forward), not while collecting."""
         return {name: position for position, name in enumerate(self.names)}
 
-    def derived(self, kind: type[Derived], make: Callable[[DumpIndex], Derived]) -> Derived:
+    def derive(self, kind: type[Derived], make: Callable[[DumpIndex], Derived]) -> Derived:
         """The one value of `kind` a later module makes from the whole dump (dump/dataflow.py's
         data flow, dump/module_records.py's module tree), made on its first use and kept with the index for
         every call that follows; keyed by its type, so each is typed where it is read."""
@@ -335,7 +335,7 @@ def _walk_object(text: str, pos: int, visit: Callable[[str, int], int]) -> int:
         return pos + 1
     while True:
         if not text.startswith('"', pos):
-            raise _ScanError(_unexpected(text, pos, "a key"))
+            raise _ScanError(_describe_unexpected(text, pos, "a key"))
         try:
             # json.decoder.scanstring is the decoder's own string scanner (C where built);
             # typeshed does not declare it
@@ -344,17 +344,17 @@ def _walk_object(text: str, pos: int, visit: Callable[[str, int], int]) -> int:
             raise _ScanError(exc.msg) from exc
         pos = _after_whitespace(text, pos)
         if not text.startswith(":", pos):
-            raise _ScanError(_unexpected(text, pos, f"':' after key {key!r}"))
+            raise _ScanError(_describe_unexpected(text, pos, f"':' after key {key!r}"))
         pos = _after_whitespace(text, visit(key, _after_whitespace(text, pos + 1)))
         if text.startswith(",", pos):
             pos = _after_whitespace(text, pos + 1)
         elif text.startswith("}", pos):
             return pos + 1
         else:
-            raise _ScanError(_unexpected(text, pos, f"',' or '}}' after the value of {key!r}"))
+            raise _ScanError(_describe_unexpected(text, pos, f"',' or '}}' after the value of {key!r}"))
 
 
-def _unexpected(text: str, pos: int, wanted: str) -> str:
+def _describe_unexpected(text: str, pos: int, wanted: str) -> str:
     if pos >= len(text):
         return f"the file ends early (truncated?) where {wanted} was expected"
     return f"expected {wanted} at character {pos}"

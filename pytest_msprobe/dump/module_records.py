@@ -79,7 +79,7 @@ def module_of(index: DumpIndex, forward_call: str) -> ModuleRecords | None:
     are then not this call's)."""
     if index.modules == 0:
         return None
-    tree = index.derived(_ModuleTree, _module_tree)
+    tree = index.derive(_ModuleTree, _module_tree)
     construct, children, data = tree.construct, tree.children, tree.data
     parent = construct.get(forward_call)
     if parent is None or children.get(parent) != 1 or parent not in data or ".forward." not in parent:

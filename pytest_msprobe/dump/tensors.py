@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pytest_msprobe.errors import CallError, CallSkip, MissingTensorFile
-from pytest_msprobe.private_apis import file_reader, untyped
+from pytest_msprobe.private_apis import file_reader, record_storage
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
@@ -126,7 +126,7 @@ def resolve_data_file(tensor_dir: Path, data_name: str, where: str) -> Path:
         raise CallError(f"{where}: data_name {data_name!r} is not a .pt or .npy file name")
     if os.sep not in data_name and not (os.altsep and os.altsep in data_name):
         # The common case, one lstat: a plain file right inside the (resolved) folder.
-        candidate = os.path.join(_resolved(str(tensor_dir)), data_name)
+        candidate = os.path.join(_resolve_folder(str(tensor_dir)), data_name)
         try:
             found = os.lstat(candidate)
         except OSError:
@@ -160,7 +160,7 @@ def load_tensor(tensor_dir: Path, spec: TensorSpec, where: str) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _resolved(folder: str) -> str:
+def _resolve_folder(folder: str) -> str:
     return os.path.realpath(folder)
 
 
@@ -290,7 +290,7 @@ class _TensorUnpickler(pickle.Unpickler):
             raise _NotPlain(f"{record}: not {pid[4]} elements")
         # torch's stub names a dtype; the reader takes a storage class, as torch.serialization passes it
         storage = self.archive.get_storage_from_record(record, size, torch.UntypedStorage)  # type: ignore[arg-type]
-        return _Storage(untyped(storage), dtype)
+        return _Storage(record_storage(storage), dtype)
 
 
 def _saved_tensor(path: Path) -> torch.Tensor | None:

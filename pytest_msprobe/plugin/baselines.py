@@ -18,7 +18,7 @@ import pytest
 
 from pytest_msprobe.dump.index import read_index
 from pytest_msprobe.judge.gate.baseline import FILE_NAME, KERNEL_STANDARD, Baseline, CallMetrics, compare, environment
-from pytest_msprobe.judge.gate.upgrade import RunComparison, call_signatures, compare_run, signed
+from pytest_msprobe.judge.gate.upgrade import RunComparison, call_signatures, compare_run, sign_calls
 from pytest_msprobe.judge.verdict.record import ResultRecord
 from pytest_msprobe.plugin import options
 from pytest_msprobe.plugin.kernels import ReportedTest, report_test
@@ -70,7 +70,9 @@ class BaselinePlugin:
         state = session_state(self.config)
         device, versions = state.device_label(), state.environment_versions()
         if self.save_to is not None or self.update:
-            self.current = signed(self.current, {key: call_signatures(read_index(path)) for key, path in self._dumps()})
+            self.current = sign_calls(
+                self.current, {key: call_signatures(read_index(path)) for key, path in self._dumps()}
+            )
         if self.save_to is not None:
             written = Baseline(environment(self._dumps(), device, versions), dict(self.current))
             self._said("saved", written, written.write(self.save_to))
@@ -78,7 +80,7 @@ class BaselinePlugin:
         if state.baseline is not None and writer is not None:
             write_regressions(writer.files.regressions, self.comparison().calls, self.comparison().kernels)
         if state.baseline is not None and not self.update:
-            self._nothing_compared(session, state.options.gate)
+            self._warn_nothing_compared(session, state.options.gate)
         if self.judged_by is not None and self.update:
             # The records keep the keys the baseline knows this run's dumps by.
             key = state.baseline.recorded_key if state.baseline is not None else str
@@ -98,13 +100,13 @@ class BaselinePlugin:
             f"({len(baseline.calls) - kernels} calls, {kernels} kernels of {dumps} dump{'s' if dumps != 1 else ''})"
         )
 
-    def _nothing_compared(self, session: pytest.Session, gate: bool) -> None:
+    def _warn_nothing_compared(self, session: pytest.Session, gate: bool) -> None:
         """A dump whose calls ran and none was compared: a warning in pytest's warnings
         summary and final count (the summary's section says it too); under --msprobe-gate
         the run fails with GATE_EXIT, unless it already ended otherwise (interrupted)."""
         reasons = self.comparison().uncompared
         for dump, reason in reasons.items():
-            message = pytest.PytestWarning(nothing_compared(reason, gate).split(": ", 1)[1])
+            message = pytest.PytestWarning(describe_nothing_compared(reason, gate).split(": ", 1)[1])
             recorded = warnings.WarningMessage(message, type(message), dump, 0)
             self.config.hook.pytest_warning_recorded.call_historic(
                 kwargs={"warning_message": recorded, "when": "runtest", "nodeid": dump, "location": None}
@@ -166,7 +168,7 @@ def summary_lines(comparison: RunComparison, updated: bool, gate: bool = False) 
     counts = comparison.counts()
     lines = list(comparison.notes)
     if not updated:
-        lines += [nothing_compared(reason, gate) for reason in comparison.uncompared.values()]
+        lines += [describe_nothing_compared(reason, gate) for reason in comparison.uncompared.values()]
     lines.append(
         ", ".join(f"{counts[kind]} {kind}" for kind in ("regression", "improvement", "unchanged", "new", "vanished"))
         + (f", {counts['not compared']} not compared (skipped before or now)" if counts["not compared"] else "")
@@ -186,7 +188,7 @@ def summary_lines(comparison: RunComparison, updated: bool, gate: bool = False) 
     return lines
 
 
-def nothing_compared(reason: str, gate: bool) -> str:
+def describe_nothing_compared(reason: str, gate: bool) -> str:
     """The one line of a dump of which nothing was compared: under --msprobe-gate an
     error that sets the exit status (GATE_EXIT), else a warning."""
     if gate:

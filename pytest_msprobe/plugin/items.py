@@ -137,18 +137,18 @@ class CallItem(pytest.Item):
         saves and --msprobe-scripts writes a script for."""
         return self.index, self.call
 
-    def judged(self) -> ResultRecord:
+    def run_check(self) -> ResultRecord:
         return judge_call(self.index, self.call, session_state(self.config).settings())
 
     def runtest(self) -> None:
         state = session_state(self.config)
-        record = self.judged()
+        record = self.run_check()
         self.stash[RESULT_KEY] = record
         if record.status != "skip":
             self.user_properties.extend(properties(record))
         if record.status == "skip":
             pytest.skip(record.message)
-        change = state.gated(self.index, record)
+        change = state.gate_change(self.index, record)
         text = record.shown or record.message  # at the run's verbosity; the files keep everything
         if change is not None and change.kind == "regression":
             raise CallFailed(
@@ -206,7 +206,7 @@ class ExploreItem(CallItem):
         chosen = options.of(self.config)
         return Plan(self.examples, chosen.out / EXPLORED_FOLDER, chosen.out / HYPOTHESIS_FOLDER, chosen.strict)
 
-    def judged(self) -> ResultRecord:
+    def run_check(self) -> ResultRecord:
         from pytest_msprobe.judge.explore.search import explore_call
 
         settings = session_state(self.config).settings()

@@ -7,7 +7,7 @@ A relative path means what pytest makes it mean where it was written: on the com
 line, relative to the current folder; in an ini file (or `-o`), relative to that ini
 file's folder, as pytest's own `paths` options are. So `msprobe_dump = step0` in a
 project's pytest.ini works from any subfolder of the project. Every path option is
-resolved by that one rule, in one place (`located`)."""
+resolved by that one rule, in one place (`locate_path`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Options:
     """Every option's value, read once at configure from its flag or its ini setting,
     checked and typed: every hook reads these fields, never the options by name. A
     field is its option's name without `msprobe_` (tests/test_options.py holds the two
-    to each other); a path is absolute (see `located`)."""
+    to each other); a path is absolute (see `locate_path`)."""
 
     dump: tuple[Path, ...]  # every dump.json the option names (dump_files)
     device: str
@@ -131,7 +131,7 @@ def read(config: pytest.Config) -> Options | None:
     flag, text, path, whole = (
         functools.partial(_flag, config),
         functools.partial(_text, config),
-        functools.partial(located, config),
+        functools.partial(locate_path, config),
         functools.partial(_whole, config),
     )
     chosen = Options(
@@ -206,7 +206,7 @@ def _text(config: pytest.Config, name: str) -> str | None:
     return str(value) if value else None
 
 
-def located(config: pytest.Config, name: str) -> Path | None:
+def locate_path(config: pytest.Config, name: str) -> Path | None:
     """A path option, absolute, by the one rule every path option follows: the flag
     relative to the current folder, the ini value (or -o) relative to the ini file's
     folder, else the option's default (relative to the current folder); None where the
@@ -223,7 +223,7 @@ def located(config: pytest.Config, name: str) -> Path | None:
 
 def _out(config: pytest.Config) -> Path:
     """--msprobe-out, which has a default."""
-    folder = located(config, "msprobe_out")
+    folder = locate_path(config, "msprobe_out")
     assert folder is not None
     return folder
 

@@ -212,10 +212,10 @@ class ReportPlugin:
         if not apis:
             return  # no dump could be read: each says why in its own test
         given = options.of(self.config)
-        problems = filters.unmatched(given.white_list, apis, "--msprobe-white-list")
-        problems += filters.unmatched(given.black_list, apis, "--msprobe-black-list")
+        problems = filters.find_unmatched(given.white_list, apis, "--msprobe-white-list")
+        problems += filters.find_unmatched(given.black_list, apis, "--msprobe-black-list")
         white = self.options.white_list
-        if not given.white_list and white and len(filters.unmatched(white, apis, "")) == len(white):
+        if not given.white_list and white and len(filters.find_unmatched(white, apis, "")) == len(white):
             problems.append(f"the white_list of --msprobe-config {given.config} matches no API of the dumps: {white}")
         if problems:
             raise pytest.UsageError("\n".join(problems) + "\nfix the list and run again")
@@ -245,7 +245,7 @@ class ReportPlugin:
 
         report = yield
         if call.when == "call" and isinstance(item, CallItem):
-            record = item.stash.get(RESULT_KEY, None) or _crashed(item, call, report.outcome)
+            record = item.stash.get(RESULT_KEY, None) or _record_crash(item, call, report.outcome)
             if self.options.save_failed and (
                 record.status == "error" or (record.status == "warning" and self.options.strict)
             ):
@@ -368,7 +368,7 @@ def record_session(files: RunFiles, config: pytest.Config, started: str, duratio
     write_sessions(files, [*read_sessions(files), session])
 
 
-def _crashed(item: CallItem, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:
+def _record_crash(item: CallItem, call: pytest.CallInfo[None], outcome: str) -> ResultRecord:
     """The record of a test whose check raised instead of returning one."""
     excinfo = call.excinfo
     cause = f"{excinfo.type.__name__}: {excinfo.value}" if excinfo else "no result was recorded"

@@ -78,7 +78,7 @@ class SessionState:
             self._counterparts = Counterparts(self.baseline)
         return self._counterparts
 
-    def gated(self, index: DumpIndex, record: ResultRecord) -> Change | None:
+    def gate_change(self, index: DumpIndex, record: ResultRecord) -> Change | None:
         """Under --msprobe-gate, the call's change against its record in the baseline;
         None without the gate or where it has no record (new, a dump of another model)."""
         counterparts = self.counterparts() if self.options.gate else None

@@ -480,7 +480,7 @@ class BaselineIndex:
         for (dump, call), metrics in baseline.calls.items():
             self.by_call.setdefault(call, []).append((dump, metrics))
 
-    def recorded(self, record: ResultRecord) -> CallMetrics | None:
+    def metrics_of(self, record: ResultRecord) -> CallMetrics | None:
         candidates = self.by_call.get(record.call, [])
         path = Path(record.dump).as_posix()
         for dump, metrics in candidates:
@@ -495,7 +495,7 @@ def changes(records: list[ResultRecord], index: BaselineIndex) -> list[tuple[Res
     for record in records:
         if record.status == "skip":
             continue
-        recorded = index.recorded(record)
+        recorded = index.metrics_of(record)
         found.append((record, compare(CallMetrics.of(record), recorded, record.call), recorded))
     return found
 
@@ -581,7 +581,7 @@ def _now_vs_then(now: CallMetrics, then: CallMetrics | None) -> str:
 def _trend(record: ResultRecord, baselines: list[tuple[str, BaselineIndex]]) -> str:
     """The call's key metrics in each baseline kept, then now."""
     now = CallMetrics.of(record)
-    columns = [(label, index.recorded(record)) for label, index in baselines] + [("now", now)]
+    columns = [(label, index.metrics_of(record)) for label, index in baselines] + [("now", now)]
     keys = [(path, key) for path, metrics in now.outputs.items() for key in metrics]
     if not keys:
         return ""
@@ -651,7 +651,7 @@ def _kernel_card(verdict: KernelVerdict) -> str:
         f'<section class="call kernel {verdict.status}"><h3>{_e(verdict.key.name)} <span class="badge {verdict.status}">'
         f"{verdict.status}</span></h3>{why}<p class='mono'>{_e(numbers)}</p>{_kernel_plot(verdict, test)}"
         f"<details><summary>{len(verdict.evidence)} outputs of {len(verdict.calls)} calls, most evidence first</summary>"
-        f"<table><tr><th>call</th><th>output</th><th>status</th><th>{_e(_plotted(test))} alone</th></tr>{rows}</table></details></section>"
+        f"<table><tr><th>call</th><th>output</th><th>status</th><th>{_e(_describe_bars(test))} alone</th></tr>{rows}</table></details></section>"
     )
 
 
@@ -674,12 +674,12 @@ def _kernel_plot(verdict: KernelVerdict, test: str) -> str:
     return (
         f'<svg class="kernel-z" width="{width}" height="{KERNEL_PLOT_HEIGHT}" viewBox="0 0 {width} {KERNEL_PLOT_HEIGHT}" '
         f'preserveAspectRatio="none" role="img" '
-        f'aria-label="{_e(_plotted(test))} of each output; pooled {verdict.pooled:.3g}">'
+        f'aria-label="{_e(_describe_bars(test))} of each output; pooled {verdict.pooled:.3g}">'
         f'<line x1="0" x2="{width}" y1="{half}" y2="{half}"/>{"".join(bars)}</svg>'
     )
 
 
-def _plotted(test: str) -> str:
+def _describe_bars(test: str) -> str:
     """What a kernel's bars show of each output."""
     return f"log {test}" if test == RATIO else f"{test}_z"
 

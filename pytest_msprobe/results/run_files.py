@@ -135,7 +135,7 @@ class RunFiles:
         folder.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d%H%M%S")
         files, suffix = cls(folder, stamp), 1
-        while files.details.exists() or not _claimed(files.journal):
+        while files.details.exists() or not _claim(files.journal):
             files, suffix = cls(folder, f"{stamp}_{suffix}"), suffix + 1
         return files
 
@@ -154,7 +154,7 @@ class RunFiles:
         return runs[-1] if runs else None
 
 
-def _claimed(path: Path) -> bool:
+def _claim(path: Path) -> bool:
     """Whether this process created `path` (atomically: no other run can create it too)."""
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))

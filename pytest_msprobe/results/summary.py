@@ -200,7 +200,7 @@ class Summary:
         rate = ran / elapsed if elapsed > 0 else 0.0
         calls = self.by_status - self.explored
         kinds = (("call", calls), ("exploration", self.explored), ("kernel", self.kernels))
-        head = "; ".join(_counted(kind, counter) for kind, counter in kinds if counter) or "0 calls"
+        head = "; ".join(_format_counts(kind, counter) for kind, counter in kinds if counter) or "0 calls"
         pace = f"{ran} run here in {elapsed:.1f} s ({rate:.1f} calls/s)"
         if self.resumed:
             pace += f", {self.resumed} from the resumed run"
@@ -236,20 +236,20 @@ class Summary:
                 f"  {call}{f' ({named[dump]})' if dump in named else ''}: {metric}"
                 for _, call, metric, dump in sorted(self.worst, reverse=True)
             ]
-        lines += _listed(
+        lines += _format_list(
             "bug reports, each call reduced to the smallest input that fails the same way:", self.bug_reports
         )
         lines += [f"results: {path}" for path in files] or ["results: none written (no call ran)"]
         return lines
 
 
-def _counted(kind: str, counter: Counter[Status]) -> str:
+def _format_counts(kind: str, counter: Counter[Status]) -> str:
     """`49 calls, 48 pass, 1 error`."""
     total = sum(counter.values())
     return f"{total} {kind}{'s' if total != 1 else ''}" + "".join(f", {counter[s]} {s}" for s in STATUSES if counter[s])
 
 
-def _listed(title: str, rows: list[str]) -> list[str]:
+def _format_list(title: str, rows: list[str]) -> list[str]:
     return [title, *rows] if rows else []
 
 

@@ -191,7 +191,7 @@ def _aten(api_name: str) -> Callable[..., Nested]:
         raise CallSkip(f"Aten.{api_name} does not exist in this torch version") from None
 
 
-def _distributed(api_name: str) -> Callable[..., Nested]:
+def _refuse_distributed(api_name: str) -> Callable[..., Nested]:
     raise CallSkip(f"Distributed.{api_name} is communication between processes: it cannot be replayed in one")
 
 
@@ -202,7 +202,7 @@ PYTORCH_RESOLVERS: dict[str, Callable[[str], Callable[..., Nested]]] = {
     "Tensor": _torch_attr("Tensor", _tensor_owner),
     "VF": _torch_attr("VF", torch_vf),
     "Aten": _aten,
-    "Distributed": _distributed,
+    "Distributed": _refuse_distributed,
 }
 
 
@@ -241,7 +241,7 @@ def resolve_pytorch(name: CallName, npu_ops: Callable[[str], Callable[..., Neste
         return Api(
             f"{name.api_type}.{api_name}",
             function,
-            drawn.masked(function),
+            drawn.apply_mask(function),
             is_in_place(api_name),
             raise_bench,
             drawn.reveal,

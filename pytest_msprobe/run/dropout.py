@@ -153,7 +153,7 @@ class Drawn:
 
     kind: Kind
 
-    def masked(self, function: Callable[..., Nested]) -> Callable[..., Nested]:
+    def apply_mask(self, function: Callable[..., Nested]) -> Callable[..., Nested]:
         """The dropout with the device's mask (keyword `kept`) and constants
         (`constants`): input * kept * scale (the mask and scale as one factor, as torch's
         kernel multiplies), an alpha dropout's kept x * a + b and dropped constant; the
@@ -177,7 +177,7 @@ class Drawn:
 
         return run
 
-    def revealed(self, inputs: Arguments, device: Nested, direction: str) -> Revealed | None:
+    def find_masks(self, inputs: Arguments, device: Nested, direction: str) -> Revealed | None:
         """The masked tensors of a dropout call whose device result is at hand, else None."""
         p = drop_rate(inputs.args, inputs.kwargs, self.kind.training_default)
         if p is None:
@@ -199,7 +199,7 @@ class Drawn:
 
     def reveal(self, inputs: CallInputs, device: Nested, direction: str) -> CallInputs:
         """The inputs with the device's mask and constants for the bench and the reference."""
-        shown = self.revealed(inputs, device, direction)
+        shown = self.find_masks(inputs, device, direction)
         if shown is None:
             return inputs
         told = copy.copy(inputs)

@@ -49,7 +49,7 @@ class Inputs:
     def origins(self) -> list[str]:
         return [f"{leaf.path}: {leaf.origin}" for leaf in self.leaves]
 
-    def described(self) -> list[str]:
+    def describe_arguments(self) -> list[str]:
         """Every argument as a failure's message lists it: a tensor by where it came from,
         its dtype and shape; anything else (the 0.79788456 of `x + 0.79788456`, a size, a
         dtype, None) by its value, as the API received it. Built for failures only."""
@@ -267,7 +267,7 @@ class Run:
         wanted = [t for t, flag in zip(leaves, needs_grad, strict=False) if flag]
         for tensor in wanted:
             tensor.requires_grad_(True)
-        with torch.enable_grad(), _saved_rounded(self.saved_in):
+        with torch.enable_grad(), _round_saved(self.saved_in):
             args, kwargs = in_place_copies(self.api, self.function, args, kwargs)
             output = self.function(*args, **kwargs)
             outputs, grads = _pair_gradients(flat_outputs(output), self._incoming(inputs.grads or []), self.placement)
@@ -315,7 +315,7 @@ def saved_in_device_dtype(bench: Run, inputs: Inputs) -> Run | None:
 
 
 @contextlib.contextmanager
-def _saved_rounded(saved_in: tuple[torch.dtype, torch.dtype] | None) -> Iterator[None]:
+def _round_saved(saved_in: tuple[torch.dtype, torch.dtype] | None) -> Iterator[None]:
     if saved_in is None:
         yield
         return
@@ -446,10 +446,10 @@ def step_for(direction: str, inputs: Inputs, framework: str) -> Callable[[Side],
 
 
 @overload
-def evaluated(run: Side, direction: Literal["backward"], inputs: Inputs, framework: str) -> Gradients | None: ...
+def evaluate(run: Side, direction: Literal["backward"], inputs: Inputs, framework: str) -> Gradients | None: ...
 @overload
-def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Nested | None: ...
-def evaluated(run: Side, direction: str, inputs: Inputs, framework: str) -> Nested | None:
+def evaluate(run: Side, direction: str, inputs: Inputs, framework: str) -> Nested | None: ...
+def evaluate(run: Side, direction: str, inputs: Inputs, framework: str) -> Nested | None:
     """One more evaluation of the call on a side (a re-judgement's: the terms, the
     bench saving in D, exploration's bounds), None where it fails: the verdict then
     stands without it."""

@@ -24,8 +24,8 @@ from pytest_msprobe.dump.index import DIRECTIONS, TENSOR_FOLDER, DumpIndex, pars
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.errors import CallError, CallSkip, DumpError
 from pytest_msprobe.judge.check.call import FRAMEWORKS, Resolved, Settings, call_findings, offline_runs, replay_inputs
-from pytest_msprobe.judge.findings.finding import Finding, annotated, status_with
-from pytest_msprobe.judge.verdict.judgement import Judgement, judged, relabelled
+from pytest_msprobe.judge.findings.finding import Finding, annotate, status_with
+from pytest_msprobe.judge.verdict.judgement import Judgement, judge_and_rejudge, relabel
 from pytest_msprobe.judge.verdict.record import output_results
 from pytest_msprobe.run.devices import Backend, DeviceUnavailable, backend
 from pytest_msprobe.run.replay import DeviceFailed, Inputs, decode_inputs
@@ -165,7 +165,7 @@ def main(call: ScriptCall, argv: list[str] | None = None) -> int:
     worst = max(outcomes, key=lambda o: STATUS_ORDER[o.status]).status
     print(f"\nverdict: {worst}")
     if call.expected is not None and args.direction == default_direction(call) and not args.generate:
-        line = compared(call.expected, outcomes[0])
+        line = describe_agreement(call.expected, outcomes[0])
         print(line)
         if call.offline and args.dump_dir is None and args.direction == "backward" and line.startswith("differs"):
             print(
@@ -326,7 +326,7 @@ def _check(script: _Script, variant: int) -> tuple[Verdict, list[Finding]]:
         own = call.call_api if api.reveal is None else api.bench_fn
         api = dataclasses.replace(api, device_fn=call.call_api, bench_fn=own, raised_fn=None)
     resolved = Resolved(call_name, call.framework, framework, api)
-    inputs = call.build_inputs(args.direction, _decoded(script, variant))
+    inputs = call.build_inputs(args.direction, _decode_inputs(script, variant))
     for line in input_lines(inputs):
         print(f"  {line}")
     settings = Settings(chosen, 0, call.max_elements, registry, offline=call.offline, repeat=args.repeat)
@@ -334,19 +334,19 @@ def _check(script: _Script, variant: int) -> tuple[Verdict, list[Finding]]:
     replayed = replay_inputs(resolved, inputs, settings, dumped)
     for note in replayed.notes:
         print(f"  {note}")
-    verdict = judged(
+    verdict = judge_and_rejudge(
         Judgement(registry, call_name, replayed.results, replayed.bench, call.framework, None, replayed.layouts)
-    ).reached()
+    ).require_verdict()
     site = getattr(replayed.bench, "site", "")  # where the bench ran, on an accelerator (run/precision.py)
     if site:
-        verdict = relabelled(verdict, site)
+        verdict = relabel(verdict, site)
     evidence = getattr(replayed.device, "evidence", None)
     if evidence is not None and evidence.origins:  # gradients recovered from the dump (judge/offline/dumped_run.py)
-        verdict = relabelled(verdict, f"gradients recovered from the dump: {evidence.how}")
+        verdict = relabel(verdict, f"gradients recovered from the dump: {evidence.how}")
     return verdict, call_findings(replayed, call_name, call.framework, settings)
 
 
-def _decoded(script: _Script, variant: int) -> Inputs:
+def _decode_inputs(script: _Script, variant: int) -> Inputs:
     """The call's arguments, decoded from the records exactly as the test decoded them:
     the dumped tensors, or tensors generated from the statistics with the test's seed
     (the call id and the argument's place decide it; a variant > 0 draws others)."""
@@ -402,12 +402,12 @@ def verdict_summary(status: Status, verdict: Verdict | None, findings: list[Find
     same for the test's record: writer.expected_verdict)."""
     reasons: list[Json] = []
     if verdict is not None:
-        for output in annotated(output_results(verdict), findings):
+        for output in annotate(output_results(verdict), findings):
             reasons += output.reasons
     return {"status": status, "standard": verdict.standard if verdict is not None else "", "reasons": reasons}
 
 
-def compared(expected: Record, outcome: Outcome) -> str:
+def describe_agreement(expected: Record, outcome: Outcome) -> str:
     """One line: whether the script reached its test's verdict, and what differs."""
     mine = verdict_summary(outcome.status, outcome.verdict, outcome.findings)
     differ = [key for key in ("status", "standard", "reasons") if mine[key] != expected.get(key)]
@@ -442,7 +442,7 @@ def _print_verdict(verdict: Verdict) -> None:
 
 
 def _as_json(name: str, outcome: Outcome) -> Record:
-    results = annotated(output_results(outcome.verdict), outcome.findings) if outcome.verdict is not None else []
+    results = annotate(output_results(outcome.verdict), outcome.findings) if outcome.verdict is not None else []
     outputs = [dataclasses.asdict(o) for o in results]
     return {
         "call": name,

@@ -269,11 +269,11 @@ def _call_api(framework: str, name: CallName) -> str:
     resolved (NPU fused ops, MindSpore). Raises CallSkip where the test would skip."""
     if framework == "mindspore":
         how = "the MindSpore API on MindSpore's device target, its torch twin from api_tables/mindspore.toml on the CPU bench"
-        return RESOLVED_CALL.substitute(call_comment=_comment(f"{name.api_type}.{name.api_name}"), how=_wrapped(how))
+        return RESOLVED_CALL.substitute(call_comment=_comment(f"{name.api_type}.{name.api_name}"), how=_wrap(how))
     resolve_pytorch(name, None)
     if name.api_type == "NPU":
         how = f"torch_npu.{name.api_name} on an NPU, the CPU reference bench_functions.{name.api_name} on the bench (and on the device elsewhere)"
-        return RESOLVED_CALL.substitute(call_comment=f"NPU.{name.api_name}", how=_wrapped(how))
+        return RESOLVED_CALL.substitute(call_comment=f"NPU.{name.api_name}", how=_wrap(how))
     if not all(_IDENTIFIER.match(part) for part in name.api_name.split(".")):
         raise CallSkip(f"{name.api_type}.{name.api_name} is not a Python attribute name")
     return TORCH_CALL.substitute(expression=TORCH_EXPRESSIONS[name.api_type].format(name.api_name))
@@ -301,7 +301,7 @@ def _json(value: Json) -> str:
     return json.dumps(value, ensure_ascii=True)
 
 
-def _wrapped(text: str) -> str:
+def _wrap(text: str) -> str:
     return textwrap.fill(text + ".", 88, initial_indent="#   ", subsequent_indent="#   ")
 
 

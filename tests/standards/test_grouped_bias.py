@@ -9,7 +9,7 @@ import pytest
 import torch
 from kernels import round_toward_zero
 
-from pytest_msprobe.judge.verdict.groups import collapsed
+from pytest_msprobe.judge.verdict.groups import collapse
 from pytest_msprobe.standards import check
 
 #: an API the accuracy model puts in no class (standards/accuracy.py): its float32 limits
@@ -33,7 +33,7 @@ def test_a_shared_row_rounding_fails_by_elements_and_passes_by_rows():
     bench, device, reference = _rows_rounded_apart()
     by_elements = check(bench, device, api=UNCLASSED, reference=reference)
     assert by_elements.status == "error" and "scale" in by_elements.message()
-    by_rows = check(bench, device, api=UNCLASSED, reference=reference, groups=collapsed((16, 32), (1,)))
+    by_rows = check(bench, device, api=UNCLASSED, reference=reference, groups=collapse((16, 32), (1,)))
     assert by_rows.status == "pass", by_rows.message()
     assert by_rows.metrics["scale_bias_z"] < 5 < by_elements.metrics["scale_bias_z"]
 
@@ -47,7 +47,7 @@ def test_rounding_every_element_toward_zero_fails_by_rows(dtype):
         round_toward_zero(raised, dtype),
         api=UNCLASSED,
         reference=raised.to(dtype),
-        groups=collapsed((64, 32), (1,)),
+        groups=collapse((64, 32), (1,)),
     )
     assert verdict.status == "error", verdict.message()
     assert verdict.metrics["scale_bias_z"] > 5
@@ -56,7 +56,7 @@ def test_rounding_every_element_toward_zero_fails_by_rows(dtype):
 def test_groups_of_another_shape_leave_the_output_ungrouped():
     """A normalisation's weight gradient has the parameter's shape, not the input's."""
     bench, device, reference = _rows_rounded_apart()
-    verdict = check(bench, device, api=UNCLASSED, reference=reference, groups=collapsed((16, 2), (1,)))
+    verdict = check(bench, device, api=UNCLASSED, reference=reference, groups=collapse((16, 2), (1,)))
     assert verdict.status == "error"
 
 
@@ -80,7 +80,7 @@ def _conv_batch_norm_bf16(seed: int):
     w, b = torch.ones(channels), torch.zeros(channels)
     device = F.batch_norm(h, None, None, w.bfloat16(), b.bfloat16(), training=True)
     bench = F.batch_norm(h.float(), None, None, w, b, training=True)
-    return bench, device, collapsed(tuple(h.shape), (0, 2, 3))
+    return bench, device, collapse(tuple(h.shape), (0, 2, 3))
 
 
 CONV_BN_SEEDS = range(40)
@@ -106,7 +106,7 @@ def _rounded_inverse_std(seed: int):
     centred = h - h.mean((0, 2, 3), keepdim=True)
     inverse_std = torch.rsqrt(h.var((0, 2, 3), unbiased=False, keepdim=True) + 1e-5)
     device = (centred * inverse_std.bfloat16().double()).bfloat16()
-    return (centred * inverse_std).float(), device, collapsed(tuple(h.shape), (0, 2, 3))
+    return (centred * inverse_std).float(), device, collapse(tuple(h.shape), (0, 2, 3))
 
 
 def test_a_channel_s_rounded_statistics_fail_by_elements_and_pass_by_channels():

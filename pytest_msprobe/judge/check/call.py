@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from pytest_msprobe.dump.index import CallName, DumpIndex, parse_call_name
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.judge.verdict.judgement import Judgement, Recorded, judged, relabelled
+from pytest_msprobe.judge.verdict.judgement import Judgement, Recorded, judge_and_rejudge, relabel
 from pytest_msprobe.judge.verdict.written_rows import Written, cut_results, written
 from pytest_msprobe.run.apis import Api, resolve_pytorch
 from pytest_msprobe.run.devices import Backend
@@ -72,7 +72,7 @@ class BaselineMetrics(Protocol):
 
     def reference_for(self, dump: str, call: str) -> Recorded | None: ...
 
-    def labelled(self, verdict: Verdict, dump: str, call: str) -> Verdict: ...
+    def label_verdict(self, verdict: Verdict, dump: str, call: str) -> Verdict: ...
 
 
 class Framework(Protocol):
@@ -124,7 +124,7 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
     results, bench = replayed.results, replayed.bench
     recorded = settings.baseline.reference_for(index.key, str(name)) if settings.baseline is not None else None
     stated, shown = settings.overflow_mode or UNKNOWN, shown_modes(results)
-    judgement = judged(
+    judgement = judge_and_rejudge(
         Judgement(
             settings.registry,
             name,
@@ -135,19 +135,19 @@ def check_call(index: DumpIndex, name: CallName, settings: Settings) -> CallResu
             replayed.layouts,
         )
     )
-    verdict = judgement.reached()
+    verdict = judgement.require_verdict()
     if recorded is not None and settings.baseline is not None:  # recorded: read from the baseline
-        verdict = settings.baseline.labelled(verdict, index.key, str(name))
+        verdict = settings.baseline.label_verdict(verdict, index.key, str(name))
     site = getattr(bench, "site", "")  # where the bench ran, on an accelerator (run/precision.py)
     if site:
-        verdict = relabelled(verdict, site)
+        verdict = relabel(verdict, site)
     samples = _samples(judgement, verdict, settings)
     known = known_of(judgement, settings)
     findings = call_findings(replayed, name, index.framework, settings) + mode_findings(shown, stated)
     notes = replayed.notes
     evidence = getattr(replayed.device, "evidence", None)
     if evidence is not None and evidence.origins:  # gradients recovered from the dump (judge/offline/dumped_run.py)
-        verdict = relabelled(verdict, f"gradients recovered from the dump: {evidence.how}")
+        verdict = relabel(verdict, f"gradients recovered from the dump: {evidence.how}")
         notes = [*notes, *(f"not judged: {why}" for why in evidence.left_out)]
     if verdict.status == "error" and not settings.offline:  # offline, the device's run is the dump's
         lowered = lowered_precision(settings.backend.name, failing_dtypes(verdict))
@@ -226,7 +226,7 @@ class Resolved:
     api: Api
 
 
-def resolved(index: DumpIndex, name: CallName, settings: Settings) -> Resolved:
+def resolve_call(index: DumpIndex, name: CallName, settings: Settings) -> Resolved:
     framework = FRAMEWORKS[index.framework]()
     return Resolved(name, index.framework, framework, framework.resolve(name, settings.backend))
 
@@ -234,7 +234,7 @@ def resolved(index: DumpIndex, name: CallName, settings: Settings) -> Resolved:
 def replay_call(index: DumpIndex, name: CallName, settings: Settings) -> Replayed:
     """Decode the call and run it on the device (offline: the dump's outputs), the bench
     and the reference. Raises CallSkip, CallError or replay.DeviceFailed."""
-    call = resolved(index, name, settings)
+    call = resolve_call(index, name, settings)
     inputs = read_inputs(index, name, settings.max_elements)
     dumped = offline_runs(index, call, settings) if settings.offline else None
     return replay_inputs(call, inputs, settings, dumped)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.judge.findings.finding import annotated, message_with, status_with
+from pytest_msprobe.judge.findings.finding import annotate, message_with, status_with
 from pytest_msprobe.judge.verdict.record import ResultRecord, output_results
 from pytest_msprobe.run import isolation
 from pytest_msprobe.standards.verdict import DETAIL_ALL, DETAIL_METRICS
@@ -86,7 +86,7 @@ def judge_call(
             standard=verdict.standard,
             reference=verdict.reference,
             message=message_with(str(name), _verdict_text(result, DETAIL_ALL), result.findings),
-            outputs=annotated(output_results(verdict), result.findings),
+            outputs=annotate(output_results(verdict), result.findings),
             origins=result.origins,
             samples=result.samples,
             dump=dump,
@@ -111,7 +111,7 @@ def _verdict_text(result: CallResult, detail: int) -> str:
         return "\n".join([head, *notes])
     known = [result.known.note()] if result.known is not None else []
     lines = [head, *known, verdict.message(detail).rstrip(), "inputs:"]
-    described = result.inputs.described() if result.inputs is not None else result.origins
+    described = result.inputs.describe_arguments() if result.inputs is not None else result.origins
     lines += [f"  {line}" for line in described] or ["  (none)"]
     if detail < DETAIL_METRICS:
         lines.append("(every metric with its threshold: -v; the sign tests' sums too: -vv)")

@@ -250,15 +250,15 @@ def batch_norm_weight() -> None:
     x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0)) * 1e-3
     weight = torch.full((4,), 1.7e38)
 
-    def normed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def batch_normalize(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         zeros, ones = torch.zeros(4, dtype=x.dtype), torch.ones(4, dtype=x.dtype)
         return F.batch_norm(x, zeros, ones, weight, zeros, training=True)
 
     _compare(
         "batch_norm (training), float32, weight 1.7e38, sigma ~ 1e-3 (formula: weight * x_hat)",
-        normed(x, weight),
-        normed(x, torch.ones(4)) * weight.reshape(1, 4, 1, 1),
-        normed(x.double(), weight.double()),
+        batch_normalize(x, weight),
+        batch_normalize(x, torch.ones(4)) * weight.reshape(1, 4, 1, 1),
+        batch_normalize(x.double(), weight.double()),
     )
 
 

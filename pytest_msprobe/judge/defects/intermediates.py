@@ -31,7 +31,7 @@ class Arguments:
         return value if isinstance(value, torch.Tensor) and value.is_floating_point() else None
 
 
-def widened(value: Nested) -> Nested:
+def widen(value: Nested) -> Nested:
     """A floating tensor in float64, as Arguments holds it; anything else as it is."""
     return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 

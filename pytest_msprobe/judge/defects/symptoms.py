@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from pytest_msprobe.judge.defects.intermediates import Arguments, widened
+from pytest_msprobe.judge.defects.intermediates import Arguments, widen
 from pytest_msprobe.judge.verdict.judgement import judge
-from pytest_msprobe.run.replay import evaluated, run_backward
+from pytest_msprobe.run.replay import evaluate, run_backward
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Nested
@@ -53,8 +53,8 @@ class Failure:
         """The call's arguments in float64, as the regimes read them."""
         inputs = self.judgement.results.inputs
         return Arguments(
-            [widened(arg) for arg in inputs.args],
-            {key: widened(value) for key, value in inputs.kwargs.items()},
+            [widen(arg) for arg in inputs.args],
+            {key: widen(value) for key, value in inputs.kwargs.items()},
             [g.double() for g in inputs.grads or [] if isinstance(g, torch.Tensor) and g.is_floating_point()],
             torch.empty(0),  # the forward's result: no regime reads it
         )
@@ -98,7 +98,7 @@ def scalar_rounded(failure: Failure) -> bool:
         return False  # every scalar is a number of the dtype: nothing was rounded
     judgement = failure.judgement
     rounded = dataclasses.replace(inputs, args=args, kwargs=kwargs)
-    bench = evaluated(judgement.bench, judgement.name.direction, rounded, judgement.framework)
+    bench = evaluate(judgement.bench, judgement.name.direction, rounded, judgement.framework)
     return bench is not None and failure.passes_against(bench)
 
 

@@ -79,7 +79,7 @@ SEEN = ("2.13",)
 GELU_TRACKER = "https://github.com/pytorch/pytorch/issues/187806"
 
 
-def _explored(  # noqa: PLR0913 - a row's own fields, as KnownDefect takes them
+def _define_explored(  # noqa: PLR0913 - a row's own fields, as KnownDefect takes them
     id: str,
     operator: str,
     direction: str,
@@ -159,7 +159,7 @@ DEFECTS = (
         "batch_norm_reduced",
         SEEN,
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-gelu-tail",
         "gelu",
         "forward",
@@ -168,7 +168,7 @@ DEFECTS = (
         "gelu_tail",
         GELU_TRACKER,
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-gelu-tail-gradient",
         "gelu",
         "backward",
@@ -177,7 +177,7 @@ DEFECTS = (
         "gelu_tail_gradient",
         GELU_TRACKER,
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-gelu-tanh-gradient",
         "gelu",
         "backward",
@@ -185,7 +185,7 @@ DEFECTS = (
         "gelu(tanh)'s gradient: beta (1 + 3 kappa x**2) overflows where 1 - tanh**2 is 0, 0 * inf = NaN",
         "gelu_tanh_gradient",
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-softplus-gradient",
         "softplus",
         "backward",
@@ -193,7 +193,7 @@ DEFECTS = (
         "g * exp(x) overflows before the division by 1 + exp(x)",
         "softplus_gradient",
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-layer-norm-moments",
         "layer_norm",
         "backward",
@@ -201,7 +201,7 @@ DEFECTS = (
         "the CPU backward's moment form (rstd**3, sums of g w x, fused rstd * g w) leaves float32's normal range",
         "layer_norm_scale",
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-batch-norm-fused-weight",
         "batch_norm",
         "forward",
@@ -209,7 +209,7 @@ DEFECTS = (
         "the CPU kernel's fused weight * rstd overflows where weight * x_hat fits",
         "batch_norm_weight",
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-hardswish-product",
         "hardswish",
         "forward",
@@ -217,7 +217,7 @@ DEFECTS = (
         "x * relu6(x + 3) overflows before the division by 6",
         "hardswish_large",
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-group-norm-squares",
         "group_norm",
         "forward",
@@ -225,7 +225,7 @@ DEFECTS = (
         "the CPU kernel forms x**2, which overflows where the definition's (x - mean)**2 fits",
         "group_norm_squares",
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-group-norm-gradient",
         "group_norm",
         "backward",
@@ -233,7 +233,7 @@ DEFECTS = (
         "the CPU backward's fused rstd * weight, its rstd**3 sums or its forward's x**2 overflows",
         "group_norm_backward_weight",
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-attention-flash-accumulator",
         "scaled_dot_product_attention",
         "forward",
@@ -241,7 +241,7 @@ DEFECTS = (
         "the CPU flash kernel sums exp(s - max) v before dividing by the row's sum",
         "attention_flash",
     ),
-    _explored(
+    _define_explored(
         "torch-cpu-attention-flash-saturated",
         "scaled_dot_product_attention",
         "backward",

@@ -34,11 +34,11 @@ def _finite_max(values: Array) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-def _dumped(draw: st.DrawFn, values: Array, dtype: torch.dtype, rng: np.random.Generator) -> tuple[Array, str]:
+def _keep_dumped(draw: st.DrawFn, values: Array, dtype: torch.dtype, rng: np.random.Generator) -> tuple[Array, str]:
     return values, ""
 
 
-def _scaled(draw: st.DrawFn, values: Array, dtype: torch.dtype, rng: np.random.Generator) -> tuple[Array, str]:
+def _scale(draw: st.DrawFn, values: Array, dtype: torch.dtype, rng: np.random.Generator) -> tuple[Array, str]:
     """Times 2**k: k as large as the dtype's range allows, or as small (subnormals)."""
     largest = _finite_max(values)
     if largest == 0:
@@ -113,8 +113,8 @@ def _specials(draw: st.DrawFn, values: Array, dtype: torch.dtype, rng: np.random
 REGIMES = tuple(
     Regime(name, make)
     for name, make in (
-        ("dumped", _dumped),
-        ("scaled", _scaled),
+        ("dumped", _keep_dumped),
+        ("scaled", _scale),
         ("offset", _offset),
         ("extreme", _extreme),
         ("tiny", _tiny),
@@ -204,7 +204,7 @@ def _subnormal_rows(values: Array, dtype: torch.dtype) -> tuple[Array, str]:
     return rows.reshape(values.shape), "every other row scaled to max |x| = the smallest normal value / 16 (subnormal)"
 
 
-def _masked(values: Array, dtype: torch.dtype) -> tuple[Array, str]:
+def _mask_causally(values: Array, dtype: torch.dtype) -> tuple[Array, str]:
     """A causal mask (-inf above the diagonal of the last two dimensions) over logits at
     twice exp's overflow threshold: masked attention scores."""
     if values.ndim < 2:
@@ -251,7 +251,7 @@ EDGES: dict[str, Edge] = {
     "a dominant element per row": _dominant,
     "equal rows": _equal_rows,
     "subnormal rows": _subnormal_rows,
-    "masked rows": _masked,
+    "masked rows": _mask_causally,
     "epsilon scale": _epsilon_scale,
     "left tail": _left_tail,
     "a quarter of the largest value": _near_largest,

@@ -59,7 +59,7 @@ class Variant:
     described: dict[str, str]  # data_name -> how its values were made
     explicit: bool = False  # an explicit example (Neighbourhood.edge_variants): hypothesis does not shrink it
 
-    def provided(self) -> dict[str, tuple[torch.Tensor, str]]:
+    def provided_tensors(self) -> dict[str, tuple[torch.Tensor, str]]:
         """What dump.values.DecodeContext takes as in-memory tensors."""
         return {name: (tensor, self.described[name]) for name, tensor in self.tensors.items()}
 
@@ -94,7 +94,7 @@ class Neighbourhood:
 
     def __post_init__(self) -> None:
         leaves = self.leaves
-        found = _count_tensors(self._recorded())
+        found = _count_tensors(self._recorded_inputs())
         if found != len(leaves):
             raise CallSkip(f"cannot explore: the records hold {found} tensors, decoding found {len(leaves)}")
         self.sizes = (
@@ -107,7 +107,7 @@ class Neighbourhood:
         self.regimes = tuple(regime for regime in REGIMES if regime.name != "specials" or has_specials)
         self.edged = next((position for position, leaf in enumerate(leaves) if leaf.tensor.is_floating_point()), None)
 
-    def _recorded(self) -> list[Json]:
+    def _recorded_inputs(self) -> list[Json]:
         recorded: list[Json] = [self.forward.get("input_args", []), self.forward.get("input_kwargs", {})]
         return recorded + ([self.backward.get("input", [])] if self.backward is not None else [])
 
@@ -143,7 +143,7 @@ class Neighbourhood:
         masked = not bool(torch.isfinite(self.leaves[self.edged].tensor).all())
         # a mask only where the dumped tensor holds one: -inf means nothing to a matmul
         edges = [edge for edge in EDGES if edge != "masked rows" or masked]
-        return [self._moved({self.edged: _edged(self.leaves[self.edged], edge)}) for edge in edges]
+        return [self._move_leaves({self.edged: _move_to_edge(self.leaves[self.edged], edge)}) for edge in edges]
 
     def near_variants(self) -> list[Variant]:
         """The dumped call with its second floating tensor moved near its first (of the
@@ -163,10 +163,10 @@ class Neighbourhood:
         for k in (bits // 2, bits):
             near = _tensor(values + noise * 2.0**-k, tuple(values.shape), second.tensor.dtype)
             how = f"as dumped, at the edge 'small angles': the first argument plus 2**-{k} of its spread times a normal draw"
-            variants.append(self._moved({floats[1]: (near, how)}))
+            variants.append(self._move_leaves({floats[1]: (near, how)}))
         return variants
 
-    def _moved(self, moved: dict[int, tuple[torch.Tensor, str]]) -> Variant:
+    def _move_leaves(self, moved: dict[int, tuple[torch.Tensor, str]]) -> Variant:
         """The dumped call with the leaves at `moved`'s positions replaced: an explicit example."""
         tensors, described = {}, {}
         for position, leaf in enumerate(self.leaves):
@@ -192,12 +192,12 @@ class Neighbourhood:
 
         forward = {
             **self.forward,
-            "input_args": _mapped(self.forward.get("input_args", []), replace, sizes),
-            "input_kwargs": _mapped(self.forward.get("input_kwargs", {}), replace, sizes),
+            "input_args": _replace_tensors(self.forward.get("input_args", []), replace, sizes),
+            "input_kwargs": _replace_tensors(self.forward.get("input_kwargs", {}), replace, sizes),
         }
         backward = None
         if self.backward is not None:
-            backward = {**self.backward, "input": _mapped(self.backward.get("input", []), replace, sizes)}
+            backward = {**self.backward, "input": _replace_tensors(self.backward.get("input", []), replace, sizes)}
         return Variant(forward, backward, tensors, described, explicit)
 
     def _draw_sizes(self, draw: st.DrawFn) -> dict[int, int]:
@@ -227,13 +227,13 @@ def _leaf_values(draw: st.DrawFn, leaf: TensorLeaf, move: _Move) -> tuple[torch.
         return dumped, "as dumped"
     source = "as dumped" if same else f"resampled from the dumped values (seed {move.seed})"
     if not floating:
-        return _tensor(_resampled(dumped.numpy(), shape, rng), shape, dumped.dtype), source
+        return _tensor(_resample(dumped.numpy(), shape, rng), shape, dumped.dtype), source
     wide = dumped.double().numpy()
-    moved, how = move.regime.make(draw, wide if same else _resampled(wide, shape, rng), dumped.dtype, rng)
+    moved, how = move.regime.make(draw, wide if same else _resample(wide, shape, rng), dumped.dtype, rng)
     return _tensor(moved, shape, dumped.dtype), ", ".join(filter(None, (source, how)))
 
 
-def _edged(leaf: TensorLeaf, edge: str) -> tuple[torch.Tensor, str]:
+def _move_to_edge(leaf: TensorLeaf, edge: str) -> tuple[torch.Tensor, str]:
     """The leaf's floating tensor moved to an edge (EDGES)."""
     dumped = leaf.tensor
     moved, how = EDGES[edge](dumped.double().numpy(), dumped.dtype)
@@ -247,7 +247,7 @@ def _tensor(values: Json, shape: tuple[int, ...], dtype: torch.dtype) -> torch.T
     return torch.from_numpy(np.array(values).reshape(shape)).to(dtype)
 
 
-def _resampled(values: Array, shape: tuple[int, ...], rng: np.random.Generator) -> Array:
+def _resample(values: Array, shape: tuple[int, ...], rng: np.random.Generator) -> Array:
     """Elements drawn with replacement from the dumped ones (zeros if it had none)."""
     flat = values.reshape(-1)
     if not flat.size:
@@ -263,13 +263,13 @@ def _count_tensors(value: Json) -> int:
     return 0
 
 
-def _mapped(value: Json, replace: Callable[[Record], Record], sizes: dict[int, int]) -> Json:
+def _replace_tensors(value: Json, replace: Callable[[Record], Record], sizes: dict[int, int]) -> Json:
     """The recorded value with its tensors replaced (in decoding order) and its shape
     arguments resized."""
     if isinstance(value, list):
         if sizes and value and all(_is_int(item) for item in value):
             return [{**item, "value": sizes.get(item["value"], item["value"])} for item in value]
-        return [_mapped(item, replace, sizes) for item in value]
+        return [_replace_tensors(item, replace, sizes) for item in value]
     if not isinstance(value, dict):
         return value
     kind = value.get("type")
@@ -278,7 +278,7 @@ def _mapped(value: Json, replace: Callable[[Record], Record], sizes: dict[int, i
     if kind == "torch.Size" and isinstance(value.get("value"), list):
         return {**value, "value": [sizes.get(size, size) for size in value["value"]]}
     if kind is None:
-        return {key: _mapped(item, replace, sizes) for key, item in value.items()}
+        return {key: _replace_tensors(item, replace, sizes) for key, item in value.items()}
     return value
 
 

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from pytest_msprobe.judge.defects.intermediates import BACKWARD_INTERMEDIATES, Arguments, magnitude, underflows, widened
+from pytest_msprobe.judge.defects.intermediates import BACKWARD_INTERMEDIATES, Arguments, magnitude, underflows, widen
 from pytest_msprobe.judge.explore.rounding_excuses import forward_result
 from pytest_msprobe.judge.verdict.terms import has_terms, term_magnitudes
 from pytest_msprobe.run.apis import normed_arguments, summing_apis
-from pytest_msprobe.run.replay import evaluated, flat_outputs
+from pytest_msprobe.run.replay import evaluate, flat_outputs
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName
@@ -255,8 +255,8 @@ def _backward_intermediate_beyond(name: CallName, replayed: Replayed, framework:
     if not grads or result is None:
         return False
     call = Arguments(
-        [widened(arg) for arg in inputs.args],
-        {key: widened(value) for key, value in inputs.kwargs.items()},
+        [widen(arg) for arg in inputs.args],
+        {key: widen(value) for key, value in inputs.kwargs.items()},
         grads,
         result.double(),
     )
@@ -338,4 +338,4 @@ def _derivative(replayed: Replayed, framework: str) -> tuple[Nested, ...]:
     unit = dataclasses.replace(
         inputs, grads=[None if g is None else torch.ones_like(cast(torch.Tensor, g)) for g in inputs.grads or []]
     )
-    return tuple(evaluated(replayed.bench, "backward", unit, framework) or ())
+    return tuple(evaluate(replayed.bench, "backward", unit, framework) or ())

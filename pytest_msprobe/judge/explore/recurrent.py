@@ -26,7 +26,7 @@ Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | 
 Cell = Callable[[torch.Tensor, State, Weights, Gate], State]
 
 
-def _unchanged(value: torch.Tensor) -> torch.Tensor:
+def _identity(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
@@ -119,7 +119,7 @@ def _sequence(cell: Cell, states: int) -> Callable[..., tuple[torch.Tensor, ...]
         bidirectional: bool,
         batch_first: bool,
         *,
-        gate: Gate = _unchanged,
+        gate: Gate = _identity,
     ) -> tuple[torch.Tensor, ...]:
         hidden = [hx] if isinstance(hx, torch.Tensor) else list(hx)
         if dropout and train and num_layers > 1:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 
 from pytest_msprobe.judge.explore.recurrent import DEFINITIONS as RECURRENT_DEFINITIONS
-from pytest_msprobe.judge.verdict.judgement import Judgement, Rejudgement, judge, relabelled
+from pytest_msprobe.judge.verdict.judgement import Judgement, Rejudgement, judge, relabel
 from pytest_msprobe.judge.verdict.terms import term_magnitudes
-from pytest_msprobe.run.replay import Placement, Run, evaluated, flat_outputs, tree_map
+from pytest_msprobe.run.replay import Placement, Run, evaluate, flat_outputs, tree_map
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Nested
@@ -51,7 +51,7 @@ def excused_by_rounding(judgement: Judgement) -> tuple[Judgement, str | None]:
     return judgement, None
 
 
-def _conditioned(judgement: Judgement, sensitivity: Nested, excused: str) -> Judgement:
+def _excuse_conditioning(judgement: Judgement, sensitivity: Nested, excused: str) -> Judgement:
     """The judgement again, with each element's error excused up to EXCUSED_SENSITIVITY
     times its sensitivity to the rounding of the inputs (`sensitivity`); where that is
     still an error, the error stands.
@@ -91,14 +91,14 @@ def _conditioned(judgement: Judgement, sensitivity: Nested, excused: str) -> Jud
     return (
         judgement
         if verdict.status == "error"
-        else dataclasses.replace(again, verdict=relabelled(verdict, f"{excused} excused"))
+        else dataclasses.replace(again, verdict=relabel(verdict, f"{excused} excused"))
     )
 
 
 def _within_inputs_rounding(judgement: Judgement) -> Judgement:
     """_conditioned on input_sensitivity; the judgement as it was where that cannot be measured."""
     sensitivity = input_sensitivity(judgement)
-    return judgement if sensitivity is None else _conditioned(judgement, sensitivity, WITHIN_ROUNDING)
+    return judgement if sensitivity is None else _excuse_conditioning(judgement, sensitivity, WITHIN_ROUNDING)
 
 
 def _recurrent_backward(judgement: Judgement) -> bool:
@@ -115,7 +115,7 @@ def _within_gates_rounding(judgement: Judgement) -> Judgement:
     inputs, gates = input_sensitivity(judgement), gate_sensitivity(judgement)
     if inputs is None or gates is None:
         return judgement
-    return _conditioned(judgement, _pairwise(torch.maximum, inputs, gates), GATES_ROUNDED)
+    return _excuse_conditioning(judgement, _pairwise(torch.maximum, inputs, gates), GATES_ROUNDED)
 
 
 #: How an explored example judged error is judged again, in order (excused_by_rounding): its
@@ -141,7 +141,7 @@ def gate_sensitivity(judgement: Judgement) -> Nested | None:
 
     def gradients(gate: Callable[[torch.Tensor], torch.Tensor] | None) -> Nested | None:
         function = definition if gate is None else functools.partial(definition, gate=gate)
-        return evaluated(dataclasses.replace(bench, function=function), name.direction, inputs, judgement.framework)
+        return evaluate(dataclasses.replace(bench, function=function), name.direction, inputs, judgement.framework)
 
     plain = gradients(None)
     moved = [gradients(_rounded_gate(unit, seed)) for seed in range(SENSITIVITY_PATTERNS)]
@@ -199,12 +199,12 @@ def input_sensitivity(judgement: Judgement) -> Nested | None:
     if not floats or not isinstance(bench, Run):
         return None
     unit = max(torch.finfo(dtype).eps for dtype in floats) / 2
-    moves = [_rounded(unit, seed) for seed in range(SENSITIVITY_PATTERNS)] + [_flushed]
+    moves = [_round_inputs(unit, seed) for seed in range(SENSITIVITY_PATTERNS)] + [_flush_subnormals]
     changes = [_change(judgement, bench, move) for move in moves]
     if any(change is None for change in changes):
         return None
     changes += [
-        _result_rounded(judgement, unit, seed)
+        _round_result(judgement, unit, seed)
         for seed in range(SENSITIVITY_PATTERNS)
         if judgement.name.operator in RESULT_BACKWARDS
     ]
@@ -222,7 +222,7 @@ def input_sensitivity(judgement: Judgement) -> Nested | None:
 RESULT_BACKWARDS = {"sigmoid": "sigmoid_backward", "tanh": "tanh_backward"}
 
 
-def _result_rounded(judgement: Judgement, unit: float, seed: int) -> Nested | None:
+def _round_result(judgement: Judgement, unit: float, seed: int) -> Nested | None:
     """|backward(g, y (1 +- u)) - backward(g, y)| (y: the forward's exact result), as the
     bench's one input gradient; None where the call is not that backward's."""
     name, inputs = judgement.name, judgement.results.inputs
@@ -232,14 +232,14 @@ def _result_rounded(judgement: Judgement, unit: float, seed: int) -> Nested | No
         return None
     backward = getattr(torch.ops.aten, RESULT_BACKWARDS[name.operator])
     y, g = result.double(), grad.double()
-    moved = _rounded(unit, seed)(y, y)
+    moved = _round_inputs(unit, seed)(y, y)
     return (torch.as_tensor(backward(g, moved) - backward(g, y)).abs(),)
 
 
 def forward_result(bench: Side, inputs: Inputs, framework: str) -> torch.Tensor | None:
     """A backward's forward result on the bench (its first floating output), None where
     the bench cannot run it."""
-    forward = evaluated(bench, "forward", dataclasses.replace(inputs, grads=None), framework)
+    forward = evaluate(bench, "forward", dataclasses.replace(inputs, grads=None), framework)
     return next((y for y in flat_outputs(forward) if isinstance(y, torch.Tensor) and y.is_floating_point()), None)
 
 
@@ -248,7 +248,7 @@ def forward_result(bench: Side, inputs: Inputs, framework: str) -> torch.Tensor 
 SENSITIVITY_PATTERNS = 4
 
 
-def _rounded(unit: float, seed: int) -> Move:
+def _round_inputs(unit: float, seed: int) -> Move:
     """x (1 +- unit), signs at random: a rounding of every input."""
     generator = torch.Generator().manual_seed(seed)
 
@@ -259,7 +259,7 @@ def _rounded(unit: float, seed: int) -> Move:
     return move
 
 
-def _flushed(original: torch.Tensor, raised: torch.Tensor) -> torch.Tensor:
+def _flush_subnormals(original: torch.Tensor, raised: torch.Tensor) -> torch.Tensor:
     """The input with what is subnormal in its own dtype set to zero."""
     return torch.where(original.abs() < torch.finfo(original.dtype).smallest_normal, torch.zeros_like(raised), raised)
 
@@ -268,18 +268,18 @@ def _change(judgement: Judgement, bench: Run, move: Move) -> Nested | None:
     """|bench(moved inputs) - bench(inputs)|, the inputs moved in the bench's precision."""
     inputs = judgement.results.inputs
 
-    def moved(value: Nested) -> Nested:
+    def move_leaf(value: Nested) -> Nested:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             return value
         return move(value, value.to(bench.placement.dtypes.get(value.dtype, value.dtype)))
 
     perturbed = dataclasses.replace(
         inputs,
-        args=tree_map(moved, inputs.args),
-        kwargs=tree_map(moved, inputs.kwargs),
-        grads=tree_map(moved, inputs.grads) if inputs.grads is not None else None,
+        args=tree_map(move_leaf, inputs.args),
+        kwargs=tree_map(move_leaf, inputs.kwargs),
+        grads=tree_map(move_leaf, inputs.grads) if inputs.grads is not None else None,
     )
-    again = evaluated(
+    again = evaluate(
         dataclasses.replace(bench, placement=Placement(bench.placement.device)),
         judgement.name.direction,
         perturbed,

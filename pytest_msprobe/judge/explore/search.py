@@ -40,13 +40,13 @@ from pytest_msprobe.dump.index import CallName, DumpIndex
 from pytest_msprobe.dump.tensor_dump import write_tensor_dump
 from pytest_msprobe.dump.values import DecodeContext
 from pytest_msprobe.errors import CallError, CallSkip
-from pytest_msprobe.judge.check.call import CallResult, Resolved, Settings, read_inputs, replay_inputs, resolved
+from pytest_msprobe.judge.check.call import CallResult, Resolved, Settings, read_inputs, replay_inputs, resolve_call
 from pytest_msprobe.judge.defects.table import known_defect
 from pytest_msprobe.judge.explore.neighbourhood import Neighbourhood, Variant
 from pytest_msprobe.judge.explore.overflow_excuses import beyond_range
 from pytest_msprobe.judge.explore.rounding_excuses import excused_by_rounding
 from pytest_msprobe.judge.findings.finding import Finding
-from pytest_msprobe.judge.verdict.judgement import Judgement, judged
+from pytest_msprobe.judge.verdict.judgement import Judgement, judge_and_rejudge
 from pytest_msprobe.judge.verdict.record import EXPLORED_SUFFIX
 from pytest_msprobe.private_apis import key_database, no_local_constants, seed_search
 from pytest_msprobe.run.apis import fixed_shape_apis, paired_apis
@@ -115,15 +115,15 @@ def explore_call(index: DumpIndex, name: CallName, settings: Settings, plan: Pla
         with no_local_constants():
             test()
     except ExampleFailed as failure:
-        return _counted(_failed(failure, index, name, plan), search)
+        return _add_counts(_report_failure(failure, index, name, plan), search)
     except FlakyFailure as flaky:
-        return _counted(_flaky(flaky, index, name, plan), search)
+        return _add_counts(_flaky(flaky, index, name, plan), search)
     except Unsatisfiable:
         raise CallSkip(
             f"no valid input found around the call: every example it was given was discarded "
             f"({_by_cause(search.discarded)}), e.g. {search.first_discard}"
         ) from None
-    return _counted(_none_failed(search), search)
+    return _add_counts(_conclude_passing(search), search)
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class _Exploration:
 
     @classmethod
     def of(cls, index: DumpIndex, name: CallName, settings: Settings, plan: Plan) -> _Exploration:
-        call = resolved(index, name, settings)
+        call = resolve_call(index, name, settings)
         dumped = read_inputs(index, name, settings.max_elements)
         forward = index.read_record(index.entry_of(str(name.sibling("forward"))))
         backward = index.read_record(index.entry_of(str(name))) if name.direction == "backward" else None
@@ -165,10 +165,14 @@ class _Exploration:
         """The example judged as the dumped call is; raises Beyond where an overflow no
         correct kernel avoids excuses it."""
         index, name, settings = self.index, self.call.name, self.settings
-        ctx = DecodeContext(index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided())
+        ctx = DecodeContext(
+            index.tensor_dir, "tensor", name.call, settings.max_elements, provided=variant.provided_tensors()
+        )
         inputs = decode_inputs(variant.forward, None if self.backward is None else variant.backward or {}, ctx)
         replayed = replay_inputs(self.call, inputs, settings)
-        judgement = judged(Judgement(settings.registry, name, replayed.results, replayed.bench, index.framework))
+        judgement = judge_and_rejudge(
+            Judgement(settings.registry, name, replayed.results, replayed.bench, index.framework)
+        )
         if judgement.error:
             cause = beyond_range(name, replayed, index.framework)
             if cause is not None:
@@ -176,7 +180,7 @@ class _Exploration:
             judgement, excused = excused_by_rounding(judgement)
             if excused is not None:
                 self.search.excused[excused] += 1
-        verdict = judgement.reached()
+        verdict = judgement.require_verdict()
         known = known_defect(judgement, settings.backend.name) if judgement.error else None
         return CallResult(self.label, verdict, replayed.label, describe(variant), known=known)
 
@@ -201,7 +205,7 @@ class _Exploration:
             search.warning = (variant, result)
 
 
-def _none_failed(search: _Search) -> CallResult:
+def _conclude_passing(search: _Search) -> CallResult:
     """The search's result where no example failed: its first warning, else the dumped
     call's inputs judged (none failed); a CallSkip where no example was valid."""
     if search.first is None:
@@ -219,7 +223,7 @@ def _by_cause(counts: Counter[str]) -> str:
     return "; ".join(f"{cause}: {count}" for cause, count in sorted(counts.items())) or "none"
 
 
-def _counted(result: CallResult, search: _Search) -> CallResult:
+def _add_counts(result: CallResult, search: _Search) -> CallResult:
     """The result with the search's counts: a note first in its message, and the
     columns of its first output in the metrics file (a finding that fails nothing)."""
     excused = sum(search.excused.values())
@@ -283,7 +287,7 @@ def _small_angles(name: CallName, space: Neighbourhood) -> list[Variant]:
     return space.near_variants() if name.operator in paired_apis() else []
 
 
-def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan) -> CallResult:
+def _report_failure(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan) -> CallResult:
     path = write_example(failure.variant, index, name, plan.folder)
     reproduce = (
         f"reproduce: pytest --msprobe-dump={path} --msprobe-explore=1 -m explore  (the minimal failing example as a "
@@ -298,7 +302,7 @@ def _failed(failure: ExampleFailed, index: DumpIndex, name: CallName, plan: Plan
                 f"  {reproduce}",
             ]
         )
-        raise _device_failed(failure.device_error, lines) from None
+        raise _device_failure(failure.device_error, lines) from None
     return dataclasses.replace(failure.result, notes=[*failure.result.notes, _how_minimal(failure.variant), reproduce])
 
 
@@ -308,7 +312,7 @@ def _how_minimal(variant: Variant) -> str:
     return "(inputs shrunk by hypothesis to a minimal failing example)"
 
 
-def _device_failed(error: DeviceFailed, lines: str) -> DeviceFailed:
+def _device_failure(error: DeviceFailed, lines: str) -> DeviceFailed:
     failed = DeviceFailed(error.cause)
     failed.args = (f"{failed.args[0]} on an explored input\n{lines}",)
     return failed
@@ -319,7 +323,7 @@ def _flaky(flaky: FlakyFailure, index: DumpIndex, name: CallName, plan: Plan) ->
     failures = [error for error in flaky.exceptions if isinstance(error, ExampleFailed)]
     if not failures or failures[0].result is None:
         raise CallError(f"an explored example failed once and passed when replayed: {flaky}") from flaky
-    result = _failed(failures[0], index, name, plan)
+    result = _report_failure(failures[0], index, name, plan)
     return dataclasses.replace(
         result,
         notes=[

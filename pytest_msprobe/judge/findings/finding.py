@@ -58,7 +58,7 @@ def message_with(call: str, text: str, findings: list[Finding]) -> str:
     return "\n".join([head, *lines, text])
 
 
-def annotated(outputs: list[OutputResult], findings: list[Finding]) -> list[OutputResult]:
+def annotate(outputs: list[OutputResult], findings: list[Finding]) -> list[OutputResult]:
     """The output results with their findings: reasons and columns added, the status
     an error where a finding fails."""
     annotated_outputs = []
@@ -83,7 +83,7 @@ def dropout_findings(results: Results, name: CallName) -> list[Finding]:
     from pytest_msprobe.run.dropout import Z_LIMIT, Drawn, dropped_share
 
     kind = dropout_table().get(name.operator)
-    shown = None if kind is None else Drawn(kind).revealed(results.inputs, results.device, name.direction)
+    shown = None if kind is None else Drawn(kind).find_masks(results.inputs, results.device, name.direction)
     if shown is None or kind is None:
         return []
     unit_dims = kind.units(shown.result.dim())

@@ -77,7 +77,7 @@ def overflow_findings(
         if position in paired and dtype is not None and dtype.is_floating_point:
             path, value = paired[position]
             if isinstance(value, torch.Tensor) and value.is_floating_point():
-                findings.append(_classified(path, value, dtype, stats, inputs))
+                findings.append(_classify(path, value, dtype, stats, inputs))
     return findings
 
 
@@ -148,7 +148,7 @@ def _bench_outputs(
     return {position: (f"[{edge}]", results.bench[edge]) for position, edge in enumerate(edges) if edge is not None}
 
 
-def _classified(path: str, bench: torch.Tensor, dtype: torch.dtype, stats: str, inputs: str) -> Finding:
+def _classify(path: str, bench: torch.Tensor, dtype: torch.dtype, stats: str, inputs: str) -> Finding:
     """Input overflow (a note) where the bench overflows too once rounded to the dtype,
     else kernel overflow (an error)."""
     largest = torch.finfo(dtype).max

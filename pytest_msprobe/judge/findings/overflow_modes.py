@@ -210,10 +210,10 @@ def for_judgement(results: Results, shown: list[Shown], stated: StatedMode) -> R
     if stated.mode == INF_NAN or not any(item.count(SATURATION) != (0, 0) for item in shown):
         return results
     restored = {item.path: item for item in shown if item.count(SATURATION) != (0, 0)}
-    return dataclasses.replace(results, device=_replaced(results.device, "", restored))
+    return dataclasses.replace(results, device=_restore_leaves(results.device, "", restored))
 
 
-def _replaced(value: Nested, path: str, restored: dict[str, Shown]) -> Nested:
+def _restore_leaves(value: Nested, path: str, restored: dict[str, Shown]) -> Nested:
     """`value` with the leaves at the restored paths (pairing's paths) given their IEEE
     values."""
     if path in restored and isinstance(value, torch.Tensor):
@@ -224,8 +224,8 @@ def _replaced(value: Nested, path: str, restored: dict[str, Shown]) -> Nested:
         on_cpu[shown.zeroed] = math.nan
         return on_cpu.to(value.device)
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-        items = [_replaced(item, f"{path}[{i}]", restored) for i, item in enumerate(value)]
+        items = [_restore_leaves(item, f"{path}[{i}]", restored) for i, item in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, dict):
-        return {key: _replaced(item, f"{path}[{key!r}]", restored) for key, item in value.items()}
+        return {key: _restore_leaves(item, f"{path}[{key!r}]", restored) for key, item in value.items()}
     return value

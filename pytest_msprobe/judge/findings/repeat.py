@@ -174,11 +174,11 @@ def _largest_change(first: torch.Tensor, again: torch.Tensor, differs: torch.Ten
     if not bool(finite.any()):
         return 0.0, 0.0
     a, b = a[finite], b[finite]
-    steps = (_ordered(a) - _ordered(b)).abs().double()
+    steps = (_to_ordinals(a) - _to_ordinals(b)).abs().double()
     return float((a.double() - b.double()).abs().max()), float(steps.max())
 
 
-def _ordered(values: torch.Tensor) -> torch.Tensor:
+def _to_ordinals(values: torch.Tensor) -> torch.Tensor:
     """Each float's position among the dtype's representable values (as int64): the
     bit pattern of a negative float counts down from zero, so neighbours differ by 1
     across zero too and -0.0 and +0.0 are both 0."""

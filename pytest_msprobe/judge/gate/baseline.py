@@ -189,12 +189,12 @@ class Baseline:
         found = self.get(dump, call)
         return found.outputs if found is not None and found.outputs else None
 
-    def labelled(self, verdict: Verdict, dump: str, call: str) -> Verdict:
+    def label_verdict(self, verdict: Verdict, dump: str, call: str) -> Verdict:
         """The call's verdict with its reference named for what it is: the standards
         call any recorded metrics "baseline", also an msprobe details CSV's row."""
         if (self.recorded_key(dump), call) in self.calls:
             return verdict
-        return _relabelled(verdict, IMPORTED_LABEL)
+        return _relabel_as_baseline(verdict, IMPORTED_LABEL)
 
     def match_dumps(self, dumps: Iterable[tuple[str, Path]]) -> list[DumpMatch]:
         """Find each (key, path) dump of this run among the recorded dumps and remember
@@ -213,15 +213,15 @@ class Baseline:
             elif same_content:
                 match = DumpMatch(key, max(same_content, key=lambda other: _common_tail(other, key)))
             elif key in recorded:
-                match = DumpMatch(key, key, changed=True, by_signature=self.signed(key))
+                match = DumpMatch(key, key, changed=True, by_signature=self.has_signatures(key))
             else:
-                match = DumpMatch(key, None, by_signature=self.signed())
+                match = DumpMatch(key, None, by_signature=self.has_signatures())
             if match.recorded_as is not None and not match.by_signature:
                 self.aliases[key] = match.recorded_as
             matches.append(match)
         return matches
 
-    def signed(self, dump: str | None = None) -> bool:
+    def has_signatures(self, dump: str | None = None) -> bool:
         """Whether the baseline recorded its calls' signatures (of `dump`, or of any dump):
         what pairs the calls of another dump of the model with them (judge/gate/upgrade.py)."""
         return any(metrics.signature for (key, _), metrics in self.calls.items() if dump is None or key == dump)
@@ -295,14 +295,14 @@ def _common_tail(first: str, second: str) -> int:
     return count
 
 
-def _relabelled(verdict: Verdict, label: str) -> Verdict:
+def _relabel_as_baseline(verdict: Verdict, label: str) -> Verdict:
     """The verdict, and each of its outputs, with a "baseline" reference called `label`
     ("baseline, forward results saved in ..." keeps its tail)."""
     reference = verdict.reference
     if reference == BASELINE_LABEL or reference.startswith(BASELINE_LABEL + ","):
         reference = label + reference[len(BASELINE_LABEL) :]
     return dataclasses.replace(
-        verdict, reference=reference, outputs=tuple(_relabelled(output, label) for output in verdict.outputs)
+        verdict, reference=reference, outputs=tuple(_relabel_as_baseline(output, label) for output in verdict.outputs)
     )
 
 

@@ -215,7 +215,7 @@ def _evidence(call: str, output: OutputResult) -> Evidence:
     )
 
 
-def _pooled(items: list[Evidence], prefix: str) -> dict[str, float]:
+def _pool_bias(items: list[Evidence], prefix: str) -> dict[str, float]:
     """The bias metrics of the pooled sums, as one call's would read (standards/bias.py)."""
     total_n = sum(item.sums[f"{prefix}bias_n"] for item in items)
     metrics: dict[str, float] = {}
@@ -240,8 +240,8 @@ def judge_kernel(key: KernelKey, items: list[Evidence], failed_calls: int) -> Ke
     """The pooled verdict of one kernel's evidence (module docstring)."""
     items = sorted(items, key=lambda item: (item.call, item.output))
     with_reference = all(item.reference for item in items)
-    metrics = _pooled(items, "")
-    reference = _pooled(items, "ref_") if with_reference else None
+    metrics = _pool_bias(items, "")
+    reference = _pool_bias(items, "ref_") if with_reference else None
     limit, z_limit = max(item.limit for item in items), max(item.z_limit for item in items)
     allowance = max(item.allowance for item in items)
     reasons = bias_reasons(metrics, z_limit, limit, reference, allowance)

@@ -144,7 +144,7 @@ def pair_calls(recorded: Mapping[str, tuple[int, str]], current: Mapping[str, tu
     ours, theirs = _by_api(current), _by_api(recorded)
     pairs: dict[str, str] = {}
     for api, sequence in ours.items():
-        pairs.update(_aligned(theirs.get(api, []), sequence))
+        pairs.update(_align_names(theirs.get(api, []), sequence))
     waiting: dict[str, list[str]] = defaultdict(list)
     taken = set(pairs.values())
     for name, (_, digest) in sorted(recorded.items(), key=lambda item: item[1][0]):
@@ -168,7 +168,7 @@ def _by_api(calls: Mapping[str, tuple[int, str]]) -> dict[str, list[tuple[str, s
     return found
 
 
-def _aligned(recorded: list[tuple[str, str]], current: list[tuple[str, str]]) -> dict[str, str]:
+def _align_names(recorded: list[tuple[str, str]], current: list[tuple[str, str]]) -> dict[str, str]:
     """current name -> recorded name along the longest common subsequence of signatures
     (difflib's; the sequences alike, as they mostly are, pair at once)."""
     if [digest for _, digest in recorded] == [digest for _, digest in current]:
@@ -348,7 +348,7 @@ def worst_first(changes: Iterable[Change]) -> list[Change]:
 # --- a run against a baseline: which record each call of this run is paired with ---------
 
 
-def signed(
+def sign_calls(
     calls: Mapping[tuple[str | None, str], CallMetrics], signatures: Mapping[str, Signatures]
 ) -> dict[tuple[str | None, str], CallMetrics]:
     """The calls' metrics with their signature and position in their dump (`signatures`:
@@ -458,9 +458,9 @@ def compare_run(
         compared = any(change.kind != "not compared" for change in changes)
         pairing = counterparts.pairing(dump, indexes[dump])
         if pairing is None:
-            found.vanished += _vanished(counterparts.baseline, dump, indexes[dump])
+            found.vanished += _find_vanished(counterparts.baseline, dump, indexes[dump])
             if ran and not compared:
-                found.uncompared[dump] = _unrecorded(counterparts.baseline, dump, ran, bool(changes))
+                found.uncompared[dump] = _explain_unrecorded(counterparts.baseline, dump, ran, bool(changes))
             continue
         recorded_dump, paired = pairing
         found.paired.append(dump)
@@ -477,7 +477,7 @@ def compare_run(
     return found
 
 
-def _unrecorded(baseline: Baseline, dump: str, ran: int, skipped: bool) -> str:
+def _explain_unrecorded(baseline: Baseline, dump: str, ran: int, skipped: bool) -> str:
     """Why no call of a dump the baseline holds by content, or cannot pair (an older
     baseline, with no signatures), was compared."""
     if skipped:
@@ -490,7 +490,7 @@ def _unrecorded(baseline: Baseline, dump: str, ran: int, skipped: bool) -> str:
     return f"the baseline has a record of none of the {ran} calls that ran from {dump}{held}: nothing was compared"
 
 
-def _vanished(baseline: Baseline, dump: str, index: Callable[[], DumpIndex]) -> list[str]:
+def _find_vanished(baseline: Baseline, dump: str, index: Callable[[], DumpIndex]) -> list[str]:
     """The calls the baseline holds of a dump it holds by content that the dump lacks."""
     recorded = {
         call

@@ -72,7 +72,7 @@ class DumpedRun:
     graph_run: Run  # the call on the CPU in the dump's dtypes, to read its autograd node
     evidence: Evidence | None = None  # set by backward where gradients came from elsewhere in the dump
 
-    def _recorded(self, key: str) -> list[Nested]:
+    def _decode_recorded(self, key: str) -> list[Nested]:
         record = self.index.read_record(self.index.entry_of(str(self.name)))
         values = record.get(key)
         if not isinstance(values, list):
@@ -89,7 +89,7 @@ class DumpedRun:
             ) from exc
 
     def forward(self, inputs: Inputs) -> Nested:
-        outputs = self._recorded("output")
+        outputs = self._decode_recorded("output")
         if all(output is None for output in outputs):
             raise CallSkip(
                 "the dump records no output of this call (msprobe records null for a call that returns nothing, such as "
@@ -103,7 +103,7 @@ class DumpedRun:
     ) -> tuple[list[Nested], list[torch.Tensor | None], list[int | None]]:
         """The dumped gradients, those of them that are the inputs' own (by the node's
         edges; None elsewhere), and the edges."""
-        dumped = self._recorded("output")
+        dumped = self._decode_recorded("output")
         edges = node_edges(self.graph_run, inputs, needs_grad)
         matched: list[torch.Tensor | None] = [None] * sum(needs_grad)
         if len(edges) == len(dumped):
@@ -312,7 +312,7 @@ def _from_dataflow(recovery: _Recovery, position: int) -> None:
             return
         incoming = _incoming(recovery, read)
         readers = flow.consumers(read.producer)
-        unsettled = flow.unsettled(read.producer)
+        unsettled = flow.find_unsettled(read.producer)
     except (Ambiguous, CallSkip, CallError) as exc:
         evidence.left_out.append(f"{leaf.path}: {exc}")
         return
@@ -379,7 +379,7 @@ def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | N
         return copies.get(id(node), None if variable is None else id(variable))
 
     edges = [node for node, _ in node_of_output.next_functions]
-    reached = [_leaves_reached(node, leaf_of) for node in edges]
+    reached = [_find_reached_leaves(node, leaf_of) for node in edges]
     return [
         None
         if node is None or any(leaf_of(node) in other for j, other in enumerate(reached) if j != i)
@@ -388,7 +388,7 @@ def node_edges(run: Run, inputs: Inputs, needs_grad: list[bool]) -> list[int | N
     ]
 
 
-def _leaves_reached(
+def _find_reached_leaves(
     node: torch.autograd.graph.Node | None, leaf_of: Callable[[torch.autograd.graph.Node], int | None]
 ) -> set[int]:
     """The inputs an edge's gradient flows on to, through the call's own graph. An input

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pytest_msprobe.run.apis import Api, layout_sensitive_apis
-from pytest_msprobe.run.replay import Inputs, Run, evaluated, tree_map
+from pytest_msprobe.run.replay import Inputs, Run, evaluate, tree_map
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.values import Nested
@@ -71,7 +71,7 @@ class LayoutReferences:
             self._outputs = {}
             for layout in self.layouts:
                 placement = dataclasses.replace(self.reference.placement, formats=LAYOUTS[layout])
-                output = evaluated(
+                output = evaluate(
                     dataclasses.replace(self.reference, placement=placement),
                     self.direction,
                     self.inputs,

@@ -101,7 +101,7 @@ class Summed:
     rounding: torch.Tensor  # flat, float64: u |partial sum| per addition, u |share| per rerun share
 
 
-def accumulated(shares: list[Share], numel: int, dtype: torch.dtype, side: str) -> Summed:
+def accumulate_shares(shares: list[Share], numel: int, dtype: torch.dtype, side: str) -> Summed:
     """The shares of side `side` ("bench" or "reference") added in `dtype` in the order
     given, and each element's allowance (module docstring)."""
     total = torch.zeros(numel, dtype=dtype)

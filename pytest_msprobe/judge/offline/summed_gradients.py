@@ -31,7 +31,7 @@ from pytest_msprobe.judge.offline.dumped_run import OFFLINE_BACKWARD_REMEDY
 from pytest_msprobe.judge.offline.missing_shares import (
     Kind,
     Share,
-    accumulated,
+    accumulate_shares,
     beyond,
     rebuild_bound,
     rebuild_check,
@@ -115,7 +115,7 @@ def _sum_shared(columns: _Columns, shared: Shared, call: SummingCall, spread: Sp
         evidence.left_out.append(f"the gradient shared with {', '.join(o.consumer.call for o in shared.others)}: {exc}")
         return
     dtype = _shared_device(columns, position).dtype
-    sums = _summed(columns, shared, shares, dtype)
+    sums = _sum_shares(columns, shared, shares, dtype)
     disagreement = _rebuild_disagreement(columns, shared, sums, spread(position), dtype)
     if disagreement is not None:
         columns.device[position] = None
@@ -151,7 +151,7 @@ def _ordered_shares(
     return [share for _, share in parts], sorted(composite)
 
 
-def _summed(columns: _Columns, shared: Shared, shares: list[Share], dtype: torch.dtype) -> _Sums | None:
+def _sum_shares(columns: _Columns, shared: Shared, shares: list[Share], dtype: torch.dtype) -> _Sums | None:
     """The bench's and the reference's gradient of the input replaced by their sums of
     the shares; the bench's allowance and rounding (the reference's partial sums are
     within its own rounding of these); None where the bench has no gradient there."""
@@ -161,7 +161,7 @@ def _summed(columns: _Columns, shared: Shared, shares: list[Share], dtype: torch
     for side, column in (("bench", columns.bench), ("reference", columns.reference)):
         given = None if column is None else column[position]
         if column is not None and given is not None:
-            summed = accumulated(shares, shared.producer_numel, dtype, side)
+            summed = accumulate_shares(shares, shared.producer_numel, dtype, side)
             column[position] = summed.total[positions].reshape(shared.own.shape).to(given.dtype)
             if side == "bench":
                 sums = _Sums(summed.allowance[positions], summed.rounding[positions])

@@ -76,7 +76,7 @@ def _reduced_dim(call: CallShapes) -> list[Axis]:
     return _broadcast(call, frozenset({dim % max(len(call.output), 1)}))
 
 
-def _normalized(call: CallShapes) -> list[Axis]:
+def _norm_axes(call: CallShapes) -> list[Axis]:
     """A norm over the trailing `normalized_shape` dims: the leading dims only."""
     normalized = _ints(call.argument(1, "normalized_shape"))
     rank = len(call.output)
@@ -121,7 +121,7 @@ def _linear(call: CallShapes) -> list[Axis]:
 AXIS_RULES: dict[str, Callable[[CallShapes], list[Axis]]] = {
     "broadcast": _broadcast,
     "reduced_dim": _reduced_dim,
-    "normalized": _normalized,
+    "normalized": _norm_axes,
     "matmul": _matmul,
     "linear": _linear,
 }

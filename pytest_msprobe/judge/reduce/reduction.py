@@ -136,9 +136,9 @@ class ReducibleCall:
         )
 
     def shape(self, loc: Loc, cut: Cut, record: str = "forward") -> tuple[int, ...]:
-        return tuple(self.sliced(record, loc, cut).shape)
+        return tuple(self.slice_tensor(record, loc, cut).shape)
 
-    def sliced(self, record: str, loc: Loc, cut: Cut) -> torch.Tensor:
+    def slice_tensor(self, record: str, loc: Loc, cut: Cut) -> torch.Tensor:
         tensor = self.tensors[(record, loc)]
         twin = loc if record == "forward" else (BACKWARD_TWINS[loc[0]], loc[1])
         for axis, (start, stop) in zip(self.axes, cut.ranges, strict=True):
@@ -230,7 +230,7 @@ def _entries(
         loc = (key, where)
         if (direction, loc) not in call.tensors or not isinstance(item, dict):
             return item
-        tensor = call.sliced(direction, loc, cut)
+        tensor = call.slice_tensor(direction, loc, cut)
         data_name = str(item["data_name"])
         tensors[data_name] = tensor
         return {
@@ -296,7 +296,7 @@ class Search:
     def spent(self) -> bool:
         return self.tries >= self.plan.tries or time.monotonic() - self.started > self.plan.seconds
 
-    def judged(self, cut: Cut) -> CallResult | None:
+    def judge_cut(self, cut: Cut) -> CallResult | None:
         """The candidate judged as a dumped call (None: the kernels or the standards refuse its slice)."""
         self.tries += 1
         folder = self.scratch / f"try{self.tries}"
@@ -309,7 +309,7 @@ class Search:
 
     def fails_alike(self, cut: Cut) -> bool:
         """The oracle: the candidate fails with the same signature (and known defect)."""
-        result = self.judged(cut)
+        result = self.judge_cut(cut)
         alike = (
             result is not None and failure_signature(result.verdict) == self.wanted and known_id(result) == self.known
         )
@@ -339,7 +339,7 @@ def _halves(cut: Cut, position: int) -> list[Cut]:
     return found
 
 
-def _sliced(search: Search, cut: Cut) -> Cut:
+def _halve(search: Search, cut: Cut) -> Cut:
     """Halve each axis (largest first) while a half fails alike, until nothing halves."""
     call = search.call
     progress = True
@@ -385,7 +385,7 @@ def _on_the_device(search: Search, cut: Cut) -> tuple[Cut, str]:
     call, offline, wanted = search.call, search.settings, search.wanted
     whole = [axis.name for axis in call.axes if not axis.maps_outputs]
     search.settings = dataclasses.replace(offline, offline=False)
-    result = search.judged(cut)
+    result = search.judge_cut(cut)
     online = failure_signature(result.verdict) if result is not None else None
     if (
         result is None
@@ -401,7 +401,7 @@ def _on_the_device(search: Search, cut: Cut) -> tuple[Cut, str]:
         )
     search.usable, search.wanted = None, online
     label = offline.backend.describe(offline.device_index)
-    return _sliced(search, cut), (
+    return _halve(search, cut), (
         f"judged single-run on the device ({label}), not offline: {', '.join(whole)} cut, the outputs computed "
         "by the device (run the folder's dump without --msprobe-offline)"
     )
@@ -432,7 +432,7 @@ def reduce_call(
     mapped = frozenset(i for i, axis in enumerate(call.axes) if axis.maps_outputs or not settings.offline)
     search = Search(call, settings, plan, wanted, scratch, usable=mapped, known=known_id(original))
     try:
-        cut = _sliced(search, whole)
+        cut = _halve(search, whole)
         if len(mapped) < len(call.axes) and not search.spent():
             cut, note = _on_the_device(search, cut)
             notes.append(note)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from pytest_msprobe.run.replay import Side
 
 
-def collapsed(shape: tuple[int, ...], dims: tuple[int, ...]) -> torch.Tensor:
+def collapse(shape: tuple[int, ...], dims: tuple[int, ...]) -> torch.Tensor:
     """Each element's group: its index with `dims` (the reduced ones) collapsed."""
     reduced = {d % len(shape) for d in dims} if shape else set()
     kept = [1 if d in reduced else size for d, size in enumerate(shape)]
@@ -57,26 +57,26 @@ def _softmax_dim(x: torch.Tensor, dim: int | None) -> int:
 def _rows(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """softmax and its kin: one group per row along `dim` (its sum)."""
     x = args[0]
-    return collapsed(tuple(x.shape), (_softmax_dim(x, argument(args, kwargs, 1, "dim")),))
+    return collapse(tuple(x.shape), (_softmax_dim(x, argument(args, kwargs, 1, "dim")),))
 
 
 def _normalized_rows(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """layer_norm, rms_norm: one group per row over the trailing normalized_shape."""
     x, normalized = args[0], argument(args, kwargs, 1, "normalized_shape")
     count = 1 if isinstance(normalized, int) else len(normalized)
-    return collapsed(tuple(x.shape), tuple(range(x.dim() - count, x.dim())))
+    return collapse(tuple(x.shape), tuple(range(x.dim() - count, x.dim())))
 
 
 def _channels(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """batch_norm: one group per channel (dim 1), its statistics over the batch."""
     x = args[0]
-    return collapsed(tuple(x.shape), tuple(d for d in range(x.dim()) if d != 1))
+    return collapse(tuple(x.shape), tuple(d for d in range(x.dim()) if d != 1))
 
 
 def _instances(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     """instance_norm: one group per (sample, channel)."""
     x = args[0]
-    return collapsed(tuple(x.shape), tuple(range(2, x.dim())))
+    return collapse(tuple(x.shape), tuple(range(2, x.dim())))
 
 
 def _norm_groups(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
@@ -143,7 +143,7 @@ def _cross_entropy_classes(args: list[Param], kwargs: dict[str, Param]) -> torch
     Measured on an H200 against torch's CPU kernel (studies/verdicts-on-a-cuda-gpu.md): correct
     float32 gradients differ by 0.3-0.5 ULP of bias, z 5-12 by elements."""
     x = args[0]
-    return collapsed(tuple(x.shape), (1 if x.dim() >= 2 else 0,))
+    return collapse(tuple(x.shape), (1 if x.dim() >= 2 else 0,))
 
 
 def _queries(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
@@ -152,7 +152,7 @@ def _queries(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor:
     value has the query's shape (self-attention), a row of their gradients shares one
     column of the probabilities. An output of another shape is not grouped."""
     q = args[0]
-    return collapsed(tuple(q.shape), (-1,))
+    return collapse(tuple(q.shape), (-1,))
 
 
 def _by_a_scalar(args: list[Param], kwargs: dict[str, Param]) -> torch.Tensor | None:

@@ -23,7 +23,7 @@ from pytest_msprobe.judge.verdict.rounding import rounded_once_of
 from pytest_msprobe.judge.verdict.summed import summed_route, sums_contributions
 from pytest_msprobe.judge.verdict.terms import term_magnitudes
 from pytest_msprobe.judge.verdict.written_rows import cut, written
-from pytest_msprobe.run.replay import Run, evaluated, saved_in_device_dtype
+from pytest_msprobe.run.replay import Run, evaluate, saved_in_device_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -62,17 +62,17 @@ class Judgement:
     terms: Nested = (
         None  # each element's terms' magnitudes (judge/verdict/terms.py), once a re-judgement evaluated them
     )
-    verdict: Verdict | None = None  # None until judged (judged() judges it against the bench first)
+    verdict: Verdict | None = None  # None until judged (judge_and_rejudge() judges it against the bench first)
 
     @property
     def error(self) -> bool:
         """Whether the verdict so far is an error: only then is the call judged again."""
         return self.verdict is not None and self.verdict.status == "error"
 
-    def reached(self) -> Verdict:
+    def require_verdict(self) -> Verdict:
         """The verdict, once judged."""
         if self.verdict is None:
-            raise ValueError(f"{self.name} is not judged yet: judged() judges it")
+            raise ValueError(f"{self.name} is not judged yet: judge_and_rejudge() judges it")
         return self.verdict
 
 
@@ -108,7 +108,7 @@ def judge(judgement: Judgement) -> Verdict:
     )
 
 
-def judged(judgement: Judgement) -> Judgement:
+def judge_and_rejudge(judgement: Judgement) -> Judgement:
     """The verdict against the bench (by the groups of the call's outputs and the
     elements rounded once), then each re-judgement of RE_JUDGEMENTS that applies, in
     order, while it is an error."""
@@ -116,10 +116,10 @@ def judged(judgement: Judgement) -> Judgement:
     grouped = dataclasses.replace(
         judgement, groups=groups_of(name, bench, inputs), rounded_once=rounded_once_of(name, bench, inputs)
     )
-    return rejudged(dataclasses.replace(grouped, verdict=judge(grouped)), RE_JUDGEMENTS)
+    return rejudge(dataclasses.replace(grouped, verdict=judge(grouped)), RE_JUDGEMENTS)
 
 
-def rejudged(judgement: Judgement, table: Sequence[Rejudgement]) -> Judgement:
+def rejudge(judgement: Judgement, table: Sequence[Rejudgement]) -> Judgement:
     """Each row of `table` that applies, in order, while the verdict is an error."""
     for row in table:
         if judgement.error and row.applies(judgement):
@@ -127,9 +127,9 @@ def rejudged(judgement: Judgement, table: Sequence[Rejudgement]) -> Judgement:
     return judgement
 
 
-def relabelled(verdict: Verdict, how: str) -> Verdict:
+def relabel(verdict: Verdict, how: str) -> Verdict:
     """The verdict, its reference (and its outputs') saying how it was reached."""
-    outputs = tuple(relabelled(output, how) for output in verdict.outputs)
+    outputs = tuple(relabel(output, how) for output in verdict.outputs)
     return dataclasses.replace(verdict, reference=f"{verdict.reference}, {how}", outputs=outputs)
 
 
@@ -143,7 +143,7 @@ def _by_summed_route(judgement: Judgement) -> Judgement:
     """A backward that sums overlapping contributions, by its own standard: that
     verdict stands, an error too (the next rows judge by that route)."""
     routed = dataclasses.replace(judgement, route=summed_route(judgement.name))
-    return dataclasses.replace(routed, verdict=relabelled(judge(routed), SUMMED_LABEL))
+    return dataclasses.replace(routed, verdict=relabel(judge(routed), SUMMED_LABEL))
 
 
 def _always(judgement: Judgement) -> bool:
@@ -154,7 +154,7 @@ def _conditioned_on_terms(judgement: Judgement) -> Judgement:
     """Where the outputs are sums of products, with each element's terms' magnitude
     (one more bench evaluation, only here); the terms stay for the next rows, where
     the error stands too."""
-    terms = _aligned(
+    terms = _align_terms(
         term_magnitudes(judgement.name, judgement.bench, judgement.results.inputs, judgement.framework),
         judgement.results.bench,
     )
@@ -164,7 +164,7 @@ def _conditioned_on_terms(judgement: Judgement) -> Judgement:
     conditioned = judge(with_terms)
     if conditioned.status == "error":
         return with_terms
-    return dataclasses.replace(with_terms, verdict=relabelled(conditioned, "conditioned on the terms' magnitudes"))
+    return dataclasses.replace(with_terms, verdict=relabel(conditioned, "conditioned on the terms' magnitudes"))
 
 
 def _cut_as_results(value: Nested, judgement: Judgement) -> Nested:
@@ -173,7 +173,7 @@ def _cut_as_results(value: Nested, judgement: Judgement) -> Nested:
     return cut(value, where) if value is not None and where is not None else value
 
 
-def _aligned(terms: Nested, bench: Nested) -> Nested:
+def _align_terms(terms: Nested, bench: Nested) -> Nested:
     """The terms with the bench's structure: None where offline alignment left a
     gradient out of the comparison."""
     if isinstance(terms, tuple) and isinstance(bench, tuple) and len(terms) == len(bench):
@@ -193,7 +193,7 @@ def _against_saved_in_device_dtype(judgement: Judgement) -> Judgement:
     else the error against the plain bench stands."""
     inputs, bench = judgement.results.inputs, judgement.bench
     saved_in_d = saved_in_device_dtype(bench, inputs) if isinstance(bench, Run) else None
-    grads = evaluated(saved_in_d, "backward", inputs, judgement.framework) if saved_in_d is not None else None
+    grads = evaluate(saved_in_d, "backward", inputs, judgement.framework) if saved_in_d is not None else None
     if saved_in_d is None or saved_in_d.saved_in is None or grads is None:
         return judgement
     again = dataclasses.replace(
@@ -204,7 +204,7 @@ def _against_saved_in_device_dtype(judgement: Judgement) -> Judgement:
         return judgement
     return dataclasses.replace(
         again,
-        verdict=relabelled(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}"),
+        verdict=relabel(verdict, f"forward results saved in {str(saved_in_d.saved_in[1]).removeprefix('torch.')}"),
     )
 
 
@@ -222,7 +222,7 @@ def _against_other_layouts(judgement: Judgement) -> Judgement:
     assert judgement.layouts is not None  # _in_other_layouts
     results = judgement.results
     others = {
-        layout: judged(
+        layout: judge_and_rejudge(
             Judgement(
                 judgement.registry,
                 judgement.name,
@@ -233,17 +233,17 @@ def _against_other_layouts(judgement: Judgement) -> Judgement:
         )
         for layout, reference in judgement.layouts.outputs(results.reference).items()
     }
-    least = min(others, key=lambda layout: STATUS_ORDER[others[layout].reached().status], default=None)
+    least = min(others, key=lambda layout: STATUS_ORDER[others[layout].require_verdict().status], default=None)
     if least is None:
         return judgement
     again = others[least]
     if again.error:
         how = f"an error against the reference run in {' and '.join(others)} layout too"
-        return dataclasses.replace(judgement, verdict=relabelled(judgement.reached(), how))
+        return dataclasses.replace(judgement, verdict=relabel(judgement.require_verdict(), how))
     return dataclasses.replace(
         again,
-        verdict=relabelled(
-            again.reached(), f"against the reference run in {least} layout (the device may have run it)"
+        verdict=relabel(
+            again.require_verdict(), f"against the reference run in {least} layout (the device may have run it)"
         ),
     )
 

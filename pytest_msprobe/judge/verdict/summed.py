@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pytest_msprobe.run.apis import summed_backward_table
-from pytest_msprobe.run.replay import Inputs, Run, evaluated, tensors_in, tree_map
+from pytest_msprobe.run.replay import Inputs, Run, evaluate, tensors_in, tree_map
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import CallName
@@ -49,7 +49,7 @@ def sums_contributions(name: CallName, bench: Side, inputs: Inputs, framework: s
     if name.direction != "backward" or name.operator not in summed_backward_table() or not isinstance(bench, Run):
         return False
     ones = tree_map(ones_for, inputs.grads or [])
-    counts = evaluated(bench, "backward", dataclasses.replace(inputs, grads=ones), framework)
+    counts = evaluate(bench, "backward", dataclasses.replace(inputs, grads=ones), framework)
     return counts is not None and any(count.abs().max() > 1 for count in tensors_in(counts) if count.numel())
 
 

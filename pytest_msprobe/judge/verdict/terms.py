@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from pytest_msprobe.dump.index import CallName
 from pytest_msprobe.judge.verdict.summed import ones_for
 from pytest_msprobe.run.apis import terms_table
-from pytest_msprobe.run.replay import Gradients, Inputs, Run, evaluated, needs_grad, tensors_in, tree_map
+from pytest_msprobe.run.replay import Gradients, Inputs, Run, evaluate, needs_grad, tensors_in, tree_map
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,7 +74,7 @@ def argument(args: list[Param], kwargs: dict[str, Param], position: int, name: s
     return args[position] if len(args) > position else kwargs.get(name, default)
 
 
-def _normalized(x: torch.Tensor, dims: tuple[int, ...], eps: float, centred: bool = True) -> torch.Tensor:
+def _normalize(x: torch.Tensor, dims: tuple[int, ...], eps: float, centred: bool = True) -> torch.Tensor:
     if centred:
         x = x - x.mean(dim=dims, keepdim=True)
     return x * torch.rsqrt(x.square().mean(dim=dims, keepdim=True) + eps)
@@ -90,7 +90,7 @@ def _affine_terms(
     return weight, bias
 
 
-def _centred(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _centre(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A normalisation over `dims` with its batch statistics: |x_hat| plus what the
     rounding of the mean costs it, mean(|x|) / sigma (the mean is a sum whose terms are
     |x| / n: an offset's conditioning, and a centred row's accumulation too; a row of one
@@ -116,7 +116,7 @@ def _centred_terms(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """_centred's |x_hat|, and the input gradient's terms for g_hat = |g * weight|:
     (g_hat + mean(g_hat) + |x_hat| mean(g_hat |x_hat|)) / sigma."""
-    x_hat, inverse_sigma = _centred(x, dims, eps)
+    x_hat, inverse_sigma = _centre(x, dims, eps)
     mean = _mean_over(dims)
     return x_hat, inverse_sigma * (g_hat + mean(g_hat) + x_hat * mean(g_hat * x_hat))
 
@@ -125,7 +125,7 @@ def _layer_norm_output(args: list[Param], kwargs: dict[str, Param]) -> torch.Ten
     """layer_norm's output w x_hat + b: terms |w| |x_hat| + |b|, |x_hat| as _centred's."""
     x = args[0]
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
-    x_hat, _ = _centred(x, dims, argument(args, kwargs, 4, "eps", 1e-5))
+    x_hat, _ = _centre(x, dims, argument(args, kwargs, 4, "eps", 1e-5))
     w, b = argument(args, kwargs, 2, "weight"), argument(args, kwargs, 3, "bias")
     return x_hat * (w.abs() if isinstance(w, torch.Tensor) else 1) + (b.abs() if isinstance(b, torch.Tensor) else 0)
 
@@ -161,7 +161,7 @@ def _rms_norm(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) -> d
     x = args[0]
     dims = tuple(range(x.dim() - len(argument(args, kwargs, 1, "normalized_shape")), x.dim()))
     eps = argument(args, kwargs, 3, "eps") or torch.finfo(x.dtype).eps
-    x_hat = _normalized(x, dims, eps, centred=False)
+    x_hat = _normalize(x, dims, eps, centred=False)
     w = argument(args, kwargs, 2, "weight")
     g_hat = (g * w if isinstance(w, torch.Tensor) else g).abs()
     inverse_rms = torch.rsqrt(x.square().mean(dim=dims, keepdim=True) + eps)
@@ -224,11 +224,11 @@ def _group_norm(args: list[Param], kwargs: dict[str, Param], g: torch.Tensor) ->
         argument(args, kwargs, 2, "weight"),
     )
 
-    def grouped(value: torch.Tensor) -> torch.Tensor:
+    def group_rows(value: torch.Tensor) -> torch.Tensor:
         return value.reshape(x.shape[0], groups, -1)
 
     g_hat = (g * w.reshape([1, -1] + [1] * (x.dim() - 2)) if isinstance(w, torch.Tensor) else g).abs()
-    x_hat, terms = _centred_terms(grouped(x), (2,), eps, grouped(g_hat))
+    x_hat, terms = _centred_terms(group_rows(x), (2,), eps, group_rows(g_hat))
     weight, bias = _affine_terms(x_hat.reshape(x.shape), g, (1,))
     return {"input": terms.reshape(x.shape), "weight": weight, "bias": bias}
 
@@ -378,7 +378,7 @@ def term_magnitudes(name: CallName, bench: Side, inputs: Inputs, framework: str)
             return None
     if not has_terms(name):
         return None
-    result = evaluated(dataclasses.replace(bench, absolute=True), name.direction, inputs, framework)
+    result = evaluate(dataclasses.replace(bench, absolute=True), name.direction, inputs, framework)
     if result is None:
         return None
     return tree_map(
@@ -404,7 +404,7 @@ def term_counts(name: CallName, bench: Side, inputs: Inputs, framework: str) -> 
         kwargs=tree_map(ones_for, inputs.kwargs),
         grads=tree_map(ones_for, inputs.grads or []),
     )
-    return evaluated(bench, name.direction, ones, framework)
+    return evaluate(bench, name.direction, ones, framework)
 
 
 def torch_form(bench: Run, args: list[Nested], kwargs: dict[str, Nested]) -> tuple[list[Nested], dict[str, Nested]]:

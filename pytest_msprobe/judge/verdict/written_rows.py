@@ -58,7 +58,7 @@ def written(name: CallName, inputs: Inputs, framework: str) -> Written | None:
     return Written(rows, why) if rows else None
 
 
-def _numbered(value: Nested, function: Callable[[int, Nested], Nested]) -> Nested:
+def _number_leaves(value: Nested, function: Callable[[int, Nested], Nested]) -> Nested:
     """``value`` with ``function(position, leaf)`` applied to each leaf, positions counted
     over the flattened outputs (a single output is position 0)."""
     position = itertools.count()
@@ -76,7 +76,7 @@ def cut(value: Nested, where: Written) -> Nested:
         rows = where.rows.get(number)
         return item[:rows] if rows is not None and isinstance(item, torch.Tensor) and item.dim() else item
 
-    return _numbered(value, one)
+    return _number_leaves(value, one)
 
 
 def cut_results(results: Results, where: Written | None) -> tuple[Results, list[str]]:
@@ -91,7 +91,7 @@ def cut_results(results: Results, where: Written | None) -> tuple[Results, list[
             notes.append(_note(number, item, where.rows[number], where.why))
         return item
 
-    _numbered(results.bench, note)
+    _number_leaves(results.bench, note)
     shortened = dataclasses.replace(
         results,
         device=cut(results.device, where),
