@@ -6,9 +6,9 @@ dump's. The faults' table and their use are in model_faults.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
+
+from pytest_msprobe.testing.faults import TorchFunction
 
 aten = torch.ops.aten  # the backward nodes below use ATen ops only: msprobe wraps none of them,
 # so a fault dump records no extra calls from inside a faulty backward.
@@ -47,7 +47,7 @@ class _SoftmaxBackwardHalfAccumulator(torch.autograd.Function):
         return aten._to_copy(dx, dtype=low), None
 
 
-def softmax_backward_half_accumulator(original: Callable) -> Callable:
+def softmax_backward_half_accumulator(original: TorchFunction) -> TorchFunction:
     """float16/bfloat16 softmax whose backward accumulates sum(g * y) in the input dtype
     (the forward is correct)."""
 
@@ -84,7 +84,7 @@ class _EmbeddingLostDuplicatesBackward(torch.autograd.Function):
         return aten.embedding_dense_backward(kept_rows, kept_indices, ctx.num_weights, -1, False), None
 
 
-def embedding_backward_lost_duplicates(original: Callable) -> Callable:
+def embedding_backward_lost_duplicates(original: TorchFunction) -> TorchFunction:
     """float32 embedding backward that loses the contributions of repeated indices (a
     lost update / unsynchronised write): the forward is correct."""
 
@@ -127,7 +127,7 @@ class _MaxPoolBackwardAllTies(torch.autograd.Function):
         return dx, None
 
 
-def maxpool_backward_all_ties(original: Callable) -> Callable:
+def maxpool_backward_all_ties(original: TorchFunction) -> TorchFunction:
     """float32 max_pool2d whose backward routes the gradient to all the tied maxima of a
     window (a window of zeros after relu: to all its elements); the forward is correct."""
 
@@ -176,7 +176,7 @@ class _LinearBackwardBf16(torch.autograd.Function):
 SPLIT_K_ROWS = 2  # rows per split-K chunk of the weight gradient
 
 
-def linear_backward_bf16(original: Callable) -> Callable:
+def linear_backward_bf16(original: TorchFunction) -> TorchFunction:
     """float32 linear on a batched (3-D or more) input whose backward GEMMs lose precision
     to bfloat16 (input gradient from the bfloat16-rounded weight; weight gradient from
     bfloat16 split-K partial sums). The fault is INSIDE the call, below the reshape that
@@ -220,7 +220,7 @@ class _EinsumBackwardScaled(torch.autograd.Function):
         )
 
 
-def einsum_backward_scaled(original: Callable) -> Callable:
+def einsum_backward_scaled(original: TorchFunction) -> TorchFunction:
     """bfloat16/float16 einsum whose input gradients are 2**-3 too large. The fault is
     INSIDE the call, below a view, as torch's own einsum ends in a reshape: msprobe records
     the view's gradient (the incoming one), so offline the input's gradient comes from the

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pytest_msprobe.testing.faults import TorchFunction
+
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 
@@ -28,7 +30,7 @@ def _naive_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return e / e.sum(dim, keepdim=True)
 
 
-def _softmax_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _softmax_without_max(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     def softmax(x: torch.Tensor, dim: Any = None, *args: Any, **kwargs: Any) -> torch.Tensor:
         if x.dtype not in dtypes:
             return original(x, dim, *args, **kwargs)
@@ -37,7 +39,7 @@ def _softmax_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]) ->
     return softmax
 
 
-def _log_softmax_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _log_softmax_without_max(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """x - log(sum(exp(x))): inf once a logit passes ln(max)."""
 
     def log_softmax(x: torch.Tensor, dim: Any = None, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -48,7 +50,7 @@ def _log_softmax_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]
     return log_softmax
 
 
-def _logsumexp_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _logsumexp_without_max(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     def logsumexp(x: torch.Tensor, dim: Any, keepdim: bool = False, **kwargs: Any) -> torch.Tensor:
         if x.dtype not in dtypes:
             return original(x, dim, keepdim, **kwargs)
@@ -57,7 +59,7 @@ def _logsumexp_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]) 
     return logsumexp
 
 
-def _cross_entropy_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _cross_entropy_without_max(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """cross_entropy with log(sum(exp(x))) unshifted: inf once a logit passes ln(max)."""
 
     def cross_entropy(x: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -68,7 +70,7 @@ def _cross_entropy_without_max(original: Callable, dtypes: tuple[torch.dtype, ..
     return cross_entropy
 
 
-def _attention_without_max(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _attention_without_max(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """scaled_dot_product_attention by its formula, the softmax unshifted (in q's dtype)."""
 
     def attention(
@@ -109,7 +111,7 @@ def _affine(
     return y + bias.reshape(shape) if bias is not None else y
 
 
-def _layer_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _layer_norm_by_moments(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     def layer_norm(
         x: torch.Tensor, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5
     ) -> torch.Tensor:
@@ -121,7 +123,7 @@ def _layer_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) 
     return layer_norm
 
 
-def _batch_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _batch_norm_by_moments(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """Training mode only (batch statistics); the running statistics are updated by the
     original kernel, so only the output is wrong."""
 
@@ -144,7 +146,7 @@ def _batch_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) 
     return batch_norm
 
 
-def _group_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _group_norm_by_moments(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     def group_norm(
         x: torch.Tensor, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5
     ) -> torch.Tensor:
@@ -159,10 +161,10 @@ def _group_norm_by_moments(original: Callable, dtypes: tuple[torch.dtype, ...]) 
 
 def _elementwise(
     formula: Callable[[torch.Tensor], torch.Tensor],
-) -> Callable[[Callable, tuple[torch.dtype, ...]], Callable]:
+) -> Callable[[TorchFunction, tuple[torch.dtype, ...]], TorchFunction]:
     """A unary API computed by `formula` in its dtype."""
 
-    def wrap(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+    def wrap(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
         def unary(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
             if not isinstance(x, torch.Tensor) or x.dtype not in dtypes or args or kwargs:
                 return original(x, *args, **kwargs)
@@ -173,7 +175,7 @@ def _elementwise(
     return wrap
 
 
-def _mean_as_sum(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _mean_as_sum(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """mean = sum / n with the sum rounded to x's dtype: overflows before the division."""
 
     def mean(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -185,12 +187,12 @@ def _mean_as_sum(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callabl
     return mean
 
 
-def _reciprocal_then_root(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _reciprocal_then_root(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """rsqrt(x) as sqrt(1 / x): 1 / x overflows for small (subnormal) x."""
     return _elementwise(lambda x: torch.sqrt(torch.reciprocal(x)))(original, dtypes)
 
 
-def _log_of_softmax(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _log_of_softmax(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """cross_entropy as nll(log(softmax(x))): log(0) = -inf once a probability underflows."""
 
     def cross_entropy(x: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -201,7 +203,7 @@ def _log_of_softmax(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Call
     return cross_entropy
 
 
-def _squares_in_dtype(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _squares_in_dtype(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """rms_norm with the mean of squares kept in x's dtype: every x**2 rounded to it (float16
     overflows past 255.9) and summed term by term in it. Planted in float16 only: in
     bfloat16 the squares overflow where float32's do, and the sum's rounding over rows of
@@ -234,7 +236,7 @@ def _embedding_loss(cos: torch.Tensor, target: torch.Tensor, margin: float, redu
     return {"none": losses, "sum": losses.sum()}.get(reduction, losses.mean())
 
 
-def _one_minus_cos(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _one_minus_cos(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """cosine_embedding_loss as 1 - cos with cos rounded to x1's dtype: for x2 near x1, cos
     rounds to 1 or 1 - eps and 1 - cos keeps no bit of its result (torch's own kernel, Loss.cpp)."""
 
@@ -252,7 +254,7 @@ def _one_minus_cos(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Calla
     return loss
 
 
-def _rounded_once(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callable:
+def _rounded_once(original: TorchFunction, dtypes: tuple[torch.dtype, ...]) -> TorchFunction:
     """The API computed in float64 and rounded once to its dtype: a correct kernel where
     torch's own in that dtype has the catalogued defect (ExploreFault.correct)."""
 
@@ -273,13 +275,13 @@ def _rounded_once(original: Callable, dtypes: tuple[torch.dtype, ...]) -> Callab
 class ExploreFault:
     owner: Any
     attr: str
-    wrap: Callable[[Callable, tuple[torch.dtype, ...]], Callable]
+    wrap: Callable[[TorchFunction, tuple[torch.dtype, ...]], TorchFunction]
     dtypes: tuple[torch.dtype, ...]
     citation: str  # a public report of the same defect in a real kernel ("": none found)
     where: dict[str, tuple[str, ...]]  # dump folder -> the calls exploration must fail on
     # a correct kernel patched in under the fault, and alone without it, where torch's own
     # kernel in the fault's dtypes has the fault (a known defect: python -m pytest_msprobe.judge.defects.reproduce)
-    correct: Callable[[Callable, tuple[torch.dtype, ...]], Callable] | None = None
+    correct: Callable[[TorchFunction, tuple[torch.dtype, ...]], TorchFunction] | None = None
 
     def patch(self, monkeypatch: Any) -> None:
         original = getattr(self.owner, self.attr)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -38,6 +38,14 @@ from pytest_msprobe.testing.backward_faults import (
     maxpool_backward_all_ties,
     softmax_backward_half_accumulator,
 )
+from pytest_msprobe.testing.faults import TorchFunction
+
+
+class Patcher(Protocol):
+    """What patch() needs of pytest's monkeypatch fixture (this package imports no pytest)."""
+
+    def setattr(self, target: object, name: str, value: object) -> None: ...
+
 
 # --- rounding helpers -----------------------------------------------------------
 
@@ -76,11 +84,11 @@ def _overwrite(output: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
 # --- the faulty kernels ---------------------------------------------------------
 
 
-def bf16_truncation(original: Callable) -> Callable:
+def bf16_truncation(original: TorchFunction) -> TorchFunction:
     """Elementwise add in bfloat16: computed in float32, then converted to bfloat16 by
     truncation (round toward zero) instead of round-to-nearest-even."""
 
-    def faulty_add(self, other, *args, **kwargs):
+    def faulty_add(self: torch.Tensor, other: torch.Tensor | float, *args: object, **kwargs: object) -> torch.Tensor:
         output = original(self, other, *args, **kwargs)
         if args or kwargs or not (isinstance(output, torch.Tensor) and output.dtype == torch.bfloat16):
             return output
@@ -93,11 +101,11 @@ def bf16_truncation(original: Callable) -> Callable:
     return faulty_add
 
 
-def dot_toward_zero(original: Callable) -> Callable:
+def dot_toward_zero(original: TorchFunction) -> TorchFunction:
     """float32 and bfloat16 linear whose result is the exact (float64) product rounded
     toward zero to the input's dtype."""
 
-    def faulty_linear(input, weight, bias=None):
+    def faulty_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         output = original(input, weight, bias)
         if input.dtype not in (torch.float32, torch.bfloat16):
             return output
@@ -110,11 +118,11 @@ def dot_toward_zero(original: Callable) -> Callable:
     return faulty_linear
 
 
-def fp16_gemm_fp16_accumulation(original: Callable) -> Callable:
+def fp16_gemm_fp16_accumulation(original: TorchFunction) -> TorchFunction:
     """float16 linear that accumulates the dot products in float16 (every partial sum
     rounded to float16; the products themselves are exact), bias added at the end."""
 
-    def faulty_linear(input, weight, bias=None):
+    def faulty_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         output = original(input, weight, bias)
         if input.dtype != torch.float16:
             return output
@@ -130,10 +138,18 @@ def fp16_gemm_fp16_accumulation(original: Callable) -> Callable:
     return faulty_linear
 
 
-def tf32_conv(original: Callable) -> Callable:
+def tf32_conv(original: TorchFunction) -> TorchFunction:
     """float32 conv2d run with TF32 inputs (10-bit mantissa), float32 accumulation."""
 
-    def faulty_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    def faulty_conv2d(
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
+        dilation: int | tuple[int, ...] = 1,
+        groups: int = 1,
+    ) -> torch.Tensor:
         output = original(input, weight, bias, stride, padding, dilation, groups)
         if input.dtype != torch.float32:
             return output
@@ -152,11 +168,11 @@ def tf32_conv(original: Callable) -> Callable:
     return faulty_conv2d
 
 
-def gelu_tanh_approximation(original: Callable) -> Callable:
+def gelu_tanh_approximation(original: TorchFunction) -> TorchFunction:
     """float32 gelu that uses the tanh approximation when the exact (erf) GELU was asked
     for; its backward is the tanh approximation's too (autograd node GeluBackward0)."""
 
-    def faulty_gelu(input, approximate="none"):
+    def faulty_gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
         if input.dtype == torch.float32 and approximate == "none":
             return original(input, approximate="tanh")
         return original(input, approximate=approximate)
@@ -164,12 +180,14 @@ def gelu_tanh_approximation(original: Callable) -> Callable:
     return faulty_gelu
 
 
-def softmax_low_precision_sum(original: Callable) -> Callable:
+def softmax_low_precision_sum(original: TorchFunction) -> TorchFunction:
     """bfloat16/float16 softmax that rounds exp(x - max) to the input dtype and sums it
     in that dtype, one element after another, before dividing (no float32 accumulator).
     The backward uses this (stored) output, as a device's softmax backward does."""
 
-    def faulty_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    def faulty_softmax(
+        input: torch.Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         output = original(input, dim, _stacklevel, dtype)
         low = input.dtype
         if low not in (torch.float16, torch.bfloat16) or dtype is not None or dim is None:
@@ -197,14 +215,14 @@ class ModelFault:
     call_prefix: str  # the dump's call names of this API, e.g. "Functional.linear."
     dtypes: tuple[torch.dtype, ...]
     direction: str  # where the wrong numbers are: "forward", "backward", "forward+backward"
-    wrap: Callable[[Callable], Callable]
+    wrap: Callable[[TorchFunction], TorchFunction]
     citation: str
     size: str
     #: where the accuracy model (standards/tables/accuracy_model.csv) says a correct
     #: library may do the same: why it is no defect; empty for a defect
     within_model: str = ""
 
-    def patch(self, monkeypatch) -> None:
+    def patch(self, monkeypatch: Patcher) -> None:
         """Patch the API (the device side: only calls in `dtypes` go wrong)."""
         monkeypatch.setattr(self.owner, self.attr, self.wrap(getattr(self.owner, self.attr)))
 

@@ -128,7 +128,10 @@ def grouped_matmul(tape: Tape, x: torch.Tensor, weights: list[torch.Tensor], gro
     gmm = bench_functions.get("npu_grouped_matmul")
     assert gmm is not None
     kwargs = {"bias": None, "group_list": group_list, "split_item": 2, "group_type": 0, "group_list_type": 0}
-    [out] = tape.call("NPU.npu_grouped_matmul", gmm, [[x], [w.t() for w in weights]], kwargs, grads=False)
+    outputs: list[torch.Tensor] = tape.call(
+        "NPU.npu_grouped_matmul", gmm, [[x], [w.t() for w in weights]], kwargs, grads=False
+    )
+    [out] = outputs
     entry = tape.entries[-1]
     entry.detached = [out.requires_grad_()]
     entry.sources = [(x, x), *[(w, w) for w in weights]]
@@ -179,12 +182,13 @@ def moe_layer(tape: Tape, dtype: torch.dtype, seed: int) -> torch.Tensor:
     h = grouped_matmul(tape, expanded_x, up, group_list)
     act = tape.call("NPU.npu_swiglu", ref("npu_swiglu"), [h], {"dim": -1})
     out = grouped_matmul(tape, act, down, group_list)
-    return tape.call(
+    finalized: torch.Tensor = tape.call(
         "NPU.npu_moe_finalize_routing",
         ref("npu_moe_finalize_routing"),
         [out, None, None, None, probs, expanded_row_idx, expert_idx],
         {"drop_pad_mode": 0},
     )
+    return finalized
 
 
 def write_moe_dump(root: Path, dtype: torch.dtype, task: str = "tensor", seed: int = 0) -> Path:

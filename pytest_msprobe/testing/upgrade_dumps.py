@@ -148,7 +148,7 @@ def step(root: Path, model: str, dtype: torch.dtype, fault: str | None) -> Path:
             h = call("Functional.softmax", F.softmax, h, dim=-1)
         x = call("Tensor.__add__", torch.Tensor.__add__, h, x)
     loss_weights = torch.randn(shape.rows, shape.width, generator=generator)
-    (x.float() * loss_weights).sum().backward()
+    torch.autograd.backward((x.float() * loss_weights).sum())
     return call.write_backward()
 
 
