@@ -131,15 +131,8 @@ class Registry:
 
         Parameters
         ----------
-        name
-            The op's name as dumps write it after ``NPU.`` (``"npu_my_fused_op"``).
-        func
-            Takes the op's exact arguments and returns what the op returns.
-        replace
-            Replace a reference already registered under `name`.
-        companions
-            What else it says about the op (``Companions``), such as the rows its kernel
-            writes.
+        name, func, replace, companions
+            As :func:`pytest_msprobe.bench_functions.register` takes them.
 
         Raises
         ------

@@ -217,10 +217,8 @@ class Registry:
 
         Parameters
         ----------
-        api
-            The API name.
-        dtype
-            The device output's dtype (torch, numpy or a name).
+        api, dtype
+            As :meth:`standard_for` takes them.
 
         Returns
         -------
