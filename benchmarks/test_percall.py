@@ -31,7 +31,7 @@ from benchmarks.support import PluginRun, ReportedClock, Sizes, fastest, timed_p
 from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
 from pytest_msprobe.judge.check import call as C
 from pytest_msprobe.judge.check.outcome import judge_call
-from pytest_msprobe.judge.verdict.judgement import Judgement, judged
+from pytest_msprobe.judge.verdict.judgement import Judgement, judge_and_rejudge
 from pytest_msprobe.run.devices import Backend
 from pytest_msprobe.run.replay import Sides, replay
 from pytest_msprobe.standards import Registry
@@ -97,7 +97,7 @@ def _parts(index: DumpIndex, settings: C.Settings) -> dict[str, Callable[[CallNa
 
     def judgement(name: CallName) -> None:
         done = replayed[str(name)]
-        judged(Judgement(settings.registry, name, done.results, done.bench, "pytorch"))
+        judge_and_rejudge(Judgement(settings.registry, name, done.results, done.bench, "pytorch"))
 
     return {
         "read the inputs": lambda name: C.read_inputs(index, name, settings.max_elements),

@@ -26,7 +26,7 @@ from pytest_msprobe.errors import DumpError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    import numpy as np
+    from pytest_msprobe.standards.dtypes import Array
 
 CACHE_FOLDER = ".msprobe-index"
 FORMAT = 4  # bump when the arrays or the header change meaning
@@ -166,7 +166,7 @@ def _read(path: Path, dump: Path, key: dict[str, object]) -> DumpIndex | None:
     )
 
 
-def _current_header(arrays: Mapping[str, np.ndarray], key: dict[str, object]) -> Record | None:
+def _current_header(arrays: Mapping[str, Array], key: dict[str, object]) -> Record | None:
     """The cache's header if it was written by this format for this very dump."""
     header = json.loads(arrays["header"].tobytes().decode("utf-8"))
     return header if header.get("format") == FORMAT and header.get("key") == key else None

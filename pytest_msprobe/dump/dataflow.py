@@ -29,6 +29,7 @@ from pytest_msprobe.errors import CallError, CallSkip
 
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import DumpIndex, Record
+    from pytest_msprobe.standards.dtypes import Array
 
 #: positions in a producer's flat output, one per element of the tensor read from it
 Gather: TypeAlias = "np.ndarray[Any, np.dtype[np.int64]]"
@@ -65,7 +66,7 @@ class Unsettled:
     not settle: `positions`, every element of the output holding one of its values."""
 
     consumer: Port
-    positions: np.ndarray
+    positions: Array
     why: str
 
 
@@ -73,10 +74,10 @@ class Unsettled:
 class _Values:
     """An output's bits, sorted once: lookups of another tensor's values in it."""
 
-    flat: np.ndarray  # the output's bits, flat, int64
-    unique: np.ndarray  # sorted distinct bits
-    counts: np.ndarray
-    first: np.ndarray  # each distinct value's position in `flat` (where unique)
+    flat: Array  # the output's bits, flat, int64
+    unique: Array  # sorted distinct bits
+    counts: Array
+    first: Array  # each distinct value's position in `flat` (where unique)
 
 
 class Ambiguous(CallSkip):
@@ -89,7 +90,7 @@ class UnsettledView(Ambiguous):
     values do not fix."""
 
 
-def _bits(tensor: torch.Tensor) -> np.ndarray:
+def _bits(tensor: torch.Tensor) -> Array:
     """The elements' bit patterns (bitwise equality: -0.0 is not 0.0, NaNs compare by
     payload), as int64. numpy: these are many small lookups, where a torch op's
     dispatch would cost more than the work."""
@@ -104,7 +105,7 @@ def _values(tensor: torch.Tensor) -> _Values:
     return _Values(flat, unique, counts, first)
 
 
-def _holds(values: _Values, bits: np.ndarray) -> np.ndarray:
+def _holds(values: _Values, bits: Array) -> Array:
     """Where in `values.unique` each of `bits` is, -1 where it is absent."""
     if values.unique.size == 0:
         return np.full(bits.shape, -1)
@@ -131,7 +132,7 @@ def _factor_dims(shape: tuple[int, ...], reverse: bool) -> list[int]:
     return refined
 
 
-def _affine_gather(shape: list[int], known: np.ndarray, single: np.ndarray, numel: int) -> np.ndarray | None:
+def _affine_gather(shape: list[int], known: Array, single: Array, numel: int) -> Array | None:
     """The index of a strided view over `shape` that agrees with the positions `known`
     where `single` (values the producer holds once); None if those do not fix one."""
     count = known.size
@@ -150,13 +151,13 @@ def _affine_gather(shape: list[int], known: np.ndarray, single: np.ndarray, nume
     anchor = int(np.flatnonzero(single)[0])
     stride = np.array(strides, dtype=np.int64)
     offset = int(known[anchor]) - int((coords[anchor] * stride).sum())
-    gather: np.ndarray = offset + (coords * stride).sum(1)
+    gather: Array = offset + (coords * stride).sum(1)
     if gather.size and (int(gather.min()) < 0 or int(gather.max()) >= numel):
         return None
     return gather
 
 
-def view_gather(producer: _Values, consumer: torch.Tensor) -> np.ndarray | None:
+def view_gather(producer: _Values, consumer: torch.Tensor) -> Array | None:
     """The gather index that reads `consumer` out of the producer's flat values, or None
     if the consumer's values are not all the producer's. Values the producer holds once
     fix their element; repeated ones are placed by the strided view that the unique
@@ -168,7 +169,7 @@ def view_gather(producer: _Values, consumer: torch.Tensor) -> np.ndarray | None:
     if bool((where < 0).any()):
         return None
     single = producer.counts[where] == 1
-    known: np.ndarray = producer.first[where]
+    known: Array = producer.first[where]
     if not bool(single.all()):
         if not bool(single.any()):
             raise Ambiguous("every value it holds is repeated in the producer's output")
@@ -185,7 +186,7 @@ def view_gather(producer: _Values, consumer: torch.Tensor) -> np.ndarray | None:
         known = found
     if np.unique(known).size != known.size:
         raise Ambiguous("it reads elements of the producer's output more than once (a constant or broadcast tensor)")
-    gathered: np.ndarray = known.reshape(tuple(consumer.shape))
+    gathered: Array = known.reshape(tuple(consumer.shape))
     return gathered
 
 
@@ -199,11 +200,11 @@ class DataFlow:
     outputs: list[Port]  # in dump order
     by_call: dict[str, list[Port]]  # call -> its input ports
     _values: dict[str, _Values] = dataclasses.field(default_factory=dict)
-    _probes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    _probes: dict[str, Array] = dataclasses.field(default_factory=dict)
     _sources: dict[str, Read | Ambiguous | None] = dataclasses.field(default_factory=dict)
     _consumers: dict[str, tuple[list[Read], list[Unsettled]]] = dataclasses.field(default_factory=dict)
-    _owners: dict[torch.dtype, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
-    _firsts: dict[torch.dtype, tuple[list[Port], np.ndarray]] = dataclasses.field(default_factory=dict)
+    _owners: dict[torch.dtype, tuple[Array, Array]] = dataclasses.field(default_factory=dict)
+    _firsts: dict[torch.dtype, tuple[list[Port], Array]] = dataclasses.field(default_factory=dict)
 
     def tensor(self, port: Port) -> torch.Tensor:
         where = f"{port.call} {port.data_name}"
@@ -219,7 +220,7 @@ class DataFlow:
             found = self._values[port.data_name] = _values(self.tensor(port))
         return found
 
-    def _probe(self, port: Port) -> np.ndarray:
+    def _probe(self, port: Port) -> Array:
         """Values the input holds, which its producer must hold too: its recorded Max and
         Min where they are finite and non-zero (no file read; a zero's sign is not in
         the statistics), else a few of its elements spread over it; empty where it
@@ -235,7 +236,7 @@ class DataFlow:
                 self._probes[port.data_name] = bits[spread]
         return self._probes[port.data_name]
 
-    def _holders(self, dtype: torch.dtype, probe: np.ndarray) -> list[Port]:
+    def _holders(self, dtype: torch.dtype, probe: Array) -> list[Port]:
         """The outputs of that dtype holding all the probe's values: its first value
         looked up in a table of every output's distinct values (made once per dtype)."""
         table = self._owners.get(dtype)
@@ -266,7 +267,7 @@ class DataFlow:
         holders = [self.outputs[int(i)] for i in who[low:high]]
         return [port for port in holders if bool((_holds(self.values(port), probe) >= 0).all())]
 
-    def _reads(self, producer: Port, consumer: Port) -> np.ndarray | None:
+    def _reads(self, producer: Port, consumer: Port) -> Array | None:
         if producer.spec.dtype != consumer.spec.dtype or producer.order >= consumer.order:
             return None
         if bool((_holds(self.values(producer), self._probe(consumer)) < 0).any()):
@@ -294,7 +295,7 @@ class DataFlow:
         probe = self._probe(consumer)
         holders = self._holders(consumer.spec.dtype, probe) if probe.size else []
         candidates = sorted((port for port in holders if port.order < consumer.order), key=lambda port: -port.order)
-        found: list[tuple[Port, np.ndarray]] = []
+        found: list[tuple[Port, Array]] = []
         unsettled: list[tuple[Port, Ambiguous]] = []
         for port in candidates:
             try:
@@ -362,7 +363,7 @@ class DataFlow:
             return None
         return None
 
-    def _first_probes(self, dtype: torch.dtype) -> tuple[list[Port], np.ndarray]:
+    def _first_probes(self, dtype: torch.dtype) -> tuple[list[Port], Array]:
         """The inputs of that dtype with a probe, and each probe's first value: one
         lookup in a producer's values picks the inputs that may read it (a deep model
         has hundreds of inputs, each looked up one by one for every producer before)."""
@@ -393,7 +394,7 @@ class DataFlow:
         return found, unsettled
 
 
-def _recorded_extremes(spec: TensorSpec) -> np.ndarray:
+def _recorded_extremes(spec: TensorSpec) -> Array:
     """The bits of the recorded Max and Min in the tensor's dtype; empty unless both are
     finite, non-zero and exactly representable there (the statistics are elements)."""
     extremes = [

@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pytest_msprobe.errors import CallError, DumpError
 
+if TYPE_CHECKING:
+    from pytest_msprobe.standards.dtypes import Array
+
 #: a value of dump.json as json.loads gives it. Any: JSON whose type depends on the field
 #: and the record's kind (a tensor's {"type", "dtype", ...}, lists, numbers, strings);
 #: the readers (dump/values.py, dump/tensors.py) check it where they use it
@@ -29,7 +32,7 @@ Record: TypeAlias = dict[str, Json]
 Derived = TypeVar("Derived")
 
 if TYPE_CHECKING:  # numpy is imported where the columns are made: the xdist controller names calls, needs no arrays
-    import numpy as np
+    pass
 
 TENSOR_FOLDER = "dump_tensor_data"
 MODULE_PREFIXES = ("Module.", "Cell.")
@@ -109,12 +112,12 @@ class DumpIndex:
     framework: str
     names: list[str]  # `{api_type}.{api_name}.{index}.{direction}` of each call
     apis: list[tuple[str, str]]  # the distinct (api_type, api_name) pairs
-    api: np.ndarray  # int32: each call's pair, as a position in `apis`
-    number: np.ndarray  # int64: each call's index, the number in its name
-    backward: np.ndarray  # bool: each call's direction
-    start: np.ndarray  # int64: each record's byte span in the file
-    end: np.ndarray
-    numel: np.ndarray  # int64: elements of each record's tensors (the cost estimate)
+    api: Array  # int32: each call's pair, as a position in `apis`
+    number: Array  # int64: each call's index, the number in its name
+    backward: Array  # bool: each call's direction
+    start: Array  # int64: each record's byte span in the file
+    end: Array
+    numel: Array  # int64: elements of each record's tensors (the cost estimate)
     modules: int = 0
     skipped_names: list[str] = field(default_factory=list)
     key: str = ""  # the dump's name in test ids (its path from the rootdir): stable across machines

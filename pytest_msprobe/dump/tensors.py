@@ -32,6 +32,7 @@ from pytest_msprobe.private_apis import file_reader, record_storage
 if TYPE_CHECKING:
     from pytest_msprobe.dump.index import Json, Record
     from pytest_msprobe.private_apis import PyTorchFileReader
+    from pytest_msprobe.standards.dtypes import Array
 
 # Every dtype spelling a dump may use, PyTorch's and MindSpore's, mapped to torch.
 DTYPES: dict[str, torch.dtype] = {
@@ -376,7 +377,7 @@ def _number(stats: Record, key: str, where: str) -> float | None:
     return float(value)
 
 
-def _generate_float(spec: TensorSpec, generator: np.random.Generator, where: str) -> np.ndarray:
+def _generate_float(spec: TensorSpec, generator: np.random.Generator, where: str) -> Array:
     high, low = _number(spec.stats, "Max", where), _number(spec.stats, "Min", where)
     mean = _number(spec.stats, "Mean", where)
     specials = [v for v in (high, low) if v is not None and not math.isfinite(v)]
@@ -408,7 +409,7 @@ def _generate_float(spec: TensorSpec, generator: np.random.Generator, where: str
     return values
 
 
-def _generate_int(spec: TensorSpec, generator: np.random.Generator, where: str) -> np.ndarray:
+def _generate_int(spec: TensorSpec, generator: np.random.Generator, where: str) -> Array:
     info = torch.iinfo(spec.dtype)
     high, low = _number(spec.stats, "Max", where), _number(spec.stats, "Min", where)
     high = info.max if high is None or not math.isfinite(high) else int(high)
@@ -423,7 +424,7 @@ def _generate_int(spec: TensorSpec, generator: np.random.Generator, where: str) 
     return values
 
 
-def _generate_bool(spec: TensorSpec, generator: np.random.Generator, where: str) -> np.ndarray:
+def _generate_bool(spec: TensorSpec, generator: np.random.Generator, where: str) -> Array:
     high, low = spec.stats.get("Max"), spec.stats.get("Min")
     if high is not None and high == low:
         return np.full(spec.numel, bool(high))

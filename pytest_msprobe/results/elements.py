@@ -21,7 +21,7 @@ import numpy as np
 from pytest_msprobe.judge.verdict.record import ElementSample, OutputResult
 
 if TYPE_CHECKING:
-    from pytest_msprobe.standards.dtypes import DtypeInfo
+    from pytest_msprobe.standards.dtypes import Array, DtypeInfo
 
 #: an output's metrics or thresholds, by name (judge/verdict/record.py's OutputResult)
 Metrics: TypeAlias = dict[str, float]
@@ -36,23 +36,23 @@ class PlotData:
     """One output's plots as plain arrays: what plots.render draws (no standards,
     no torch: a rendering process imports only numpy and matplotlib)."""
 
-    magnitude: np.ndarray  # |bench| of the sampled finite elements
-    error: np.ndarray  # |device - bench| of the same
-    worst_magnitude: np.ndarray  # the standard's worst elements (finite ones)
-    worst_error: np.ndarray
-    tolerance: tuple[np.ndarray, np.ndarray] | None  # (|bench|, largest allowed error)
-    ulp_counts: np.ndarray  # histogram of the errors in ULPs of the device dtype
-    ulp_edges: np.ndarray
+    magnitude: Array  # |bench| of the sampled finite elements
+    error: Array  # |device - bench| of the same
+    worst_magnitude: Array  # the standard's worst elements (finite ones)
+    worst_error: Array
+    tolerance: tuple[Array, Array] | None  # (|bench|, largest allowed error)
+    ulp_counts: Array  # histogram of the errors in ULPs of the device dtype
+    ulp_edges: Array
     ulp_limit: float | None  # the ULP standard's threshold, a vertical line
     dtype: str
-    grid: np.ndarray | None  # heatmap cells (rows x cols), largest scaled ULP error
+    grid: Array | None  # heatmap cells (rows x cols), largest scaled ULP error
     rows: int = 0
     cols: int = 0
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    curve: Callable[[np.ndarray], np.ndarray] | None
+    curve: Callable[[Array], Array] | None
     text: str
 
 
@@ -95,7 +95,7 @@ def plot_data(output: OutputResult, sample: ElementSample) -> PlotData | None:
     )
 
 
-def ulp_histogram(ulps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ulp_histogram(ulps: Array) -> tuple[Array, Array]:
     """Counts over bins doubling from ULP_FLOOR (at most MAX_BINS, wider if need be)."""
     clipped = np.maximum(ulps, ULP_FLOOR)
     top = max(float(clipped.max()) if clipped.size else 1.0, 2.0)
@@ -145,9 +145,7 @@ def tolerance_of(output: OutputResult, rms: float) -> Tolerance:
         return Tolerance(None, f"no tolerance line: the {output.standard} thresholds lack {missing}")
 
 
-def _curve_points(
-    tolerance: Tolerance, magnitude: np.ndarray, worst_bench: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
+def _curve_points(tolerance: Tolerance, magnitude: Array, worst_bench: Array) -> tuple[Array, Array] | None:
     shown = np.concatenate([magnitude, np.abs(worst_bench)])
     shown = shown[shown > 0]
     if tolerance.curve is None or not shown.size:
@@ -157,7 +155,7 @@ def _curve_points(
     return xs, tolerance.curve(xs)
 
 
-def _ulps_at(info: DtypeInfo, x: np.ndarray) -> np.ndarray:
+def _ulps_at(info: DtypeInfo, x: Array) -> Array:
     from pytest_msprobe.standards.metrics import ulp_of
 
     return ulp_of(np.asarray(x, dtype=np.float64), info)
@@ -171,8 +169,8 @@ def _absolute_threshold(thresholds: Metrics, metrics: Metrics, info: DtypeInfo, 
     ulps, floor = thresholds["sr_abs_ulp"], thresholds["sr_scale_floor"]
     allowed = ulps * info.eps
 
-    def curve(x: np.ndarray) -> np.ndarray:
-        bound: np.ndarray = np.maximum(np.where(x > small, rtol * x, atol), allowed * np.maximum(x, floor * rms))
+    def curve(x: Array) -> Array:
+        bound: Array = np.maximum(np.where(x > small, rtol * x, atol), allowed * np.maximum(x, floor * rms))
         return bound
 
     return Tolerance(

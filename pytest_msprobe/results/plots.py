@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
     from pytest_msprobe.results.elements import PlotData
+    from pytest_msprobe.standards.dtypes import Array
 
 SVG_RC: dict[RcKeyType, Any] = {  # Any: rc values are of each key's own type
     "svg.fonttype": "none",  # text as text: small, selectable
@@ -245,7 +246,7 @@ def _draw_scatter(canvas: Canvas, data: PlotData) -> None:
     canvas.scatter.set_ylim(y_low, y_high)
 
 
-def _log_range(values: np.ndarray) -> tuple[float, float]:
+def _log_range(values: Array) -> tuple[float, float]:
     positive = values[np.isfinite(values) & (values > 0)]
     if not positive.size:
         return 0.1, 10.0
