@@ -144,7 +144,7 @@ def test_ini_paths_are_relative_to_the_ini_file(
 def test_a_dump_inside_the_repository_runs_from_any_folder(tmp_path: Path) -> None:
     """Naming a dump of this repository from elsewhere makes pytest load the
     repository's conftest.py as a nested one: that must not stop the user's run."""
-    example = Path(__file__).parents[1] / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
+    example = Path(__file__).parents[2] / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
     done = subprocess.run(
         [
             sys.executable,

@@ -20,7 +20,7 @@ import pytest
 
 from pytest_msprobe.testing.model_faults import FAULTS
 
-MODELS = Path(__file__).parent / "dumps" / "models"
+MODELS = Path(__file__).parents[1] / "dumps" / "models"
 TENSOR_DUMPS = [
     "transformer12_tensor_fp32",
     "transformer12_tensor_bf16",

@@ -12,7 +12,7 @@ import torch  # noqa: F401  loaded before pytester's in-process runs: numpy load
 
 from pytest_msprobe.judge.gate.kernel_verdicts import is_kernel
 
-DUMP = Path(__file__).parent / "dumps" / "models" / "losses_tensor_bf16" / "dump.json"
+DUMP = Path(__file__).parents[1] / "dumps" / "models" / "losses_tensor_bf16" / "dump.json"
 RUN = ("--msprobe-device=cpu", "-p", "no:cacheprovider")
 #: a test's line under -v: `<node id> PASSED [ 10%]`
 VERBOSE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|XFAIL|XPASS|ERROR)\b")

@@ -37,7 +37,7 @@ import torch
 
 from pytest_msprobe.testing.dumpwriter import DumpWriter
 
-FAMILIES = Path(__file__).parent / "dumps" / "families"
+FAMILIES = Path(__file__).parents[1] / "dumps" / "families"
 DUMPS = sorted(p.name for p in FAMILIES.iterdir() if (p / "dump.json").exists())
 
 #: (dump, call) -> the skip reason's words: a linear's input gradient is neither at the call

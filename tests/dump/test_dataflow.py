@@ -333,7 +333,7 @@ def test_a_reader_s_recorded_gradient_equal_to_the_incoming_one_is_its_share() -
     from pytest_msprobe.run.apis import resolve_pytorch
     from pytest_msprobe.run.replay import Placement, Run, needs_grad
 
-    index = read_index(Path(__file__).parent / "dumps" / "models" / "apizoo_tensor_fp16" / "dump.json")
+    index = read_index(Path(__file__).parents[1] / "dumps" / "models" / "apizoo_tensor_fp16" / "dump.json")
     name = parse_call_name("Torch.addmm.0.backward")
     inputs = read_inputs(index, name, 10**7)
     api = resolve_pytorch(name, None)

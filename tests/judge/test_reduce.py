@@ -215,7 +215,7 @@ def test_a_passing_call_is_never_reduced(tmp_path):
     assert not (tmp_path / "reduced").exists()
 
 
-REAL = Path(__file__).parent / "dumps" / "real" / "llama_tiny_sdpa_L1_tensor_bf16"
+REAL = Path(__file__).parents[1] / "dumps" / "real" / "llama_tiny_sdpa_L1_tensor_bf16"
 
 
 #: a fault written into the real dump's output -> the share of the elements it reduces to at most

@@ -14,7 +14,7 @@ import torch
 
 from pytest_msprobe.dump import tensors
 
-DUMPS = Path(__file__).parent / "dumps"
+DUMPS = Path(__file__).parents[1] / "dumps"
 SHIPPED = sorted(DUMPS.rglob("*.pt"))
 
 

@@ -29,7 +29,7 @@ from pytest_msprobe.judge.defects.table import BY_ID
 from pytest_msprobe.judge.explore.neighbourhood import Neighbourhood
 from pytest_msprobe.testing.explore_faults import FAULTS
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
+EXAMPLE = Path(__file__).parents[3] / "examples" / "mlpcnn_tensor_fp32" / "dump.json"
 
 
 def _records(out: Path) -> dict[str, dict]:
@@ -57,7 +57,7 @@ def test_the_cpu_kernels_pass_every_explored_call_of_the_example_dump(run_dump, 
     assert sum(judged) > 20 * 40  # nearly every call got its 20 examples
 
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[3]
 # One call per defect class here (studies/explore_faults_catalogue.py runs every call of
 # every fault's API): masked attention scores in bfloat16, causal attention in float16, a
 # float32 layer_norm the issue's N=100 missed, a bfloat16 one only the largest offset edge
@@ -229,7 +229,7 @@ def test_an_overflow_the_bench_has_too_is_discarded(run_dump, tmp_path, monkeypa
     overflows there, and a device that gives NaN for it (as this patched one does) is not
     wrong: such examples are discarded, counted by their cause, not failures."""
     monkeypatch.setattr(torch, "rsqrt", _rsqrt_nan_at_overflow(torch.rsqrt))
-    dump = Path(__file__).parent / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json"
+    dump = Path(__file__).parents[2] / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json"
     run = run_dump(
         dump,
         "--msprobe-device=cpu",
@@ -283,7 +283,7 @@ DEFINED_INTERMEDIATES = [
 )
 def test_an_intermediate_the_definition_computes_beyond_the_range_is_discarded(dump, call, cause, run_dump, tmp_path):
     """Such examples are excused by that cause and counted by it, not failures."""
-    path = Path(__file__).parent / "dumps" / "models" / dump / "dump.json"
+    path = Path(__file__).parents[2] / "dumps" / "models" / dump / "dump.json"
     run = run_dump(
         path, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", call, f"--msprobe-out={tmp_path}"
     )
@@ -312,7 +312,7 @@ def test_the_rounding_of_a_gru_s_gates_does_not_excuse_gates_held_in_half_precis
     """The gates' rounding excuses what a rounding in float32 costs (the correct kernel
     passes: DEFINED_INTERMEDIATES), not gates held to 11 bits: 2**13 times the rounding."""
     monkeypatch.setattr(torch, "gru", _gru_with_half_gates(torch.gru))
-    dump = Path(__file__).parent / "dumps" / "models" / "gru_tensor_fp32" / "dump.json"
+    dump = Path(__file__).parents[2] / "dumps" / "models" / "gru_tensor_fp32" / "dump.json"
     call = "Torch.gru.0.backward"
     run = run_dump(
         dump, "--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", call, f"--msprobe-out={tmp_path}"
@@ -339,7 +339,7 @@ def test_exploration_finds_the_left_tail_of_torch_s_own_float32_gelu(run_dump, t
     x = torch.tensor([-5.5])
     exact = 0.5 * x.double() * torch.special.erfc(-x.double() * 0.5**0.5)
     cancels = float(((torch.nn.functional.gelu(x).double() - exact) / exact).abs()) > 1e-3
-    dump = Path(__file__).parent / "dumps" / "models" / "transformer12_tensor_fp32" / "dump.json"
+    dump = Path(__file__).parents[2] / "dumps" / "models" / "transformer12_tensor_fp32" / "dump.json"
     select = ("--msprobe-device=cpu", "--msprobe-explore=50", "-k", "Functional.gelu.0.forward")
     run = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'torch'}")
     assert run.calls["Functional.gelu.0.forward"].outcome == "passed"
@@ -356,7 +356,7 @@ def test_rms_norm_s_default_eps_is_the_device_dtype_s_on_the_bench(run_dump, tmp
     float32 or 16-bit input): the float64 bench adds the same (run/apis.py DTYPE_EPS),
     not float64's, or rows scaled to mean(x**2) ~ 1e-7 are another function (measured
     1.7e7 ULP of float32 apart: a correct kernel failed)."""
-    dump = Path(__file__).parent / "dumps" / "models" / "losses_tensor_fp32" / "dump.json"
+    dump = Path(__file__).parents[2] / "dumps" / "models" / "losses_tensor_fp32" / "dump.json"
     select = ("--msprobe-device=cpu", "--msprobe-explore=20", "-m", "explore", "-k", "Functional.rms_norm.1.forward")
     run = run_dump(dump, *select, f"--msprobe-out={tmp_path}")
     explored = run.calls["Functional.rms_norm.1.forward.explore"]
@@ -403,7 +403,7 @@ def test_exploration_finds_torch_s_own_one_minus_cos_at_small_angles(run_dump, t
     loss = torch.nn.functional.cosine_embedding_loss
     exact = float(loss(x1.double(), x2.double(), torch.ones(1)))  # 5e-9
     cancels = abs(float(loss(x1, x2, torch.ones(1))) - exact) > exact / 2
-    dump = Path(__file__).parent / "dumps" / "models" / "losses_tensor_fp32" / "dump.json"
+    dump = Path(__file__).parents[2] / "dumps" / "models" / "losses_tensor_fp32" / "dump.json"
     select = ("--msprobe-device=cpu", "--msprobe-explore=50", "-k", "Functional.cosine_embedding_loss.1.forward")
     run = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'torch'}")
     assert run.calls["Functional.cosine_embedding_loss.1.forward"].outcome == "passed"
@@ -446,7 +446,7 @@ def test_group_norm_s_definition_passes_exploration_and_torch_s_rstd_cubed_fails
         torch.randn(2, 4, 8, 8, generator=generator) * 1e-3
     )
     overflows = not bool(torch.isfinite(x.grad).all())
-    dump = Path(__file__).parent / "dumps" / "models" / "apizoo_tensor_fp32" / "dump.json"
+    dump = Path(__file__).parents[2] / "dumps" / "models" / "apizoo_tensor_fp32" / "dump.json"
     select = ("--msprobe-device=cpu", "--msprobe-explore=50", "-m", "explore", "-k", "Functional.group_norm.0.backward")
     run = run_dump(dump, *select, f"--msprobe-out={tmp_path / 'torch'}")
     assert run.calls["Functional.group_norm.0.backward.explore"].outcome == ("failed" if overflows else "passed")
@@ -687,7 +687,7 @@ def test_kernels_that_crash_on_disagreeing_sizes_are_explored_at_their_dumped_sh
     """torch.lstm ends the process (SIGFPE) on a hidden state whose batch disagrees with
     the input's; the [explore] table keeps its shapes, so exploring it runs to the end.
     (In a subprocess: without the table this run would die, not fail.)"""
-    dump = Path(__file__).parent / "dumps" / "models" / "lstm_tensor_fp32" / "dump.json"
+    dump = Path(__file__).parents[2] / "dumps" / "models" / "lstm_tensor_fp32" / "dump.json"
     result = pytester.runpytest_subprocess(
         f"--msprobe-dump={dump}",
         "--msprobe-device=cpu",

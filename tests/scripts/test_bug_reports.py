@@ -76,11 +76,8 @@ def test_the_folders_dump_fails_the_same_way_under_the_plugin(bug_report, tmp_pa
 
 
 def test_the_folders_script_runs_without_pytest(bug_report):
-    sys.path.insert(0, str(HERE / "scripts"))
-    try:
-        from test_standalone_scripts import bare_python
-    finally:
-        sys.path.remove(str(HERE / "scripts"))
+    from test_standalone_scripts import bare_python  # this folder's, on sys.path
+
     done = bare_python(bug_report / f"{CALL}.py", "--device", "cpu")
     assert done.returncode == 1 and "verdict: error" in done.stdout, done.stdout + done.stderr
     assert "as the test: error by the" in done.stdout, done.stdout
@@ -121,7 +118,11 @@ def test_the_run_writes_a_folder_per_failing_call_and_names_it(tmp_path):
 def test_a_known_defect_keeps_its_label_through_the_reduction(tmp_path):
     """torch's CPU bfloat16 `0.79788456 + x` (the known-defects table's scalar row),
     reduced on the CPU: every candidate must still match the row, and the folder names it."""
-    from test_known_defects import ROWS, write_dump
+    sys.path.insert(0, str(HERE.parent / "judge"))  # another test folder, which pytest may not have added
+    try:
+        from test_known_defects import ROWS, write_dump
+    finally:
+        sys.path.remove(str(HERE.parent / "judge"))
 
     dump = write_dump(tmp_path / "dump")
     assert msprobe_script([str(dump), "Tensor.__radd__.0.forward", "--bug-report", "-o", str(tmp_path / "r")]) == 0

@@ -251,7 +251,7 @@ def test_every_row_has_a_shipped_reproducer_and_is_on_the_docs_page():
     names = by_name()
     assert [row.id for row in DEFECTS if row.reproducer not in names] == []
     assert len(BY_ID) == len(DEFECTS)
-    page = (Path(__file__).parents[1] / "docs" / "explanation" / "findings.md").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "explanation" / "findings.md").read_text()
     assert "```{include} ../_generated/known-defects.md" in page
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Where each importable package lives in the repository (the installed names).
 PACKAGE_DIRS = {
     "pytest_msprobe": ROOT / "pytest_msprobe",

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_msprobe.testing.script_modules import load_script
 
-real_models = load_script(Path(__file__).resolve().parents[1] / "studies" / "real_models.py")
+real_models = load_script(Path(__file__).resolve().parents[2] / "studies" / "real_models.py")
 
 SDPA = "Functional.scaled_dot_product_attention.0"
 

@@ -20,7 +20,7 @@ from pytest_msprobe.testing.script_modules import load_script
 HALF = (torch.bfloat16, torch.float16)
 
 
-MEASURE = load_script(Path(__file__).parents[1] / "studies" / "rounded_once.py", "rounded_once_measurement")
+MEASURE = load_script(Path(__file__).parents[3] / "studies" / "rounded_once.py", "rounded_once_measurement")
 KERNELS = {**MEASURE.ELEMENTWISE, **MEASURE.ROWS}
 
 

@@ -79,7 +79,7 @@ def test_a_statistics_calls_verdict_does_not_depend_on_its_index(write_dump, run
     correct kernel must not: 200 copies of the bfloat16 Tensor.__mul__.1 (its backward is
     a broadcast product summed over the batch, which cancels) were 19 errors before the
     conditioned verdicts (scaled_err_ratio 0.25 > 0)."""
-    data = json.loads((Path(__file__).parent / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json").read_text())[
+    data = json.loads((Path(__file__).parents[1] / "dumps" / "torch_mlpcnn_statistics_bf16" / "dump.json").read_text())[
         "data"
     ]
     copies = {

@@ -29,7 +29,7 @@ from pytest_msprobe import private_apis as compat
 from pytest_msprobe.plugin import pytest_privates as plugin_compat
 from pytest_msprobe.private_apis import PrivateApi
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIRST_PARTY = ("pytest_msprobe", "standards", "bench_functions", "tests", "benchmarks", "studies", "tools")
 PACKAGE = ("pytest_msprobe", "standards", "bench_functions")
 COMPAT_MODULES = (

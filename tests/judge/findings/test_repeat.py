@@ -16,7 +16,7 @@ from pytest_msprobe.judge.findings.repeat import bit_differences
 from pytest_msprobe.results.msprobe_csv import DETAILS_HEADER
 from pytest_msprobe.testing.dumpwriter import DumpWriter
 
-KERNEL_FOLDER = Path(__file__).parent / "scripts"  # split_k_linear, a plugin module (-p)
+KERNEL_FOLDER = Path(__file__).parents[2] / "scripts"  # split_k_linear, a plugin module (-p)
 LINEAR = ("Functional.linear.0.forward", "Functional.linear.0.backward")
 EXP = ("Torch.exp.0.forward", "Torch.exp.0.backward")
 

@@ -17,9 +17,9 @@ import pytest
 
 from pytest_msprobe.testing.script_modules import load_script
 
-compare_records = load_script(Path(__file__).resolve().parents[1] / "tools" / "compare_records.py")
+compare_records = load_script(Path(__file__).resolve().parents[2] / "tools" / "compare_records.py")
 
-DUMP = Path(__file__).resolve().parent / "dumps" / "models" / "gru_tensor_fp32"
+DUMP = Path(__file__).resolve().parents[1] / "dumps" / "models" / "gru_tensor_fp32"
 
 
 def _run(root: Path) -> Path:

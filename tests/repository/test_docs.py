@@ -25,7 +25,7 @@ from pytest_msprobe.results import msprobe_csv, run_files
 from pytest_msprobe.standards.dtypes import DTYPES
 from pytest_msprobe.standards.registry import SHIPPED_STANDARDS
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 FLAG = re.compile(r"--msprobe-[a-z0-9][a-z0-9-]*")

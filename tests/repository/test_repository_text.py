@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # home and work folders of this project's machines; the shipped dumps' own foreign folder
 MACHINE_PATH = re.compile(r"(?<![\w.$-])/(?:work|root|Users|home/(?!user/msprobe_dump/))[\w.-]*/")
 # an issue or ticket by number; upstream trackers are cited by their own form (pytorch/pytorch#N)
