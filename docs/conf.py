@@ -1,4 +1,4 @@
-"""Sphinx configuration of the pytest-msprobe docs (built with -W by tests/test_docs.py).
+"""Sphinx configuration of the pytest-msprobe docs (built with -W by tests/repository/test_docs.py).
 
 Pages are MyST Markdown; the reference's tables are written from the code by the local
 extension `_ext/msprobe_docs.py` before each build (into `_generated/`, which the pages

@@ -1,7 +1,7 @@
 """pytest-msprobe: every API call of an msprobe dump becomes a pytest test.
 
 A call's path, one subpackage per stage; a module imports only from its own stage,
-the stages before it, and the shared `errors` and `private_apis` (tests/test_layout.py
+the stages before it, and the shared `errors` and `private_apis` (tests/repository/test_package_layout.py
 checks this):
 
     dump/      reading the dump: the streaming index and records, values, tensors,
@@ -21,7 +21,7 @@ checks this):
 
 `private_apis.py` holds the private APIs of torch, torch_npu, hypothesis and Python that the
 stages use (pytest's are in plugin/pytest_privates.py), so that an upgrade that moves one is
-changed in one place and named by tests/test_compat.py.
+changed in one place and named by tests/repository/test_compat.py.
 
 The precision standards (`pytest_msprobe.standards`, from the repository's
 `standards/`) and the CPU references of NPU fused ops (`pytest_msprobe.bench_functions`)

@@ -1,12 +1,12 @@
 """The private APIs of torch, torch_npu, hypothesis and Python that the plugin uses, in
 one place: a new release may move any of them without notice, and then this module is
-the one to change, and tests/test_compat.py the test that says which API moved in which
+the one to change, and tests/repository/test_compat.py the test that says which API moved in which
 installed version.
 
 Why here, at the top of the package: the stages that need these (dump/ reads torch's
 tensor files, run/ replays and ends processes, judge/ searches with hypothesis) come
 before one another in a call's path, and a module at the top is what every stage may
-import (tests/test_layout.py). pytest's private APIs cannot live here: only the pytest
+import (tests/repository/test_package_layout.py). pytest's private APIs cannot live here: only the pytest
 layer imports pytest, so they are in plugin/pytest_privates.py, which reuses `PrivateApi`.
 
 Nothing is imported at module level: the xdist controller names calls without torch,

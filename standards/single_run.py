@@ -72,7 +72,7 @@ g = 0.5 + U(0, 1) it is 0/100 and 2/100, and 0/100 for a zero-mean g (measured o
 CPU; tests/standards/test_calibration.py keeps it as a strict xfail). The plugin does not
 report these: it judges a single-run backward error again against a bench whose autograd
 saves the forward results in D (pytest_msprobe/run/replay.py, saved_in_device_dtype), where
-the same gradients are within 0.5 ULP (tests/test_saved_in_device_dtype.py); with an
+the same gradients are within 0.5 ULP (tests/judge/verdict/test_saved_in_device_dtype.py); with an
 accelerator, its CPU reference in D carries the same rounding and is judged by ratios.
 Terms (Pair.terms) raise an element's scale to its terms' magnitude in ULPs of D, which
 is right for a composite (a gradient whose intermediates are rounded to D) and too wide

@@ -10,7 +10,7 @@ dumped test passed, whether the explored test failed, how the example was made m
 (shrunk, or an edge tried first), and whether its one-call dump, judged as exploration
 judges it (--msprobe-explore=1 -m explore), fails with the fault and passes without it
 (with the fault's correct kernel where torch's own has the fault: ExploreFault.correct).
-The tests (tests/test_explore.py) run one call per fault; this runs all of them.
+The tests (tests/judge/explore/test_explore.py) run one call per fault; this runs all of them.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ run() {  # run NAME COMMAND...: its output to OUT_DIR/NAME.txt, its summary line
 }
 python3 studies/cuda_kernels.py > "$out/cuda_kernels.txt" 2>&1; cat "$out/cuda_kernels.txt"
 run rounded_once python3 studies/rounded_once.py --device cuda
-run tests python3 -m pytest -p no:cacheprovider -q -n 8 -rfEs tests/test_shared_dumps.py tests/test_bench_site.py tests/test_plugin.py tests/test_offline.py tests/test_groups.py
+run tests python3 -m pytest -p no:cacheprovider -q -n 8 -rfEs tests/models/test_shared_dumps.py tests/run/test_bench_site.py tests/plugin/test_plugin.py tests/judge/offline/test_offline.py tests/judge/verdict/test_groups.py
 for dump in "$@" tests/dumps/models/*_tensor_*; do
   for mode in single-run offline; do
     flags=(); [ "$mode" = offline ] && flags=(--msprobe-offline)

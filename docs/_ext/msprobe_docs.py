@@ -3,7 +3,7 @@
 Why generated: a hand-copied options table had already lost an option and every default.
 Here each page part is a pure function of what the plugin declares (the
 options table, the markers, the standards tables, the console scripts, the RESULTS
-files), so the docs cannot drift from the code; tests/test_docs.py checks that each part
+files), so the docs cannot drift from the code; tests/repository/test_docs.py checks that each part
 renders everything there is. As a Sphinx extension it writes the parts into
 docs/_generated/ (not a source folder: the pages include them) before the build reads
 any page; `python docs/_ext/msprobe_docs.py` writes them without Sphinx.

@@ -1,5 +1,5 @@
 """Judging a call, one subpackage per feature, from the core up; a feature imports only
-from itself and the features before it in this list (tests/test_layout.py checks this,
+from itself and the features before it in this list (tests/repository/test_package_layout.py checks this,
 `TYPE_CHECKING` imports aside):
 
     verdict/   what a verdict is made from (`judgement`: Judgement and the ordered

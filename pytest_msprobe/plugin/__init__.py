@@ -78,7 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # The plugins a dump brings, in the order they are registered. pluggy calls the hooks of
 # the later-registered first, so no order between them is left to this one: where one
 # hook must run before another's it says so (tryfirst/trylast, or a hook of ours that
-# one plugin calls when the other may go on: hookspecs.py). tests/test_hook_order.py
+# one plugin calls when the other may go on: hookspecs.py). tests/plugin/test_hook_order.py
 # registers them in the reverse order and expects the same run.
 REGISTERED = (
     "msprobe-report",

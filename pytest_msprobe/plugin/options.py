@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class Options:
     """Every option's value, read once at configure from its flag or its ini setting,
     checked and typed: every hook reads these fields, never the options by name. A
-    field is its option's name without `msprobe_` (tests/test_options.py holds the two
+    field is its option's name without `msprobe_` (tests/plugin/test_options.py holds the two
     to each other); a path is absolute (see `locate_path`)."""
 
     dump: tuple[Path, ...]  # every dump.json the option names (dump_files)

@@ -1,9 +1,9 @@
 """The private APIs of pytest that the plugin uses, in one place, with what the plugin
-does with each (`PRIVATE_APIS`, checked by tests/test_compat.py against the installed
+does with each (`PRIVATE_APIS`, checked by tests/repository/test_compat.py against the installed
 pytest).
 
 Why here and not in pytest_msprobe/private_apis.py with torch's and hypothesis's: only the
-pytest layer imports pytest (tests/test_layout.py), so pytest's privates stay in it.
+pytest layer imports pytest (tests/repository/test_package_layout.py), so pytest's privates stay in it.
 Why private at all: pytest has no public form of these. `bestrelpath` is how pytest
 itself shows a path relative to the rootdir (a `..` where the path lies outside it),
 and the plugin's lines sit beside pytest's; `os.path.relpath` differs on a path with

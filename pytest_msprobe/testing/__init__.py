@@ -15,5 +15,5 @@ check of their own:
 
 May import: torch, the standard library, `pytest_msprobe.bench_functions` (the NPU fused
 operators' CPU references) and itself; never pytest, and no stage of the plugin imports
-it (tests/test_layout.py checks both).
+it (tests/repository/test_package_layout.py checks both).
 """

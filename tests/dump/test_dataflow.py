@@ -84,7 +84,7 @@ def test_gradients_several_calls_read_are_judged_summed(copy_dump, run_dump) -> 
     """q, k, v and the residual read the embedding's output: autograd summed their
     gradients in bfloat16, and so do the bench and the reference (an exact sum failed
     12% of a correct linear's elements by cancellation). Every GEMM backward is judged,
-    and passes (tests/test_model_dumps.py checks the other real models)."""
+    and passes (tests/models/test_model_dumps.py checks the other real models)."""
     folder = "embedattn_tensor_bf16"
     result = run_dump(copy_dump(f"models/{folder}"), "--msprobe-device=cpu", "--msprobe-offline")
     assert _skipped_gemm_backwards(result) == {}

@@ -1,6 +1,6 @@
 """Tensor files are read as torch.load(weights_only=True) reads them, faster: every
 shipped .pt gives the same tensor bit for bit, and a file that is not a plain saved
-tensor is left to torch (tests/test_bad_input.py: hostile files are refused)."""
+tensor is left to torch (tests/dump/test_bad_input.py: hostile files are refused)."""
 
 from __future__ import annotations
 

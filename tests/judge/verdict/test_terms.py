@@ -205,7 +205,7 @@ def test_instance_norm_parameter_gradients_sum_over_the_batch_and_space():
     """instance_norm's weight and bias gradients are batch_norm's sums over N x spatial,
     with x_hat normalised per sample and channel. Without the formula a correct float16
     kernel's bias gradient of the apizoo dump (|b| ~ 1e-7, its upstream gradients 1e-3)
-    failed at 102 ULPs of its own scale (tests/test_model_dumps.py)."""
+    failed at 102 ULPs of its own scale (tests/models/test_model_dumps.py)."""
     x = torch.randn(2, 3, 4, 5, generator=_generator(13)) + 1.0
     w, b, g = (
         torch.randn(3, generator=_generator(14)),
