@@ -3,7 +3,8 @@ only from itself and the stages before it, only the pytest layer imports pytest,
 standards and bench_functions libraries import no stage, the testing helpers
 (pytest_msprobe.testing) import no stage and no stage imports them, and no module cycle
 exists; no module of the package, the studies, the tools or the benchmarks is over
-MAX_LINES lines unless LONG_MODULES says why.
+MAX_LINES lines unless LONG_MODULES says why. The test tree, put on sys.path folder by
+folder, shadows no package and holds no two modules of one name.
 
 Read from the source with `ast` (imports inside functions included), so the rule holds
 for lazy imports too. Each rule is also shown to fail on a planted violation.
@@ -95,17 +96,54 @@ def imports(name: str, path: Path, known: set[str], *, annotations: bool = True)
     return found
 
 
-def test_no_test_folder_shadows_a_package() -> None:
-    """pytest puts tests/ on sys.path (rootdir-less test modules there), where a folder
-    without __init__.py imports as a namespace package: tests/mindspore made
-    `pytest.importorskip("mindspore")` succeed without MindSpore under xdist."""
+def sys_path_problems(tests: Path, packages: set[str]) -> list[str]:
+    """What pytest's default import mode would get wrong in a tree of test folders without
+    __init__.py: it puts the folder of each test module and conftest.py on sys.path and
+    imports each module by its bare name, so a folder there imports as a namespace package
+    (tests/mindspore made `pytest.importorskip("mindspore")` succeed without MindSpore
+    under xdist), a module there shadows a package, and two modules of one name collide
+    (pytest's "import file mismatch", or a helper silently imported from another folder)."""
+    on_path = {path.parent for pattern in ("test_*.py", "conftest.py") for path in tests.rglob(pattern)}
+    problems, seen = [], {}
+    for entry in sorted(entry for folder in on_path for entry in folder.iterdir() if not entry.name.startswith("__")):
+        relative = entry.relative_to(tests.parent).as_posix()
+        if entry.is_dir() and not (entry / "__init__.py").exists() and entry.name in packages:
+            problems.append(f"{relative}/ imports as the package {entry.name}: rename the folder")
+        elif entry.suffix == ".py" and entry.name != "conftest.py":
+            if entry.stem in packages:
+                problems.append(f"{relative} shadows the package {entry.stem}: rename the module")
+            if entry.stem in seen:
+                problems.append(f"{relative} and {seen[entry.stem]}: two modules named {entry.stem}, rename one")
+            seen[entry.stem] = relative
+    return problems
+
+
+def test_no_test_folder_or_module_shadows_a_package_or_another() -> None:
     import importlib.metadata
 
     packages = set(importlib.metadata.packages_distributions()) | OPTIONAL_PACKAGES
-    folders = {
-        path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and not (path / "__init__.py").exists()
-    }
-    assert folders & packages == set()
+    assert sys_path_problems(ROOT / "tests", packages) == []
+
+
+@pytest.mark.parametrize(
+    "files,expected",
+    [
+        (["tests/judge/test_a.py", "tests/judge/mindspore/data.json"], "tests/judge/mindspore/ imports as the package"),
+        (["tests/run/conftest.py", "tests/run/torch.py"], "tests/run/torch.py shadows the package torch"),
+        (["tests/dump/test_a.py", "tests/judge/gate/test_a.py"], "two modules named test_a"),
+        (["tests/results/test_a.py", "tests/results/planted.py", "tests/scripts/planted.py", "tests/scripts/test_b.py"],
+         "two modules named planted"),
+    ],
+    ids=["folder-named-like-a-package", "module-named-like-a-package", "two-test-modules", "two-helpers"],
+)  # fmt: skip
+def test_a_planted_sys_path_problem_is_found(tmp_path: Path, files: list[str], expected: str) -> None:
+    for relative in files:
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text("")
+    (tmp_path / "tests" / "run" / "data").mkdir(parents=True)  # a plain folder, no test module: not on sys.path
+    (tmp_path / "tests" / "run" / "data" / "mindspore").mkdir()
+    found = sys_path_problems(tmp_path / "tests", {"mindspore", "torch"})
+    assert [problem for problem in found if expected in problem] and len(found) == 1, found
 
 
 def stage_of(module: str) -> str:
