@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +41,6 @@ from pytest_msprobe.standards.dtypes import dtype_info
 HERE = Path(__file__).parent
 DUMPS = HERE.parent / "dumps"
 PLANTED_LINEAR = HERE.parent / "scripts"  # planted_linear.py: float32 linear 1 + 2**-5 too large
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-# headless, and nothing a sandboxed CI machine lacks (a GPU, a network, a user namespace)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
 # --- the element samples ---------------------------------------------------------------
@@ -363,27 +359,6 @@ def test_regressions_against_the_baseline_show_now_and_then(copy_dump, pytester:
 
 
 # --- in the browser --------------------------------------------------------------------
-
-
-def chromium() -> str | None:
-    named = os.environ.get("MSPROBE_CHROMIUM")
-    if named:
-        return named if Path(named).exists() else None
-    return next((found for name in BROWSERS if (found := shutil.which(name))), None)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'"
-    )
-    executable = chromium()
-    if executable is None:
-        pytest.skip("no Chromium found (apt-get install chromium, or MSPROBE_CHROMIUM=/path/to/chrome)")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 class Opened:

@@ -15,15 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_html import DUMPS, Opened, browser, run_pytest, table_rows
+from test_html import DUMPS, Opened, run_pytest, table_rows
 
 from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
 from pytest_msprobe.results.html_page import report_html, worst_first
 from pytest_msprobe.results.limits import failed_metrics, key_metrics, overshoot
 from pytest_msprobe.results.run_files import Entry, RunFiles, read_journal
 from pytest_msprobe.standards.verdict import Status
-
-__all__ = ["browser"]  # the module's browser fixture, shared with test_html
 
 WIDTH = 1280  # the viewport the layout must fit
 
