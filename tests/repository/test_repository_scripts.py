@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # how each script is checked; a new script must be named here
 HELP = "help"  # runs as __main__ with --help: argparse prints its usage and exits 0
@@ -53,7 +53,7 @@ SCRIPTS = {
     },
 }
 SHELL_SCRIPTS = {"tools": {"cuda_check.sh", "verdict_harnesses.sh"}}
-# the pytest-benchmark suite's own files in benchmarks/: tests/test_benchmark_suite.py checks them
+# the pytest-benchmark suite's own files in benchmarks/: tests/repository/test_benchmark_suite.py checks them
 SUITE = ("test_", "conftest.py", "support.py", "__init__.py")
 
 DRIVER = r"""

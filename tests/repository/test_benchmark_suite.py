@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("pytest_benchmark", reason="the benchmarks need pytest-benchmark (the bench or dev extra)")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 
 
@@ -63,5 +63,5 @@ def test_the_quickest_benchmarks_run() -> None:
 
 def test_the_suite_leaves_the_test_suite_alone() -> None:
     """`pytest benchmarks` collects benchmarks only, and `pytest` (testpaths) no benchmark."""
-    done = pytest_in_root("--collect-only", "-q", "tests/test_benchmark_suite.py")
+    done = pytest_in_root("--collect-only", "-q", "tests/repository/test_benchmark_suite.py")
     assert "benchmarks/" not in done.stdout, done.stdout[-2000:]
