@@ -1,5 +1,5 @@
 """A real msprobe tensor dump of one training step of a 12-block transformer, made with
-the shared maker (../shared/tools/make_dump_torch.py), for benchmarks/bench_transformer.py.
+the shared maker (../shared/tools/make_dump_torch.py), for benchmarks/test_transformer.py.
 
 Run with the Python that has torch and mindstudio-probe (msprobe's own venv):
 

@@ -1,5 +1,5 @@
 """msprobe's own runner (`msprobe acc_check -api_info dump.json -o OUT`) on a machine
-without an accelerator, for benchmarks/bench_transformer.py. Run with msprobe's Python:
+without an accelerator, for benchmarks/test_transformer.py. Run with msprobe's Python:
 
     python tools/msprobe_acc_check_cpu.py -api_info DUMP.json -o OUT
 

@@ -23,6 +23,21 @@ MACHINE_PATH = re.compile(r"(?<![\w.$-])/(?:work|root|Users|home/(?!user/msprobe
 # an issue or ticket by number; upstream trackers are cited by their own form (pytorch/pytorch#N)
 TICKET = re.compile(r"\b(?:[Ii]ssues?|[Tt]ickets?) ?#?\d+\b")
 TICKET_NAME = re.compile(r"(?:issue|ticket)[-_]?\d+", re.IGNORECASE)
+# a repository path a file cites (`studies/kernel_ratios.py`, `pytest_msprobe/judge/check/call.py`)
+CITED = re.compile(
+    r"(?<![\w/.-])((?:tests|pytest_msprobe|studies|tools|benchmarks|standards|bench_functions|docs|examples|\.ci)"
+    r"/[\w/.-]*\w\.(?:py|sh|md|toml|csv|html))"
+)
+# where a cited path may be gone: dated records of past runs keep the paths of their day, the
+# tests plant made-up paths, and the docs build writes its own pages
+RECORDS = {
+    "CHANGELOG.md",
+    "benchmarks/RESULTS.md",
+    "docs/developing/verdict-records.md",
+    "docs/developing/real-models-before-data-flow.md",
+}
+PLANTED = "tests/"
+GENERATED = ("docs/_build/", "docs/_generated/", "docs/explanation/results/", "docs/explanation/studies/")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".cfg", ".ini", ".txt", ".json", ".yaml", ".yml", ".css", ".html", ""}
 
 
@@ -50,6 +65,47 @@ def test_no_tracked_file_holds_a_machine_path_or_a_ticket() -> None:
         for finding in findings(str(path.relative_to(ROOT)), path.read_text(encoding="utf-8", errors="replace"))
     ]
     assert found == []
+
+
+def missing_citations(name: str, text: str, root: Path) -> list[str]:
+    """The repository paths `text` cites that are not in `root` (standards/ and
+    bench_functions/ also under their installed names, pytest_msprobe/standards/...)."""
+    found = []
+    for cited in dict.fromkeys(CITED.findall(text)):
+        if cited.startswith(GENERATED):
+            continue
+        on_disk = re.sub(r"^pytest_msprobe/(standards|bench_functions)/", r"\1/", cited)
+        if not (root / on_disk).exists():
+            found.append(f"{name}: cites {cited}, which is not in the repository")
+    return found
+
+
+def _citing(name: str) -> bool:
+    """Whether a tracked file's citations are held to the repository as it is."""
+    record = name in RECORDS or (name.startswith("studies/") and name.endswith(".md") and name != "studies/README.md")
+    return not record and not name.startswith((PLANTED, *GENERATED))
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_every_path_a_file_cites_exists() -> None:
+    """A moved or renamed file leaves no reader pointing at its old place: the docs, the
+    READMEs, docstrings, help texts and scripts cite paths that exist."""
+    found = [
+        problem
+        for path in tracked_text_files()
+        if _citing(name := str(path.relative_to(ROOT)))
+        for problem in missing_citations(name, path.read_text(encoding="utf-8", errors="replace"), ROOT)
+    ]
+    assert found == []
+
+
+def test_a_planted_citation_of_a_gone_file_is_found() -> None:
+    text = "see `studies/kernel_ratios.py`, benchmarks/bench_percall.py and pytest_msprobe/standards/ulp.py"
+    assert missing_citations("x.md", text, ROOT) == [
+        "x.md: cites benchmarks/bench_percall.py, which is not in the repository"
+    ]
+    assert missing_citations("x.md", "docs/_build/html/index.html", ROOT) == []
+    assert not _citing("studies/correct-kernels-across-cpu-paths.md") and _citing("studies/README.md")
 
 
 @pytest.mark.parametrize(
