@@ -183,8 +183,8 @@ OPTIONS = (
         "bool",
         False,
         details="A call that fails now and failed the same way in the baseline is an expected failure (xfail); a "
-        "regression (a worse verdict, or a key metric grown beyond what two correct kernels differ by: "
-        "`studies/upgrade-gate-limits.md`) fails, naming before and after, as does a kernel that regressed "
+        "regression (a worse verdict, or a key metric grown beyond what two correct kernels differ by, as the "
+        "docs' study of the upgrade gate's limits measured) fails, naming before and after, as does a kernel that regressed "
         "(`<api>.<dtype>.kernel.<direction>.regression`). The baseline may be of another dump of the model "
         "(see `--msprobe-baseline`). A gate that compared nothing of a dump whose calls ran (a baseline of other "
         "dumps, a dump of another model or paired below half its calls) fails the run with exit status 4, "
