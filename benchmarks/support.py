@@ -8,9 +8,10 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "dumps" / "models"
@@ -18,6 +19,9 @@ SHIPPED = MODELS / "transformer12_tensor_fp32" / "dump.json"
 TOOLS = ROOT / "tools"
 SUMMARY = re.compile(r"(\d+) run here in ([0-9.]+) s")
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
+
+if TYPE_CHECKING:
+    from pytest_msprobe.judge.verdict.record import ResultRecord
 
 
 def load() -> list[float]:
@@ -101,3 +105,40 @@ def timed_process(command: list[str], cwd: Path, env: dict[str, str] | None = No
             f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         )
     return seconds, done.stdout
+
+
+def passing_record(call: str, small: Sequence[float], duration: float) -> ResultRecord:
+    """A typical small call that passed: one float32 output judged single-run by the
+    benchmark standard, its metrics and msprobe's legacy ones made from `small` (five
+    values around 1e-7; varied ones pack into files as a real run's do)."""
+    from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
+
+    metrics = {
+        "small_value_err_ratio": 0.0,
+        "rmse": small[0],
+        "max_rel_err": small[1] * 10,
+        "mean_rel_err": small[2],
+        "eb": small[3] * 1e4,
+        "cosine": 1.0 - small[4],
+        "max_abs_err": small[0] * 3,
+        "rel_err_hundredth": 1.0,
+        "rel_err_thousandth": 1.0,
+        "rel_err_ten_thousandth": 0.9999,
+    }
+    output = OutputResult(
+        0,
+        "",
+        "pass",
+        "benchmark",
+        "single-run",
+        "float32",
+        "float64",
+        [4, 16],
+        metrics,
+        {"small": 2**-20, "atol_bm": 2**-30},
+        [],
+    )
+    inputs = ["input_args[0]: generated from statistics (seed 1)"]
+    return ResultRecord(
+        "/data/dump.json", call, "pass", "benchmark", "single-run", "cpu", "", [output], inputs, duration
+    )

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.support import Sizes, fastest
-from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
+from benchmarks.support import Sizes, fastest, passing_record
+from pytest_msprobe.judge.verdict.record import ResultRecord
 from pytest_msprobe.results.html_page import ReportContext, write_report
 from pytest_msprobe.results.run_files import Entry
 
@@ -76,47 +76,11 @@ def failing_records() -> list[ResultRecord]:
     return records
 
 
-def passing_record(i: int, random: np.random.Generator) -> ResultRecord:
+def varied_passing_record(i: int, random: np.random.Generator) -> ResultRecord:
     """Metrics of varied values, as a real run's (identical ones would pack too well)."""
-    small = random.uniform(1e-8, 1e-6, 5)
-    metrics = {
-        "small_value_err_ratio": 0.0,
-        "rmse": small[0],
-        "max_rel_err": small[1] * 10,
-        "mean_rel_err": small[2],
-        "eb": small[3] * 1e4,
-        "cosine": 1.0 - small[4],
-        "max_abs_err": small[0] * 3,
-        "rel_err_hundredth": 1.0,
-        "rel_err_thousandth": 1.0,
-        "rel_err_ten_thousandth": 0.9999,
-    }
-    output = OutputResult(
-        0,
-        "",
-        "pass",
-        "benchmark",
-        "single-run",
-        "float32",
-        "float64",
-        [4, 16],
-        metrics,
-        {"small": 2**-20, "atol_bm": 2**-30},
-        [],
-    )
     direction = ("forward", "backward")[i % 2]
-    return ResultRecord(
-        "/data/dump.json",
-        f"Functional.silu.{i // 2}.{direction}",
-        "pass",
-        "benchmark",
-        "single-run",
-        "cpu",
-        "",
-        [output],
-        ["input_args[0]: generated from statistics (seed 1)"],
-        float(random.uniform(0.5e-3, 5e-3)),
-    )
+    call = f"Functional.silu.{i // 2}.{direction}"
+    return passing_record(call, random.uniform(1e-8, 1e-6, 5).tolist(), float(random.uniform(0.5e-3, 5e-3)))
 
 
 def entries(calls: int, failures: int) -> list[Entry]:
@@ -130,7 +94,7 @@ def entries(calls: int, failures: int) -> list[Entry]:
             )
         )
     random = np.random.default_rng(0)
-    made += [Entry(passing_record(i, random)) for i in range(calls - failures)]
+    made += [Entry(varied_passing_record(i, random)) for i in range(calls - failures)]
     return made
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.support import fastest
-from pytest_msprobe.judge.verdict.record import OutputResult, ResultRecord
+from benchmarks.support import fastest, passing_record
+from pytest_msprobe.judge.verdict.record import ResultRecord
 from pytest_msprobe.results.run_files import Entry, ResultWriter, RunFiles, read_journal
 from pytest_msprobe.results.summary import Summary
 
@@ -24,43 +24,7 @@ pytestmark = pytest.mark.benchmark(group="reports")
 
 def record(i: int) -> ResultRecord:
     """A typical small call: one output, the benchmark standard's and legacy metrics."""
-    metrics = {
-        "small_value_err_ratio": 0.0,
-        "rmse": 1.2e-7,
-        "max_rel_err": 3.4e-6,
-        "mean_rel_err": 1.1e-7,
-        "eb": 0.01,
-        "cosine": 1.0,
-        "max_abs_err": 2.2e-7,
-        "rel_err_hundredth": 1.0,
-        "rel_err_thousandth": 1.0,
-        "rel_err_ten_thousandth": 0.9999,
-    }
-    output = OutputResult(
-        0,
-        "",
-        "pass",
-        "benchmark",
-        "single-run",
-        "float32",
-        "float64",
-        [4, 16],
-        metrics,
-        {"small": 2**-20, "atol_bm": 2**-30},
-        [],
-    )
-    return ResultRecord(
-        "/data/dump.json",
-        f"Functional.silu.{i}.forward",
-        "pass",
-        "benchmark",
-        "single-run",
-        "cpu",
-        "",
-        [output],
-        ["input_args[0]: generated from statistics (seed 1)"],
-        0.001,
-    )
+    return passing_record(f"Functional.silu.{i}.forward", (1.2e-7, 3.4e-7, 1.1e-7, 1e-6, 0.0), 0.001)
 
 
 def write_all(folder: Path, records: list[ResultRecord]) -> RunFiles:
