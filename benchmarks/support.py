@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pytest_msprobe.testing import commands as testing_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "dumps" / "models"
@@ -77,22 +78,7 @@ def plugin_command(dump: Path, out: Path, *extra: str) -> list[str]:
     """The plugin's run of one dump on the CPU in a process of its own, outside this
     repository's configuration (its own rootdir, no ini file)."""
     root = dump if dump.is_dir() else dump.parent
-    return [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-c",
-        os.devnull,
-        "--rootdir",
-        str(root),
-        f"--msprobe-dump={dump}",
-        "--msprobe-device=cpu",
-        f"--msprobe-out={out}",
-        *extra,
-    ]
+    return testing_commands.plugin_command(dump, out, "-c", os.devnull, "--rootdir", str(root), *extra)
 
 
 def timed_process(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, str]:

@@ -158,16 +158,6 @@ def _alone_ref(reg: Registry, name: str, bench, device, reference):
     return reg.standards[name](pair, reg.thresholds_for(APIS[name], leaf.device_dtype), ref)
 
 
-def _plain_check(reg: Registry, bench, device, api, reference):
-    """`check` with the fused path off: the plain path (metrics.Pair)."""
-    saved = fast.FAST_MIN_N
-    fast.FAST_MIN_N = 1 << 62
-    try:
-        return reg.check(bench, device, api=api, reference=reference)
-    finally:
-        fast.FAST_MIN_N = saved
-
-
 @pytest.mark.benchmark(group="standards: alone")
 @pytest.mark.parametrize("name", APIS)
 def test_alone(benchmark, registry: Registry, arrays: Arrays, name: str) -> None:

@@ -37,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pytest_msprobe.testing.commands import plugin_command
+
 MAKER = ("-m", "pytest_msprobe.testing.upgrade_dumps")
 DTYPES = ("float32", "bfloat16", "float16")
 PATHS = (("default", 1), ("default", 2), ("native", 1), ("native", 2))  # native: this CPU's own
@@ -64,21 +66,9 @@ def make(folder: Path, dtype: str, capability: str, threads: int, fault: str | N
 
 def record(dump: Path, folder: Path) -> Path:
     """The dump checked offline, its baseline saved (a nonzero exit status is data)."""
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        f"--msprobe-dump={dump}",
-        "--msprobe-offline",
-    ]
-    command += [
-        "--msprobe-device=cpu",
-        f"--msprobe-out={folder / 'out'}",
-        f"--msprobe-baseline-save={folder / 'baseline'}",
-    ]
+    command = plugin_command(
+        dump, folder / "out", "--msprobe-offline", f"--msprobe-baseline-save={folder / 'baseline'}"
+    )
     subprocess.run(command, cwd=folder, capture_output=True, check=False)
     return folder / "baseline"
 
