@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pytest_msprobe.errors import CallError, DumpError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy is imported where the columns are made: the xdist controller names calls, needs no arrays
     from pytest_msprobe.standards.dtypes import Array
 
 #: a value of dump.json as json.loads gives it. Any: JSON whose type depends on the field
@@ -30,9 +30,6 @@ Json: TypeAlias = Any
 Record: TypeAlias = dict[str, Json]
 #: a value made from the whole dump and kept with its index (DumpIndex.derived)
 Derived = TypeVar("Derived")
-
-if TYPE_CHECKING:  # numpy is imported where the columns are made: the xdist controller names calls, needs no arrays
-    pass
 
 TENSOR_FOLDER = "dump_tensor_data"
 MODULE_PREFIXES = ("Module.", "Cell.")
