@@ -20,7 +20,7 @@ import platform
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from pytest_msprobe.dump.index import CallName, DumpIndex, read_index
@@ -70,8 +70,11 @@ class BugReport:
 
 
 def report_folder(root: Path, index: DumpIndex, name: CallName | str) -> Path:
-    """`root/<dump>/<call>`: a dump's names are not trusted to stay inside root."""
-    dump = str(index.key).removesuffix("dump.json").strip("/") or index.path.parent.name
+    """`root/<dump>/<call>`: a dump's names are not trusted to stay inside root. A dump
+    outside the rootdir is named by its path without the `..` that lead out of it
+    (`work/dumps/resnet`, not `../../work/dumps/resnet`)."""
+    parts = [part for part in PurePosixPath(str(index.key)).parts if part not in ("..", ".", "/")]
+    dump = "/".join(parts).removesuffix("dump.json").strip("/") or index.path.parent.name
     return root / _safe(dump) / _safe(str(name))
 
 

@@ -131,3 +131,23 @@ def test_a_known_defect_keeps_its_label_through_the_reduction(tmp_path):
     assert report["known_defect"].startswith(f"known defect {ROWS['radd']} of torch CPU")
     assert f"Not a new fault: a known defect {ROWS['radd']}" in (folder / "README.md").read_text()
     assert report["shape_before"] == "64x64" and report["shape_after"] != "64x64"
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("rank3/dump.json", "rank3"),
+        ("../../work/dumps/resnet/dump.json", "work_dumps_resnet"),
+        ("./dumps/other.json", "dumps_other.json"),
+        ("dump.json", "step0"),
+    ],
+)
+def test_a_dumps_folder_is_named_by_its_path_without_the_way_out(key, expected, tmp_path):
+    """A dump outside the rootdir (its key ../../work/...) named its folder
+    `_.._work_...`: the `..` that lead out of the rootdir are no part of its name."""
+    from types import SimpleNamespace
+
+    from pytest_msprobe.scripts.bug_report import report_folder
+
+    index = SimpleNamespace(key=key, path=tmp_path / "step0" / "dump.json")
+    assert report_folder(tmp_path, index, "Tensor.add.0.forward") == tmp_path / expected / "Tensor.add.0.forward"
